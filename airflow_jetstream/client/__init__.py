@@ -1,0 +1,68 @@
+"""asyncio JetStream toolkit on nats-py. Imports neither Airflow nor pyspark.
+
+Spark executors, the Airflow triggerer and plain scripts use it directly::
+
+    from airflow_jetstream.client import ConnectionSettings, open_connection, ensure_stream
+
+    async with open_connection(ConnectionSettings(servers="127.0.0.1:4222")) as conn:
+        await ensure_stream(conn, {"name": "ORDERS", "subjects": ["orders.>"]})
+"""
+
+from airflow_jetstream.client.connection import JetStreamConnection, account_info, connect, open_connection
+from airflow_jetstream.client.errors import (
+    AuthenticationError,
+    BatchPublishError,
+    ConnectionFailedError,
+    ConsumerConfigError,
+    ConsumerNotFoundError,
+    ConsumerResetError,
+    InvalidRequestError,
+    InvalidSettingsError,
+    InvalidSubjectError,
+    JetStreamError,
+    JetStreamNotEnabledError,
+    PermissionDeniedError,
+    RequestTimeoutError,
+    ServerAPIError,
+    StreamConfigError,
+    StreamNotFoundError,
+    TLSConfigurationError,
+)
+from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.client.streams import (
+    delete_stream,
+    ensure_stream,
+    find_stream,
+    purge_stream,
+    stream_info,
+)
+
+__all__ = [
+    "AuthenticationError",
+    "BatchPublishError",
+    "ConnectionFailedError",
+    "ConnectionSettings",
+    "ConsumerConfigError",
+    "ConsumerNotFoundError",
+    "ConsumerResetError",
+    "InvalidRequestError",
+    "InvalidSettingsError",
+    "InvalidSubjectError",
+    "JetStreamConnection",
+    "JetStreamError",
+    "JetStreamNotEnabledError",
+    "PermissionDeniedError",
+    "RequestTimeoutError",
+    "ServerAPIError",
+    "StreamConfigError",
+    "StreamNotFoundError",
+    "TLSConfigurationError",
+    "account_info",
+    "connect",
+    "delete_stream",
+    "ensure_stream",
+    "find_stream",
+    "open_connection",
+    "purge_stream",
+    "stream_info",
+]

@@ -1,0 +1,201 @@
+"""Typed errors of the JetStream toolkit.
+
+Every error carries a machine-readable ``reason`` (for example ``batch_too_large``), the server's
+``code``/``err_code`` when the server produced it, and a message a user can act on. Messages never
+contain secrets: they are built from subjects, stream names and server descriptions only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class JetStreamError(Exception):
+    """Base class of every error raised by :mod:`airflow_jetstream.client`."""
+
+    default_reason = "jetstream_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str | None = None,
+        code: int | None = None,
+        err_code: int | None = None,
+        description: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason or self.default_reason
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form, for XCom, logs and per-item results."""
+        return {
+            "error": type(self).__name__,
+            "reason": self.reason,
+            "message": self.message,
+            "code": self.code,
+            "err_code": self.err_code,
+        }
+
+    def __str__(self) -> str:
+        codes = ""
+        if self.err_code is not None:
+            codes = f" [{self.code}/{self.err_code}]"
+        return f"{self.message}{codes} (reason: {self.reason})"
+
+
+class InvalidSettingsError(JetStreamError):
+    """Connection settings are malformed (bad server URL, unknown TLS file, bad extras)."""
+
+    default_reason = "invalid_settings"
+
+
+class ConnectionFailedError(JetStreamError):
+    """No server could be reached within the connect timeout."""
+
+    default_reason = "server_unreachable"
+
+
+class AuthenticationError(ConnectionFailedError):
+    """The server refused the credentials (user/password, token, nkey or creds)."""
+
+    default_reason = "authentication_failed"
+
+
+class TLSConfigurationError(ConnectionFailedError):
+    """The TLS handshake failed: untrusted CA, hostname mismatch, or TLS required/unsupported."""
+
+    default_reason = "tls_failed"
+
+
+class PermissionDeniedError(JetStreamError):
+    """The server's permissions deny publishing or subscribing to a subject."""
+
+    default_reason = "permission_denied"
+
+    def __init__(self, message: str, *, subject: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.subject = subject
+
+
+class JetStreamNotEnabledError(JetStreamError):
+    """The server or account has no JetStream, or the API prefix/domain is wrong."""
+
+    default_reason = "jetstream_not_enabled"
+
+
+class RequestTimeoutError(JetStreamError):
+    """A JetStream API request got no answer in time."""
+
+    default_reason = "timeout"
+
+
+class InvalidRequestError(JetStreamError):
+    """Input rejected locally, before anything was sent to the server."""
+
+    default_reason = "invalid_request"
+
+
+class InvalidSubjectError(InvalidRequestError):
+    """A subject is empty, has white space or empty tokens, or a wildcard where none is allowed."""
+
+    default_reason = "invalid_subject"
+
+
+class StreamConfigError(JetStreamError):
+    """A stream configuration is invalid or changes a field the server cannot change."""
+
+    default_reason = "invalid_stream_config"
+
+
+class StreamNotFoundError(JetStreamError):
+    """The stream does not exist."""
+
+    default_reason = "stream_not_found"
+
+
+class ConsumerNotFoundError(JetStreamError):
+    """The consumer does not exist on the stream."""
+
+    default_reason = "consumer_not_found"
+
+
+class ConsumerConfigError(JetStreamError):
+    """A consumer configuration is invalid for the requested use."""
+
+    default_reason = "invalid_consumer_config"
+
+
+class ServerAPIError(JetStreamError):
+    """Any other error answered by the JetStream API."""
+
+    default_reason = "api_error"
+
+
+class BatchPublishError(JetStreamError):
+    """An atomic or fast batch was refused; nothing of it was stored unless ``reason`` says so."""
+
+    default_reason = "batch_failed"
+
+
+class ConsumerResetError(JetStreamError):
+    """The server refused a consumer reset (deliver policy or start position forbid it)."""
+
+    default_reason = "invalid_reset"
+
+
+# err_code -> (error class, reason, what the user can do). Codes from nats-server 2.15.
+_API_ERRORS: dict[int, tuple[type[JetStreamError], str, str]] = {
+    10059: (StreamNotFoundError, "stream_not_found", "create it first (JetStreamEnsureStreamOperator)"),
+    10014: (ConsumerNotFoundError, "consumer_not_found", "check the consumer name or create it"),
+    10058: (StreamConfigError, "stream_name_in_use", "a stream with this name exists with another config"),
+    10065: (StreamConfigError, "subjects_overlap", "another stream already captures these subjects"),
+    10052: (StreamConfigError, "invalid_stream_config", "fix the stream configuration"),
+    10025: (InvalidRequestError, "bad_request", "the request JSON has a field the server does not know"),
+    10039: (JetStreamNotEnabledError, "jetstream_not_enabled", "enable JetStream for the account"),
+    10076: (JetStreamNotEnabledError, "jetstream_not_enabled", "enable JetStream on the server"),
+    10174: (BatchPublishError, "stream_not_atomic", "set allow_atomic: true on the stream"),
+    10175: (BatchPublishError, "batch_sequence_missing", "send Nats-Batch-Sequence on every message"),
+    10176: (BatchPublishError, "batch_incomplete", "re-send the whole batch"),
+    10199: (BatchPublishError, "batch_too_large", "split the batch below the server's max_msgs"),
+    10179: (BatchPublishError, "batch_id_invalid", "use a batch id of at most 64 characters"),
+    10200: (BatchPublishError, "batch_commit_invalid", "commit with '1' or 'eob'"),
+    10210: (BatchPublishError, "too_many_inflight", "retry later or raise max_inflight_per_stream"),
+    10071: (BatchPublishError, "wrong_last_sequence", "re-read the stream's last sequence and retry"),
+    10164: (BatchPublishError, "wrong_last_sequence", "re-read the stream's last sequence and retry"),
+    10201: (BatchPublishError, "duplicate_msg_id", "the batch (or part of it) is already stored"),
+    10177: (BatchPublishError, "unsupported_header", "remove headers atomic batches refuse"),
+    10185: (BatchPublishError, "api_level_too_high", "upgrade the server"),
+    10205: (BatchPublishError, "stream_not_batched", "set allow_batched: true on the stream"),
+    10206: (BatchPublishError, "batch_pattern_invalid", "internal: fast batch reply subject is malformed"),
+    10207: (BatchPublishError, "batch_id_invalid", "use a shorter batch id"),
+    10208: (BatchPublishError, "batch_unknown", "the fast batch timed out on the server; re-send"),
+    10211: (BatchPublishError, "too_many_inflight", "retry later"),
+    10204: (ConsumerResetError, "invalid_reset", "the consumer's deliver policy or start forbids it"),
+    10213: (StreamConfigError, "invalid_mirror_consumer", "fix the mirror's consumer settings"),
+    10215: (StreamConfigError, "invalid_source_consumer", "fix the source's consumer settings"),
+    10216: (StreamConfigError, "duplicate_source_consumer", "use one consumer per source"),
+    10217: (ConsumerConfigError, "consumer_not_flow_control", "use a flow-control push consumer"),
+    10218: (ConsumerConfigError, "flow_control_needs_push", "give the consumer a deliver subject"),
+    10219: (ConsumerConfigError, "flow_control_off", "set flow_control: true"),
+    10220: (ConsumerConfigError, "max_ack_pending_required", "set max_ack_pending > 0"),
+    10221: (ConsumerConfigError, "ack_wait_not_allowed", "remove ack_wait/backoff"),
+    10222: (ConsumerConfigError, "max_deliver_must_be_unlimited", "set max_deliver: -1"),
+}
+
+
+def error_from_api(error: dict[str, Any], *, context: str = "") -> JetStreamError:
+    """Turn a JetStream API ``{"code", "err_code", "description"}`` into a typed error."""
+    code = error.get("code")
+    err_code = error.get("err_code")
+    description = str(error.get("description") or "unknown error")
+    cls, reason, hint = _API_ERRORS.get(err_code or -1, (ServerAPIError, "api_error", ""))
+    if cls is ServerAPIError and code == 404:
+        cls, reason = ServerAPIError, "not_found"
+    where = f"{context}: " if context else ""
+    message = f"{where}{description}" + (f"; {hint}" if hint else "")
+    return cls(message, reason=reason, code=code, err_code=err_code, description=description)

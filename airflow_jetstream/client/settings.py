@@ -1,0 +1,186 @@
+"""Connection settings: everything needed to open a NATS connection, with secrets kept out of repr."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+from airflow_jetstream.client.errors import InvalidSettingsError
+
+DEFAULT_PORT = 4222
+SECRET_FIELDS = ("password", "token", "nkey_seed")
+_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def parse_servers(value: str | list[str] | tuple[str, ...], default_port: int = DEFAULT_PORT) -> tuple[str, ...]:
+    """Turn ``"h1:4222,tls://h2"`` (or a list) into full server URLs.
+
+    Credentials embedded in URLs are refused: they belong in the connection's secret fields.
+    """
+    items = value.split(",") if isinstance(value, str) else list(value)
+    servers = []
+    for raw in items:
+        item = raw.strip()
+        if not item:
+            continue
+        if "://" not in item:
+            item = f"nats://{item}"
+        parts = urlsplit(item)
+        if parts.scheme not in _SCHEMES:
+            raise InvalidSettingsError(
+                f"server {parts.scheme}://{parts.hostname or ''} has scheme {parts.scheme!r}; "
+                f"use one of {', '.join(_SCHEMES)}"
+            )
+        if parts.username or parts.password:
+            raise InvalidSettingsError(
+                "server URLs must not carry credentials; put them in the connection's login/password, "
+                "token or nkey fields"
+            )
+        if not parts.hostname:
+            raise InvalidSettingsError(f"server entry {raw.strip()!r} has no host name")
+        try:
+            port = parts.port or default_port
+        except ValueError:
+            raise InvalidSettingsError(f"server entry {raw.strip()!r} has an invalid port") from None
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        servers.append(f"{parts.scheme}://{host}:{port}")
+    if not servers:
+        raise InvalidSettingsError("no NATS server given: set the connection's host (e.g. 'nats1:4222,nats2:4222')")
+    return tuple(servers)
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """How to reach a NATS server. Safe to pickle (Spark) and to repr (secrets are masked)."""
+
+    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    nkey_seed: str | None = field(default=None, repr=False)
+    creds_file: str | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_verify: bool = True
+    tls_hostname: str | None = None
+    connect_timeout: float = 5.0
+    client_name: str | None = "airflow-jetstream"
+    domain: str | None = None
+    api_prefix: str | None = None
+    request_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.servers, (str, list)):
+            object.__setattr__(self, "servers", parse_servers(self.servers))
+        if self.connect_timeout <= 0 or self.request_timeout <= 0:
+            raise InvalidSettingsError("connect_timeout and request_timeout must be positive seconds")
+        if self.domain and self.api_prefix:
+            raise InvalidSettingsError("set either a JetStream domain or an API prefix, not both")
+        if self.token and (self.user or self.password):
+            raise InvalidSettingsError("set either a token or user/password, not both")
+        if self.password and not self.user:
+            raise InvalidSettingsError("a password needs a user (login)")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise InvalidSettingsError("a TLS client certificate needs both tls_cert_file and tls_key_file")
+        for name in ("creds_file", "tls_ca_file", "tls_cert_file", "tls_key_file"):
+            path = getattr(self, name)
+            if path and not os.path.isfile(path):
+                raise InvalidSettingsError(f"{name} {path!r} does not exist or is not a file")
+
+    def __repr__(self) -> str:
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in SECRET_FIELDS:
+                if value:
+                    shown.append(f"{f.name}='***'")
+                continue
+            shown.append(f"{f.name}={value!r}")
+        return f"ConnectionSettings({', '.join(shown)})"
+
+    __str__ = __repr__
+
+    def with_overrides(self, **changes: Any) -> ConnectionSettings:
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    @property
+    def uses_tls(self) -> bool:
+        return bool(
+            self.tls_ca_file
+            or self.tls_cert_file
+            or not self.tls_verify
+            or any(s.startswith(("tls://", "wss://")) for s in self.servers)
+        )
+
+    @property
+    def api_subject_prefix(self) -> str:
+        """The JetStream API prefix in use (``$JS.API`` unless a domain or prefix is set)."""
+        if self.api_prefix:
+            return self.api_prefix.rstrip(".")
+        if self.domain:
+            return f"$JS.{self.domain}.API"
+        return "$JS.API"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """Build the TLS context, or None when TLS is not configured."""
+        if not self.uses_tls:
+            return None
+        try:
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca_file)
+            if self.tls_cert_file:
+                ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise InvalidSettingsError(
+                f"cannot load TLS files (ca={self.tls_ca_file!r}, cert={self.tls_cert_file!r}): "
+                f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc.args[-1]}"
+            ) from None
+        if not self.tls_verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def connect_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``nats.connect`` (without callbacks)."""
+        servers = list(self.servers)
+        if self.uses_tls:
+            servers = [s.replace("nats://", "tls://", 1) for s in servers]
+        options: dict[str, Any] = {
+            "servers": servers,
+            "connect_timeout": self.connect_timeout,
+            "name": self.client_name,
+        }
+        if self.user:
+            options["user"] = self.user
+            options["password"] = self.password or ""
+        if self.token:
+            options["token"] = self.token
+        if self.nkey_seed:
+            options["nkeys_seed_str"] = self.nkey_seed
+        if self.creds_file:
+            options["user_credentials"] = self.creds_file
+        tls = self.ssl_context()
+        if tls is not None:
+            options["tls"] = tls
+            if self.tls_hostname:
+                options["tls_hostname"] = self.tls_hostname
+        return options
+
+    def secrets(self) -> list[str]:
+        """Secret values to mask in logs (credentials file contents included)."""
+        values = [v for v in (self.password, self.token, self.nkey_seed) if v]
+        if self.creds_file:
+            try:
+                with open(self.creds_file, encoding="utf-8") as fh:
+                    values.extend(
+                        line.strip()
+                        for line in fh
+                        if line.strip() and not line.startswith("-") and not line.startswith("*")
+                    )
+            except OSError:
+                pass
+        return values

@@ -1,0 +1,165 @@
+"""Stream administration: idempotent create-or-update, info, delete, purge."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.durations import to_nanos
+from airflow_jetstream.client.errors import (
+    InvalidRequestError,
+    StreamConfigError,
+    StreamNotFoundError,
+)
+from airflow_jetstream.client.subjects import validate_name, validate_subject
+
+#: Stream configuration fields of the JetStream API (nats-server 2.15), by their JSON names.
+STREAM_CONFIG_FIELDS = frozenset({
+    "name", "description", "subjects", "retention", "max_consumers", "max_msgs", "max_bytes",
+    "max_age", "max_msgs_per_subject", "max_msg_size", "discard", "discard_new_per_subject",
+    "storage", "num_replicas", "no_ack", "duplicate_window", "placement", "mirror", "sources",
+    "sealed", "deny_delete", "deny_purge", "allow_rollup_hdrs", "allow_direct", "mirror_direct",
+    "republish", "subject_transform", "compression", "first_seq", "metadata", "consumer_limits",
+    "allow_msg_ttl", "subject_delete_marker_ttl", "allow_atomic", "allow_batched",
+    "allow_msg_counter", "allow_msg_schedules", "persist_mode",
+})
+DURATION_FIELDS = ("max_age", "duplicate_window", "subject_delete_marker_ttl")
+#: Fields the server refuses to change once the stream exists.
+IMMUTABLE_FIELDS = ("storage", "mirror", "first_seq")
+_ENUMS = {
+    "retention": ("limits", "interest", "workqueue"),
+    "storage": ("file", "memory"),
+    "discard": ("old", "new"),
+    "compression": ("none", "s2"),
+}
+_DEFAULTS = {"retention": "limits", "storage": "file", "discard": "old", "num_replicas": 1}
+
+
+def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Validate a stream config locally and convert durations to nanoseconds.
+
+    Raises :class:`StreamConfigError` for unknown keys or bad values before anything is sent.
+    """
+    if not isinstance(config, dict):
+        raise StreamConfigError(f"a stream config must be a dict, got {type(config).__name__}")
+    unknown = sorted(set(config) - STREAM_CONFIG_FIELDS)
+    if unknown:
+        raise StreamConfigError(
+            f"unknown stream config field(s) {', '.join(unknown)}; use JetStream's JSON names "
+            "(e.g. num_replicas, max_age, duplicate_window, allow_atomic)",
+            reason="unknown_field",
+        )
+    cfg = copy.deepcopy(config)
+    if "name" not in cfg:
+        raise StreamConfigError("a stream config needs a 'name'", reason="missing_name")
+    try:
+        validate_name(cfg["name"], what="stream name")
+        for subject in cfg.get("subjects") or []:
+            validate_subject(subject, allow_wildcards=True, what="stream subject")
+        for key in DURATION_FIELDS:
+            if key in cfg and cfg[key] is not None:
+                cfg[key] = to_nanos(cfg[key], field=key)
+    except InvalidRequestError as exc:
+        raise StreamConfigError(exc.message, reason=exc.reason) from None
+    if isinstance(cfg.get("subjects"), str):
+        raise StreamConfigError("'subjects' must be a list of subjects, not a string", reason="invalid_field")
+    for key, allowed in _ENUMS.items():
+        if key in cfg and cfg[key] not in allowed:
+            raise StreamConfigError(
+                f"{key}={cfg[key]!r} is not valid; use one of {', '.join(allowed)}", reason="invalid_field"
+            )
+    if cfg.get("mirror") and cfg.get("subjects"):
+        raise StreamConfigError("a mirror stream cannot have subjects of its own", reason="invalid_field")
+    if cfg.get("allow_atomic") and cfg.get("persist_mode") == "async":
+        raise StreamConfigError("allow_atomic cannot be combined with persist_mode 'async'", reason="invalid_field")
+    return cfg
+
+
+def _matches(wanted: Any, current: Any) -> bool:
+    """True when every key the user asked for already has that value on the server."""
+    if isinstance(wanted, dict):
+        if not isinstance(current, dict):
+            return False
+        return all(_matches(v, current.get(k, _DEFAULTS.get(k))) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        if not isinstance(current, list) or len(wanted) != len(current):
+            return False
+        if all(isinstance(x, str) for x in wanted):
+            return sorted(wanted) == sorted(current)
+        return all(_matches(w, c) for w, c in zip(wanted, current, strict=True))
+    if wanted is None:
+        return current in (None, "", 0, [], {})
+    return wanted == current
+
+
+def changed_fields(wanted: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Names of the requested fields whose value differs from the current config."""
+    return sorted(k for k, v in wanted.items() if not _matches(v, current.get(k, _DEFAULTS.get(k))))
+
+
+async def stream_info(conn: JetStreamConnection, name: str) -> dict[str, Any]:
+    """Stream info (config + state), or :class:`StreamNotFoundError`."""
+    validate_name(name, what="stream name")
+    return await conn.api_request(f"STREAM.INFO.{name}", context=f"stream {name!r}")
+
+
+async def find_stream(conn: JetStreamConnection, name: str) -> dict[str, Any] | None:
+    """Stream info, or None when the stream does not exist."""
+    try:
+        return await stream_info(conn, name)
+    except StreamNotFoundError:
+        return None
+
+
+async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any]) -> dict[str, Any]:
+    """Create the stream, update it where it differs, or leave it alone.
+
+    Returns ``{"action": "created" | "updated" | "unchanged", "changed": [...], "info": {...}}``.
+    Fields not named in ``config`` keep their current values on update.
+    """
+    cfg = normalize_stream_config(config)
+    name = cfg["name"]
+    current = await find_stream(conn, name)
+    if current is None:
+        info = await conn.api_request(f"STREAM.CREATE.{name}", cfg, context=f"create stream {name!r}")
+        return {"action": "created", "changed": sorted(cfg), "info": info}
+    current_cfg = current["config"]
+    changed = changed_fields(cfg, current_cfg)
+    if not changed:
+        return {"action": "unchanged", "changed": [], "info": current}
+    for key in IMMUTABLE_FIELDS:
+        if key in changed:
+            raise StreamConfigError(
+                f"stream {name!r}: field {key!r} cannot be changed on an existing stream "
+                f"(is {current_cfg.get(key)!r}, requested {cfg[key]!r}); create a new stream and "
+                "migrate, or keep the current value",
+                reason="immutable_field",
+            )
+    merged = {**current_cfg, **cfg}
+    try:
+        info = await conn.api_request(f"STREAM.UPDATE.{name}", merged, context=f"update stream {name!r}")
+    except StreamConfigError as exc:
+        raise StreamConfigError(
+            f"{exc.message} (changing {', '.join(changed)})",
+            reason=exc.reason, code=exc.code, err_code=exc.err_code, description=exc.description,
+        ) from None
+    return {"action": "updated", "changed": changed, "info": info}
+
+
+async def delete_stream(conn: JetStreamConnection, name: str) -> bool:
+    """Delete a stream; False when it did not exist."""
+    validate_name(name, what="stream name")
+    try:
+        reply = await conn.api_request(f"STREAM.DELETE.{name}", context=f"delete stream {name!r}")
+    except StreamNotFoundError:
+        return False
+    return bool(reply.get("success"))
+
+
+async def purge_stream(conn: JetStreamConnection, name: str, *, subject: str | None = None) -> int:
+    """Purge a stream (optionally one subject); returns how many messages were removed."""
+    validate_name(name, what="stream name")
+    body = {"filter": validate_subject(subject, allow_wildcards=True)} if subject else None
+    reply = await conn.api_request(f"STREAM.PURGE.{name}", body, context=f"purge stream {name!r}")
+    return int(reply.get("purged", 0))

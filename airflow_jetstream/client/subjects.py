@@ -1,0 +1,45 @@
+"""Subject validation shared by every publisher and subscriber."""
+
+from __future__ import annotations
+
+from airflow_jetstream.client.errors import InvalidSubjectError
+
+_FORBIDDEN = frozenset(" \t\r\n\f\v")
+
+
+def validate_subject(subject: object, *, allow_wildcards: bool = False, what: str = "subject") -> str:
+    """Return ``subject`` if it is a valid NATS subject, else raise :class:`InvalidSubjectError`."""
+    if not isinstance(subject, str) or not subject:
+        raise InvalidSubjectError(f"{what} must be a non-empty string, got {subject!r}")
+    if any(ch in _FORBIDDEN for ch in subject):
+        raise InvalidSubjectError(f"{what} {subject!r} contains white space; NATS subjects cannot")
+    tokens = subject.split(".")
+    for index, token in enumerate(tokens):
+        if not token:
+            raise InvalidSubjectError(
+                f"{what} {subject!r} has an empty token (leading, trailing or double '.')"
+            )
+        if token in ("*", ">") or ("*" in token or ">" in token):
+            if not allow_wildcards:
+                raise InvalidSubjectError(
+                    f"{what} {subject!r} contains a wildcard; publish to a concrete subject"
+                )
+            if token not in ("*", ">"):
+                raise InvalidSubjectError(f"{what} {subject!r}: wildcards must be whole tokens")
+            if token == ">" and index != len(tokens) - 1:
+                raise InvalidSubjectError(f"{what} {subject!r}: '>' may only be the last token")
+    return subject
+
+
+def validate_name(name: object, *, what: str = "name") -> str:
+    """Validate a stream or consumer name (no dots, wildcards, white space or path separators)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidSubjectError(f"{what} must be a non-empty string, got {name!r}", reason="invalid_name")
+    bad = set(name) & (_FORBIDDEN | set(".*>/\\"))
+    if bad:
+        raise InvalidSubjectError(
+            f"{what} {name!r} contains {''.join(sorted(bad))!r}; names cannot hold '.', '*', '>', "
+            "'/', '\\' or white space",
+            reason="invalid_name",
+        )
+    return name

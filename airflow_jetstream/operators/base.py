@@ -1,0 +1,22 @@
+"""Shared base of the JetStream operators: connection id handling and the hook."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+
+class JetStreamBaseOperator(BaseOperator):
+    """Base class: holds ``nats_conn_id`` and builds the :class:`JetStreamHook` lazily."""
+
+    def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nats_conn_id = nats_conn_id
+
+    @cached_property
+    def hook(self) -> JetStreamHook:
+        return JetStreamHook(nats_conn_id=self.nats_conn_id)

@@ -1,0 +1,59 @@
+"""JetStreamEnsureStreamOperator: idempotent create-or-update of a stream."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_jetstream.client.streams import ensure_stream, normalize_stream_config
+from airflow_jetstream.operators.base import JetStreamBaseOperator
+
+
+class JetStreamEnsureStreamOperator(JetStreamBaseOperator):
+    """Create a stream, update it where it differs from ``config``, or leave it alone.
+
+    ``config`` uses JetStream's own JSON field names; durations (``max_age``, ``duplicate_window``)
+    may be nanoseconds or strings such as ``"7d"``. Unknown keys fail before any call; changing an
+    immutable field (e.g. ``storage``) fails naming the field. Returns the stream info (JSON-able)::
+
+        JetStreamEnsureStreamOperator(
+            task_id="ensure_orders",
+            config={
+                "name": "ORDERS",
+                "subjects": ["orders.>"],
+                "retention": "workqueue",
+                "allow_atomic": True,
+                "duplicate_window": "2m",
+            },
+        )
+
+    :param config: the stream config (templated).
+    :param nats_conn_id: the ``nats`` connection to use.
+    """
+
+    template_fields: Sequence[str] = ("config",)
+    template_fields_renderers = {"config": "json"}
+    ui_color = "#27aae1"
+
+    def __init__(self, *, config: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config = config
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        config = normalize_stream_config(self.config)
+        result = self.hook.run(ensure_stream, config)
+        name = config["name"]
+        if result["action"] == "unchanged":
+            self.log.info("Stream %s already matches the requested config: nothing to do", name)
+        elif result["action"] == "created":
+            self.log.info("Created stream %s (subjects %s)", name, config.get("subjects"))
+        else:
+            self.log.info("Updated stream %s: changed %s", name, ", ".join(result["changed"]))
+        info = result["info"]
+        return {
+            "action": result["action"],
+            "changed": result["changed"],
+            "config": info["config"],
+            "state": info.get("state", {}),
+            "created": info.get("created"),
+        }

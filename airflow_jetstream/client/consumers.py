@@ -1,0 +1,390 @@
+"""Generic consumer administration: info, idempotent create-or-update, delete, pause, reset.
+
+Every function takes a :class:`JetStreamConnection`. To reach a stream in another JetStream
+domain (a leaf node), wrap the connection with :func:`api_view` first::
+
+    leaf = api_view(conn, domain="edge")
+    info = await consumer_info(leaf, "ORIGIN", "AGG_SRC")
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.durations import to_nanos
+from airflow_jetstream.client.errors import (
+    ConsumerConfigError,
+    ConsumerNotFoundError,
+    ConsumerResetError,
+    InvalidRequestError,
+    ServerAPIError,
+)
+from airflow_jetstream.client.subjects import validate_name, validate_subject
+
+#: Consumer configuration fields of the JetStream API (nats-server 2.15), by their JSON names.
+CONSUMER_CONFIG_FIELDS = frozenset({
+    "name", "durable_name", "description", "deliver_policy", "opt_start_seq", "opt_start_time",
+    "ack_policy", "ack_wait", "max_deliver", "backoff", "filter_subject", "filter_subjects",
+    "replay_policy", "rate_limit_bps", "sample_freq", "max_waiting", "max_ack_pending",
+    "flow_control", "idle_heartbeat", "headers_only", "deliver_subject", "deliver_group",
+    "inactive_threshold", "num_replicas", "mem_storage", "metadata", "pause_until",
+    "max_batch", "max_expires", "max_bytes", "priority_groups", "priority_policy",
+    "priority_timeout",
+})
+DURATION_FIELDS = ("ack_wait", "idle_heartbeat", "inactive_threshold", "max_expires", "priority_timeout")
+#: Fields the server refuses to change on an existing consumer.
+IMMUTABLE_FIELDS = ("deliver_policy", "opt_start_seq", "opt_start_time", "ack_policy", "replay_policy",
+                    "deliver_group", "mem_storage")
+DELIVER_POLICIES = ("all", "last", "new", "by_start_sequence", "by_start_time", "last_per_subject")
+ACK_POLICIES = ("none", "all", "explicit", "flow_control")
+REPLAY_POLICIES = ("instant", "original")
+#: Deliver policies whose consumers cannot be reset to a given sequence (server error 10204).
+NO_SEQ_RESET_POLICIES = ("last", "new", "last_per_subject")
+_DEFAULTS: dict[str, Any] = {"deliver_policy": "all", "ack_policy": "explicit", "replay_policy": "instant"}
+
+
+class _ApiView:
+    """A connection whose JetStream API requests go to another domain or API prefix."""
+
+    def __init__(self, conn: JetStreamConnection, api_prefix: str) -> None:
+        self._conn = conn
+        self._api_prefix = api_prefix
+
+    @property
+    def api_prefix(self) -> str:
+        return self._api_prefix
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    api_request = JetStreamConnection.api_request
+
+
+def domain_api_prefix(domain: str) -> str:
+    """``$JS.<domain>.API``: the API prefix of a JetStream domain."""
+    validate_name(domain, what="JetStream domain")
+    return f"$JS.{domain}.API"
+
+
+def api_view(conn: JetStreamConnection, *, domain: str | None = None,
+             api_prefix: str | None = None) -> JetStreamConnection:
+    """``conn`` itself, or a view of it whose API requests go to ``domain`` / ``api_prefix``."""
+    if domain and api_prefix:
+        raise InvalidRequestError("give either a JetStream domain or an API prefix, not both")
+    prefix = domain_api_prefix(domain) if domain else api_prefix
+    if not prefix or prefix == conn.api_prefix:
+        return conn
+    validate_subject(prefix, what="JetStream API prefix")
+    return _ApiView(conn, prefix)  # type: ignore[return-value]
+
+
+def to_rfc3339(value: datetime | str) -> str:
+    """A timestamp as the server wants it (RFC 3339, UTC). Naive datetimes are taken as UTC."""
+    when = parse_time(value)
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_time(value: datetime | str, *, field: str = "time") -> datetime:
+    """A timezone-aware datetime from a datetime or an ISO 8601 string (naive means UTC)."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise InvalidRequestError(
+                f"{field}: cannot read {value!r} as a time; use ISO 8601 such as '2026-01-31T12:00:00Z'"
+            ) from None
+    if not isinstance(value, datetime):
+        raise InvalidRequestError(f"{field}: expected a datetime or ISO 8601 string, got {type(value).__name__}")
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def normalize_consumer_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Validate a durable consumer config locally; durations to ns, times to RFC 3339.
+
+    Raises :class:`ConsumerConfigError` before anything is sent.
+    """
+    if not isinstance(config, dict):
+        raise ConsumerConfigError(f"a consumer config must be a dict, got {type(config).__name__}")
+    unknown = sorted(set(config) - CONSUMER_CONFIG_FIELDS)
+    if unknown:
+        raise ConsumerConfigError(
+            f"unknown consumer config field(s) {', '.join(unknown)}; use JetStream's JSON names",
+            reason="unknown_field",
+        )
+    cfg = {k: v for k, v in copy.deepcopy(config).items() if v is not None}
+    name = cfg.get("durable_name") or cfg.get("name")
+    try:
+        validate_name(name, what="consumer name")
+        for key in DURATION_FIELDS:
+            if key in cfg:
+                cfg[key] = to_nanos(cfg[key], field=key)
+        if "backoff" in cfg:
+            cfg["backoff"] = [to_nanos(b, field="backoff") for b in cfg["backoff"]]
+        if "opt_start_time" in cfg:
+            cfg["opt_start_time"] = to_rfc3339(cfg["opt_start_time"])
+        if "filter_subject" in cfg:
+            validate_subject(cfg["filter_subject"], allow_wildcards=True, what="filter subject")
+        for subject in cfg.get("filter_subjects") or []:
+            validate_subject(subject, allow_wildcards=True, what="filter subject")
+        if "deliver_subject" in cfg:
+            validate_subject(cfg["deliver_subject"], what="deliver subject")
+    except InvalidRequestError as exc:
+        raise ConsumerConfigError(exc.message, reason=exc.reason) from None
+    cfg["name"] = cfg["durable_name"] = name
+    for key, allowed in (("deliver_policy", DELIVER_POLICIES), ("ack_policy", ACK_POLICIES),
+                         ("replay_policy", REPLAY_POLICIES)):
+        if key in cfg and cfg[key] not in allowed:
+            raise ConsumerConfigError(
+                f"{key}={cfg[key]!r} is not valid; use one of {', '.join(allowed)}", reason="invalid_field"
+            )
+    if "filter_subject" in cfg and cfg.get("filter_subjects"):
+        raise ConsumerConfigError("set filter_subject or filter_subjects, not both", reason="invalid_field")
+    policy = cfg.get("deliver_policy", "all")
+    if policy == "by_start_sequence" and not cfg.get("opt_start_seq"):
+        raise ConsumerConfigError("deliver_policy by_start_sequence needs opt_start_seq >= 1", reason="invalid_field")
+    if policy == "by_start_time" and not cfg.get("opt_start_time"):
+        raise ConsumerConfigError("deliver_policy by_start_time needs opt_start_time", reason="invalid_field")
+    if cfg.get("opt_start_seq") and policy != "by_start_sequence":
+        raise ConsumerConfigError("opt_start_seq needs deliver_policy by_start_sequence", reason="invalid_field")
+    if cfg.get("opt_start_time") and policy != "by_start_time":
+        raise ConsumerConfigError("opt_start_time needs deliver_policy by_start_time", reason="invalid_field")
+    return cfg
+
+
+def _matches(wanted: Any, current: Any) -> bool:
+    if isinstance(wanted, list) and isinstance(current, list):
+        return sorted(map(str, wanted)) == sorted(map(str, current))
+    if isinstance(wanted, dict) and isinstance(current, dict):
+        return all(_matches(v, current.get(k)) for k, v in wanted.items())
+    if wanted in (None, False, 0, "", [], {}):
+        return current in (None, False, 0, "", [], {})
+    return wanted == current
+
+
+def consumer_changes(wanted: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Names of the requested fields whose value differs from the consumer's current config."""
+    changed = []
+    for key, value in wanted.items():
+        have = current.get(key, _DEFAULTS.get(key))
+        if key == "opt_start_time" and have:
+            differs = parse_time(value) != parse_time(have)
+        else:
+            differs = not _matches(value, have)
+        if differs:
+            changed.append(key)
+    return sorted(changed)
+
+
+async def consumer_info(conn: JetStreamConnection, stream: str, name: str) -> dict[str, Any]:
+    """Consumer info (config, delivered, ack_floor, num_pending, ...).
+
+    Raises :class:`StreamNotFoundError` or :class:`ConsumerNotFoundError` naming both.
+    """
+    validate_name(stream, what="stream name")
+    validate_name(name, what="consumer name")
+    return await conn.api_request(f"CONSUMER.INFO.{stream}.{name}", context=f"consumer {name!r} on stream {stream!r}")
+
+
+async def find_consumer(conn: JetStreamConnection, stream: str, name: str) -> dict[str, Any] | None:
+    """Consumer info, or None when the consumer does not exist (the stream must exist)."""
+    try:
+        return await consumer_info(conn, stream, name)
+    except ConsumerNotFoundError:
+        return None
+
+
+async def list_consumers(conn: JetStreamConnection, stream: str) -> list[dict[str, Any]]:
+    """Info of every consumer on ``stream`` (follows the API's paging)."""
+    validate_name(stream, what="stream name")
+    found: list[dict[str, Any]] = []
+    while True:
+        reply = await conn.api_request(f"CONSUMER.LIST.{stream}", {"offset": len(found)},
+                                       context=f"list consumers of stream {stream!r}")
+        page = reply.get("consumers") or []
+        found.extend(page)
+        if not page or len(found) >= int(reply.get("total", 0)):
+            return found
+
+
+async def ensure_consumer(conn: JetStreamConnection, stream: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Create the durable consumer, update it where it differs from ``config``, or leave it alone.
+
+    Returns ``{"action": "created" | "updated" | "unchanged", "changed": [...], "info": {...}}``.
+    Changing a field the server keeps fixed (deliver policy, start, ack policy, ...) raises
+    :class:`ConsumerConfigError` naming the fields, before anything is sent.
+    """
+    validate_name(stream, what="stream name")
+    cfg = normalize_consumer_config(config)
+    name = cfg["name"]
+    current = await find_consumer(conn, stream, name)
+    context = f"consumer {name!r} on stream {stream!r}"
+    if current is None:
+        info = await conn.api_request(f"CONSUMER.CREATE.{stream}.{name}",
+                                      {"stream_name": stream, "config": cfg, "action": "create"},
+                                      context=f"create {context}")
+        return {"action": "created", "changed": sorted(cfg), "info": info}
+    have = current["config"]
+    changed = consumer_changes(cfg, have)
+    if not changed:
+        return {"action": "unchanged", "changed": [], "info": current}
+    fixed = [key for key in changed if key in IMMUTABLE_FIELDS]
+    if bool(cfg.get("deliver_subject")) != bool(have.get("deliver_subject")):
+        fixed.append("deliver_subject (push <-> pull)")
+    if fixed:
+        raise ConsumerConfigError(
+            f"{context} exists with a different {', '.join(fixed)} "
+            f"({', '.join(f'{k}={have.get(k.split()[0])!r}' for k in fixed)}), which the server cannot change; "
+            "delete the consumer (its delivery state is lost) or use another consumer name",
+            reason="immutable_field",
+        )
+    merged = {**have, **cfg}
+    try:
+        info = await conn.api_request(f"CONSUMER.CREATE.{stream}.{name}",
+                                      {"stream_name": stream, "config": merged, "action": "update"},
+                                      context=f"update {context}")
+    except ServerAPIError as exc:
+        raise ConsumerConfigError(
+            f"{exc.message} (changing {', '.join(changed)})",
+            reason=exc.reason, code=exc.code, err_code=exc.err_code, description=exc.description,
+        ) from None
+    return {"action": "updated", "changed": changed, "info": info}
+
+
+async def delete_consumer(conn: JetStreamConnection, stream: str, name: str) -> bool:
+    """Delete a consumer; False when it did not exist."""
+    validate_name(stream, what="stream name")
+    validate_name(name, what="consumer name")
+    try:
+        reply = await conn.api_request(f"CONSUMER.DELETE.{stream}.{name}",
+                                       context=f"delete consumer {name!r} on stream {stream!r}")
+    except ConsumerNotFoundError:
+        return False
+    return bool(reply.get("success"))
+
+
+async def pause_consumer(conn: JetStreamConnection, stream: str, name: str,
+                         until: datetime | str | None) -> dict[str, Any]:
+    """Pause a consumer until ``until`` (None resumes it). Returns the pause response."""
+    validate_name(stream, what="stream name")
+    validate_name(name, what="consumer name")
+    body = {"pause_until": to_rfc3339(until)} if until is not None else None
+    return await conn.api_request(f"CONSUMER.PAUSE.{stream}.{name}", body,
+                                  context=f"pause consumer {name!r} on stream {stream!r}")
+
+
+async def first_seq_at_or_after(conn: JetStreamConnection, stream: str, when: datetime | str) -> int:
+    """The sequence of the first message stored at or after ``when``; last_seq + 1 if none is."""
+    validate_name(stream, what="stream name")
+    body = {"start_time": to_rfc3339(when)}
+    try:
+        reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", body, context=f"stream {stream!r}")
+    except ServerAPIError as exc:
+        if exc.err_code != 10037:
+            raise
+        info = await conn.api_request(f"STREAM.INFO.{stream}", context=f"stream {stream!r}")
+        return int(info["state"]["last_seq"]) + 1
+    return int(reply["message"]["seq"])
+
+
+def _reset_seq_arg(seq: Any) -> int | None:
+    if seq is None:
+        return None
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        raise InvalidRequestError(f"seq must be a positive stream sequence (int), got {seq!r}", reason="invalid_seq")
+    if seq < 1:
+        raise InvalidRequestError(
+            f"seq must be >= 1, got {seq}; leave it unset to reset to the ack floor", reason="invalid_seq"
+        )
+    return seq
+
+
+async def reset_consumer(conn: JetStreamConnection, stream: str, name: str, *, seq: int | None = None,
+                         time: datetime | str | None = None) -> dict[str, Any]:
+    """Reset a consumer's delivery state.
+
+    - neither ``seq`` nor ``time``: back to the ack floor (redeliver what is pending);
+    - ``seq``: the next message delivered is the first with stream sequence >= ``seq``;
+    - ``time``: same, with the first sequence stored at or after ``time``.
+
+    The consumer is looked up first (the server never answers a reset of an unknown consumer),
+    and resets the deliver policy forbids are refused locally with :class:`ConsumerResetError`.
+    Returns ``{"stream", "consumer", "reset_seq", "delivered", "ack_floor", "num_pending",
+    "num_ack_pending", "requested_seq", "requested_time"}``.
+    """
+    if seq is not None and time is not None:
+        raise InvalidRequestError("give either seq or time for a consumer reset, not both", reason="invalid_reset")
+    seq = _reset_seq_arg(seq)
+    requested_time = to_rfc3339(time) if time is not None else None
+    info = await consumer_info(conn, stream, name)
+    config = info["config"]
+    policy = config.get("deliver_policy", "all")
+    where = f"consumer {name!r} on stream {stream!r}"
+    if (seq is not None or time is not None) and policy in NO_SEQ_RESET_POLICIES:
+        raise ConsumerResetError(
+            f"{where} has deliver_policy {policy!r}: it can only be reset to its ack floor (no seq/time); "
+            "use a consumer with deliver_policy all, by_start_sequence or by_start_time for replays",
+            reason="reset_not_allowed",
+        )
+    if time is not None:
+        if policy == "by_start_time" and parse_time(time) < parse_time(config["opt_start_time"]):
+            raise ConsumerResetError(
+                f"{where} starts at {config['opt_start_time']}: cannot reset to {requested_time}, "
+                "which is before its start time",
+                reason="below_start_time",
+            )
+        seq = await first_seq_at_or_after(conn, stream, time)
+    if seq is not None and policy == "by_start_sequence" and seq < int(config.get("opt_start_seq") or 0):
+        raise ConsumerResetError(
+            f"{where} starts at stream sequence {config['opt_start_seq']}: cannot reset below it (to {seq})",
+            reason="below_start_seq",
+        )
+    try:
+        reply = await conn.api_request(f"CONSUMER.RESET.{stream}.{name}",
+                                       {"seq": seq} if seq is not None else None,
+                                       context=f"reset {where}")
+    except ConsumerResetError as exc:
+        raise ConsumerResetError(
+            f"{exc.message} ({where}, deliver_policy {policy!r})",
+            reason=_reset_reason(exc.description), code=exc.code, err_code=exc.err_code,
+            description=exc.description,
+        ) from None
+    return {
+        "stream": stream,
+        "consumer": name,
+        "reset_seq": reply.get("reset_seq"),
+        "delivered": reply.get("delivered", {}),
+        "ack_floor": reply.get("ack_floor", {}),
+        "num_pending": reply.get("num_pending", 0),
+        "num_ack_pending": reply.get("num_ack_pending", 0),
+        "requested_seq": seq,
+        "requested_time": requested_time,
+    }
+
+
+def _reset_reason(description: str | None) -> str:
+    text = (description or "").lower()
+    if "below start seq" in text:
+        return "below_start_seq"
+    if "below start time" in text:
+        return "below_start_time"
+    if "not allowed" in text:
+        return "reset_not_allowed"
+    return "invalid_reset"
+
+
+__all__ = [
+    "api_view",
+    "consumer_info",
+    "delete_consumer",
+    "domain_api_prefix",
+    "ensure_consumer",
+    "find_consumer",
+    "first_seq_at_or_after",
+    "list_consumers",
+    "normalize_consumer_config",
+    "pause_consumer",
+    "reset_consumer",
+]

@@ -174,13 +174,8 @@ class ConnectionSettings:
         """Secret values to mask in logs (credentials file contents included)."""
         values = [v for v in (self.password, self.token, self.nkey_seed) if v]
         if self.creds_file:
-            try:
-                with open(self.creds_file, encoding="utf-8") as fh:
-                    values.extend(
-                        line.strip()
-                        for line in fh
-                        if line.strip() and not line.startswith("-") and not line.startswith("*")
-                    )
-            except OSError:
-                pass
+            with open(self.creds_file, encoding="utf-8") as fh:
+                values.extend(
+                    line.strip() for line in fh if line.strip() and not line.lstrip().startswith(("-", "*"))
+                )
         return values

@@ -107,4 +107,12 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "queues": ["airflow_jetstream.queues.jetstream.JetStreamMessageQueueProvider"],
+        "asset-uris": [
+            {
+                "schemes": ["jetstream"],
+                "handler": "airflow_jetstream.assets.jetstream.sanitize_uri",
+                "factory": "airflow_jetstream.assets.jetstream.create_asset",
+                "to_openlineage_converter": "airflow_jetstream.assets.jetstream.convert_asset_to_openlineage",
+            }
+        ],
     }

@@ -11,13 +11,29 @@ from typing import Any, ParamSpec, TypeVar
 
 from airflow.sdk import BaseHook
 
+from airflow_jetstream.client import metrics
 from airflow_jetstream.client.connection import JetStreamConnection, account_info, open_connection
 from airflow_jetstream.client.errors import JetStreamError
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.hooks.connection_settings import settings_from_connection
+from airflow_jetstream.stats import install_airflow_stats
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+install_airflow_stats()
+
+
+@asynccontextmanager
+async def _counted_connection(settings: ConnectionSettings) -> AsyncIterator[JetStreamConnection]:
+    """``open_connection`` that counts connections opened and JetStream errors by reason."""
+    try:
+        async with open_connection(settings) as conn:
+            metrics.incr("connection.opened")
+            yield conn
+    except JetStreamError as exc:
+        metrics.incr("error", tags={"reason": exc.reason})
+        raise
 
 
 def _mask(settings: ConnectionSettings) -> None:
@@ -80,7 +96,7 @@ class JetStreamHook(BaseHook):
     async def connection(self) -> AsyncIterator[JetStreamConnection]:
         """``async with hook.connection() as conn``: an open connection, closed on exit."""
         settings = self.__dict__.get("settings") or await self.aget_settings()
-        async with open_connection(settings) as conn:
+        async with _counted_connection(settings) as conn:
             yield conn
 
     def run(self, func: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
@@ -88,7 +104,7 @@ class JetStreamHook(BaseHook):
         settings = self.settings
 
         async def call() -> T:
-            async with open_connection(settings) as conn:
+            async with _counted_connection(settings) as conn:
                 return await func(conn, *args, **kwargs)
 
         try:

@@ -1,0 +1,152 @@
+"""Airflow assets for JetStream streams and subjects: ``jetstream://<server>/<stream>[/<subject>]``.
+
+Registered under ``asset-uris`` in ``get_provider_info`` so Airflow uses :func:`sanitize_uri` for every
+``jetstream://`` asset, the hook-lineage collector builds assets with :func:`create_asset`, and the
+OpenLineage provider turns them into datasets with :func:`convert_asset_to_openlineage`.
+
+``<server>`` is ``host:port`` of the NATS server (the first one of a cluster's list; the port is
+always written, 4222 by default), ``<stream>`` a stream name and ``<subject>`` an optional subject
+or subject filter inside it (wildcards ``*``/``>`` allowed)::
+
+    from airflow_jetstream.assets import jetstream_asset
+
+    orders = jetstream_asset("nats.example.com", "ORDERS")          # jetstream://nats.example.com:4222/ORDERS
+    new_orders = jetstream_asset("nats.example.com", "ORDERS", "orders.new")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import SplitResult, quote, unquote, urlsplit
+
+from airflow.sdk import Asset
+
+from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError, InvalidSubjectError
+from airflow_jetstream.client.settings import parse_servers
+from airflow_jetstream.client.subjects import validate_name, validate_subject
+
+if TYPE_CHECKING:
+    from airflow.providers.common.compat.openlineage.facet import Dataset as OpenLineageDataset
+
+SCHEME = "jetstream"
+_SUBJECT_SAFE = ".*>-_~"
+
+
+class InvalidAssetURIError(InvalidRequestError, ValueError):
+    """A ``jetstream://`` asset URI is malformed (Airflow expects a ``ValueError`` from URI handlers)."""
+
+    default_reason = "invalid_asset_uri"
+
+
+@dataclass(frozen=True)
+class JetStreamAssetRef:
+    """The parts of a sanitised ``jetstream://`` URI."""
+
+    server: str
+    stream: str
+    subject: str | None = None
+
+    @property
+    def uri(self) -> str:
+        path = f"/{self.stream}"
+        if self.subject:
+            path += "/" + quote(self.subject, safe=_SUBJECT_SAFE)
+        return f"{SCHEME}://{self.server}{path}"
+
+    @property
+    def name(self) -> str:
+        """``STREAM`` or ``STREAM/subject``: the dataset name inside the server's namespace."""
+        return f"{self.stream}/{self.subject}" if self.subject else self.stream
+
+
+def _server_authority(server: str) -> str:
+    try:
+        url = parse_servers(server)[0]
+    except InvalidSettingsError as exc:
+        raise InvalidAssetURIError(f"jetstream asset: bad server {server!r}: {exc.message}") from None
+    return url.split("://", 1)[1].lower()
+
+
+def _ref(server: str, stream: str, subject: str | None) -> JetStreamAssetRef:
+    try:
+        validate_name(stream, what="jetstream asset stream")
+        if subject is not None:
+            validate_subject(subject, allow_wildcards=True, what="jetstream asset subject")
+    except InvalidSubjectError as exc:
+        raise InvalidAssetURIError(exc.message) from None
+    return JetStreamAssetRef(server=_server_authority(server), stream=stream, subject=subject)
+
+
+def parse_asset_uri(uri: str | SplitResult) -> JetStreamAssetRef:
+    """Split and validate ``jetstream://host[:port]/STREAM[/subject]``."""
+    parts = urlsplit(uri) if isinstance(uri, str) else uri
+    if parts.scheme.lower() != SCHEME:
+        raise InvalidAssetURIError(f"not a jetstream asset URI (scheme {parts.scheme!r}); expected '{SCHEME}://'")
+    if parts.username or parts.password:
+        raise InvalidAssetURIError("jetstream asset URIs must not carry credentials; they live in the connection")
+    if parts.query or parts.fragment:
+        raise InvalidAssetURIError(
+            f"jetstream asset URI {SCHEME}://{parts.netloc}{parts.path} takes no query or fragment"
+        )
+    if not parts.netloc or "," in parts.netloc:
+        raise InvalidAssetURIError(
+            "jetstream asset URI needs exactly one server: jetstream://<host[:port]>/<stream>[/<subject>]"
+        )
+    stream, _, subject = parts.path.lstrip("/").partition("/")
+    if not stream:
+        raise InvalidAssetURIError(
+            f"jetstream asset URI {SCHEME}://{parts.netloc}{parts.path} names no stream: "
+            "jetstream://<host[:port]>/<stream>[/<subject>]"
+        )
+    return _ref(parts.netloc, unquote(stream), unquote(subject) if subject else None)
+
+
+def sanitize_uri(uri: SplitResult) -> SplitResult:
+    """Airflow's ``asset-uris`` handler: validate and normalise (lower-case host, explicit port)."""
+    return urlsplit(parse_asset_uri(uri).uri)
+
+
+def create_asset(
+    *, server: str, stream: str, subject: str | None = None, extra: dict[str, Any] | None = None
+) -> Asset:
+    """Airflow's ``asset-uris`` factory (used by the hook-lineage collector)."""
+    ref = _ref(server, stream, subject)
+    return Asset(uri=ref.uri, extra=extra or {})
+
+
+def jetstream_asset(
+    server: str | Sequence[str], stream: str, subject: str | None = None, *, extra: dict[str, Any] | None = None
+) -> Asset:
+    """The asset for a stream (or a subject in it) on a NATS server.
+
+    ``server`` may be ``host``, ``host:port``, a ``nats://``/``tls://`` URL, a comma-separated list or a
+    sequence such as ``ConnectionSettings.servers``; the first server identifies the cluster.
+    Use it in ``outlets=[...]``, ``inlets=[...]`` and ``schedule=[...]``.
+    """
+    first = server if isinstance(server, str) else (server[0] if server else "")
+    return create_asset(server=first, stream=stream, subject=subject, extra=extra)
+
+
+def convert_asset_to_openlineage(asset: Asset, lineage_context: Any) -> OpenLineageDataset:
+    """Airflow's ``asset-uris`` OpenLineage converter.
+
+    The dataset's namespace is ``jetstream://host:port`` and its name ``STREAM`` or ``STREAM/subject``.
+    """
+    from airflow.providers.common.compat.openlineage.facet import Dataset as OpenLineageDataset
+
+    ref = parse_asset_uri(asset.uri)
+    return OpenLineageDataset(namespace=f"{SCHEME}://{ref.server}", name=ref.name)
+
+
+__all__ = [
+    "SCHEME",
+    "InvalidAssetURIError",
+    "JetStreamAssetRef",
+    "convert_asset_to_openlineage",
+    "create_asset",
+    "jetstream_asset",
+    "parse_asset_uri",
+    "sanitize_uri",
+]

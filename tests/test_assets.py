@@ -1,0 +1,109 @@
+"""``jetstream://`` assets: registration with Airflow, URI sanitising, OpenLineage conversion,
+automatic outlets of the ensure-stream operator."""
+
+from __future__ import annotations
+
+import urllib.parse
+
+import pytest
+from airflow.sdk import Asset
+from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+from openlineage.client.event_v2 import Dataset as OpenLineageDataset
+
+from airflow_jetstream.assets import InvalidAssetURIError, jetstream_asset
+from airflow_jetstream.assets.jetstream import (
+    convert_asset_to_openlineage,
+    create_asset,
+    parse_asset_uri,
+    sanitize_uri,
+)
+from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
+
+
+def test_provider_registers_handler_factory_and_converter() -> None:
+    manager = ProvidersManagerTaskRuntime()
+    assert manager.asset_uri_handlers["jetstream"] is sanitize_uri
+    assert manager.asset_factories["jetstream"] is create_asset
+    assert manager.asset_to_openlineage_converters["jetstream"] is convert_asset_to_openlineage
+
+
+@pytest.mark.parametrize(
+    ("written", "normalised"),
+    [
+        ("jetstream://NATS.Example.com/ORDERS", "jetstream://nats.example.com:4222/ORDERS"),
+        ("jetstream://nats.example.com:4333/ORDERS/", "jetstream://nats.example.com:4333/ORDERS"),
+        ("JETSTREAM://n1/ORDERS/orders.new", "jetstream://n1:4222/ORDERS/orders.new"),
+        ("jetstream://n1/ORDERS/orders.%3E", "jetstream://n1:4222/ORDERS/orders.>"),
+        ("jetstream://n1/ORDERS/orders.*.eu", "jetstream://n1:4222/ORDERS/orders.*.eu"),
+        ("jetstream://[::1]:4222/ORDERS", "jetstream://[::1]:4222/ORDERS"),
+    ],
+)
+def test_airflow_sanitises_jetstream_uris(written: str, normalised: str) -> None:
+    assert Asset(written).uri == normalised
+
+
+@pytest.mark.parametrize(
+    ("uri", "complaint"),
+    [
+        ("jetstream://n1", "names no stream"),
+        ("jetstream://n1/", "names no stream"),
+        ("jetstream://n1/ORD.ERS", "contains '.'"),
+        ("jetstream://n1/ORDERS/orders..new", "empty token"),
+        ("jetstream://n1/ORDERS/orders.>.x", "'>' may only be the last token"),
+        ("jetstream://n1/ORDERS/orders%20new", "white space"),
+        ("jetstream://n1,n2/ORDERS", "exactly one server"),
+        ("jetstream://n1/ORDERS?x=1", "no query"),
+        ("jetstream://n1:notaport/ORDERS", "invalid port"),
+    ],
+)
+def test_bad_uris_are_rejected_with_the_reason(uri: str, complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint) as caught:
+        Asset(uri)
+    assert isinstance(caught.value, InvalidAssetURIError)
+    assert caught.value.reason == "invalid_asset_uri"
+
+
+def test_credentials_never_stay_in_an_asset_uri() -> None:
+    with pytest.warns(UserWarning, match="password"):
+        asset = Asset("jetstream://user:s3cret@n1/ORDERS")
+    assert "s3cret" not in asset.uri
+    with pytest.raises(InvalidAssetURIError, match="credentials"):
+        sanitize_uri(urllib.parse.urlsplit("jetstream://user@n1/ORDERS"))
+
+
+def test_helper_accepts_connection_style_servers() -> None:
+    expected = "jetstream://n1.example.com:4222/ORDERS/orders.new"
+    assert jetstream_asset("nats://N1.example.com:4222", "ORDERS", "orders.new").uri == expected
+    assert jetstream_asset("tls://n1.example.com", "ORDERS", "orders.new").uri == expected
+    assert jetstream_asset(("nats://n1.example.com:4222", "nats://n2:4222"), "ORDERS", "orders.new").uri == expected
+    assert jetstream_asset("n1.example.com, n2.example.com", "ORDERS", "orders.new").uri == expected
+    assert jetstream_asset("n1", "ORDERS") == Asset("jetstream://n1:4222/ORDERS")
+    with pytest.raises(InvalidAssetURIError, match="wildcard|contains"):
+        jetstream_asset("n1", "ORD*")
+
+
+def test_parse_asset_uri_gives_the_parts() -> None:
+    ref = parse_asset_uri("jetstream://n1:5222/ORDERS/orders.eu.>")
+    assert (ref.server, ref.stream, ref.subject, ref.name) == ("n1:5222", "ORDERS", "orders.eu.>", "ORDERS/orders.eu.>")
+    with pytest.raises(InvalidAssetURIError, match="scheme 'kafka'"):
+        parse_asset_uri("kafka://n1/ORDERS")
+
+
+def test_openlineage_dataset() -> None:
+    stream = convert_asset_to_openlineage(jetstream_asset("n1", "ORDERS"), lineage_context=None)
+    subject = convert_asset_to_openlineage(jetstream_asset("n1", "ORDERS", "orders.new"), lineage_context=None)
+    assert isinstance(stream, OpenLineageDataset)
+    assert (stream.namespace, stream.name) == ("jetstream://n1:4222", "ORDERS")
+    assert (subject.namespace, subject.name) == ("jetstream://n1:4222", "ORDERS/orders.new")
+
+
+def test_ensure_stream_operator_sets_its_outlet(nats_server, nats_conn: str) -> None:
+    other = Asset("s3://bucket/key")
+    op = JetStreamEnsureStreamOperator(
+        task_id="ensure", config={"name": "OUTLETS", "subjects": ["outlets.>"]}, outlets=[other]
+    )
+    op.execute(context={})
+    expected = jetstream_asset(nats_server.url, "OUTLETS")
+    assert op.outlets == [other, expected]
+    op.execute(context={})
+    assert op.outlets == [other, expected], "a second run must not add the outlet twice"

@@ -158,3 +158,19 @@ def test_repr_hides_secrets():
     text = repr(settings) + str(settings)
     assert "pw-secret" not in text and "SUSEEDSECRET" not in text
     assert "password='***'" in text
+
+
+def test_creds_file_decentralized_auth(nats_server_factory, tmp_path):
+    from tests.support.jwt_auth import make_decentralized_auth
+
+    auth = make_decentralized_auth(tmp_path / "auth")
+    server = nats_server_factory(config=auth.server_config)
+    settings = ConnectionSettings(servers=server.url, creds_file=str(auth.creds_file))
+    assert _account(settings)["limits"]["max_streams"] == -1
+    assert auth.user_seed in settings.secrets() and auth.user_jwt in settings.secrets()
+    assert auth.user_seed not in repr(settings)
+
+    stranger = make_decentralized_auth(tmp_path / "other")
+    err = _connect_error(ConnectionSettings(servers=server.url, creds_file=str(stranger.creds_file)))
+    assert isinstance(err, AuthenticationError)
+    assert stranger.user_seed not in str(err) and stranger.user_jwt not in str(err)

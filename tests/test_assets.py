@@ -78,7 +78,7 @@ def test_helper_accepts_connection_style_servers() -> None:
     assert jetstream_asset(("nats://n1.example.com:4222", "nats://n2:4222"), "ORDERS", "orders.new").uri == expected
     assert jetstream_asset("n1.example.com, n2.example.com", "ORDERS", "orders.new").uri == expected
     assert jetstream_asset("n1", "ORDERS") == Asset("jetstream://n1:4222/ORDERS")
-    with pytest.raises(InvalidAssetURIError, match="wildcard|contains"):
+    with pytest.raises(InvalidAssetURIError, match="contains"):
         jetstream_asset("n1", "ORD*")
 
 

@@ -148,6 +148,61 @@ class ConsumerResetError(JetStreamError):
     default_reason = "invalid_reset"
 
 
+class TooManySubjectsError(InvalidRequestError):
+    """A per-worker consumer was given more filter subjects than its cap allows."""
+
+    default_reason = "too_many_subjects"
+
+
+class LedgerError(JetStreamError):
+    """Base class of the batch ledger's errors (client/ledger.py)."""
+
+    default_reason = "ledger_error"
+
+
+class LedgerNotFoundError(LedgerError):
+    """The ledger's KV bucket does not exist."""
+
+    default_reason = "ledger_not_found"
+
+
+class BatchNotFoundError(LedgerError):
+    """No ledger entry exists for this run and batch."""
+
+    default_reason = "batch_not_found"
+
+
+class LedgerConflictError(LedgerError):
+    """A ledger entry already holds different data, or kept changing under a compare-and-set."""
+
+    default_reason = "ledger_conflict"
+
+
+class ClaimLostError(LedgerError):
+    """The claim on a batch is no longer held (its visibility timeout expired and it was reaped)."""
+
+    default_reason = "claim_lost"
+
+
+class BatchesFailedError(LedgerError):
+    """Batches of a run went to ``failed`` (past max attempts): they need attention, not waiting."""
+
+    default_reason = "batches_failed"
+
+    def __init__(self, message: str, *, failed: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.failed = failed or []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "failed": self.failed}
+
+
+class LedgerWaitTimeoutError(LedgerError):
+    """The batches of a run did not all reach the awaited state in time."""
+
+    default_reason = "wait_timeout"
+
+
 # err_code -> (error class, reason, what the user can do). Codes from nats-server 2.15.
 _API_ERRORS: dict[int, tuple[type[JetStreamError], str, str]] = {
     10059: (StreamNotFoundError, "stream_not_found", "create it first (JetStreamEnsureStreamOperator)"),

@@ -1,0 +1,608 @@
+"""Batch ledger: the state of every batch of a run in a KV bucket, changed only by compare-and-set.
+
+JetStream carries the data; the ledger (KV bucket ``batch_ledger`` by default) carries one entry per
+batch of a run: where the batch is (stream, sequence range, message count), its state, how many
+consume attempts it took, timestamps and the last error. Every change is a revision-checked update,
+so two processes can never both move the same batch.
+
+States::
+
+    published --claim--> in_progress --mark_consumed--> consumed
+        ^                     |
+        +--- release / reap --+     while attempts < max_attempts
+                              +---> failed (dead letter: attempts >= max_attempts, reported, kept)
+
+A claim holds a batch for ``visibility_timeout``. A consumer that dies never marks its batch: once
+the timeout has passed, :meth:`BatchLedger.reap` (or the next :meth:`BatchLedger.claim`) returns
+it to ``published`` for the next attempt, or moves it to ``failed`` when it already had
+``max_attempts`` attempts. Deadlines use the wall clocks of the claimer and the reaper: keep the
+visibility timeout far above the clock skew of your hosts.
+
+Writer side (a Spark partition, after the server acknowledged its atomic batch)::
+
+    async with open_connection(settings) as conn:
+        ledger = await BatchLedger.open(conn)
+        if await ledger.get(run_id, batch_id) is None:      # a re-run skips stored batches
+            ack = ...                                        # publish the batch, get its PubAck
+            await ledger.record(run_id, batch_id, stream="ORDERS", count=ack.batch_size,
+                                first_seq=ack.seq - ack.batch_size + 1, last_seq=ack.seq)
+
+Reader side (a Spark task that owns one batch)::
+
+    ledger = await BatchLedger.open(conn, visibility_timeout="10m", max_attempts=3)
+    batch = await ledger.claim(run_id, batch_id, owner=f"{app_id}/task-{task_id}")
+    if batch is None:
+        return                                  # another attempt holds it or it is already done
+    try:
+        write_output(read_range(batch.stream, batch.first_seq, batch.last_seq))  # idempotent output
+    except Exception as exc:
+        await ledger.release(batch, error=str(exc))   # back to published, or failed at max attempts
+        raise
+    await ledger.mark_consumed(batch)           # only after the output is written
+
+Airflow waits with ``await ledger.wait_all(run_id, "consumed")`` (the JetStreamBatchLedgerSensor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.js.kv import KeyValue
+
+from airflow_jetstream.client import metrics
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.durations import to_nanos
+from airflow_jetstream.client.errors import (
+    BatchesFailedError,
+    BatchNotFoundError,
+    ClaimLostError,
+    InvalidRequestError,
+    JetStreamError,
+    LedgerConflictError,
+    LedgerNotFoundError,
+    LedgerWaitTimeoutError,
+    RequestTimeoutError,
+    error_from_api,
+)
+from airflow_jetstream.client.subjects import validate_name
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUCKET = "batch_ledger"
+PUBLISHED, IN_PROGRESS, CONSUMED, FAILED = "published", "in_progress", "consumed", "failed"
+STATES = (PUBLISHED, IN_PROGRESS, CONSUMED, FAILED)
+#: States a run can be awaited in; a batch "reached" a state when it is there or further along.
+WAITABLE_STATES = (PUBLISHED, IN_PROGRESS, CONSUMED)
+_RANK = {PUBLISHED: 0, IN_PROGRESS: 1, CONSUMED: 2}
+_KEY_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_MAX_ID_LENGTH = 256
+_MAX_ERROR_LENGTH = 2000
+_CAS_ATTEMPTS = 25
+
+
+def _encode_token(value: str) -> str:
+    """A KV key token for any id: safe characters kept, others as ``=HH`` per UTF-8 byte (reversible)."""
+    return "".join(ch if ch in _KEY_SAFE else "".join(f"={b:02X}" for b in ch.encode()) for ch in value)
+
+
+def _check_id(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{what} must be a non-empty string, got {value!r}", reason="invalid_id")
+    if len(value) > _MAX_ID_LENGTH:
+        raise InvalidRequestError(f"{what} is longer than {_MAX_ID_LENGTH} characters", reason="invalid_id")
+    return value
+
+
+def batch_key(run_id: str, batch_id: str) -> str:
+    """The KV key of a batch: ``<run>.<batch>``, each token escaped to the KV key alphabet."""
+    return f"{_encode_token(_check_id(run_id, 'run_id'))}.{_encode_token(_check_id(batch_id, 'batch_id'))}"
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat()
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """One batch of a run as stored in the ledger; ``revision`` is the KV revision it was read at."""
+
+    run_id: str
+    batch_id: str
+    stream: str
+    count: int
+    first_seq: int | None = None
+    last_seq: int | None = None
+    state: str = PUBLISHED
+    attempts: int = 0
+    owner: str | None = None
+    claim_id: str | None = None
+    claimed_at: str | None = None
+    deadline: str | None = None
+    created_at: str = ""
+    updated_at: str = ""
+    consumed_at: str | None = None
+    failed_at: str | None = None
+    last_error: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    revision: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (XCom, logs, Spark commit messages)."""
+        return asdict(self)
+
+    def expired(self, now: float) -> bool:
+        """True when this is a claim whose visibility deadline has passed."""
+        return self.state == IN_PROGRESS and self.deadline is not None and _epoch(self.deadline) <= now
+
+    def _encode(self) -> bytes:
+        body = asdict(self)
+        body.pop("revision")
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def _decode(cls, data: bytes, revision: int) -> BatchRecord:
+        try:
+            body = json.loads(data)
+            return cls(**body, revision=revision)
+        except (ValueError, TypeError) as exc:
+            raise LedgerConflictError(
+                f"a ledger entry (revision {revision}) is not a batch record ({type(exc).__name__}); "
+                "the bucket is used by something else: give the ledger its own bucket",
+                reason="ledger_corrupt",
+            ) from None
+
+
+@asynccontextmanager
+async def _kv_errors(conn: JetStreamConnection, context: str) -> AsyncIterator[None]:
+    """Turn nats-py KV/JetStream exceptions into the toolkit's typed errors."""
+    try:
+        yield
+    except JetStreamError:
+        raise
+    except nats.js.errors.BucketNotFoundError:
+        raise LedgerNotFoundError(f"{context}: the ledger bucket does not exist; open it with create=True") from None
+    except nats.js.errors.APIError as exc:
+        raise error_from_api(
+            {"code": exc.code, "err_code": exc.err_code, "description": exc.description}, context=context
+        ) from None
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        await conn.nc.flush(timeout=conn.settings.request_timeout)
+        for _op, subject in conn.permission_violations:
+            denied = conn.permission_error(subject)
+            if denied:
+                raise denied from None
+        raise RequestTimeoutError(
+            f"{context}: JetStream did not answer in time; check that JetStream runs and the KV bucket exists"
+        ) from None
+    except nats.errors.Error as exc:
+        raise JetStreamError(f"{context}: {type(exc).__name__}: {exc}") from None
+
+
+def _summarize(run_id: str, bucket: str, records: list[BatchRecord], now: float) -> dict[str, Any]:
+    states = dict.fromkeys(STATES, 0)
+    messages = dict.fromkeys(STATES, 0)
+    for rec in records:
+        states[rec.state] = states.get(rec.state, 0) + 1
+        messages[rec.state] = messages.get(rec.state, 0) + rec.count
+    return {
+        "run_id": run_id,
+        "bucket": bucket,
+        "batches": len(records),
+        "states": states,
+        "messages": messages,
+        "attempts": sum(rec.attempts for rec in records),
+        "expired_claims": sum(1 for rec in records if rec.expired(now)),
+        "streams": sorted({rec.stream for rec in records}),
+        "failed": [
+            {"batch_id": rec.batch_id, "stream": rec.stream, "first_seq": rec.first_seq, "last_seq": rec.last_seq,
+             "count": rec.count, "attempts": rec.attempts, "last_error": rec.last_error}
+            for rec in records if rec.state == FAILED
+        ],
+    }
+
+
+def check_waitable_state(state: str) -> str:
+    """Validate a state to wait for (``published``, ``in_progress`` or ``consumed``)."""
+    if state not in WAITABLE_STATES:
+        raise InvalidRequestError(
+            f"cannot wait for state {state!r}; use one of {', '.join(WAITABLE_STATES)} "
+            "(failed batches are reported by the wait itself)",
+            reason="invalid_state",
+        )
+    return state
+
+
+def run_reached(summary: dict[str, Any], state: str, *, min_batches: int = 1, fail_on_failed: bool = True) -> bool:
+    """True when at least ``min_batches`` batches exist and all of them reached ``state``.
+
+    A batch reached ``published`` when it is published, in progress or consumed; ``consumed`` only
+    when consumed. Failed batches never reach a state: with ``fail_on_failed`` they raise
+    :class:`BatchesFailedError` listing them (a dead letter must be looked at, not waited for).
+    """
+    check_waitable_state(state)
+    states = summary["states"]
+    if summary["failed"] and fail_on_failed:
+        ids = ", ".join(item["batch_id"] for item in summary["failed"][:10])
+        raise BatchesFailedError(
+            f"run {summary['run_id']!r}: {len(summary['failed'])} batch(es) failed after their max attempts "
+            f"({ids}); see each batch's last_error, fix the cause, then requeue them "
+            "(BatchLedger.requeue) or clear the run",
+            failed=summary["failed"],
+        )
+    if summary["batches"] < min_batches:
+        return False
+    reached = sum(n for name, n in states.items() if name in _RANK and _RANK[name] >= _RANK[state])
+    return reached == summary["batches"]
+
+
+class BatchLedger:
+    """The batch ledger of one KV bucket. Build it with :meth:`open`.
+
+    :param visibility_timeout: how long a claim holds a batch (seconds, ``"10m"`` or a timedelta).
+    :param max_attempts: consume attempts per batch before it goes to ``failed``.
+    :param clock: seconds since the epoch (``time.time``); tests pass a controllable clock.
+    """
+
+    def __init__(self, conn: JetStreamConnection, kv: KeyValue, bucket: str, *,
+                 visibility_timeout: float | str | timedelta = "10m", max_attempts: int = 3,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.conn = conn
+        self.kv = kv
+        self.bucket = bucket
+        seconds = visibility_timeout if isinstance(visibility_timeout, (int, float)) else (
+            to_nanos(visibility_timeout, field="visibility_timeout") / 1e9)
+        if isinstance(seconds, bool) or seconds <= 0:
+            raise InvalidRequestError(f"visibility_timeout must be positive, got {visibility_timeout!r}")
+        if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
+            raise InvalidRequestError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        self.visibility_timeout = float(seconds)
+        self.max_attempts = max_attempts
+        self.clock = clock
+
+    @classmethod
+    async def open(cls, conn: JetStreamConnection, bucket: str = DEFAULT_BUCKET, *, create: bool = True,
+                   history: int = 1, ttl: float | str | timedelta | None = None, replicas: int = 1,
+                   visibility_timeout: float | str | timedelta = "10m", max_attempts: int = 3,
+                   clock: Callable[[], float] = time.time) -> BatchLedger:
+        """Open the ledger bucket, creating it when missing (``create``); ``ttl`` expires old runs."""
+        validate_name(bucket, what="ledger bucket")
+        async with _kv_errors(conn, f"ledger bucket {bucket!r}"):
+            try:
+                kv = await conn.js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                if not create:
+                    raise
+                ttl_seconds = None if ttl is None else to_nanos(ttl, field="ttl") / 1e9
+                kv = await conn.js.create_key_value(
+                    bucket=bucket, history=history, ttl=ttl_seconds, replicas=replicas,
+                    description="airflow-jetstream batch ledger",
+                )
+                log.info("Created batch ledger bucket %s", bucket)
+        return cls(conn, kv, bucket, visibility_timeout=visibility_timeout, max_attempts=max_attempts, clock=clock)
+
+    # reading
+
+    async def get(self, run_id: str, batch_id: str) -> BatchRecord | None:
+        """The batch's current record, or None when it was never recorded."""
+        key = batch_key(run_id, batch_id)
+        async with _kv_errors(self.conn, f"ledger {self.bucket!r} batch {batch_id!r}"):
+            try:
+                entry = await self.kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                return None
+        return BatchRecord._decode(entry.value or b"", entry.revision or 0)
+
+    async def batches(self, run_id: str | None = None, *, state: str | None = None) -> list[BatchRecord]:
+        """Every batch of ``run_id`` (of all runs when None), optionally only those in ``state``."""
+        pattern = f"{_encode_token(_check_id(run_id, 'run_id'))}.*" if run_id is not None else ">"
+        records: list[BatchRecord] = []
+        async with _kv_errors(self.conn, f"ledger {self.bucket!r} listing"):
+            watcher = await self.kv.watch(pattern, ignore_deletes=True)
+            try:
+                while True:
+                    entry = await watcher.updates(timeout=self.conn.settings.request_timeout)
+                    if entry is None:
+                        break
+                    if entry.operation is None:
+                        records.append(BatchRecord._decode(entry.value or b"", entry.revision or 0))
+                    if not entry.delta:
+                        break
+            finally:
+                await watcher.stop()
+        return sorted((r for r in records if state is None or r.state == state), key=lambda r: r.batch_id)
+
+    async def summary(self, run_id: str) -> dict[str, Any]:
+        """Counts of a run's batches and messages by state, plus the failed (dead-letter) batches."""
+        return _summarize(run_id, self.bucket, await self.batches(run_id), self.clock())
+
+    # writing
+
+    async def record(self, run_id: str, batch_id: str, *, stream: str, count: int,
+                     first_seq: int | None = None, last_seq: int | None = None,
+                     meta: dict[str, Any] | None = None) -> BatchRecord:
+        """Record a published batch (state ``published``). Idempotent: recording the same batch
+        again returns the stored record unchanged, whatever its state; a different location for an
+        existing batch raises :class:`LedgerConflictError`."""
+        validate_name(stream, what="stream name")
+        self._check_location(count, first_seq, last_seq)
+        key = batch_key(run_id, batch_id)
+        now = _iso(self.clock())
+        rec = BatchRecord(run_id=run_id, batch_id=batch_id, stream=stream, count=count, first_seq=first_seq,
+                          last_seq=last_seq, created_at=now, updated_at=now, meta=dict(meta or {}))
+        payload = rec._encode()
+        async with _kv_errors(self.conn, f"record batch {batch_id!r} of run {run_id!r}"):
+            try:
+                revision = await self.kv.create(key, payload)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                revision = 0
+        if revision:
+            metrics.incr("ledger.recorded", tags={"stream": stream})
+            return replace(rec, revision=revision)
+        existing = await self.get(run_id, batch_id)
+        if existing is None:
+            raise LedgerConflictError(f"batch {batch_id!r} of run {run_id!r} was deleted while being recorded")
+        wanted = (stream, count, first_seq, last_seq)
+        stored = (existing.stream, existing.count, existing.first_seq, existing.last_seq)
+        if wanted != stored:
+            raise LedgerConflictError(
+                f"batch {batch_id!r} of run {run_id!r} is already recorded as {stored} "
+                f"(stream, count, first_seq, last_seq), not {wanted}; batch ids must be deterministic per "
+                "run, so this is another batch reusing the id: use a distinct batch id",
+            )
+        return existing
+
+    @staticmethod
+    def _check_location(count: object, first_seq: object, last_seq: object) -> None:
+        def is_int(value: object) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        if not is_int(count) or count < 0:
+            raise InvalidRequestError(f"count must be an integer >= 0, got {count!r}")
+        for name, value in (("first_seq", first_seq), ("last_seq", last_seq)):
+            if value is not None and (not is_int(value) or value < 1):
+                raise InvalidRequestError(f"{name} must be a stream sequence >= 1 or None, got {value!r}")
+        if first_seq is not None and last_seq is not None:
+            if first_seq > last_seq:
+                raise InvalidRequestError(f"first_seq {first_seq} is after last_seq {last_seq}")
+            if count > last_seq - first_seq + 1:
+                raise InvalidRequestError(
+                    f"count {count} does not fit in the sequence range {first_seq}..{last_seq}"
+                )
+
+    async def claim(self, run_id: str, batch_id: str, *, owner: str | None = None) -> BatchRecord | None:
+        """Claim a batch for one consume attempt: ``published`` -> ``in_progress`` until the
+        visibility deadline. Returns the claimed record (pass it to :meth:`mark_consumed`), or None
+        when another attempt holds it, it is consumed or failed. Exactly one of racing claimers wins.
+        An expired claim is treated as a dead attempt first (as :meth:`reap` would)."""
+        now = self.clock()
+
+        def take(rec: BatchRecord) -> BatchRecord | None:
+            if rec.expired(now):
+                rec = self._expire(rec, now)
+            if rec.state != PUBLISHED:
+                return None
+            return replace(
+                rec, state=IN_PROGRESS, attempts=rec.attempts + 1, owner=owner, claim_id=uuid.uuid4().hex,
+                claimed_at=_iso(now), deadline=_iso(now + self.visibility_timeout), updated_at=_iso(now),
+            )
+
+        rec, changed = await self._cas(run_id, batch_id, take)
+        if changed and rec.state == IN_PROGRESS:
+            metrics.incr("ledger.claimed", tags={"stream": rec.stream})
+            return rec
+        if changed:
+            self._report_transition(rec)
+        return None
+
+    async def claim_available(self, run_id: str, *, owner: str | None = None,
+                              limit: int | None = None) -> list[BatchRecord]:
+        """Claim up to ``limit`` claimable batches of a run (published, or with an expired claim)."""
+        now = self.clock()
+        claimed: list[BatchRecord] = []
+        for rec in await self.batches(run_id):
+            if limit is not None and len(claimed) >= limit:
+                break
+            if rec.state == PUBLISHED or rec.expired(now):
+                got = await self.claim(run_id, rec.batch_id, owner=owner)
+                if got is not None:
+                    claimed.append(got)
+        return claimed
+
+    async def extend(self, claim: BatchRecord) -> BatchRecord:
+        """Push the visibility deadline of a held claim forward (long processing)."""
+        now = self.clock()
+
+        def push(rec: BatchRecord) -> BatchRecord:
+            self._require_claim(rec, claim, "extend")
+            return replace(rec, deadline=_iso(now + self.visibility_timeout), updated_at=_iso(now))
+
+        rec, _ = await self._cas(claim.run_id, claim.batch_id, push)
+        return rec
+
+    async def mark_consumed(self, claim: BatchRecord) -> BatchRecord:
+        """``in_progress`` -> ``consumed`` for a claim this caller holds. Call it only after the
+        output is written. Idempotent for the same claim; :class:`ClaimLostError` if the claim was
+        reaped (the batch will be consumed again: keep outputs idempotent per batch)."""
+        now = self.clock()
+
+        def finish(rec: BatchRecord) -> BatchRecord | None:
+            if rec.state == CONSUMED and rec.claim_id == claim.claim_id:
+                return None
+            self._require_claim(rec, claim, "mark consumed")
+            return replace(rec, state=CONSUMED, consumed_at=_iso(now), updated_at=_iso(now), deadline=None)
+
+        rec, changed = await self._cas(claim.run_id, claim.batch_id, finish)
+        if changed:
+            metrics.incr("ledger.consumed", tags={"stream": rec.stream})
+        return rec
+
+    async def release(self, claim: BatchRecord, *, error: str) -> BatchRecord:
+        """Give up a held claim after a failed attempt: back to ``published`` for the next attempt,
+        or ``failed`` when the batch had ``max_attempts`` attempts. ``error`` is kept as last_error."""
+        now = self.clock()
+
+        def give_up(rec: BatchRecord) -> BatchRecord:
+            self._require_claim(rec, claim, "release")
+            return self._expire(rec, now, error=str(error)[:_MAX_ERROR_LENGTH])
+
+        rec, _ = await self._cas(claim.run_id, claim.batch_id, give_up)
+        self._report_transition(rec)
+        return rec
+
+    async def reap(self, run_id: str | None = None) -> dict[str, Any]:
+        """Return expired claims of ``run_id`` (all runs when None) to ``published``, or move them to
+        ``failed`` past max attempts. Returns ``{"returned": [...], "failed": [...]}`` (records as dicts)."""
+        now = self.clock()
+        returned: list[dict[str, Any]] = []
+        failed: list[dict[str, Any]] = []
+        for candidate in await self.batches(run_id, state=IN_PROGRESS):
+            if not candidate.expired(now):
+                continue
+
+            def expire(rec: BatchRecord) -> BatchRecord | None:
+                return self._expire(rec, now) if rec.expired(now) else None
+
+            rec, changed = await self._cas(candidate.run_id, candidate.batch_id, expire)
+            if changed:
+                self._report_transition(rec)
+                (failed if rec.state == FAILED else returned).append(rec.to_dict())
+        return {"returned": returned, "failed": failed}
+
+    async def requeue(self, run_id: str, *, batch_ids: Iterable[str] | None = None,
+                      states: Iterable[str] = (FAILED,)) -> list[BatchRecord]:
+        """Put batches back to ``published`` with a fresh attempt count: dead letters after the cause
+        was fixed (default), or ``states=("consumed", "failed")`` to consume a run again (replay)."""
+        wanted_states = set(states)
+        unknown = wanted_states - set(STATES)
+        if unknown:
+            raise InvalidRequestError(f"unknown state(s) {sorted(unknown)}; use {', '.join(STATES)}")
+        if batch_ids is None:
+            ids = [rec.batch_id for rec in await self.batches(run_id) if rec.state in wanted_states]
+        else:
+            ids = list(batch_ids)
+        now = self.clock()
+
+        def reopen(rec: BatchRecord) -> BatchRecord | None:
+            if rec.state not in wanted_states:
+                return None
+            return replace(rec, state=PUBLISHED, attempts=0, owner=None, claim_id=None, claimed_at=None,
+                           deadline=None, consumed_at=None, failed_at=None, updated_at=_iso(now))
+
+        requeued = []
+        for batch_id in ids:
+            rec, changed = await self._cas(run_id, batch_id, reopen)
+            if changed:
+                requeued.append(rec)
+        return requeued
+
+    async def wait_all(self, run_id: str, state: str = CONSUMED, *, min_batches: int = 1,
+                       timeout: float | None = None, poll_interval: float = 2.0, reap: bool = False,
+                       fail_on_failed: bool = True) -> dict[str, Any]:
+        """Poll until at least ``min_batches`` batches of the run exist and all reached ``state``;
+        returns the run's summary. With ``reap`` expired claims are reaped on every poll. Raises
+        :class:`BatchesFailedError` as soon as a batch failed (unless ``fail_on_failed`` is False) and
+        :class:`LedgerWaitTimeoutError` after ``timeout`` seconds."""
+        check_waitable_state(state)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if reap:
+                await self.reap(run_id)
+            summary = await self.summary(run_id)
+            if run_reached(summary, state, min_batches=min_batches, fail_on_failed=fail_on_failed):
+                return summary
+            if deadline is not None and time.monotonic() >= deadline:
+                raise LedgerWaitTimeoutError(
+                    f"run {run_id!r}: not all batches {state} after {timeout}s "
+                    f"({summary['batches']} batch(es), by state {summary['states']}, at least {min_batches} "
+                    "expected); check that the consume job runs and that expired claims get reaped"
+                )
+            await asyncio.sleep(poll_interval if deadline is None else
+                                max(0.0, min(poll_interval, deadline - time.monotonic())))
+
+    # internals
+
+    def _expire(self, rec: BatchRecord, now: float, *, error: str | None = None) -> BatchRecord:
+        """The record after a dead or failed attempt: published again, or failed past max attempts."""
+        reason = error or (
+            f"attempt {rec.attempts} by {rec.owner or 'an unnamed consumer'} did not finish within the "
+            f"visibility timeout ({self.visibility_timeout:g}s)"
+        )
+        cleared = {"owner": None, "claim_id": None, "claimed_at": None, "deadline": None,
+                   "updated_at": _iso(now), "last_error": reason}
+        if rec.attempts >= self.max_attempts:
+            return replace(rec, state=FAILED, failed_at=_iso(now), **cleared)
+        return replace(rec, state=PUBLISHED, **cleared)
+
+    def _report_transition(self, rec: BatchRecord) -> None:
+        if rec.state == FAILED:
+            metrics.incr("ledger.dead_lettered", tags={"stream": rec.stream})
+            log.warning("Batch %s of run %s failed after %d attempt(s): %s", rec.batch_id, rec.run_id,
+                        rec.attempts, rec.last_error)
+        elif rec.state == PUBLISHED:
+            metrics.incr("ledger.returned", tags={"stream": rec.stream})
+            log.info("Batch %s of run %s returned for another attempt (%d so far): %s", rec.batch_id,
+                     rec.run_id, rec.attempts, rec.last_error)
+
+    @staticmethod
+    def _require_claim(rec: BatchRecord, claim: BatchRecord, action: str) -> None:
+        if claim.claim_id is None or rec.state != IN_PROGRESS or rec.claim_id != claim.claim_id:
+            raise ClaimLostError(
+                f"cannot {action} batch {rec.batch_id!r} of run {rec.run_id!r}: this claim is no longer held "
+                f"(batch is {rec.state}, attempt {rec.attempts}); its visibility timeout expired and it was "
+                "returned for another attempt: raise visibility_timeout or call extend() while working",
+            )
+
+    async def _cas(self, run_id: str, batch_id: str,
+                   change: Callable[[BatchRecord], BatchRecord | None]) -> tuple[BatchRecord, bool]:
+        """Apply ``change`` to the current record with a revision-checked update, re-reading on a race.
+
+        ``change`` returns the new record, or None to leave it; returns (record, changed).
+        """
+        key = batch_key(run_id, batch_id)
+        context = f"ledger {self.bucket!r} batch {batch_id!r} of run {run_id!r}"
+        for _ in range(_CAS_ATTEMPTS):
+            current = await self.get(run_id, batch_id)
+            if current is None:
+                raise BatchNotFoundError(f"{context}: not recorded; record() it after publishing")
+            new = change(current)
+            if new is None:
+                return current, False
+            async with _kv_errors(self.conn, context):
+                try:
+                    revision = await self.kv.update(key, new._encode(), last=current.revision)
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    metrics.incr("ledger.cas_retry")
+                    continue
+            return replace(new, revision=revision), True
+        raise LedgerConflictError(f"{context}: changed concurrently {_CAS_ATTEMPTS} times in a row; retry later")
+
+
+__all__ = [
+    "CONSUMED",
+    "DEFAULT_BUCKET",
+    "FAILED",
+    "IN_PROGRESS",
+    "PUBLISHED",
+    "STATES",
+    "WAITABLE_STATES",
+    "BatchLedger",
+    "BatchRecord",
+    "batch_key",
+    "check_waitable_state",
+    "run_reached",
+]

@@ -1,0 +1,267 @@
+"""Batch ledger against a real nats-server: record, claim (CAS), consume, release, reap, dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from airflow_jetstream.client import ConnectionSettings, open_connection
+from airflow_jetstream.client.errors import (
+    BatchesFailedError,
+    BatchNotFoundError,
+    ClaimLostError,
+    InvalidRequestError,
+    LedgerConflictError,
+    LedgerNotFoundError,
+    LedgerWaitTimeoutError,
+)
+from airflow_jetstream.client.ledger import BatchLedger, batch_key, run_reached
+
+RUN = "manual__2026-11-25T23:46:59.123+00:00"
+
+
+class FakeClock:
+    """A wall clock the test moves forward by hand (visibility deadlines without waiting)."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def run(settings: ConnectionSettings, scenario, **ledger_kwargs):
+    async def go():
+        async with open_connection(settings) as conn:
+            ledger = await BatchLedger.open(conn, **ledger_kwargs)
+            return await scenario(ledger)
+
+    return asyncio.run(go())
+
+
+def test_batch_key_escapes_airflow_run_ids():
+    key = batch_key(RUN, "job-1.p0/c3")
+    assert key == "manual__2026-11-25T23=3A46=3A59=2E123=2B00=3A00.job-1=2Ep0=2Fc3"
+    assert key.count(".") == 1
+    assert batch_key("a.b", "c") != batch_key("a", "b.c")
+    with pytest.raises(InvalidRequestError):
+        batch_key("", "x")
+
+
+def test_record_is_idempotent_and_rejects_a_different_location(settings):
+    async def scenario(ledger: BatchLedger):
+        first = await ledger.record(RUN, "b1", stream="ORDERS", count=3, first_seq=1, last_seq=3, meta={"p": 0})
+        again = await ledger.record(RUN, "b1", stream="ORDERS", count=3, first_seq=1, last_seq=3)
+        with pytest.raises(LedgerConflictError) as conflict:
+            await ledger.record(RUN, "b1", stream="ORDERS", count=3, first_seq=4, last_seq=6)
+        stored = await ledger.get(RUN, "b1")
+        missing = await ledger.get(RUN, "nope")
+        return first, again, conflict.value, stored, missing
+
+    first, again, conflict, stored, missing = run(settings, scenario)
+    assert first.state == "published" and first.attempts == 0 and first.revision > 0
+    assert again.revision == first.revision
+    assert conflict.reason == "ledger_conflict" and "distinct batch id" in conflict.message
+    assert stored.to_dict() == first.to_dict()
+    assert stored.meta == {"p": 0}
+    assert missing is None
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"count": -1},
+        {"count": 5, "first_seq": 1, "last_seq": 3},
+        {"count": 1, "first_seq": 4, "last_seq": 3},
+        {"count": 1, "first_seq": 0},
+        {"count": True},
+    ],
+)
+def test_bad_locations_are_rejected_before_anything_is_written(settings, kwargs):
+    async def scenario(ledger: BatchLedger):
+        with pytest.raises(InvalidRequestError):
+            await ledger.record(RUN, "bad", stream="ORDERS", **kwargs)
+        return await ledger.get(RUN, "bad")
+
+    assert run(settings, scenario) is None
+
+
+def test_claim_consume_and_summary(settings):
+    async def scenario(ledger: BatchLedger):
+        for i in range(3):
+            await ledger.record(RUN, f"b{i}", stream="ORDERS", count=10, first_seq=1 + 10 * i, last_seq=10 * (i + 1))
+        await ledger.record("other-run", "b0", stream="ORDERS", count=1)
+        claim = await ledger.claim(RUN, "b0", owner="task-1")
+        second = await ledger.claim(RUN, "b0", owner="task-2")
+        consumed = await ledger.mark_consumed(claim)
+        consumed_again = await ledger.mark_consumed(claim)
+        summary = await ledger.summary(RUN)
+        return claim, second, consumed, consumed_again, summary
+
+    claim, second, consumed, consumed_again, summary = run(settings, scenario)
+    assert claim.state == "in_progress" and claim.attempts == 1 and claim.owner == "task-1" and claim.claim_id
+    assert second is None
+    assert consumed.state == "consumed" and consumed.consumed_at
+    assert consumed_again.revision == consumed.revision
+    assert summary["batches"] == 3
+    assert summary["states"] == {"published": 2, "in_progress": 0, "consumed": 1, "failed": 0}
+    assert summary["messages"]["consumed"] == 10 and summary["messages"]["published"] == 20
+    assert summary["streams"] == ["ORDERS"] and summary["failed"] == []
+    assert not run_reached(summary, "consumed")
+    assert run_reached(summary, "published")
+
+
+def test_racing_claimers_exactly_one_wins(settings):
+    """Many connections claim the same batch at once: the revision check lets exactly one through."""
+
+    async def scenario():
+        async with open_connection(settings) as setup:
+            ledger = await BatchLedger.open(setup)
+            await ledger.record(RUN, "hot", stream="ORDERS", count=1)
+
+        async def claimer(n: int, start: asyncio.Event):
+            async with open_connection(settings) as conn:
+                mine = await BatchLedger.open(conn, create=False)
+                await start.wait()
+                return await mine.claim(RUN, "hot", owner=f"claimer-{n}")
+
+        start = asyncio.Event()
+        tasks = [asyncio.create_task(claimer(n, start)) for n in range(8)]
+        await asyncio.sleep(0)
+        start.set()
+        results = await asyncio.gather(*tasks)
+        async with open_connection(settings) as conn:
+            final = await (await BatchLedger.open(conn, create=False)).get(RUN, "hot")
+        return results, final
+
+    results, final = asyncio.run(scenario())
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1
+    assert final.state == "in_progress" and final.attempts == 1
+    assert final.claim_id == winners[0].claim_id and final.owner == winners[0].owner
+
+
+def test_dead_claimer_is_reaped_then_dead_lettered_after_max_attempts(settings):
+    clock = FakeClock()
+
+    async def scenario(ledger: BatchLedger):
+        await ledger.record(RUN, "b0", stream="ORDERS", count=5, first_seq=1, last_seq=5)
+        await ledger.record(RUN, "b1", stream="ORDERS", count=5, first_seq=6, last_seq=10)
+        dead = await ledger.claim(RUN, "b0", owner="attempt-1")
+        ok = await ledger.claim(RUN, "b1", owner="attempt-1")
+        clock.advance(20)
+        early = await ledger.reap(RUN)
+        await ledger.extend(ok)
+        clock.advance(20)  # b0 is past its 30 s deadline; b1 was extended
+        first = await ledger.reap(RUN)
+        after_first = await ledger.get(RUN, "b0")
+        await ledger.mark_consumed(ok)
+        with pytest.raises(ClaimLostError) as lost:
+            await ledger.mark_consumed(dead)
+        second = await ledger.claim(RUN, "b0", owner="attempt-2")
+        clock.advance(31)
+        third = await ledger.claim(RUN, "b0", owner="attempt-3")  # claim itself expires attempt 2
+        clock.advance(31)
+        final = await ledger.reap(RUN)
+        summary = await ledger.summary(RUN)
+        return early, first, after_first, lost.value, second, third, final, summary
+
+    early, first, after_first, lost, second, third, final, summary = run(
+        settings, scenario, visibility_timeout=30, max_attempts=3, clock=clock
+    )
+    assert early == {"returned": [], "failed": []}
+    assert [r["batch_id"] for r in first["returned"]] == ["b0"] and first["failed"] == []
+    assert after_first.state == "published" and after_first.attempts == 1
+    assert "attempt-1" in after_first.last_error and "visibility timeout" in after_first.last_error
+    assert lost.reason == "claim_lost"
+    assert second.attempts == 2 and third.attempts == 3
+    assert final["returned"] == [] and [r["batch_id"] for r in final["failed"]] == ["b0"]
+    assert final["failed"][0]["state"] == "failed" and final["failed"][0]["attempts"] == 3
+    assert summary["states"] == {"published": 0, "in_progress": 0, "consumed": 1, "failed": 1}
+    assert summary["failed"][0]["batch_id"] == "b0" and "attempt-3" in summary["failed"][0]["last_error"]
+    with pytest.raises(BatchesFailedError) as failed:
+        run_reached(summary, "consumed")
+    assert failed.value.failed[0]["batch_id"] == "b0"
+    assert failed.value.to_dict()["reason"] == "batches_failed"
+
+
+def test_release_returns_then_fails_and_requeue_reopens(settings):
+    async def scenario(ledger: BatchLedger):
+        await ledger.record(RUN, "b0", stream="ORDERS", count=1)
+        one = await ledger.claim(RUN, "b0")
+        back = await ledger.release(one, error="parquet write failed: disk full")
+        two = await ledger.claim(RUN, "b0")
+        dead = await ledger.release(two, error="still full")
+        none = await ledger.claim(RUN, "b0")
+        requeued = await ledger.requeue(RUN)
+        fresh = await ledger.claim(RUN, "b0")
+        await ledger.mark_consumed(fresh)
+        replay = await ledger.requeue(RUN, states=("consumed", "failed"))
+        return back, dead, none, requeued, fresh, replay
+
+    back, dead, none, requeued, fresh, replay = run(settings, scenario, max_attempts=2)
+    assert back.state == "published" and back.last_error == "parquet write failed: disk full"
+    assert dead.state == "failed" and dead.attempts == 2 and dead.failed_at
+    assert none is None
+    assert [r.batch_id for r in requeued] == ["b0"] and requeued[0].attempts == 0
+    assert fresh.attempts == 1
+    assert replay[0].state == "published" and replay[0].consumed_at is None
+
+
+def test_dead_claim_returns_in_real_time_and_wait_all_reports_the_dead_letter(settings):
+    """Short real visibility timeout: a new claimer gets the batch back once the dead claim expired,
+    and wait_all(reap=True) turns the last dead attempt into a reported failure."""
+
+    async def scenario(ledger: BatchLedger):
+        await ledger.record(RUN, "b0", stream="ORDERS", count=2)
+        await ledger.record(RUN, "b1", stream="ORDERS", count=2)
+        await ledger.claim(RUN, "b0", owner="dies-1")
+        published = await ledger.wait_all(RUN, "published", timeout=0)  # in progress counts as published
+        with pytest.raises(LedgerWaitTimeoutError) as waited:
+            await ledger.wait_all(RUN, "consumed", timeout=0.2, poll_interval=0.05)
+        deadline = time.monotonic() + 15
+        second = None
+        while second is None and time.monotonic() < deadline:
+            second = await ledger.claim(RUN, "b0", owner="dies-2")
+            await asyncio.sleep(0 if second else 0.05)
+        ok = await ledger.claim(RUN, "b1", owner="works")
+        await ledger.mark_consumed(ok)
+        with pytest.raises(BatchesFailedError) as failed:
+            await ledger.wait_all(RUN, "consumed", timeout=15, poll_interval=0.05, reap=True)
+        return published, waited.value, second, failed.value, await ledger.summary(RUN)
+
+    published, waited, second, failed, summary = run(settings, scenario, visibility_timeout=0.3, max_attempts=2)
+    assert published["states"]["in_progress"] == 1
+    assert waited.reason == "wait_timeout" and "consumed" in waited.message
+    assert second is not None and second.attempts == 2
+    assert [f["batch_id"] for f in failed.failed] == ["b0"] and "dies-2" in failed.failed[0]["last_error"]
+    assert summary["states"] == {"published": 0, "in_progress": 0, "consumed": 1, "failed": 1}
+
+
+def test_unknown_batch_bucket_and_bad_params(settings):
+    async def scenario():
+        async with open_connection(settings) as conn:
+            with pytest.raises(LedgerNotFoundError):
+                await BatchLedger.open(conn, "missing_bucket", create=False)
+            ledger = await BatchLedger.open(conn)
+            with pytest.raises(BatchNotFoundError):
+                await ledger.claim(RUN, "never-recorded")
+            with pytest.raises(InvalidRequestError):
+                await ledger.wait_all(RUN, "failed")
+            with pytest.raises(InvalidRequestError):
+                await BatchLedger.open(conn, max_attempts=0)
+            with pytest.raises(InvalidRequestError):
+                await BatchLedger.open(conn, visibility_timeout=0)
+            assert await ledger.summary("no-such-run") == {
+                "run_id": "no-such-run", "bucket": "batch_ledger", "batches": 0,
+                "states": {"published": 0, "in_progress": 0, "consumed": 0, "failed": 0},
+                "messages": {"published": 0, "in_progress": 0, "consumed": 0, "failed": 0},
+                "attempts": 0, "expired_claims": 0, "streams": [], "failed": [],
+            }
+
+    asyncio.run(scenario())

@@ -1,0 +1,314 @@
+"""One durable pull consumer per worker, filtered to the worker's subjects (consumer scaling, seed 004).
+
+Instead of one consumer per partition, each worker (a Spark reader partition, a worker process)
+owns exactly one durable pull consumer named ``<prefix>-<worker_id>`` whose ``filter_subjects``
+are the subjects assigned to it. Rebalancing updates that consumer in place::
+
+    result = await ensure_worker_consumer(conn, "ORDERS", "orders-reader", "3",
+                                          ["orders.eu.1", "orders.eu.2"], inactive_threshold="1h")
+    result["action"]      # "created" | "updated" | "unchanged"
+    sub = await conn.js.pull_subscribe_bind(result["consumer"], stream="ORDERS")
+
+- create-or-update only when the subject set (or a requested setting) differs; otherwise nothing
+  is sent but the info request (``unchanged``);
+- at most ``max_subjects`` subjects (default 500) per consumer: more raises
+  :class:`TooManySubjectsError` before anything is sent; overlapping filters are refused locally;
+- a failed update leaves the server's consumer as it was (the last good config keeps serving);
+  transient failures (timeouts, a lost connection, 503) are retried with jittered exponential backoff;
+- ``inactive_threshold`` lets the server delete the consumer of a worker that went away.
+
+:class:`WorkerConsumerManager` keeps a worker's last applied subject set, so repeated assignments
+with the same subjects send nothing at all (counted as ``noop_suppressed``)::
+
+    manager = WorkerConsumerManager("ORDERS", "orders-reader", "3")
+    await manager.update(conn, subjects)     # created / updated / unchanged / suppressed no-op
+    manager.stats                            # {"created": 1, "noop_suppressed": 4, ...}
+
+From Airflow, any of these runs through the hook: ``JetStreamHook().run(ensure_worker_consumer,
+"ORDERS", "orders-reader", "3", subjects)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+import nats.errors
+
+from airflow_jetstream.client import metrics
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.consumers import consumer_info, delete_consumer, ensure_consumer
+from airflow_jetstream.client.errors import (
+    ConnectionFailedError,
+    ConsumerConfigError,
+    InvalidRequestError,
+    InvalidSubjectError,
+    JetStreamError,
+    RequestTimeoutError,
+    TooManySubjectsError,
+)
+from airflow_jetstream.client.subjects import validate_name, validate_subject
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_SUBJECTS = 500
+#: Settings a worker consumer gets unless ``config`` overrides them.
+DEFAULT_WORKER_CONFIG: dict[str, Any] = {"ack_policy": "explicit", "ack_wait": "30s", "max_ack_pending": 1000}
+_OWNED_FIELDS = ("name", "durable_name", "filter_subject", "filter_subjects", "deliver_subject", "inactive_threshold")
+_TRANSIENT_NATS_ERRORS = (
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+)
+
+
+def worker_consumer_name(prefix: str, worker_id: str | int) -> str:
+    """The durable name of a worker's consumer: ``<prefix>-<worker_id>``."""
+    worker = str(worker_id)
+    if not worker:
+        raise InvalidRequestError("worker_id must not be empty", reason="invalid_name")
+    return validate_name(f"{prefix}-{worker}", what="worker consumer name")
+
+
+def _overlaps(a: list[str], b: list[str]) -> bool:
+    """True when two subjects (token lists, wildcards allowed) can match a common subject."""
+    for x, y in zip(a, b, strict=False):
+        if x == ">" or y == ">":
+            return True
+        if x != y and x != "*" and y != "*":
+            return False
+    return len(a) == len(b)
+
+
+def normalize_subjects(subjects: Iterable[str], *, max_subjects: int = DEFAULT_MAX_SUBJECTS,
+                       consumer: str = "worker consumer") -> list[str]:
+    """Validated, de-duplicated, sorted filter subjects; raises before anything is sent.
+
+    Empty lists, more than ``max_subjects`` subjects and overlapping filters (``orders.*`` with
+    ``orders.eu``, which the server refuses) raise typed errors naming the problem.
+    """
+    if isinstance(subjects, str):
+        raise InvalidSubjectError(f"{consumer}: subjects must be a list of subjects, not the string {subjects!r}")
+    if not isinstance(max_subjects, int) or isinstance(max_subjects, bool) or max_subjects < 1:
+        raise InvalidRequestError(f"max_subjects must be an integer >= 1, got {max_subjects!r}")
+    unique = sorted({validate_subject(s, allow_wildcards=True, what="filter subject") for s in subjects})
+    if not unique:
+        raise InvalidRequestError(
+            f"{consumer}: no subjects assigned; a worker consumer without filters would receive the whole "
+            "stream: delete the consumer instead (delete_worker_consumer) or assign subjects",
+            reason="no_subjects",
+        )
+    if len(unique) > max_subjects:
+        raise TooManySubjectsError(
+            f"{consumer}: {len(unique)} subjects assigned but at most {max_subjects} are allowed per worker "
+            "consumer; spread the subjects over more workers, group them with a wildcard (orders.eu.*), or "
+            "raise max_subjects",
+        )
+    wild = [s for s in unique if {"*", ">"} & set(s.split("."))]
+    for w in wild:
+        w_tokens = w.split(".")
+        for other in unique:
+            if other != w and _overlaps(w_tokens, other.split(".")):
+                raise InvalidSubjectError(
+                    f"{consumer}: filter subjects {w!r} and {other!r} overlap; the server refuses overlapping "
+                    "filters: keep only the wider one",
+                    reason="filter_subjects_overlap",
+                )
+    return unique
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, (RequestTimeoutError, *_TRANSIENT_NATS_ERRORS)):
+        return True
+    if isinstance(exc, ConnectionFailedError):
+        return exc.reason == "server_unreachable"
+    return isinstance(exc, JetStreamError) and exc.code == 503
+
+
+def _worker_config(name: str, subjects: list[str], inactive_threshold: Any, config: dict[str, Any] | None) -> dict:
+    extra = dict(config or {})
+    owned = sorted(set(extra) & set(_OWNED_FIELDS))
+    if owned:
+        raise InvalidRequestError(
+            f"worker consumer {name!r}: config may not set {', '.join(owned)}; the name comes from prefix and "
+            "worker_id, the filters from subjects, and worker consumers are pull consumers",
+            reason="invalid_field",
+        )
+    cfg = {**DEFAULT_WORKER_CONFIG, **extra, "durable_name": name, "filter_subjects": subjects}
+    if inactive_threshold is not None:
+        cfg["inactive_threshold"] = inactive_threshold
+    return cfg
+
+
+def _filters_of(info: dict[str, Any]) -> list[str]:
+    config = info.get("config") or {}
+    return sorted(config.get("filter_subjects") or ([config["filter_subject"]] if config.get("filter_subject") else []))
+
+
+async def _confirm_filters(conn: JetStreamConnection, stream: str, name: str, wanted: list[str]) -> dict[str, Any]:
+    """Re-read the consumer when the update reply shows other filters.
+
+    nats-server 2.15.1 answers the first update after a restart with the config from before the
+    update (while applying it), so the reply alone cannot be trusted there.
+    """
+    info = await consumer_info(conn, stream, name)
+    if _filters_of(info) != wanted:
+        raise ConsumerConfigError(
+            f"worker consumer {name!r} on {stream!r}: the server accepted the update but still filters "
+            f"{_filters_of(info)[:5]}...; another process may be updating the same consumer (worker ids must "
+            "be unique)",
+            reason="update_not_applied",
+        )
+    return info
+
+
+async def ensure_worker_consumer(
+    conn: JetStreamConnection,
+    stream: str,
+    prefix: str,
+    worker_id: str | int,
+    subjects: Iterable[str],
+    *,
+    max_subjects: int = DEFAULT_MAX_SUBJECTS,
+    inactive_threshold: float | str | timedelta | None = "1h",
+    config: dict[str, Any] | None = None,
+    retries: int = 3,
+    backoff: float = 0.5,
+    max_backoff: float = 8.0,
+) -> dict[str, Any]:
+    """Create or update the durable pull consumer ``<prefix>-<worker_id>`` on ``stream`` so that it
+    filters exactly ``subjects``.
+
+    Returns ``{"action": "created"|"updated"|"unchanged", "consumer", "stream", "subjects",
+    "changed", "attempts", "info"}``. ``config`` adds consumer settings (JetStream JSON names, e.g.
+    ``{"max_deliver": 5, "backoff": ["2s", "5s"]}``). Transient failures are retried ``retries``
+    times with backoff; a failure leaves the consumer's previous config in place and is raised.
+    """
+    name = worker_consumer_name(prefix, worker_id)
+    validate_name(stream, what="stream name")
+    wanted = normalize_subjects(subjects, max_subjects=max_subjects, consumer=f"worker consumer {name!r}")
+    cfg = _worker_config(name, wanted, inactive_threshold, config)
+    if not isinstance(retries, int) or retries < 0:
+        raise InvalidRequestError(f"retries must be an integer >= 0, got {retries!r}")
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            result = await ensure_consumer(conn, stream, cfg)
+            break
+        except (JetStreamError, *_TRANSIENT_NATS_ERRORS) as exc:
+            if not _is_transient(exc) or attempt > retries:
+                metrics.incr("worker_consumer.update_failed", tags={"stream": stream})
+                log.warning("Worker consumer %s on %s: update to %d subject(s) failed after %d attempt(s); the "
+                            "consumer keeps its previous config: %s", name, stream, len(wanted), attempt, exc)
+                raise
+            delay = min(max_backoff, backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+            metrics.incr("worker_consumer.update_retry", tags={"stream": stream})
+            log.info("Worker consumer %s on %s: attempt %d failed (%s); retrying in %.2fs",
+                     name, stream, attempt, exc, delay)
+            await asyncio.sleep(delay)
+    if _filters_of(result["info"]) != wanted:
+        result["info"] = await _confirm_filters(conn, stream, name, wanted)
+    metrics.timing("worker_consumer.update", (time.monotonic() - started) * 1000, tags={"stream": stream})
+    metrics.gauge("worker_consumer.subjects", len(wanted), tags={"stream": stream, "consumer": name})
+    if result["action"] == "unchanged":
+        metrics.incr("worker_consumer.unchanged", tags={"stream": stream})
+    else:
+        metrics.incr(f"worker_consumer.{result['action']}", tags={"stream": stream})
+        log.info("Worker consumer %s on %s %s (%d subject(s), changed %s)", name, stream, result["action"],
+                 len(wanted), ", ".join(result["changed"]))
+    return {
+        "action": result["action"],
+        "consumer": name,
+        "stream": stream,
+        "subjects": wanted,
+        "changed": result["changed"],
+        "attempts": attempt,
+        "info": result["info"],
+    }
+
+
+async def delete_worker_consumer(conn: JetStreamConnection, stream: str, prefix: str, worker_id: str | int) -> bool:
+    """Delete a worker's consumer now (instead of waiting for its inactive threshold)."""
+    return await delete_consumer(conn, stream, worker_consumer_name(prefix, worker_id))
+
+
+class WorkerConsumerManager:
+    """Keeps one worker's consumer in line with its assigned subjects, sending nothing for no-ops.
+
+    The manager remembers the last subject set the server accepted (``subjects``, the last good
+    config). :meth:`update` with the same set is suppressed locally (``stats["noop_suppressed"]``);
+    a failed update keeps ``subjects`` as it was, remembers the wanted set in ``pending`` and
+    raises; :meth:`retry_pending` (or the next :meth:`update`) tries again. It holds no connection:
+    pass one per call, so it also works through ``JetStreamHook.run(manager.update, subjects)``.
+    """
+
+    def __init__(self, stream: str, prefix: str, worker_id: str | int, *,
+                 max_subjects: int = DEFAULT_MAX_SUBJECTS,
+                 inactive_threshold: float | str | timedelta | None = "1h",
+                 config: dict[str, Any] | None = None, retries: int = 3, backoff: float = 0.5,
+                 max_backoff: float = 8.0) -> None:
+        self.stream = validate_name(stream, what="stream name")
+        self.prefix = prefix
+        self.worker_id = str(worker_id)
+        self.name = worker_consumer_name(prefix, worker_id)
+        self.options: dict[str, Any] = {
+            "max_subjects": max_subjects, "inactive_threshold": inactive_threshold, "config": config,
+            "retries": retries, "backoff": backoff, "max_backoff": max_backoff,
+        }
+        self.subjects: tuple[str, ...] | None = None
+        self.pending: tuple[str, ...] | None = None
+        self.last_error: dict[str, Any] | None = None
+        self.stats = {"created": 0, "updated": 0, "unchanged": 0, "noop_suppressed": 0, "failed": 0}
+
+    async def update(self, conn: JetStreamConnection, subjects: Iterable[str]) -> dict[str, Any]:
+        """Apply an assignment. Returns the :func:`ensure_worker_consumer` result plus ``added``,
+        ``removed`` (against the last good set) and ``suppressed`` (True when nothing was sent)."""
+        wanted = tuple(normalize_subjects(subjects, max_subjects=self.options["max_subjects"],
+                                          consumer=f"worker consumer {self.name!r}"))
+        previous = self.subjects
+        if wanted == previous and self.pending is None:
+            self.stats["noop_suppressed"] += 1
+            metrics.incr("worker_consumer.update_skipped", tags={"stream": self.stream})
+            return {"action": "unchanged", "consumer": self.name, "stream": self.stream, "subjects": list(wanted),
+                    "changed": [], "attempts": 0, "info": None, "added": [], "removed": [], "suppressed": True}
+        try:
+            result = await ensure_worker_consumer(conn, self.stream, self.prefix, self.worker_id, wanted,
+                                                  **self.options)
+        except (JetStreamError, *_TRANSIENT_NATS_ERRORS) as exc:
+            self.pending = wanted
+            self.stats["failed"] += 1
+            self.last_error = exc.to_dict() if isinstance(exc, JetStreamError) else {
+                "error": type(exc).__name__, "reason": "connection_lost", "message": str(exc)}
+            raise
+        if result["action"] == "unchanged" and previous is not None and wanted != previous:
+            result["action"] = "updated"  # an earlier attempt that timed out had applied it
+        self.stats[result["action"]] += 1
+        self.subjects, self.pending, self.last_error = wanted, None, None
+        before = set(previous or ())
+        return {**result, "added": sorted(set(wanted) - before), "removed": sorted(before - set(wanted)),
+                "suppressed": False}
+
+    async def retry_pending(self, conn: JetStreamConnection) -> dict[str, Any] | None:
+        """Retry the last failed assignment; None when nothing is pending."""
+        if self.pending is None:
+            return None
+        return await self.update(conn, self.pending)
+
+
+__all__ = [
+    "DEFAULT_MAX_SUBJECTS",
+    "DEFAULT_WORKER_CONFIG",
+    "WorkerConsumerManager",
+    "delete_worker_consumer",
+    "ensure_worker_consumer",
+    "normalize_subjects",
+    "worker_consumer_name",
+]

@@ -209,6 +209,23 @@ async def list_consumers(conn: JetStreamConnection, stream: str) -> list[dict[st
             return found
 
 
+async def consumer_status(conn: JetStreamConnection, stream: str, name: str) -> dict[str, Any]:
+    """A consumer's progress; ``drained`` when nothing is pending or awaiting an ack."""
+    info = await consumer_info(conn, stream, name)
+    pending, ack_pending = int(info.get("num_pending", 0)), int(info.get("num_ack_pending", 0))
+    return {
+        "stream": stream,
+        "consumer": name,
+        "num_pending": pending,
+        "num_ack_pending": ack_pending,
+        "num_redelivered": int(info.get("num_redelivered", 0)),
+        "delivered": info.get("delivered", {}),
+        "ack_floor": info.get("ack_floor", {}),
+        "paused": bool(info.get("paused")),
+        "drained": pending == 0 and ack_pending == 0,
+    }
+
+
 async def ensure_consumer(conn: JetStreamConnection, stream: str, config: dict[str, Any]) -> dict[str, Any]:
     """Create the durable consumer, update it where it differs from ``config``, or leave it alone.
 
@@ -378,6 +395,7 @@ def _reset_reason(description: str | None) -> str:
 __all__ = [
     "api_view",
     "consumer_info",
+    "consumer_status",
     "delete_consumer",
     "domain_api_prefix",
     "ensure_consumer",

@@ -611,3 +611,49 @@ async def _apply_entry(conn: JetStreamConnection, spec: DurableSource, target: d
         return "unchanged"
     await _update_entries(conn, spec, target, wanted)
     return "updated"
+
+
+async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
+                        domain: str | None = None) -> dict[str, Any]:
+    """Whether ``stream`` has caught up with its source (or mirror) ``source``.
+
+    ``caught_up`` means: no source ``error``, ``active >= 0``, ``lag`` 0 and, when the durable
+    consumer on the origin is known, nothing pending on it. ``error`` holds the server's error dict.
+    """
+    spec = DurableSource(stream=stream, source=source, domain=domain)
+    info = await stream_info(conn, stream)
+    mirror = info.get("mirror")
+    spec = replace(spec, mirror=bool(mirror and spec.is_same_origin(mirror)))
+    entry = _find_entry(info, spec)
+    where = f"stream {stream!r}"
+    if entry is None:
+        raise StreamConfigError(f"{where} does not source or mirror {source!r}"
+                                + (f" in domain {domain!r}" if domain else ""), reason="source_missing")
+    config_entry = _find_entry(info["config"], spec) or {}
+    origin_conn = api_view(conn, domain=domain)
+    consumer_name = (config_entry.get("consumer") or {}).get("name")
+    consumer: dict[str, Any] | None = None
+    if consumer_name:
+        consumer = await find_consumer(origin_conn, source, consumer_name)
+    else:
+        spec = replace(spec, filter_subjects=_entry_filters(config_entry))
+        try:
+            consumer = await server_managed_consumer(origin_conn, spec, timeout=0)
+        except SourceUnhealthyError:
+            consumer = None
+    active = int(entry.get("active", -1))
+    lag = int(entry.get("lag", 0))
+    pending = int(consumer.get("num_pending", 0)) if consumer else None
+    error = entry.get("error")
+    return {
+        "stream": stream,
+        "source": source,
+        "domain": domain,
+        "mirror": spec.mirror,
+        "lag": lag,
+        "active": active,
+        "error": error,
+        "consumer": consumer["name"] if consumer else consumer_name,
+        "consumer_num_pending": pending,
+        "caught_up": not error and active >= 0 and lag == 0 and not pending,
+    }

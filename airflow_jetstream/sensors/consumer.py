@@ -1,0 +1,150 @@
+"""Sensors that wait until a source has caught up or a consumer is drained (poke or deferrable)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_jetstream.client.consumers import consumer_status
+from airflow_jetstream.client.sourcing import source_status
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.triggers.consumer import (
+    JetStreamConsumerDrainedTrigger,
+    JetStreamPollingTrigger,
+    JetStreamSourceCaughtUpTrigger,
+)
+
+
+class _JetStreamStateSensor(BaseSensorOperator):
+    """Shared poke/defer logic: ``status()`` via the hook, ``trigger()`` for deferrable mode."""
+
+    ui_color = "#27aae1"
+    what = "condition"
+
+    def __init__(self, *, deferrable: bool = False, nats_conn_id: str = JetStreamHook.default_conn_name,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.deferrable = deferrable
+        self.nats_conn_id = nats_conn_id
+
+    @cached_property
+    def hook(self) -> JetStreamHook:
+        return JetStreamHook(nats_conn_id=self.nats_conn_id)
+
+    def status(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def is_done(self, status: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def trigger(self) -> JetStreamPollingTrigger:
+        raise NotImplementedError
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        status = self.status()
+        if status.get("error"):
+            raise AirflowException(self._error_message(status["error"]))
+        done = self.is_done(status)
+        self.log.info("%s: %s (%s)", self.what, "yes" if done else "not yet", status)
+        return PokeReturnValue(done, status if done else None)
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        done = self.poke(context)
+        if done:
+            return done.xcom_value
+        self.log.info("Deferring: waiting for %s", self.what)
+        self.defer(trigger=self.trigger(), method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("status") == "success":
+            self.log.info("%s: %s", self.what, event["result"])
+            return event["result"]
+        if event.get("status") == "error":
+            raise AirflowException(self._error_message(event.get("error") or {}))
+        raise AirflowException(f"unexpected trigger event {event!r}")
+
+    def _error_message(self, error: dict[str, Any]) -> str:
+        message = error.get("message") or error.get("description") or error
+        return f"waiting for {self.what} failed: {message} (reason: {error.get('reason', error.get('err_code'))})"
+
+
+class JetStreamSourceCaughtUpSensor(_JetStreamStateSensor):
+    """Wait until ``stream`` has caught up with its source (or mirror) ``source``.
+
+    Caught up: the source has no error, is active, its lag is 0 and its durable consumer on the
+    origin has nothing pending. A source error (e.g. a consumer that is not a flow-control one)
+    fails the task. Returns the source state; chain the next task after it::
+
+        caught_up = JetStreamSourceCaughtUpSensor(
+            task_id="agg_caught_up", stream="AGG", source="ORDERS_EDGE", domain="edge",
+            deferrable=True, poke_interval=10, timeout=3600,
+        )
+        provision >> publish >> caught_up >> spark_consume
+
+    :param stream: the aggregate stream (templated).
+    :param source: the origin stream (templated).
+    :param domain: the origin's JetStream domain, if not the connection's (templated).
+    :param deferrable: wait in the triggerer (``JetStreamSourceCaughtUpTrigger``).
+    :param nats_conn_id: the ``nats`` connection to use.
+    """
+
+    template_fields: Sequence[str] = ("stream", "source", "domain")
+    what = "source caught up"
+
+    def __init__(self, *, stream: str, source: str, domain: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream = stream
+        self.source = source
+        self.domain = domain
+
+    def status(self) -> dict[str, Any]:
+        return self.hook.run(source_status, self.stream, self.source, domain=self.domain or None)
+
+    def is_done(self, status: dict[str, Any]) -> bool:
+        return bool(status["caught_up"])
+
+    def trigger(self) -> JetStreamSourceCaughtUpTrigger:
+        return JetStreamSourceCaughtUpTrigger(stream=self.stream, source=self.source, domain=self.domain or None,
+                                              nats_conn_id=self.nats_conn_id, poll_interval=self.poke_interval)
+
+
+class JetStreamConsumerDrainedSensor(_JetStreamStateSensor):
+    """Wait until ``consumer`` on ``stream`` is drained: nothing pending, nothing awaiting an ack.
+
+    Returns ``{"num_pending", "num_ack_pending", "delivered", "ack_floor", ...}``::
+
+        drained = JetStreamConsumerDrainedSensor(
+            task_id="billing_drained", stream="ORDERS", consumer="billing",
+            mode="reschedule", poke_interval=30,
+        )
+
+    :param stream: the stream (templated).
+    :param consumer: the durable consumer (templated).
+    :param deferrable: wait in the triggerer (``JetStreamConsumerDrainedTrigger``).
+    :param nats_conn_id: the ``nats`` connection to use.
+    """
+
+    template_fields: Sequence[str] = ("stream", "consumer")
+    what = "consumer drained"
+
+    def __init__(self, *, stream: str, consumer: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream = stream
+        self.consumer = consumer
+
+    def status(self) -> dict[str, Any]:
+        return self.hook.run(consumer_status, self.stream, self.consumer)
+
+    def is_done(self, status: dict[str, Any]) -> bool:
+        return bool(status["drained"])
+
+    def trigger(self) -> JetStreamConsumerDrainedTrigger:
+        return JetStreamConsumerDrainedTrigger(stream=self.stream, consumer=self.consumer,
+                                               nats_conn_id=self.nats_conn_id, poll_interval=self.poke_interval)

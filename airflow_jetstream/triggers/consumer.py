@@ -1,0 +1,101 @@
+"""Triggers that poll until a source has caught up or a consumer is drained."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_jetstream.client.connection import JetStreamConnection, open_connection
+from airflow_jetstream.client.consumers import consumer_status
+from airflow_jetstream.client.errors import JetStreamError
+from airflow_jetstream.client.sourcing import source_status
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+
+class JetStreamPollingTrigger(BaseTrigger):
+    """Poll ``status()`` every ``poll_interval`` seconds on one connection until ``is_done``.
+
+    Events: ``{"status": "success", "result": {...}}`` or ``{"status": "error", "error": {...}}``.
+    """
+
+    what = "condition"
+
+    def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, poll_interval: float = 5.0) -> None:
+        super().__init__()
+        self.nats_conn_id = nats_conn_id
+        self.poll_interval = float(poll_interval)
+
+    def _kwargs(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {**self._kwargs(), "nats_conn_id": self.nats_conn_id, "poll_interval": self.poll_interval})
+
+    async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def is_done(self, status: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
+            async with open_connection(settings) as conn:
+                while True:
+                    status = await self.status(conn)
+                    if status.get("error") and isinstance(status["error"], dict):
+                        yield TriggerEvent({"status": "error", "error": {**status["error"], "state": status}})
+                        return
+                    if self.is_done(status):
+                        yield TriggerEvent({"status": "success", "result": status})
+                        return
+                    self.log.info("Waiting for %s: %s", self.what, status)
+                    await asyncio.sleep(self.poll_interval)
+        except JetStreamError as exc:
+            self.log.error("Waiting for %s failed: %s", self.what, exc)
+            yield TriggerEvent({"status": "error", "error": exc.to_dict()})
+
+
+class JetStreamSourceCaughtUpTrigger(JetStreamPollingTrigger):
+    """Fire when ``stream`` has caught up with its source/mirror ``source`` (lag 0, active, no error)."""
+
+    what = "source caught up"
+
+    def __init__(self, *, stream: str, source: str, domain: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream = stream
+        self.source = source
+        self.domain = domain
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {"stream": self.stream, "source": self.source, "domain": self.domain}
+
+    async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
+        return await source_status(conn, self.stream, self.source, domain=self.domain)
+
+    def is_done(self, status: dict[str, Any]) -> bool:
+        return bool(status["caught_up"])
+
+
+class JetStreamConsumerDrainedTrigger(JetStreamPollingTrigger):
+    """Fire when ``consumer`` on ``stream`` has nothing pending and nothing awaiting an ack."""
+
+    what = "consumer drained"
+
+    def __init__(self, *, stream: str, consumer: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream = stream
+        self.consumer = consumer
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {"stream": self.stream, "consumer": self.consumer}
+
+    async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
+        return await consumer_status(conn, self.stream, self.consumer)
+
+    def is_done(self, status: dict[str, Any]) -> bool:
+        return bool(status["drained"])

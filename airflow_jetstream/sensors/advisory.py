@@ -1,0 +1,215 @@
+"""JetStreamAdvisorySensor: wait for a JetStream advisory, or guard that none shows up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+
+from airflow_jetstream.client.advisories import (
+    DEFAULT_CAPTURE_STREAM,
+    AdvisoryFilter,
+    find_captured,
+    listen_live,
+    predicate_path,
+)
+from airflow_jetstream.client.consumers import parse_time
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger
+
+
+class JetStreamAdvisorySensor(BaseSensorOperator):
+    """Wait for a matching JetStream advisory and return it on XCom, or guard that none appears.
+
+    Advisories are read from the capture stream (see ``JetStreamAdvisoryStreamOperator``) starting
+    at ``since`` (default: the run's data interval start, else its logical date), so an advisory
+    published before the sensor started is still found, across reschedules and deferral. With
+    ``capture_stream=None`` the sensor subscribes live and sees only what is published while it
+    listens.
+
+    * ``expect="present"`` (default): succeed with the first matching advisory as a dict of its
+      JSON fields (``type``, ``stream``, ``batch``, ``reason`` ...) plus ``advisory_kind``.
+    * ``expect="absent"``: a guard. Fail as soon as a matching advisory is found; succeed once
+      ``quiet_period`` has passed since the sensor started with none found.
+
+    ::
+
+        wait_abandoned = JetStreamAdvisorySensor(
+            task_id="no_abandoned_batches",
+            advisory="batch_abandoned",
+            stream="ORDERS",
+            expect="absent",
+            quiet_period=30,          # batches time out after ~10 s on the server
+            deferrable=True,
+        )
+
+        dead_letters = JetStreamAdvisorySensor(
+            task_id="poison_message",
+            advisory="max_deliveries",
+            stream="ORDERS",
+            consumer="spark_reader",
+            match="my_pkg.checks.is_order_message",   # importable predicate(advisory_dict) -> bool
+            mode="reschedule",
+            poke_interval=30,
+        )
+
+    :param advisory: a kind (``batch_abandoned``, ``max_deliveries``, ``msg_terminated``, ... see
+        ``airflow_jetstream.client.advisories.KINDS``) or an advisory subject (wildcards allowed). Templated.
+    :param stream, consumer, batch, reason: only advisories with these JSON field values. Templated.
+    :param match: a dict of further field values, a dotted path to a predicate, or a module-level
+        function (stored by its dotted path, as triggers must serialize).
+    :param since: start of the window: datetime or ISO string. Templated.
+    :param expect: ``"present"`` or ``"absent"``.
+    :param capture_stream: the stream capturing ``$JS.EVENT.ADVISORY.>``; None for a live subscription.
+    :param quiet_period: guard mode: seconds without a matching advisory before succeeding.
+    :param deferrable: wait in the triggerer (``JetStreamAdvisoryTrigger``) instead of a worker slot.
+    :param nats_conn_id: the ``nats`` connection to use.
+    """
+
+    template_fields: Sequence[str] = ("advisory", "stream", "consumer", "batch", "reason", "since",
+                                      "capture_stream")
+    ui_color = "#27aae1"
+
+    def __init__(
+        self,
+        *,
+        advisory: str | None,
+        stream: str | None = None,
+        consumer: str | None = None,
+        batch: str | None = None,
+        reason: str | None = None,
+        match: dict[str, Any] | str | Callable[[dict[str, Any]], bool] | None = None,
+        since: datetime | str | None = None,
+        expect: str = "present",
+        capture_stream: str | None = DEFAULT_CAPTURE_STREAM,
+        quiet_period: float | timedelta = 60.0,
+        deferrable: bool = False,
+        nats_conn_id: str = JetStreamHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if expect not in EXPECT_VALUES:
+            raise ValueError(f"expect must be one of {EXPECT_VALUES}, got {expect!r}")
+        self.advisory = advisory
+        self.stream = stream
+        self.consumer = consumer
+        self.batch = batch
+        self.reason = reason
+        self.match = predicate_path(match) if callable(match) else match
+        self.since = since
+        self.expect = expect
+        self.capture_stream = capture_stream
+        self.quiet_period = quiet_period.total_seconds() if isinstance(quiet_period, timedelta) else float(quiet_period)
+        self.deferrable = deferrable
+        self.nats_conn_id = nats_conn_id
+        self._guard_started: datetime | None = None
+
+    @cached_property
+    def hook(self) -> JetStreamHook:
+        return JetStreamHook(nats_conn_id=self.nats_conn_id)
+
+    def advisory_filter(self) -> AdvisoryFilter:
+        return AdvisoryFilter(advisory=self.advisory, stream=self.stream, consumer=self.consumer,
+                              batch=self.batch, reason=self.reason, match=self.match)
+
+    def resolve_since(self, context: Any) -> datetime:
+        """``since``, else the run's data interval start, logical date or run_after, else now."""
+        if self.since:
+            return parse_time(self.since, field="since")
+        dag_run = context.get("dag_run")
+        for value in (context.get("data_interval_start"), context.get("logical_date"),
+                      getattr(dag_run, "run_after", None)):
+            if value:
+                return parse_time(value, field="since")
+        return datetime.now(UTC)
+
+    def _quiet_until(self, context: Any) -> datetime:
+        if self._guard_started is None:
+            first = None
+            if self.reschedule and context.get("ti") is not None:
+                first = context["ti"].get_first_reschedule_date(context)
+            self._guard_started = first or datetime.now(UTC)
+        return self._guard_started + timedelta(seconds=self.quiet_period)
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        try:
+            done = self.poke(context)
+        except AirflowFailException as exc:
+            if self.soft_fail or self.never_fail:
+                raise AirflowSkipException(f"skipped (soft_fail/never_fail): {exc}") from exc
+            raise
+        if done:
+            return done.xcom_value
+        since = self.resolve_since(context)
+        flt = self.advisory_filter()
+        trigger = JetStreamAdvisoryTrigger(
+            **flt.to_dict(),
+            since=since.isoformat(),
+            expect=self.expect,
+            capture_stream=self.capture_stream,
+            quiet_until=self._quiet_until(context).isoformat() if self.expect == "absent" else None,
+            nats_conn_id=self.nats_conn_id,
+        )
+        self.log.info("Deferring: waiting for %s (expect %s)", flt.describe(), self.expect)
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        flt = self.advisory_filter()
+        since = self.resolve_since(context)
+        quiet_until = self._quiet_until(context) if self.expect == "absent" else None
+        checked_at = datetime.now(UTC)
+        if self.capture_stream:
+            found = self.hook.run(find_captured, self.capture_stream, since=since, advisory_filter=flt)
+            if found["gap"]:
+                self.log.warning("%s", found["gap"])
+            advisory = found["advisory"]
+            self.log.info("Scanned %d captured advisories since %s for %s: %s", found["scanned"], since.isoformat(),
+                          flt.describe(), "match" if advisory else "no match")
+        elif self.deferrable:
+            advisory = None  # live mode: the trigger does the listening
+        else:
+            listened = self.hook.run(listen_live, flt, min(self.poke_interval, 60.0) or 1.0)
+            advisory = listened.to_dict() if listened else None
+        return self._decide(advisory, since, quiet_until, checked_at)
+
+    def _decide(self, advisory: dict[str, Any] | None, since: datetime, quiet_until: datetime | None,
+                checked_at: datetime) -> PokeReturnValue:
+        if self.expect == "present":
+            return PokeReturnValue(advisory is not None, advisory)
+        if advisory is not None:
+            raise AirflowFailException(self._guard_message(advisory))
+        if quiet_until is not None and checked_at >= quiet_until:
+            self.log.info("No %s since %s: quiet period over", self.advisory_filter().describe(), since.isoformat())
+            return PokeReturnValue(True, {"expect": "absent", "advisory": None, "since": since.isoformat(),
+                                          "checked_until": checked_at.isoformat()})
+        return PokeReturnValue(False)
+
+    def _guard_message(self, advisory: dict[str, Any]) -> str:
+        details = ", ".join(f"{k}={advisory[k]}" for k in ("stream", "consumer", "batch", "reason", "stream_seq")
+                            if advisory.get(k) is not None)
+        return (f"guard failed: advisory {advisory.get('advisory_kind') or advisory.get('type')} ({details}) "
+                f"at {advisory.get('timestamp')} matches {self.advisory_filter().describe()}")
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        status = event.get("status")
+        if status == "error":
+            error = event.get("error") or {}
+            raise AirflowException(f"waiting for the advisory failed: {error.get('message')} "
+                                   f"(reason: {error.get('reason')})")
+        if status == "matched":
+            advisory = event["advisory"]
+            if self.expect == "absent":
+                raise AirflowFailException(self._guard_message(advisory))
+            self.log.info("Found %s", advisory.get("advisory_kind") or advisory.get("type"))
+            return advisory
+        if status == "quiet" and self.expect == "absent":
+            self.log.info("No matching advisory until %s: quiet period over", event.get("checked_until"))
+            return {"expect": "absent", "advisory": None, "since": event.get("since"),
+                    "checked_until": event.get("checked_until")}
+        raise AirflowException(f"unexpected trigger event {event!r}")

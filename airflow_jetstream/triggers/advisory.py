@@ -1,0 +1,113 @@
+"""JetStreamAdvisoryTrigger: wait in the triggerer for a matching advisory (or for a quiet period)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_jetstream.client.advisories import AdvisoryFilter, find_captured, watch_advisories
+from airflow_jetstream.client.connection_pool import shared_connection
+from airflow_jetstream.client.consumers import parse_time
+from airflow_jetstream.client.errors import JetStreamError
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+EXPECT_VALUES = ("present", "absent")
+
+
+class JetStreamAdvisoryTrigger(BaseTrigger):
+    """Fire once a matching advisory is found; in guard mode, also fire when ``quiet_until`` passes.
+
+    Reads the capture stream from ``since`` (so advisories published before the trigger started
+    are found), or subscribes live when ``capture_stream`` is None. All triggers of one connection
+    id share one NATS connection per triggerer event loop.
+
+    Events: ``{"status": "matched", "advisory": {...}}``, ``{"status": "quiet", ...}`` (guard mode,
+    nothing matched until ``quiet_until``) or ``{"status": "error", "error": {...}}``.
+    """
+
+    def __init__(
+        self,
+        *,
+        advisory: str | None = None,
+        stream: str | None = None,
+        consumer: str | None = None,
+        batch: str | None = None,
+        reason: str | None = None,
+        match: dict[str, Any] | str | None = None,
+        since: str | None = None,
+        expect: str = "present",
+        capture_stream: str | None = "ADVISORIES",
+        quiet_until: str | None = None,
+        nats_conn_id: str = JetStreamHook.default_conn_name,
+        poll_timeout: float = 5.0,
+    ) -> None:
+        super().__init__()
+        if expect not in EXPECT_VALUES:
+            raise ValueError(f"expect must be one of {EXPECT_VALUES}, got {expect!r}")
+        if expect == "absent" and not quiet_until:
+            raise ValueError("expect='absent' needs quiet_until (when the quiet period ends)")
+        self.advisory_filter = AdvisoryFilter(advisory=advisory, stream=stream, consumer=consumer, batch=batch,
+                                              reason=reason, match=match)
+        self.since = since
+        self.expect = expect
+        self.capture_stream = capture_stream
+        self.quiet_until = quiet_until
+        self.nats_conn_id = nats_conn_id
+        self.poll_timeout = poll_timeout
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                **self.advisory_filter.to_dict(),
+                "since": self.since,
+                "expect": self.expect,
+                "capture_stream": self.capture_stream,
+                "quiet_until": self.quiet_until,
+                "nats_conn_id": self.nats_conn_id,
+                "poll_timeout": self.poll_timeout,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
+            async with shared_connection(settings) as conn:
+                event = await self._wait(conn)
+        except JetStreamError as exc:
+            self.log.error("Advisory wait failed: %s", exc)
+            yield TriggerEvent({"status": "error", "error": exc.to_dict()})
+            return
+        yield TriggerEvent(event)
+
+    async def _wait(self, conn: Any) -> dict[str, Any]:
+        since = parse_time(self.since, field="since") if self.since else datetime.now(UTC)
+        watcher = watch_advisories(conn, self.advisory_filter, capture_stream=self.capture_stream, since=since,
+                                   poll_timeout=self.poll_timeout, on_gap=self.log.warning)
+        self.log.info("Waiting for %s in %s since %s (expect %s)", self.advisory_filter.describe(),
+                      self.capture_stream or "live advisories", since.isoformat(), self.expect)
+        async with aclosing(watcher):
+            if self.expect == "present":
+                advisory = await anext(watcher)
+                return {"status": "matched", "advisory": advisory.to_dict()}
+            quiet_until = parse_time(str(self.quiet_until), field="quiet_until")
+            remaining = (quiet_until - datetime.now(UTC)).total_seconds()
+            try:
+                advisory = await asyncio.wait_for(anext(watcher), timeout=max(remaining, 0.0) + 0.001)
+            except TimeoutError:
+                return await self._final_check(conn, since)
+            return {"status": "matched", "advisory": advisory.to_dict()}
+
+    async def _final_check(self, conn: Any, since: datetime) -> dict[str, Any]:
+        """At the end of the quiet period, scan the whole window once more (nothing stored is skipped)."""
+        checked_until = datetime.now(UTC)
+        if self.capture_stream:
+            found = await find_captured(conn, self.capture_stream, since=since, advisory_filter=self.advisory_filter)
+            if found["advisory"] is not None:
+                return {"status": "matched", "advisory": found["advisory"]}
+        return {"status": "quiet", "since": since.isoformat(), "checked_until": checked_until.isoformat()}

@@ -1,0 +1,257 @@
+"""JetStreamAdvisorySensor / JetStreamAdvisoryTrigger / JetStreamAdvisoryStreamOperator against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+    TaskDeferred,
+)
+
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
+from airflow_jetstream.client.advisories import AdvisoryPredicateError
+from airflow_jetstream.client.errors import StreamNotFoundError
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
+from airflow_jetstream.sensors.advisory import JetStreamAdvisorySensor
+from airflow_jetstream.triggers.advisory import JetStreamAdvisoryTrigger
+from tests.conftest import set_nats_connection
+
+
+def is_orders_stream(advisory: dict) -> bool:
+    return advisory.get("stream", "").startswith("ORD")
+
+
+@pytest.fixture
+def capture(nats_conn: str) -> dict:
+    return JetStreamAdvisoryStreamOperator(task_id="capture", max_age="1h").execute(context={})
+
+
+def make_stream(name: str) -> None:
+    JetStreamHook().run(ensure_stream, {"name": name, "subjects": [f"{name.lower()}.>"]})
+
+
+def run_trigger(trigger: JetStreamAdvisoryTrigger, *, while_waiting=None, timeout: float = 20.0) -> dict:
+    async def scenario():
+        events = trigger.run()
+        first = asyncio.ensure_future(anext(events))
+        if while_waiting is not None:
+            await while_waiting(first)
+        event = await asyncio.wait_for(first, timeout)
+        await events.aclose()
+        return event.payload
+
+    return asyncio.run(scenario())
+
+
+def test_stream_operator_is_idempotent(nats_conn):
+    first = JetStreamAdvisoryStreamOperator(task_id="capture", max_age="1h").execute(context={})
+    again = JetStreamAdvisoryStreamOperator(task_id="capture", max_age="1h").execute(context={})
+    changed = JetStreamAdvisoryStreamOperator(task_id="capture", max_age="2h").execute(context={})
+    assert first["action"] == "created" and first["subjects"] == ["$JS.EVENT.ADVISORY.>"]
+    assert again["action"] == "unchanged"
+    assert changed["action"] == "updated" and changed["changed"] == ["max_age"]
+    json.dumps(changed)
+
+
+def test_poke_mode_finds_advisory_published_before_the_sensor_started(capture):
+    since = datetime.now(UTC)
+    make_stream("ORDERS")  # the advisory is published now, before the sensor exists
+    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", stream="ORDERS", since=since,
+                                     poke_interval=0.1, timeout=10)
+    result = sensor.execute(context={})
+    assert result["type"] == "io.nats.jetstream.advisory.v1.stream_action"
+    assert result["stream"] == "ORDERS" and result["advisory_kind"] == "stream_created"
+    json.dumps(result)
+
+
+def test_since_defaults_to_the_run_data_interval_start(capture):
+    make_stream("ORDERS")
+    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", stream="ORDERS", poke_interval=0.1,
+                                     timeout=10)
+    assert sensor.execute(context={"data_interval_start": datetime.now(UTC) - timedelta(minutes=1)})["stream"] == \
+        "ORDERS"
+    future = {"data_interval_start": None, "logical_date": datetime.now(UTC) + timedelta(hours=1)}
+    assert sensor.resolve_since(future) == future["logical_date"]
+    with pytest.raises(AirflowSensorTimeout):
+        JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", stream="ORDERS", poke_interval=0.1,
+                                timeout=0.3).execute(context=future)
+
+
+def test_poke_mode_timeout_and_soft_fail(capture):
+    kwargs = {"task_id": "wait", "advisory": "batch_abandoned", "stream": "ORDERS", "poke_interval": 0.1,
+              "timeout": 0.3, "since": datetime.now(UTC)}
+    with pytest.raises(AirflowSensorTimeout):
+        JetStreamAdvisorySensor(**kwargs).execute(context={})
+    with pytest.raises(AirflowSkipException):
+        JetStreamAdvisorySensor(soft_fail=True, **kwargs).execute(context={})
+
+
+def test_match_predicate_by_function_and_by_dict(capture):
+    since = datetime.now(UTC)
+    make_stream("INVOICES")
+    make_stream("ORDERS2")
+    by_function = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", match=is_orders_stream, since=since,
+                                          poke_interval=0.1, timeout=10)
+    assert by_function.match == f"{__name__}.is_orders_stream"
+    assert by_function.execute(context={})["stream"] == "ORDERS2"
+    by_dict = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", match={"stream": "INVOICES"},
+                                      since=since, poke_interval=0.1, timeout=10)
+    assert by_dict.execute(context={})["stream"] == "INVOICES"
+    with pytest.raises(AdvisoryPredicateError):
+        JetStreamAdvisorySensor(task_id="w", advisory="stream_created", match=lambda a: True)
+
+
+def test_guard_mode_succeeds_after_quiet_period_and_fails_on_a_match(capture):
+    since = datetime.now(UTC)
+    quiet = JetStreamAdvisorySensor(task_id="guard", advisory="stream_deleted", since=since, expect="absent",
+                                    quiet_period=0.3, poke_interval=0.1, timeout=10)
+    result = quiet.execute(context={})
+    assert result["expect"] == "absent" and result["advisory"] is None
+    assert datetime.fromisoformat(result["checked_until"]) >= since
+    make_stream("DOOMED")
+    JetStreamHook().run(lambda conn: conn.api_request("STREAM.DELETE.DOOMED"))
+    guard = JetStreamAdvisorySensor(task_id="guard", advisory="stream_deleted", since=since, expect="absent",
+                                    quiet_period=30, poke_interval=0.1, timeout=10)
+    with pytest.raises(AirflowFailException, match=r"guard failed: advisory stream_deleted .*stream=DOOMED"):
+        guard.execute(context={})
+    soft = JetStreamAdvisorySensor(task_id="guard", advisory="stream_deleted", since=since, expect="absent",
+                                   quiet_period=30, poke_interval=0.1, timeout=10, soft_fail=True)
+    with pytest.raises(AirflowSkipException):
+        soft.execute(context={})
+
+
+def test_missing_capture_stream_fails_with_the_fix(nats_conn):
+    sensor = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", poke_interval=0.1, timeout=1)
+    with pytest.raises(StreamNotFoundError, match="JetStreamAdvisoryStreamOperator"):
+        sensor.execute(context={})
+
+
+def test_deferrable_defers_with_a_serializable_trigger(capture):
+    since = datetime.now(UTC)
+    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="batch_abandoned", stream="ORDERS", reason="timeout",
+                                     match=is_orders_stream, since=since, deferrable=True, timeout=600)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context={})
+    assert deferred.value.method_name == "execute_complete"
+    assert deferred.value.timeout == timedelta(seconds=600)
+    trigger = deferred.value.trigger
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_jetstream.triggers.advisory.JetStreamAdvisoryTrigger"
+    json.dumps(kwargs)
+    rebuilt = JetStreamAdvisoryTrigger(**kwargs)
+    assert rebuilt.serialize() == (classpath, kwargs)
+    assert kwargs["advisory"] == "batch_abandoned" and kwargs["since"] == since.isoformat()
+    assert kwargs["match"] == f"{__name__}.is_orders_stream" and kwargs["nats_conn_id"] == "nats_default"
+
+
+def test_deferrable_returns_at_once_when_already_there(capture):
+    since = datetime.now(UTC)
+    make_stream("READY")
+    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", stream="READY", since=since,
+                                     deferrable=True)
+    assert sensor.execute(context={})["stream"] == "READY"
+
+
+def test_trigger_finds_advisory_published_while_deferred(capture):
+    since = datetime.now(UTC)
+    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", stream="LATER", since=since.isoformat(),
+                                       poll_timeout=0.5)
+
+    async def publish_later(waiting):
+        await asyncio.wait({waiting}, timeout=0.3)
+        assert not waiting.done()
+        await asyncio.to_thread(make_stream, "LATER")
+
+    event = run_trigger(trigger, while_waiting=publish_later)
+    assert event["status"] == "matched" and event["advisory"]["stream"] == "LATER"
+    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", stream="LATER", deferrable=True)
+    assert sensor.execute_complete({}, event)["stream"] == "LATER"
+
+
+def test_trigger_guard_mode_quiet_and_matched(capture):
+    since = datetime.now(UTC)
+    quiet = JetStreamAdvisoryTrigger(advisory="stream_deleted", since=since.isoformat(), expect="absent",
+                                     quiet_until=(datetime.now(UTC) + timedelta(seconds=0.5)).isoformat(),
+                                     poll_timeout=0.2)
+    event = run_trigger(quiet)
+    assert event["status"] == "quiet"
+    guard = JetStreamAdvisorySensor(task_id="g", advisory="stream_deleted", expect="absent", deferrable=True)
+    assert guard.execute_complete({}, event)["advisory"] is None
+    make_stream("GONE")
+    JetStreamHook().run(lambda conn: conn.api_request("STREAM.DELETE.GONE"))
+    # quiet_until already passed: the final scan still sees the stored advisory
+    late = JetStreamAdvisoryTrigger(advisory="stream_deleted", since=since.isoformat(), expect="absent",
+                                    quiet_until=datetime.now(UTC).isoformat(), poll_timeout=0.2)
+    matched = run_trigger(late)
+    assert matched["status"] == "matched" and matched["advisory"]["stream"] == "GONE"
+    with pytest.raises(AirflowFailException, match="stream=GONE"):
+        guard.execute_complete({}, matched)
+
+
+def test_trigger_live_mode_without_capture_stream(nats_conn):
+    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", capture_stream=None)
+    made = []
+
+    async def keep_creating(waiting):
+        while not waiting.done():  # the live subscription starts at some point: create until it is seen
+            made.append(f"LIVE{len(made)}")
+            await asyncio.to_thread(make_stream, made[-1])
+            await asyncio.wait({waiting}, timeout=0.2)
+
+    event = run_trigger(trigger, while_waiting=keep_creating)
+    assert event["status"] == "matched" and event["advisory"]["stream"] in made
+
+
+def test_trigger_reports_errors_as_events(nats_conn):
+    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", since=datetime.now(UTC).isoformat())
+    event = run_trigger(trigger)
+    assert event["status"] == "error" and event["error"]["reason"] == "stream_not_found"
+    sensor = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", deferrable=True)
+    with pytest.raises(AirflowException, match="stream_not_found"):
+        sensor.execute_complete({}, event)
+
+
+def test_deferral_timeout_and_soft_fail_behave_like_airflow_sensors():
+    from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR, TriggerFailureReason
+
+    timeout = {"error": TriggerFailureReason.TRIGGER_TIMEOUT}
+    strict = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", deferrable=True)
+    with pytest.raises(AirflowSensorTimeout):
+        strict.resume_execution(TRIGGER_FAIL_REPR, timeout, {})
+    soft = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", deferrable=True, soft_fail=True)
+    with pytest.raises(AirflowSkipException):
+        soft.resume_execution(TRIGGER_FAIL_REPR, timeout, {})
+    guard = JetStreamAdvisorySensor(task_id="w", advisory="stream_deleted", expect="absent", soft_fail=True)
+    with pytest.raises(AirflowSkipException):
+        guard.resume_execution("execute_complete", {"event": {"status": "matched", "advisory": {"stream": "X"}}}, {})
+
+
+def test_bad_parameters_fail_at_parse_time():
+    with pytest.raises(ValueError, match="expect"):
+        JetStreamAdvisorySensor(task_id="w", advisory="stream_created", expect="maybe")
+    with pytest.raises(ValueError, match="quiet_until"):
+        JetStreamAdvisoryTrigger(advisory="stream_created", expect="absent")
+
+
+def test_sensor_uses_its_connection_id(monkeypatch, nats_server):
+    set_nats_connection(monkeypatch, "nats_other", nats_server.url)
+    JetStreamAdvisoryStreamOperator(task_id="capture", nats_conn_id="nats_other").execute(context={})
+    since = datetime.now(UTC)
+
+    async def create():
+        settings = ConnectionSettings(servers=nats_server.url)
+        async with open_connection(settings) as conn:
+            await ensure_stream(conn, {"name": "VIA_OTHER", "subjects": ["via.>"]})
+
+    asyncio.run(create())
+    sensor = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", stream="VIA_OTHER", since=since,
+                                     nats_conn_id="nats_other", poke_interval=0.1, timeout=5)
+    assert sensor.execute(context={})["stream"] == "VIA_OTHER"

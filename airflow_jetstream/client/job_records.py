@@ -1,0 +1,60 @@
+"""Job records: one JSON document per job id in a KV bucket, written by whoever finishes the job.
+
+The Spark data source's driver-side ``commit()``/``abort()`` run in a separate worker process, so
+what a write job stored (per partition) is kept here, where the Airflow task, a sensor or the next
+run can read it: ``await get_job_record(conn, job_id)``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import JetStreamError, RequestTimeoutError
+from airflow_jetstream.client.subjects import validate_name
+
+DEFAULT_JOB_BUCKET = "jetstream_jobs"
+
+
+async def _bucket(conn: JetStreamConnection, bucket: str, *, create: bool) -> Any:
+    validate_name(bucket, what="job bucket")
+    try:
+        return await conn.js.key_value(bucket)
+    except nats.js.errors.BucketNotFoundError:
+        if not create:
+            return None
+        return await conn.js.create_key_value(bucket=bucket, history=5, description="airflow-jetstream job records")
+
+
+async def put_job_record(conn: JetStreamConnection, job_id: str, record: dict[str, Any], *,
+                         bucket: str = DEFAULT_JOB_BUCKET) -> int:
+    """Store ``record`` (JSON-able) under ``job_id``, creating the bucket when missing; returns the revision."""
+    validate_name(job_id, what="job id")
+    try:
+        kv = await _bucket(conn, bucket, create=True)
+        return int(await kv.put(job_id, json.dumps(record, separators=(",", ":"), default=str).encode()))
+    except nats.errors.TimeoutError:
+        raise RequestTimeoutError(f"job record {job_id!r}: the KV bucket {bucket!r} did not answer") from None
+    except nats.js.errors.APIError as exc:
+        raise JetStreamError(f"job record {job_id!r} in bucket {bucket!r}: {exc.description}",
+                             code=exc.code, err_code=exc.err_code) from None
+
+
+async def get_job_record(conn: JetStreamConnection, job_id: str, *,
+                         bucket: str = DEFAULT_JOB_BUCKET) -> dict[str, Any] | None:
+    """The record of ``job_id``, or None when the job (or the bucket) has none."""
+    validate_name(job_id, what="job id")
+    try:
+        kv = await _bucket(conn, bucket, create=False)
+        if kv is None:
+            return None
+        entry = await kv.get(job_id)
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    except nats.errors.TimeoutError:
+        raise RequestTimeoutError(f"job record {job_id!r}: the KV bucket {bucket!r} did not answer") from None
+    return json.loads(entry.value or b"{}")

@@ -1,0 +1,305 @@
+"""Bounded reads of a stream by sequence range, and purging what a consume job has read.
+
+A read is planned once (:func:`plan_read` fixes the last sequence at that moment) and split into
+sequence ranges that can be read in parallel by separate processes (Spark partitions):
+
+* :func:`read_range` with ``via="consumer"`` uses a short-lived ephemeral pull consumer with
+  ``ack_policy: none`` starting at the range's first sequence, pulls in large batches and reads
+  sequence/timestamp from the delivery reply subject (no per-message API round trip). It does not
+  change the stream. WorkQueue streams refuse such consumers, so they are read with
+* ``via="direct"``: batched direct get (``$JS.API.DIRECT.GET.<stream>`` with ``batch``), which
+  needs ``allow_direct: true`` on the stream and creates no consumer at all.
+
+Neither way removes anything. :func:`purge_read` removes what a consume job read from a
+WorkQueue stream (purge of the filter up to the planned last sequence) once its output is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.consumers import first_seq_at_or_after
+from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, RequestTimeoutError
+from airflow_jetstream.client.streams import stream_info
+from airflow_jetstream.client.subjects import validate_name, validate_subject
+
+#: Headers the server adds to a direct-get reply; they are metadata, not the message's own headers.
+_DIRECT_GET_HEADERS = frozenset({
+    "Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Num-Pending", "Nats-Last-Sequence",
+})
+_STATUS = "Status"
+#: One stored message: subject, stream sequence, timestamp (ns since epoch), headers or None, payload.
+StoredMessage = tuple[str, int, int, dict[str, str] | None, bytes]
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What a bounded read covers: ``first_seq .. last_seq`` of ``stream`` (inclusive), fixed at planning."""
+
+    stream: str
+    retention: str
+    first_seq: int
+    last_seq: int
+    subjects: tuple[str, ...] = ()
+    messages: int = 0
+    allow_direct: bool = False
+    ranges: tuple[tuple[int, int], ...] = field(default=())
+
+    @property
+    def empty(self) -> bool:
+        return self.last_seq < self.first_seq
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream, "retention": self.retention, "first_seq": self.first_seq,
+            "last_seq": self.last_seq, "subjects": list(self.subjects), "messages": self.messages,
+            "ranges": [list(r) for r in self.ranges],
+        }
+
+
+def split_range(first: int, last: int, parts: int) -> tuple[tuple[int, int], ...]:
+    """Split ``first..last`` into at most ``parts`` contiguous, non-empty, inclusive ranges."""
+    if last < first:
+        return ()
+    total = last - first + 1
+    parts = max(1, min(parts, total))
+    size, extra = divmod(total, parts)
+    ranges, start = [], first
+    for index in range(parts):
+        end = start + size - 1 + (1 if index < extra else 0)
+        ranges.append((start, end))
+        start = end + 1
+    return tuple(ranges)
+
+
+async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequence[str] = (),
+                    start_seq: int | None = None, start_time: datetime | str | None = None,
+                    end_seq: int | None = None, partitions: int = 1) -> ReadPlan:
+    """Fix the bounds of a read: from the start (or the stream's first message) to ``end_seq``
+    (default: the stream's last sequence right now), split into ``partitions`` ranges."""
+    validate_name(stream, what="stream name")
+    for subject in subjects:
+        validate_subject(subject, allow_wildcards=True, what="filter subject")
+    if start_seq is not None and start_time is not None:
+        raise InvalidRequestError("give either start_seq or start_time, not both", reason="invalid_option")
+    info = await stream_info(conn, stream)
+    state, config = info["state"], info["config"]
+    first = max(int(state.get("first_seq") or 1), 1)
+    if start_seq is not None:
+        first = max(first, int(start_seq))
+    elif start_time is not None:
+        first = max(first, await first_seq_at_or_after(conn, stream, start_time))
+    last = int(state.get("last_seq") or 0)
+    if end_seq is not None:
+        last = min(last, int(end_seq))
+    return ReadPlan(
+        stream=stream,
+        retention=config.get("retention", "limits"),
+        first_seq=first,
+        last_seq=last,
+        subjects=tuple(subjects),
+        messages=int(state.get("messages") or 0),
+        allow_direct=bool(config.get("allow_direct")),
+        ranges=split_range(first, last, partitions),
+    )
+
+
+def _ts_nanos(rfc3339: str) -> int:
+    """Nanoseconds since the epoch from the server's RFC 3339 time with up to 9 fraction digits."""
+    text = rfc3339.rstrip("Z")
+    base, _, frac = text.partition(".")
+    seconds = int(datetime.fromisoformat(base + "+00:00").timestamp())
+    return seconds * 1_000_000_000 + int((frac + "000000000")[:9])
+
+
+async def _read_via_consumer(conn: JetStreamConnection, stream: str, first: int, last: int,
+                             subjects: Sequence[str], batch: int) -> AsyncIterator[list[StoredMessage]]:
+    config: dict[str, Any] = {
+        "name": f"spark-read-{uuid.uuid4().hex[:16]}",
+        "deliver_policy": "by_start_sequence",
+        "opt_start_seq": first,
+        "ack_policy": "none",
+        "mem_storage": True,
+        "inactive_threshold": 30_000_000_000,
+    }
+    if len(subjects) == 1:
+        config["filter_subject"] = subjects[0]
+    elif subjects:
+        config["filter_subjects"] = list(subjects)
+    name = config["name"]
+    await conn.api_request(f"CONSUMER.CREATE.{stream}.{name}", {"stream_name": stream, "config": config},
+                           context=f"read consumer on stream {stream!r}")
+    inbox = conn.nc.new_inbox()
+    queue: asyncio.Queue[list[StoredMessage] | int] = asyncio.Queue()
+    chunk: list[StoredMessage] = []
+    pull = {"want": 0, "delivered": 0}
+
+    def flush() -> None:
+        queue.put_nowait(chunk.copy())
+        chunk.clear()
+
+    async def on_message(msg: Any) -> None:
+        reply = msg.reply
+        if not reply:
+            status = msg.headers.get(_STATUS, "") if msg.headers else ""
+            flush()
+            queue.put_nowait(int(status or 0) or 404)
+            return
+        tokens = reply.rsplit(".", 5)
+        seq, pending = int(tokens[2]), int(tokens[5])
+        pull["delivered"] += 1
+        if seq <= last:
+            chunk.append((msg.subject, seq, int(tokens[4]), msg.headers, msg.data))
+        if seq >= last or pending == 0:
+            flush()
+            queue.put_nowait(0)
+        elif pull["delivered"] >= pull["want"] or len(chunk) >= 1000:
+            flush()
+
+    sub = await conn.nc.subscribe(inbox, cb=on_message, pending_msgs_limit=batch * 4,
+                                  pending_bytes_limit=256 * 1024 * 1024)
+    next_subject = f"{conn.api_prefix}.CONSUMER.MSG.NEXT.{stream}.{name}"
+    try:
+        finished = False
+        while not finished:
+            pull["want"], pull["delivered"] = batch, 0
+            await conn.nc.publish(next_subject, json.dumps({"batch": batch, "no_wait": True}).encode(),
+                                  reply=inbox)
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), conn.settings.request_timeout)
+                except TimeoutError:
+                    await conn.raise_if_denied(next_subject)
+                    raise RequestTimeoutError(
+                        f"stream {stream!r}: no messages from the read consumer within "
+                        f"{conn.settings.request_timeout}s"
+                    ) from None
+                if isinstance(item, list):
+                    if item:
+                        yield item
+                    if pull["delivered"] >= pull["want"] and queue.empty():
+                        break
+                    continue
+                if item in (0, 404, 408):
+                    finished = True
+                    break
+                raise JetStreamError(f"stream {stream!r}: the read consumer answered status {item}",
+                                     reason="read_failed")
+    finally:
+        await sub.unsubscribe()
+    # Reached only when the read completed; after an error the server drops the consumer once
+    # it has been inactive for inactive_threshold.
+    await conn.api_request(f"CONSUMER.DELETE.{stream}.{name}", context="delete read consumer")
+
+
+async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, last: int,
+                           subjects: Sequence[str], batch: int) -> AsyncIterator[list[StoredMessage]]:
+    if len(subjects) > 1:
+        for subject in subjects:
+            async for chunk in _read_via_direct(conn, stream, first, last, (subject,), batch):
+                yield chunk
+        return
+    inbox = conn.nc.new_inbox()
+    sub = await conn.nc.subscribe(inbox, pending_msgs_limit=batch * 4, pending_bytes_limit=256 * 1024 * 1024)
+    subject = f"{conn.api_prefix}.DIRECT.GET.{stream}"
+    seq = first
+    try:
+        while seq <= last:
+            request: dict[str, Any] = {"seq": seq, "batch": min(batch, last - seq + 1)}
+            if subjects:
+                request["next_by_subj"] = subjects[0]
+            await conn.nc.publish(subject, json.dumps(request).encode(), reply=inbox)
+            chunk: list[StoredMessage] = []
+            done = False
+            while True:
+                try:
+                    msg = await sub.next_msg(conn.settings.request_timeout)
+                except TimeoutError:
+                    await conn.raise_if_denied(subject)
+                    raise RequestTimeoutError(f"stream {stream!r}: direct get got no answer") from None
+                headers = msg.headers or {}
+                status = headers.get(_STATUS)
+                if status:
+                    done = status == "404" or not chunk
+                    if status not in ("204", "404"):
+                        raise JetStreamError(f"stream {stream!r}: direct get answered status {status}",
+                                             reason="read_failed")
+                    break
+                msg_seq = int(headers["Nats-Sequence"])
+                if msg_seq > last:
+                    done = True
+                    continue
+                own = {k: v for k, v in headers.items() if k not in _DIRECT_GET_HEADERS} or None
+                chunk.append((headers["Nats-Subject"], msg_seq, _ts_nanos(headers["Nats-Time-Stamp"]), own, msg.data))
+                seq = msg_seq + 1
+            if chunk:
+                yield chunk
+            if done:
+                return
+    finally:
+        await sub.unsubscribe()
+
+
+async def read_range(conn: JetStreamConnection, stream: str, first: int, last: int, *,
+                     subjects: Sequence[str] = (), via: str = "consumer",
+                     batch: int = 5000) -> AsyncIterator[list[StoredMessage]]:
+    """Yield the messages with ``first <= seq <= last`` (matching ``subjects``) in chunks, in order."""
+    if last < first:
+        return
+    if via == "consumer":
+        reader = _read_via_consumer(conn, stream, first, last, subjects, batch)
+    elif via == "direct":
+        reader = _read_via_direct(conn, stream, first, last, subjects, batch)
+    else:
+        raise InvalidRequestError(f"via={via!r}: use 'consumer' or 'direct'", reason="invalid_option")
+    async for chunk in reader:
+        yield chunk
+
+
+def read_method(plan: ReadPlan, *, consume: bool) -> str:
+    """How to read the plan's stream, or a clear error when the stream cannot be read that way."""
+    if consume and plan.retention != "workqueue":
+        raise InvalidRequestError(
+            f"stream {plan.stream!r} has {plan.retention} retention; consume=true removes what was read "
+            "and is for WorkQueue streams. Read Limits streams without consume (nothing to acknowledge)",
+            reason="consume_not_supported",
+        )
+    if plan.retention == "limits":
+        return "consumer"
+    if not plan.allow_direct:
+        raise InvalidRequestError(
+            f"stream {plan.stream!r} ({plan.retention} retention) is read without a consumer, by direct "
+            "get, so that nothing is consumed before the job succeeded; set allow_direct: true on the "
+            "stream (JetStreamEnsureStreamOperator / ensure_stream can change it in place)",
+            reason="direct_get_disabled",
+        )
+    return "direct"
+
+
+async def purge_read(conn: JetStreamConnection, plan: ReadPlan) -> int:
+    """Remove what ``plan`` covered from a WorkQueue stream (its filters, up to ``last_seq``).
+
+    Messages that arrived after planning (seq > last_seq) stay for the next run. Returns how many
+    messages were removed.
+    """
+    if plan.empty:
+        return 0
+    if plan.retention != "workqueue":
+        raise InvalidRequestError(f"stream {plan.stream!r} is not a WorkQueue stream; nothing to purge",
+                                  reason="consume_not_supported")
+    purged = 0
+    for subject in plan.subjects or (None,):
+        body: dict[str, Any] = {"seq": plan.last_seq + 1}
+        if subject:
+            body["filter"] = subject
+        reply = await conn.api_request(f"STREAM.PURGE.{plan.stream}", body,
+                                       context=f"acknowledge read of stream {plan.stream!r}")
+        purged += int(reply.get("purged", 0))
+    return purged

@@ -1,0 +1,223 @@
+"""Typed parsing of the ``jetstream`` data source options.
+
+Spark hands options over as strings with lower-cased keys. Every option is looked up by its
+lower-case name, unknown options are refused (a typo must not be silently ignored) and values are
+converted and checked here, on the driver, before any task starts or anything is sent.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from airflow_jetstream.client.batch_types import DEFAULT_MAX_BATCH_MSGS
+from airflow_jetstream.client.consumers import parse_time
+from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.client.job_records import DEFAULT_JOB_BUCKET
+from airflow_jetstream.client.ledger import DEFAULT_BUCKET
+from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.client.subjects import validate_name, validate_subject
+
+#: ConnectionSettings fields that may be given as options (``servers`` is a comma-separated list).
+CONNECTION_OPTIONS = tuple(f.name for f in fields(ConnectionSettings))
+_BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+_FLOAT_SETTINGS = ("connect_timeout", "request_timeout")
+_JOB_ID = re.compile(r"[A-Za-z0-9_\-]{1,40}")
+
+WRITE_MODES = ("atomic", "bulk")
+DECODINGS = ("none", "utf-8", "json")
+
+
+def _bad(option: str, value: str, expected: str) -> InvalidRequestError:
+    return InvalidRequestError(f"option {option}={value!r} is invalid: {expected}", reason="invalid_option")
+
+
+def _check_known(options: Mapping[str, str], allowed: tuple[str, ...], what: str) -> None:
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise InvalidRequestError(
+            f"unknown {what} option(s) {', '.join(unknown)}; the jetstream data source knows "
+            f"{', '.join(sorted(allowed))}",
+            reason="unknown_option",
+        )
+
+
+def _int(options: Mapping[str, str], key: str, default: int | None, *, minimum: int = 1,
+         maximum: int | None = None) -> int | None:
+    raw = options.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _bad(key, raw, "expected an integer") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise _bad(key, raw, f"expected an integer {bound}")
+    return value
+
+
+def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = options.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return _BOOL[raw.strip().lower()]
+    except KeyError:
+        raise _bad(key, raw, "expected true or false") from None
+
+
+def _choice(options: Mapping[str, str], key: str, choices: tuple[str, ...], default: str) -> str:
+    raw = (options.get(key) or default).strip().lower()
+    if raw == "utf8":
+        raw = "utf-8"
+    if raw not in choices:
+        raise _bad(key, raw, f"use one of {', '.join(choices)}")
+    return raw
+
+
+def _subjects(options: Mapping[str, str], key: str) -> tuple[str, ...]:
+    raw = options.get(key) or ""
+    return tuple(validate_subject(s.strip(), allow_wildcards=True, what=f"option {key}")
+                 for s in raw.split(",") if s.strip())
+
+
+def _stream(options: Mapping[str, str]) -> str:
+    stream = options.get("stream") or options.get("path")
+    if not stream:
+        raise InvalidRequestError(
+            "the jetstream data source needs the stream: .option('stream', 'ORDERS') (or .load('ORDERS'))",
+            reason="missing_option",
+        )
+    return validate_name(stream, what="option stream")
+
+
+def connection_settings(options: Mapping[str, str]) -> ConnectionSettings:
+    """ConnectionSettings from the connection options (``servers``, ``user``, ``password``, ...)."""
+    values: dict[str, Any] = {}
+    for key in CONNECTION_OPTIONS:
+        raw = options.get(key)
+        if raw is None or raw == "":
+            continue
+        if key in _FLOAT_SETTINGS:
+            try:
+                values[key] = float(raw)
+            except ValueError:
+                raise _bad(key, raw, "expected seconds as a number") from None
+        elif key == "tls_verify":
+            values[key] = _bool(options, key, True)
+        else:
+            values[key] = raw
+    if "servers" not in values:
+        raise InvalidRequestError(
+            "the jetstream data source needs the NATS servers: .option('servers', 'nats://host:4222')",
+            reason="missing_option",
+        )
+    return ConnectionSettings(**values)
+
+
+def lowered(options: Mapping[str, str]) -> dict[str, str]:
+    """The options with lower-case keys (Spark already lower-cases them; plain dicts may not)."""
+    return {str(k).lower(): str(v) for k, v in dict(options).items()}
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """Parsed options of ``df.write.format("jetstream")``."""
+
+    settings: ConnectionSettings
+    stream: str
+    mode: str
+    job_id: str
+    job_id_given: bool
+    subject: str | None
+    subject_column: str
+    payload_column: str
+    headers_column: str
+    batch_size: int
+    flow: int
+    ledger_bucket: str | None
+    run_id: str
+    job_bucket: str
+
+    KEYS = ("stream", "path", "mode", "job_id", "subject", "subject_column", "payload_column",
+            "headers_column", "batch_size", "flow", "ledger_bucket", "run_id", "job_bucket")
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> WriteOptions:
+        opts = lowered(options)
+        _check_known(opts, cls.KEYS + CONNECTION_OPTIONS, "write")
+        job_id = opts.get("job_id") or ""
+        if job_id and not _JOB_ID.fullmatch(job_id):
+            raise _bad("job_id", job_id, "1-40 letters, digits, '-' or '_' (it is part of message and batch ids)")
+        subject = opts.get("subject") or None
+        if subject:
+            validate_subject(subject, what="option subject")
+        ledger_bucket: str | None = opts.get("ledger_bucket") or DEFAULT_BUCKET
+        if ledger_bucket.lower() == "none":
+            ledger_bucket = None
+        else:
+            validate_name(ledger_bucket, what="option ledger_bucket")
+        job_bucket = validate_name(opts.get("job_bucket") or DEFAULT_JOB_BUCKET, what="option job_bucket")
+        job_id = job_id or uuid.uuid4().hex[:32]
+        return cls(
+            settings=connection_settings(opts),
+            stream=_stream(opts),
+            mode=_choice(opts, "mode", WRITE_MODES, "atomic"),
+            job_id=job_id,
+            job_id_given=bool(opts.get("job_id")),
+            subject=subject,
+            subject_column=opts.get("subject_column") or "subject",
+            payload_column=opts.get("payload_column") or "payload",
+            headers_column=opts.get("headers_column") or "headers",
+            batch_size=_int(opts, "batch_size", DEFAULT_MAX_BATCH_MSGS, maximum=100_000) or DEFAULT_MAX_BATCH_MSGS,
+            flow=_int(opts, "flow", 500, maximum=10_000) or 500,
+            ledger_bucket=ledger_bucket,
+            run_id=opts.get("run_id") or job_id,
+            job_bucket=job_bucket,
+        )
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """Parsed options of ``spark.read.format("jetstream")``."""
+
+    settings: ConnectionSettings
+    stream: str
+    subjects: tuple[str, ...]
+    start_seq: int | None
+    start_time: str | None
+    end_seq: int | None
+    num_partitions: int | None
+    decode: str
+    consume: bool
+    fetch_batch: int
+
+    KEYS = ("stream", "path", "subjects", "start_seq", "start_time", "end_seq", "num_partitions", "decode",
+            "consume", "fetch_batch")
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
+        opts = lowered(options)
+        _check_known(opts, cls.KEYS + CONNECTION_OPTIONS, "read")
+        start_seq = _int(opts, "start_seq", None)
+        start_time = opts.get("start_time") or None
+        if start_time:
+            parse_time(start_time, field="option start_time")
+        if start_seq is not None and start_time:
+            raise InvalidRequestError("give either start_seq or start_time, not both", reason="invalid_option")
+        return cls(
+            settings=connection_settings(opts),
+            stream=_stream(opts),
+            subjects=_subjects(opts, "subjects"),
+            start_seq=start_seq,
+            start_time=start_time,
+            end_seq=_int(opts, "end_seq", None, minimum=0),
+            num_partitions=_int(opts, "num_partitions", None, maximum=1024),
+            decode=_choice(opts, "decode", DECODINGS, "none"),
+            consume=_bool(opts, "consume", False),
+            fetch_batch=_int(opts, "fetch_batch", 5000, maximum=100_000) or 5000,
+        )

@@ -1,0 +1,233 @@
+"""The read side of the ``jetstream`` data source: a bounded, parallel read of a stream.
+
+The reader fixes the read's end (the stream's last sequence, or ``end_seq``) when Spark plans the
+job and splits ``first..last`` into ``num_partitions`` sequence ranges read in parallel. Each task
+yields Arrow record batches with the columns ``subject``, ``seq``, ``timestamp``, ``headers`` and
+``payload`` (binary; ``decode=utf-8`` makes it a string; ``decode=json`` with a user schema fills
+the other columns from the JSON object in the payload).
+
+Reading never removes anything. Consuming a WorkQueue stream is :func:`consume`: it pins the
+bounds, hands the DataFrame to the caller and removes exactly what was read only after the
+caller's block finished without an exception (that is, after the output was written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.types import BinaryType, StringType, StructType
+
+from airflow_jetstream.client.connection import open_connection
+from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.client.ledger import BatchLedger, BatchRecord
+from airflow_jetstream.client.range_read import ReadPlan, StoredMessage, plan_read, purge_read, read_method, read_range
+from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.spark.options import ReadOptions, lowered
+
+log = logging.getLogger(__name__)
+
+#: Columns filled from the message metadata; any other column of a user schema comes from the JSON payload.
+METADATA_COLUMNS = ("subject", "seq", "timestamp", "headers", "payload")
+#: Rows per partition the default partitioning aims at.
+ROWS_PER_PARTITION = 100_000
+MAX_DEFAULT_PARTITIONS = 64
+
+
+def default_schema(decode: str) -> str:
+    """The schema of a read without a user schema."""
+    payload = "binary" if decode == "none" else "string"
+    return f"subject string, seq long, timestamp timestamp, headers map<string,string>, payload {payload}"
+
+
+def check_read_schema(schema: StructType, options: ReadOptions) -> None:
+    """Refuse a user schema the reader cannot fill."""
+    extra = [f.name for f in schema.fields if f.name not in METADATA_COLUMNS]
+    if extra and options.decode != "json":
+        raise InvalidRequestError(
+            f"schema column(s) {', '.join(extra)} are not message fields ({', '.join(METADATA_COLUMNS)}); "
+            "set .option('decode', 'json') to fill them from the JSON payload",
+            reason="invalid_schema",
+        )
+    for f in schema.fields:
+        if f.name == "payload":
+            wanted = BinaryType if options.decode == "none" else StringType
+            if not isinstance(f.dataType, wanted):
+                raise InvalidRequestError(
+                    f"column payload must be {wanted().simpleString()} with decode={options.decode}",
+                    reason="invalid_schema",
+                )
+
+
+def _default_partitions(plan: ReadPlan) -> int:
+    span = plan.last_seq - plan.first_seq + 1
+    return max(1, min(MAX_DEFAULT_PARTITIONS, -(-span // ROWS_PER_PARTITION)))
+
+
+async def plan_for(options: ReadOptions) -> ReadPlan:
+    """Fix the bounds of a read now (the driver does this once per job)."""
+    async with open_connection(options.settings) as conn:
+        plan = await plan_read(conn, options.stream, subjects=options.subjects, start_seq=options.start_seq,
+                               start_time=options.start_time, end_seq=options.end_seq, partitions=1)
+        parts = options.num_partitions or _default_partitions(plan)
+        plan = await plan_read(conn, options.stream, subjects=options.subjects, start_seq=plan.first_seq,
+                               end_seq=plan.last_seq, partitions=parts)
+    read_method(plan, consume=options.consume)
+    return plan
+
+
+class _Columns:
+    """Builds one Arrow record batch per chunk of stored messages, for the requested schema."""
+
+    def __init__(self, schema: StructType, decode: str) -> None:
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        self.pa = pa
+        self.schema = schema
+        self.decode = decode
+        self.arrow_schema = pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"), nullable=True)
+                                       for f in schema.fields])
+        self.json_fields = [f.name for f in schema.fields if f.name not in METADATA_COLUMNS]
+
+    def batch(self, chunk: list[StoredMessage]) -> Any:
+        pa = self.pa
+        decoded = [json.loads(m[4]) if m[4] else {} for m in chunk] if self.json_fields else []
+        arrays = []
+        for field in self.arrow_schema:
+            name = field.name
+            if name == "subject":
+                values: list[Any] = [m[0] for m in chunk]
+            elif name == "seq":
+                values = [m[1] for m in chunk]
+            elif name == "timestamp":
+                values = [m[2] // 1000 for m in chunk]
+            elif name == "headers":
+                values = [list(m[3].items()) if m[3] else None for m in chunk]
+            elif name == "payload":
+                values = [m[4] for m in chunk] if self.decode == "none" else [m[4].decode() for m in chunk]
+            else:
+                values = [row.get(name) if isinstance(row, dict) else None for row in decoded]
+            arrays.append(pa.array(values, type=field.type))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+
+def _drive(agen: AsyncIterator[Any], loop: asyncio.AbstractEventLoop) -> Iterator[Any]:
+    """Iterate an async iterator from synchronous code on a private event loop."""
+    while True:
+        try:
+            yield loop.run_until_complete(agen.__anext__())
+        except StopAsyncIteration:
+            return
+
+
+async def _partition_chunks(settings: ConnectionSettings, plan: ReadPlan, first: int, last: int, via: str,
+                            batch: int) -> AsyncIterator[list[StoredMessage]]:
+    async with open_connection(settings) as conn:
+        async for chunk in read_range(conn, plan.stream, first, last, subjects=plan.subjects, via=via, batch=batch):
+            yield chunk
+
+
+class JetStreamReader(DataSourceReader):
+    """Plans on the driver (bounds fixed once), reads sequence ranges in the tasks."""
+
+    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+        check_read_schema(schema, options)
+        self.options = options
+        self.schema = schema
+        self.plan = asyncio.run(plan_for(options))
+        self.via = read_method(self.plan, consume=options.consume)
+        log.info("jetstream read of %s: seq %d..%d in %d partition(s) via %s", self.plan.stream,
+                 self.plan.first_seq, self.plan.last_seq, len(self.plan.ranges), self.via)
+
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(r) for r in self.plan.ranges] or [InputPartition((1, 0))]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        first, last = partition.value
+        if last < first:
+            return
+        columns = _Columns(self.schema, self.options.decode)
+        loop = asyncio.new_event_loop()
+        agen = _partition_chunks(self.options.settings, self.plan, first, last, self.via, self.options.fetch_batch)
+        try:
+            for chunk in _drive(agen, loop):
+                yield columns.batch(chunk)
+        finally:
+            loop.run_until_complete(agen.aclose())
+            loop.close()
+
+
+class Consumption:
+    """What a :func:`consume` block covers; ``removed`` is set once the read was acknowledged."""
+
+    def __init__(self, plan: ReadPlan, claimed: list[BatchRecord]) -> None:
+        self.plan = plan
+        self.claimed = claimed
+        self.removed: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.plan.to_dict(), "claimed_batches": [b.batch_id for b in self.claimed],
+                "removed": self.removed}
+
+
+async def _claim(options: ReadOptions, run_id: str | None, ledger_bucket: str, owner: str) -> list[BatchRecord]:
+    if not run_id:
+        return []
+    async with open_connection(options.settings) as conn:
+        ledger = await BatchLedger.open(conn, ledger_bucket)
+        return await ledger.claim_available(run_id, owner=owner)
+
+
+async def _finish(options: ReadOptions, consumption: Consumption, ledger_bucket: str, error: str | None) -> None:
+    async with open_connection(options.settings) as conn:
+        if error is None:
+            consumption.removed = await purge_read(conn, consumption.plan)
+        if consumption.claimed:
+            ledger = await BatchLedger.open(conn, ledger_bucket)
+            for claim in consumption.claimed:
+                if error is None:
+                    await ledger.mark_consumed(claim)
+                else:
+                    await ledger.release(claim, error=error)
+
+
+@contextmanager
+def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str | None = None,
+            run_id: str | None = None, ledger_bucket: str = "batch_ledger",
+            owner: str = "spark-consume") -> Iterator[tuple[Any, Consumption]]:
+    """Consume a WorkQueue stream with acknowledgement deferred until the job succeeded::
+
+        with consume(spark, {"servers": url, "stream": "ORDERS"}) as (df, consumption):
+            df.groupBy("subject").count().write.mode("overwrite").parquet(out)
+        # here the messages df covered are removed from the stream; new ones stay
+
+    The bounds are fixed on entry, so every action on ``df`` sees the same messages. When the
+    block raises, nothing is removed (a re-run reads the same messages plus newer ones); write the
+    output idempotently (overwrite) so a re-run after a failure between writing and removing
+    leaves each message in the output exactly once. With ``run_id`` the run's batches in the batch
+    ledger are claimed on entry and marked consumed after the removal (released on failure).
+    """
+    opts = {**lowered(options), "consume": "true"}
+    parsed = ReadOptions.parse(opts)
+    plan = asyncio.run(plan_for(parsed))
+    pinned = {**opts, "start_seq": str(plan.first_seq), "end_seq": str(max(plan.last_seq, 0)),
+              "num_partitions": str(max(1, len(plan.ranges)))}
+    reader = spark.read.format("jetstream").options(**pinned)
+    if schema is not None:
+        reader = reader.schema(schema)
+    df = reader.load()
+    consumption = Consumption(plan, asyncio.run(_claim(parsed, run_id, ledger_bucket, owner)))
+    try:
+        yield df, consumption
+    except BaseException as exc:
+        asyncio.run(_finish(parsed, consumption, ledger_bucket, f"{type(exc).__name__}: {exc}"))
+        raise
+    asyncio.run(_finish(parsed, consumption, ledger_bucket, None))
+    log.info("jetstream consume of %s: removed %d message(s) up to seq %d", plan.stream, consumption.removed or 0,
+             plan.last_seq)

@@ -1,0 +1,245 @@
+"""The write side of the ``jetstream`` data source: each Spark task publishes its rows as batches.
+
+Rows are cut into chunks of ``batch_size`` in the order the task receives them, so chunk ``c`` of
+partition ``p`` always holds the same rows for the same input. Each chunk is
+
+* an **atomic batch** (``mode=atomic``): stored whole or not at all, or
+* a **fast batch** (``mode=bulk``): flow-controlled bulk ingest, not all-or-nothing.
+
+Every message gets the msg id ``<job_id>-<p>-<row>`` (server-side de-duplication within the
+stream's duplicate window) and every stored chunk is recorded in the batch ledger as batch
+``<job_id>-<p>-<c>`` of run ``run_id``. A retried task or a re-run of the job with the same
+``job_id`` skips chunks the ledger already has, so it adds no duplicates even after the duplicate
+window has passed. The driver's ``commit()``/``abort()`` store what every partition reported as
+the job record ``job_id`` (see :mod:`airflow_jetstream.client.job_records`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+
+from airflow_jetstream.client.atomic_batch import publish_atomic_batch
+from airflow_jetstream.client.batch_types import BatchMessage, BatchResult
+from airflow_jetstream.client.connection import JetStreamConnection, open_connection
+from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
+from airflow_jetstream.client.job_records import put_job_record
+from airflow_jetstream.client.ledger import BatchLedger
+from airflow_jetstream.client.streams import stream_info
+from airflow_jetstream.spark.options import WriteOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartitionReport(WriterCommitMessage):
+    """What one task stored: sent to the driver's commit()/abort() and kept in the job record."""
+
+    partition: int
+    attempt: int
+    rows: int = 0
+    batches: int = 0
+    stored: int = 0
+    skipped_batches: int = 0
+    duplicate_batches: int = 0
+    ranges: list[list[int]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def message_id(job_id: str, partition: int, row: int) -> str:
+    """The deterministic msg id of a row: job, partition and row index within the partition."""
+    return f"{job_id}-{partition}-{row}"
+
+
+def chunk_id(job_id: str, partition: int, chunk: int) -> str:
+    """The ledger batch id of a chunk (stable across task attempts and job re-runs)."""
+    return f"{job_id}-{partition}-{chunk}"
+
+
+def check_write_schema(schema: StructType, options: WriteOptions) -> None:
+    """Refuse, on the driver, a DataFrame whose columns cannot be turned into messages."""
+    types = {f.name: f.dataType for f in schema.fields}
+    subject_type = types.get(options.subject_column)
+    if subject_type is None and not options.subject:
+        raise InvalidRequestError(
+            f"no subject: the DataFrame has no {options.subject_column!r} column and option subject is not set; "
+            "add a string column with each row's subject or .option('subject', 'orders.new')",
+            reason="missing_subject",
+        )
+    if subject_type is not None and not isinstance(subject_type, StringType):
+        raise InvalidRequestError(
+            f"column {options.subject_column!r} must be a string, not {subject_type.simpleString()}",
+            reason="invalid_column",
+        )
+    payload_type = types.get(options.payload_column)
+    if payload_type is not None and not isinstance(payload_type, (BinaryType, StringType)):
+        raise InvalidRequestError(
+            f"column {options.payload_column!r} must be binary or string, not {payload_type.simpleString()}; "
+            "or drop it to send every other column as a JSON object",
+            reason="invalid_column",
+        )
+    headers_type = types.get(options.headers_column)
+    if headers_type is not None and not (
+        isinstance(headers_type, MapType) and isinstance(headers_type.keyType, StringType)
+        and isinstance(headers_type.valueType, StringType)
+    ):
+        raise InvalidRequestError(f"column {options.headers_column!r} must be map<string,string>, not "
+                                  f"{headers_type.simpleString()}", reason="invalid_column")
+    if payload_type is None and not (set(types) - {options.subject_column, options.headers_column}):
+        raise InvalidRequestError("the DataFrame has no payload column and no other column to send as JSON",
+                                  reason="invalid_column")
+
+
+class RowEncoder:
+    """Turns Arrow record batches into (subject, payload, headers) triples."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def encode(self, batch: Any) -> list[tuple[str, bytes, dict[str, str] | None]]:
+        names = batch.schema.names
+        opts = self.options
+        rows = batch.num_rows
+        if opts.subject_column in names:
+            subjects = batch.column(opts.subject_column).to_pylist()
+        else:
+            subjects = [opts.subject] * rows
+        if opts.payload_column in names:
+            payloads = [p.encode() if isinstance(p, str) else (p or b"")
+                        for p in batch.column(opts.payload_column).to_pylist()]
+        else:
+            data_columns = [n for n in names if n not in (opts.subject_column, opts.headers_column)]
+            table = batch.select(data_columns).to_pylist()
+            payloads = [json.dumps(row, separators=(",", ":"), default=str).encode() for row in table]
+        if opts.headers_column in names:
+            headers = [dict(h) if h else None for h in batch.column(opts.headers_column).to_pylist()]
+        else:
+            headers = [None] * rows
+        for index, subject in enumerate(subjects):
+            if subject is None and opts.subject:
+                subjects[index] = opts.subject
+        return list(zip(subjects, payloads, headers, strict=True))
+
+
+class JetStreamWriter(DataSourceArrowWriter):
+    """Built on the driver and pickled to every task; connects inside :meth:`write`."""
+
+    def __init__(self, options: WriteOptions, schema: StructType) -> None:
+        self.options = options
+        check_write_schema(schema, options)
+        asyncio.run(self._check_stream())
+
+    async def _check_stream(self) -> None:
+        async with open_connection(self.options.settings) as conn:
+            config = (await stream_info(conn, self.options.stream))["config"]
+        flag = "allow_atomic" if self.options.mode == "atomic" else "allow_batched"
+        if not config.get(flag):
+            raise BatchPublishError(
+                f"stream {self.options.stream!r} does not have {flag}: true, which mode={self.options.mode} needs; "
+                f"set it on the stream (ensure_stream / JetStreamEnsureStreamOperator with {flag}=True)",
+                reason="stream_not_atomic" if flag == "allow_atomic" else "stream_not_batched",
+            )
+
+    def write(self, iterator: Any) -> PartitionReport:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context else 0
+        attempt = context.attemptNumber() if context else 0
+        return asyncio.run(self._write(partition, attempt, iterator))
+
+    async def _write(self, partition: int, attempt: int, iterator: Any) -> PartitionReport:
+        opts = self.options
+        report = PartitionReport(partition=partition, attempt=attempt)
+        started = time.monotonic()
+        encoder = RowEncoder(opts)
+        pending: list[tuple[str, bytes, dict[str, str] | None]] = []
+        chunk = 0
+        async with open_connection(opts.settings) as conn:
+            ledger = await BatchLedger.open(conn, opts.ledger_bucket) if opts.ledger_bucket else None
+            for batch in iterator:
+                pending.extend(encoder.encode(batch))
+                while len(pending) >= opts.batch_size:
+                    await self._publish_chunk(conn, ledger, report, chunk, pending[:opts.batch_size])
+                    del pending[:opts.batch_size]
+                    chunk += 1
+            if pending:
+                await self._publish_chunk(conn, ledger, report, chunk, pending)
+        report.seconds = round(time.monotonic() - started, 3)
+        log.info("jetstream write: partition %d attempt %d stored %d of %d rows in %d batches (%d skipped)",
+                 partition, attempt, report.stored, report.rows, report.batches, report.skipped_batches)
+        return report
+
+    async def _publish_chunk(self, conn: JetStreamConnection, ledger: BatchLedger | None, report: PartitionReport,
+                             chunk: int, rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
+        opts = self.options
+        first_row = report.rows
+        report.rows += len(rows)
+        report.batches += 1
+        key = chunk_id(opts.job_id, report.partition, chunk)
+        if ledger is not None and await ledger.get(opts.run_id, key) is not None:
+            report.skipped_batches += 1
+            return
+        messages = [
+            BatchMessage(subject, payload, headers, message_id(opts.job_id, report.partition, first_row + i))
+            for i, (subject, payload, headers) in enumerate(rows)
+        ]
+        result = await self._send(conn, messages, f"{key}-a{report.attempt}")
+        if result.already_committed or result.duplicates == len(rows):
+            report.duplicate_batches += 1
+        else:
+            report.stored += result.count - result.duplicates
+        if result.first_seq is not None:
+            report.ranges.append([result.first_seq, result.last_seq])
+        if ledger is not None:
+            await ledger.record(opts.run_id, key, stream=result.stream or opts.stream, count=result.count,
+                                first_seq=result.first_seq, last_seq=result.last_seq,
+                                meta={"job_id": opts.job_id, "partition": report.partition, "chunk": chunk,
+                                      "mode": opts.mode})
+
+    async def _send(self, conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str) -> BatchResult:
+        if self.options.mode == "atomic":
+            return await publish_atomic_batch(conn, messages, batch_id=batch_id, max_msgs=self.options.batch_size)
+        from airflow_jetstream.client.fast_batch import publish_fast_batch
+
+        return await publish_fast_batch(conn, messages, batch_id=batch_id, flow=self.options.flow)
+
+    def commit(self, messages: list[PartitionReport | None]) -> None:
+        asyncio.run(self._record("committed", messages))
+
+    def abort(self, messages: list[PartitionReport | None]) -> None:
+        asyncio.run(self._record("aborted", messages))
+
+    async def _record(self, state: str, messages: list[PartitionReport | None]) -> None:
+        opts = self.options
+        reports = [m.to_dict() for m in messages if m is not None]
+        record = {
+            "job_id": opts.job_id,
+            "run_id": opts.run_id,
+            "stream": opts.stream,
+            "mode": opts.mode,
+            "state": state,
+            "partitions": len(messages),
+            "partitions_reported": len(reports),
+            "rows": sum(r["rows"] for r in reports),
+            "stored": sum(r["stored"] for r in reports),
+            "batches": sum(r["batches"] for r in reports),
+            "skipped_batches": sum(r["skipped_batches"] for r in reports),
+            "duplicate_batches": sum(r["duplicate_batches"] for r in reports),
+            "ledger_bucket": opts.ledger_bucket,
+            "finished_at": datetime.now(UTC).isoformat(),
+            "reports": reports,
+        }
+        async with open_connection(opts.settings) as conn:
+            await put_job_record(conn, opts.job_id, record, bucket=opts.job_bucket)

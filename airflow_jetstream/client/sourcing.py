@@ -465,8 +465,8 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
                    target: dict[str, Any], old: dict[str, Any], origin: dict[str, Any]) -> dict[str, Any]:
     """Replace a plain source of O by a user-managed durable one, without loss or duplicates.
 
-    WorkQueue origin: the old source goes first (its consumer is deleted, unacked messages stay in O),
-    then what A already holds is purged from O and the consumer starts right after it. Other
+    WorkQueue origin (its consumers must deliver all): the old source goes first (its consumer is
+    deleted, unacked messages stay in O), then what A already holds is purged from O. Other
     origins: the durable consumer is created paused first (it keeps interest), the source switched,
     the consumer reset to just after A's last message from O and resumed.
     """
@@ -475,10 +475,6 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
     if not spec.filter_subjects and _entry_filters(old):
         spec = replace(spec, filter_subjects=_entry_filters(old))
         consumer_cfg = spec.consumer_config()
-    if old.get("opt_start_seq"):
-        consumer_cfg.update(deliver_policy="by_start_sequence", opt_start_seq=old["opt_start_seq"])
-    elif old.get("opt_start_time"):
-        consumer_cfg.update(deliver_policy="by_start_time", opt_start_time=old["opt_start_time"])
     if workqueue:
         target_after = await _update_entries(conn, spec, target, None)
         last = await last_sourced_seq(conn, spec.stream, spec.source)
@@ -489,11 +485,13 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
                     body["filter"] = subject
                 await origin_conn.api_request(f"STREAM.PURGE.{spec.source}", body,
                                               context=f"purge what {spec.stream!r} already holds from {spec.source!r}")
-            consumer_cfg.pop("opt_start_time", None)
-            consumer_cfg.update(deliver_policy="by_start_sequence", opt_start_seq=last + 1)
         await ensure_consumer(origin_conn, spec.source, consumer_cfg)
         await _update_entries(conn, spec, target_after, spec.source_entry())
         return {"migrated_after_seq": last}
+    if old.get("opt_start_seq"):
+        consumer_cfg.update(deliver_policy="by_start_sequence", opt_start_seq=old["opt_start_seq"])
+    elif old.get("opt_start_time"):
+        consumer_cfg.update(deliver_policy="by_start_time", opt_start_time=old["opt_start_time"])
     consumer_cfg["pause_until"] = _PAUSED_FOREVER
     await ensure_consumer(origin_conn, spec.source, consumer_cfg)
     await _update_entries(conn, spec, target, spec.source_entry())
@@ -529,6 +527,12 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
             "consumer, so mode='server' would not be durable. Use mode='user' (a durable consumer created on the "
             "origin), or plain sourcing if the origin keeps its messages anyway",
             reason="origin_not_durable_capable",
+        )
+    if spec.user_managed and retention == "workqueue" and spec.deliver_policy != "all":
+        raise ConsumerConfigError(
+            f"origin {spec.source!r} is a WorkQueue stream, whose consumers must deliver all: drop "
+            "start_seq/start_time/deliver_policy (a WorkQueue only holds messages nobody consumed yet)",
+            reason="workqueue_needs_deliver_all",
         )
     target = await find_stream(conn, spec.stream)
     _check_against_streams(spec, target, origin)

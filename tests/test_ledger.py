@@ -17,7 +17,7 @@ from airflow_jetstream.client.errors import (
     LedgerNotFoundError,
     LedgerWaitTimeoutError,
 )
-from airflow_jetstream.client.ledger import BatchLedger, batch_key, run_reached
+from airflow_jetstream.client.ledger import BatchLedger, batch_key, ledger_status, run_reached
 
 RUN = "manual__2026-11-25T23:46:59.123+00:00"
 
@@ -177,7 +177,7 @@ def test_dead_claimer_is_reaped_then_dead_lettered_after_max_attempts(settings):
     assert early == {"returned": [], "failed": []}
     assert [r["batch_id"] for r in first["returned"]] == ["b0"] and first["failed"] == []
     assert after_first.state == "published" and after_first.attempts == 1
-    assert "attempt-1" in after_first.last_error and "visibility timeout" in after_first.last_error
+    assert "attempt-1" in after_first.last_error and "visibility deadline" in after_first.last_error
     assert lost.reason == "claim_lost"
     assert second.attempts == 2 and third.attempts == 3
     assert final["returned"] == [] and [r["batch_id"] for r in final["failed"]] == ["b0"]
@@ -265,3 +265,32 @@ def test_unknown_batch_bucket_and_bad_params(settings):
             }
 
     asyncio.run(scenario())
+
+
+def test_any_reaper_applies_the_claimers_limits_and_ledger_status_reports(settings):
+    """A sensor-side reaper with default settings uses the max_attempts the claimer stored."""
+    clock = FakeClock()
+
+    async def scenario():
+        async with open_connection(settings) as conn:
+            before = await ledger_status(conn, RUN, min_batches=1)
+            claimer = await BatchLedger.open(conn, visibility_timeout=5, max_attempts=1, clock=clock)
+            await claimer.record(RUN, "b0", stream="ORDERS", count=4)
+            await claimer.record(RUN, "b1", stream="ORDERS", count=6)
+            await claimer.claim(RUN, "b0", owner="dies")
+            waiting = await ledger_status(conn, RUN, "published", min_batches=3)
+            published = await ledger_status(conn, RUN, "published", min_batches=2)
+            clock.advance(6)
+            reaper = await BatchLedger.open(conn, clock=clock)  # defaults: max_attempts=3
+            reaped = await reaper.reap(RUN)
+            after = await ledger_status(conn, RUN, reap=True)
+            tolerant = await ledger_status(conn, RUN, "published", fail_on_failed=False)
+            return before, waiting, published, reaped, after, tolerant
+
+    before, waiting, published, reaped, after, tolerant = asyncio.run(scenario())
+    assert before["batches"] == 0 and before["done"] is False and "error" not in before
+    assert waiting["done"] is False and published["done"] is True and published["awaited"] == "published"
+    assert [r["batch_id"] for r in reaped["failed"]] == ["b0"] and reaped["failed"][0]["max_attempts"] == 1
+    assert after["done"] is False and after["error"]["reason"] == "batches_failed"
+    assert after["error"]["failed"][0]["batch_id"] == "b0" and after["messages"]["failed"] == 4
+    assert tolerant["done"] is False and "error" not in tolerant  # a failed batch never reaches a state

@@ -129,6 +129,7 @@ class BatchRecord:
     last_seq: int | None = None
     state: str = PUBLISHED
     attempts: int = 0
+    max_attempts: int | None = None
     owner: str | None = None
     claim_id: str | None = None
     claimed_at: str | None = None
@@ -227,6 +228,12 @@ def check_waitable_state(state: str) -> str:
     return state
 
 
+def count_reached(summary: dict[str, Any], state: str) -> int:
+    """How many batches of a summary reached ``state`` (are there or further along; never failed ones)."""
+    check_waitable_state(state)
+    return sum(n for name, n in summary["states"].items() if name in _RANK and _RANK[name] >= _RANK[state])
+
+
 def run_reached(summary: dict[str, Any], state: str, *, min_batches: int = 1, fail_on_failed: bool = True) -> bool:
     """True when at least ``min_batches`` batches exist and all of them reached ``state``.
 
@@ -235,7 +242,6 @@ def run_reached(summary: dict[str, Any], state: str, *, min_batches: int = 1, fa
     :class:`BatchesFailedError` listing them (a dead letter must be looked at, not waited for).
     """
     check_waitable_state(state)
-    states = summary["states"]
     if summary["failed"] and fail_on_failed:
         ids = ", ".join(item["batch_id"] for item in summary["failed"][:10])
         raise BatchesFailedError(
@@ -246,8 +252,7 @@ def run_reached(summary: dict[str, Any], state: str, *, min_batches: int = 1, fa
         )
     if summary["batches"] < min_batches:
         return False
-    reached = sum(n for name, n in states.items() if name in _RANK and _RANK[name] >= _RANK[state])
-    return reached == summary["batches"]
+    return count_reached(summary, state) == summary["batches"]
 
 
 class BatchLedger:
@@ -397,7 +402,8 @@ class BatchLedger:
             if rec.state != PUBLISHED:
                 return None
             return replace(
-                rec, state=IN_PROGRESS, attempts=rec.attempts + 1, owner=owner, claim_id=uuid.uuid4().hex,
+                rec, state=IN_PROGRESS, attempts=rec.attempts + 1, max_attempts=self.max_attempts, owner=owner,
+                claim_id=uuid.uuid4().hex,
                 claimed_at=_iso(now), deadline=_iso(now + self.visibility_timeout), updated_at=_iso(now),
             )
 
@@ -537,14 +543,17 @@ class BatchLedger:
     # internals
 
     def _expire(self, rec: BatchRecord, now: float, *, error: str | None = None) -> BatchRecord:
-        """The record after a dead or failed attempt: published again, or failed past max attempts."""
+        """The record after a dead or failed attempt: published again, or failed past max attempts.
+
+        The limit is the one the claimer set (stored with the claim), so any reaper applies it.
+        """
         reason = error or (
-            f"attempt {rec.attempts} by {rec.owner or 'an unnamed consumer'} did not finish within the "
-            f"visibility timeout ({self.visibility_timeout:g}s)"
+            f"attempt {rec.attempts} by {rec.owner or 'an unnamed consumer'} did not finish before its "
+            f"visibility deadline {rec.deadline}"
         )
         cleared = {"owner": None, "claim_id": None, "claimed_at": None, "deadline": None,
                    "updated_at": _iso(now), "last_error": reason}
-        if rec.attempts >= self.max_attempts:
+        if rec.attempts >= (rec.max_attempts or self.max_attempts):
             return replace(rec, state=FAILED, failed_at=_iso(now), **cleared)
         return replace(rec, state=PUBLISHED, **cleared)
 
@@ -592,6 +601,34 @@ class BatchLedger:
         raise LedgerConflictError(f"{context}: changed concurrently {_CAS_ATTEMPTS} times in a row; retry later")
 
 
+async def ledger_status(conn: JetStreamConnection, run_id: str, state: str = CONSUMED, *,
+                        bucket: str = DEFAULT_BUCKET, min_batches: int = 1, reap: bool = False,
+                        fail_on_failed: bool = True) -> dict[str, Any]:
+    """One look at a run for sensors and triggers: :meth:`BatchLedger.summary` plus ``done``,
+    ``awaited``, ``reaped`` and, when batches failed (and ``fail_on_failed``), ``error``.
+
+    A missing bucket counts as a run without batches (the producer has not recorded any yet).
+    """
+    check_waitable_state(state)
+    reaped: dict[str, list[str]] = {"returned": [], "failed": []}
+    try:
+        ledger = await BatchLedger.open(conn, bucket, create=False)
+    except LedgerNotFoundError:
+        summary = _summarize(run_id, bucket, [], time.time())
+    else:
+        if reap:
+            result = await ledger.reap(run_id)
+            reaped = {key: [item["batch_id"] for item in items] for key, items in result.items()}
+        summary = await ledger.summary(run_id)
+    summary.update(awaited=state, reached=count_reached(summary, state), min_batches=min_batches, reaped=reaped)
+    try:
+        summary["done"] = run_reached(summary, state, min_batches=min_batches, fail_on_failed=fail_on_failed)
+    except BatchesFailedError as exc:
+        summary["done"] = False
+        summary["error"] = exc.to_dict()
+    return summary
+
+
 __all__ = [
     "CONSUMED",
     "DEFAULT_BUCKET",
@@ -604,5 +641,7 @@ __all__ = [
     "BatchRecord",
     "batch_key",
     "check_waitable_state",
+    "count_reached",
+    "ledger_status",
     "run_reached",
 ]

@@ -1,0 +1,103 @@
+"""JetStreamBatchLedgerSensor: wait until every batch of a run reached a state in the batch ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import PokeReturnValue
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_jetstream.client.ledger import CONSUMED, DEFAULT_BUCKET, check_waitable_state, ledger_status
+from airflow_jetstream.sensors.consumer import _JetStreamStateSensor
+from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
+
+
+def describe_progress(status: dict[str, Any]) -> str:
+    """One log line: ``run 'R': 7/10 batch(es) reached consumed (at least 1 expected; published 2, ...)``."""
+    states = ", ".join(f"{name} {count}" for name, count in status["states"].items())
+    line = (f"run {status['run_id']!r}: {status['reached']}/{status['batches']} batch(es) reached "
+            f"{status['awaited']} (at least {status['min_batches']} expected; {states})")
+    reaped = status.get("reaped") or {}
+    if reaped.get("returned") or reaped.get("failed"):
+        line += f"; reaped expired claims: returned {reaped.get('returned')}, failed {reaped.get('failed')}"
+    return line
+
+
+class JetStreamBatchLedgerSensor(_JetStreamStateSensor):
+    """Wait until at least ``min_batches`` batches of ``run_id`` exist in the batch ledger and all of
+    them reached ``state`` (``published`` < ``in_progress`` < ``consumed``).
+
+    A batch in ``failed`` (a dead letter: its consume attempts ran out) fails the task at once with
+    the failed batches and their last errors, since waiting cannot fix it; ``fail_on_failed=False``
+    waits on instead (until the batches are requeued or the sensor times out). With
+    ``reap_expired`` every poke also returns batches whose claim expired (a consumer that died) to
+    ``published``, or to ``failed`` past their max attempts. Returns the run's ledger summary
+    (``{"batches", "states", "messages", "attempts", "failed", ...}``)::
+
+        consumed = JetStreamBatchLedgerSensor(
+            task_id="all_batches_consumed",
+            run_id="{{ run_id }}",          # the default: batches recorded by this DAG run
+            state="consumed",
+            min_batches="{{ ti.xcom_pull(task_ids='produce')['batches'] }}",
+            reap_expired=True,
+            deferrable=True, poke_interval=10, timeout=3600,
+        )
+        produce >> consume >> consumed >> report
+
+    :param run_id: the run whose batches to wait for (templated; default ``{{ run_id }}``).
+    :param state: ``published``, ``in_progress`` or ``consumed`` (templated; default ``consumed``).
+    :param bucket: the ledger's KV bucket (templated; default ``batch_ledger``).
+    :param min_batches: wait until at least this many batches are recorded (templated; default 1).
+    :param reap_expired: reap expired claims on every poke.
+    :param fail_on_failed: fail as soon as a batch is ``failed`` (default True).
+    :param deferrable: wait in the triggerer (``JetStreamBatchLedgerTrigger``).
+    :param nats_conn_id: the ``nats`` connection to use.
+    """
+
+    template_fields: Sequence[str] = ("run_id", "state", "bucket", "min_batches")
+    what = "batch ledger"
+
+    def __init__(self, *, run_id: str = "{{ run_id }}", state: str = CONSUMED, bucket: str = DEFAULT_BUCKET,
+                 min_batches: int | str = 1, reap_expired: bool = False, fail_on_failed: bool = True,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if "{{" not in state:
+            check_waitable_state(state)
+        self.run_id = run_id
+        self.state = state
+        self.bucket = bucket
+        self.min_batches = min_batches
+        self.reap_expired = reap_expired
+        self.fail_on_failed = fail_on_failed
+
+    def _min_batches(self) -> int:
+        try:
+            value = int(self.min_batches)
+        except (TypeError, ValueError):
+            raise AirflowException(f"min_batches must be an integer, got {self.min_batches!r}") from None
+        if value < 0:
+            raise AirflowException(f"min_batches must be >= 0, got {value}")
+        return value
+
+    def status(self) -> dict[str, Any]:
+        return self.hook.run(ledger_status, self.run_id, self.state, bucket=self.bucket,
+                             min_batches=self._min_batches(), reap=self.reap_expired,
+                             fail_on_failed=self.fail_on_failed)
+
+    def is_done(self, status: dict[str, Any]) -> bool:
+        return bool(status["done"])
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        status = self.status()
+        if status.get("error"):
+            raise AirflowException(self._error_message(status["error"]))
+        self.log.info("%s", describe_progress(status))
+        return PokeReturnValue(self.is_done(status), status if self.is_done(status) else None)
+
+    def trigger(self) -> JetStreamBatchLedgerTrigger:
+        return JetStreamBatchLedgerTrigger(
+            run_id=self.run_id, state=self.state, bucket=self.bucket, min_batches=self._min_batches(),
+            reap_expired=self.reap_expired, fail_on_failed=self.fail_on_failed,
+            nats_conn_id=self.nats_conn_id, poll_interval=self.poke_interval,
+        )

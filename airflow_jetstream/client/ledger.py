@@ -315,7 +315,7 @@ class BatchLedger:
     async def batches(self, run_id: str | None = None, *, state: str | None = None) -> list[BatchRecord]:
         """Every batch of ``run_id`` (of all runs when None), optionally only those in ``state``."""
         pattern = f"{_encode_token(_check_id(run_id, 'run_id'))}.*" if run_id is not None else ">"
-        records: list[BatchRecord] = []
+        latest: dict[str, BatchRecord] = {}
         async with _kv_errors(self.conn, f"ledger {self.bucket!r} listing"):
             watcher = await self.kv.watch(pattern, ignore_deletes=True)
             try:
@@ -323,13 +323,14 @@ class BatchLedger:
                     entry = await watcher.updates(timeout=self.conn.settings.request_timeout)
                     if entry is None:
                         break
-                    if entry.operation is None:
-                        records.append(BatchRecord._decode(entry.value or b"", entry.revision or 0))
+                    if entry.operation is None:  # a live update while listing replaces the older value
+                        latest[entry.key] = BatchRecord._decode(entry.value or b"", entry.revision or 0)
                     if not entry.delta:
                         break
             finally:
                 await watcher.stop()
-        return sorted((r for r in records if state is None or r.state == state), key=lambda r: r.batch_id)
+        records = (r for r in latest.values() if state is None or r.state == state)
+        return sorted(records, key=lambda r: (r.run_id, r.batch_id))
 
     async def summary(self, run_id: str) -> dict[str, Any]:
         """Counts of a run's batches and messages by state, plus the failed (dead-letter) batches."""

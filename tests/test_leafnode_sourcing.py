@@ -1,0 +1,109 @@
+"""A hub sources a WorkQueue on a leaf node (own JetStream domain) durably, across a leaf crash."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats.errors
+import pytest
+
+from airflow_jetstream.client import ConnectionSettings, JetStreamError, ensure_stream, open_connection
+from airflow_jetstream.client.consumers import api_view, find_consumer
+from airflow_jetstream.client.sourcing import source_status
+from airflow_jetstream.embedded.server import EmbeddedNatsServer, free_port
+from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
+from tests.conftest import set_nats_connection
+from tests.test_sourcing import assert_exactly_once, messages, payloads, run, wait_for
+
+TOTAL = 6000
+
+
+@pytest.fixture
+def hub_and_leaf(nats_server_factory):
+    leaf_port = free_port()
+    hub = nats_server_factory(config={"leafnodes": {"listen": f"127.0.0.1:{leaf_port}"}},
+                              jetstream={"domain": "hub"})
+    leaf = nats_server_factory(
+        config={"leafnodes": {"remotes": [{"url": f"nats-leaf://127.0.0.1:{leaf_port}"}], "reconnect": "1s"}},
+        jetstream={"domain": "edge"},
+    )
+    wait_leaf_connected(hub)
+    return hub, leaf
+
+
+def wait_leaf_connected(hub: EmbeddedNatsServer, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not hub.monitor("leafz").get("leafnodes"):
+        assert time.monotonic() < deadline, "leaf node did not connect to the hub"
+        time.sleep(0.05)
+
+
+async def publish_until_acked(conn, count: int, started: asyncio.Event, *, window: int = 100) -> int:
+    """Publish o-0..o-<count-1> with msg ids, retrying whatever got no ack (the leaf may be down)."""
+    retries = 0
+    pending = list(range(count))
+    while pending:
+        batch, pending = pending[:window], pending[window:]
+
+        async def one(i: int) -> int | None:
+            try:
+                await conn.js.publish(f"o.{i % 10}", f"o-{i}".encode(), timeout=2,
+                                      headers={"Nats-Msg-Id": f"o-{i}"})
+            except (nats.errors.Error, TimeoutError, JetStreamError):
+                return i
+            return None
+
+        failed = [i for i in await asyncio.gather(*(one(i) for i in batch)) if i is not None]
+        if failed:
+            retries += len(failed)
+            pending = failed + pending
+            await asyncio.sleep(0.2)
+        if count - len(pending) >= count // 3:
+            started.set()
+    return retries
+
+
+@pytest.mark.parametrize("mode", ["user", "server"])
+def test_leaf_crash_while_publishing_loses_and_duplicates_nothing(mode, hub_and_leaf, monkeypatch):
+    hub, leaf = hub_and_leaf
+    hub_settings = ConnectionSettings(servers=hub.url, connect_timeout=2, request_timeout=3)
+    leaf_settings = ConnectionSettings(servers=leaf.url, connect_timeout=2, request_timeout=3)
+    run(leaf_settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "workqueue"})
+    set_nats_connection(monkeypatch, "nats_hub", hub.url)
+    result = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", mode=mode, domain="edge",
+                                            nats_conn_id="nats_hub").execute(context={})
+    assert result["domain"] == "edge" and result["source_state"]["active"] >= 0
+    if mode == "user":
+        consumer = run(hub_settings, lambda c: find_consumer(api_view(c, domain="edge"), "ORIGIN", "AGG_SRC_ORIGIN"))
+        assert consumer["config"]["ack_policy"] == "flow_control"
+    else:
+        assert result["consumer"].startswith("JS_SRC_")
+
+    first_pid = leaf.process.pid
+
+    async def scenario() -> int:
+        async with open_connection(leaf_settings, max_reconnect_attempts=-1, reconnect_time_wait=0.2) as conn:
+            started = asyncio.Event()
+            publisher = asyncio.ensure_future(publish_until_acked(conn, TOTAL, started))
+            await started.wait()
+            await asyncio.to_thread(leaf.stop, kill=True)
+            await asyncio.to_thread(leaf.start)
+            return await publisher
+
+    retries = asyncio.run(scenario())
+    assert leaf.process.pid != first_pid, "the leaf was not restarted"
+    wait_leaf_connected(hub)
+
+    async def check(conn) -> dict:
+        leaf_view = api_view(conn, domain="edge")
+
+        async def settled() -> bool:
+            return await messages(conn, "AGG") >= TOTAL and await messages(leaf_view, "ORIGIN") == 0
+        await wait_for(settled, 90, "AGG to hold every message and ORIGIN to be empty")
+        return {"seen": await payloads(conn, "AGG"), "status": await source_status(conn, "AGG", "ORIGIN",
+                                                                                   domain="edge")}
+
+    outcome = run(hub_settings, check)
+    assert_exactly_once(outcome["seen"], "o", TOTAL)
+    assert outcome["status"]["error"] is None and outcome["status"]["caught_up"], (outcome["status"], retries)

@@ -1,0 +1,71 @@
+"""Resetting the durable consumer of a user-managed source, as the durable sourcing ADR describes."""
+
+from __future__ import annotations
+
+from airflow_jetstream.client import ensure_stream
+from airflow_jetstream.client.consumers import pause_consumer
+from airflow_jetstream.client.sourcing import DurableSource, provision_durable_source
+from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
+from tests.test_sourcing import assert_exactly_once, messages, payloads, publish, run, wait_for
+
+CONSUMER = "AGG_SRC_ORIGIN"
+
+
+async def _setup(conn) -> None:
+    await ensure_stream(conn, {"name": "ORIGIN", "subjects": ["o.>"]})
+    await provision_durable_source(conn, DurableSource("AGG", "ORIGIN", mode="user"))
+    await publish(conn, "o", 100)
+    await wait_for(lambda: _has(conn, "AGG", 100), 30, "first 100 messages in AGG")
+
+
+async def _has(conn, stream: str, count: int) -> bool:
+    return await messages(conn, stream) >= count
+
+
+def _reset(**kwargs) -> dict:
+    return JetStreamConsumerResetOperator(task_id="reset", stream="ORIGIN", consumer=CONSUMER,
+                                          **kwargs).execute(context={})
+
+
+def test_backward_reset_while_sourcing_duplicates_nothing(nats_conn, settings):
+    run(settings, _setup)
+    result = _reset(seq=40)
+    assert result["reset_seq"] == 40 and result["num_pending"] >= 1
+
+    async def after(conn):
+        await publish(conn, "o", 20, start=100)
+        await wait_for(lambda: _has(conn, "AGG", 120), 30, "the next 20 messages")
+        await wait_for(lambda: _delivered_past(conn, 120), 30, "redelivery to reach the end")
+        return await payloads(conn, "AGG")
+
+    seen = run(settings, after)
+    assert_exactly_once(seen, "o", 120)
+
+
+async def _delivered_past(conn, seq: int) -> bool:
+    info = await conn.api_request(f"CONSUMER.INFO.ORIGIN.{CONSUMER}")
+    return info["delivered"]["stream_seq"] >= seq and info["num_pending"] == 0
+
+
+def test_forward_reset_skips_the_range(nats_conn, settings):
+    run(settings, _setup)
+
+    async def paused_publish(conn) -> None:
+        await pause_consumer(conn, "ORIGIN", CONSUMER, "2999-01-01T00:00:00Z")
+        await publish(conn, "o", 100, start=100)  # origin seqs 101..200, not sourced while paused
+
+    run(settings, paused_publish)
+    result = _reset(seq=151)
+    assert result["reset_seq"] == 151 and result["num_pending"] == 50
+
+    async def resume(conn):
+        await pause_consumer(conn, "ORIGIN", CONSUMER, None)
+        await wait_for(lambda: _has(conn, "AGG", 150), 30, "messages after the skipped range")
+        await publish(conn, "o", 10, start=200)
+        await wait_for(lambda: _has(conn, "AGG", 160), 30, "messages published after the reset")
+        return await payloads(conn, "AGG")
+
+    seen = run(settings, resume)
+    expected = {f"o-{i}" for i in [*range(100), *range(150, 210)]}
+    assert set(seen) == expected, f"skipped range sourced: {sorted(set(seen) - expected)[:5]}"
+    assert max(seen.values()) == 1 and sum(seen.values()) == 160

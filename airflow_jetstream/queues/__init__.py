@@ -1,0 +1,1 @@
+"""common-messaging queue providers (install the ``messaging`` extra to use them)."""

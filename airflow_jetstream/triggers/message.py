@@ -1,0 +1,316 @@
+"""Event-driven scheduling from a JetStream durable consumer, on Airflow 3.3 shared streams.
+
+Every :class:`JetStreamMessageTrigger` watching the same durable consumer (same connection id,
+stream and consumer) shares one pull subscription in the triggerer. The
+:class:`JetStreamSharedStreamProducer` behind it acks a message on the server only after every
+``TriggerEvent`` derived from it was persisted in Airflow's database (the shared-stream ack
+channel), so a triggerer crash loses nothing: unacked messages are redelivered after the
+consumer's ``ack_wait``. While a message waits for persistence the producer keeps it "in
+progress" so that the server does not hand it to another triggerer replica in the meantime.
+
+Outcomes per message: accepted by every watcher -> ``ack`` (confirmed by the server);
+refused by a watcher (``reject_shared_stream_event``) -> ``term`` (no redelivery; the server
+publishes a ``msg_terminated`` advisory); a watcher failed or nobody was listening -> ``nak``
+(redelivered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator, Hashable, Sequence
+from typing import Any
+
+import nats.errors
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
+
+from airflow_jetstream.client import metrics
+from airflow_jetstream.client.advisories import AdvisoryFilter, decode_advisory, subject_matches
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.connection_pool import POOL
+from airflow_jetstream.client.consumers import consumer_info, ensure_consumer
+from airflow_jetstream.client.errors import ConsumerConfigError
+from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+#: Longer than Airflow's shared-stream ack timeout (300 s), so a message is not redelivered while it waits.
+DEFAULT_ACK_WAIT = "10m"
+log = logging.getLogger(__name__)
+_ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "advisory_batch", "advisory_reason",
+                  "advisory_match")
+
+
+def message_payload(msg: Any) -> dict[str, Any]:
+    """A JetStream message as a JSON-able dict (what each asset event carries)."""
+    meta = msg.metadata
+    try:
+        text: str | None = msg.data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    payload: dict[str, Any] = {
+        "stream": meta.stream,
+        "consumer": meta.consumer,
+        "subject": msg.subject,
+        "stream_seq": meta.sequence.stream,
+        "consumer_seq": meta.sequence.consumer,
+        "delivered": meta.num_delivered,
+        "published": meta.timestamp.isoformat() if meta.timestamp else None,
+        "headers": dict(msg.headers or {}),
+        "data": text if text is not None else base64.b64encode(msg.data).decode("ascii"),
+        "encoding": "utf-8" if text is not None else "base64",
+    }
+    if text:
+        with contextlib.suppress(ValueError):  # not JSON: "data" carries the text
+            payload["json"] = json.loads(text)
+    return payload
+
+
+class JetStreamSharedStreamProducer(SharedStreamProducer):
+    """Broker side of a shared JetStream stream: one pull subscription, acks gated on persistence.
+
+    :param nats_conn_id: the ``nats`` connection.
+    :param stream, consumer: the durable pull consumer (``ack_policy: explicit``) to read.
+    :param consumer_config: when given, the consumer is created or updated with it first
+        (``ensure_consumer``); otherwise it must exist.
+    :param batch_size: messages per pull request.
+    :param fetch_timeout: seconds a pull request waits on the server.
+    :param progress_interval: seconds between "in progress" signals for messages awaiting
+        persistence; default a third of the consumer's ``ack_wait``.
+    """
+
+    def __init__(self, *, nats_conn_id: str, stream: str, consumer: str, consumer_config: dict[str, Any] | None = None,
+                 batch_size: int = 64, fetch_timeout: float = 5.0, progress_interval: float | None = None) -> None:
+        self.nats_conn_id = nats_conn_id
+        self.stream = stream
+        self.consumer = consumer
+        self.consumer_config = consumer_config
+        self.batch_size = batch_size
+        self.fetch_timeout = fetch_timeout
+        self.progress_interval = progress_interval
+        self._settings: ConnectionSettings | None = None
+        self._conn: JetStreamConnection | None = None
+        self._sub: Any = None
+        self._outstanding: dict[int, Any] = {}
+        self._tokens = itertools.count()
+        self._progress_task: asyncio.Task[None] | None = None
+
+    async def _check_consumer(self, conn: JetStreamConnection) -> dict[str, Any]:
+        if self.consumer_config is not None:
+            info = (await ensure_consumer(conn, self.stream, {**self.consumer_config, "durable_name": self.consumer}))[
+                "info"]
+        else:
+            info = await consumer_info(conn, self.stream, self.consumer)
+        config = info["config"]
+        if config.get("deliver_subject") or config.get("ack_policy") != "explicit":
+            raise ConsumerConfigError(
+                f"consumer {self.consumer!r} on stream {self.stream!r} must be a pull consumer with ack_policy "
+                f"'explicit' (has deliver_subject={config.get('deliver_subject')!r}, "
+                f"ack_policy={config.get('ack_policy')!r}); acks are how no event is lost",
+                reason="not_explicit_pull_consumer",
+            )
+        return info
+
+    async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], int]]:
+        self._settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
+        self._conn = conn = await POOL.acquire(self._settings)
+        info = await self._check_consumer(conn)
+        ack_wait = float(info["config"].get("ack_wait") or 30_000_000_000) / 1e9
+        interval = self.progress_interval or max(ack_wait / 3, 0.05)
+        self._sub = await conn.js.pull_subscribe_bind(consumer=self.consumer, stream=self.stream)
+        self._progress_task = asyncio.create_task(self._keep_in_progress(interval))
+        while True:
+            try:
+                msgs = await self._sub.fetch(self.batch_size, timeout=self.fetch_timeout)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            for msg in msgs:
+                token = next(self._tokens)
+                self._outstanding[token] = msg
+                metrics.incr("queue.delivered", tags={"stream": self.stream, "consumer": self.consumer})
+                yield message_payload(msg), token
+
+    async def _keep_in_progress(self, interval: float) -> None:
+        """Tell the server we still work on every message awaiting persistence (+WPI)."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                for msg in list(self._outstanding.values()):
+                    await msg.in_progress()
+            except (nats.errors.Error, OSError) as exc:
+                log.warning("could not extend the ack deadline of %d message(s) on %s/%s: %s; they may be "
+                            "redelivered after ack_wait", len(self._outstanding), self.stream, self.consumer, exc)
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        acks = []
+        for item in batch:
+            msg = self._outstanding.pop(item.broker_payload, None)
+            if msg is None:
+                raise RuntimeError(f"no outstanding message for token {item.broker_payload}; cannot ack it")
+            outcome = item.outcome
+            nobody_listened = outcome.acked == outcome.failed == outcome.rejected == 0
+            if outcome.failed or nobody_listened:
+                # redeliver: to the healthy watchers now, or (nobody listened) to the next one after a pause
+                await msg.nak(delay=1.0 if nobody_listened else None)
+                metrics.incr("queue.redelivered", tags={"stream": self.stream, "consumer": self.consumer})
+            elif outcome.rejected:
+                await msg.term()
+                metrics.incr("queue.terminated", tags={"stream": self.stream, "consumer": self.consumer})
+            else:
+                acks.append(msg.ack_sync(timeout=self._settings.request_timeout if self._settings else 5.0))
+        if acks:
+            await asyncio.gather(*acks)
+            metrics.incr("queue.acked", len(acks), tags={"stream": self.stream, "consumer": self.consumer})
+
+    async def aclose(self) -> None:
+        """Give back what was not advanced (nak: redelivered now, not after ack_wait) and release the connection."""
+        if self._progress_task is not None:
+            self._progress_task.cancel()
+            await asyncio.gather(self._progress_task, return_exceptions=True)
+        conn, self._conn = self._conn, None
+        if conn is None or self._settings is None:
+            return
+        try:
+            if not conn.nc.is_closed:
+                for msg in self._outstanding.values():
+                    await msg.nak()
+                if self._sub is not None:
+                    await self._sub.unsubscribe()
+        finally:
+            self._outstanding.clear()
+            await POOL.release(self._settings)
+
+
+class JetStreamMessageTrigger(BaseEventTrigger):
+    """Fire an asset event for each message on a JetStream durable consumer (event-driven scheduling).
+
+    Use it through common-messaging (``MessageQueueTrigger(scheme="jetstream", ...)``) or directly
+    in an ``AssetWatcher``::
+
+        from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+        from airflow.sdk import Asset, AssetWatcher
+
+        orders = Asset("jetstream://ORDERS/airflow", watchers=[AssetWatcher(
+            name="orders_watcher",
+            trigger=MessageQueueTrigger(scheme="jetstream", stream="ORDERS", consumer="airflow",
+                                        consumer_config={"filter_subject": "orders.ready"}),
+        )])
+
+    Triggers with the same ``nats_conn_id``, ``stream`` and ``consumer`` share one subscription;
+    each applies its own ``subject`` / advisory filter. A message is acked only once every
+    derived event is stored, so a triggerer restart loses nothing.
+
+    :param stream, consumer: the durable pull consumer to read (explicit acks).
+    :param nats_conn_id: the ``nats`` connection.
+    :param subject: only fire for messages whose subject matches (wildcards allowed).
+    :param advisory, advisory_stream, advisory_consumer, advisory_batch, advisory_reason, advisory_match:
+        for a consumer on the advisory capture stream: only fire for matching advisories; the
+        event then carries the parsed advisory under ``"advisory"``.
+    :param consumer_config: create/update the durable consumer with this config first
+        (JetStream JSON names; default ack_wait 10 minutes). Leave None to require an existing consumer.
+    :param batch_size, fetch_timeout: pull request size and server-side wait (seconds).
+    """
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        consumer: str,
+        nats_conn_id: str = JetStreamHook.default_conn_name,
+        subject: str | None = None,
+        advisory: str | None = None,
+        advisory_stream: str | None = None,
+        advisory_consumer: str | None = None,
+        advisory_batch: str | None = None,
+        advisory_reason: str | None = None,
+        advisory_match: dict[str, Any] | str | None = None,
+        consumer_config: dict[str, Any] | None = None,
+        batch_size: int = 64,
+        fetch_timeout: float = 5.0,
+    ) -> None:
+        super().__init__()
+        self.stream = validate_name(stream, what="stream name")
+        self.consumer = validate_name(consumer, what="consumer name")
+        self.nats_conn_id = nats_conn_id
+        self.subject = validate_subject(subject, allow_wildcards=True, what="subject filter") if subject else None
+        self.advisory = advisory
+        self.advisory_stream = advisory_stream
+        self.advisory_consumer = advisory_consumer
+        self.advisory_batch = advisory_batch
+        self.advisory_reason = advisory_reason
+        self.advisory_match = advisory_match
+        self.advisory_filter = self._advisory_filter()
+        self.consumer_config = consumer_config
+        self.batch_size = batch_size
+        self.fetch_timeout = fetch_timeout
+
+    def _advisory_filter(self) -> AdvisoryFilter | None:
+        if all(getattr(self, key) is None for key in _ADVISORY_KEYS):
+            return None
+        return AdvisoryFilter(advisory=self.advisory, stream=self.advisory_stream, consumer=self.advisory_consumer,
+                              batch=self.advisory_batch, reason=self.advisory_reason, match=self.advisory_match)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "stream": self.stream,
+                "consumer": self.consumer,
+                "nats_conn_id": self.nats_conn_id,
+                "subject": self.subject,
+                **{key: getattr(self, key) for key in _ADVISORY_KEYS},
+                "consumer_config": self.consumer_config,
+                "batch_size": self.batch_size,
+                "fetch_timeout": self.fetch_timeout,
+            },
+        )
+
+    def shared_stream_key(self) -> Hashable:
+        """Triggers on the same connection id, stream and durable consumer share one subscription."""
+        return "jetstream", self.nats_conn_id, self.stream, self.consumer
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> JetStreamSharedStreamProducer:
+        config = kwargs.get("consumer_config")
+        if config is not None:
+            config = {"ack_policy": "explicit", "ack_wait": DEFAULT_ACK_WAIT, **config}
+        return JetStreamSharedStreamProducer(
+            nats_conn_id=kwargs.get("nats_conn_id") or JetStreamHook.default_conn_name,
+            stream=kwargs["stream"],
+            consumer=kwargs["consumer"],
+            consumer_config=config,
+            batch_size=int(kwargs.get("batch_size") or 64),
+            fetch_timeout=float(kwargs.get("fetch_timeout") or 5.0),
+        )
+
+    def event_for(self, message: dict[str, Any]) -> TriggerEvent | None:
+        """This trigger's event for one message, or None when its filters skip it."""
+        if self.subject and not subject_matches(self.subject, message["subject"]):
+            return None
+        payload = dict(message)
+        if self.advisory_filter is not None:
+            advisory = decode_advisory(message["data"].encode() if message["encoding"] == "utf-8" else b"",
+                                       subject=message["subject"], capture_seq=message["stream_seq"])
+            if advisory is None or not self.advisory_filter.matches(advisory):
+                return None
+            payload["advisory"] = advisory.to_dict()
+        return TriggerEvent(payload)
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        async for message in shared_stream:
+            event = self.event_for(message)
+            if event is not None:
+                yield event
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Not supported: acks must wait for persistence, which only the triggerer's shared-stream manager tracks."""
+        raise NotImplementedError(
+            "JetStreamMessageTrigger runs only through the triggerer's shared-stream manager "
+            "(filter_shared_stream); Airflow 3.3+ calls it that way for asset watchers"
+        )
+        yield  # pragma: no cover - makes this an async generator

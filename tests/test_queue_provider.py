@@ -1,0 +1,422 @@
+"""Event-driven scheduling: JetStreamMessageQueueProvider and the shared-stream message trigger.
+
+The triggerer's side is reproduced with Airflow's own ``SharedStreamManager`` driven exactly as
+``TriggerRunner.run_trigger`` drives it (subscribe, filter_shared_stream, bind_pending_event, and
+``confirm_persisted`` once an event is "stored"), against a real nats-server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from airflow.triggers.shared_stream import SharedStreamManager, reject_shared_stream_event
+
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
+from airflow_jetstream.client.advisories import capture_stream_config
+from airflow_jetstream.client.consumers import consumer_info
+from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
+from airflow_jetstream.triggers.message import JetStreamMessageTrigger
+
+STREAM, CONSUMER = "ORDERS", "airflow_orders"
+
+
+class FakeTriggerer:
+    """The shared-stream part of Airflow's TriggerRunner: one manager, one task per trigger."""
+
+    def __init__(self, *, persist: bool = True, ack_timeout: float = 30.0,
+                 reject: Callable[[dict[str, Any]], bool] | None = None) -> None:
+        self.manager = SharedStreamManager(ack_timeout=ack_timeout)
+        self.persist = persist
+        self.reject = reject
+        self.stored: list[tuple[int, dict[str, Any]]] = []  # what reached "the metadata database"
+        self.emitted = 0
+        self.failures: list[BaseException] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self, trigger_id: int, trigger: JetStreamMessageTrigger) -> None:
+        self.tasks.append(asyncio.create_task(self._run(trigger_id, trigger)))
+
+    async def _run(self, trigger_id: int, trigger: JetStreamMessageTrigger) -> None:
+        key = trigger.shared_stream_key()
+        stream = self.manager.subscribe(trigger_id=trigger_id, trigger=trigger, key=key)
+        if self.reject is not None:
+            stream = self._rejecting(stream)
+        try:
+            async for event in trigger.filter_shared_stream(stream):
+                seq = self.manager.bind_pending_event(trigger_id=trigger_id, key=key)
+                self.emitted += 1
+                if self.persist:
+                    self.stored.append((trigger_id, event.payload))
+                    if seq is not None:
+                        self.manager.confirm_persisted([seq])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.failures.append(exc)
+        finally:
+            await self.manager.unsubscribe(trigger_id, key)
+
+    async def _rejecting(self, stream):
+        async for message in stream:
+            if self.reject(message):
+                reject_shared_stream_event()
+                continue
+            yield message
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.manager.stop_all()
+
+    def seqs(self, trigger_id: int | None = None) -> list[int]:
+        return [p["stream_seq"] for t, p in self.stored if trigger_id is None or t == trigger_id]
+
+
+class Replica(threading.Thread):
+    """A triggerer replica: its own thread, event loop and NATS connection."""
+
+    def __init__(self, triggers: dict[int, JetStreamMessageTrigger], **kwargs: Any) -> None:
+        super().__init__(daemon=True)
+        self.triggers = triggers
+        self.kwargs = kwargs
+        self.ready = threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.fake: FakeTriggerer | None = None
+        self._done: asyncio.Event | None = None
+
+    def run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._done = asyncio.Event()
+        self.fake = FakeTriggerer(**self.kwargs)
+        for trigger_id, trigger in self.triggers.items():
+            self.fake.start(trigger_id, trigger)
+        self.ready.set()
+        await self._done.wait()
+        await self.fake.stop()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self._done.set)
+        self.join(30)
+        assert not self.is_alive()
+
+
+def wait_until(predicate: Callable[[], bool], what: str, deadline: float = 30.0) -> None:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def server_call(settings: ConnectionSettings, func, *args, **kwargs):
+    async def call():
+        async with open_connection(settings) as conn:
+            return await func(conn, *args, **kwargs)
+
+    return asyncio.run(call())
+
+
+async def _publish(conn, count: int, start: int = 0, subject: str = "orders.ready") -> None:
+    for i in range(start, start + count):
+        await conn.js.publish(subject, json.dumps({"order": i}).encode())
+
+
+def publish(settings: ConnectionSettings, count: int, start: int = 0, subject: str = "orders.ready") -> None:
+    server_call(settings, _publish, count, start, subject)
+
+
+def consumer_state(settings: ConnectionSettings) -> dict[str, Any]:
+    return server_call(settings, consumer_info, STREAM, CONSUMER)
+
+
+def waiting_pulls(settings: ConnectionSettings) -> int:
+    """Pull requests waiting on the consumer (0 while the consumer does not exist yet)."""
+    try:
+        return consumer_state(settings)["num_waiting"]
+    except ConsumerNotFoundError:
+        return 0
+
+
+@pytest.fixture
+def orders(settings: ConnectionSettings, nats_conn: str) -> ConnectionSettings:
+    server_call(settings, ensure_stream, {"name": STREAM, "subjects": ["orders.>"]})
+    return settings
+
+
+def make_trigger(**kwargs: Any) -> JetStreamMessageTrigger:
+    kwargs.setdefault("consumer_config", {"filter_subject": "orders.>"})
+    return JetStreamMessageTrigger(stream=STREAM, consumer=CONSUMER, fetch_timeout=0.5, **kwargs)
+
+
+def test_scheme_resolves_to_the_jetstream_trigger():
+    from airflow.providers.common.messaging.triggers.msg_queue import MESSAGE_QUEUE_PROVIDERS, MessageQueueTrigger
+
+    from airflow_jetstream.queues.jetstream import JetStreamMessageQueueProvider
+
+    assert any(isinstance(p, JetStreamMessageQueueProvider) for p in MESSAGE_QUEUE_PROVIDERS)
+    queue_trigger = MessageQueueTrigger(scheme="jetstream", stream=STREAM, consumer=CONSUMER, subject="orders.*")
+    classpath, kwargs = queue_trigger.serialize()
+    assert classpath == "airflow_jetstream.triggers.message.JetStreamMessageTrigger"
+    rebuilt = JetStreamMessageTrigger(**kwargs)
+    assert rebuilt.serialize() == (classpath, kwargs)
+    assert rebuilt.shared_stream_key() == ("jetstream", "nats_default", STREAM, CONSUMER)
+    json.dumps(kwargs)
+
+
+def test_queue_module_is_importable_and_the_provider_is_registered():
+    from airflow_jetstream.get_provider_info import get_provider_info
+
+    assert "airflow_jetstream.queues.jetstream.JetStreamMessageQueueProvider" in get_provider_info()["queues"]
+    code = ("import sys; sys.modules['airflow.providers.common.messaging.providers.base_provider'] = None\n"
+            "import airflow_jetstream.queues, airflow_jetstream.triggers.message\n"
+            "try:\n    import airflow_jetstream.queues.jetstream\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "AirflowOptionalProviderFeatureException" in out.stdout and "[messaging]" in out.stdout
+
+
+def test_events_for_published_messages_acked_only_after_persistence(orders):
+    async def scenario(persist: bool):
+        fake = FakeTriggerer(persist=persist)
+        fake.start(1, make_trigger())
+        async with open_connection(orders) as conn:
+            await _publish(conn, 5)
+        end = time.monotonic() + 20
+        while fake.emitted < 5 and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0)
+        state = await asyncio.to_thread(consumer_state, orders)
+        await fake.stop()
+        return fake, state
+
+    unpersisted, state = asyncio.run(scenario(persist=False))
+    assert unpersisted.emitted == 5 and not unpersisted.stored
+    assert state["ack_floor"]["stream_seq"] == 0 and state["num_ack_pending"] == 5  # nothing acked unpersisted
+    # the stop gave them back (nak): the next triggerer gets the same 5 messages at once
+    persisted, _ = asyncio.run(scenario(persist=True))
+    wait_until(lambda: consumer_state(orders)["ack_floor"]["stream_seq"] >= 10, "acks of every message")
+    payloads = [p for _, p in persisted.stored]
+    assert sorted(p["stream_seq"] for p in payloads) == list(range(1, 11))
+    redelivered = [p for p in payloads if p["stream_seq"] <= 5]
+    assert all(p["delivered"] >= 2 for p in redelivered)
+    assert payloads[0]["json"]["order"] in range(5) and payloads[0]["subject"] == "orders.ready"
+    assert consumer_state(orders)["num_ack_pending"] == 0
+
+
+def test_several_watchers_share_one_consumer_subscription(orders):
+    async def scenario():
+        fake = FakeTriggerer()
+        fake.start(1, make_trigger(subject="orders.ready"))
+        fake.start(2, make_trigger(subject="orders.*"))
+        fake.start(3, make_trigger(subject="orders.cancelled"))
+        await asyncio.sleep(0)
+        groups = len(fake.manager._groups)
+        async with open_connection(orders) as conn:
+            await _publish(conn, 4, subject="orders.ready")
+            await _publish(conn, 2, start=4, subject="orders.cancelled")
+        end = time.monotonic() + 20
+        while len(fake.stored) < 4 + 6 + 2 and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        await fake.stop()
+        return fake, groups
+
+    fake, groups = asyncio.run(scenario())
+    assert groups == 1
+    assert fake.seqs(1) == [1, 2, 3, 4] and fake.seqs(2) == [1, 2, 3, 4, 5, 6] and fake.seqs(3) == [5, 6]
+    state = consumer_state(orders)
+    assert state["delivered"]["consumer_seq"] == 6  # each message pulled once for all three watchers
+    assert state["ack_floor"]["stream_seq"] == 6
+
+
+def test_rejected_message_is_terminated_not_redelivered(orders):
+    async def scenario():
+        fake = FakeTriggerer(reject=lambda m: m["json"]["order"] == 1)
+        fake.start(1, make_trigger())
+        async with open_connection(orders) as conn:
+            await _publish(conn, 3)
+        end = time.monotonic() + 20
+        while len(fake.stored) < 2 and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(wait_until, lambda: consumer_state(orders)["num_ack_pending"] == 0, "term + acks")
+        await fake.stop()
+        return fake
+
+    fake = asyncio.run(scenario())
+    assert fake.seqs() == [1, 3]
+    state = consumer_state(orders)
+    assert state["num_redelivered"] == 0 and state["ack_floor"]["stream_seq"] == 3
+
+
+def test_failed_watcher_gets_the_message_again(orders):
+    async def scenario():
+        fake = FakeTriggerer(persist=False, ack_timeout=0.5)  # never confirmed: Airflow fails the subscriber
+        fake.start(1, make_trigger())
+        async with open_connection(orders) as conn:
+            await _publish(conn, 1)
+        end = time.monotonic() + 20
+        while not fake.failures and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        await fake.stop()
+        return fake
+
+    fake = asyncio.run(scenario())
+    assert type(fake.failures[0]).__name__ == "AckTimeout"
+    state = consumer_state(orders)
+    assert state["ack_floor"]["stream_seq"] == 0  # not acked: it will come again
+    assert state["num_pending"] + state["num_ack_pending"] + state["num_redelivered"] >= 1
+
+
+def test_consumer_must_be_an_explicit_ack_pull_consumer(orders):
+    async def scenario(trigger):
+        fake = FakeTriggerer()
+        fake.start(1, trigger)
+        end = time.monotonic() + 10
+        while not fake.failures and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        await fake.stop()
+        return fake.failures
+
+    missing = asyncio.run(scenario(make_trigger(consumer_config=None)))
+    assert isinstance(missing[0], ConsumerNotFoundError)
+    wrong = asyncio.run(scenario(JetStreamMessageTrigger(stream=STREAM, consumer="noack",
+                                                         consumer_config={"ack_policy": "none"})))
+    assert isinstance(wrong[0], ConsumerConfigError) and wrong[0].reason == "not_explicit_pull_consumer"
+
+
+def test_advisories_through_the_capture_stream(settings, nats_conn):
+    server_call(settings, ensure_stream, capture_stream_config("ADVISORIES", max_age="1h"))
+
+    async def scenario():
+        fake = FakeTriggerer()
+        fake.start(1, JetStreamMessageTrigger(stream="ADVISORIES", consumer="airflow_adv", advisory="stream_created",
+                                              advisory_stream="WATCHED", fetch_timeout=0.5,
+                                              consumer_config={"deliver_policy": "new"}))
+        await asyncio.to_thread(wait_until, lambda: _has_consumer(settings, "ADVISORIES", "airflow_adv"), "consumer")
+        async with open_connection(settings) as conn:
+            await ensure_stream(conn, {"name": "IGNORED", "subjects": ["ignored.>"]})
+            await ensure_stream(conn, {"name": "WATCHED", "subjects": ["watched.>"]})
+        end = time.monotonic() + 20
+        while not fake.stored and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        await fake.stop()
+        return fake
+
+    fake = asyncio.run(scenario())
+    assert len(fake.stored) == 1
+    advisory = fake.stored[0][1]["advisory"]
+    assert advisory["advisory_kind"] == "stream_created" and advisory["stream"] == "WATCHED"
+
+
+def _has_consumer(settings, stream, name) -> bool:
+    try:
+        server_call(settings, consumer_info, stream, name)
+    except ConsumerNotFoundError:
+        return False
+    return True
+
+
+def test_two_triggerer_replicas_lose_nothing_and_duplicate_nothing(orders):
+    trigger_kwargs = {"batch_size": 8}
+    replicas = [Replica({1: make_trigger(**trigger_kwargs)}) for _ in range(2)]
+    for replica in replicas:
+        replica.start()
+        replica.ready.wait(10)
+    # both replicas run the same watcher and have a pull request waiting on the same durable consumer
+    wait_until(lambda: waiting_pulls(orders) >= 2, "two waiting pull requests")
+    total = 300
+    for start in range(0, total, 50):
+        publish(orders, 50, start=start)
+    wait_until(lambda: sum(len(r.fake.stored) for r in replicas) >= total, "every message as an event")
+    wait_until(lambda: consumer_state(orders)["ack_floor"]["stream_seq"] == total, "every ack")
+    for replica in replicas:
+        replica.stop()
+    seqs = replicas[0].fake.seqs() + replicas[1].fake.seqs()
+    assert sorted(seqs) == list(range(1, total + 1))  # none lost, none twice
+    assert all(r.fake.seqs() for r in replicas), "both replicas should have handled part of the stream"
+    assert not any(r.fake.failures for r in replicas)
+    state = consumer_state(orders)
+    assert state["num_ack_pending"] == 0 and state["num_redelivered"] == 0
+
+
+def test_replica_stopping_mid_stream_hands_over_without_loss_or_duplicates(orders):
+    replicas = [Replica({1: make_trigger(batch_size=4)}) for _ in range(2)]
+    for replica in replicas:
+        replica.start()
+        replica.ready.wait(10)
+    wait_until(lambda: waiting_pulls(orders) >= 2, "two waiting pull requests")
+    publish(orders, 100)
+    replicas[0].stop()  # e.g. a rolling restart of one triggerer while messages flow
+    publish(orders, 100, start=100)
+    wait_until(lambda: consumer_state(orders)["ack_floor"]["stream_seq"] == 200, "every ack")
+    replicas[1].stop()
+    seqs = replicas[0].fake.seqs() + replicas[1].fake.seqs()
+    assert sorted(seqs) == list(range(1, 201))
+
+
+CRASHING_TRIGGERER = """
+import asyncio, json, sys
+from airflow.triggers.shared_stream import SharedStreamManager
+from airflow_jetstream.triggers.message import JetStreamMessageTrigger
+
+async def main():
+    manager = SharedStreamManager()
+    trigger = JetStreamMessageTrigger(**json.loads(sys.argv[1]))
+    key = trigger.shared_stream_key()
+    async for event in trigger.filter_shared_stream(manager.subscribe(trigger_id=1, trigger=trigger, key=key)):
+        manager.bind_pending_event(trigger_id=1, key=key)  # never persisted: the process dies first
+        print(event.payload["stream_seq"], flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_triggerer_crash_loses_nothing(orders):
+    trigger = make_trigger(consumer_config={"filter_subject": "orders.>", "ack_wait": "1s"})
+    _, kwargs = trigger.serialize()
+    crashing = subprocess.Popen([sys.executable, "-c", CRASHING_TRIGGERER, json.dumps(kwargs)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        wait_until(lambda: waiting_pulls(orders) >= 1, "the first triggerer", deadline=90)
+        publish(orders, 20)
+        wait_until(lambda: consumer_state(orders)["num_ack_pending"] == 20, "all 20 delivered to the first triggerer")
+    finally:
+        crashing.send_signal(signal.SIGKILL)
+        crashing.communicate(timeout=30)
+
+    async def restarted():
+        fake = FakeTriggerer()
+        fake.start(1, JetStreamMessageTrigger(**kwargs))
+        end = time.monotonic() + 30
+        while len(fake.stored) < 20 and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(wait_until, lambda: consumer_state(orders)["ack_floor"]["stream_seq"] == 20, "acks")
+        await fake.stop()
+        return fake
+
+    fake = asyncio.run(restarted())
+    assert sorted(fake.seqs()) == list(range(1, 21))
+    assert all(p["delivered"] >= 2 for _, p in fake.stored)  # redelivered after the crash
+
+
+def test_standalone_run_is_refused():
+    async def scenario():
+        await anext(make_trigger().run())
+
+    with pytest.raises(NotImplementedError, match="shared-stream manager"):
+        asyncio.run(scenario())

@@ -1,0 +1,319 @@
+"""Atomic batch publish (nats-server 2.12+): every message of the batch is stored, or none is.
+
+nats-py has no batch API, so the protocol is driven here with core publishes and requests:
+the first message is a request (the server answers an empty "batch started" message), the
+intermediate messages are plain publishes with no reply, every ``flow_every``-th one is a request
+whose (empty) answer bounds how far the client runs ahead, and the last message carries
+``Nats-Batch-Commit: 1`` and gets the PubAck. Nothing is visible in the stream before the commit.
+
+Retry-safety: when the server refuses a batch with ``duplicate_msg_id`` and every message has a
+msg id, the ids are probed without writing (see :func:`stored_sequences`); if all are stored the
+batch is reported as ``already_committed`` instead of failing or being written twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import nats.errors
+
+from airflow_jetstream.client import metrics
+from airflow_jetstream.client.batch_types import (
+    DEFAULT_MAX_BATCH_MSGS,
+    HEADER_BATCH_COMMIT,
+    HEADER_BATCH_ID,
+    HEADER_BATCH_SEQUENCE,
+    HEADER_EXPECTED_LAST_MSG_ID,
+    HEADER_EXPECTED_LAST_SEQ,
+    HEADER_EXPECTED_LAST_SUBJECT_SEQ,
+    HEADER_MSG_ID,
+    MAX_BATCH_ID_LENGTH,
+    BatchMessage,
+    BatchResult,
+    message_headers,
+    validate_batch_id,
+    validate_messages,
+)
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import (
+    BatchPublishError,
+    ConnectionFailedError,
+    InvalidRequestError,
+    JetStreamError,
+    RequestTimeoutError,
+    error_from_api,
+)
+
+#: Headers an atomic batch must not carry, with what to use instead.
+ATOMIC_REFUSED_HEADERS = {
+    HEADER_EXPECTED_LAST_MSG_ID.lower(): "atomic batches refuse it (server err 10177); use expected_last_seq",
+    HEADER_EXPECTED_LAST_SEQ.lower(): "pass expected_last_seq to the batch publish instead",
+    HEADER_EXPECTED_LAST_SUBJECT_SEQ.lower(): "set BatchMessage.expected_last_subject_seq instead",
+    HEADER_MSG_ID.lower(): "set BatchMessage.msg_id instead",
+    HEADER_BATCH_ID.lower(): "batch headers are set by the publisher",
+    HEADER_BATCH_SEQUENCE.lower(): "batch headers are set by the publisher",
+    HEADER_BATCH_COMMIT.lower(): "batch headers are set by the publisher",
+}
+# Batch id, sequence (up to 7 digits) and commit headers added to each message.
+_BATCH_HEADER_BYTES = (
+    len(HEADER_BATCH_ID) + MAX_BATCH_ID_LENGTH + len(HEADER_BATCH_SEQUENCE) + 7 + len(HEADER_BATCH_COMMIT) + 1
+    + len(HEADER_EXPECTED_LAST_SEQ) + 20 + 4 * 4 + 12
+)
+DEFAULT_FLOW_EVERY = 200
+DEFAULT_RETRIES = 5
+_BACKOFF_BASE = 0.05
+_BACKOFF_MAX = 2.0
+_PROBE_WINDOW = 256
+
+
+def build_batch_frames(
+    messages: Sequence[BatchMessage], batch_id: str, expected_last_seq: int | None
+) -> list[tuple[str, bytes, dict[str, str]]]:
+    """(subject, payload, headers) for every message of the batch, commit header on the last."""
+    frames = []
+    for seq, msg in enumerate(messages, start=1):
+        headers = message_headers(msg) if (msg.headers or msg.msg_id or msg.expected_last_subject_seq is not None) \
+            else {}
+        headers[HEADER_BATCH_ID] = batch_id
+        headers[HEADER_BATCH_SEQUENCE] = str(seq)
+        frames.append((msg.subject, bytes(msg.data), headers))
+    if expected_last_seq is not None:
+        frames[0][2][HEADER_EXPECTED_LAST_SEQ] = str(expected_last_seq)
+    frames[-1][2][HEADER_BATCH_COMMIT] = "1"
+    return frames
+
+
+def _parse_reply(data: bytes, context: str) -> dict[str, Any]:
+    """An empty reply is an intermediate ack ({}); otherwise JSON, raising typed errors."""
+    if not data:
+        return {}
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        raise BatchPublishError(f"{context}: the server answered non-JSON data", reason="bad_reply") from None
+    if not isinstance(reply, dict):
+        raise BatchPublishError(f"{context}: unexpected reply from the server", reason="bad_reply")
+    if "error" in reply:
+        raise error_from_api(reply["error"], context=context)
+    return reply
+
+
+async def _request(conn: JetStreamConnection, subject: str, payload: bytes, headers: dict[str, str],
+                   timeout: float, context: str) -> dict[str, Any]:
+    try:
+        msg = await conn.nc.request(subject, payload, timeout=timeout, headers=headers)
+    except nats.errors.NoRespondersError:
+        await conn.raise_if_denied(subject)
+        raise BatchPublishError(
+            f"{context}: no stream captures subject {subject!r}; create the stream or fix the subject",
+            reason="no_stream_for_subject",
+        ) from None
+    except nats.errors.TimeoutError:
+        await conn.raise_if_denied(subject)
+        raise RequestTimeoutError(f"{context}: no reply within {timeout}s") from None
+    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
+            nats.errors.OutboundBufferLimitError) as exc:
+        raise ConnectionFailedError(f"{context}: the connection was lost ({type(exc).__name__})",
+                                    reason="connection_lost") from None
+    return _parse_reply(msg.data, context)
+
+
+class _FlowAcks:
+    """Replies to the flow-control requests of one batch, on a private inbox.
+
+    Flow requests are published inline (so the batch stays in order) with a reply subject here;
+    at most one is outstanding: before the next one goes out, the previous answer is awaited.
+    """
+
+    def __init__(self, conn: JetStreamConnection, timeout: float, context: str) -> None:
+        self.conn = conn
+        self.timeout = timeout
+        self.context = context
+        self.inbox = conn.nc.new_inbox()
+        self.futures: dict[str, asyncio.Future[bytes]] = {}
+        self.outstanding: tuple[str, asyncio.Future[bytes]] | None = None
+        self.sub: Any = None
+
+    async def _on_reply(self, msg: Any) -> None:
+        future = self.futures.pop(msg.subject, None)
+        if future is not None and not future.done():
+            future.set_result(msg.data)
+
+    async def send(self, subject: str, payload: bytes, headers: dict[str, str], seq: int) -> None:
+        if self.sub is None:
+            self.sub = await self.conn.nc.subscribe(f"{self.inbox}.*", cb=self._on_reply)
+        reply = f"{self.inbox}.{seq}"
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.futures[reply] = future
+        await self.conn.nc.publish(subject, payload, reply=reply, headers=headers)
+        await self.wait()
+        self.outstanding = (subject, future)
+
+    async def wait(self) -> None:
+        if self.outstanding is None:
+            return
+        subject, future = self.outstanding
+        self.outstanding = None
+        try:
+            data = await asyncio.wait_for(future, self.timeout)
+        except TimeoutError:
+            await self.conn.raise_if_denied(subject)
+            raise RequestTimeoutError(f"{self.context}: no flow-control reply within {self.timeout}s") from None
+        _parse_reply(data, self.context)
+
+    async def close(self) -> None:
+        if self.sub is not None and not self.conn.nc.is_closed:
+            await self.sub.unsubscribe()
+
+
+async def _send_batch(conn: JetStreamConnection, frames: list[tuple[str, bytes, dict[str, str]]],
+                      flow_every: int, timeout: float, batch_id: str) -> dict[str, Any]:
+    context = f"atomic batch {batch_id}"
+    last = len(frames) - 1
+    subject, payload, headers = frames[0]
+    if last == 0:
+        return await _request(conn, subject, payload, headers, timeout, context)
+    await _request(conn, subject, payload, headers, timeout, context)
+    publish = conn.nc.publish
+    flow = _FlowAcks(conn, timeout, context)
+    try:
+        for index in range(1, last):
+            subject, payload, headers = frames[index]
+            if flow_every and index % flow_every == 0:
+                await flow.send(subject, payload, headers, index + 1)
+            else:
+                await publish(subject, payload, headers=headers)
+        subject, payload, headers = frames[last]
+        ack = await _request(conn, subject, payload, headers, timeout, context)
+        await flow.wait()
+        return ack
+    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
+            nats.errors.OutboundBufferLimitError) as exc:
+        raise ConnectionFailedError(f"{context}: the connection was lost mid-batch ({type(exc).__name__}); "
+                                    "nothing of the batch is stored", reason="connection_lost") from None
+    finally:
+        await flow.close()
+
+
+async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMessage],
+                           timeout: float | None = None) -> list[int | None]:
+    """For each message's msg id, the stream sequence that already holds it, or None. Writes nothing.
+
+    Each probe is a publish carrying the msg id and a ``Nats-Expected-Last-Msg-Id`` that cannot
+    match: the server answers a duplicate ack (with the stored sequence) when the id is within the
+    stream's duplicate window, and otherwise refuses the probe on the expectation, storing nothing.
+    """
+    timeout = timeout or conn.settings.request_timeout
+    impossible = f"probe-{uuid.uuid4().hex}"
+    semaphore = asyncio.Semaphore(_PROBE_WINDOW)
+
+    async def probe(msg: BatchMessage) -> int | None:
+        if not msg.msg_id:
+            return None
+        headers = {HEADER_MSG_ID: msg.msg_id, HEADER_EXPECTED_LAST_MSG_ID: impossible}
+        async with semaphore:
+            try:
+                reply = await _request(conn, msg.subject, b"", headers, timeout, f"msg id probe {msg.msg_id!r}")
+            except BatchPublishError:
+                raise
+            except JetStreamError as exc:
+                if exc.err_code is not None:
+                    return None
+                raise
+        if reply.get("duplicate") and int(reply.get("seq") or 0) > 0:
+            return int(reply["seq"])
+        raise BatchPublishError(f"msg id probe {msg.msg_id!r}: the server stored the probe; this server does "
+                                "not check msg ids before expectations", reason="probe_unsupported")
+
+    return list(await asyncio.gather(*(probe(m) for m in messages)))
+
+
+async def _already_committed(conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str,
+                             timeout: float, error: BatchPublishError) -> BatchResult:
+    if not all(m.msg_id for m in messages):
+        raise error
+    seqs = await stored_sequences(conn, messages, timeout)
+    missing = [i for i, s in enumerate(seqs) if s is None]
+    if missing:
+        raise BatchPublishError(
+            f"atomic batch {batch_id}: {len(messages) - len(missing)} of {len(messages)} msg ids are already "
+            f"stored (first new one: message {missing[0]}); the batch was refused whole. Remove the stored "
+            "messages from the batch or give the new ones fresh msg ids",
+            reason="duplicate_msg_id", code=error.code, err_code=error.err_code, description=error.description,
+        )
+    stream = await _stream_of(conn, messages[0].subject)
+    stored = [s for s in seqs if s is not None]
+    return BatchResult(stream=stream, batch=batch_id, count=len(messages), first_seq=min(stored),
+                       last_seq=max(stored), already_committed=True)
+
+
+async def _stream_of(conn: JetStreamConnection, subject: str) -> str:
+    reply = await conn.api_request("STREAM.NAMES", {"subject": subject}, context=f"stream for {subject!r}")
+    names = reply.get("streams") or []
+    return names[0] if names else ""
+
+
+async def publish_atomic_batch(
+    conn: JetStreamConnection,
+    messages: Sequence[BatchMessage],
+    *,
+    batch_id: str | None = None,
+    expected_last_seq: int | None = None,
+    max_msgs: int = DEFAULT_MAX_BATCH_MSGS,
+    flow_every: int = DEFAULT_FLOW_EVERY,
+    timeout: float | None = None,
+    retries: int = DEFAULT_RETRIES,
+) -> BatchResult:
+    """Publish ``messages`` as one atomic batch and return where it was stored.
+
+    Everything is validated before the first byte is sent (empty batch, more than ``max_msgs``,
+    batch id, subjects, payload sizes against ``conn.max_payload``, refused headers): each problem
+    is an :class:`InvalidRequestError` with a ``reason``. Server refusals are
+    :class:`BatchPublishError`\\ s (``stream_not_atomic``, ``batch_incomplete``, ``batch_too_large``,
+    ``wrong_last_sequence``, ``duplicate_msg_id``, ...); ``too_many_inflight`` is retried up to
+    ``retries`` times with jittered exponential backoff.
+
+    :param expected_last_seq: the stream's last sequence must be this when the batch commits.
+    :param max_msgs: the server's per-batch limit (``jetstream.limits.batch.max_msgs``).
+    :param flow_every: every N-th message is a request, bounding how far the client runs ahead (0: never).
+    :param timeout: seconds to wait for each server reply (default: the connection's request timeout).
+    """
+    items = validate_messages(messages, max_msgs=max_msgs, max_payload=conn.max_payload,
+                              refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=_BATCH_HEADER_BYTES)
+    batch_id = validate_batch_id(batch_id)
+    if expected_last_seq is not None and (not isinstance(expected_last_seq, int) or expected_last_seq < 0):
+        raise InvalidRequestError(f"expected_last_seq must be an int >= 0, got {expected_last_seq!r}",
+                                  reason="invalid_request")
+    if not isinstance(flow_every, int) or flow_every < 0:
+        raise InvalidRequestError(f"flow_every must be an int >= 0, got {flow_every!r}", reason="invalid_request")
+    timeout = timeout or conn.settings.request_timeout
+    frames = build_batch_frames(items, batch_id, expected_last_seq)
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            ack = await _send_batch(conn, frames, flow_every, timeout, batch_id)
+            break
+        except BatchPublishError as exc:
+            if exc.reason == "too_many_inflight" and attempt < retries:
+                attempt += 1
+                metrics.incr("batch.retried", tags={"reason": exc.reason})
+                await asyncio.sleep(min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** attempt) * (0.5 + random.random()))
+                continue
+            metrics.incr("batch.failed", tags={"reason": exc.reason})
+            if exc.reason == "duplicate_msg_id":
+                return await _already_committed(conn, items, batch_id, timeout, exc)
+            raise
+    count = int(ack.get("count") or len(items))
+    last_seq = int(ack["seq"])
+    metrics.incr("batch.committed")
+    metrics.incr("batch.messages", count)
+    metrics.timing("batch.commit_ms", (time.monotonic() - started) * 1000.0)
+    return BatchResult(stream=str(ack.get("stream", "")), batch=str(ack.get("batch") or batch_id), count=count,
+                       first_seq=last_seq - count + 1, last_seq=last_seq)

@@ -1,0 +1,251 @@
+"""Value types and header names of batch publishing, plus the checks every batch publisher shares.
+
+Atomic batches, fast batches and the :class:`~airflow_jetstream.client.batcher.Batcher` take
+:class:`BatchMessage` items and return :class:`BatchResult` / :class:`BatchItemResult` values
+(plain, picklable, with ``to_dict()`` for XCom and logs).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError
+from airflow_jetstream.client.subjects import validate_subject
+
+HEADER_BATCH_ID = "Nats-Batch-Id"
+HEADER_BATCH_SEQUENCE = "Nats-Batch-Sequence"
+HEADER_BATCH_COMMIT = "Nats-Batch-Commit"
+HEADER_MSG_ID = "Nats-Msg-Id"
+HEADER_EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
+HEADER_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+HEADER_EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
+
+#: Longest batch id the server accepts (err 10179 / 10207 above it).
+MAX_BATCH_ID_LENGTH = 64
+#: The server's default ``jetstream.limits.batch.max_msgs``.
+DEFAULT_MAX_BATCH_MSGS = 1000
+
+#: Headers the batch publishers set themselves; a message must not carry them.
+MANAGED_HEADERS = frozenset({HEADER_BATCH_ID, HEADER_BATCH_SEQUENCE, HEADER_BATCH_COMMIT})
+_HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BATCH_ID = re.compile(r"[A-Za-z0-9_\-]+")
+# Bytes the protocol adds around user headers: "NATS/1.0\r\n" ... "\r\n" plus ": " and "\r\n" per header.
+_HEADER_FRAME_OVERHEAD = 12
+_HEADER_LINE_OVERHEAD = 4
+
+
+@dataclass(frozen=True)
+class BatchMessage:
+    """One message of a batch.
+
+    :param subject: a concrete subject captured by the target stream.
+    :param data: the payload bytes.
+    :param headers: extra headers (string keys and values).
+    :param msg_id: sets ``Nats-Msg-Id`` for server-side de-duplication (makes retries safe).
+    :param expected_last_subject_seq: per-subject optimistic concurrency check
+        (``Nats-Expected-Last-Subject-Sequence``), checked by the server at commit.
+    """
+
+    subject: str
+    data: bytes
+    headers: dict[str, str] | None = None
+    msg_id: str | None = None
+    expected_last_subject_seq: int | None = None
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """Outcome of a committed batch: it occupies stream sequences ``first_seq .. last_seq``.
+
+    ``already_committed`` is True when a retried atomic batch was found already stored (its
+    msg ids are all in the stream), so nothing was written twice. For fast batches ``first_seq``
+    is None: other publishers may interleave, so the range is not contiguous.
+    """
+
+    stream: str
+    batch: str
+    count: int
+    first_seq: int | None
+    last_seq: int
+    already_committed: bool = False
+    duplicates: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "batch": self.batch,
+            "count": self.count,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "already_committed": self.already_committed,
+            "duplicates": self.duplicates,
+        }
+
+
+@dataclass(frozen=True)
+class BatchItemResult:
+    """Per-item outcome from the :class:`~airflow_jetstream.client.batcher.Batcher`.
+
+    On success ``error`` is ``""`` and ``stream``/``seq`` say where the message is stored; on
+    failure ``error`` is a machine-readable reason (``wrong_last_sequence``, ``invalid_subject``,
+    ``timeout``, ...) and ``message`` explains it.
+    """
+
+    stream: str | None = None
+    seq: int | None = None
+    duplicate: bool = False
+    error: str = ""
+    message: str = ""
+    code: int | None = None
+    err_code: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @classmethod
+    def failed(cls, exc: JetStreamError) -> BatchItemResult:
+        return cls(error=exc.reason, message=exc.message, code=exc.code, err_code=exc.err_code)
+
+    def raise_for_error(self) -> BatchItemResult:
+        """Return self on success, else raise a :class:`JetStreamError` with this item's reason."""
+        if self.error:
+            raise JetStreamError(self.message or self.error, reason=self.error, code=self.code,
+                                 err_code=self.err_code)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "seq": self.seq,
+            "duplicate": self.duplicate,
+            "error": self.error,
+            "message": self.message,
+        }
+
+
+def new_batch_id() -> str:
+    """A fresh batch id (32 hex characters)."""
+    return uuid.uuid4().hex
+
+
+def validate_batch_id(batch_id: str | None) -> str:
+    """Return ``batch_id`` (or a fresh one) if the server will accept it as a batch id."""
+    if batch_id is None:
+        return new_batch_id()
+    if not isinstance(batch_id, str) or not batch_id:
+        raise InvalidRequestError(f"batch_id must be a non-empty string, got {batch_id!r}", reason="batch_id_invalid")
+    if len(batch_id) > MAX_BATCH_ID_LENGTH:
+        raise InvalidRequestError(
+            f"batch_id is {len(batch_id)} characters; the server accepts at most {MAX_BATCH_ID_LENGTH}",
+            reason="batch_id_invalid",
+        )
+    if not _BATCH_ID.fullmatch(batch_id):
+        raise InvalidRequestError(
+            f"batch_id {batch_id!r} may only contain letters, digits, '-' and '_'", reason="batch_id_invalid"
+        )
+    return batch_id
+
+
+def header_size(headers: dict[str, str]) -> int:
+    """Bytes the headers take on the wire."""
+    if not headers:
+        return 0
+    return _HEADER_FRAME_OVERHEAD + sum(len(k) + len(v) + _HEADER_LINE_OVERHEAD for k, v in headers.items())
+
+
+def _check_headers(index: int, headers: object, refused: dict[str, str]) -> dict[str, str]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, dict):
+        raise InvalidRequestError(f"message {index}: headers must be a dict, got {type(headers).__name__}",
+                                  reason="invalid_header")
+    for key, value in headers.items():
+        if not isinstance(key, str) or not _HEADER_KEY.fullmatch(key):
+            raise InvalidRequestError(f"message {index}: header name {key!r} is not a valid NATS header name",
+                                      reason="invalid_header")
+        if not isinstance(value, str) or "\r" in value or "\n" in value:
+            raise InvalidRequestError(
+                f"message {index}: header {key!r} must be a string without line breaks", reason="invalid_header"
+            )
+        hint = refused.get(key.lower())
+        if hint is not None:
+            raise InvalidRequestError(f"message {index}: header {key!r} is not allowed here; {hint}",
+                                      reason="unsupported_header")
+    return headers
+
+
+def validate_messages(
+    messages: Sequence[BatchMessage],
+    *,
+    max_msgs: int | None,
+    max_payload: int,
+    refused_headers: dict[str, str],
+    reserved_header_bytes: int = 0,
+) -> list[BatchMessage]:
+    """Check a whole batch locally and return it as a list; raises :class:`InvalidRequestError` subclasses.
+
+    ``refused_headers`` maps lower-case header names to a hint on what to use instead.
+    ``reserved_header_bytes`` is what the publisher adds to every message (batch headers).
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise InvalidRequestError("messages must be a sequence of BatchMessage", reason="invalid_request")
+    items = list(messages)
+    if not items:
+        raise InvalidRequestError("the batch is empty; give at least one message", reason="empty_batch")
+    if max_msgs is not None and len(items) > max_msgs:
+        raise InvalidRequestError(
+            f"the batch has {len(items)} messages, more than the limit of {max_msgs} per batch "
+            "(server jetstream.limits.batch.max_msgs); split it into smaller batches",
+            reason="batch_too_large",
+        )
+    seen_ids: dict[str, int] = {}
+    for index, msg in enumerate(items):
+        if not isinstance(msg, BatchMessage):
+            raise InvalidRequestError(f"message {index} is a {type(msg).__name__}, not a BatchMessage",
+                                      reason="invalid_request")
+        validate_subject(msg.subject, what=f"message {index} subject")
+        if not isinstance(msg.data, (bytes, bytearray, memoryview)):
+            raise InvalidRequestError(f"message {index}: data must be bytes, got {type(msg.data).__name__}",
+                                      reason="invalid_payload")
+        headers = _check_headers(index, msg.headers, refused_headers)
+        extra = reserved_header_bytes
+        if msg.msg_id is not None:
+            if not isinstance(msg.msg_id, str) or not msg.msg_id or "\r" in msg.msg_id or "\n" in msg.msg_id:
+                raise InvalidRequestError(f"message {index}: msg_id must be a non-empty single-line string",
+                                          reason="invalid_msg_id")
+            if msg.msg_id in seen_ids:
+                raise InvalidRequestError(
+                    f"messages {seen_ids[msg.msg_id]} and {index} share msg_id {msg.msg_id!r}; "
+                    "msg ids must be unique within a batch",
+                    reason="duplicate_msg_id",
+                )
+            seen_ids[msg.msg_id] = index
+            extra += len(HEADER_MSG_ID) + len(msg.msg_id) + _HEADER_LINE_OVERHEAD
+        if msg.expected_last_subject_seq is not None:
+            if not isinstance(msg.expected_last_subject_seq, int) or msg.expected_last_subject_seq < 0:
+                raise InvalidRequestError(f"message {index}: expected_last_subject_seq must be an int >= 0",
+                                          reason="invalid_request")
+            extra += len(HEADER_EXPECTED_LAST_SUBJECT_SEQ) + 20 + _HEADER_LINE_OVERHEAD
+        size = len(msg.data) + header_size(headers) + extra
+        if size > max_payload:
+            raise InvalidRequestError(
+                f"message {index} ({msg.subject}) is {size} bytes with headers, over the connection's "
+                f"max_payload of {max_payload} bytes; make it smaller or raise the server's max_payload",
+                reason="payload_too_large",
+            )
+    return items
+
+
+def message_headers(msg: BatchMessage) -> dict[str, str]:
+    """The user-level headers of ``msg`` (its own headers, msg id and per-subject expectation)."""
+    headers = dict(msg.headers) if msg.headers else {}
+    if msg.msg_id is not None:
+        headers[HEADER_MSG_ID] = msg.msg_id
+    if msg.expected_last_subject_seq is not None:
+        headers[HEADER_EXPECTED_LAST_SUBJECT_SEQ] = str(msg.expected_last_subject_seq)
+    return headers

@@ -622,7 +622,8 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
     """Whether ``stream`` has caught up with its source (or mirror) ``source``.
 
     ``caught_up`` means: no source ``error``, ``active >= 0``, ``lag`` 0 and, when the durable
-    consumer on the origin is known, nothing pending on it. ``error`` holds the server's error dict.
+    consumer on the origin is known, nothing pending on it. ``error`` is the source's error as a typed
+    error dict (``reason``, ``message``, ``err_code``) or None.
     """
     spec = DurableSource(stream=stream, source=source, domain=domain)
     info = await stream_info(conn, stream)
@@ -648,7 +649,8 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
     active = int(entry.get("active", -1))
     lag = int(entry.get("lag", 0))
     pending = int(consumer.get("num_pending", 0)) if consumer else None
-    error = entry.get("error")
+    error = error_from_api(entry["error"], context=f"source {source!r} of {where}").to_dict() if entry.get("error") \
+        else None
     return {
         "stream": stream,
         "source": source,

@@ -25,6 +25,9 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench
 
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 bench: install
 	$(PY) bench/publish.py
 

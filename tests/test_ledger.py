@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -80,6 +81,7 @@ def test_record_is_idempotent_and_rejects_a_different_location(settings):
         {"count": 1, "first_seq": 4, "last_seq": 3},
         {"count": 1, "first_seq": 0},
         {"count": True},
+        {"count": 1, "meta": {"when": object()}},
     ],
 )
 def test_bad_locations_are_rejected_before_anything_is_written(settings, kwargs):
@@ -294,3 +296,19 @@ def test_any_reaper_applies_the_claimers_limits_and_ledger_status_reports(settin
     assert after["done"] is False and after["error"]["reason"] == "batches_failed"
     assert after["error"]["failed"][0]["batch_id"] == "b0" and after["messages"]["failed"] == 4
     assert tolerant["done"] is False and "error" not in tolerant  # a failed batch never reaches a state
+
+
+def test_records_from_a_newer_version_still_decode(settings):
+    async def scenario(ledger: BatchLedger):
+        stored = await ledger.record(RUN, "b0", stream="ORDERS", count=1)
+        body = json.loads(stored._encode())
+        body["added_in_a_later_version"] = {"x": 1}
+        await ledger.kv.put(batch_key(RUN, "b0"), json.dumps(body).encode())
+        await ledger.kv.put(batch_key(RUN, "junk"), b"not json")
+        with pytest.raises(LedgerConflictError) as corrupt:
+            await ledger.get(RUN, "junk")
+        return await ledger.get(RUN, "b0"), corrupt.value
+
+    newer, corrupt = run(settings, scenario)
+    assert newer.batch_id == "b0" and newer.state == "published"
+    assert corrupt.reason == "ledger_corrupt"

@@ -159,13 +159,17 @@ class BatchRecord:
     def _decode(cls, data: bytes, revision: int) -> BatchRecord:
         try:
             body = json.loads(data)
-            return cls(**body, revision=revision)
+            known = {name: value for name, value in body.items() if name in _FIELDS}  # newer versions may add fields
+            return cls(**known, revision=revision)
         except (ValueError, TypeError) as exc:
             raise LedgerConflictError(
                 f"a ledger entry (revision {revision}) is not a batch record ({type(exc).__name__}); "
                 "the bucket is used by something else: give the ledger its own bucket",
                 reason="ledger_corrupt",
             ) from None
+
+
+_FIELDS = frozenset(BatchRecord.__dataclass_fields__) - {"revision"}
 
 
 @asynccontextmanager
@@ -346,6 +350,11 @@ class BatchLedger:
         existing batch raises :class:`LedgerConflictError`."""
         validate_name(stream, what="stream name")
         self._check_location(count, first_seq, last_seq)
+        try:
+            json.dumps(meta)
+        except (TypeError, ValueError):
+            raise InvalidRequestError(f"meta of batch {batch_id!r} must be JSON-able (dict of str, numbers, lists)") \
+                from None
         key = batch_key(run_id, batch_id)
         now = _iso(self.clock())
         rec = BatchRecord(run_id=run_id, batch_id=batch_id, stream=stream, count=count, first_seq=first_seq,

@@ -312,3 +312,19 @@ def test_records_from_a_newer_version_still_decode(settings):
     newer, corrupt = run(settings, scenario)
     assert newer.batch_id == "b0" and newer.state == "published"
     assert corrupt.reason == "ledger_corrupt"
+
+
+def test_claim_of_an_expired_last_attempt_stores_the_dead_letter(settings):
+    clock = FakeClock()
+
+    async def scenario(ledger: BatchLedger):
+        await ledger.record(RUN, "b0", stream="ORDERS", count=1)
+        await ledger.claim(RUN, "b0", owner="only-attempt")
+        clock.advance(11)
+        again = await ledger.claim(RUN, "b0", owner="too-late")
+        return again, await ledger.get(RUN, "b0"), await ledger.reap(RUN)
+
+    again, stored, reaped = run(settings, scenario, visibility_timeout=10, max_attempts=1, clock=clock)
+    assert again is None
+    assert stored.state == "failed" and stored.attempts == 1 and "only-attempt" in stored.last_error
+    assert reaped == {"returned": [], "failed": []}  # nothing left for the reaper

@@ -409,6 +409,8 @@ class BatchLedger:
         def take(rec: BatchRecord) -> BatchRecord | None:
             if rec.expired(now):
                 rec = self._expire(rec, now)
+                if rec.state == FAILED:
+                    return rec  # the expired attempt was the last one: store the dead letter
             if rec.state != PUBLISHED:
                 return None
             return replace(

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from airflow_jetstream.client import ConnectionSettings, open_connection
+from airflow_jetstream.client import ConnectionSettings, metrics, open_connection
 from airflow_jetstream.client.errors import (
     BatchesFailedError,
     BatchNotFoundError,
@@ -118,25 +118,59 @@ def test_claim_consume_and_summary(settings):
     assert run_reached(summary, "published")
 
 
-def test_racing_claimers_exactly_one_wins(settings):
-    """Many connections claim the same batch at once: the revision check lets exactly one through."""
+class CountingSink:
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def incr(self, name, count=1, tags=None):
+        self.counts[name] = self.counts.get(name, 0) + count
+
+    def timing(self, name, millis, tags=None):
+        return None
+
+    def gauge(self, name, value, tags=None):
+        return None
+
+
+@pytest.fixture
+def counting_sink():
+    sink = CountingSink()
+    metrics.set_metrics_sink(sink)
+    yield sink
+    metrics.set_metrics_sink(None)
+
+
+class ReadTogetherLedger(BatchLedger):
+    """Holds each claimer after its first read until all have read: every update then races on one revision."""
+
+    barrier: asyncio.Barrier | None = None
+
+    async def get(self, run_id, batch_id):
+        record = await super().get(run_id, batch_id)
+        barrier, self.barrier = self.barrier, None
+        if barrier is not None:
+            await barrier.wait()
+        return record
+
+
+def test_racing_claimers_exactly_one_wins(settings, counting_sink):
+    """Eight connections read the same revision, then all try to claim: exactly one update gets through."""
+    claimers = 8
 
     async def scenario():
         async with open_connection(settings) as setup:
             ledger = await BatchLedger.open(setup)
             await ledger.record(RUN, "hot", stream="ORDERS", count=1)
 
-        async def claimer(n: int, start: asyncio.Event):
+        barrier = asyncio.Barrier(claimers)
+
+        async def claimer(n: int):
             async with open_connection(settings) as conn:
-                mine = await BatchLedger.open(conn, create=False)
-                await start.wait()
+                mine = await ReadTogetherLedger.open(conn, create=False)
+                mine.barrier = barrier
                 return await mine.claim(RUN, "hot", owner=f"claimer-{n}")
 
-        start = asyncio.Event()
-        tasks = [asyncio.create_task(claimer(n, start)) for n in range(8)]
-        await asyncio.sleep(0)
-        start.set()
-        results = await asyncio.gather(*tasks)
+        results = await asyncio.gather(*(claimer(n) for n in range(claimers)))
         async with open_connection(settings) as conn:
             final = await (await BatchLedger.open(conn, create=False)).get(RUN, "hot")
         return results, final
@@ -146,6 +180,8 @@ def test_racing_claimers_exactly_one_wins(settings):
     assert len(winners) == 1
     assert final.state == "in_progress" and final.attempts == 1
     assert final.claim_id == winners[0].claim_id and final.owner == winners[0].owner
+    assert counting_sink.counts["ledger.claimed"] == 1
+    assert counting_sink.counts["ledger.cas_retry"] == claimers - 1  # every loser hit the revision check
 
 
 def test_dead_claimer_is_reaped_then_dead_lettered_after_max_attempts(settings):

@@ -1,0 +1,104 @@
+"""The advisory sensor in real DAG runs (`airflow dags test`), and the example event-driven DAG file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+EXAMPLES = Path(__file__).resolve().parents[1] / "dags_examples"
+
+DAGS = '''
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_jetstream.client import ensure_stream
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
+from airflow_jetstream.sensors.advisory import JetStreamAdvisorySensor
+
+
+@task
+def create_stream(name: str) -> str:
+    JetStreamHook().run(ensure_stream, {"name": name, "subjects": [name.lower() + ".>"]})
+    return name
+
+
+@task
+def report(found: dict, quiet: dict):
+    print(f"ADVISORY_REPORT kind={found['advisory_kind']} stream={found['stream']} quiet={quiet['advisory']}")
+
+
+with DAG("advisory_e2e", start_date=pendulum.datetime(2026, 1, 1), schedule=None):
+    capture = JetStreamAdvisoryStreamOperator(task_id="capture", max_age="1h")
+    created = create_stream("ORDERS")
+    found = JetStreamAdvisorySensor(task_id="found", advisory="stream_created", stream="ORDERS",
+                                    since="{{ dag_run.start_date }}", deferrable=True, timeout=60)
+    quiet = JetStreamAdvisorySensor(task_id="quiet", advisory="batch_abandoned", stream="ORDERS",
+                                    since="{{ dag_run.start_date }}", expect="absent", quiet_period=1,
+                                    deferrable=True, timeout=60)
+    capture >> created >> [found, quiet]
+    report(found.output, quiet.output)
+    guard = JetStreamAdvisorySensor(task_id="guard", advisory="stream_created", stream="ORDERS",
+                                    since="{{ dag_run.start_date }}", expect="absent", quiet_period=30,
+                                    mode="reschedule", poke_interval=1, timeout=60)
+    created >> guard
+'''
+
+
+def _airflow(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture
+def dag_env(tmp_path: Path, nats_server) -> dict[str, str]:
+    home = tmp_path / "airflow"
+    dags = home / "dags"
+    dags.mkdir(parents=True)
+    (dags / "advisory_dags.py").write_text(textwrap.dedent(DAGS))
+    host, port = nats_server.url.split("://", 1)[1].rsplit(":", 1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__"))}
+    env.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+        AIRFLOW_CONN_NATS_DEFAULT=json.dumps({"conn_type": "nats", "host": host, "port": int(port)}),
+    )
+    migrate = _airflow(["db", "migrate"], env)
+    assert migrate.returncode == 0, migrate.stderr[-2000:]
+    return env
+
+
+@pytest.mark.airflow_cli
+def test_sensor_in_dag_runs(dag_env):
+    run = _airflow(["dags", "test", "advisory_e2e"], dag_env)
+    output = run.stdout + run.stderr
+    # found at the first poke although the advisory was published by the task before it
+    assert "ADVISORY_REPORT kind=stream_created stream=ORDERS quiet=None" in output, output[-4000:]
+    assert "Deferring: waiting for batch_abandoned" in output, output[-4000:]  # the guard waited in the trigger
+    # the guard on the same advisory fails the run, naming what it found
+    assert "guard failed: advisory stream_created (stream=ORDERS)" in output, output[-4000:]
+    assert run.returncode != 0
+
+
+def test_example_event_driven_dag_loads_with_jetstream_watchers():
+    code = textwrap.dedent(f"""
+        from airflow.dag_processing.dagbag import DagBag
+        bag = DagBag(dag_folder={str(EXAMPLES / "event_driven_dag.py")!r})
+        assert not bag.import_errors, bag.import_errors
+        dag = bag.dags["process_ready_orders"]
+        asset = dag.timetable.asset_condition.objects[0]
+        classpath, kwargs = asset.watchers[0].trigger.serialize()
+        print(sorted(bag.dag_ids), classpath, kwargs["stream"], kwargs["consumer"])
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert ("['handle_abandoned_batches', 'process_ready_orders', 'publish_orders_guarded'] "
+            "airflow_jetstream.triggers.message.JetStreamMessageTrigger ORDERS airflow_orders_ready") in out.stdout

@@ -364,3 +364,33 @@ def test_claim_of_an_expired_last_attempt_stores_the_dead_letter(settings):
     assert again is None
     assert stored.state == "failed" and stored.attempts == 1 and "only-attempt" in stored.last_error
     assert reaped == {"returned": [], "failed": []}  # nothing left for the reaper
+
+
+def test_reaper_and_a_late_consumer_racing_on_one_expired_claim_never_both_win(settings):
+    clock = FakeClock()
+
+    async def scenario():
+        barrier = asyncio.Barrier(2)
+        async with open_connection(settings) as c1, open_connection(settings) as c2:
+            consumer = await ReadTogetherLedger.open(c1, visibility_timeout=5, clock=clock)
+            reaper = await ReadTogetherLedger.open(c2, clock=clock)
+            await consumer.record(RUN, "b0", stream="ORDERS", count=1)
+            claim = await consumer.claim(RUN, "b0", owner="slow")
+            clock.advance(6)
+            consumer.barrier = reaper.barrier = barrier
+
+            async def finish():
+                try:
+                    return await consumer.mark_consumed(claim)
+                except ClaimLostError as exc:
+                    return exc
+
+            marked, reaped = await asyncio.gather(finish(), reaper.reap(RUN))
+            return marked, reaped, await reaper.get(RUN, "b0")
+
+    marked, reaped, final = asyncio.run(scenario())
+    if isinstance(marked, ClaimLostError):
+        assert [r["batch_id"] for r in reaped["returned"]] == ["b0"] and final.state == "published"
+    else:
+        assert reaped == {"returned": [], "failed": []} and final.state == "consumed"
+    assert final.revision == 3  # record, claim, then exactly one more write

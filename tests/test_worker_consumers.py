@@ -138,9 +138,8 @@ def test_failed_update_keeps_last_good_config_and_manager_state(settings, sink):
         manager = WorkerConsumerManager("ORDERS", "reader", "w2", retries=2, backoff=0.01)
         first = await manager.update(conn, ["orders.a"])
         suppressed = [await manager.update(conn, ["orders.a", "orders.a"]) for _ in range(3)]
-        # deliver_policy cannot change on an existing consumer: a non-transient failure, not retried
-        bad = WorkerConsumerManager("ORDERS", "reader", "w2", retries=2, backoff=0.01,
-                                    config={"deliver_policy": "new"})
+        # the server refuses to change max_waiting (500/10012): a permanent failure, not retried
+        bad = WorkerConsumerManager("ORDERS", "reader", "w2", retries=2, backoff=0.01, config={"max_waiting": 10})
         bad.subjects = manager.subjects
         with pytest.raises(ConsumerConfigError) as failed:
             await bad.update(conn, ["orders.a", "orders.b"])
@@ -151,10 +150,10 @@ def test_failed_update_keeps_last_good_config_and_manager_state(settings, sink):
     manager, first, suppressed, bad, failed, info, moved = in_server(settings, scenario)
     assert first["action"] == "created" and first["added"] == ["orders.a"] and not first["suppressed"]
     assert all(s["suppressed"] and s["action"] == "unchanged" and s["info"] is None for s in suppressed)
-    assert failed.reason == "immutable_field"
+    assert (failed.code, failed.err_code) == (500, 10012) and "max waiting" in failed.message
     assert _filters(info) == ["orders.a"]  # the server kept the last good config
     assert bad.subjects == ("orders.a",) and bad.pending == ("orders.a", "orders.b")
-    assert bad.stats["failed"] == 1 and bad.last_error["reason"] == "immutable_field"
+    assert bad.stats["failed"] == 1 and bad.last_error["err_code"] == 10012
     assert sink.counts.get("worker_consumer.update_retry", 0) == 0
     assert moved["action"] == "updated" and moved["added"] == ["orders.b", "orders.c"]
     assert moved["removed"] == ["orders.a"]

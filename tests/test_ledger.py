@@ -295,6 +295,9 @@ def test_unknown_batch_bucket_and_bad_params(settings):
                 await BatchLedger.open(conn, max_attempts=0)
             with pytest.raises(InvalidRequestError):
                 await BatchLedger.open(conn, visibility_timeout=0)
+            with pytest.raises(InvalidRequestError) as bad_bucket:
+                await BatchLedger.open(conn, "runs:2026")
+            assert bad_bucket.value.reason == "invalid_name"
             assert await ledger.summary("no-such-run") == {
                 "run_id": "no-such-run", "bucket": "batch_ledger", "batches": 0,
                 "states": {"published": 0, "in_progress": 0, "consumed": 0, "failed": 0},

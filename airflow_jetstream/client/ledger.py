@@ -289,7 +289,11 @@ class BatchLedger:
                    visibility_timeout: float | str | timedelta = "10m", max_attempts: int = 3,
                    clock: Callable[[], float] = time.time) -> BatchLedger:
         """Open the ledger bucket, creating it when missing (``create``); ``ttl`` expires old runs."""
-        validate_name(bucket, what="ledger bucket")
+        if not isinstance(bucket, str) or not bucket or set(bucket) - _KEY_SAFE:
+            raise InvalidRequestError(
+                f"ledger bucket {bucket!r} is not a valid KV bucket name (letters, digits, '_' and '-' only)",
+                reason="invalid_name",
+            )
         async with _kv_errors(conn, f"ledger bucket {bucket!r}"):
             try:
                 kv = await conn.js.key_value(bucket)

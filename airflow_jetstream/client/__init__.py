@@ -8,6 +8,9 @@ Spark executors, the Airflow triggerer and plain scripts use it directly::
         await ensure_stream(conn, {"name": "ORDERS", "subjects": ["orders.>"]})
 """
 
+from airflow_jetstream.client.atomic_batch import publish_atomic_batch, stored_sequences
+from airflow_jetstream.client.batch_types import BatchItemResult, BatchMessage, BatchResult
+from airflow_jetstream.client.batcher import Batcher
 from airflow_jetstream.client.connection import JetStreamConnection, account_info, connect, open_connection
 from airflow_jetstream.client.errors import (
     AuthenticationError,
@@ -28,6 +31,7 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
     TLSConfigurationError,
 )
+from airflow_jetstream.client.fast_batch import publish_fast_batch
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.streams import (
     delete_stream,
@@ -39,7 +43,11 @@ from airflow_jetstream.client.streams import (
 
 __all__ = [
     "AuthenticationError",
+    "BatchItemResult",
+    "BatchMessage",
     "BatchPublishError",
+    "BatchResult",
+    "Batcher",
     "ConnectionFailedError",
     "ConnectionSettings",
     "ConsumerConfigError",
@@ -63,6 +71,9 @@ __all__ = [
     "ensure_stream",
     "find_stream",
     "open_connection",
+    "publish_atomic_batch",
+    "publish_fast_batch",
     "purge_stream",
+    "stored_sequences",
     "stream_info",
 ]

@@ -36,9 +36,12 @@ from airflow_jetstream.client.batch_types import (
     MAX_BATCH_ID_LENGTH,
     BatchMessage,
     BatchResult,
+    encode_frame,
+    encode_header_lines,
     message_headers,
     validate_batch_id,
     validate_messages,
+    write_frames,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
@@ -72,20 +75,28 @@ _BACKOFF_MAX = 2.0
 _PROBE_WINDOW = 256
 
 
-def build_batch_frames(
-    messages: Sequence[BatchMessage], batch_id: str, expected_last_seq: int | None
-) -> list[tuple[str, bytes, dict[str, str]]]:
-    """(subject, payload, headers) for every message of the batch, commit header on the last."""
+def _batch_lines(batch_id: str) -> bytes:
+    return f"{HEADER_BATCH_ID}: {batch_id}\r\n{HEADER_BATCH_SEQUENCE}: ".encode()
+
+
+def encode_atomic_batch(messages: Sequence[BatchMessage], batch_id: str, expected_last_seq: int | None,
+                        replies: dict[int, bytes]) -> list[bytes]:
+    """The protocol frames of the batch; ``replies`` maps batch sequences to their reply subject."""
+    batch_lines = _batch_lines(batch_id)
+    subjects: dict[str, bytes] = {}
     frames = []
+    last = len(messages)
     for seq, msg in enumerate(messages, start=1):
-        headers = message_headers(msg) if (msg.headers or msg.msg_id or msg.expected_last_subject_seq is not None) \
-            else {}
-        headers[HEADER_BATCH_ID] = batch_id
-        headers[HEADER_BATCH_SEQUENCE] = str(seq)
-        frames.append((msg.subject, bytes(msg.data), headers))
-    if expected_last_seq is not None:
-        frames[0][2][HEADER_EXPECTED_LAST_SEQ] = str(expected_last_seq)
-    frames[-1][2][HEADER_BATCH_COMMIT] = "1"
+        subject = subjects.get(msg.subject)
+        if subject is None:
+            subject = subjects[msg.subject] = msg.subject.encode()
+        lines = b"%b%b%d\r\n" % (encode_header_lines(message_headers(msg)) if (
+            msg.headers or msg.msg_id or msg.expected_last_subject_seq is not None) else b"", batch_lines, seq)
+        if seq == 1 and expected_last_seq is not None:
+            lines += f"{HEADER_EXPECTED_LAST_SEQ}: {expected_last_seq}\r\n".encode()
+        if seq == last:
+            lines += f"{HEADER_BATCH_COMMIT}: 1\r\n".encode()
+        frames.append(encode_frame(subject, replies.get(seq), lines, bytes(msg.data)))
     return frames
 
 
@@ -109,96 +120,105 @@ async def _request(conn: JetStreamConnection, subject: str, payload: bytes, head
     try:
         msg = await conn.nc.request(subject, payload, timeout=timeout, headers=headers)
     except nats.errors.NoRespondersError:
-        await conn.raise_if_denied(subject)
-        raise BatchPublishError(
-            f"{context}: no stream captures subject {subject!r}; create the stream or fix the subject",
-            reason="no_stream_for_subject",
-        ) from None
+        raise _no_stream(context, subject) from None
     except nats.errors.TimeoutError:
         await conn.raise_if_denied(subject)
         raise RequestTimeoutError(f"{context}: no reply within {timeout}s") from None
-    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
-            nats.errors.OutboundBufferLimitError) as exc:
+    except _CONNECTION_ERRORS as exc:
         raise ConnectionFailedError(f"{context}: the connection was lost ({type(exc).__name__})",
                                     reason="connection_lost") from None
     return _parse_reply(msg.data, context)
 
 
-class _FlowAcks:
-    """Replies to the flow-control requests of one batch, on a private inbox.
+def _no_stream(context: str, subject: str) -> BatchPublishError:
+    return BatchPublishError(
+        f"{context}: no stream captures subject {subject!r}; create the stream or fix the subject",
+        reason="no_stream_for_subject",
+    )
 
-    Flow requests are published inline (so the batch stays in order) with a reply subject here;
-    at most one is outstanding: before the next one goes out, the previous answer is awaited.
-    """
+
+_CONNECTION_ERRORS = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
+                      nats.errors.OutboundBufferLimitError)
+
+
+class BatchReplies:
+    """Replies to the requests inside one batch (first message, flow control, commit) on a private inbox."""
 
     def __init__(self, conn: JetStreamConnection, timeout: float, context: str) -> None:
         self.conn = conn
         self.timeout = timeout
         self.context = context
         self.inbox = conn.nc.new_inbox()
-        self.futures: dict[str, asyncio.Future[bytes]] = {}
-        self.outstanding: tuple[str, asyncio.Future[bytes]] | None = None
+        self.futures: dict[bytes, asyncio.Future[Any]] = {}
         self.sub: Any = None
 
+    async def open(self) -> BatchReplies:
+        self.sub = await self.conn.nc.subscribe(f"{self.inbox}.*", cb=self._on_reply)
+        return self
+
     async def _on_reply(self, msg: Any) -> None:
-        future = self.futures.pop(msg.subject, None)
+        future = self.futures.get(msg.subject.encode())
         if future is not None and not future.done():
-            future.set_result(msg.data)
+            future.set_result(msg)
 
-    async def send(self, subject: str, payload: bytes, headers: dict[str, str], seq: int) -> None:
-        if self.sub is None:
-            self.sub = await self.conn.nc.subscribe(f"{self.inbox}.*", cb=self._on_reply)
-        reply = f"{self.inbox}.{seq}"
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self.futures[reply] = future
-        await self.conn.nc.publish(subject, payload, reply=reply, headers=headers)
-        await self.wait()
-        self.outstanding = (subject, future)
+    def expect(self, seq: int) -> bytes:
+        """Register interest in the answer to batch message ``seq``; returns its reply subject."""
+        reply = f"{self.inbox}.{seq}".encode()
+        self.futures[reply] = asyncio.get_running_loop().create_future()
+        return reply
 
-    async def wait(self) -> None:
-        if self.outstanding is None:
-            return
-        subject, future = self.outstanding
-        self.outstanding = None
+    async def wait(self, reply: bytes, subject: str, timeout: float | None = None) -> dict[str, Any]:
+        """The parsed answer to ``reply``; waits at most ``timeout`` (default: the batch timeout)."""
         try:
-            data = await asyncio.wait_for(future, self.timeout)
+            msg = await asyncio.wait_for(self.futures[reply], self.timeout if timeout is None else timeout)
         except TimeoutError:
             await self.conn.raise_if_denied(subject)
-            raise RequestTimeoutError(f"{self.context}: no flow-control reply within {self.timeout}s") from None
-        _parse_reply(data, self.context)
+            raise RequestTimeoutError(f"{self.context}: no reply within {self.timeout}s; if this was the "
+                                      "commit its outcome is unknown: retry with msg ids set") from None
+        finally:
+            self.futures.pop(reply, None)
+        if msg.headers and msg.headers.get("Status") == "503":
+            raise _no_stream(self.context, subject)
+        return _parse_reply(msg.data, self.context)
 
     async def close(self) -> None:
+        for future in self.futures.values():
+            future.cancel()
         if self.sub is not None and not self.conn.nc.is_closed:
             await self.sub.unsubscribe()
 
 
-async def _send_batch(conn: JetStreamConnection, frames: list[tuple[str, bytes, dict[str, str]]],
-                      flow_every: int, timeout: float, batch_id: str) -> dict[str, Any]:
+async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batch_id: str,
+                      expected_last_seq: int | None, flow_every: int, timeout: float) -> dict[str, Any]:
     context = f"atomic batch {batch_id}"
-    last = len(frames) - 1
-    subject, payload, headers = frames[0]
-    if last == 0:
-        return await _request(conn, subject, payload, headers, timeout, context)
-    await _request(conn, subject, payload, headers, timeout, context)
-    publish = conn.nc.publish
-    flow = _FlowAcks(conn, timeout, context)
+    replies = BatchReplies(conn, timeout, context)
+    last = len(items)
+    # Requests: the first message, every flow_every-th one, and the commit.
+    asks = [1] + ([s for s in range(1 + flow_every, last, flow_every)] if flow_every else []) + [last]
+    asks = sorted(set(asks))
+    reply_of = {seq: replies.expect(seq) for seq in asks}
+    frames = encode_atomic_batch(items, batch_id, expected_last_seq, reply_of)
+    nc = conn.nc
     try:
-        for index in range(1, last):
-            subject, payload, headers = frames[index]
-            if flow_every and index % flow_every == 0:
-                await flow.send(subject, payload, headers, index + 1)
-            else:
-                await publish(subject, payload, headers=headers)
-        subject, payload, headers = frames[last]
-        ack = await _request(conn, subject, payload, headers, timeout, context)
-        await flow.wait()
+        await replies.open()
+        await write_frames(nc, frames[0])
+        ack = await replies.wait(reply_of[1], items[0].subject)
+        outstanding: int | None = None
+        sent = 1
+        for seq in asks[1:]:
+            await write_frames(nc, b"".join(frames[sent:seq]))
+            sent = seq
+            if outstanding is not None:
+                await replies.wait(reply_of[outstanding], items[outstanding - 1].subject)
+            outstanding = seq
+        if outstanding is not None:
+            ack = await replies.wait(reply_of[outstanding], items[outstanding - 1].subject)
         return ack
-    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
-            nats.errors.OutboundBufferLimitError) as exc:
+    except _CONNECTION_ERRORS as exc:
         raise ConnectionFailedError(f"{context}: the connection was lost mid-batch ({type(exc).__name__}); "
                                     "nothing of the batch is stored", reason="connection_lost") from None
     finally:
-        await flow.close()
+        await replies.close()
 
 
 async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMessage],
@@ -293,12 +313,11 @@ async def publish_atomic_batch(
     if not isinstance(flow_every, int) or flow_every < 0:
         raise InvalidRequestError(f"flow_every must be an int >= 0, got {flow_every!r}", reason="invalid_request")
     timeout = timeout or conn.settings.request_timeout
-    frames = build_batch_frames(items, batch_id, expected_last_seq)
     started = time.monotonic()
     attempt = 0
     while True:
         try:
-            ack = await _send_batch(conn, frames, flow_every, timeout, batch_id)
+            ack = await _send_batch(conn, items, batch_id, expected_last_seq, flow_every, timeout)
             break
         except BatchPublishError as exc:
             if exc.reason == "too_many_inflight" and attempt < retries:

@@ -1,4 +1,4 @@
-"""Value types and header names of batch publishing, plus the checks every batch publisher shares.
+"""Value types, header names, local checks and wire framing shared by the batch publishers.
 
 Atomic batches, fast batches and the :class:`~airflow_jetstream.client.batcher.Batcher` take
 :class:`BatchMessage` items and return :class:`BatchResult` / :class:`BatchItemResult` values
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError
+from airflow_jetstream.client.errors import ConnectionFailedError, InvalidRequestError, JetStreamError
 from airflow_jetstream.client.subjects import validate_subject
 
 HEADER_BATCH_ID = "Nats-Batch-Id"
@@ -249,3 +249,50 @@ def message_headers(msg: BatchMessage) -> dict[str, str]:
     if msg.expected_last_subject_seq is not None:
         headers[HEADER_EXPECTED_LAST_SUBJECT_SEQ] = str(msg.expected_last_subject_seq)
     return headers
+
+
+# --- wire framing -------------------------------------------------------------------------------
+# The batch publishers encode whole runs of messages as NATS protocol frames and hand them to the
+# connection in one write: per-message ``nc.publish`` calls cost more Python time than the server
+# needs to store a message, which would make the client the bottleneck of every batch.
+
+_HEADER_START = b"NATS/1.0\r\n"
+
+
+def encode_header_lines(headers: dict[str, str] | None) -> bytes:
+    """``Key: Value\r\n`` lines for ``headers`` (already validated: no line breaks)."""
+    if not headers:
+        return b""
+    return "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+
+
+def encode_frame(subject: bytes, reply: bytes | None, header_lines: bytes, payload: bytes) -> bytes:
+    """One ``HPUB`` (or ``PUB`` when there are no headers) protocol frame."""
+    if not header_lines:
+        if reply:
+            return b"PUB %b %b %d\r\n%b\r\n" % (subject, reply, len(payload), payload)
+        return b"PUB %b %d\r\n%b\r\n" % (subject, len(payload), payload)
+    hdr_len = len(_HEADER_START) + len(header_lines) + 2
+    total = hdr_len + len(payload)
+    if reply:
+        return b"HPUB %b %b %d %d\r\nNATS/1.0\r\n%b\r\n%b\r\n" % (
+            subject, reply, hdr_len, total, header_lines, payload)
+    return b"HPUB %b %d %d\r\nNATS/1.0\r\n%b\r\n%b\r\n" % (subject, hdr_len, total, header_lines, payload)
+
+
+async def write_frames(nc: Any, frames: bytes) -> None:
+    """Queue already-encoded protocol frames on the nats-py connection and kick its flusher.
+
+    Uses nats-py's outgoing buffer, so frames written while the client reconnects are sent after
+    the reconnect like any publish (nats-py 2.16 has no public raw-write call).
+    """
+    if nc.is_closed:
+        raise ConnectionFailedError("the NATS connection is closed", reason="connection_lost")
+    if nc.is_draining_pubs:
+        raise ConnectionFailedError("the NATS connection is draining", reason="connection_lost")
+    if not nc.is_connected and nc._pending_data_size + len(frames) > nc._max_pending_size:
+        raise ConnectionFailedError(
+            "the NATS connection is reconnecting and its outgoing buffer is full", reason="connection_lost"
+        )
+    await nc._send_command(frames)
+    await nc._flush_pending()

@@ -1,0 +1,237 @@
+"""Batcher: coalesce many single publishes into batches, each caller getting its own result.
+
+Many tasks call ``await batcher.publish(subject, data)`` concurrently; the batcher groups the
+calls by size (``max_batch``) or time (``flush_interval``) and sends each group as one atomic batch,
+which is far cheaper than one acknowledged publish per message. Items keep their own semantics:
+there is no cross-item atomicity. When a group is refused (one bad item, a failed per-subject
+expectation, a duplicate msg id, a stream without ``allow_atomic``), it is re-sent item by item as
+pipelined acknowledged publishes, so every item gets its own result and error::
+
+    async with Batcher(conn, max_batch=500) as batcher:
+        results = await asyncio.gather(*(batcher.publish("orders.new", row) for row in rows))
+    failed = [r.to_dict() for r in results if not r.ok]
+
+Results come back in submission order (sequence numbers increase in the order items were
+submitted). ``close()`` (or leaving the ``async with``) flushes everything still pending; an item
+whose caller was cancelled after submitting is still published (its result is dropped), so
+cancellation never loses an accepted item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_jetstream.client import metrics
+from airflow_jetstream.client.atomic_batch import (
+    ATOMIC_REFUSED_HEADERS,
+    BatchReplies,
+    publish_atomic_batch,
+)
+from airflow_jetstream.client.batch_types import (
+    BatchItemResult,
+    BatchMessage,
+    encode_frame,
+    encode_header_lines,
+    message_headers,
+    validate_messages,
+    write_frames,
+)
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import (
+    ConnectionFailedError,
+    InvalidRequestError,
+    JetStreamError,
+    RequestTimeoutError,
+)
+
+DEFAULT_MAX_BATCH = 256
+DEFAULT_FLUSH_INTERVAL = 0.002
+DEFAULT_MAX_PENDING = 10_000
+# Errors after which the outcome of a group is unknown: re-sending could store items twice.
+_OUTCOME_UNKNOWN = (RequestTimeoutError, ConnectionFailedError)
+
+
+@dataclass
+class _Item:
+    message: BatchMessage
+    future: asyncio.Future[BatchItemResult]
+
+
+class Batcher:
+    """Coalesces single publishes into batches (see the module docstring).
+
+    :param conn: an open :class:`~airflow_jetstream.client.connection.JetStreamConnection`.
+    :param max_batch: most items per batch (at most the server's atomic ``max_msgs``, 1000 by default).
+    :param flush_interval: seconds to wait for more items once the first one of a batch arrived.
+    :param max_pending: items accepted but not yet answered; ``publish`` waits beyond this (back-pressure).
+    :param atomic: send groups as atomic batches (needs ``allow_atomic`` on the stream; falls back
+        to individual publishes by itself when the stream refuses). False: always individual.
+    :param timeout: seconds to wait for each server reply (default: the connection's request timeout).
+    """
+
+    def __init__(
+        self,
+        conn: JetStreamConnection,
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        atomic: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise InvalidRequestError(f"max_batch must be an int >= 1, got {max_batch!r}", reason="invalid_request")
+        if flush_interval < 0:
+            raise InvalidRequestError("flush_interval must be >= 0", reason="invalid_request")
+        if not isinstance(max_pending, int) or max_pending < max_batch:
+            raise InvalidRequestError("max_pending must be an int >= max_batch", reason="invalid_request")
+        self.conn = conn
+        self.max_batch = max_batch
+        self.flush_interval = flush_interval
+        self.atomic = atomic
+        self.timeout = timeout or conn.settings.request_timeout
+        self._queue: list[_Item] = []
+        self._has_items = asyncio.Event()
+        self._batch_full = asyncio.Event()
+        self._slots = asyncio.Semaphore(max_pending)
+        self._closing = False
+        self._runner: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Batcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def publish(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        headers: dict[str, str] | None = None,
+        msg_id: str | None = None,
+        expected_last_subject_seq: int | None = None,
+    ) -> BatchItemResult:
+        """Queue one message and wait for its own result (never raises for item-level failures)."""
+        message = BatchMessage(subject, data, headers, msg_id, expected_last_subject_seq)
+        try:
+            self._check(message)
+        except JetStreamError as exc:
+            return BatchItemResult.failed(exc)
+        future = await self.submit(message)
+        return await asyncio.shield(future)
+
+    async def submit(self, message: BatchMessage) -> asyncio.Future[BatchItemResult]:
+        """Queue ``message`` and return the future of its result (for callers that gather themselves)."""
+        if self._closing:
+            raise InvalidRequestError("the batcher is closed; open a new one", reason="batcher_closed")
+        self._check(message)
+        await self._slots.acquire()
+        future: asyncio.Future[BatchItemResult] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda _f: self._slots.release())
+        self._queue.append(_Item(message, future))
+        self._has_items.set()
+        if len(self._queue) >= self.max_batch:
+            self._batch_full.set()
+        if self._runner is None:
+            self._runner = asyncio.ensure_future(self._run())
+        return future
+
+    def _check(self, message: BatchMessage) -> None:
+        validate_messages([message], max_msgs=None, max_payload=self.conn.max_payload,
+                          refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=256)
+
+    async def close(self) -> None:
+        """Publish everything still pending, then stop. Idempotent."""
+        self._closing = True
+        self._has_items.set()
+        self._batch_full.set()
+        if self._runner is not None:
+            await asyncio.shield(self._runner)
+
+    async def _run(self) -> None:
+        while True:
+            await self._has_items.wait()
+            if not self._queue:
+                if self._closing:
+                    return
+                self._has_items.clear()
+                continue
+            if len(self._queue) < self.max_batch and not self._closing and self.flush_interval:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._batch_full.wait(), self.flush_interval)
+            group = self._queue[: self.max_batch]
+            del self._queue[: self.max_batch]
+            if len(self._queue) < self.max_batch and not self._closing:
+                self._batch_full.clear()
+            await self._publish_group(group)
+
+    async def _publish_group(self, group: list[_Item]) -> None:
+        metrics.gauge("batcher.batch_size", len(group))
+        try:
+            results = await self._send(group)
+        except JetStreamError as exc:
+            results = [BatchItemResult.failed(exc)] * len(group)
+        for item, result in zip(group, results, strict=True):
+            if not item.future.done():
+                item.future.set_result(result)
+
+    async def _send(self, group: list[_Item]) -> list[BatchItemResult]:
+        messages = [item.message for item in group]
+        if self.atomic and len(messages) > 1:
+            try:
+                batch = await publish_atomic_batch(self.conn, messages, max_msgs=len(messages),
+                                                   timeout=self.timeout)
+            except _OUTCOME_UNKNOWN:
+                if not all(m.msg_id for m in messages):
+                    raise
+                metrics.incr("batcher.resent_individually", tags={"reason": "outcome_unknown"})
+            except JetStreamError as exc:
+                if exc.reason == "stream_not_atomic":
+                    self.atomic = False
+                metrics.incr("batcher.resent_individually", tags={"reason": exc.reason})
+            else:
+                if not batch.already_committed:
+                    return [BatchItemResult(stream=batch.stream, seq=batch.first_seq + i)
+                            for i in range(len(messages))]
+        return await publish_individually(self.conn, messages, self.timeout)
+
+
+async def publish_individually(conn: JetStreamConnection, messages: list[BatchMessage],
+                               timeout: float) -> list[BatchItemResult]:
+    """Pipelined acknowledged publishes: all frames in one write, then one result per message, in order."""
+    replies = BatchReplies(conn, timeout, "publish")
+    await replies.open()
+    try:
+        frames = []
+        reply_of = []
+        for index, msg in enumerate(messages, start=1):
+            reply = replies.expect(index)
+            reply_of.append(reply)
+            lines = encode_header_lines(message_headers(msg)) if (
+                msg.headers or msg.msg_id or msg.expected_last_subject_seq is not None) else b""
+            frames.append(encode_frame(msg.subject.encode(), reply, lines, bytes(msg.data)))
+        await write_frames(conn.nc, b"".join(frames))
+        deadline = time.monotonic() + timeout
+        results = []
+        for msg, reply in zip(messages, reply_of, strict=True):
+            try:
+                ack = await replies.wait(reply, msg.subject, max(0.0, deadline - time.monotonic()))
+            except JetStreamError as exc:
+                results.append(BatchItemResult.failed(exc))
+                continue
+            results.append(_item_result(ack))
+        return results
+    finally:
+        await replies.close()
+
+
+def _item_result(ack: dict[str, Any]) -> BatchItemResult:
+    if "seq" not in ack:
+        return BatchItemResult(error="bad_reply", message=f"unexpected publish reply {json.dumps(ack)[:200]}")
+    return BatchItemResult(stream=str(ack.get("stream", "")), seq=int(ack["seq"]), duplicate=bool(ack.get("duplicate")))

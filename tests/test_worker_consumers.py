@@ -228,3 +228,34 @@ def test_inactive_threshold_lets_the_server_remove_an_abandoned_worker_consumer(
     created, removed, deleted, again = in_server(settings, scenario)
     assert created["info"]["config"]["inactive_threshold"] == 500_000_000
     assert removed and deleted and not again
+
+
+def test_workqueue_handoff_removes_from_the_old_worker_before_adding_to_the_new(settings):
+    """WorkQueue streams allow one consumer per subject: moving a subject is remove-then-add, and a
+    message the old worker had not acked is delivered to the new owner (at least once, nothing lost)."""
+
+    async def scenario(conn):
+        await ensure_stream(conn, {"name": "WQ", "subjects": ["wq.>"], "retention": "workqueue"})
+        old = WorkerConsumerManager("WQ", "wq", "A")
+        new = WorkerConsumerManager("WQ", "wq", "B")
+        await old.update(conn, ["wq.a", "wq.b"])
+        with pytest.raises(ConsumerConfigError) as overlap:
+            await new.update(conn, ["wq.b"])
+        for i in range(3):
+            await conn.js.publish("wq.b", f"b{i}".encode())
+        in_flight = (await (await conn.js.pull_subscribe_bind("wq-A", stream="WQ")).fetch(1, timeout=2))[0]
+        await old.update(conn, ["wq.a"])
+        await new.update(conn, ["wq.b"])
+        received = await (await conn.js.pull_subscribe_bind("wq-B", stream="WQ")).fetch(3, timeout=2)
+        for msg in [*received, in_flight]:
+            await msg.ack()
+        deadline = time.monotonic() + 10
+        while (left := (await conn.api_request("STREAM.INFO.WQ"))["state"]["messages"]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return overlap.value, in_flight.data, sorted(m.data for m in received), left, new.pending
+
+    overlap, in_flight, received, left, pending = in_server(settings, scenario)
+    assert overlap.reason == "workqueue_filter_not_unique" and "remove it from the other" in overlap.message
+    assert pending is None  # the later retry with the subject freed succeeded
+    assert in_flight == b"b0" and received == [b"b0", b"b1", b"b2"]
+    assert left == 0

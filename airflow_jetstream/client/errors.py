@@ -240,6 +240,9 @@ _API_ERRORS: dict[int, tuple[type[JetStreamError], str, str]] = {
     10220: (ConsumerConfigError, "max_ack_pending_required", "set max_ack_pending > 0"),
     10221: (ConsumerConfigError, "ack_wait_not_allowed", "remove ack_wait/backoff"),
     10222: (ConsumerConfigError, "max_deliver_must_be_unlimited", "set max_deliver: -1"),
+    10100: (ConsumerConfigError, "workqueue_filter_not_unique",
+            "on a WorkQueue stream a subject may be filtered by one consumer only: remove it from the other first"),
+    10138: (ConsumerConfigError, "filter_subjects_overlap", "keep only the wider of the overlapping filters"),
 }
 
 

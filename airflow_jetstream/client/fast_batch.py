@@ -56,6 +56,7 @@ FAST_REFUSED_HEADERS = {
     HEADER_BATCH_COMMIT.lower(): "batch headers belong to atomic batches",
 }
 OP_START, OP_APPEND, OP_COMMIT, OP_PING = 0, 1, 2, 4
+_ERR_BATCH_UNKNOWN = 10208
 DEFAULT_FLOW = 500
 MAX_FLOW = 65535
 _SUFFIX = "$FI"
@@ -115,6 +116,7 @@ class _FastBatchRun:
         except ValueError:
             reply = {"type": "bad"}
         kind = reply.get("type") if isinstance(reply, dict) else "bad"
+        first_answer = not state.answered
         state.answered = True
         if kind == "ack":
             state.acked = max(state.acked, int(reply.get("seq", 0)))
@@ -123,6 +125,9 @@ class _FastBatchRun:
             state.gaps.append((int(reply.get("last_seq", 0)), int(reply.get("seq", 0))))
         elif kind == "err":
             state.errors.append((int(reply.get("seq", 0)), reply.get("error") or {}))
+        elif isinstance(reply, dict) and "error" in reply and "batch" not in reply and not first_answer:
+            # A message refused before it reached the batch (e.g. over max_msg_size): the batch goes on.
+            state.errors.append((0, reply["error"]))
         elif state.done is not None and not state.done.done():
             state.done.set_result(reply if isinstance(reply, dict) else {})
         state.changed.set()
@@ -164,6 +169,11 @@ class _FastBatchRun:
                     continue
                 await write_frames(nc, self.encode(sent + 1, limit))
                 sent = limit
+            if state.errors and not state.done.done():
+                # Stop at the first error; a ping past the last persisted message makes the server
+                # see the gap and commit what it has, so the final ack says how much is stored.
+                await write_frames(nc, encode_frame(self.messages[sent - 1][0],
+                                                    self.reply_subject(sent, OP_PING), b"", b""))
             try:
                 return await asyncio.wait_for(asyncio.shield(state.done), self.timeout)
             except TimeoutError:
@@ -239,8 +249,12 @@ async def publish_fast_batch(
         last_seq = int(ack.get("seq") or last_seq)
         accepted = int(ack.get("count") or 0)
         stored += accepted
-        if run.state.errors and stored < len(frames):
-            _seq, error = min(run.state.errors, key=lambda e: e[0])
+        errors = run.state.errors
+        if run.state.gaps:
+            # Messages sent after the gap ended the batch are answered "unknown batch": expected.
+            errors = [e for e in errors if e[1].get("err_code") != _ERR_BATCH_UNKNOWN]
+        if errors and stored < len(frames):
+            _seq, error = min(errors, key=lambda e: e[0])
             raise _with_progress(error_from_api(error, context=f"{run.context}: message {stored + 1}"), stored)
         if stored >= len(frames):
             break

@@ -1,0 +1,165 @@
+"""Fast (non-atomic) batch publish against a real nats-server: flow control, duplicates, gaps, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import pytest
+
+from airflow_jetstream.client import (
+    BatchMessage,
+    BatchPublishError,
+    InvalidRequestError,
+    ensure_stream,
+    open_connection,
+    publish_fast_batch,
+    stream_info,
+)
+from airflow_jetstream.client import fast_batch as fast_batch_module
+
+FAST = {"name": "FAST", "subjects": ["fast.>"], "allow_batched": True}
+
+
+def run(settings, body, stream=FAST):
+    async def go():
+        async with open_connection(settings) as conn:
+            if stream:
+                await ensure_stream(conn, stream)
+            return await body(conn)
+
+    return asyncio.run(go())
+
+
+async def contents(conn, stream: str = "FAST") -> list[bytes]:
+    last = (await stream_info(conn, stream))["state"]["last_seq"]
+    out = []
+    for seq in range(1, last + 1):
+        reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": seq})
+        out.append(base64.b64decode(reply["message"].get("data", "")))
+    return out
+
+
+def test_bulk_publish_with_flow_control(settings):
+    payloads = [b"m%05d" % i for i in range(3000)]
+
+    async def body(conn):
+        result = await publish_fast_batch(conn, [BatchMessage("fast.x", p) for p in payloads], flow=64)
+        return result, await contents(conn)
+
+    result, stored = run(settings, body)
+    assert result.count == 3000 and result.last_seq == 3000 and result.stream == "FAST"
+    assert result.first_seq is None
+    assert stored == payloads
+
+
+def test_single_message_and_headers(settings):
+    async def body(conn):
+        result = await publish_fast_batch(conn, [BatchMessage("fast.one", b"1", headers={"X-K": "v"}, msg_id="a")])
+        msg = (await conn.api_request("STREAM.MSG.GET.FAST", {"seq": 1}))["message"]
+        return result, base64.b64decode(msg["hdrs"]).decode()
+
+    result, headers = run(settings, body)
+    assert result.count == 1 and result.last_seq == 1
+    assert "X-K: v" in headers and "Nats-Msg-Id: a" in headers
+
+
+def test_stream_without_allow_batched(settings):
+    async def body(conn):
+        with pytest.raises(BatchPublishError) as info:
+            await publish_fast_batch(conn, [BatchMessage("slow.x", b"1")] * 3)
+        return info.value, (await stream_info(conn, "SLOW"))["state"]["messages"]
+
+    exc, stored = run(settings, body, stream={"name": "SLOW", "subjects": ["slow.>"]})
+    assert exc.reason == "stream_not_batched" and exc.err_code == 10205
+    assert stored == 0
+
+
+@pytest.mark.parametrize(
+    ("messages", "kwargs", "reason"),
+    [
+        ([], {}, "empty_batch"),
+        ([BatchMessage("fast.x", b"")], {"batch_id": "x" * 61}, "batch_id_invalid"),
+        ([BatchMessage("fast.x", b"")], {"flow": 0}, "invalid_request"),
+        ([BatchMessage("fast.>", b"")], {}, "invalid_subject"),
+        ([BatchMessage("fast.x", b"", headers={"Nats-Batch-Id": "x"})], {}, "unsupported_header"),
+    ],
+)
+def test_invalid_input_sends_nothing(settings, nats_server, messages, kwargs, reason):
+    async def body(conn):
+        await conn.nc.flush()
+        before = nats_server.monitor("varz")["in_msgs"]
+        with pytest.raises(InvalidRequestError) as info:
+            await publish_fast_batch(conn, messages, **kwargs)
+        await conn.nc.flush()
+        return info.value, before, nats_server.monitor("varz")["in_msgs"]
+
+    exc, before, after = run(settings, body)
+    assert exc.reason == reason
+    assert after == before
+
+
+def test_duplicates_are_skipped_but_counted(settings):
+    async def body(conn):
+        for i in range(5):
+            await conn.js.publish("fast.x", b"old%d" % i, headers={"Nats-Msg-Id": f"id-{i}"})
+        msgs = [BatchMessage("fast.x", b"new%d" % i, msg_id=f"id-{i}") for i in range(10)]
+        result = await publish_fast_batch(conn, msgs)
+        return result, await contents(conn)
+
+    result, stored = run(settings, body)
+    assert result.count == 10
+    assert stored == [b"old%d" % i for i in range(5)] + [b"new%d" % i for i in range(5, 10)]
+
+
+def test_gap_is_healed_by_resuming(settings, monkeypatch):
+    """A message lost on the way makes the server end the batch; the rest is re-sent once, in order."""
+    original = fast_batch_module._FastBatchRun.encode
+    dropped: list[int] = []
+
+    def lossy_encode(self, first, last):
+        if not dropped and first <= 150 <= last:
+            dropped.append(150)
+            return original(self, first, 149) + original(self, 151, last)
+        return original(self, first, last)
+
+    monkeypatch.setattr(fast_batch_module._FastBatchRun, "encode", lossy_encode)
+    payloads = [b"%04d" % i for i in range(400)]
+
+    async def body(conn):
+        result = await publish_fast_batch(conn, [BatchMessage("fast.g", p) for p in payloads], flow=50)
+        return result, await contents(conn)
+
+    result, stored = run(settings, body)
+    assert dropped == [150]
+    assert result.count == 400
+    assert stored == payloads, "every message exactly once, in order"
+
+
+def test_server_error_mid_batch_reports_what_was_stored(settings):
+    stream = {**FAST, "max_msg_size": 100}
+
+    async def body(conn):
+        msgs = [BatchMessage("fast.x", b"ok%d" % i) for i in range(20)]
+        msgs[12] = BatchMessage("fast.x", b"x" * 500)
+        with pytest.raises(BatchPublishError) as info:
+            await publish_fast_batch(conn, msgs, flow=4)
+        return info.value, await contents(conn)
+
+    exc, stored = run(settings, body, stream=stream)
+    assert "12 message(s) of the fast batch were stored" in str(exc)
+    assert stored == [b"ok%d" % i for i in range(12)]
+
+
+def test_concurrent_fast_batches(settings):
+    async def body(conn):
+        batches = [[BatchMessage(f"fast.{k}", b"%d-%d" % (k, i)) for i in range(500)] for k in range(3)]
+        results = await asyncio.gather(*(publish_fast_batch(conn, b, flow=100) for b in batches))
+        return results, await contents(conn)
+
+    results, stored = run(settings, body)
+    assert [r.count for r in results] == [500, 500, 500]
+    assert len(stored) == 1500
+    for k in range(3):
+        mine = [s for s in stored if s.startswith(b"%d-" % k)]
+        assert mine == [b"%d-%d" % (k, i) for i in range(500)], "each batch keeps its own order"

@@ -1,0 +1,176 @@
+"""The Batcher (client-side batching) against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import pytest
+
+from airflow_jetstream.client import (
+    Batcher,
+    BatchMessage,
+    InvalidRequestError,
+    JetStreamError,
+    ensure_stream,
+    metrics,
+    open_connection,
+    stream_info,
+)
+
+ATOM = {"name": "ATOM", "subjects": ["atom.>"], "allow_atomic": True}
+
+
+def run(settings, body, streams=(ATOM,)):
+    async def go():
+        async with open_connection(settings) as conn:
+            for stream in streams:
+                await ensure_stream(conn, stream)
+            return await body(conn)
+
+    return asyncio.run(go())
+
+
+async def data_at(conn, stream: str, seq: int) -> bytes:
+    reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": seq})
+    return base64.b64decode(reply["message"].get("data", ""))
+
+
+class BatchSizes:
+    def __init__(self):
+        self.sizes: list[float] = []
+
+    def incr(self, name, count=1, tags=None):
+        return None
+
+    def timing(self, name, millis, tags=None):
+        return None
+
+    def gauge(self, name, value, tags=None):
+        if name == "batcher.batch_size":
+            self.sizes.append(value)
+
+
+@pytest.fixture
+def batch_sizes():
+    sink = BatchSizes()
+    metrics.set_metrics_sink(sink)
+    yield sink.sizes
+    metrics.set_metrics_sink(None)
+
+
+def test_concurrent_publishers_get_their_own_results_in_order(settings, batch_sizes):
+    async def body(conn):
+        async with Batcher(conn, max_batch=50) as batcher:
+            async def publisher(k):
+                return [await batcher.publish(f"atom.p{k}", b"%d:%d" % (k, i)) for i in range(15)]
+
+            per_publisher = await asyncio.gather(*(publisher(k) for k in range(64)))
+        checks = []
+        for k, results in enumerate(per_publisher):
+            for i, result in enumerate(results):
+                checks.append((k, i, result, await data_at(conn, "ATOM", result.seq)))
+        return per_publisher, checks, (await stream_info(conn, "ATOM"))["state"]
+
+    per_publisher, checks, state = run(settings, body)
+    assert state["messages"] == 64 * 15
+    for results in per_publisher:
+        seqs = [r.seq for r in results]
+        assert all(r.ok and r.stream == "ATOM" for r in results)
+        assert seqs == sorted(seqs) and len(set(seqs)) == 15
+    for k, i, _result, stored in checks:
+        assert stored == b"%d:%d" % (k, i), "each caller's seq holds its own message"
+    assert max(batch_sizes) <= 50, "batches are bounded by max_batch"
+    assert max(batch_sizes) > 1, "concurrent calls are coalesced"
+
+
+def test_per_item_errors_do_not_fail_the_other_items(settings):
+    async def body(conn):
+        await conn.js.publish("atom.k", b"first")
+        async with Batcher(conn, flush_interval=0.05) as batcher:
+            results = await asyncio.gather(
+                batcher.publish("atom.a", b"1"),
+                batcher.publish("atom bad", b"2"),
+                batcher.publish("atom.k", b"3", expected_last_subject_seq=99),
+                batcher.publish("atom.b", b"4", headers={"Nats-Expected-Last-Msg-Id": "x"}),
+                batcher.publish("atom.c", b"5", msg_id="dup"),
+                batcher.publish("atom.d", b"6"),
+            )
+            again = await batcher.publish("atom.c", b"5", msg_id="dup")
+        return results, again, (await stream_info(conn, "ATOM"))["state"]
+
+    results, again, state = run(settings, body)
+    assert [r.error for r in results] == ["", "invalid_subject", "wrong_last_sequence", "unsupported_header", "", ""]
+    assert results[2].err_code is not None and results[2].to_dict()["error"] == "wrong_last_sequence"
+    assert again.ok and again.duplicate and again.seq == results[4].seq
+    assert state["messages"] == 4
+    with pytest.raises(JetStreamError) as info:
+        results[2].raise_for_error()
+    assert info.value.reason == "wrong_last_sequence"
+
+
+def test_stream_without_atomic_falls_back_to_individual_publishes(settings):
+    async def body(conn):
+        async with Batcher(conn) as batcher:
+            results = await asyncio.gather(*(batcher.publish("plain.x", b"%d" % i) for i in range(30)))
+            return results, batcher.atomic
+
+    results, atomic = run(settings, body, streams=({"name": "PLAIN", "subjects": ["plain.>"]},))
+    assert [r.seq for r in results] == list(range(1, 31))
+    assert atomic is False
+
+
+def test_no_stream_is_a_per_item_error(settings):
+    async def body(conn):
+        async with Batcher(conn, timeout=2) as batcher:
+            return await asyncio.gather(batcher.publish("atom.ok", b"1"), batcher.publish("nowhere.x", b"2"))
+
+    ok, missing = run(settings, body)
+    assert ok.ok and missing.error == "no_stream_for_subject"
+
+
+def test_close_flushes_pending_and_rejects_new_items(settings):
+    async def body(conn):
+        batcher = Batcher(conn, max_batch=7, flush_interval=10)
+        futures = [await batcher.submit(BatchMessage("atom.x", b"%d" % i)) for i in range(20)]
+        await batcher.close()
+        assert all(f.done() for f in futures)
+        with pytest.raises(InvalidRequestError) as info:
+            await batcher.submit(BatchMessage("atom.x", b"late"))
+        return [f.result() for f in futures], info.value, (await stream_info(conn, "ATOM"))["state"]
+
+    results, closed, state = run(settings, body)
+    assert [r.seq for r in results] == list(range(1, 21))
+    assert closed.reason == "batcher_closed"
+    assert state["messages"] == 20
+
+
+def test_cancelled_callers_lose_no_items(settings):
+    async def body(conn):
+        async with Batcher(conn, flush_interval=5) as batcher:
+            tasks = [asyncio.ensure_future(batcher.publish("atom.c", b"%d" % i)) for i in range(40)]
+            deadline = asyncio.get_running_loop().time() + 5
+            while len(batcher._queue) < 40:  # all 40 accepted, none sent yet (flush_interval is long)
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0)
+            for task in tasks[::2]:
+                task.cancel()
+            await batcher.close()
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+        stored = sorted([int(await data_at(conn, "ATOM", seq)) for seq in range(1, 41)])
+        return done, stored, (await stream_info(conn, "ATOM"))["state"]
+
+    done, stored, state = run(settings, body)
+    assert sum(isinstance(d, asyncio.CancelledError) for d in done) == 20
+    assert state["messages"] == 40
+    assert stored == list(range(40))
+
+
+def test_invalid_configuration():
+    class FakeConn:
+        settings = type("S", (), {"request_timeout": 1})()
+
+    with pytest.raises(InvalidRequestError):
+        Batcher(FakeConn(), max_batch=0)
+    with pytest.raises(InvalidRequestError):
+        Batcher(FakeConn(), max_batch=10, max_pending=5)

@@ -3,7 +3,13 @@ automatic outlets of the ensure-stream operator."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import urllib.parse
+from pathlib import Path
 
 import pytest
 from airflow.sdk import Asset
@@ -107,3 +113,68 @@ def test_ensure_stream_operator_sets_its_outlet(nats_server, nats_conn: str) -> 
     assert op.outlets == [other, expected]
     op.execute(context={})
     assert op.outlets == [other, expected], "a second run must not add the outlet twice"
+
+
+PRODUCER_DAG = """
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
+
+with DAG(dag_id="jetstream_producer", start_date=datetime(2026, 1, 1), schedule=None):
+    JetStreamEnsureStreamOperator(task_id="ensure", config={"name": "ORDERS", "subjects": ["orders.>"]})
+"""
+CONSUMER_DAG = """
+import os
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow_jetstream.assets import jetstream_asset
+
+with DAG(dag_id="jetstream_consumer", start_date=datetime(2026, 1, 1),
+         schedule=[jetstream_asset(os.environ["NATS_TEST_SERVER"], "ORDERS")]):
+    EmptyOperator(task_id="noop")
+"""
+QUEUED = """
+import json
+from sqlalchemy import select
+from airflow.models.asset import AssetDagRunQueue, AssetEvent
+from airflow.utils.session import create_session
+
+with create_session() as session:
+    print(json.dumps({
+        "events": [[e.asset.uri, e.source_dag_id, e.source_task_id] for e in session.scalars(select(AssetEvent))],
+        "queued": [q.target_dag_id for q in session.scalars(select(AssetDagRunQueue))],
+    }))
+"""
+
+
+@pytest.mark.airflow_cli
+def test_ensure_stream_run_triggers_a_dag_scheduled_on_the_stream(nats_server, tmp_path: Path) -> None:
+    """A real DAG run (``airflow dags test``): the automatic outlet becomes an asset event that
+    queues the DAG scheduled on ``jetstream_asset(server, "ORDERS")``."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "producer.py").write_text(textwrap.dedent(PRODUCER_DAG))
+    (dags / "consumer.py").write_text(textwrap.dedent(CONSUMER_DAG))
+    host, port = nats_server.url.split("://", 1)[1].rsplit(":", 1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(
+        AIRFLOW_HOME=str(tmp_path / "home"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{tmp_path}/airflow.db",
+        AIRFLOW_CONN_NATS_DEFAULT=json.dumps({"conn_type": "nats", "host": host, "port": int(port)}),
+        NATS_TEST_SERVER=nats_server.url,
+    )
+    for args in (["db", "migrate"], ["dags", "reserialize"], ["dags", "unpause", "jetstream_consumer"],
+                 ["dags", "test", "jetstream_producer"]):
+        proc = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"airflow {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    proc = subprocess.run([sys.executable, "-c", QUEUED], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = json.loads(proc.stdout.strip().splitlines()[-1])
+    uri = jetstream_asset(nats_server.url, "ORDERS").uri
+    assert state["events"] == [[uri, "jetstream_producer", "ensure"]]
+    assert state["queued"] == ["jetstream_consumer"]

@@ -267,16 +267,17 @@ async def _already_committed(conn: JetStreamConnection, messages: list[BatchMess
             "messages from the batch or give the new ones fresh msg ids",
             reason="duplicate_msg_id", code=error.code, err_code=error.err_code, description=error.description,
         )
-    stream = await _stream_of(conn, messages[0].subject)
+    streams = await streams_for_subject(conn, messages[0].subject)
+    stream = streams[0] if streams else ""
     stored = [s for s in seqs if s is not None]
     return BatchResult(stream=stream, batch=batch_id, count=len(messages), first_seq=min(stored),
                        last_seq=max(stored), already_committed=True)
 
 
-async def _stream_of(conn: JetStreamConnection, subject: str) -> str:
-    reply = await conn.api_request("STREAM.NAMES", {"subject": subject}, context=f"stream for {subject!r}")
-    names = reply.get("streams") or []
-    return names[0] if names else ""
+async def streams_for_subject(conn: JetStreamConnection, subject: str) -> list[str]:
+    """Names of the streams that capture ``subject`` (at most one for a valid setup)."""
+    reply = await conn.api_request("STREAM.NAMES", {"subject": subject}, context=f"streams for {subject!r}")
+    return list(reply.get("streams") or [])
 
 
 async def publish_atomic_batch(

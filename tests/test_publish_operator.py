@@ -1,0 +1,217 @@
+"""JetStreamAtomicBatchPublishOperator: list, file (JSONL/Parquet), XCom in a real DAG run, split, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from airflow_jetstream.client import (
+    BatchPublishError,
+    ConnectionSettings,
+    InvalidRequestError,
+    ensure_stream,
+    open_connection,
+    stream_info,
+)
+from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
+
+ORDERS = {"name": "ORDERS", "subjects": ["orders.>"], "allow_atomic": True}
+
+
+def admin(server, body, stream=ORDERS):
+    async def go():
+        async with open_connection(ConnectionSettings(servers=server.url)) as conn:
+            if stream:
+                await ensure_stream(conn, stream)
+            return await body(conn)
+
+    return asyncio.run(go())
+
+
+def stored(server, stream="ORDERS"):
+    async def body(conn):
+        last = (await stream_info(conn, stream))["state"]["last_seq"]
+        out = []
+        for seq in range(1, last + 1):
+            msg = (await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": seq}))["message"]
+            out.append((msg["subject"], base64.b64decode(msg.get("data", ""))))
+        return out
+
+    return admin(server, body, stream=None)
+
+
+def test_messages_list_with_default_subject_and_data_kinds(nats_server, nats_conn):
+    admin(nats_server, lambda conn: asyncio.sleep(0))
+    op = JetStreamAtomicBatchPublishOperator(
+        task_id="publish",
+        subject="orders.new",
+        stream="ORDERS",
+        messages=[
+            {"data": "text"},
+            {"data": b"raw"},
+            {"subject": "orders.vip", "data": {"id": 7, "items": [1, 2]}, "headers": {"X-Src": "t"}},
+        ],
+    )
+    result = op.execute(context={})
+    assert result == {"stream": "ORDERS", "batch": result["batch"], "count": 3, "first_seq": 1, "last_seq": 3,
+                      "already_committed": False}
+    json.dumps(result)
+    assert stored(nats_server) == [("orders.new", b"text"), ("orders.new", b"raw"),
+                                   ("orders.vip", b'{"id":7,"items":[1,2]}')]
+
+
+def test_jsonl_file_split_into_chunks_with_chained_expectation(nats_server, nats_conn, tmp_path, capsys):
+    admin(nats_server, lambda conn: asyncio.sleep(0))
+    path = tmp_path / "orders.jsonl"
+    path.write_text("\n".join(json.dumps({"data": {"n": i}}) for i in range(7)) + "\n\n")
+    op = JetStreamAtomicBatchPublishOperator(task_id="publish", messages_file=str(path), subject="orders.f",
+                                             split=True, max_msgs=3, expected_last_seq="0")
+    result = op.execute(context={})
+    assert result["count"] == 7 and (result["first_seq"], result["last_seq"]) == (1, 7)
+    assert [(c["first_seq"], c["last_seq"], c["count"]) for c in result["chunks"]] == [(1, 3, 3), (4, 6, 3), (7, 7, 1)]
+    assert "chunk 2/3: 3 message(s) committed to ORDERS, seq 4..6" in capsys.readouterr().out
+    assert [json.loads(d)["n"] for _, d in stored(nats_server)] == list(range(7))
+
+
+def test_parquet_file(nats_server, nats_conn, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    admin(nats_server, lambda conn: asyncio.sleep(0))
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"subject": ["orders.a", "orders.b"], "data": [b"\x00\x01", b"two"],
+                             "msg_id": ["p1", "p2"]}), path)
+    result = JetStreamAtomicBatchPublishOperator(task_id="publish", messages_file=str(path)).execute(context={})
+    assert result["count"] == 2
+    assert stored(nats_server) == [("orders.a", b"\x00\x01"), ("orders.b", b"two")]
+
+
+def test_too_many_messages_without_split_fails_before_sending(nats_server, nats_conn):
+    admin(nats_server, lambda conn: asyncio.sleep(0))
+    op = JetStreamAtomicBatchPublishOperator(task_id="publish", subject="orders.x", max_msgs=5,
+                                             messages=[{"data": i} for i in range(6)])
+    with pytest.raises(InvalidRequestError) as info:
+        op.execute(context={})
+    assert info.value.reason == "batch_too_large" and "split=True" in str(info.value)
+    assert stored(nats_server) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"messages": [{"data": 1}]}, "invalid_message"),  # no subject anywhere
+        ({"messages": [{"subject": "orders.a", "body": 1}]}, "invalid_message"),
+        ({"messages": "not json"}, "invalid_message"),
+        ({"messages": [], "subject": "orders.a"}, "empty_batch"),
+        ({"messages": [{"data": 1}], "messages_file": "/x.jsonl", "subject": "orders.a"}, "invalid_request"),
+        ({"messages_file": "/does/not/exist.jsonl"}, "file_not_found"),
+        ({"messages": [{"subject": "orders.a", "data": {1, 2}}]}, "invalid_payload"),
+        ({"messages": [{"subject": "orders.a"}], "expected_last_seq": "abc"}, "invalid_request"),
+    ],
+)
+def test_bad_input_is_rejected(nats_server, nats_conn, kwargs, reason):
+    with pytest.raises(InvalidRequestError) as info:
+        JetStreamAtomicBatchPublishOperator(task_id="publish", **kwargs).execute(context={})
+    assert info.value.reason == reason
+
+
+def test_stream_checks_happen_before_publishing(nats_server, nats_conn):
+    admin(nats_server, lambda conn: asyncio.sleep(0), stream={"name": "PLAIN", "subjects": ["plain.>"]})
+    admin(nats_server, lambda conn: asyncio.sleep(0), stream={**ORDERS, "name": "OTHER", "subjects": ["other.>"]})
+    admin(nats_server, lambda conn: asyncio.sleep(0))
+    with pytest.raises(BatchPublishError) as not_atomic:
+        JetStreamAtomicBatchPublishOperator(task_id="p", stream="PLAIN", subject="plain.x",
+                                            messages=[{"data": 1}]).execute(context={})
+    assert not_atomic.value.reason == "stream_not_atomic"
+    with pytest.raises(BatchPublishError) as wrong:
+        JetStreamAtomicBatchPublishOperator(task_id="p", stream="ORDERS", subject="orders.x",
+                                            messages=[{"data": 1}, {"subject": "other.y", "data": 2}]
+                                            ).execute(context={})
+    assert wrong.value.reason == "wrong_stream" and "'other.y' is captured by stream 'OTHER'" in str(wrong.value)
+    assert stored(nats_server, "OTHER") == [] and stored(nats_server) == []
+
+
+def test_retried_task_with_dedupe_key_publishes_once(nats_server, nats_conn):
+    admin(nats_server, lambda conn: asyncio.sleep(0))
+
+    def op():
+        return JetStreamAtomicBatchPublishOperator(task_id="p", subject="orders.x", dedupe_key="run-1", split=True,
+                                                   max_msgs=4, messages=[{"data": i} for i in range(10)])
+
+    first = op().execute(context={})
+    again = op().execute(context={})
+    assert not first["already_committed"] and again["already_committed"]
+    assert (again["first_seq"], again["last_seq"]) == (1, 10)
+    assert len(stored(nats_server)) == 10
+
+
+def test_failed_chunk_reports_committed_chunks(nats_server, nats_conn):
+    admin(nats_server, lambda conn: asyncio.sleep(0))
+    messages = [{"data": i} for i in range(6)]
+    messages[4]["subject"] = "elsewhere.x"  # no stream captures it: chunk 2 fails
+    op = JetStreamAtomicBatchPublishOperator(task_id="p", subject="orders.x", split=True, max_msgs=3,
+                                             messages=messages)
+    with pytest.raises(BatchPublishError) as info:
+        op.execute(context={})
+    assert "chunk 2/2 failed after chunks 1..1 were committed (seqs 1..3)" in str(info.value)
+    assert len(stored(nats_server)) == 3
+
+
+DAG_FILE = '''
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
+
+
+@task
+def produce():
+    return [{"subject": "orders.xcom", "data": {"n": i}, "msg_id": f"x-{i}"} for i in range(5)]
+
+
+@task
+def report(result: dict):
+    print("PUBLISH_RESULT " + ",".join(f"{k}={result[k]}" for k in ("stream", "count", "first_seq", "last_seq")))
+
+
+with DAG("publish_from_xcom", start_date=pendulum.datetime(2026, 1, 1), schedule=None):
+    published = JetStreamAtomicBatchPublishOperator(task_id="publish", messages=produce(), stream="ORDERS")
+    report(published.output)
+'''
+
+
+@pytest.mark.airflow_cli
+def test_messages_from_xcom_in_a_dag_run(nats_server, tmp_path: Path):
+    admin(nats_server, lambda conn: asyncio.sleep(0))
+    home = tmp_path / "airflow"
+    dags = home / "dags"
+    dags.mkdir(parents=True)
+    (dags / "publish_dag.py").write_text(textwrap.dedent(DAG_FILE))
+    host, port = nats_server.url.split("://", 1)[1].rsplit(":", 1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__"))}
+    env.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+        AIRFLOW_CONN_NATS_DEFAULT=json.dumps({"conn_type": "nats", "host": host, "port": int(port)}),
+    )
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    migrate = subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300,
+                             check=False)
+    assert migrate.returncode == 0, migrate.stderr[-2000:]
+    run = subprocess.run([airflow, "dags", "test", "publish_from_xcom"], env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    assert "PUBLISH_RESULT stream=ORDERS,count=5,first_seq=1,last_seq=5" in output, output[-4000:]
+    assert "chunk 1/1: 5 message(s) committed to ORDERS, seq 1..5" in output
+    assert [json.loads(d)["n"] for _, d in stored(nats_server)] == list(range(5))

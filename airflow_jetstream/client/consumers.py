@@ -13,6 +13,7 @@ import copy
 from datetime import UTC, datetime
 from typing import Any
 
+from airflow_jetstream.client import metrics
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
@@ -368,6 +369,7 @@ async def reset_consumer(conn: JetStreamConnection, stream: str, name: str, *, s
             reason=_reset_reason(exc.description), code=exc.code, err_code=exc.err_code,
             description=exc.description,
         ) from None
+    metrics.incr("consumer.reset", tags={"stream": stream, "consumer": name})
     return {
         "stream": stream,
         "consumer": name,

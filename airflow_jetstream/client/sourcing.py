@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from airflow_jetstream.client import metrics
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.consumers import (
     DELIVER_POLICIES,
@@ -467,8 +468,10 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
 
     WorkQueue origin (its consumers must deliver all): the old source goes first (its consumer is
     deleted, unacked messages stay in O), then what A already holds is purged from O. Other
-    origins: the durable consumer is created paused first (it keeps interest), the source switched,
-    the consumer reset to just after A's last message from O and resumed.
+    origins: the durable consumer is created paused first (it keeps interest), the old source
+    removed, the consumer reset to just after A's last message from O (while no source uses it: a
+    reset seen by an attached source reads as a forward skip), then the durable source is added and
+    the consumer resumed.
     """
     workqueue = origin["config"].get("retention") == "workqueue"
     consumer_cfg = spec.consumer_config()
@@ -494,10 +497,11 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
         consumer_cfg.update(deliver_policy="by_start_time", opt_start_time=old["opt_start_time"])
     consumer_cfg["pause_until"] = _PAUSED_FOREVER
     await ensure_consumer(origin_conn, spec.source, consumer_cfg)
-    await _update_entries(conn, spec, target, spec.source_entry())
+    target_after = await _update_entries(conn, spec, target, None)
     last = await last_sourced_seq(conn, spec.stream, spec.source)
     if last:
         await reset_consumer(origin_conn, spec.source, spec.consumer or "", seq=last + 1)
+    await _update_entries(conn, spec, target_after, spec.source_entry())
     await pause_consumer(origin_conn, spec.source, spec.consumer or "", None)
     return {"migrated_after_seq": last}
 
@@ -584,14 +588,15 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
                 f"{current['consumer'].get('name')!r}; switching to mode='server' would deliver messages twice. "
                 "Keep mode='user'", reason="invalid_source")
         action = await _apply_entry(conn, spec, target, current, wanted)
+    started = time.monotonic()
     state = await wait_source_healthy(conn, spec, timeout=health_timeout, origin_conn=origin_conn)
     if spec.user_managed:
-        consumer = await find_consumer(origin_conn, spec.source, spec.consumer or "")
-        if consumer is None:
-            raise ConsumerNotFoundError(f"consumer {spec.consumer!r} vanished from {spec.source!r}{in_domain}",
-                                        reason="source_consumer_missing")
+        name = spec.consumer or ""
     else:
-        consumer = await server_managed_consumer(origin_conn, spec, timeout=health_timeout)
+        name = (await server_managed_consumer(origin_conn, spec, timeout=health_timeout))["name"]
+    consumer = await wait_messages_flow(origin_conn, spec.source, name,
+                                        timeout=max(health_timeout - (time.monotonic() - started), 1.0))
+    metrics.incr("sourcing.provisioned", tags={"mode": spec.mode, "action": action})
     cfg = consumer["config"]
     return {
         **{k: v for k, v in asdict(spec).items() if k in ("stream", "source", "mode", "mirror", "domain")},
@@ -601,7 +606,8 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
         "deliver_subject": cfg.get("deliver_subject"),
         "retention": retention,
         "source_state": {k: state.get(k) for k in ("lag", "active", "seq", "error") if k in state},
-        "consumer_state": {k: consumer.get(k) for k in ("num_pending", "num_ack_pending", "delivered", "ack_floor")},
+        "consumer_state": {k: consumer.get(k) for k in ("num_pending", "num_ack_pending", "delivered", "ack_floor",
+                                                        "paused")},
         **result,
     }
 
@@ -613,8 +619,33 @@ async def _apply_entry(conn: JetStreamConnection, spec: DurableSource, target: d
         return "created"
     if current is not None and _same_entry(wanted, current):
         return "unchanged"
+    if spec.mirror:
+        raise StreamConfigError(
+            f"stream {spec.stream!r} already mirrors {spec.source!r} with another configuration and a mirror "
+            "cannot be changed; create a new mirror stream", reason="immutable_field")
     await _update_entries(conn, spec, target, wanted)
     return "updated"
+
+
+async def wait_messages_flow(origin_conn: JetStreamConnection, stream: str, consumer: str, *,
+                             timeout: float) -> dict[str, Any]:
+    """Consumer info once messages flow: nothing pending, or delivery moved on (or it is paused)."""
+    info = await find_consumer(origin_conn, stream, consumer)
+    if info is None:
+        raise ConsumerNotFoundError(f"consumer {consumer!r} vanished from {stream!r}", reason="source_consumer_missing")
+    first = int(info["delivered"].get("stream_seq", 0))
+    deadline = time.monotonic() + timeout
+    while int(info.get("num_pending", 0)) > 0 and not info.get("paused"):
+        if int(info["delivered"].get("stream_seq", 0)) > first:
+            return info
+        if time.monotonic() >= deadline:
+            raise SourceUnhealthyError(
+                f"consumer {consumer!r} on {stream!r} has {info['num_pending']} messages pending but delivered "
+                f"nothing within {timeout}s; check the consumer (max_ack_pending, rate limit) and the connection",
+                reason="messages_not_flowing")
+        await asyncio.sleep(_POLL_SECONDS)
+        info = await find_consumer(origin_conn, stream, consumer) or info
+    return info
 
 
 async def source_status(conn: JetStreamConnection, stream: str, source: str, *,

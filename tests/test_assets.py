@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from airflow.sdk import Asset
+from airflow.sdk.lineage import HookLineageCollector
 from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
 from openlineage.client.event_v2 import Dataset as OpenLineageDataset
 
@@ -113,6 +114,24 @@ def test_ensure_stream_operator_sets_its_outlet(nats_server, nats_conn: str) -> 
     assert op.outlets == [other, expected]
     op.execute(context={})
     assert op.outlets == [other, expected], "a second run must not add the outlet twice"
+
+
+def test_ensure_stream_operator_reports_hook_lineage(
+    nats_server, nats_conn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a hook-lineage reader (e.g. the OpenLineage provider) Airflow uses a real collector,
+    which builds the output through the registered ``jetstream`` factory."""
+    import airflow_jetstream.operators.stream as stream_module
+
+    collector = HookLineageCollector()
+    monkeypatch.setattr(stream_module, "get_hook_lineage_collector", lambda: collector)
+    op = JetStreamEnsureStreamOperator(task_id="ensure", config={"name": "LINEAGE", "subjects": ["lineage.>"]})
+    op.execute(context={})
+    (output,) = collector.collected_assets.outputs
+    assert output.asset == jetstream_asset(nats_server.url, "LINEAGE")
+    assert output.context is op.hook
+    assert collector.create_asset(scheme="jetstream", asset_kwargs={"server": "n1", "stream": "X", "subject": "x.>"}) \
+        == Asset("jetstream://n1:4222/X/x.>")
 
 
 PRODUCER_DAG = """

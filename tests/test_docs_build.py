@@ -4,10 +4,12 @@ every page is in the navigation, and every page the navigation names exists."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,3 +53,26 @@ def test_mkdocs_strict_build(tmp_path: Path) -> None:
     api = (tmp_path / "site" / "api.html").read_text()
     assert "JetStreamHook" in api and "JetStreamEnsureStreamOperator" in api
     assert (tmp_path / "site" / "img" / "connection-form.png").exists()
+
+
+SNIPPET_PAGES = ("getting-started.md", "operators/stream.md", "assets.md")
+
+
+def _dag_snippets(page: str) -> list[str]:
+    blocks = re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), flags=re.S)
+    return [block for block in blocks if "DAG(" in block]
+
+
+@pytest.mark.parametrize("page", SNIPPET_PAGES)
+def test_dag_snippets_are_complete_dag_files(page: str, tmp_path: Path) -> None:
+    """Each DAG snippet of these pages, saved as a file, is a DAG file Airflow parses without errors."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    snippets = _dag_snippets(page)
+    assert snippets, f"{page} has no DAG snippet"
+    for index, snippet in enumerate(snippets):
+        (tmp_path / f"snippet_{index}.py").write_text(snippet)
+    bag = DagBag(dag_folder=tmp_path, safe_mode=False)
+    assert not bag.import_errors, bag.import_errors
+    assert len(bag.dags) >= len(snippets)
+    assert all(dag.tasks for dag in bag.dags.values()), "a snippet's DAG has no task"

@@ -20,7 +20,7 @@ from airflow_jetstream.client import metrics
 from airflow_jetstream.client.errors import StreamConfigError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
-from airflow_jetstream.stats import AirflowStatsSink
+from airflow_jetstream.stats import AirflowStatsSink, install_airflow_stats
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,14 +59,25 @@ def statsd(monkeypatch: pytest.MonkeyPatch) -> Iterator[StatsdReceiver]:
     monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PREFIX", "airflow")
     monkeypatch.setenv("AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED", "True")
     airflow_stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
+    previous_sink = metrics._sink
+    install_airflow_stats()  # what importing the hook did; again here in case a test swapped sinks
     yield receiver
+    metrics.set_metrics_sink(previous_sink)
     monkeypatch.delenv("AIRFLOW__METRICS__STATSD_ON")
     airflow_stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
     receiver.sock.close()
 
 
 def test_importing_the_hook_installs_the_airflow_sink() -> None:
-    assert isinstance(metrics._sink, AirflowStatsSink)
+    script = (
+        "from airflow_jetstream.client import metrics\n"
+        "assert type(metrics._sink).__name__ == '_NoMetrics'\n"
+        "import airflow_jetstream.hooks.jetstream\n"
+        "print(type(metrics._sink).__module__, type(metrics._sink).__name__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1].split() == [AirflowStatsSink.__module__, AirflowStatsSink.__name__]
 
 
 def test_operator_and_hook_metrics_reach_statsd(statsd: StatsdReceiver, nats_conn: str) -> None:

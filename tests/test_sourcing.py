@@ -173,6 +173,25 @@ def test_server_managed_mirror_with_filter(nats_conn, settings):
     assert op.execute(context={})["action"] == "unchanged"
 
 
+def test_user_managed_mirror_of_a_workqueue(nats_conn, settings):
+    run(settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "workqueue"})
+    run(settings, publish, "o", 30)
+    op = JetStreamDurableSourceOperator(task_id="m", stream="MIR", source="ORIGIN", mode="user", mirror=True)
+    result = op.execute(context={})
+    assert result["mirror"] is True and result["consumer"] == "MIR_SRC_ORIGIN"
+    assert run(settings, stream_info, "MIR")["config"]["mirror"]["consumer"]["name"] == "MIR_SRC_ORIGIN"
+    assert run(settings, _poll, lambda c: _count_is(c, "MIR", 30))
+    assert run(settings, _poll, lambda c: _count_is(c, "ORIGIN", 0))
+    assert op.execute(context={})["action"] == "unchanged"
+    narrowed = JetStreamDurableSourceOperator(task_id="m", stream="MIR", source="ORIGIN", mode="user", mirror=True,
+                                              filter_subjects=["o.1"]).execute(context={})
+    assert narrowed["action"] == "updated"  # the filter lives on the consumer, which can change
+    assert run(settings, find_consumer, "ORIGIN", "MIR_SRC_ORIGIN")["config"]["filter_subject"] == "o.1"
+    with pytest.raises(StreamConfigError) as info:
+        JetStreamDurableSourceOperator(task_id="s", stream="MIR", source="ORIGIN", mode="user").execute(context={})
+    assert "is a mirror" in str(info.value)
+
+
 async def _poll(conn, check) -> bool:
     await wait_for(lambda: check(conn), 20, "condition")
     return True

@@ -569,8 +569,9 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
                     f"stream {spec.stream!r} already sources {spec.source!r} through consumer "
                     f"{current['consumer'].get('name')!r}; pass consumer={current['consumer'].get('name')!r} or remove "
                     "that source first", reason="duplicate_source_consumer")
+            consumer_action = "unchanged"
             if create_consumer:
-                await ensure_consumer(origin_conn, spec.source, spec.consumer_config())
+                consumer_action = (await ensure_consumer(origin_conn, spec.source, spec.consumer_config()))["action"]
             else:
                 info = await find_consumer(origin_conn, spec.source, spec.consumer or "")
                 if info is None:
@@ -581,6 +582,8 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
                 spec = replace(spec, deliver_subject=info["config"]["deliver_subject"])
                 wanted = spec.source_entry()
             action = await _apply_entry(conn, spec, target, current, wanted)
+            if action == "unchanged" and consumer_action != "unchanged":
+                action = "updated"
     else:
         if current is not None and current.get("consumer"):
             raise StreamConfigError(

@@ -254,8 +254,8 @@ def _entry_filters(entry: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _same_entry(wanted: dict[str, Any], current: dict[str, Any]) -> bool:
-    keys = ("name", "external", "consumer", "opt_start_seq", "opt_start_time")
-    if any((wanted.get(k) or None) != (current.get(k) or None) for k in keys if k != "external"):
+    keys = ("name", "consumer", "opt_start_seq", "opt_start_time")
+    if any((wanted.get(k) or None) != (current.get(k) or None) for k in keys):
         return False
     if ((wanted.get("external") or {}).get("api")) != ((current.get("external") or {}).get("api")):
         return False

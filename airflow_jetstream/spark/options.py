@@ -142,9 +142,10 @@ class WriteOptions:
     ledger_bucket: str | None
     run_id: str
     job_bucket: str
+    inflight: int
 
     KEYS = ("stream", "path", "mode", "job_id", "subject", "subject_column", "payload_column",
-            "headers_column", "batch_size", "flow", "ledger_bucket", "run_id", "job_bucket")
+            "headers_column", "batch_size", "flow", "ledger_bucket", "run_id", "job_bucket", "inflight")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
@@ -178,6 +179,7 @@ class WriteOptions:
             ledger_bucket=ledger_bucket,
             run_id=opts.get("run_id") or job_id,
             job_bucket=job_bucket,
+            inflight=_int(opts, "inflight", 4, maximum=32) or 4,
         )
 
 

@@ -31,6 +31,7 @@ from airflow_jetstream.client.atomic_batch import publish_atomic_batch
 from airflow_jetstream.client.batch_types import BatchMessage, BatchResult
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
+from airflow_jetstream.client.fast_batch import publish_fast_batch
 from airflow_jetstream.client.job_records import put_job_record
 from airflow_jetstream.client.ledger import BatchLedger
 from airflow_jetstream.client.streams import stream_info
@@ -132,6 +133,14 @@ class RowEncoder:
         return list(zip(subjects, payloads, headers, strict=True))
 
 
+async def _first_completed(running: set[asyncio.Task[None]]) -> None:
+    """Wait until one of ``running`` finished; re-raise its error."""
+    done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+    for task in done:
+        running.discard(task)
+        task.result()
+
+
 class JetStreamWriter(DataSourceArrowWriter):
     """Built on the driver and pickled to every task; connects inside :meth:`write`."""
 
@@ -166,31 +175,53 @@ class JetStreamWriter(DataSourceArrowWriter):
         encoder = RowEncoder(opts)
         pending: list[tuple[str, bytes, dict[str, str] | None]] = []
         chunk = 0
+        running: set[asyncio.Task[None]] = set()
         async with open_connection(opts.settings) as conn:
-            ledger = await BatchLedger.open(conn, opts.ledger_bucket) if opts.ledger_bucket else None
-            for batch in iterator:
-                pending.extend(encoder.encode(batch))
-                while len(pending) >= opts.batch_size:
-                    await self._publish_chunk(conn, ledger, report, chunk, pending[:opts.batch_size])
-                    del pending[:opts.batch_size]
-                    chunk += 1
-            if pending:
-                await self._publish_chunk(conn, ledger, report, chunk, pending)
+            ledger, done = await self._ledger(conn, partition)
+
+            async def submit(rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
+                nonlocal chunk
+                first_row, report.rows, report.batches = report.rows, report.rows + len(rows), report.batches + 1
+                key = chunk_id(opts.job_id, partition, chunk)
+                chunk += 1
+                if key in done:
+                    report.skipped_batches += 1
+                    return
+                while len(running) >= opts.inflight:
+                    await _first_completed(running)
+                running.add(asyncio.create_task(self._publish_chunk(conn, ledger, report, key, first_row, rows)))
+
+            try:
+                for batch in iterator:
+                    pending.extend(encoder.encode(batch))
+                    while len(pending) >= opts.batch_size:
+                        await submit(pending[:opts.batch_size])
+                        del pending[:opts.batch_size]
+                if pending:
+                    await submit(pending)
+                while running:
+                    await _first_completed(running)
+            finally:
+                for task in running:
+                    task.cancel()
+                await asyncio.gather(*running, return_exceptions=True)
         report.seconds = round(time.monotonic() - started, 3)
         log.info("jetstream write: partition %d attempt %d stored %d of %d rows in %d batches (%d skipped)",
                  partition, attempt, report.stored, report.rows, report.batches, report.skipped_batches)
         return report
 
+    async def _ledger(self, conn: JetStreamConnection, partition: int) -> tuple[BatchLedger | None, set[str]]:
+        """The ledger (None when disabled) and the ids of this partition's chunks it already holds."""
+        if not self.options.ledger_bucket:
+            return None, set()
+        ledger = await BatchLedger.open(conn, self.options.ledger_bucket)
+        prefix = chunk_id(self.options.job_id, partition, 0)[:-1]
+        done = {rec.batch_id for rec in await ledger.batches(self.options.run_id) if rec.batch_id.startswith(prefix)}
+        return ledger, done
+
     async def _publish_chunk(self, conn: JetStreamConnection, ledger: BatchLedger | None, report: PartitionReport,
-                             chunk: int, rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
+                             key: str, first_row: int, rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
         opts = self.options
-        first_row = report.rows
-        report.rows += len(rows)
-        report.batches += 1
-        key = chunk_id(opts.job_id, report.partition, chunk)
-        if ledger is not None and await ledger.get(opts.run_id, key) is not None:
-            report.skipped_batches += 1
-            return
         messages = [
             BatchMessage(subject, payload, headers, message_id(opts.job_id, report.partition, first_row + i))
             for i, (subject, payload, headers) in enumerate(rows)
@@ -205,14 +236,12 @@ class JetStreamWriter(DataSourceArrowWriter):
         if ledger is not None:
             await ledger.record(opts.run_id, key, stream=result.stream or opts.stream, count=result.count,
                                 first_seq=result.first_seq, last_seq=result.last_seq,
-                                meta={"job_id": opts.job_id, "partition": report.partition, "chunk": chunk,
-                                      "mode": opts.mode})
+                                meta={"job_id": opts.job_id, "partition": report.partition, "mode": opts.mode,
+                                      "first_row": first_row})
 
     async def _send(self, conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str) -> BatchResult:
         if self.options.mode == "atomic":
             return await publish_atomic_batch(conn, messages, batch_id=batch_id, max_msgs=self.options.batch_size)
-        from airflow_jetstream.client.fast_batch import publish_fast_batch
-
         return await publish_fast_batch(conn, messages, batch_id=batch_id, flow=self.options.flow)
 
     def commit(self, messages: list[PartitionReport | None]) -> None:

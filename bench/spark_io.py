@@ -1,0 +1,160 @@
+"""Benchmark: the ``jetstream`` Spark data source against plain nats-py baselines, in one run.
+
+One embedded nats-server, Spark ``local[2]``, the same DataFrame of ``--rows`` rows (~100 byte JSON
+payloads, 2 partitions) for every write:
+
+* write baseline: ``foreachPartition`` publishing one awaited ``js.publish`` per row;
+* data source ``mode=atomic`` (atomic batches of 1000, batch ledger on) and ``mode=bulk`` (fast batches);
+* read baseline: one process, a nats-py pull consumer (``ack_policy: none``) fetching 500 at a time;
+* data source read of the same stream (all columns materialised by an aggregate).
+
+Prints rows/s and the ratios against the targets (atomic >= 8x, bulk >= 15x, read >= 2x).
+Run: ``.venv/bin/python bench/spark_io.py [--rows 200000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection, stream_info
+from airflow_jetstream.embedded import EmbeddedNatsServer
+from airflow_jetstream.spark import register
+
+TARGETS = {"atomic": 8.0, "bulk": 15.0, "read": 2.0}
+
+
+def make_frame(spark: SparkSession, rows: int) -> Any:
+    """``rows`` orders as (subject, payload) with ~100-byte JSON payloads, in 2 partitions."""
+    return spark.range(0, rows, numPartitions=2).select(
+        F.concat(F.lit("bench.orders."), (F.col("id") % 8).cast("string")).alias("subject"),
+        F.to_json(F.struct(
+            F.col("id").alias("order_id"),
+            F.concat(F.lit("customer-"), (F.col("id") % 977).cast("string")).alias("customer"),
+            (F.col("id") % 1000 / 7).cast("decimal(10,2)").alias("amount"),
+            F.lit("2026-01-31T12:00:00Z").alias("created"),
+            F.lit("EUR").alias("currency"),
+        )).alias("payload"),
+    ).cache()
+
+
+def naive_partition(url: str, stream_subject_prefix: str):
+    def publish_rows(rows: Any) -> None:
+        import nats
+
+        async def run() -> None:
+            nc = await nats.connect(url)
+            js = nc.jetstream()
+            for row in rows:
+                await js.publish(stream_subject_prefix + row.subject, row.payload.encode())
+            await nc.close()
+
+        asyncio.run(run())
+
+    return publish_rows
+
+
+async def make_stream(settings: ConnectionSettings, name: str, subject: str, **flags: Any) -> None:
+    async with open_connection(settings) as conn:
+        await ensure_stream(conn, {"name": name, "subjects": [f"{subject}.>"], **flags})
+
+
+async def stored(settings: ConnectionSettings, name: str) -> int:
+    async with open_connection(settings) as conn:
+        return int((await stream_info(conn, name))["state"]["messages"])
+
+
+async def pull_fetch_baseline(settings: ConnectionSettings, stream: str, expected: int) -> float:
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    async with open_connection(settings) as conn:
+        sub = await conn.js.pull_subscribe("", stream=stream, config=ConsumerConfig(ack_policy=AckPolicy.NONE))
+        started = time.perf_counter()
+        got = 0
+        while got < expected:
+            got += len(await sub.fetch(500, timeout=10))
+        elapsed = time.perf_counter() - started
+        await sub.unsubscribe()
+    return got / elapsed
+
+
+def timed(label: str, rows: int, action: Any) -> float:
+    started = time.perf_counter()
+    action()
+    rate = rows / (time.perf_counter() - started)
+    print(f"  {label:<44} {rate:>10,.0f} rows/s", flush=True)
+    return rate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    args = parser.parse_args()
+    rows = args.rows
+    print(f"spark_io: {rows:,} rows, local[2], {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
+          f"Python {platform.python_version()}")
+    with EmbeddedNatsServer() as server:
+        settings = ConnectionSettings(servers=server.url, request_timeout=30)
+        spark = (SparkSession.builder.master("local[2]").appName("jetstream-bench")
+                 .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        register(spark)
+        frame = make_frame(spark, rows)
+        frame.count()
+        sink = {"servers": server.url}
+
+        asyncio.run(make_stream(settings, "NAIVE", "naive"))
+        asyncio.run(make_stream(settings, "ATOMIC", "atomic", allow_atomic=True))
+        asyncio.run(make_stream(settings, "BULK", "bulk", allow_batched=True))
+
+        print("write")
+        naive = timed("baseline foreachPartition, awaited js.publish", rows,
+                      lambda: frame.foreachPartition(naive_partition(server.url, "naive.")))
+        atomic = timed("data source mode=atomic", rows, lambda: (
+            frame.withColumn("subject", F.concat(F.lit("atomic."), "subject")).write.format("jetstream")
+            .mode("append").options(**sink, stream="ATOMIC", job_id="bench-atomic").save()))
+        bulk = timed("data source mode=bulk", rows, lambda: (
+            frame.withColumn("subject", F.concat(F.lit("bulk."), "subject")).write.format("jetstream")
+            .mode("append").options(**sink, stream="BULK", mode="bulk", job_id="bench-bulk").save()))
+        for name in ("NAIVE", "ATOMIC", "BULK"):
+            count = asyncio.run(stored(settings, name))
+            if count != rows:
+                print(f"  !! stream {name} holds {count} messages, expected {rows}")
+                return 1
+
+        print("read (stream ATOMIC)")
+        baseline = asyncio.run(pull_fetch_baseline(settings, "ATOMIC", rows))
+        print(f"  {'baseline single-process pull fetch(500)':<44} {baseline:>10,.0f} rows/s")
+
+        def read() -> None:
+            got = (spark.read.format("jetstream").options(**sink, stream="ATOMIC", num_partitions="2").load()
+                   .agg(F.count("*").alias("n"), F.sum(F.length("payload")).alias("bytes")).collect()[0])
+            if got["n"] != rows:
+                raise SystemExit(f"read {got['n']} rows, expected {rows}")
+
+        read_rate = timed("data source read, 2 partitions", rows, read)
+        spark.stop()
+
+    ratios = {"atomic": atomic / naive, "bulk": bulk / naive, "read": read_rate / baseline}
+    print("ratios (target)")
+    ok = True
+    for key, ratio in ratios.items():
+        met = ratio >= TARGETS[key]
+        ok = ok and met
+        print(f"  {key:<8} {ratio:6.1f}x  (>= {TARGETS[key]:.0f}x) {'met' if met else 'NOT met'}")
+    return 0 if ok else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

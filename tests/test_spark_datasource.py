@@ -1,0 +1,228 @@
+"""The ``jetstream`` PySpark data source against a real nats-server and Spark ``local[2]``.
+
+One SparkSession and one nats-server for the module (a SparkSession costs seconds to start); every
+test uses its own streams and job ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection, stream_info
+from airflow_jetstream.client.job_records import get_job_record
+from airflow_jetstream.client.ledger import BatchLedger
+from airflow_jetstream.embedded import EmbeddedNatsServer
+
+pytestmark = pytest.mark.spark
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from airflow_jetstream.spark import consume, register  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
+    with EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("nats")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = (SparkSession.builder.master("local[2]").appName("test-jetstream-datasource")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+def run(server: EmbeddedNatsServer, func: Any, *args: Any, **kwargs: Any) -> Any:
+    async def call() -> Any:
+        async with open_connection(ConnectionSettings(servers=server.url, request_timeout=10)) as conn:
+            return await func(conn, *args, **kwargs)
+
+    return asyncio.run(call())
+
+
+async def _state(conn: Any, name: str) -> dict[str, Any]:
+    return (await stream_info(conn, name))["state"]
+
+
+async def _all_messages(conn: Any, name: str) -> list[Any]:
+    from airflow_jetstream.client.range_read import read_range
+
+    info = await stream_info(conn, name)
+    out = []
+    async for chunk in read_range(conn, name, info["state"]["first_seq"], info["state"]["last_seq"]):
+        out.extend(chunk)
+    return out
+
+
+def orders(spark: SparkSession, rows: int, prefix: str) -> Any:
+    return spark.range(0, rows, numPartitions=2).select(
+        F.concat(F.lit(prefix + "."), F.when(F.col("id") % 2 == 0, "eu").otherwise("us")).alias("subject"),
+        F.col("id").alias("order_id"),
+        (F.col("id") * 2).cast("double").alias("amount"),
+        F.create_map(F.lit("X-Source"), F.lit("test")).alias("headers"),
+    )
+
+
+def test_atomic_write_then_parallel_read_round_trip(server: EmbeddedNatsServer, spark: SparkSession) -> None:
+    run(server, ensure_stream, {"name": "RT", "subjects": ["rt.>"], "allow_atomic": True})
+    rows = 2500
+    orders(spark, rows, "rt").write.format("jetstream").mode("append").options(
+        servers=server.url, stream="RT", job_id="rt-1", batch_size="400").save()
+
+    state = run(server, _state, "RT")
+    assert state["messages"] == rows
+    stored = run(server, _all_messages, "RT")
+    # deterministic chunks: per partition (1250 rows) batches of 400, 400, 400, 50
+    batch_ids = {m[3]["Nats-Batch-Id"] for m in stored}
+    assert sorted(b.rsplit("-a", 1)[0] for b in batch_ids) == sorted(
+        f"rt-1-{p}-{c}" for p in (0, 1) for c in range(4))
+    assert {m[3]["Nats-Msg-Id"] for m in stored} == {f"rt-1-{p}-{r}" for p in (0, 1) for r in range(1250)}
+    assert json.loads(stored[0][4]).keys() == {"order_id", "amount"}
+
+    record = run(server, get_job_record, "rt-1")
+    assert record["state"] == "committed" and record["stored"] == rows and record["batches"] == 8
+    assert sorted(r["partition"] for r in record["reports"]) == [0, 1]
+    ledger_summary = run(server, lambda conn: _ledger_summary(conn, "rt-1"))
+    assert ledger_summary["batches"] == 8 and ledger_summary["messages"]["published"] == rows
+
+    df = (spark.read.format("jetstream").schema("subject string, seq long, timestamp timestamp, "
+                                                "headers map<string,string>, order_id long, amount double")
+          .options(servers=server.url, stream="RT", decode="json", num_partitions="3").load())
+    assert df.rdd.getNumPartitions() == 3
+    got = df.agg(F.count("*").alias("n"), F.countDistinct("order_id").alias("ids"), F.sum("amount").alias("sum"),
+                 F.countDistinct("seq").alias("seqs"), F.min("timestamp").isNotNull().alias("ts"),
+                 F.max(F.col("headers")["X-Source"]).alias("hdr")).collect()[0]
+    assert (got["n"], got["ids"], got["seqs"]) == (rows, rows, rows)
+    assert got["sum"] == float(sum(2 * i for i in range(rows)))
+    assert got["ts"] and got["hdr"] == "test"
+
+    eu = (spark.read.format("jetstream").options(servers=server.url, stream="RT", subjects="rt.eu",
+                                                   start_seq="1001", decode="utf-8").load())
+    eu_rows = eu.select("subject", "seq", "payload").collect()
+    assert eu_rows and {r["subject"] for r in eu_rows} == {"rt.eu"}
+    assert min(r["seq"] for r in eu_rows) >= 1001
+    assert len(eu_rows) == sum(1 for m in stored if m[0] == "rt.eu" and m[1] >= 1001)
+    assert isinstance(eu_rows[0]["payload"], str)
+
+
+async def _ledger_summary(conn: Any, run_id: str) -> dict[str, Any]:
+    return await (await BatchLedger.open(conn)).summary(run_id)
+
+
+async def _publish_until_window_passed(conn: Any, subject: str) -> int:
+    """Publish a probe msg id until the stream stops reporting it as a duplicate; returns probes stored."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    stored = 0
+    first = await conn.js.publish(subject, b"probe", headers={"Nats-Msg-Id": "window-probe"})
+    stored += not first.duplicate
+    while loop.time() < deadline:
+        ack = await conn.js.publish(subject, b"probe", headers={"Nats-Msg-Id": "window-probe"})
+        if not ack.duplicate:
+            return stored + 1
+        await asyncio.sleep(0.05)
+    raise AssertionError("the duplicate window did not pass within 30s")
+
+
+def test_failed_job_rerun_completes_without_duplicates_after_the_window(
+        server: EmbeddedNatsServer, spark: SparkSession) -> None:
+    run(server, ensure_stream, {"name": "RERUN", "subjects": ["rerun.>"], "allow_atomic": True,
+                                "duplicate_window": "200ms"})
+    rows = 1000
+
+    def frame(bad_row: int | None) -> Any:
+        subject = F.lit("rerun.orders")
+        if bad_row is not None:  # a subject with white space: the chunk holding it is refused before sending
+            subject = F.when(F.col("id") == bad_row, F.lit("rerun.bad subject")).otherwise(subject)
+        return spark.range(0, rows, numPartitions=1).select(subject.alias("subject"),
+                                                            F.col("id").cast("string").alias("payload"))
+
+    options = {"servers": server.url, "stream": "RERUN", "job_id": "rerun-1", "batch_size": "300",
+               "inflight": "1"}
+    with pytest.raises(Exception, match=r"invalid_subject|white space"):
+        frame(bad_row=950).write.format("jetstream").mode("append").options(**options).save()
+
+    # what the failed job left: the chunks before the bad one, whole, and recorded in the ledger
+    assert run(server, _state, "RERUN")["messages"] == 900
+    ledger = run(server, lambda conn: _ledger_summary(conn, "rerun-1"))
+    assert (ledger["batches"], ledger["messages"]["published"]) == (3, 900)
+    assert run(server, get_job_record, "rerun-1")["state"] == "aborted"
+
+    probes = run(server, _publish_until_window_passed, "rerun.probe")
+    frame(bad_row=None).write.format("jetstream").mode("append").options(**options).save()
+
+    assert run(server, _state, "RERUN")["messages"] == rows + probes
+    record = run(server, get_job_record, "rerun-1")
+    assert (record["state"], record["skipped_batches"], record["stored"]) == ("committed", 3, 100)
+    payloads = [m[4] for m in run(server, _all_messages, "RERUN") if m[0] == "rerun.orders"]
+    assert sorted(int(p) for p in payloads) == list(range(rows))
+
+
+def test_bulk_write_and_bad_input_rejected_before_sending(server: EmbeddedNatsServer, spark: SparkSession) -> None:
+    run(server, ensure_stream, {"name": "BULK", "subjects": ["bulk.>"], "allow_batched": True})
+    frame = orders(spark, 3000, "bulk").select("subject", F.col("order_id").cast("string").alias("payload"))
+    frame.write.format("jetstream").mode("append").options(servers=server.url, stream="BULK", mode="bulk",
+                                                            job_id="bulk-1").save()
+    assert run(server, _state, "BULK")["messages"] == 3000
+    assert run(server, get_job_record, "bulk-1")["stored"] == 3000
+
+    with pytest.raises(Exception, match="allow_atomic"):
+        frame.write.format("jetstream").mode("append").options(servers=server.url, stream="BULK").save()
+    with pytest.raises(Exception, match=r"unknown_option|numpartitions"):
+        frame.write.format("jetstream").mode("append").options(servers=server.url, stream="BULK",
+                                                                numPartitions="2").save()
+    with pytest.raises(Exception, match="only appends"):
+        frame.write.format("jetstream").mode("overwrite").options(servers=server.url, stream="BULK").save()
+    with pytest.raises(Exception, match="consume=true"):
+        spark.read.format("jetstream").options(servers=server.url, stream="BULK", consume="true").load().count()
+    assert run(server, _state, "BULK")["messages"] == 3000
+
+
+async def _publish(conn: Any, subject: str, count: int, start: int = 0) -> None:
+    for i in range(start, start + count):
+        await conn.js.publish(subject, json.dumps({"n": i}).encode())
+
+
+def test_consume_workqueue_acks_only_after_success(server: EmbeddedNatsServer, spark: SparkSession,
+                                                   tmp_path: Path) -> None:
+    run(server, ensure_stream, {"name": "WQ", "subjects": ["wq.>"], "retention": "workqueue",
+                                "allow_direct": True})
+    run(server, _publish, "wq.jobs", 600)
+    out = str(tmp_path / "out")
+    options = {"servers": server.url, "stream": "WQ", "num_partitions": "2"}
+
+    with pytest.raises(RuntimeError, match="job died"), consume(spark, options) as (df, consumption):
+        df.write.mode("overwrite").parquet(out)
+        raise RuntimeError("job died after writing its output")
+    assert consumption.removed is None
+    assert run(server, _state, "WQ")["messages"] == 600  # nothing lost
+
+    with consume(spark, {**options, "decode": "json"}, schema="seq long, n long") as (df, consumption):
+        run(server, _publish, "wq.jobs", 50, start=600)  # arrives after the bounds were fixed
+        df.write.mode("overwrite").parquet(out)
+    assert consumption.removed == 600
+    result = spark.read.parquet(out).agg(F.count("*").alias("rows"), F.countDistinct("n").alias("distinct"),
+                                         F.max("n").alias("max")).collect()[0]
+    assert (result["rows"], result["distinct"], result["max"]) == (600, 600, 599)
+    assert run(server, _state, "WQ")["messages"] == 50  # later messages stay for the next run
+
+    with consume(spark, options) as (df, consumption):
+        assert df.count() == 50
+    assert consumption.removed == 50 and run(server, _state, "WQ")["messages"] == 0

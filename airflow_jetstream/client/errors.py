@@ -225,6 +225,7 @@ _API_ERRORS: dict[int, tuple[type[JetStreamError], str, str]] = {
     10201: (BatchPublishError, "duplicate_msg_id", "the batch (or part of it) is already stored"),
     10177: (BatchPublishError, "unsupported_header", "remove headers atomic batches refuse"),
     10185: (BatchPublishError, "api_level_too_high", "upgrade the server"),
+    10054: (ServerAPIError, "message_too_large", "the message is over the stream's max_msg_size"),
     10205: (BatchPublishError, "stream_not_batched", "set allow_batched: true on the stream"),
     10206: (BatchPublishError, "batch_pattern_invalid", "internal: fast batch reply subject is malformed"),
     10207: (BatchPublishError, "batch_id_invalid", "use a shorter batch id"),

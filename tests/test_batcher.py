@@ -84,15 +84,16 @@ def test_concurrent_publishers_get_their_own_results_in_order(settings, batch_si
     assert max(batch_sizes) > 1, "concurrent calls are coalesced"
 
 
-def test_per_item_errors_do_not_fail_the_other_items(settings):
+@pytest.mark.parametrize("atomic", [False, True])
+def test_per_item_errors_do_not_fail_the_other_items(settings, atomic):
     async def body(conn):
         await conn.js.publish("atom.k", b"first")
-        async with Batcher(conn, flush_interval=0.05) as batcher:
+        async with Batcher(conn, flush_interval=0.05, atomic=atomic) as batcher:
             results = await asyncio.gather(
                 batcher.publish("atom.a", b"1"),
                 batcher.publish("atom bad", b"2"),
                 batcher.publish("atom.k", b"3", expected_last_subject_seq=99),
-                batcher.publish("atom.b", b"4", headers={"Nats-Expected-Last-Msg-Id": "x"}),
+                batcher.publish("atom.b", b"4", headers={"Nats-Batch-Id": "x"}),
                 batcher.publish("atom.c", b"5", msg_id="dup"),
                 batcher.publish("atom.d", b"6"),
             )
@@ -109,9 +110,21 @@ def test_per_item_errors_do_not_fail_the_other_items(settings):
     assert info.value.reason == "wrong_last_sequence"
 
 
+def test_atomic_groups_use_one_batch_each(settings):
+    async def body(conn):
+        async with Batcher(conn, atomic=True, max_batch=10, flush_interval=1) as batcher:
+            futures = [await batcher.submit(BatchMessage("atom.g", b"%d" % i)) for i in range(25)]
+            results = [await f for f in futures]
+        return results, batcher.atomic
+
+    results, atomic = run(settings, body)
+    assert [r.seq for r in results] == list(range(1, 26))
+    assert atomic is True
+
+
 def test_stream_without_atomic_falls_back_to_individual_publishes(settings):
     async def body(conn):
-        async with Batcher(conn) as batcher:
+        async with Batcher(conn, atomic=True) as batcher:
             results = await asyncio.gather(*(batcher.publish("plain.x", b"%d" % i) for i in range(30)))
             return results, batcher.atomic
 

@@ -177,6 +177,10 @@ class BatchReplies:
                                       "commit its outcome is unknown: retry with msg ids set") from None
         finally:
             self.futures.pop(reply, None)
+        return self.parse(msg, subject)
+
+    def parse(self, msg: Any, subject: str) -> dict[str, Any]:
+        """The JSON of a reply message (``{}`` for an empty one), raising typed errors."""
         if msg.headers and msg.headers.get("Status") == "503":
             raise _no_stream(self.context, subject)
         return _parse_reply(msg.data, self.context)

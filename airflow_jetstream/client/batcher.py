@@ -1,11 +1,16 @@
 """Batcher: coalesce many single publishes into batches, each caller getting its own result.
 
 Many tasks call ``await batcher.publish(subject, data)`` concurrently; the batcher groups the
-calls by size (``max_batch``) or time (``flush_interval``) and sends each group as one atomic batch,
-which is far cheaper than one acknowledged publish per message. Items keep their own semantics:
-there is no cross-item atomicity. When a group is refused (one bad item, a failed per-subject
-expectation, a duplicate msg id, a stream without ``allow_atomic``), it is re-sent item by item as
-pipelined acknowledged publishes, so every item gets its own result and error::
+calls by size (``max_batch``) or time (``flush_interval``) and sends each group in one write as
+pipelined acknowledged publishes, then hands every caller its own acknowledgement, which is far
+cheaper than one round trip per message. Items keep their own semantics: there is no cross-item
+atomicity, and every item gets its own result and machine-readable error.
+
+With ``atomic=True`` each group goes out as one atomic batch instead (one acknowledgement per
+group; seqs follow from the batch range). That pays off on memory streams and large groups; on
+file streams the server stages every atomic batch in its own file store, which makes small groups
+slower. A refused atomic group (one bad item, a failed per-subject expectation, a duplicate msg
+id, a stream without ``allow_atomic``) is re-sent item by item, so errors stay per item::
 
     async with Batcher(conn, max_batch=500) as batcher:
         results = await asyncio.gather(*(batcher.publish("orders.new", row) for row in rows))
@@ -22,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +52,7 @@ from airflow_jetstream.client.errors import (
     JetStreamError,
     RequestTimeoutError,
 )
+from airflow_jetstream.client.fast_batch import FAST_REFUSED_HEADERS
 
 DEFAULT_MAX_BATCH = 256
 DEFAULT_FLUSH_INTERVAL = 0.002
@@ -70,7 +75,7 @@ class Batcher:
     :param flush_interval: seconds to wait for more items once the first one of a batch arrived.
     :param max_pending: items accepted but not yet answered; ``publish`` waits beyond this (back-pressure).
     :param atomic: send groups as atomic batches (needs ``allow_atomic`` on the stream; falls back
-        to individual publishes by itself when the stream refuses). False: always individual.
+        to individual publishes by itself when the stream refuses). Default: pipelined individual publishes.
     :param timeout: seconds to wait for each server reply (default: the connection's request timeout).
     """
 
@@ -81,7 +86,7 @@ class Batcher:
         max_batch: int = DEFAULT_MAX_BATCH,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         max_pending: int = DEFAULT_MAX_PENDING,
-        atomic: bool = True,
+        atomic: bool = False,
         timeout: float | None = None,
     ) -> None:
         if not isinstance(max_batch, int) or max_batch < 1:
@@ -123,14 +128,20 @@ class Batcher:
             self._check(message)
         except JetStreamError as exc:
             return BatchItemResult.failed(exc)
-        future = await self.submit(message)
+        future = await self._enqueue(message)
         return await asyncio.shield(future)
 
     async def submit(self, message: BatchMessage) -> asyncio.Future[BatchItemResult]:
-        """Queue ``message`` and return the future of its result (for callers that gather themselves)."""
+        """Queue ``message`` and return the future of its result (for callers that gather themselves).
+
+        Raises the typed validation error at once instead of queueing an invalid message.
+        """
+        self._check(message)
+        return await self._enqueue(message)
+
+    async def _enqueue(self, message: BatchMessage) -> asyncio.Future[BatchItemResult]:
         if self._closing:
             raise InvalidRequestError("the batcher is closed; open a new one", reason="batcher_closed")
-        self._check(message)
         await self._slots.acquire()
         future: asyncio.Future[BatchItemResult] = asyncio.get_running_loop().create_future()
         future.add_done_callback(lambda _f: self._slots.release())
@@ -143,8 +154,9 @@ class Batcher:
         return future
 
     def _check(self, message: BatchMessage) -> None:
+        refused = ATOMIC_REFUSED_HEADERS if self.atomic else FAST_REFUSED_HEADERS
         validate_messages([message], max_msgs=None, max_payload=self.conn.max_payload,
-                          refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=256)
+                          refused_headers=refused, reserved_header_bytes=256)
 
     async def close(self) -> None:
         """Publish everything still pending, then stop. Idempotent."""
@@ -217,15 +229,18 @@ async def publish_individually(conn: JetStreamConnection, messages: list[BatchMe
                 msg.headers or msg.msg_id or msg.expected_last_subject_seq is not None) else b""
             frames.append(encode_frame(msg.subject.encode(), reply, lines, bytes(msg.data)))
         await write_frames(conn.nc, b"".join(frames))
-        deadline = time.monotonic() + timeout
+        futures = [replies.futures[reply] for reply in reply_of]
+        await asyncio.wait(futures, timeout=timeout)
         results = []
-        for msg, reply in zip(messages, reply_of, strict=True):
+        for msg, future in zip(messages, futures, strict=True):
             try:
-                ack = await replies.wait(reply, msg.subject, max(0.0, deadline - time.monotonic()))
+                if not future.done():
+                    await conn.raise_if_denied(msg.subject)
+                    raise RequestTimeoutError(f"publish to {msg.subject!r}: no acknowledgement within {timeout}s; "
+                                              "the message may or may not be stored")
+                results.append(_item_result(replies.parse(future.result(), msg.subject)))
             except JetStreamError as exc:
                 results.append(BatchItemResult.failed(exc))
-                continue
-            results.append(_item_result(ack))
         return results
     finally:
         await replies.close()

@@ -77,3 +77,27 @@ def test_dag_snippets_are_complete_dag_files(page: str, tmp_path: Path) -> None:
     assert not bag.import_errors, bag.import_errors
     assert len(bag.dags) >= len(snippets)
     assert all(dag.tasks for dag in bag.dags.values()), "a snippet's DAG has no task"
+
+
+def test_connection_page_examples_are_valid_connections() -> None:
+    """Every ``AIRFLOW_CONN_*`` example of docs/connection.md parses into client settings."""
+    from airflow.sdk import Connection
+
+    from airflow_jetstream.client.errors import InvalidSettingsError
+    from airflow_jetstream.hooks.connection_settings import settings_from_connection
+
+    examples = re.findall(r"export (AIRFLOW_CONN_\w+)='(.*?)'", (DOCS / "connection.md").read_text(), flags=re.S)
+    assert len(examples) >= 5
+    for name, value in examples:
+        conn_id = name.removeprefix("AIRFLOW_CONN_").lower()
+        if value.lstrip().startswith("{"):
+            conn = Connection.from_json(value, conn_id=conn_id)
+        else:
+            conn = Connection.from_uri(value, conn_id=conn_id)
+        assert conn.conn_type == "nats", name
+        if "tls_ca_file" in value:  # the CA file of the example does not exist here: that is the only complaint
+            with pytest.raises(InvalidSettingsError, match=re.escape("/etc/nats/ca.pem' does not exist")):
+                settings_from_connection(conn)
+            continue
+        settings = settings_from_connection(conn)
+        assert all(server.startswith("nats://") for server in settings.servers), name

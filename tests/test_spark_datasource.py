@@ -203,18 +203,24 @@ async def _publish(conn: Any, subject: str, count: int, start: int = 0) -> None:
 def test_consume_workqueue_acks_only_after_success(server: EmbeddedNatsServer, spark: SparkSession,
                                                    tmp_path: Path) -> None:
     run(server, ensure_stream, {"name": "WQ", "subjects": ["wq.>"], "retention": "workqueue",
-                                "allow_direct": True})
-    run(server, _publish, "wq.jobs", 600)
+                                "allow_direct": True, "allow_atomic": True})
+    spark.range(0, 600, numPartitions=2).select(F.lit("wq.jobs").alias("subject"), F.col("id").alias("n")) \
+        .write.format("jetstream").mode("append").options(servers=server.url, stream="WQ", job_id="wq-run",
+                                                           batch_size="200").save()
     out = str(tmp_path / "out")
     options = {"servers": server.url, "stream": "WQ", "num_partitions": "2"}
 
-    with pytest.raises(RuntimeError, match="job died"), consume(spark, options) as (df, consumption):
+    with pytest.raises(RuntimeError, match="job died"), consume(spark, options, run_id="wq-run") as (df, consumption):
+        assert len(consumption.claimed) == 4  # 2 partitions x (200 + 100 rows)
         df.write.mode("overwrite").parquet(out)
         raise RuntimeError("job died after writing its output")
     assert consumption.removed is None
     assert run(server, _state, "WQ")["messages"] == 600  # nothing lost
+    ledger = run(server, lambda conn: _ledger_summary(conn, "wq-run"))
+    assert ledger["states"]["published"] == 4 and ledger["attempts"] == 4  # released for the next attempt
 
-    with consume(spark, {**options, "decode": "json"}, schema="seq long, n long") as (df, consumption):
+    with consume(spark, {**options, "decode": "json"}, schema="seq long, n long",
+                 run_id="wq-run") as (df, consumption):
         run(server, _publish, "wq.jobs", 50, start=600)  # arrives after the bounds were fixed
         df.write.mode("overwrite").parquet(out)
     assert consumption.removed == 600
@@ -222,7 +228,44 @@ def test_consume_workqueue_acks_only_after_success(server: EmbeddedNatsServer, s
                                          F.max("n").alias("max")).collect()[0]
     assert (result["rows"], result["distinct"], result["max"]) == (600, 600, 599)
     assert run(server, _state, "WQ")["messages"] == 50  # later messages stay for the next run
+    ledger = run(server, lambda conn: _ledger_summary(conn, "wq-run"))
+    assert ledger["states"]["consumed"] == 4 and ledger["attempts"] == 8
 
     with consume(spark, options) as (df, consumption):
         assert df.count() == 50
     assert consumption.removed == 50 and run(server, _state, "WQ")["messages"] == 0
+
+
+async def _interest_setup(conn: Any) -> None:
+    await ensure_stream(conn, {"name": "INT", "subjects": ["int.>"], "retention": "interest", "allow_direct": True})
+    await conn.api_request("CONSUMER.CREATE.INT.SPARK", {"stream_name": "INT", "config": {
+        "durable_name": "SPARK", "ack_policy": "explicit", "deliver_policy": "all", "filter_subject": "int.a"}})
+    await conn.api_request("CONSUMER.CREATE.INT.OTHER", {"stream_name": "INT", "config": {
+        "durable_name": "OTHER", "ack_policy": "explicit", "deliver_policy": "all", "filter_subject": "int.b"}})
+    await _publish(conn, "int.a", 300)
+    await _publish(conn, "int.b", 100)
+
+
+async def _ack_floor(conn: Any, consumer: str) -> int:
+    info = await conn.api_request(f"CONSUMER.INFO.INT.{consumer}")
+    return int(info["ack_floor"]["stream_seq"])
+
+
+def test_consume_interest_stream_through_its_durable_consumer(server: EmbeddedNatsServer,
+                                                               spark: SparkSession) -> None:
+    run(server, _interest_setup)
+    options = {"servers": server.url, "stream": "INT", "consumer": "SPARK", "decode": "json"}
+    with pytest.raises(RuntimeError, match="boom"), consume(spark, options, schema="subject string, n long") as (df, _):
+        assert df.count() == 300
+        raise RuntimeError("boom")
+    assert run(server, _ack_floor, "SPARK") == 0 and run(server, _state, "INT")["messages"] == 400
+
+    with consume(spark, options, schema="subject string, n long") as (df, consumption):
+        got = df.agg(F.count("*").alias("n"), F.countDistinct("n").alias("d"),
+                     F.collect_set("subject").alias("subjects")).collect()[0]
+    assert (got["n"], got["d"], got["subjects"]) == (300, 300, ["int.a"])
+    assert consumption.removed == 300
+    assert run(server, _ack_floor, "SPARK") == consumption.plan.last_seq
+    assert run(server, _state, "INT")["messages"] == 100  # OTHER's messages are kept
+    with pytest.raises(Exception, match=r"consumer_required|durable consumer"):
+        spark.read.format("jetstream").options(servers=server.url, stream="INT", consume="true").load().count()

@@ -10,8 +10,10 @@ sequence ranges that can be read in parallel by separate processes (Spark partit
 * ``via="direct"``: batched direct get (``$JS.API.DIRECT.GET.<stream>`` with ``batch``), which
   needs ``allow_direct: true`` on the stream and creates no consumer at all.
 
-Neither way removes anything. :func:`purge_read` removes what a consume job read from a
-WorkQueue stream (purge of the filter up to the planned last sequence) once its output is safe.
+Neither way removes anything. :func:`acknowledge_read` removes what a consume job read once its
+output is safe: from a WorkQueue stream by a purge of the read's filters up to the planned last
+sequence; from an Interest stream by moving the job's durable consumer past the planned last
+sequence (a consumer reset), after which the server drops what no consumer still needs.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.consumers import first_seq_at_or_after
+from airflow_jetstream.client.consumers import consumer_info, first_seq_at_or_after, reset_consumer
 from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, RequestTimeoutError
 from airflow_jetstream.client.streams import stream_info
 from airflow_jetstream.client.subjects import validate_name, validate_subject
@@ -51,6 +53,7 @@ class ReadPlan:
     messages: int = 0
     allow_direct: bool = False
     ranges: tuple[tuple[int, int], ...] = field(default=())
+    consumer: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -60,7 +63,7 @@ class ReadPlan:
         return {
             "stream": self.stream, "retention": self.retention, "first_seq": self.first_seq,
             "last_seq": self.last_seq, "subjects": list(self.subjects), "messages": self.messages,
-            "ranges": [list(r) for r in self.ranges],
+            "ranges": [list(r) for r in self.ranges], "consumer": self.consumer,
         }
 
 
@@ -99,9 +102,13 @@ def split_range(first: int, last: int, parts: int) -> tuple[tuple[int, int], ...
 
 async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequence[str] = (),
                     start_seq: int | None = None, start_time: datetime | str | None = None,
-                    end_seq: int | None = None, partitions: int = 1) -> ReadPlan:
+                    end_seq: int | None = None, partitions: int = 1, consumer: str | None = None) -> ReadPlan:
     """Fix the bounds of a read: from the start (or the stream's first message) to ``end_seq``
-    (default: the stream's last sequence right now), split into ``partitions`` ranges."""
+    (default: the stream's last sequence right now), split into ``partitions`` ranges.
+
+    With ``consumer`` (a durable consumer of an Interest stream) the read starts after the
+    consumer's ack floor and uses the consumer's filter subjects.
+    """
     validate_name(stream, what="stream name")
     for subject in subjects:
         validate_subject(subject, allow_wildcards=True, what="filter subject")
@@ -110,6 +117,18 @@ async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequenc
     info = await stream_info(conn, stream)
     state, config = info["state"], info["config"]
     first = max(int(state.get("first_seq") or 1), 1)
+    if consumer is not None:
+        cinfo = await consumer_info(conn, stream, consumer)
+        ccfg = cinfo["config"]
+        filters = tuple(ccfg.get("filter_subjects") or ([ccfg["filter_subject"]] if ccfg.get("filter_subject") else []))
+        if subjects and tuple(subjects) != filters:
+            raise InvalidRequestError(
+                f"consumer {consumer!r} filters {list(filters) or 'all subjects'}; leave subjects unset "
+                "(the consumer's filters are used) or give the same ones",
+                reason="invalid_option",
+            )
+        subjects = filters
+        first = max(first, int(cinfo.get("ack_floor", {}).get("stream_seq") or 0) + 1)
     if start_seq is not None:
         first = max(first, int(start_seq))
     elif start_time is not None:
@@ -126,6 +145,7 @@ async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequenc
         messages=int(state.get("messages") or 0),
         allow_direct=bool(config.get("allow_direct")),
         ranges=split_range(first, last, partitions),
+        consumer=consumer,
     )
 
 
@@ -284,11 +304,17 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
 
 def read_method(plan: ReadPlan, *, consume: bool) -> str:
     """How to read the plan's stream, or a clear error when the stream cannot be read that way."""
-    if consume and plan.retention != "workqueue":
+    if consume and plan.retention == "limits":
         raise InvalidRequestError(
-            f"stream {plan.stream!r} has {plan.retention} retention; consume=true removes what was read "
-            "and is for WorkQueue streams. Read Limits streams without consume (nothing to acknowledge)",
+            f"stream {plan.stream!r} has limits retention; consume=true acknowledges what was read and is "
+            "for WorkQueue and Interest streams. Read Limits streams without consume (nothing to acknowledge)",
             reason="consume_not_supported",
+        )
+    if consume and plan.retention == "interest" and not plan.consumer:
+        raise InvalidRequestError(
+            f"stream {plan.stream!r} has interest retention: consuming it means advancing a durable consumer; "
+            "give the consumer option (a durable consumer with deliver_policy all, used only by this job)",
+            reason="consumer_required",
         )
     if plan.retention == "limits":
         return "consumer"
@@ -302,23 +328,30 @@ def read_method(plan: ReadPlan, *, consume: bool) -> str:
     return "direct"
 
 
-async def purge_read(conn: JetStreamConnection, plan: ReadPlan) -> int:
-    """Remove what ``plan`` covered from a WorkQueue stream (its filters, up to ``last_seq``).
+async def acknowledge_read(conn: JetStreamConnection, plan: ReadPlan) -> int:
+    """Acknowledge everything ``plan`` covered, once the job that read it succeeded.
 
+    WorkQueue: purge the plan's filters (or the whole stream) below ``last_seq + 1``. Interest:
+    reset the plan's durable consumer to ``last_seq + 1`` (its ack floor becomes ``last_seq``).
     Messages that arrived after planning (seq > last_seq) stay for the next run. Returns how many
-    messages were removed.
+    messages the stream lost (WorkQueue: purged; Interest: dropped once no consumer needs them).
     """
     if plan.empty:
         return 0
-    if plan.retention != "workqueue":
-        raise InvalidRequestError(f"stream {plan.stream!r} is not a WorkQueue stream; nothing to purge",
-                                  reason="consume_not_supported")
-    purged = 0
-    for subject in plan.subjects or (None,):
-        body: dict[str, Any] = {"seq": plan.last_seq + 1}
-        if subject:
-            body["filter"] = subject
-        reply = await conn.api_request(f"STREAM.PURGE.{plan.stream}", body,
-                                       context=f"acknowledge read of stream {plan.stream!r}")
-        purged += int(reply.get("purged", 0))
-    return purged
+    if plan.retention == "workqueue":
+        purged = 0
+        for subject in plan.subjects or (None,):
+            body: dict[str, Any] = {"seq": plan.last_seq + 1}
+            if subject:
+                body["filter"] = subject
+            reply = await conn.api_request(f"STREAM.PURGE.{plan.stream}", body,
+                                           context=f"acknowledge read of stream {plan.stream!r}")
+            purged += int(reply.get("purged", 0))
+        return purged
+    if plan.retention == "interest" and plan.consumer:
+        before = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)
+        await reset_consumer(conn, plan.stream, plan.consumer, seq=plan.last_seq + 1)
+        after = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)
+        return max(0, before - after)
+    raise InvalidRequestError(f"stream {plan.stream!r} ({plan.retention} retention) has nothing to acknowledge",
+                              reason="consume_not_supported")

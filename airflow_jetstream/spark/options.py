@@ -197,9 +197,10 @@ class ReadOptions:
     decode: str
     consume: bool
     fetch_batch: int
+    consumer: str | None
 
     KEYS = ("stream", "path", "subjects", "start_seq", "start_time", "end_seq", "num_partitions", "decode",
-            "consume", "fetch_batch")
+            "consume", "fetch_batch", "consumer")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -222,4 +223,5 @@ class ReadOptions:
             decode=_choice(opts, "decode", DECODINGS, "none"),
             consume=_bool(opts, "consume", False),
             fetch_batch=_int(opts, "fetch_batch", 5000, maximum=100_000) or 5000,
+            consumer=validate_name(opts["consumer"], what="option consumer") if opts.get("consumer") else None,
         )

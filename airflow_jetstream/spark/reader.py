@@ -14,6 +14,7 @@ caller's block finished without an exception (that is, after the output was writ
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -26,7 +27,14 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger import BatchLedger, BatchRecord
-from airflow_jetstream.client.range_read import ReadPlan, StoredMessage, plan_read, purge_read, read_method, read_range
+from airflow_jetstream.client.range_read import (
+    ReadPlan,
+    StoredMessage,
+    acknowledge_read,
+    plan_read,
+    read_method,
+    read_range,
+)
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.spark.options import ReadOptions, lowered
 
@@ -73,10 +81,12 @@ async def plan_for(options: ReadOptions) -> ReadPlan:
     """Fix the bounds of a read now (the driver does this once per job)."""
     async with open_connection(options.settings) as conn:
         plan = await plan_read(conn, options.stream, subjects=options.subjects, start_seq=options.start_seq,
-                               start_time=options.start_time, end_seq=options.end_seq, partitions=1)
+                               start_time=options.start_time, end_seq=options.end_seq, partitions=1,
+                               consumer=options.consumer)
         parts = options.num_partitions or _default_partitions(plan)
-        plan = await plan_read(conn, options.stream, subjects=options.subjects, start_seq=plan.first_seq,
+        plan = await plan_read(conn, options.stream, subjects=plan.subjects, start_seq=plan.first_seq,
                                end_seq=plan.last_seq, partitions=parts)
+        plan = dataclasses.replace(plan, consumer=options.consumer)
     read_method(plan, consume=options.consume)
     return plan
 
@@ -187,7 +197,7 @@ async def _claim(options: ReadOptions, run_id: str | None, ledger_bucket: str, o
 async def _finish(options: ReadOptions, consumption: Consumption, ledger_bucket: str, error: str | None) -> None:
     async with open_connection(options.settings) as conn:
         if error is None:
-            consumption.removed = await purge_read(conn, consumption.plan)
+            consumption.removed = await acknowledge_read(conn, consumption.plan)
         if consumption.claimed:
             ledger = await BatchLedger.open(conn, ledger_bucket)
             for claim in consumption.claimed:
@@ -201,11 +211,16 @@ async def _finish(options: ReadOptions, consumption: Consumption, ledger_bucket:
 def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str | None = None,
             run_id: str | None = None, ledger_bucket: str = "batch_ledger",
             owner: str = "spark-consume") -> Iterator[tuple[Any, Consumption]]:
-    """Consume a WorkQueue stream with acknowledgement deferred until the job succeeded::
+    """Consume a WorkQueue or Interest stream with acknowledgement deferred until the job succeeded::
 
         with consume(spark, {"servers": url, "stream": "ORDERS"}) as (df, consumption):
             df.groupBy("subject").count().write.mode("overwrite").parquet(out)
         # here the messages df covered are removed from the stream; new ones stay
+
+    An Interest stream needs ``options["consumer"]``: a durable consumer (deliver policy ``all``)
+    that only this job uses; the read starts after its ack floor and uses its filters, and the
+    acknowledgement moves its ack floor to the read's end. A WorkQueue stream needs no consumer:
+    the acknowledgement purges what was read.
 
     The bounds are fixed on entry, so every action on ``df`` sees the same messages. When the
     block raises, nothing is removed (a re-run reads the same messages plus newer ones); write the
@@ -218,6 +233,8 @@ def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str 
     plan = asyncio.run(plan_for(parsed))
     pinned = {**opts, "start_seq": str(plan.first_seq), "end_seq": str(max(plan.last_seq, 0)),
               "num_partitions": str(max(1, len(plan.ranges)))}
+    if plan.subjects:
+        pinned["subjects"] = ",".join(plan.subjects)
     reader = spark.read.format("jetstream").options(**pinned)
     if schema is not None:
         reader = reader.schema(schema)

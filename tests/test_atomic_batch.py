@@ -17,6 +17,7 @@ from airflow_jetstream.client import (
     metrics,
     open_connection,
     publish_atomic_batch,
+    publish_atomic_batches,
     stored_sequences,
     stream_info,
 )
@@ -241,3 +242,23 @@ def test_too_many_inflight_is_retried_with_backoff(nats_server_factory):
     assert refused.reason == "too_many_inflight" and refused.code == 429
     assert result.count == 3 and result.last_seq == 5
     assert st["messages"] == 5
+
+
+def test_many_batches_with_two_in_flight(settings, nats_server):
+    async def body(conn):
+        msgs = [BatchMessage("atom.m", b"%d" % i) for i in range(2500)]
+        results = await publish_atomic_batches(conn, msgs, batch_size=1000, concurrency=2)
+        await conn.nc.flush()
+        before = nats_server.monitor("varz")["in_msgs"]
+        with pytest.raises(InvalidSubjectError):
+            await publish_atomic_batches(conn, [*msgs[:1500], BatchMessage("atom.>", b"")], batch_size=1000)
+        await conn.nc.flush()
+        sent_for_invalid = nats_server.monitor("varz")["in_msgs"] - before
+        return results, sent_for_invalid, await state(conn)
+
+    results, sent_for_invalid, st = run(settings, body)
+    assert [r.count for r in results] == [1000, 1000, 500]
+    assert all(r.last_seq - r.first_seq + 1 == r.count for r in results)
+    assert sorted(s for r in results for s in range(r.first_seq, r.last_seq + 1)) == list(range(1, 2501))
+    assert sent_for_invalid == 0, "an invalid chunk anywhere stops every chunk before sending"
+    assert st["messages"] == 2500

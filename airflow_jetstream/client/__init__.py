@@ -8,7 +8,7 @@ Spark executors, the Airflow triggerer and plain scripts use it directly::
         await ensure_stream(conn, {"name": "ORDERS", "subjects": ["orders.>"]})
 """
 
-from airflow_jetstream.client.atomic_batch import publish_atomic_batch, stored_sequences
+from airflow_jetstream.client.atomic_batch import publish_atomic_batch, publish_atomic_batches, stored_sequences
 from airflow_jetstream.client.batch_types import BatchItemResult, BatchMessage, BatchResult
 from airflow_jetstream.client.batcher import Batcher
 from airflow_jetstream.client.connection import JetStreamConnection, account_info, connect, open_connection
@@ -72,6 +72,7 @@ __all__ = [
     "find_stream",
     "open_connection",
     "publish_atomic_batch",
+    "publish_atomic_batches",
     "publish_fast_batch",
     "purge_stream",
     "stored_sequences",

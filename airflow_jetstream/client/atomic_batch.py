@@ -341,3 +341,49 @@ async def publish_atomic_batch(
     metrics.timing("batch.commit_ms", (time.monotonic() - started) * 1000.0)
     return BatchResult(stream=str(ack.get("stream", "")), batch=str(ack.get("batch") or batch_id), count=count,
                        first_seq=last_seq - count + 1, last_seq=last_seq)
+
+
+async def publish_atomic_batches(
+    conn: JetStreamConnection,
+    messages: Sequence[BatchMessage],
+    *,
+    batch_size: int = DEFAULT_MAX_BATCH_MSGS,
+    concurrency: int = 2,
+    timeout: float | None = None,
+    retries: int = DEFAULT_RETRIES,
+) -> list[BatchResult]:
+    """Publish many messages as consecutive atomic batches of ``batch_size``, ``concurrency`` in flight.
+
+    Each batch is all-or-nothing on its own (not the whole sequence); with more than one in flight,
+    batches may commit in any order, so use ``concurrency=1`` when their order in the stream matters.
+    All batches are validated before the first is sent. On the first failure no new batch is
+    started, the ones in flight finish, and the error is raised (earlier batches stay committed).
+    Results are returned in input order.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1 or not isinstance(concurrency, int) or concurrency < 1:
+        raise InvalidRequestError("batch_size and concurrency must be ints >= 1", reason="invalid_request")
+    chunks = [list(messages[i:i + batch_size]) for i in range(0, len(messages), batch_size)]
+    if not chunks:
+        raise InvalidRequestError("there are no messages to publish", reason="empty_batch")
+    for chunk in chunks:
+        validate_messages(chunk, max_msgs=batch_size, max_payload=conn.max_payload,
+                          refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=_BATCH_HEADER_BYTES)
+    results: list[BatchResult | None] = [None] * len(chunks)
+    pending = iter(range(len(chunks)))
+    failed: list[JetStreamError] = []
+
+    async def worker() -> None:
+        for index in pending:
+            if failed:
+                return
+            try:
+                results[index] = await publish_atomic_batch(conn, chunks[index], max_msgs=batch_size,
+                                                             timeout=timeout, retries=retries)
+            except JetStreamError as exc:
+                failed.append(exc)
+                return
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(chunks)))))
+    if failed:
+        raise failed[0]
+    return [r for r in results if r is not None]

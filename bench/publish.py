@@ -1,0 +1,177 @@
+"""Publishing throughput: atomic batches, fast batch and the Batcher against their baseline and ceiling.
+
+One run, one embedded nats-server, 100-byte messages, for each stream storage (file, memory):
+
+- baseline: ``js.publish`` awaited one by one (one round trip per message);
+- atomic: :func:`publish_atomic_batches`, 1000 messages per batch, two batches in flight
+  (``atomic_seq``: :func:`publish_atomic_batch` one batch after another);
+- fast: :func:`publish_fast_batch`, all messages in one fast batch (flow 500);
+- batcher: :class:`Batcher` under 64 concurrent publishers, each awaiting its own result
+  (default pipelined mode, and with ``atomic=True``);
+- ceiling: fire-and-forget core ``nc.publish`` into the stream (no acks), timed until the stream
+  holds every message.
+
+Each method runs ``--repeat`` times, interleaved, and the median rate is reported with its ratio to
+the baseline and to the ceiling, plus the targets of issue 3 (atomic >= 20x baseline and >= 0.5x
+ceiling, fast >= 0.7x ceiling)::
+
+    .venv/bin/python bench/publish.py
+    .venv/bin/python bench/publish.py --messages 50000 --storage file --repeat 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from airflow_jetstream.client import (
+    Batcher,
+    BatchMessage,
+    ConnectionSettings,
+    JetStreamConnection,
+    ensure_stream,
+    open_connection,
+    publish_atomic_batch,
+    publish_atomic_batches,
+    publish_fast_batch,
+    purge_stream,
+    stream_info,
+)
+from airflow_jetstream.embedded import EmbeddedNatsServer
+
+PAYLOAD = b"x" * 100
+PUBLISHERS = 64
+TARGETS = (("atomic", "baseline", 20.0), ("atomic", "ceiling", 0.5), ("fast", "ceiling", 0.7))
+
+
+async def stored(conn: JetStreamConnection, stream: str) -> int:
+    return int((await stream_info(conn, stream))["state"]["messages"])
+
+
+async def wait_stored(conn: JetStreamConnection, stream: str, count: int, deadline: float = 120.0) -> None:
+    end = time.monotonic() + deadline
+    while await stored(conn, stream) < count:
+        if time.monotonic() > end:
+            raise TimeoutError(f"{stream} did not reach {count} messages within {deadline}s")
+        await asyncio.sleep(0.002)
+
+
+async def baseline(conn: JetStreamConnection, subject: str, n: int) -> None:
+    for _ in range(n):
+        await conn.js.publish(subject, PAYLOAD)
+
+
+async def atomic_sequential(conn: JetStreamConnection, subject: str, n: int) -> None:
+    msgs = [BatchMessage(subject, PAYLOAD)] * n
+    for start in range(0, n, 1000):
+        await publish_atomic_batch(conn, msgs[start:start + 1000])
+
+
+async def atomic(conn: JetStreamConnection, subject: str, n: int) -> None:
+    await publish_atomic_batches(conn, [BatchMessage(subject, PAYLOAD)] * n, batch_size=1000, concurrency=2)
+
+
+async def fast(conn: JetStreamConnection, subject: str, n: int) -> None:
+    await publish_fast_batch(conn, [BatchMessage(subject, PAYLOAD)] * n, flow=500)
+
+
+def batcher(atomic_groups: bool) -> Callable[[JetStreamConnection, str, int], Awaitable[None]]:
+    async def run(conn: JetStreamConnection, subject: str, n: int) -> None:
+        async with Batcher(conn, max_batch=1000, atomic=atomic_groups) as pool:
+            async def publisher() -> None:
+                for _ in range(n // PUBLISHERS):
+                    (await pool.publish(subject, PAYLOAD)).raise_for_error()
+
+            await asyncio.gather(*(publisher() for _ in range(PUBLISHERS)))
+
+    return run
+
+
+async def measure(conn: JetStreamConnection, stream: str, subject: str, method, n: int, ceiling: bool) -> float:
+    await purge_stream(conn, stream)
+    started = time.perf_counter()
+    if ceiling:
+        publish = conn.nc.publish
+        for _ in range(n):
+            await publish(subject, PAYLOAD)
+        await conn.nc.flush()
+        await wait_stored(conn, stream, n)
+    else:
+        await method(conn, subject, n)
+    elapsed = time.perf_counter() - started
+    if await stored(conn, stream) != n:
+        raise RuntimeError(f"{stream}: expected {n} stored messages after {method}, got {await stored(conn, stream)}")
+    return n / elapsed
+
+
+async def bench_storage(conn: JetStreamConnection, storage: str, args: argparse.Namespace) -> dict[str, float]:
+    stream = f"BENCH_{storage.upper()}"
+    subject = f"bench.{storage}.x"
+    await ensure_stream(conn, {"name": stream, "subjects": [f"bench.{storage}.>"], "storage": storage,
+                               "allow_atomic": True, "allow_batched": True})
+    plan = [
+        ("baseline", baseline, args.baseline_messages, False),
+        ("atomic", atomic, args.messages, False),
+        ("atomic_seq", atomic_sequential, args.messages, False),
+        ("fast", fast, args.messages, False),
+        ("batcher", batcher(False), args.batcher_messages, False),
+        ("batcher_atomic", batcher(True), args.batcher_messages, False),
+        ("ceiling", None, args.messages, True),
+    ]
+    rates: dict[str, list[float]] = {name: [] for name, *_ in plan}
+    for round_no in range(args.repeat):
+        for name, method, n, is_ceiling in plan:
+            rates[name].append(await measure(conn, stream, subject, method, n, is_ceiling))
+        print(f"  [{storage}] round {round_no + 1}/{args.repeat}: " +
+              ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rates.items()), flush=True)
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def report(storage: str, medians: dict[str, float]) -> list[str]:
+    base, ceil = medians["baseline"], medians["ceiling"]
+    lines = [f"\n{storage} storage, 100-byte messages (median msgs/s)",
+             f"{'method':<16}{'msgs/s':>12}{'x baseline':>12}{'x ceiling':>11}"]
+    for name, rate in medians.items():
+        lines.append(f"{name:<16}{rate:>12,.0f}{rate / base:>12.1f}{rate / ceil:>11.2f}")
+    for method, against, target in TARGETS:
+        ratio = medians[method] / medians[against]
+        lines.append(f"target {method} >= {target}x {against}: {ratio:.2f}x {'MET' if ratio >= target else 'MISSED'}")
+    return lines
+
+
+async def main(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    storages = ["file", "memory"] if args.storage == "both" else [args.storage]
+    results: dict[str, dict[str, float]] = {}
+    with EmbeddedNatsServer() as server:
+        async with open_connection(ConnectionSettings(servers=server.url, request_timeout=10)) as conn:
+            print(f"nats-server {server.url}, {args.messages} msgs (baseline {args.baseline_messages}, batcher "
+                  f"{args.batcher_messages} from {PUBLISHERS} publishers), {args.repeat} rounds, "
+                  f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
+            for storage in storages:
+                results[storage] = await bench_storage(conn, storage, args)
+    for storage, medians in results.items():
+        print("\n".join(report(storage, medians)))
+    return results
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--baseline-messages", type=int, default=3_000)
+    parser.add_argument("--batcher-messages", type=int, default=PUBLISHERS * 200)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--storage", choices=("file", "memory", "both"), default="both")
+    parser.add_argument("--json", help="also write the medians to this JSON file")
+    arguments = parser.parse_args()
+    medians = asyncio.run(main(arguments))
+    if arguments.json:
+        Path(arguments.json).write_text(json.dumps(medians, indent=2))

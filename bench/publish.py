@@ -3,8 +3,8 @@
 One run, one embedded nats-server, 100-byte messages, for each stream storage (file, memory):
 
 - baseline: ``js.publish`` awaited one by one (one round trip per message);
-- atomic: :func:`publish_atomic_batches`, 1000 messages per batch, two batches in flight
-  (``atomic_seq``: :func:`publish_atomic_batch` one batch after another);
+- atomic: :func:`publish_atomic_batches`, 1000 messages per batch, one batch after another
+  (``atomic_x2``: two batches in flight);
 - fast: :func:`publish_fast_batch`, all messages in one fast batch (flow 500);
 - batcher: :class:`Batcher` under 64 concurrent publishers, each awaiting its own result
   (default pipelined mode, and with ``atomic=True``);
@@ -40,7 +40,6 @@ from airflow_jetstream.client import (
     JetStreamConnection,
     ensure_stream,
     open_connection,
-    publish_atomic_batch,
     publish_atomic_batches,
     publish_fast_batch,
     purge_stream,
@@ -70,14 +69,12 @@ async def baseline(conn: JetStreamConnection, subject: str, n: int) -> None:
         await conn.js.publish(subject, PAYLOAD)
 
 
-async def atomic_sequential(conn: JetStreamConnection, subject: str, n: int) -> None:
-    msgs = [BatchMessage(subject, PAYLOAD)] * n
-    for start in range(0, n, 1000):
-        await publish_atomic_batch(conn, msgs[start:start + 1000])
+def atomic(concurrency: int) -> Callable[[JetStreamConnection, str, int], Awaitable[None]]:
+    async def run(conn: JetStreamConnection, subject: str, n: int) -> None:
+        await publish_atomic_batches(conn, [BatchMessage(subject, PAYLOAD)] * n, batch_size=1000,
+                                     concurrency=concurrency)
 
-
-async def atomic(conn: JetStreamConnection, subject: str, n: int) -> None:
-    await publish_atomic_batches(conn, [BatchMessage(subject, PAYLOAD)] * n, batch_size=1000, concurrency=2)
+    return run
 
 
 async def fast(conn: JetStreamConnection, subject: str, n: int) -> None:
@@ -120,8 +117,8 @@ async def bench_storage(conn: JetStreamConnection, storage: str, args: argparse.
                                "allow_atomic": True, "allow_batched": True})
     plan = [
         ("baseline", baseline, args.baseline_messages, False),
-        ("atomic", atomic, args.messages, False),
-        ("atomic_seq", atomic_sequential, args.messages, False),
+        ("atomic", atomic(1), args.messages, False),
+        ("atomic_x2", atomic(2), args.messages, False),
         ("fast", fast, args.messages, False),
         ("batcher", batcher(False), args.batcher_messages, False),
         ("batcher_atomic", batcher(True), args.batcher_messages, False),

@@ -300,7 +300,7 @@ async def publish_atomic_batch(
     Everything is validated before the first byte is sent (empty batch, more than ``max_msgs``,
     batch id, subjects, payload sizes against ``conn.max_payload``, refused headers): each problem
     is an :class:`InvalidRequestError` with a ``reason``. Server refusals are
-    :class:`BatchPublishError`\\ s (``stream_not_atomic``, ``batch_incomplete``, ``batch_too_large``,
+    :class:`BatchPublishError` (``stream_not_atomic``, ``batch_incomplete``, ``batch_too_large``,
     ``wrong_last_sequence``, ``duplicate_msg_id``, ...); ``too_many_inflight`` is retried up to
     ``retries`` times with jittered exponential backoff.
 
@@ -348,14 +348,14 @@ async def publish_atomic_batches(
     messages: Sequence[BatchMessage],
     *,
     batch_size: int = DEFAULT_MAX_BATCH_MSGS,
-    concurrency: int = 2,
+    concurrency: int = 1,
     timeout: float | None = None,
     retries: int = DEFAULT_RETRIES,
 ) -> list[BatchResult]:
     """Publish many messages as consecutive atomic batches of ``batch_size``, ``concurrency`` in flight.
 
-    Each batch is all-or-nothing on its own (not the whole sequence); with more than one in flight,
-    batches may commit in any order, so use ``concurrency=1`` when their order in the stream matters.
+    Each batch is all-or-nothing on its own (not the whole sequence). With ``concurrency`` > 1 the
+    next batch is sent while the previous one commits; batches may then commit in any order.
     All batches are validated before the first is sent. On the first failure no new batch is
     started, the ones in flight finish, and the error is raised (earlier batches stay committed).
     Results are returned in input order.

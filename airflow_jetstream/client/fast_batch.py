@@ -7,7 +7,7 @@ The batch control rides in the reply subject of every message::
 and the server answers on those reply subjects: flow acks ``{"type":"ack","seq":S,"msgs":F}``
 ("persisted up to S, next ack after F more"), gaps ``{"type":"gap","last_seq":L,"seq":S}``,
 per-message errors ``{"type":"err","seq":S,"error":{...}}`` and, at the end, a PubAck with
-``batch`` and ``count``. The client keeps at most two flow windows unacknowledged.
+``batch`` and ``count``. The client keeps at most ``WINDOW_FLOWS`` flow windows unacknowledged.
 
 Messages are stored as they arrive (no all-or-nothing): the batch runs in gap-fail mode, so a lost
 message ends the batch at the last persisted one and the server commits what it has. A gap is
@@ -58,6 +58,8 @@ FAST_REFUSED_HEADERS = {
 OP_START, OP_APPEND, OP_COMMIT, OP_PING = 0, 1, 2, 4
 _ERR_BATCH_UNKNOWN = 10208
 DEFAULT_FLOW = 500
+# How many flow windows may be unacknowledged before the client waits for the server.
+WINDOW_FLOWS = 4
 MAX_FLOW = 65535
 _SUFFIX = "$FI"
 # Resumed batches get "-r<k>" appended to the id.
@@ -163,7 +165,7 @@ class _FastBatchRun:
                 await self._wait_change("start ack")
             sent = 1
             while sent < total and not state.done.done() and not state.errors:
-                limit = min(total, state.acked + 2 * state.flow)
+                limit = min(total, state.acked + WINDOW_FLOWS * state.flow)
                 if limit <= sent:
                     await self._wait_for_window(sent)
                     continue

@@ -219,8 +219,9 @@ async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batc
             ack = await replies.wait(reply_of[outstanding], items[outstanding - 1].subject)
         return ack
     except _CONNECTION_ERRORS as exc:
-        raise ConnectionFailedError(f"{context}: the connection was lost mid-batch ({type(exc).__name__}); "
-                                    "nothing of the batch is stored", reason="connection_lost") from None
+        raise ConnectionFailedError(f"{context}: the connection was lost mid-batch ({type(exc).__name__}); the "
+                                    "server abandons an uncommitted batch, so re-send it (with msg ids a re-send "
+                                    "is safe even if the commit got through)", reason="connection_lost") from None
     finally:
         await replies.close()
 

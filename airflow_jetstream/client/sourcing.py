@@ -30,12 +30,11 @@ from airflow_jetstream.client.consumers import (
     DELIVER_POLICIES,
     REPLAY_POLICIES,
     api_view,
+    delete_consumer,
     domain_api_prefix,
     ensure_consumer,
     find_consumer,
     list_consumers,
-    pause_consumer,
-    reset_consumer,
     to_rfc3339,
 )
 from airflow_jetstream.client.errors import (
@@ -64,7 +63,6 @@ FLOW_CONTROL_CONSUMER = {
     "max_deliver": -1,
 }
 DEFAULT_MAX_ACK_PENDING = 1000
-_PAUSED_FOREVER = "2999-01-01T00:00:00Z"
 _POLL_SECONDS = 0.1
 
 
@@ -467,11 +465,12 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
     """Replace a plain source of O by a user-managed durable one, without loss or duplicates.
 
     WorkQueue origin (its consumers must deliver all): the old source goes first (its consumer is
-    deleted, unacked messages stay in O), then what A already holds is purged from O. Other
-    origins: the durable consumer is created paused first (it keeps interest), the old source
-    removed, the consumer reset to just after A's last message from O (while no source uses it: a
-    reset seen by an attached source reads as a forward skip), then the durable source is added and
-    the consumer resumed.
+    deleted, unacked messages stay in O), then what A already holds is purged from O, and the
+    durable consumer is created and the source added. Other origins: the old source goes, the
+    durable consumer starts right after A's last message from O. On an Interest origin a plain
+    pull consumer holds the interest meanwhile (so nothing published during the switch is dropped)
+    and is deleted at the end. No consumer reset is involved: a durable consumer reset around the
+    time a source attaches to it was seen to make the sourcing server skip messages.
     """
     workqueue = origin["config"].get("retention") == "workqueue"
     consumer_cfg = spec.consumer_config()
@@ -491,18 +490,22 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
         await ensure_consumer(origin_conn, spec.source, consumer_cfg)
         await _update_entries(conn, spec, target_after, spec.source_entry())
         return {"migrated_after_seq": last}
-    if old.get("opt_start_seq"):
-        consumer_cfg.update(deliver_policy="by_start_sequence", opt_start_seq=old["opt_start_seq"])
-    elif old.get("opt_start_time"):
-        consumer_cfg.update(deliver_policy="by_start_time", opt_start_time=old["opt_start_time"])
-    consumer_cfg["pause_until"] = _PAUSED_FOREVER
-    await ensure_consumer(origin_conn, spec.source, consumer_cfg)
+    holder = f"{spec.consumer}_MIGRATING"
+    if origin["config"].get("retention") == "interest":
+        holder_cfg: dict[str, Any] = {"name": holder, "ack_policy": "explicit"}
+        holder_cfg.update({k: v for k, v in consumer_cfg.items() if k in ("filter_subject", "filter_subjects")})
+        await ensure_consumer(origin_conn, spec.source, holder_cfg)
     target_after = await _update_entries(conn, spec, target, None)
     last = await last_sourced_seq(conn, spec.stream, spec.source)
     if last:
-        await reset_consumer(origin_conn, spec.source, spec.consumer or "", seq=last + 1)
+        consumer_cfg.update(deliver_policy="by_start_sequence", opt_start_seq=last + 1)
+    elif old.get("opt_start_seq"):
+        consumer_cfg.update(deliver_policy="by_start_sequence", opt_start_seq=old["opt_start_seq"])
+    elif old.get("opt_start_time"):
+        consumer_cfg.update(deliver_policy="by_start_time", opt_start_time=old["opt_start_time"])
+    await ensure_consumer(origin_conn, spec.source, consumer_cfg)
     await _update_entries(conn, spec, target_after, spec.source_entry())
-    await pause_consumer(origin_conn, spec.source, spec.consumer or "", None)
+    await delete_consumer(origin_conn, spec.source, holder)
     return {"migrated_after_seq": last}
 
 

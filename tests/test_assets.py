@@ -12,6 +12,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import Asset
 from airflow.sdk.lineage import HookLineageCollector
 from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
@@ -22,6 +23,8 @@ from airflow_jetstream.assets.jetstream import (
     convert_asset_to_openlineage,
     create_asset,
     parse_asset_uri,
+    report_stream_input,
+    report_stream_output,
     sanitize_uri,
 )
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
@@ -121,10 +124,10 @@ def test_ensure_stream_operator_reports_hook_lineage(
 ) -> None:
     """With a hook-lineage reader (e.g. the OpenLineage provider) Airflow uses a real collector,
     which builds the output through the registered ``jetstream`` factory."""
-    import airflow_jetstream.operators.stream as stream_module
+    import airflow_jetstream.assets.jetstream as assets_module
 
     collector = HookLineageCollector()
-    monkeypatch.setattr(stream_module, "get_hook_lineage_collector", lambda: collector)
+    monkeypatch.setattr(assets_module, "get_hook_lineage_collector", lambda: collector)
     op = JetStreamEnsureStreamOperator(task_id="ensure", config={"name": "LINEAGE", "subjects": ["lineage.>"]})
     op.execute(context={})
     (output,) = collector.collected_assets.outputs
@@ -197,3 +200,22 @@ def test_ensure_stream_run_triggers_a_dag_scheduled_on_the_stream(nats_server, t
     uri = jetstream_asset(nats_server.url, "ORDERS").uri
     assert state["events"] == [[uri, "jetstream_producer", "ensure"]]
     assert state["queued"] == ["jetstream_consumer"]
+
+
+def test_report_helpers_for_operator_authors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``report_stream_output``/``report_stream_input`` declare outlets/inlets once and feed hook lineage."""
+    import airflow_jetstream.assets.jetstream as assets_module
+
+    collector = HookLineageCollector()
+    monkeypatch.setattr(assets_module, "get_hook_lineage_collector", lambda: collector)
+    task = EmptyOperator(task_id="t")
+    servers = ("nats://n1:4222", "nats://n2:4222")
+    out = report_stream_output(task, servers, "AGG")
+    report_stream_output(task, servers, "AGG")
+    inp = report_stream_input(task, servers, "ORDERS", "orders.eu.>")
+    assert task.outlets == [out] and out.uri == "jetstream://n1:4222/AGG"
+    assert task.inlets == [inp] and inp.uri == "jetstream://n1:4222/ORDERS/orders.eu.>"
+    lineage = collector.collected_assets
+    assert [(o.asset.uri, o.count) for o in lineage.outputs] == [(out.uri, 2)]
+    assert [i.asset.uri for i in lineage.inputs] == [inp.uri]
+    assert all(i.context is task for i in lineage.inputs + lineage.outputs)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 from airflow.sdk import Asset
+from airflow.sdk.lineage import get_hook_lineage_collector
 
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError, InvalidSubjectError
 from airflow_jetstream.client.settings import parse_servers
@@ -129,6 +130,39 @@ def jetstream_asset(
     return create_asset(server=first, stream=stream, subject=subject, extra=extra)
 
 
+def _report(task: Any, attribute: str, asset: Asset, stream: str, subject: str | None, context: Any) -> Asset:
+    server = asset.uri.split("://", 1)[1].split("/", 1)[0]
+    collector = get_hook_lineage_collector()
+    add = collector.add_output_asset if attribute == "outlets" else collector.add_input_asset
+    add(context=context, scheme=SCHEME, asset_kwargs={"server": server, "stream": stream, "subject": subject})
+    declared = getattr(task, attribute)
+    if all(not isinstance(a, Asset) or a.uri != asset.uri for a in declared):
+        setattr(task, attribute, [*declared, asset])
+    return asset
+
+
+def report_stream_output(
+    task: Any, servers: str | Sequence[str], stream: str, subject: str | None = None, *, lineage_context: Any = None
+) -> Asset:
+    """For operators: add the stream (or subject) to ``task.outlets`` and report it to hook lineage.
+
+    Call it from ``execute()`` once the connection's servers are known (``self.hook.settings.servers``).
+    The asset is added once, so retries do not duplicate it; when the task succeeds Airflow records an
+    asset event, which runs the DAGs scheduled on that asset. ``lineage_context`` is what the
+    hook-lineage collector attributes the output to (the hook, typically); default ``task``.
+    """
+    asset = jetstream_asset(servers, stream, subject)
+    return _report(task, "outlets", asset, stream, subject, task if lineage_context is None else lineage_context)
+
+
+def report_stream_input(
+    task: Any, servers: str | Sequence[str], stream: str, subject: str | None = None, *, lineage_context: Any = None
+) -> Asset:
+    """For operators that read a stream: the same as :func:`report_stream_output`, for ``task.inlets``."""
+    asset = jetstream_asset(servers, stream, subject)
+    return _report(task, "inlets", asset, stream, subject, task if lineage_context is None else lineage_context)
+
+
 def convert_asset_to_openlineage(asset: Asset, lineage_context: Any) -> OpenLineageDataset:
     """Airflow's ``asset-uris`` OpenLineage converter.
 
@@ -148,5 +182,7 @@ __all__ = [
     "create_asset",
     "jetstream_asset",
     "parse_asset_uri",
+    "report_stream_input",
+    "report_stream_output",
     "sanitize_uri",
 ]

@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import Asset
-from airflow.sdk.lineage import get_hook_lineage_collector
-
-from airflow_jetstream.assets.jetstream import SCHEME, jetstream_asset
+from airflow_jetstream.assets.jetstream import report_stream_output
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.streams import ensure_stream, normalize_stream_config
 from airflow_jetstream.operators.base import JetStreamBaseOperator
@@ -53,7 +50,7 @@ class JetStreamEnsureStreamOperator(JetStreamBaseOperator):
         result = self.hook.run(ensure_stream, config)
         name = config["name"]
         metrics.incr("stream.ensured", tags={"action": result["action"]})
-        self._add_stream_outlet(name)
+        report_stream_output(self, self.hook.settings.servers, name, lineage_context=self.hook)
         if result["action"] == "unchanged":
             self.log.info("Stream %s already matches the requested config: nothing to do", name)
         elif result["action"] == "created":
@@ -68,13 +65,3 @@ class JetStreamEnsureStreamOperator(JetStreamBaseOperator):
             "state": info.get("state", {}),
             "created": info.get("created"),
         }
-
-    def _add_stream_outlet(self, stream: str) -> None:
-        """Declare the stream as this task's outlet (and hook-lineage output) once the server is known."""
-        servers = self.hook.settings.servers
-        get_hook_lineage_collector().add_output_asset(
-            context=self.hook, scheme=SCHEME, asset_kwargs={"server": servers[0], "stream": stream}
-        )
-        asset = jetstream_asset(servers, stream)
-        if all(not isinstance(o, Asset) or o.uri != asset.uri for o in self.outlets):
-            self.outlets = [*self.outlets, asset]

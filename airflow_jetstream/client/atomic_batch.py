@@ -205,19 +205,19 @@ async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batc
     nc = conn.nc
     try:
         await replies.open()
+        # The answer to a request is awaited only after the next segment is written, so the client
+        # stays one segment ahead of the server. If the first message is refused (stream not atomic,
+        # too many batches in flight), the server never opens the batch and drops what follows; that
+        # refusal is the first answer awaited, so it is the one raised.
         await write_frames(nc, frames[0])
-        ack = await replies.wait(reply_of[1], items[0].subject)
-        outstanding: int | None = None
+        outstanding = 1
         sent = 1
         for seq in asks[1:]:
             await write_frames(nc, b"".join(frames[sent:seq]))
             sent = seq
-            if outstanding is not None:
-                await replies.wait(reply_of[outstanding], items[outstanding - 1].subject)
+            await replies.wait(reply_of[outstanding], items[outstanding - 1].subject)
             outstanding = seq
-        if outstanding is not None:
-            ack = await replies.wait(reply_of[outstanding], items[outstanding - 1].subject)
-        return ack
+        return await replies.wait(reply_of[outstanding], items[outstanding - 1].subject)
     except _CONNECTION_ERRORS as exc:
         raise ConnectionFailedError(f"{context}: the connection was lost mid-batch ({type(exc).__name__}); the "
                                     "server abandons an uncommitted batch, so re-send it (with msg ids a re-send "

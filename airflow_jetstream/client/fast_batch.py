@@ -61,7 +61,8 @@ DEFAULT_FLOW = 500
 # How many flow windows may be unacknowledged before the client waits for the server.
 WINDOW_FLOWS = 4
 MAX_FLOW = 65535
-_SUFFIX = "$FI"
+# Every reply subject ends in this token: it marks a message as part of a fast batch.
+_SUFFIX = b"$FI"
 # Resumed batches get "-r<k>" appended to the id.
 _RESUME_SUFFIX_ROOM = 4
 
@@ -98,7 +99,7 @@ class _FastBatchRun:
         self.context = f"fast batch {batch_id}"
 
     def reply_subject(self, seq: int, op: int) -> bytes:
-        return b"%b%d.%d.$FI" % (self.reply_base, seq, op)
+        return b"%b%d.%d.%b" % (self.reply_base, seq, op, _SUFFIX)
 
     def encode(self, first: int, last: int) -> bytes:
         """Frames for batch sequences ``first..last`` (1-based, inclusive); the final message commits."""
@@ -108,7 +109,7 @@ class _FastBatchRun:
         for seq in range(first, last + 1):
             subject, lines, payload = self.messages[seq - 1]
             op = OP_COMMIT if seq == total else (OP_START if seq == 1 else OP_APPEND)
-            frames.append(encode_frame(subject, b"%b%d.%d.$FI" % (base, seq, op), lines, payload))
+            frames.append(encode_frame(subject, b"%b%d.%d.%b" % (base, seq, op, _SUFFIX), lines, payload))
         return b"".join(frames)
 
     async def _on_reply(self, msg: Any) -> None:

@@ -14,6 +14,7 @@ from airflow_jetstream.client.errors import ConnectionFailedError
 from airflow_jetstream.embedded.server import free_port
 from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
 from airflow_jetstream.triggers.advisory import JetStreamAdvisoryTrigger
+from tests.conftest import set_nats_connection
 
 
 def client_connections(server, name: str = "airflow-jetstream") -> int:
@@ -98,7 +99,9 @@ def test_a_closed_connection_is_replaced(settings):
     asyncio.run(scenario())
 
 
-def test_200_deferred_advisory_triggers_share_one_connection(nats_server, nats_conn):
+def test_200_deferred_advisory_triggers_share_one_connection(nats_server, monkeypatch):
+    # 200 consumer creations at once on a busy 2-core box: allow slow API replies
+    set_nats_connection(monkeypatch, "nats_default", nats_server.url, extra={"request_timeout": 30})
     JetStreamAdvisoryStreamOperator(task_id="capture", max_age="1h").execute(context={})
     since = datetime.now(UTC).isoformat()
     count = 200

@@ -262,3 +262,32 @@ def test_many_batches_with_two_in_flight(settings, nats_server):
     assert sorted(s for r in results for s in range(r.first_seq, r.last_seq + 1)) == list(range(1, 2501))
     assert sent_for_invalid == 0, "an invalid chunk anywhere stops every chunk before sending"
     assert st["messages"] == 2500
+
+
+@pytest.mark.parametrize(
+    ("err_code", "code", "reason"),
+    [
+        (10174, 400, "stream_not_atomic"),
+        (10175, 400, "batch_sequence_missing"),
+        (10176, 400, "batch_incomplete"),
+        (10199, 400, "batch_too_large"),
+        (10179, 400, "batch_id_invalid"),
+        (10200, 400, "batch_commit_invalid"),
+        (10210, 429, "too_many_inflight"),
+        (10071, 400, "wrong_last_sequence"),
+        (10164, 400, "wrong_last_sequence"),
+        (10201, 400, "duplicate_msg_id"),
+        (10177, 400, "unsupported_header"),
+        (10185, 412, "api_level_too_high"),
+    ],
+)
+def test_every_batch_error_of_the_server_is_typed(err_code, code, reason):
+    """The server's refusals (wire facts table) become BatchPublishErrors with a reason and a hint."""
+    from airflow_jetstream.client.atomic_batch import _parse_reply
+
+    reply = json.dumps({"error": {"code": code, "err_code": err_code, "description": "server text"},
+                        "stream": "ATOM", "seq": 0}).encode()
+    with pytest.raises(BatchPublishError) as info:
+        _parse_reply(reply, "atomic batch b1")
+    assert (info.value.reason, info.value.code, info.value.err_code) == (reason, code, err_code)
+    assert str(info.value).startswith("atomic batch b1: server text; ")

@@ -325,15 +325,19 @@ async def publish_atomic_batch(
         try:
             ack = await _send_batch(conn, items, batch_id, expected_last_seq, flow_every, timeout)
             break
-        except BatchPublishError as exc:
+        except JetStreamError as exc:
             if exc.reason == "too_many_inflight" and attempt < retries:
                 attempt += 1
                 metrics.incr("batch.retried", tags={"reason": exc.reason})
                 await asyncio.sleep(min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** attempt) * (0.5 + random.random()))
                 continue
+            if isinstance(exc, BatchPublishError) and exc.reason == "duplicate_msg_id":
+                try:
+                    return await _already_committed(conn, items, batch_id, timeout, exc)
+                except JetStreamError as final:
+                    metrics.incr("batch.failed", tags={"reason": final.reason})
+                    raise
             metrics.incr("batch.failed", tags={"reason": exc.reason})
-            if exc.reason == "duplicate_msg_id":
-                return await _already_committed(conn, items, batch_id, timeout, exc)
             raise
     count = int(ack.get("count") or len(items))
     last_seq = int(ack["seq"])

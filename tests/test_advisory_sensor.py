@@ -255,3 +255,24 @@ def test_sensor_uses_its_connection_id(monkeypatch, nats_server):
     sensor = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", stream="VIA_OTHER", since=since,
                                      nats_conn_id="nats_other", poke_interval=0.1, timeout=5)
     assert sensor.execute(context={})["stream"] == "VIA_OTHER"
+
+
+def test_trigger_retries_an_unreachable_server_then_reports(monkeypatch):
+    from airflow_jetstream.embedded.server import free_port
+    from airflow_jetstream.triggers import advisory as advisory_module
+
+    monkeypatch.setattr(advisory_module, "TRANSIENT_RETRIES", 1)
+    set_nats_connection(monkeypatch, "nats_default", f"nats://127.0.0.1:{free_port()}", extra={"connect_timeout": 0.3})
+    event = run_trigger(JetStreamAdvisoryTrigger(advisory="stream_created", since=datetime.now(UTC).isoformat()))
+    assert event["status"] == "error" and event["error"]["reason"] == "server_unreachable"
+
+
+def test_trigger_does_not_retry_refused_credentials(monkeypatch, user_server):
+    from airflow_jetstream.triggers import advisory as advisory_module
+
+    monkeypatch.setattr(advisory_module, "TRANSIENT_RETRIES", 50)  # would take minutes if it retried
+    set_nats_connection(monkeypatch, "nats_default", user_server.url, login="airflow", password="wrong")
+    event = run_trigger(JetStreamAdvisoryTrigger(advisory="stream_created", since=datetime.now(UTC).isoformat()),
+                        timeout=15)
+    assert event["status"] == "error" and event["error"]["reason"] == "authentication_failed"
+    assert "wrong" not in json.dumps(event)

@@ -13,10 +13,20 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_jetstream.client.advisories import AdvisoryFilter, find_captured, watch_advisories
 from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.consumers import parse_time
-from airflow_jetstream.client.errors import JetStreamError
+from airflow_jetstream.client.errors import (
+    AuthenticationError,
+    ConnectionFailedError,
+    JetStreamError,
+    RequestTimeoutError,
+    TLSConfigurationError,
+)
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 
 EXPECT_VALUES = ("present", "absent")
+#: Errors a busy or restarting server causes (e.g. hundreds of triggers starting at once): retried with backoff.
+TRANSIENT_ERRORS = (RequestTimeoutError, ConnectionFailedError)
+PERMANENT_ERRORS = (AuthenticationError, TLSConfigurationError)
+TRANSIENT_RETRIES = 5
 
 
 class JetStreamAdvisoryTrigger(BaseTrigger):
@@ -75,14 +85,23 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        try:
-            settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
-            async with shared_connection(settings) as conn:
-                event = await self._wait(conn)
-        except JetStreamError as exc:
-            self.log.error("Advisory wait failed: %s", exc)
-            yield TriggerEvent({"status": "error", "error": exc.to_dict()})
-            return
+        attempt = 0
+        while True:
+            try:
+                settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
+                async with shared_connection(settings) as conn:
+                    event = await self._wait(conn)
+                break
+            except JetStreamError as exc:
+                attempt += 1
+                transient = isinstance(exc, TRANSIENT_ERRORS) and not isinstance(exc, PERMANENT_ERRORS)
+                if not transient or attempt > TRANSIENT_RETRIES:
+                    self.log.error("Advisory wait failed (attempt %d): %s", attempt, exc)
+                    event = {"status": "error", "error": exc.to_dict()}
+                    break
+                delay = min(2.0**attempt, 30.0)
+                self.log.warning("Advisory wait interrupted (%s); retrying in %.0fs", exc, delay)
+                await asyncio.sleep(delay)
         yield TriggerEvent(event)
 
     async def _wait(self, conn: Any) -> dict[str, Any]:

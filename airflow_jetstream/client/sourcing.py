@@ -469,8 +469,7 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
     durable consumer is created and the source added. Other origins: the old source goes, the
     durable consumer starts right after A's last message from O. On an Interest origin a plain
     pull consumer holds the interest meanwhile (so nothing published during the switch is dropped)
-    and is deleted at the end. No consumer reset is involved: a durable consumer reset around the
-    time a source attaches to it was seen to make the sourcing server skip messages.
+    and is deleted at the end.
     """
     workqueue = origin["config"].get("retention") == "workqueue"
     consumer_cfg = spec.consumer_config()

@@ -84,6 +84,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_jetstream.triggers.advisory",
                     "airflow_jetstream.triggers.consumer",
                     "airflow_jetstream.triggers.ledger",
+                    "airflow_jetstream.triggers.message",
                 ],
             }
         ],

@@ -28,6 +28,12 @@ _FLOAT_SETTINGS = ("connect_timeout", "request_timeout")
 _JOB_ID = re.compile(r"[A-Za-z0-9_\-]{1,40}")
 
 WRITE_MODES = ("atomic", "bulk")
+#: Rows per chunk: the server's atomic batch limit; fast batches are unlimited and ramp their flow
+#: up per batch (from 1 while other fast batches are open), so they get longer chunks.
+BATCH_SIZE_DEFAULTS = {"atomic": DEFAULT_MAX_BATCH_MSGS, "bulk": 10_000}
+#: Chunks in flight per task: atomic batches wait for their commit, so several overlap; concurrent
+#: fast batches slow each other's flow control down.
+INFLIGHT_DEFAULTS = {"atomic": 4, "bulk": 1}
 DECODINGS = ("none", "utf-8", "json")
 
 
@@ -164,22 +170,23 @@ class WriteOptions:
             validate_name(ledger_bucket, what="option ledger_bucket")
         job_bucket = validate_name(opts.get("job_bucket") or DEFAULT_JOB_BUCKET, what="option job_bucket")
         job_id = job_id or uuid.uuid4().hex[:32]
+        mode = _choice(opts, "mode", WRITE_MODES, "atomic")
         return cls(
             settings=connection_settings(opts),
             stream=_stream(opts),
-            mode=_choice(opts, "mode", WRITE_MODES, "atomic"),
+            mode=mode,
             job_id=job_id,
             job_id_given=bool(opts.get("job_id")),
             subject=subject,
             subject_column=opts.get("subject_column") or "subject",
             payload_column=opts.get("payload_column") or "payload",
             headers_column=opts.get("headers_column") or "headers",
-            batch_size=_int(opts, "batch_size", DEFAULT_MAX_BATCH_MSGS, maximum=100_000) or DEFAULT_MAX_BATCH_MSGS,
+            batch_size=_int(opts, "batch_size", None, maximum=100_000) or BATCH_SIZE_DEFAULTS[mode],
             flow=_int(opts, "flow", 500, maximum=10_000) or 500,
             ledger_bucket=ledger_bucket,
             run_id=opts.get("run_id") or job_id,
             job_bucket=job_bucket,
-            inflight=_int(opts, "inflight", 4, maximum=32) or 4,
+            inflight=_int(opts, "inflight", None, maximum=32) or INFLIGHT_DEFAULTS[mode],
         )
 
 

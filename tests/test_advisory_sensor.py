@@ -276,3 +276,13 @@ def test_trigger_does_not_retry_refused_credentials(monkeypatch, user_server):
                         timeout=15)
     assert event["status"] == "error" and event["error"]["reason"] == "authentication_failed"
     assert "wrong" not in json.dumps(event)
+
+
+def test_bad_filter_fails_when_the_dag_is_parsed_unless_templated():
+    from airflow_jetstream.client.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError) as err:
+        JetStreamAdvisorySensor(task_id="w", advisory="batch_abandonned")
+    assert err.value.reason == "unknown_advisory"
+    templated = JetStreamAdvisorySensor(task_id="w", advisory="{{ params.kind }}")
+    assert templated.advisory == "{{ params.kind }}"

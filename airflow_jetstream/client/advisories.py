@@ -31,7 +31,12 @@ import nats.errors
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.consumers import delete_consumer, parse_time, to_rfc3339
 from airflow_jetstream.client.durations import to_nanos
-from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, StreamNotFoundError
+from airflow_jetstream.client.errors import (
+    ConnectionFailedError,
+    InvalidRequestError,
+    JetStreamError,
+    StreamNotFoundError,
+)
 from airflow_jetstream.client.streams import stream_info
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 
@@ -686,6 +691,8 @@ class CaptureReader:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self.conn.nc.is_closed:
+            return  # the server drops the consumer after inactive_threshold
         if self._sub is not None:
             await self._sub.unsubscribe()
         if not self.conn.nc.is_closed:
@@ -704,6 +711,11 @@ class CaptureReader:
             msgs = await self._sub.fetch(self.batch, timeout=timeout)
         except (nats.errors.TimeoutError, TimeoutError):
             return 0, []
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError) as exc:
+            raise ConnectionFailedError(
+                f"the NATS connection closed while reading advisories from {self.capture_stream!r} "
+                f"({type(exc).__name__}); the wait can be retried"
+            ) from None
         out = []
         for msg in msgs:
             meta = msg.metadata

@@ -107,6 +107,8 @@ class JetStreamAdvisorySensor(BaseSensorOperator):
         self.deferrable = deferrable
         self.nats_conn_id = nats_conn_id
         self._guard_started: datetime | None = None
+        if not any("{{" in str(value) for value in (advisory, stream, consumer, batch, reason) if value):
+            self.advisory_filter()  # bad kinds, names and predicates fail when the DAG is parsed
 
     @cached_property
     def hook(self) -> JetStreamHook:

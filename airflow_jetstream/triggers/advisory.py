@@ -54,7 +54,7 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         capture_stream: str | None = "ADVISORIES",
         quiet_until: str | None = None,
         nats_conn_id: str = JetStreamHook.default_conn_name,
-        poll_timeout: float = 5.0,
+        poll_timeout: float = 30.0,
     ) -> None:
         super().__init__()
         if expect not in EXPECT_VALUES:

@@ -112,7 +112,7 @@ def test_per_item_errors_do_not_fail_the_other_items(settings, atomic):
 
 def test_atomic_groups_use_one_batch_each(settings):
     async def body(conn):
-        async with Batcher(conn, atomic=True, max_batch=10, flush_interval=1) as batcher:
+        async with Batcher(conn, atomic=True, max_batch=10, flush_interval=0.3) as batcher:
             futures = [await batcher.submit(BatchMessage("atom.g", b"%d" % i)) for i in range(25)]
             results = [await f for f in futures]
         return results, batcher.atomic

@@ -1,7 +1,8 @@
 """Batcher: coalesce many single publishes into batches, each caller getting its own result.
 
 Many tasks call ``await batcher.publish(subject, data)`` concurrently; the batcher groups the
-calls by size (``max_batch``) or time (``flush_interval``) and sends each group in one write as
+calls by size (``max_batch``) and time (``flush_interval``; by default a group goes out as soon as
+the previous one is answered, so groups grow with the load) and sends each group in one write as
 pipelined acknowledged publishes, then hands every caller its own acknowledgement, which is far
 cheaper than one round trip per message. Items keep their own semantics: there is no cross-item
 atomicity, and every item gets its own result and machine-readable error.
@@ -55,7 +56,7 @@ from airflow_jetstream.client.errors import (
 from airflow_jetstream.client.fast_batch import FAST_REFUSED_HEADERS
 
 DEFAULT_MAX_BATCH = 256
-DEFAULT_FLUSH_INTERVAL = 0.002
+DEFAULT_FLUSH_INTERVAL = 0.0
 DEFAULT_MAX_PENDING = 10_000
 # Errors after which the outcome of a group is unknown: re-sending could store items twice.
 _OUTCOME_UNKNOWN = (RequestTimeoutError, ConnectionFailedError)
@@ -72,7 +73,10 @@ class Batcher:
 
     :param conn: an open :class:`~airflow_jetstream.client.connection.JetStreamConnection`.
     :param max_batch: most items per batch (at most the server's atomic ``max_msgs``, 1000 by default).
-    :param flush_interval: seconds to wait for more items once the first one of a batch arrived.
+    :param flush_interval: seconds to wait for more items once the first one of a batch arrived. With
+        0 (the default) a group goes out as soon as the previous one is answered, and the items
+        that arrive meanwhile form the next group: under load groups grow by themselves, when idle
+        a single item is sent at once. One group is in flight at a time.
     :param max_pending: items accepted but not yet answered; ``publish`` waits beyond this (back-pressure).
     :param atomic: send groups as atomic batches (needs ``allow_atomic`` on the stream; falls back
         to individual publishes by itself when the stream refuses). Default: pipelined individual publishes.

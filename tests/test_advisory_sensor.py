@@ -286,3 +286,30 @@ def test_bad_filter_fails_when_the_dag_is_parsed_unless_templated():
     assert err.value.reason == "unknown_advisory"
     templated = JetStreamAdvisorySensor(task_id="w", advisory="{{ params.kind }}")
     assert templated.advisory == "{{ params.kind }}"
+
+
+class FakeRescheduledTI:
+    """The one TaskInstance call a sensor makes in reschedule mode."""
+
+    def __init__(self, first_try: datetime | None) -> None:
+        self.first_try = first_try
+
+    def get_first_reschedule_date(self, context) -> datetime | None:
+        return self.first_try
+
+
+def test_reschedule_mode_reschedules_and_counts_the_quiet_period_from_the_first_try(capture):
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    since = datetime.now(UTC)
+    waiting = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", stream="NOT_YET", since=since,
+                                      mode="reschedule", poke_interval=5, timeout=60)
+    with pytest.raises(AirflowRescheduleException):
+        waiting.execute(context={"ti": FakeRescheduledTI(None)})
+    guard = {"task_id": "g", "advisory": "stream_deleted", "since": since, "expect": "absent", "quiet_period": 30,
+             "mode": "reschedule", "poke_interval": 5, "timeout": 600}
+    with pytest.raises(AirflowRescheduleException):  # first try just started: the quiet period is not over
+        JetStreamAdvisorySensor(**guard).execute(context={"ti": FakeRescheduledTI(None)})
+    first_try = datetime.now(UTC) - timedelta(seconds=31)  # a later try: quiet since the first one
+    result = JetStreamAdvisorySensor(**guard).execute(context={"ti": FakeRescheduledTI(first_try)})
+    assert result["expect"] == "absent" and result["advisory"] is None

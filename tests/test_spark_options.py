@@ -85,7 +85,7 @@ def test_split_range_is_contiguous_and_balanced() -> None:
 def test_header_parser_matches_nats_py() -> None:
     from nats.aio.client import Client
 
-    raw = b"Nats-Msg-Id: j-0-1\r\nX-Trace:  abc \r\nBad Name: x\r\nUnicode: caf\xc3\xa9\r\nnocolon\r\n\r\n"
+    raw = b"Nats-Msg-Id: j-0-1\r\nX-Trace:  abc \r\n Lead : y\r\nDup: 1\r\nDup: 2\r\nBad Name: x\r\nUnicode: caf\xc3\xa9\r\nnocolon\r\n\r\n"
     assert parse_header_lines(raw) == Client._parse_header_lines(raw)
     assert parse_header_lines(raw)["Unicode"] == "café"
 

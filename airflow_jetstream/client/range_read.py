@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,12 @@ from datetime import datetime
 from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.consumers import consumer_info, first_seq_at_or_after, reset_consumer
+from airflow_jetstream.client.consumers import (
+    ensure_consumer,
+    find_consumer,
+    first_seq_at_or_after,
+    reset_consumer,
+)
 from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, RequestTimeoutError
 from airflow_jetstream.client.streams import stream_info
 from airflow_jetstream.client.subjects import validate_name, validate_subject
@@ -67,16 +73,14 @@ class ReadPlan:
         }
 
 
+_HEADER_LINE = re.compile(r"^[ \t]*([!-9;-~]+)[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.M)
+
+
 def parse_header_lines(raw: bytes) -> dict[str, str]:
-    """Header lines (``Name: Value`` separated by CRLF) as a dict: nats-py's parser, minus its per-character
-    scan, which costs more than the rest of receiving a message. Same results for valid headers."""
-    out: dict[str, str] = {}
-    for line in raw.decode("utf-8", "replace").split("\r\n"):
-        name, sep, value = line.partition(":")
-        name = name.strip()
-        if sep and name and name.isascii() and " " not in name and "\t" not in name:
-            out[name] = value.strip()
-    return out
+    """Header lines (``Name: Value`` separated by CRLF) as a dict: nats-py's parser, minus its
+    per-character scan, which costs more than the rest of receiving a message. Same results for
+    valid headers; lines whose name has white space or non-ASCII characters are skipped, as there."""
+    return dict(_HEADER_LINE.findall(raw.decode("utf-8", "replace")))
 
 
 def use_fast_header_parser(conn: JetStreamConnection) -> None:
@@ -106,8 +110,10 @@ async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequenc
     """Fix the bounds of a read: from the start (or the stream's first message) to ``end_seq``
     (default: the stream's last sequence right now), split into ``partitions`` ranges.
 
-    With ``consumer`` (a durable consumer of an Interest stream) the read starts after the
-    consumer's ack floor and uses the consumer's filter subjects.
+    With ``consumer`` (a durable consumer used as the read's cursor) the read starts after the
+    consumer's ack floor and uses the consumer's filter subjects. A missing cursor is created
+    (pull, ``deliver_policy`` all, explicit acks, filtered to ``subjects``); nothing pulls from it:
+    :func:`acknowledge_read` moves it past what a successful job read.
     """
     validate_name(stream, what="stream name")
     for subject in subjects:
@@ -118,7 +124,7 @@ async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequenc
     state, config = info["state"], info["config"]
     first = max(int(state.get("first_seq") or 1), 1)
     if consumer is not None:
-        cinfo = await consumer_info(conn, stream, consumer)
+        cinfo = (await ensure_cursor(conn, stream, consumer, subjects=subjects))["info"]
         ccfg = cinfo["config"]
         filters = tuple(ccfg.get("filter_subjects") or ([ccfg["filter_subject"]] if ccfg.get("filter_subject") else []))
         if subjects and tuple(subjects) != filters:
@@ -147,6 +153,25 @@ async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequenc
         ranges=split_range(first, last, partitions),
         consumer=consumer,
     )
+
+
+async def ensure_cursor(conn: JetStreamConnection, stream: str, name: str, *,
+                        subjects: Sequence[str] = ()) -> dict[str, Any]:
+    """The durable consumer that bookmarks a bounded reader's progress; created when missing.
+
+    An existing consumer is left as it is (its filters and position win), so a consumer reset moves
+    the cursor for replays. Returns ``ensure_consumer``'s result, or ``{"action": "existing", ...}``.
+    """
+    existing = await find_consumer(conn, stream, name)
+    if existing is not None:
+        return {"action": "existing", "info": existing}
+    config: dict[str, Any] = {"durable_name": name, "ack_policy": "explicit", "deliver_policy": "all",
+                              "description": "read cursor of airflow-jetstream bounded reads"}
+    if len(subjects) == 1:
+        config["filter_subject"] = subjects[0]
+    elif subjects:
+        config["filter_subjects"] = list(subjects)
+    return await ensure_consumer(conn, stream, config)
 
 
 def _ts_nanos(rfc3339: str) -> int:
@@ -198,7 +223,7 @@ async def _read_via_consumer(conn: JetStreamConnection, stream: str, first: int,
         if seq >= last or pending == 0:
             flush()
             queue.put_nowait(0)
-        elif pull["delivered"] >= pull["want"] or len(chunk) >= 1000:
+        elif pull["delivered"] >= pull["want"] or len(chunk) >= batch:
             flush()
 
     sub = await conn.nc.subscribe(inbox, cb=on_message, pending_msgs_limit=batch * 4,
@@ -304,16 +329,11 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
 
 def read_method(plan: ReadPlan, *, consume: bool) -> str:
     """How to read the plan's stream, or a clear error when the stream cannot be read that way."""
-    if consume and plan.retention == "limits":
+    if consume and plan.retention in ("limits", "interest") and not plan.consumer:
         raise InvalidRequestError(
-            f"stream {plan.stream!r} has limits retention; consume=true acknowledges what was read and is "
-            "for WorkQueue and Interest streams. Read Limits streams without consume (nothing to acknowledge)",
-            reason="consume_not_supported",
-        )
-    if consume and plan.retention == "interest" and not plan.consumer:
-        raise InvalidRequestError(
-            f"stream {plan.stream!r} has interest retention: consuming it means advancing a durable consumer; "
-            "give the consumer option (a durable consumer with deliver_policy all, used only by this job)",
+            f"stream {plan.stream!r} has {plan.retention} retention: consuming it means advancing a durable "
+            "consumer as a cursor; give the consumer option (a consumer name used only by this job; it is "
+            "created when missing)",
             reason="consumer_required",
         )
     if plan.retention == "limits":
@@ -331,10 +351,11 @@ def read_method(plan: ReadPlan, *, consume: bool) -> str:
 async def acknowledge_read(conn: JetStreamConnection, plan: ReadPlan) -> int:
     """Acknowledge everything ``plan`` covered, once the job that read it succeeded.
 
-    WorkQueue: purge the plan's filters (or the whole stream) below ``last_seq + 1``. Interest:
-    reset the plan's durable consumer to ``last_seq + 1`` (its ack floor becomes ``last_seq``).
+    WorkQueue: purge the plan's filters (or the whole stream) below ``last_seq + 1``. Interest and
+    Limits: reset the plan's cursor consumer to ``last_seq + 1`` (its ack floor becomes ``last_seq``).
     Messages that arrived after planning (seq > last_seq) stay for the next run. Returns how many
-    messages the stream lost (WorkQueue: purged; Interest: dropped once no consumer needs them).
+    messages the stream lost (WorkQueue: purged; Interest: dropped once no consumer needs them;
+    Limits: none, the cursor only moves).
     """
     if plan.empty:
         return 0
@@ -348,7 +369,7 @@ async def acknowledge_read(conn: JetStreamConnection, plan: ReadPlan) -> int:
                                            context=f"acknowledge read of stream {plan.stream!r}")
             purged += int(reply.get("purged", 0))
         return purged
-    if plan.retention == "interest" and plan.consumer:
+    if plan.retention in ("interest", "limits") and plan.consumer:
         before = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)
         await reset_consumer(conn, plan.stream, plan.consumer, seq=plan.last_seq + 1)
         after = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)

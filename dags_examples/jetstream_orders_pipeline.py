@@ -1,0 +1,131 @@
+"""Orders pipeline: Spark produces into JetStream, durable sourcing aggregates, Spark consumes.
+
+    ensure streams -> durable source ORDERS_RAW -> ORDERS_AGG
+      -> SparkSubmitOperator produce (atomic batches + batch ledger)
+      -> sensors: batches published, source caught up, no batch abandoned
+      -> SparkSubmitOperator consume (bounded read, cursor advanced after the Parquet is written)
+      -> ledger says consumed -> report
+
+Run it with ``make demo`` (embedded nats-server, Spark local[2]) or in any deployment that has a
+``nats_default`` and a ``spark_default`` connection.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Param, task
+from orders_pipeline_common import (
+    AGG_STREAM,
+    AGG_STREAM_CONFIG,
+    CAPTURE_STREAM,
+    CURSOR_CONSUMER,
+    LEDGER_BUCKET,
+    NATS_SERVERS,
+    OUTPUT_DIR,
+    RAW_STREAM,
+    RAW_STREAM_CONFIG,
+    SPARK_APPS,
+    SPARK_CONF,
+    run_key,
+)
+
+from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
+from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
+from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
+from airflow_jetstream.sensors.advisory import JetStreamAdvisorySensor
+from airflow_jetstream.sensors.consumer import JetStreamSourceCaughtUpSensor
+from airflow_jetstream.sensors.ledger import JetStreamBatchLedgerSensor
+
+JOB_ID = "orders-{{ run_id | run_key }}"
+RUN_OUTPUT = "{{ params.output_dir }}/{{ run_id | run_key }}"
+
+with DAG(
+    dag_id="jetstream_orders_pipeline",
+    description="Spark -> JetStream (atomic batches) -> durable sourcing -> Spark, with ledger and advisories",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    schedule=None,
+    catchup=False,
+    max_active_runs=1,
+    params={
+        "rows": Param(20_000, type="integer", minimum=1, description="orders the producer generates"),
+        "output_dir": Param(OUTPUT_DIR, type="string", description="where the consumer writes Parquet"),
+    },
+    user_defined_filters={"run_key": run_key},
+    tags=["jetstream", "spark", "example"],
+) as dag:
+    capture = JetStreamAdvisoryStreamOperator(task_id="ensure_advisory_capture", stream=CAPTURE_STREAM, max_age="1d")
+    ensure_raw = JetStreamEnsureStreamOperator(task_id="ensure_raw_stream", config=RAW_STREAM_CONFIG)
+    ensure_agg = JetStreamEnsureStreamOperator(task_id="ensure_agg_stream", config=AGG_STREAM_CONFIG)
+    source = JetStreamDurableSourceOperator(
+        task_id="source_raw_into_agg", stream=AGG_STREAM, source=RAW_STREAM, mode="server"
+    )
+    produce = SparkSubmitOperator(
+        task_id="produce_orders",
+        application=str(SPARK_APPS / "produce_orders.py"),
+        application_args=[
+            "--servers", NATS_SERVERS, "--stream", RAW_STREAM, "--run-id", "{{ run_id }}",
+            "--job-id", JOB_ID, "--rows", "{{ params.rows }}", "--ledger-bucket", LEDGER_BUCKET,
+        ],
+        conf=SPARK_CONF,
+        conn_id="spark_default",
+        name="produce-orders",
+    )
+    published = JetStreamBatchLedgerSensor(
+        task_id="wait_batches_published", state="published", bucket=LEDGER_BUCKET, poke_interval=2, timeout=300
+    )
+    caught_up = JetStreamSourceCaughtUpSensor(
+        task_id="wait_source_caught_up", stream=AGG_STREAM, source=RAW_STREAM, poke_interval=1, timeout=300
+    )
+    none_abandoned = JetStreamAdvisorySensor(
+        task_id="no_batch_abandoned", advisory="batch_abandoned", stream=RAW_STREAM, expect="absent",
+        capture_stream=CAPTURE_STREAM, quiet_period=2, poke_interval=1, timeout=120,
+    )
+    consume = SparkSubmitOperator(
+        task_id="consume_orders",
+        application=str(SPARK_APPS / "consume_orders.py"),
+        application_args=[
+            "--servers", NATS_SERVERS, "--stream", AGG_STREAM, "--cursor", CURSOR_CONSUMER,
+            "--run-id", "{{ run_id }}", "--output", RUN_OUTPUT,
+            "--ledger-bucket", LEDGER_BUCKET,
+        ],
+        conf=SPARK_CONF,
+        conn_id="spark_default",
+        name="consume-orders",
+    )
+    consumed = JetStreamBatchLedgerSensor(
+        task_id="wait_batches_consumed", state="consumed", bucket=LEDGER_BUCKET, poke_interval=2, timeout=300
+    )
+
+    @task
+    def report(params: dict, run_id: str, ti=None) -> dict:
+        """Summarise the run: rows, messages, batches, output; also written next to the output."""
+        from airflow_jetstream.client.streams import stream_info
+        from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+        root = Path(params["output_dir"])
+        output = root / run_key(run_id)
+        consumed_summary = json.loads((output / "consume_summary.json").read_text())
+        hook = JetStreamHook()
+        agg = hook.run(stream_info, AGG_STREAM)["state"]
+        raw = hook.run(stream_info, RAW_STREAM)["state"]
+        ledger = ti.xcom_pull(task_ids="wait_batches_consumed") or {}
+        summary = {
+            "rows_produced": params["rows"],
+            "messages_in_aggregate": agg["messages"],
+            "messages_left_in_raw": raw["messages"],
+            "batches": ledger.get("batches"),
+            "batches_by_state": {k: v for k, v in (ledger.get("states") or {}).items() if v},
+            "rows_consumed": consumed_summary["rows_consumed"],
+            "distinct_orders": consumed_summary["distinct_orders"],
+            "output_path": consumed_summary["output_path"],
+        }
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    [capture, ensure_raw, ensure_agg] >> source >> produce
+    produce >> [published, caught_up, none_abandoned] >> consume >> consumed >> report()

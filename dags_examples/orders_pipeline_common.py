@@ -1,0 +1,41 @@
+"""Names and paths shared by the example orders DAGs (not a DAG file itself)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+RAW_STREAM = "ORDERS_RAW"
+AGG_STREAM = "ORDERS_AGG"
+CAPTURE_STREAM = "ADVISORIES"
+CURSOR_CONSUMER = "orders-report"
+LEDGER_BUCKET = "batch_ledger"
+SPARK_APPS = Path(__file__).resolve().parent / "spark_apps"
+OUTPUT_DIR = os.environ.get("JETSTREAM_DEMO_OUTPUT", "/tmp/airflow-jetstream-demo")
+
+RAW_STREAM_CONFIG = {
+    "name": RAW_STREAM,
+    "description": "orders as the producing Spark job writes them (work queue: drained by sourcing)",
+    "subjects": ["orders.raw.>"],
+    "retention": "workqueue",
+    "allow_atomic": True,
+    "allow_batched": True,
+    "duplicate_window": "10m",
+    "max_age": "7d",
+}
+AGG_STREAM_CONFIG = {
+    "name": AGG_STREAM,
+    "description": "aggregate of all order sources, kept for replays",
+    "retention": "limits",
+    "max_age": "30d",
+    "allow_direct": True,
+}
+#: The nats connection as the Spark apps need it: servers only; secrets never go on a command line.
+NATS_SERVERS = "{{ conn.nats_default.host }}:{{ conn.nats_default.port or 4222 }}"
+SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
+
+
+def run_key(run_id: str) -> str:
+    """A short, stable key for a DAG run: the producer's job id and the output folder derive from it."""
+    return hashlib.sha256(run_id.encode()).hexdigest()[:16]

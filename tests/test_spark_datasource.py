@@ -190,7 +190,7 @@ def test_bulk_write_and_bad_input_rejected_before_sending(server: EmbeddedNatsSe
                                                                 numPartitions="2").save()
     with pytest.raises(Exception, match="only appends"):
         frame.write.format("jetstream").mode("overwrite").options(servers=server.url, stream="BULK").save()
-    with pytest.raises(Exception, match="consume=true"):
+    with pytest.raises(Exception, match="consumer_required"):
         spark.read.format("jetstream").options(servers=server.url, stream="BULK", consume="true").load().count()
     assert run(server, _state, "BULK")["messages"] == 3000
 

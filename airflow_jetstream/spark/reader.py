@@ -6,9 +6,10 @@ yields Arrow record batches with the columns ``subject``, ``seq``, ``timestamp``
 ``payload`` (binary; ``decode=utf-8`` makes it a string; ``decode=json`` with a user schema fills
 the other columns from the JSON object in the payload).
 
-Reading never removes anything. Consuming a WorkQueue stream is :func:`consume`: it pins the
-bounds, hands the DataFrame to the caller and removes exactly what was read only after the
-caller's block finished without an exception (that is, after the output was written).
+Reading never removes anything. Consuming a stream is :func:`consume`: it pins the bounds, hands
+the DataFrame to the caller and acknowledges exactly what was read (WorkQueue: removed; Interest
+and Limits: a cursor consumer moved past it) only after the caller's block finished without an
+exception (that is, after the output was written).
 """
 
 from __future__ import annotations
@@ -211,16 +212,17 @@ async def _finish(options: ReadOptions, consumption: Consumption, ledger_bucket:
 def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str | None = None,
             run_id: str | None = None, ledger_bucket: str = "batch_ledger",
             owner: str = "spark-consume") -> Iterator[tuple[Any, Consumption]]:
-    """Consume a WorkQueue or Interest stream with acknowledgement deferred until the job succeeded::
+    """Consume a stream with acknowledgement deferred until the job succeeded::
 
         with consume(spark, {"servers": url, "stream": "ORDERS"}) as (df, consumption):
             df.groupBy("subject").count().write.mode("overwrite").parquet(out)
         # here the messages df covered are removed from the stream; new ones stay
 
-    An Interest stream needs ``options["consumer"]``: a durable consumer (deliver policy ``all``)
-    that only this job uses; the read starts after its ack floor and uses its filters, and the
-    acknowledgement moves its ack floor to the read's end. A WorkQueue stream needs no consumer:
-    the acknowledgement purges what was read.
+    Interest and Limits streams need ``options["consumer"]``: a durable consumer (deliver policy
+    ``all``, created when missing) that only this job uses as its cursor; the read starts after its
+    ack floor and uses its filters, and the acknowledgement moves its ack floor to the read's end
+    (an Interest stream then drops what no other consumer needs). A WorkQueue stream needs no
+    consumer: the acknowledgement purges what was read.
 
     The bounds are fixed on entry, so every action on ``df`` sees the same messages. When the
     block raises, nothing is removed (a re-run reads the same messages plus newer ones); write the

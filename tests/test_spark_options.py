@@ -85,7 +85,8 @@ def test_split_range_is_contiguous_and_balanced() -> None:
 def test_header_parser_matches_nats_py() -> None:
     from nats.aio.client import Client
 
-    raw = b"Nats-Msg-Id: j-0-1\r\nX-Trace:  abc \r\n Lead : y\r\nDup: 1\r\nDup: 2\r\nBad Name: x\r\nUnicode: caf\xc3\xa9\r\nnocolon\r\n\r\n"
+    raw = (b"Nats-Msg-Id: j-0-1\r\nX-Trace:  abc \r\n Lead : y\r\nDup: 1\r\nDup: 2\r\nBad Name: x\r\n"
+           b"Unicode: caf\xc3\xa9\r\nnocolon\r\n\r\n")
     assert parse_header_lines(raw) == Client._parse_header_lines(raw)
     assert parse_header_lines(raw)["Unicode"] == "café"
 
@@ -93,3 +94,19 @@ def test_header_parser_matches_nats_py() -> None:
 def test_ids_are_deterministic() -> None:
     assert message_id("job", 3, 17) == "job-3-17"
     assert chunk_id("job", 3, 0) == "job-3-0"
+
+
+def test_json_decoding_errors_are_typed() -> None:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from airflow_jetstream.spark.reader import _Columns
+
+    columns = _Columns(StructType([StructField("seq", LongType()), StructField("n", LongType())]), "json")
+    batch = columns.batch([("a", 1, 0, None, b'{"n": 5}'), ("a", 2, 0, None, b"[1]")])
+    assert batch.column(1).to_pylist() == [5, None]
+    with pytest.raises(InvalidRequestError) as err:
+        columns.batch([("a", 3, 0, None, b"not json")])
+    assert err.value.reason == "invalid_json" and "message 3" in str(err.value)
+    with pytest.raises(InvalidRequestError) as err:
+        columns.batch([("a", 4, 0, None, b'{"n": "x"}')])
+    assert err.value.reason == "invalid_schema" and "'n'" in str(err.value)

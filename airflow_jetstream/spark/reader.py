@@ -106,9 +106,22 @@ class _Columns:
                                        for f in schema.fields])
         self.json_fields = [f.name for f in schema.fields if f.name not in METADATA_COLUMNS]
 
+    def _decode(self, chunk: list[StoredMessage]) -> list[Any]:
+        decoded = []
+        for subject, seq, _, _, payload in chunk:
+            try:
+                decoded.append(json.loads(payload) if payload else {})
+            except ValueError:
+                raise InvalidRequestError(
+                    f"message {seq} ({subject}) is not JSON, so decode=json cannot fill "
+                    f"{', '.join(self.json_fields)}; read it with decode=utf-8 or filter it out with subjects",
+                    reason="invalid_json",
+                ) from None
+        return decoded
+
     def batch(self, chunk: list[StoredMessage]) -> Any:
         pa = self.pa
-        decoded = [json.loads(m[4]) if m[4] else {} for m in chunk] if self.json_fields else []
+        decoded = self._decode(chunk) if self.json_fields else []
         arrays = []
         for field in self.arrow_schema:
             name = field.name
@@ -124,7 +137,14 @@ class _Columns:
                 values = [m[4] for m in chunk] if self.decode == "none" else [m[4].decode() for m in chunk]
             else:
                 values = [row.get(name) if isinstance(row, dict) else None for row in decoded]
-            arrays.append(pa.array(values, type=field.type))
+            try:
+                arrays.append(pa.array(values, type=field.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                raise InvalidRequestError(
+                    f"column {name!r} ({field.type}) cannot hold the values of messages {chunk[0][1]}..{chunk[-1][1]}: "
+                    f"{exc}; fix the schema's type for it",
+                    reason="invalid_schema",
+                ) from None
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
 

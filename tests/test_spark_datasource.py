@@ -269,3 +269,36 @@ def test_consume_interest_stream_through_its_durable_consumer(server: EmbeddedNa
     assert run(server, _state, "INT")["messages"] == 100  # OTHER's messages are kept
     with pytest.raises(Exception, match=r"consumer_required|durable consumer"):
         spark.read.format("jetstream").options(servers=server.url, stream="INT", consume="true").load().count()
+
+
+async def _worker_filters(conn: Any, stream: str, prefix: str) -> dict[str, list[str]]:
+    reply = await conn.api_request(f"CONSUMER.LIST.{stream}", {})
+    return {c["name"]: sorted(c["config"].get("filter_subjects") or [c["config"].get("filter_subject")])
+            for c in reply.get("consumers", []) if c["name"].startswith(prefix)}
+
+
+def test_subject_partitioned_consume_with_per_worker_consumers(server: EmbeddedNatsServer,
+                                                               spark: SparkSession) -> None:
+    run(server, ensure_stream, {"name": "SUBJ", "subjects": ["subj.>"]})
+    for subject, count in (("subj.eu", 120), ("subj.uk", 80), ("subj.us", 150), ("subj.other", 30)):
+        run(server, _publish, subject, count)
+    options = {"servers": server.url, "stream": "SUBJ", "worker_subjects": "subj.eu,subj.uk;subj.us",
+               "worker_prefix": "orders-reader"}
+
+    with consume(spark, options) as (df, consumption):
+        assert df.rdd.getNumPartitions() == 2
+        by_subject = {r["subject"]: r["count"] for r in df.groupBy("subject").count().collect()}
+    assert by_subject == {"subj.eu": 120, "subj.uk": 80, "subj.us": 150}
+    assert run(server, _worker_filters, "SUBJ", "orders-reader") == {
+        "orders-reader-0": ["subj.eu", "subj.uk"], "orders-reader-1": ["subj.us"]}
+    assert [w["first_seq"] for w in consumption.to_dict()["workers"]] == [1, 1]
+
+    run(server, _publish, "subj.us", 10)
+    run(server, _publish, "subj.other", 5)
+    with consume(spark, options) as (df, consumption):
+        rows = df.select("subject", "seq").collect()
+    assert {r["subject"] for r in rows} == {"subj.us"} and len(rows) == 10
+    assert min(r["seq"] for r in rows) > 380  # each worker's cursor moved past the first consume
+    assert run(server, _state, "SUBJ")["messages"] == 395  # a Limits stream keeps its messages
+    with pytest.raises(Exception, match="worker_subjects sets the partitions"):
+        spark.read.format("jetstream").options(**options, num_partitions="3").load().count()

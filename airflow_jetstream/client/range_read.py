@@ -19,6 +19,7 @@ sequence (a consumer reset), after which the server drops what no consumer still
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import uuid
@@ -37,6 +38,7 @@ from airflow_jetstream.client.consumers import (
 from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, RequestTimeoutError
 from airflow_jetstream.client.streams import stream_info
 from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.client.worker_consumers import ensure_worker_consumer
 
 #: Headers the server adds to a direct-get reply; they are metadata, not the message's own headers.
 _DIRECT_GET_HEADERS = frozenset({
@@ -60,6 +62,8 @@ class ReadPlan:
     allow_direct: bool = False
     ranges: tuple[tuple[int, int], ...] = field(default=())
     consumer: str | None = None
+    #: Subject-partitioned reads: (worker consumer name, its subjects, first seq to read) per partition.
+    workers: tuple[tuple[str, tuple[str, ...], int], ...] = field(default=())
 
     @property
     def empty(self) -> bool:
@@ -70,7 +74,15 @@ class ReadPlan:
             "stream": self.stream, "retention": self.retention, "first_seq": self.first_seq,
             "last_seq": self.last_seq, "subjects": list(self.subjects), "messages": self.messages,
             "ranges": [list(r) for r in self.ranges], "consumer": self.consumer,
+            "workers": [{"consumer": name, "subjects": list(subjects), "first_seq": first}
+                        for name, subjects, first in self.workers],
         }
+
+    def partitions(self) -> list[tuple[int, int, tuple[str, ...]]]:
+        """(first, last, subjects) per partition: sequence ranges, or one per worker consumer."""
+        if self.workers:
+            return [(first, self.last_seq, subjects) for _, subjects, first in self.workers]
+        return [(first, last, self.subjects) for first, last in self.ranges]
 
 
 _HEADER_LINE = re.compile(r"^[ \t]*([!-9;-~]+)[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.M)
@@ -172,6 +184,22 @@ async def ensure_cursor(conn: JetStreamConnection, stream: str, name: str, *,
     elif subjects:
         config["filter_subjects"] = list(subjects)
     return await ensure_consumer(conn, stream, config)
+
+
+async def plan_worker_read(conn: JetStreamConnection, plan: ReadPlan, groups: Sequence[Sequence[str]], *,
+                           prefix: str) -> ReadPlan:
+    """Partition ``plan`` by subject groups: group ``i`` is read by worker ``i``, whose durable pull
+    consumer ``<prefix>-<i>`` (per-worker consumer with FilterSubjects, created or updated only when
+    its subjects changed) is the group's cursor: its part starts after the consumer's ack floor and
+    :func:`acknowledge_read` moves it past ``plan.last_seq``."""
+    workers = []
+    for index, group in enumerate(groups):
+        result = await ensure_worker_consumer(conn, plan.stream, prefix, index, list(group),
+                                              inactive_threshold=None, config={"deliver_policy": "all"})
+        floor = int(result["info"].get("ack_floor", {}).get("stream_seq") or 0)
+        workers.append((result["consumer"], tuple(result["subjects"]), max(plan.first_seq, floor + 1)))
+    subjects = tuple(s for _, group, _ in workers for s in group)
+    return dataclasses.replace(plan, workers=tuple(workers), subjects=subjects, ranges=())
 
 
 def _ts_nanos(rfc3339: str) -> int:
@@ -329,7 +357,7 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
 
 def read_method(plan: ReadPlan, *, consume: bool) -> str:
     """How to read the plan's stream, or a clear error when the stream cannot be read that way."""
-    if consume and plan.retention in ("limits", "interest") and not plan.consumer:
+    if consume and plan.retention in ("limits", "interest") and not (plan.consumer or plan.workers):
         raise InvalidRequestError(
             f"stream {plan.stream!r} has {plan.retention} retention: consuming it means advancing a durable "
             "consumer as a cursor; give the consumer option (a consumer name used only by this job; it is "
@@ -369,6 +397,13 @@ async def acknowledge_read(conn: JetStreamConnection, plan: ReadPlan) -> int:
                                            context=f"acknowledge read of stream {plan.stream!r}")
             purged += int(reply.get("purged", 0))
         return purged
+    if plan.workers:
+        before = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)
+        for name, _, first in plan.workers:
+            if first <= plan.last_seq:
+                await reset_consumer(conn, plan.stream, name, seq=plan.last_seq + 1)
+        after = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)
+        return max(0, before - after)
     if plan.retention in ("interest", "limits") and plan.consumer:
         before = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)
         await reset_consumer(conn, plan.stream, plan.consumer, seq=plan.last_seq + 1)

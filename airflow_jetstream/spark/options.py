@@ -91,6 +91,18 @@ def _subjects(options: Mapping[str, str], key: str) -> tuple[str, ...]:
                  for s in raw.split(",") if s.strip())
 
 
+def _subject_groups(options: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:
+    """``worker_subjects`` = ``"orders.eu.*,orders.uk.*;orders.us.*"``: one group of subjects per worker."""
+    raw = options.get("worker_subjects") or ""
+    groups = []
+    for part in raw.split(";"):
+        group = tuple(validate_subject(s.strip(), allow_wildcards=True, what="option worker_subjects")
+                      for s in part.split(",") if s.strip())
+        if group:
+            groups.append(group)
+    return tuple(groups)
+
+
 def _stream(options: Mapping[str, str]) -> str:
     stream = options.get("stream") or options.get("path")
     if not stream:
@@ -205,9 +217,11 @@ class ReadOptions:
     consume: bool
     fetch_batch: int
     consumer: str | None
+    worker_subjects: tuple[tuple[str, ...], ...] = ()
+    worker_prefix: str = "spark-reader"
 
     KEYS = ("stream", "path", "subjects", "start_seq", "start_time", "end_seq", "num_partitions", "decode",
-            "consume", "fetch_batch", "consumer")
+            "consume", "fetch_batch", "consumer", "worker_subjects", "worker_prefix")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -217,6 +231,13 @@ class ReadOptions:
         start_time = opts.get("start_time") or None
         if start_time:
             parse_time(start_time, field="option start_time")
+        groups = _subject_groups(opts)
+        if groups and (opts.get("subjects") or opts.get("num_partitions") or opts.get("consumer")):
+            raise InvalidRequestError(
+                "worker_subjects sets the partitions (one per group), their filters and cursors; "
+                "leave subjects, num_partitions and consumer unset",
+                reason="invalid_option",
+            )
         if start_seq is not None and start_time:
             raise InvalidRequestError("give either start_seq or start_time, not both", reason="invalid_option")
         return cls(
@@ -231,4 +252,6 @@ class ReadOptions:
             consume=_bool(opts, "consume", False),
             fetch_batch=_int(opts, "fetch_batch", 5000, maximum=100_000) or 5000,
             consumer=validate_name(opts["consumer"], what="option consumer") if opts.get("consumer") else None,
+            worker_subjects=groups,
+            worker_prefix=validate_name(opts.get("worker_prefix") or "spark-reader", what="option worker_prefix"),
         )

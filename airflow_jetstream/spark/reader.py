@@ -33,6 +33,7 @@ from airflow_jetstream.client.range_read import (
     StoredMessage,
     acknowledge_read,
     plan_read,
+    plan_worker_read,
     read_method,
     read_range,
 )
@@ -88,6 +89,8 @@ async def plan_for(options: ReadOptions) -> ReadPlan:
         plan = await plan_read(conn, options.stream, subjects=plan.subjects, start_seq=plan.first_seq,
                                end_seq=plan.last_seq, partitions=parts)
         plan = dataclasses.replace(plan, consumer=options.consumer)
+        if options.worker_subjects:
+            plan = await plan_worker_read(conn, plan, options.worker_subjects, prefix=options.worker_prefix)
     read_method(plan, consume=options.consume)
     return plan
 
@@ -157,10 +160,10 @@ def _drive(agen: AsyncIterator[Any], loop: asyncio.AbstractEventLoop) -> Iterato
             return
 
 
-async def _partition_chunks(settings: ConnectionSettings, plan: ReadPlan, first: int, last: int, via: str,
-                            batch: int) -> AsyncIterator[list[StoredMessage]]:
+async def _partition_chunks(settings: ConnectionSettings, stream: str, first: int, last: int,
+                            subjects: tuple[str, ...], via: str, batch: int) -> AsyncIterator[list[StoredMessage]]:
     async with open_connection(settings) as conn:
-        async for chunk in read_range(conn, plan.stream, first, last, subjects=plan.subjects, via=via, batch=batch):
+        async for chunk in read_range(conn, stream, first, last, subjects=subjects, via=via, batch=batch):
             yield chunk
 
 
@@ -174,18 +177,19 @@ class JetStreamReader(DataSourceReader):
         self.plan = asyncio.run(plan_for(options))
         self.via = read_method(self.plan, consume=options.consume)
         log.info("jetstream read of %s: seq %d..%d in %d partition(s) via %s", self.plan.stream,
-                 self.plan.first_seq, self.plan.last_seq, len(self.plan.ranges), self.via)
+                 self.plan.first_seq, self.plan.last_seq, len(self.plan.partitions()), self.via)
 
     def partitions(self) -> list[InputPartition]:
-        return [InputPartition(r) for r in self.plan.ranges] or [InputPartition((1, 0))]
+        return [InputPartition(p) for p in self.plan.partitions()] or [InputPartition((1, 0, ()))]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        first, last = partition.value
+        first, last, subjects = partition.value
         if last < first:
             return
         columns = _Columns(self.schema, self.options.decode)
         loop = asyncio.new_event_loop()
-        agen = _partition_chunks(self.options.settings, self.plan, first, last, self.via, self.options.fetch_batch)
+        agen = _partition_chunks(self.options.settings, self.plan.stream, first, last, tuple(subjects), self.via,
+                                 self.options.fetch_batch)
         try:
             for chunk in _drive(agen, loop):
                 yield columns.batch(chunk)
@@ -255,7 +259,9 @@ def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str 
     plan = asyncio.run(plan_for(parsed))
     pinned = {**opts, "start_seq": str(plan.first_seq), "end_seq": str(max(plan.last_seq, 0)),
               "num_partitions": str(max(1, len(plan.ranges)))}
-    if plan.subjects:
+    if plan.workers:
+        del pinned["num_partitions"]
+    elif plan.subjects:
         pinned["subjects"] = ",".join(plan.subjects)
     reader = spark.read.format("jetstream").options(**pinned)
     if schema is not None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+from tests.support.airflow_cli import dag_test_env, run_airflow
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "dags_examples"
 
 DAGS = '''
@@ -52,33 +51,14 @@ with DAG("advisory_e2e", start_date=pendulum.datetime(2026, 1, 1), schedule=None
 '''
 
 
-def _airflow(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=300, check=False)
-
-
 @pytest.fixture
 def dag_env(tmp_path: Path, nats_server) -> dict[str, str]:
-    home = tmp_path / "airflow"
-    dags = home / "dags"
-    dags.mkdir(parents=True)
-    (dags / "advisory_dags.py").write_text(textwrap.dedent(DAGS))
-    host, port = nats_server.url.split("://", 1)[1].rsplit(":", 1)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__"))}
-    env.update(
-        AIRFLOW_HOME=str(home),
-        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
-        AIRFLOW_CONN_NATS_DEFAULT=json.dumps({"conn_type": "nats", "host": host, "port": int(port)}),
-    )
-    migrate = _airflow(["db", "migrate"], env)
-    assert migrate.returncode == 0, migrate.stderr[-2000:]
-    return env
+    return dag_test_env(tmp_path / "airflow", nats_server.url, {"advisory_dags.py": DAGS})
 
 
 @pytest.mark.airflow_cli
 def test_sensor_in_dag_runs(dag_env):
-    run = _airflow(["dags", "test", "advisory_e2e"], dag_env)
+    run = run_airflow(["dags", "test", "advisory_e2e"], dag_env)
     output = run.stdout + run.stderr
     # found at the first poke although the advisory was published by the task before it
     assert "ADVISORY_REPORT kind=stream_created stream=ORDERS quiet=None" in output, output[-4000:]

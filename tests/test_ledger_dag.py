@@ -3,17 +3,13 @@ deferred wait whose trigger reaps a dead consumer's batch into a reported dead l
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.support.airflow_cli import dag_test_env, run_airflow
+
 pytestmark = pytest.mark.airflow_cli
-AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 
 DAGS = '''
 import asyncio
@@ -71,32 +67,13 @@ with DAG("ledger_sensor_e2e", start_date=pendulum.datetime(2026, 1, 1), schedule
 '''
 
 
-def _airflow(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=300, check=False)
-
-
 @pytest.fixture
 def dag_env(tmp_path: Path, nats_server) -> dict[str, str]:
-    home = tmp_path / "airflow"
-    dags = home / "dags"
-    dags.mkdir(parents=True)
-    (dags / "ledger_dags.py").write_text(textwrap.dedent(DAGS))
-    host, port = nats_server.url.split("://", 1)[1].rsplit(":", 1)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__"))}
-    env.update(
-        AIRFLOW_HOME=str(home),
-        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
-        AIRFLOW_CONN_NATS_DEFAULT=json.dumps({"conn_type": "nats", "host": host, "port": int(port)}),
-    )
-    migrate = _airflow(["db", "migrate"], env)
-    assert migrate.returncode == 0, migrate.stderr[-2000:]
-    return env
+    return dag_test_env(tmp_path / "airflow", nats_server.url, {"ledger_dags.py": DAGS})
 
 
 def test_sensor_in_a_dag_run_succeeds_and_reports_a_dead_letter(dag_env):
-    run = _airflow(["dags", "test", "ledger_sensor_e2e"], dag_env)
+    run = run_airflow(["dags", "test", "ledger_sensor_e2e"], dag_env)
     output = run.stdout + run.stderr
     assert "LEDGER_REPORT consumed=3,failed=0,in_progress=0,published=0" in output, output[-4000:]
     assert "3/3 batch(es) reached consumed" in output

@@ -3,55 +3,33 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import AUTH_PASSWORD, AUTH_USER
+from tests.support.airflow_cli import isolated_airflow_env, nats_conn_json, run_airflow
 
 pytestmark = pytest.mark.airflow_cli
-AIRFLOW = str(Path(sys.executable).with_name("airflow"))
-
-
-def _airflow(args: list[str], env: dict[str, str], timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
-
-
 @pytest.fixture
 def airflow_env(tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "airflow"
     (home / "dags").mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__"))}
-    env.update(
-        AIRFLOW_HOME=str(home),
-        AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
-        AIRFLOW__CORE__TEST_CONNECTION="Enabled",
-    )
-    return env
-
-
-def _conn_json(url: str, **fields) -> str:
-    host, port = url.split("://", 1)[1].rsplit(":", 1)
-    return json.dumps({"conn_type": "nats", "host": host, "port": int(port), **fields})
+    return isolated_airflow_env(home, AIRFLOW__CORE__TEST_CONNECTION="Enabled")
 
 
 def test_provider_is_listed_with_hook_and_form_fields(airflow_env):
-    listed = _airflow(["providers", "list", "-o", "json"], airflow_env)
+    listed = run_airflow(["providers", "list", "-o", "json"], airflow_env)
     assert listed.returncode == 0, listed.stderr
     packages = {p["package_name"]: p for p in json.loads(listed.stdout)}
     assert packages["airflow-jetstream"]["version"] == "0.1.0"
 
-    hooks = _airflow(["providers", "hooks", "-o", "json"], airflow_env)
+    hooks = run_airflow(["providers", "hooks", "-o", "json"], airflow_env)
     nats = [h for h in json.loads(hooks.stdout) if h.get("connection_type") == "nats"]
     assert nats and nats[0]["class"] == "airflow_jetstream.hooks.jetstream.JetStreamHook"
 
-    widgets = _airflow(["providers", "widgets", "-o", "json"], airflow_env)
+    widgets = run_airflow(["providers", "widgets", "-o", "json"], airflow_env)
     names = {w["connection_parameter_name"] for w in json.loads(widgets.stdout)}
     assert {"extra__nats__token", "extra__nats__nkey_seed", "extra__nats__tls_ca_file"} <= names
 
@@ -62,13 +40,13 @@ def test_connections_test_live_and_dead(airflow_env, nats_server_factory):
     dead_url = dead.url
     dead.stop()
     env = dict(airflow_env)
-    env["AIRFLOW_CONN_NATS_LIVE"] = _conn_json(live.url)
-    env["AIRFLOW_CONN_NATS_DEAD"] = _conn_json(dead_url, extra={"connect_timeout": 1})
-    ok = _airflow(["connections", "test", "nats_live"], env)
+    env["AIRFLOW_CONN_NATS_LIVE"] = nats_conn_json(live.url)
+    env["AIRFLOW_CONN_NATS_DEAD"] = nats_conn_json(dead_url, extra={"connect_timeout": 1})
+    ok = run_airflow(["connections", "test", "nats_live"], env)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "Connection success!" in ok.stdout
     assert live.monitor("varz")["total_connections"] >= 1
-    bad = _airflow(["connections", "test", "nats_dead"], env)
+    bad = run_airflow(["connections", "test", "nats_dead"], env)
     assert "Connection failed!" in bad.stdout
     assert "could not connect to NATS" in bad.stdout
 
@@ -89,10 +67,10 @@ def test_dags_test_runs_operator_without_leaking_secrets(airflow_env, user_serve
         """
     ))
     env = dict(airflow_env)
-    env["AIRFLOW_CONN_NATS_AUTH"] = _conn_json(user_server.url, login=AUTH_USER, password=AUTH_PASSWORD)
-    migrate = _airflow(["db", "migrate"], env)
+    env["AIRFLOW_CONN_NATS_AUTH"] = nats_conn_json(user_server.url, login=AUTH_USER, password=AUTH_PASSWORD)
+    migrate = run_airflow(["db", "migrate"], env)
     assert migrate.returncode == 0, migrate.stderr[-2000:]
-    run = _airflow(["dags", "test", "ensure_stream_cli"], env)
+    run = run_airflow(["dags", "test", "ensure_stream_cli"], env)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-3000:]
     assert "Created stream CLI_ORDERS" in output

@@ -5,10 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,6 +18,7 @@ from airflow_jetstream.client import (
     stream_info,
 )
 from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
+from tests.support.airflow_cli import dag_test_env, run_airflow
 
 ORDERS = {"name": "ORDERS", "subjects": ["orders.>"], "allow_atomic": True}
 
@@ -191,25 +188,8 @@ with DAG("publish_from_xcom", start_date=pendulum.datetime(2026, 1, 1), schedule
 @pytest.mark.airflow_cli
 def test_messages_from_xcom_in_a_dag_run(nats_server, tmp_path: Path):
     admin(nats_server, lambda conn: asyncio.sleep(0))
-    home = tmp_path / "airflow"
-    dags = home / "dags"
-    dags.mkdir(parents=True)
-    (dags / "publish_dag.py").write_text(textwrap.dedent(DAG_FILE))
-    host, port = nats_server.url.split("://", 1)[1].rsplit(":", 1)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__"))}
-    env.update(
-        AIRFLOW_HOME=str(home),
-        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
-        AIRFLOW_CONN_NATS_DEFAULT=json.dumps({"conn_type": "nats", "host": host, "port": int(port)}),
-    )
-    airflow = str(Path(sys.executable).with_name("airflow"))
-    migrate = subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300,
-                             check=False)
-    assert migrate.returncode == 0, migrate.stderr[-2000:]
-    run = subprocess.run([airflow, "dags", "test", "publish_from_xcom"], env=env, capture_output=True, text=True,
-                         timeout=300, check=False)
+    env = dag_test_env(tmp_path / "airflow", nats_server.url, {"publish_dag.py": DAG_FILE})
+    run = run_airflow(["dags", "test", "publish_from_xcom"], env)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     assert "PUBLISH_RESULT stream=ORDERS,count=5,first_seq=1,last_seq=5" in output, output[-4000:]

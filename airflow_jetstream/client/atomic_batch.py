@@ -36,9 +36,8 @@ from airflow_jetstream.client.batch_types import (
     MAX_BATCH_ID_LENGTH,
     BatchMessage,
     BatchResult,
-    encode_frame,
-    encode_header_lines,
-    message_headers,
+    message_header_lines,
+    new_batch_id,
     validate_batch_id,
     validate_messages,
     write_frames,
@@ -75,28 +74,36 @@ _BACKOFF_MAX = 2.0
 _PROBE_WINDOW = 256
 
 
-def _batch_lines(batch_id: str) -> bytes:
-    return f"{HEADER_BATCH_ID}: {batch_id}\r\n{HEADER_BATCH_SEQUENCE}: ".encode()
-
-
 def encode_atomic_batch(messages: Sequence[BatchMessage], batch_id: str, expected_last_seq: int | None,
                         replies: dict[int, bytes]) -> list[bytes]:
-    """The protocol frames of the batch; ``replies`` maps batch sequences to their reply subject."""
-    batch_lines = _batch_lines(batch_id)
+    """The protocol frames of the batch; ``replies`` maps batch sequences to their reply subject.
+
+    Every frame is an ``HPUB`` whose header block is ``NATS/1.0``, the message's own header lines,
+    the batch id and sequence (plus the expectation on the first and the commit on the last
+    message). The constant parts are encoded once per batch and each subject once per batch.
+    """
+    batch_lines = b"%b: %b\r\n%b: " % (HEADER_BATCH_ID.encode(), batch_id.encode(), HEADER_BATCH_SEQUENCE.encode())
+    first_extra = b"" if expected_last_seq is None else b"%b: %d\r\n" % (HEADER_EXPECTED_LAST_SEQ.encode(),
+                                                                         expected_last_seq)
+    commit_extra = b"%b: 1\r\n" % HEADER_BATCH_COMMIT.encode()
     subjects: dict[str, bytes] = {}
     frames = []
     last = len(messages)
     for seq, msg in enumerate(messages, start=1):
-        subject = subjects.get(msg.subject)
-        if subject is None:
-            subject = subjects[msg.subject] = msg.subject.encode()
-        lines = b"%b%b%d\r\n" % (encode_header_lines(message_headers(msg)) if (
-            msg.headers or msg.msg_id or msg.expected_last_subject_seq is not None) else b"", batch_lines, seq)
-        if seq == 1 and expected_last_seq is not None:
-            lines += f"{HEADER_EXPECTED_LAST_SEQ}: {expected_last_seq}\r\n".encode()
-        if seq == last:
-            lines += f"{HEADER_BATCH_COMMIT}: 1\r\n".encode()
-        frames.append(encode_frame(subject, replies.get(seq), lines, bytes(msg.data)))
+        prefix = subjects.get(msg.subject)
+        if prefix is None:
+            prefix = subjects[msg.subject] = b"HPUB %b " % msg.subject.encode()
+        user_lines = message_header_lines(msg) if (
+            msg.headers or msg.msg_id is not None or msg.expected_last_subject_seq is not None) else b""
+        extra = (first_extra if seq == 1 else b"") + (commit_extra if seq == last else b"")
+        header = b"NATS/1.0\r\n%b%b%d\r\n%b\r\n" % (user_lines, batch_lines, seq, extra)
+        payload = msg.data
+        reply = replies.get(seq)
+        size = len(header)
+        if reply is None:
+            frames.append(b"%b%d %d\r\n%b%b\r\n" % (prefix, size, size + len(payload), header, payload))
+        else:
+            frames.append(b"%b%b %d %d\r\n%b%b\r\n" % (prefix, reply, size, size + len(payload), header, payload))
     return frames
 
 
@@ -318,7 +325,14 @@ async def publish_atomic_batch(
                                   reason="invalid_request")
     if not isinstance(flow_every, int) or flow_every < 0:
         raise InvalidRequestError(f"flow_every must be an int >= 0, got {flow_every!r}", reason="invalid_request")
-    timeout = timeout or conn.settings.request_timeout
+    return await _publish_validated(conn, items, batch_id, expected_last_seq, flow_every,
+                                    timeout or conn.settings.request_timeout, retries)
+
+
+async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage], batch_id: str,
+                             expected_last_seq: int | None, flow_every: int, timeout: float,
+                             retries: int) -> BatchResult:
+    """Send an already validated batch, retrying ``too_many_inflight``; see :func:`publish_atomic_batch`."""
     started = time.monotonic()
     attempt = 0
     while True:
@@ -370,9 +384,10 @@ async def publish_atomic_batches(
     chunks = [list(messages[i:i + batch_size]) for i in range(0, len(messages), batch_size)]
     if not chunks:
         raise InvalidRequestError("there are no messages to publish", reason="empty_batch")
-    for chunk in chunks:
-        validate_messages(chunk, max_msgs=batch_size, max_payload=conn.max_payload,
-                          refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=_BATCH_HEADER_BYTES)
+    chunks = [validate_messages(chunk, max_msgs=batch_size, max_payload=conn.max_payload,
+                                refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=_BATCH_HEADER_BYTES)
+              for chunk in chunks]
+    request_timeout = timeout or conn.settings.request_timeout
     results: list[BatchResult | None] = [None] * len(chunks)
     pending = iter(range(len(chunks)))
     failed: list[JetStreamError] = []
@@ -382,8 +397,8 @@ async def publish_atomic_batches(
             if failed:
                 return
             try:
-                results[index] = await publish_atomic_batch(conn, chunks[index], max_msgs=batch_size,
-                                                             timeout=timeout, retries=retries)
+                results[index] = await _publish_validated(conn, chunks[index], new_batch_id(), None,
+                                                           DEFAULT_FLOW_EVERY, request_timeout, retries)
             except JetStreamError as exc:
                 failed.append(exc)
                 return

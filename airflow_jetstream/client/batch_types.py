@@ -36,6 +36,8 @@ _BATCH_ID = re.compile(r"[A-Za-z0-9_\-]+")
 # Bytes the protocol adds around user headers: "NATS/1.0\r\n" ... "\r\n" plus ": " and "\r\n" per header.
 _HEADER_FRAME_OVERHEAD = 12
 _HEADER_LINE_OVERHEAD = 4
+_MSG_ID_LINE = len(HEADER_MSG_ID) + _HEADER_LINE_OVERHEAD
+_PAYLOAD_TYPES = (bytes, bytearray, memoryview)
 
 
 @dataclass(frozen=True)
@@ -204,51 +206,50 @@ def validate_messages(
             reason="batch_too_large",
         )
     seen_ids: dict[str, int] = {}
+    # Subjects already found valid in this batch: a batch usually repeats a few subjects, so each
+    # distinct one is parsed once (membership is only tested for exact str values).
+    valid_subjects: set[str] = set()
+    payload_types = _PAYLOAD_TYPES
     for index, msg in enumerate(items):
         if not isinstance(msg, BatchMessage):
             raise InvalidRequestError(f"message {index} is a {type(msg).__name__}, not a BatchMessage",
                                       reason="invalid_request")
-        validate_subject(msg.subject, what=f"message {index} subject")
-        if not isinstance(msg.data, (bytes, bytearray, memoryview)):
-            raise InvalidRequestError(f"message {index}: data must be bytes, got {type(msg.data).__name__}",
+        subject = msg.subject
+        if type(subject) is not str or subject not in valid_subjects:
+            validate_subject(subject, what=f"message {index} subject")
+            valid_subjects.add(subject)
+        data = msg.data
+        if not isinstance(data, payload_types):
+            raise InvalidRequestError(f"message {index}: data must be bytes, got {type(data).__name__}",
                                       reason="invalid_payload")
-        headers = _check_headers(index, msg.headers, refused_headers)
-        extra = reserved_header_bytes
-        if msg.msg_id is not None:
-            if not isinstance(msg.msg_id, str) or not msg.msg_id or "\r" in msg.msg_id or "\n" in msg.msg_id:
+        size = len(data) + reserved_header_bytes
+        if msg.headers is not None:
+            size += header_size(_check_headers(index, msg.headers, refused_headers))
+        msg_id = msg.msg_id
+        if msg_id is not None:
+            if type(msg_id) is not str or not msg_id or "\r" in msg_id or "\n" in msg_id:
                 raise InvalidRequestError(f"message {index}: msg_id must be a non-empty single-line string",
                                           reason="invalid_msg_id")
-            if msg.msg_id in seen_ids:
+            first = seen_ids.setdefault(msg_id, index)
+            if first != index:
                 raise InvalidRequestError(
-                    f"messages {seen_ids[msg.msg_id]} and {index} share msg_id {msg.msg_id!r}; "
+                    f"messages {first} and {index} share msg_id {msg_id!r}; "
                     "msg ids must be unique within a batch",
                     reason="duplicate_msg_id",
                 )
-            seen_ids[msg.msg_id] = index
-            extra += len(HEADER_MSG_ID) + len(msg.msg_id) + _HEADER_LINE_OVERHEAD
+            size += _MSG_ID_LINE + len(msg_id)
         if msg.expected_last_subject_seq is not None:
             if not isinstance(msg.expected_last_subject_seq, int) or msg.expected_last_subject_seq < 0:
                 raise InvalidRequestError(f"message {index}: expected_last_subject_seq must be an int >= 0",
                                           reason="invalid_request")
-            extra += len(HEADER_EXPECTED_LAST_SUBJECT_SEQ) + 20 + _HEADER_LINE_OVERHEAD
-        size = len(msg.data) + header_size(headers) + extra
+            size += len(HEADER_EXPECTED_LAST_SUBJECT_SEQ) + 20 + _HEADER_LINE_OVERHEAD
         if size > max_payload:
             raise InvalidRequestError(
-                f"message {index} ({msg.subject}) is {size} bytes with headers, over the connection's "
+                f"message {index} ({subject}) is {size} bytes with headers, over the connection's "
                 f"max_payload of {max_payload} bytes; make it smaller or raise the server's max_payload",
                 reason="payload_too_large",
             )
     return items
-
-
-def message_headers(msg: BatchMessage) -> dict[str, str]:
-    """The user-level headers of ``msg`` (its own headers, msg id and per-subject expectation)."""
-    headers = dict(msg.headers) if msg.headers else {}
-    if msg.msg_id is not None:
-        headers[HEADER_MSG_ID] = msg.msg_id
-    if msg.expected_last_subject_seq is not None:
-        headers[HEADER_EXPECTED_LAST_SUBJECT_SEQ] = str(msg.expected_last_subject_seq)
-    return headers
 
 
 # --- wire framing -------------------------------------------------------------------------------
@@ -264,6 +265,20 @@ def encode_header_lines(headers: dict[str, str] | None) -> bytes:
     if not headers:
         return b""
     return "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+
+
+_MSG_ID_PREFIX = f"{HEADER_MSG_ID}: ".encode()
+_EXPECTED_SUBJECT_SEQ_PREFIX = f"{HEADER_EXPECTED_LAST_SUBJECT_SEQ}: ".encode()
+
+
+def message_header_lines(msg: BatchMessage) -> bytes:
+    """The user-level header lines of ``msg``: its own headers, then its msg id and per-subject expectation."""
+    lines = encode_header_lines(msg.headers) if msg.headers else b""
+    if msg.msg_id is not None:
+        lines += b"%b%b\r\n" % (_MSG_ID_PREFIX, msg.msg_id.encode())
+    if msg.expected_last_subject_seq is not None:
+        lines += b"%b%d\r\n" % (_EXPECTED_SUBJECT_SEQ_PREFIX, msg.expected_last_subject_seq)
+    return lines
 
 
 def encode_frame(subject: bytes, reply: bytes | None, header_lines: bytes, payload: bytes) -> bytes:

@@ -41,8 +41,7 @@ from airflow_jetstream.client.batch_types import (
     BatchItemResult,
     BatchMessage,
     encode_frame,
-    encode_header_lines,
-    message_headers,
+    message_header_lines,
     validate_messages,
     write_frames,
 )
@@ -229,7 +228,7 @@ async def publish_individually(conn: JetStreamConnection, messages: list[BatchMe
         for index, msg in enumerate(messages, start=1):
             reply = replies.expect(index)
             reply_of.append(reply)
-            lines = encode_header_lines(message_headers(msg)) if (
+            lines = message_header_lines(msg) if (
                 msg.headers or msg.msg_id or msg.expected_last_subject_seq is not None) else b""
             frames.append(encode_frame(msg.subject.encode(), reply, lines, bytes(msg.data)))
         await write_frames(conn.nc, b"".join(frames))

@@ -35,8 +35,7 @@ from airflow_jetstream.client.batch_types import (
     BatchMessage,
     BatchResult,
     encode_frame,
-    encode_header_lines,
-    message_headers,
+    message_header_lines,
     validate_batch_id,
     validate_messages,
     write_frames,
@@ -198,7 +197,7 @@ def _prepare(messages: list[BatchMessage]) -> list[_Prepared]:
         subject = subjects.get(m.subject)
         if subject is None:
             subject = subjects[m.subject] = m.subject.encode()
-        lines = encode_header_lines(message_headers(m)) if (
+        lines = message_header_lines(m) if (
             m.headers or m.msg_id or m.expected_last_subject_seq is not None) else b""
         prepared.append((subject, lines, bytes(m.data)))
     return prepared

@@ -23,6 +23,7 @@ from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
 from airflow_jetstream.sensors.advisory import JetStreamAdvisorySensor
 from airflow_jetstream.triggers.advisory import JetStreamAdvisoryTrigger
 from tests.conftest import set_nats_connection
+from tests.support.triggers import first_event_payload
 
 
 def is_orders_stream(advisory: dict) -> bool:
@@ -38,17 +39,6 @@ def make_stream(name: str) -> None:
     JetStreamHook().run(ensure_stream, {"name": name, "subjects": [f"{name.lower()}.>"]})
 
 
-def run_trigger(trigger: JetStreamAdvisoryTrigger, *, while_waiting=None, timeout: float = 20.0) -> dict:
-    async def scenario():
-        events = trigger.run()
-        first = asyncio.ensure_future(anext(events))
-        if while_waiting is not None:
-            await while_waiting(first)
-        event = await asyncio.wait_for(first, timeout)
-        await events.aclose()
-        return event.payload
-
-    return asyncio.run(scenario())
 
 
 def test_stream_operator_is_idempotent(nats_conn):
@@ -170,7 +160,7 @@ def test_trigger_finds_advisory_published_while_deferred(capture):
         assert not waiting.done()
         await asyncio.to_thread(make_stream, "LATER")
 
-    event = run_trigger(trigger, while_waiting=publish_later)
+    event = first_event_payload(trigger, while_waiting=publish_later)
     assert event["status"] == "matched" and event["advisory"]["stream"] == "LATER"
     sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", stream="LATER", deferrable=True)
     assert sensor.execute_complete({}, event)["stream"] == "LATER"
@@ -181,7 +171,7 @@ def test_trigger_guard_mode_quiet_and_matched(capture):
     quiet = JetStreamAdvisoryTrigger(advisory="stream_deleted", since=since.isoformat(), expect="absent",
                                      quiet_until=(datetime.now(UTC) + timedelta(seconds=0.5)).isoformat(),
                                      poll_timeout=0.2)
-    event = run_trigger(quiet)
+    event = first_event_payload(quiet)
     assert event["status"] == "quiet"
     guard = JetStreamAdvisorySensor(task_id="g", advisory="stream_deleted", expect="absent", deferrable=True)
     assert guard.execute_complete({}, event)["advisory"] is None
@@ -190,7 +180,7 @@ def test_trigger_guard_mode_quiet_and_matched(capture):
     # quiet_until already passed: the final scan still sees the stored advisory
     late = JetStreamAdvisoryTrigger(advisory="stream_deleted", since=since.isoformat(), expect="absent",
                                     quiet_until=datetime.now(UTC).isoformat(), poll_timeout=0.2)
-    matched = run_trigger(late)
+    matched = first_event_payload(late)
     assert matched["status"] == "matched" and matched["advisory"]["stream"] == "GONE"
     with pytest.raises(AirflowFailException, match="stream=GONE"):
         guard.execute_complete({}, matched)
@@ -206,13 +196,13 @@ def test_trigger_live_mode_without_capture_stream(nats_conn):
             await asyncio.to_thread(make_stream, made[-1])
             await asyncio.wait({waiting}, timeout=0.2)
 
-    event = run_trigger(trigger, while_waiting=keep_creating)
+    event = first_event_payload(trigger, while_waiting=keep_creating)
     assert event["status"] == "matched" and event["advisory"]["stream"] in made
 
 
 def test_trigger_reports_errors_as_events(nats_conn):
     trigger = JetStreamAdvisoryTrigger(advisory="stream_created", since=datetime.now(UTC).isoformat())
-    event = run_trigger(trigger)
+    event = first_event_payload(trigger)
     assert event["status"] == "error" and event["error"]["reason"] == "stream_not_found"
     sensor = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", deferrable=True)
     with pytest.raises(AirflowException, match="stream_not_found"):
@@ -263,7 +253,8 @@ def test_trigger_retries_an_unreachable_server_then_reports(monkeypatch):
 
     monkeypatch.setattr(advisory_module, "TRANSIENT_RETRIES", 1)
     set_nats_connection(monkeypatch, "nats_default", f"nats://127.0.0.1:{free_port()}", extra={"connect_timeout": 0.3})
-    event = run_trigger(JetStreamAdvisoryTrigger(advisory="stream_created", since=datetime.now(UTC).isoformat()))
+    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", since=datetime.now(UTC).isoformat())
+    event = first_event_payload(trigger)
     assert event["status"] == "error" and event["error"]["reason"] == "server_unreachable"
 
 
@@ -272,8 +263,8 @@ def test_trigger_does_not_retry_refused_credentials(monkeypatch, user_server):
 
     monkeypatch.setattr(advisory_module, "TRANSIENT_RETRIES", 50)  # would take minutes if it retried
     set_nats_connection(monkeypatch, "nats_default", user_server.url, login="airflow", password="wrong")
-    event = run_trigger(JetStreamAdvisoryTrigger(advisory="stream_created", since=datetime.now(UTC).isoformat()),
-                        timeout=15)
+    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", since=datetime.now(UTC).isoformat())
+    event = first_event_payload(trigger, timeout=15)
     assert event["status"] == "error" and event["error"]["reason"] == "authentication_failed"
     assert "wrong" not in json.dumps(event)
 

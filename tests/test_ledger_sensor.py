@@ -14,6 +14,7 @@ from airflow_jetstream.client.ledger import BatchLedger
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.ledger import JetStreamBatchLedgerSensor, describe_progress
 from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
+from tests.support.triggers import first_event_payload
 
 RUN = "scheduled__2026-11-25T00:00:00+00:00"
 
@@ -127,17 +128,6 @@ class ProbedTrigger(JetStreamBatchLedgerTrigger):
         return result
 
 
-def run_trigger(trigger, while_waiting=None, timeout: float = 20.0) -> dict:
-    async def scenario():
-        events = trigger.run()
-        first = asyncio.ensure_future(anext(events))
-        if while_waiting is not None:
-            await while_waiting(first)
-        event = await asyncio.wait_for(first, timeout)
-        await events.aclose()
-        return event.payload
-
-    return asyncio.run(scenario())
 
 
 def test_trigger_fires_once_the_last_batch_is_consumed_while_deferred(nats_conn):
@@ -150,7 +140,7 @@ def test_trigger_fires_once_the_last_batch_is_consumed_while_deferred(nats_conn)
         claim = await asyncio.to_thread(ledger_do, lambda ledger: ledger.claim(RUN, "b1"))
         await asyncio.to_thread(ledger_do, lambda ledger: ledger.mark_consumed(claim))
 
-    event = run_trigger(trigger, consume_after_first_poll)
+    event = first_event_payload(trigger, while_waiting=consume_after_first_poll)
     assert event["status"] == "success" and event["result"]["states"]["consumed"] == 2
     assert sensor(deferrable=True).execute_complete({}, event)["batches"] == 2
 
@@ -162,7 +152,7 @@ def test_trigger_reports_dead_letters_and_execute_complete_fails_with_them(nats_
         await ledger.release(await ledger.claim(RUN, "b0"), error="schema mismatch in column price")
 
     ledger_do(fail_it, max_attempts=1)
-    event = run_trigger(JetStreamBatchLedgerTrigger(run_id=RUN, poll_interval=0.05))
+    event = first_event_payload(JetStreamBatchLedgerTrigger(run_id=RUN, poll_interval=0.05))
     assert event["status"] == "error" and event["error"]["reason"] == "batches_failed"
     assert event["error"]["failed"][0]["last_error"] == "schema mismatch in column price"
     json.dumps(event)

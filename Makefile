@@ -30,6 +30,8 @@ docs: install
 
 bench: install
 	$(PY) bench/publish.py
+	$(PY) bench/spark_io.py
+	$(PY) bench/triggers.py
 
 clean:
 	rm -rf $(VENV) .demo site dist build

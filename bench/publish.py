@@ -4,16 +4,20 @@ One run, one embedded nats-server, 100-byte messages, for each stream storage (f
 
 - baseline: ``js.publish`` awaited one by one (one round trip per message);
 - atomic: :func:`publish_atomic_batches`, 1000 messages per batch, one batch after another
-  (``atomic_x2``: two batches in flight);
+  (``atomic_x2`` / ``atomic_x4``: two / four batches in flight, ``concurrency=2`` / ``4``);
 - fast: :func:`publish_fast_batch`, all messages in one fast batch (flow 500);
 - batcher: :class:`Batcher` under 64 concurrent publishers, each awaiting its own result
   (default pipelined mode, and with ``atomic=True``);
 - ceiling: fire-and-forget core ``nc.publish`` into the stream (no acks), timed until the stream
   holds every message.
 
+For every method it also reports CPU time per message of the nats-server process (from
+``/proc/<pid>/stat``) and of this client process: on a shared 2-core machine these say whether a
+method is bound by the server's own work or by the client.
+
 Each method runs ``--repeat`` times, interleaved, and the median rate is reported with its ratio to
 the baseline and to the ceiling, plus the targets of issue 3 (atomic >= 20x baseline and >= 0.5x
-ceiling, fast >= 0.7x ceiling)::
+ceiling, fast >= 0.7x ceiling; the atomic targets are checked for each atomic row)::
 
     .venv/bin/python bench/publish.py
     .venv/bin/python bench/publish.py --messages 50000 --storage file --repeat 5 --json out.json
@@ -49,7 +53,11 @@ from airflow_jetstream.embedded import EmbeddedNatsServer
 
 PAYLOAD = b"x" * 100
 PUBLISHERS = 64
-TARGETS = (("atomic", "baseline", 20.0), ("atomic", "ceiling", 0.5), ("fast", "ceiling", 0.7))
+TARGETS = (
+    *((atomic, against, target) for atomic in ("atomic", "atomic_x2", "atomic_x4")
+      for against, target in (("baseline", 20.0), ("ceiling", 0.5))),
+    ("fast", "ceiling", 0.7),
+)
 
 
 async def stored(conn: JetStreamConnection, stream: str) -> int:
@@ -93,8 +101,17 @@ def batcher(atomic_groups: bool) -> Callable[[JetStreamConnection, str, int], Aw
     return run
 
 
-async def measure(conn: JetStreamConnection, stream: str, subject: str, method, n: int, ceiling: bool) -> float:
+def server_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(conn: JetStreamConnection, stream: str, subject: str, method, n: int, ceiling: bool,
+                  server_pid: int) -> tuple[float, float, float]:
+    """Messages per second, and server / client CPU microseconds per message, of one run."""
     await purge_stream(conn, stream)
+    server_before, client_before = server_cpu_seconds(server_pid), time.process_time()
     started = time.perf_counter()
     if ceiling:
         publish = conn.nc.publish
@@ -105,12 +122,15 @@ async def measure(conn: JetStreamConnection, stream: str, subject: str, method, 
     else:
         await method(conn, subject, n)
     elapsed = time.perf_counter() - started
+    server_us = (server_cpu_seconds(server_pid) - server_before) * 1e6 / n
+    client_us = (time.process_time() - client_before) * 1e6 / n
     if await stored(conn, stream) != n:
         raise RuntimeError(f"{stream}: expected {n} stored messages after {method}, got {await stored(conn, stream)}")
-    return n / elapsed
+    return n / elapsed, server_us, client_us
 
 
-async def bench_storage(conn: JetStreamConnection, storage: str, args: argparse.Namespace) -> dict[str, float]:
+async def bench_storage(conn: JetStreamConnection, storage: str, args: argparse.Namespace,
+                        server_pid: int) -> dict[str, dict[str, float]]:
     stream = f"BENCH_{storage.upper()}"
     subject = f"bench.{storage}.x"
     await ensure_stream(conn, {"name": stream, "subjects": [f"bench.{storage}.>"], "storage": storage,
@@ -119,42 +139,47 @@ async def bench_storage(conn: JetStreamConnection, storage: str, args: argparse.
         ("baseline", baseline, args.baseline_messages, False),
         ("atomic", atomic(1), args.messages, False),
         ("atomic_x2", atomic(2), args.messages, False),
+        ("atomic_x4", atomic(4), args.messages, False),
         ("fast", fast, args.messages, False),
         ("batcher", batcher(False), args.batcher_messages, False),
         ("batcher_atomic", batcher(True), args.batcher_messages, False),
         ("ceiling", None, args.messages, True),
     ]
-    rates: dict[str, list[float]] = {name: [] for name, *_ in plan}
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name, *_ in plan}
     for round_no in range(args.repeat):
         for name, method, n, is_ceiling in plan:
-            rates[name].append(await measure(conn, stream, subject, method, n, is_ceiling))
+            runs[name].append(await measure(conn, stream, subject, method, n, is_ceiling, server_pid))
         print(f"  [{storage}] round {round_no + 1}/{args.repeat}: " +
-              ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rates.items()), flush=True)
-    return {name: statistics.median(values) for name, values in rates.items()}
+              ", ".join(f"{k} {v[-1][0]:,.0f}" for k, v in runs.items()), flush=True)
+    return {name: {"rate": statistics.median(r[0] for r in values),
+                   "server_us": statistics.median(r[1] for r in values),
+                   "client_us": statistics.median(r[2] for r in values)} for name, values in runs.items()}
 
 
-def report(storage: str, medians: dict[str, float]) -> list[str]:
-    base, ceil = medians["baseline"], medians["ceiling"]
-    lines = [f"\n{storage} storage, 100-byte messages (median msgs/s)",
-             f"{'method':<16}{'msgs/s':>12}{'x baseline':>12}{'x ceiling':>11}"]
-    for name, rate in medians.items():
-        lines.append(f"{name:<16}{rate:>12,.0f}{rate / base:>12.1f}{rate / ceil:>11.2f}")
+def report(storage: str, medians: dict[str, dict[str, float]]) -> list[str]:
+    base, ceil = medians["baseline"]["rate"], medians["ceiling"]["rate"]
+    lines = [f"\n{storage} storage, 100-byte messages (medians; CPU in microseconds per message)",
+             f"{'method':<16}{'msgs/s':>12}{'x baseline':>12}{'x ceiling':>11}{'server CPU':>12}{'client CPU':>12}"]
+    for name, row in medians.items():
+        rate = row["rate"]
+        lines.append(f"{name:<16}{rate:>12,.0f}{rate / base:>12.1f}{rate / ceil:>11.2f}"
+                     f"{row['server_us']:>12.1f}{row['client_us']:>12.1f}")
     for method, against, target in TARGETS:
-        ratio = medians[method] / medians[against]
+        ratio = medians[method]["rate"] / medians[against]["rate"]
         lines.append(f"target {method} >= {target}x {against}: {ratio:.2f}x {'MET' if ratio >= target else 'MISSED'}")
     return lines
 
 
-async def main(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+async def main(args: argparse.Namespace) -> dict[str, dict[str, dict[str, float]]]:
     storages = ["file", "memory"] if args.storage == "both" else [args.storage]
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, dict[str, float]]] = {}
     with EmbeddedNatsServer() as server:
         async with open_connection(ConnectionSettings(servers=server.url, request_timeout=10)) as conn:
             print(f"nats-server {server.url}, {args.messages} msgs (baseline {args.baseline_messages}, batcher "
                   f"{args.batcher_messages} from {PUBLISHERS} publishers), {args.repeat} rounds, "
                   f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
             for storage in storages:
-                results[storage] = await bench_storage(conn, storage, args)
+                results[storage] = await bench_storage(conn, storage, args, server.process.pid)
     for storage, medians in results.items():
         print("\n".join(report(storage, medians)))
     return results

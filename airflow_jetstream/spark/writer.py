@@ -109,6 +109,8 @@ class RowEncoder:
         self.options = options
 
     def encode(self, batch: Any) -> list[tuple[str, bytes, dict[str, str] | None]]:
+        import pyarrow as pa
+
         names = batch.schema.names
         opts = self.options
         rows = batch.num_rows
@@ -117,8 +119,13 @@ class RowEncoder:
         else:
             subjects = [opts.subject] * rows
         if opts.payload_column in names:
-            payloads = [p.encode() if isinstance(p, str) else (p or b"")
-                        for p in batch.column(opts.payload_column).to_pylist()]
+            # Arrow turns UTF-8 strings into bytes without a Python call per row.
+            column = batch.column(opts.payload_column)
+            if not pa.types.is_binary(column.type):
+                column = column.cast(pa.binary())
+            payloads = column.to_pylist()
+            if column.null_count:
+                payloads = [p or b"" for p in payloads]
         else:
             data_columns = [n for n in names if n not in (opts.subject_column, opts.headers_column)]
             table = batch.select(data_columns).to_pylist()
@@ -222,9 +229,10 @@ class JetStreamWriter(DataSourceArrowWriter):
     async def _publish_chunk(self, conn: JetStreamConnection, ledger: BatchLedger | None, report: PartitionReport,
                              key: str, first_row: int, rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
         opts = self.options
+        id_prefix = message_id(opts.job_id, report.partition, 0)[:-1]
         messages = [
-            BatchMessage(subject, payload, headers, message_id(opts.job_id, report.partition, first_row + i))
-            for i, (subject, payload, headers) in enumerate(rows)
+            BatchMessage(subject, payload, headers, id_prefix + str(row))
+            for row, (subject, payload, headers) in enumerate(rows, start=first_row)
         ]
         result = await self._send(conn, messages, f"{key}-a{report.attempt}")
         if result.already_committed or result.duplicates == len(rows):

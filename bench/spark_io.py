@@ -10,7 +10,9 @@ payloads, 2 partitions) for every write:
   (the plain loop); also shown: the same loop on an ``ack_policy: none`` consumer;
 * data source read of the same stream (all columns materialised by an aggregate).
 
-Prints rows/s and the ratios against the targets (atomic >= 8x, bulk >= 15x, read >= 2x).
+Prints rows/s (with the nats-server process's CPU microseconds per row, from ``/proc``, to show how
+much of the shared 2 cores the server itself needs) and the ratios against the targets (atomic >= 8x,
+bulk >= 15x, read >= 2x).
 Run: ``.venv/bin/python bench/spark_io.py [--rows 200000]``.
 """
 
@@ -22,6 +24,7 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -106,11 +109,19 @@ def read_stream(spark: SparkSession, sink: dict[str, str], stream: str, rows: in
         raise SystemExit(f"read {got['n']} rows, expected {rows}")
 
 
-def timed(label: str, rows: int, action: Any) -> float:
+def server_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(label: str, rows: int, action: Any, server_pid: int) -> float:
+    server_before = server_cpu_seconds(server_pid)
     started = time.perf_counter()
     action()
     rate = rows / (time.perf_counter() - started)
-    print(f"  {label:<44} {rate:>10,.0f} rows/s", flush=True)
+    server_us = (server_cpu_seconds(server_pid) - server_before) * 1e6 / rows
+    print(f"  {label:<44} {rate:>10,.0f} rows/s   server CPU {server_us:5.1f} us/row", flush=True)
     return rate
 
 
@@ -130,6 +141,7 @@ def main() -> int:
         frame = make_frame(spark, rows)
         frame.count()
         sink = {"servers": server.url}
+        pid = server.process.pid
 
         asyncio.run(make_stream(settings, "WARM", "warm", allow_atomic=True, allow_batched=True))
         # warm up (Python workers started, JVM code compiled) as a long-running Spark application would be
@@ -144,13 +156,13 @@ def main() -> int:
 
         print("write")
         naive = timed("baseline foreachPartition, awaited js.publish", rows,
-                      lambda: frame.foreachPartition(naive_partition(server.url, "naive.")))
+                      lambda: frame.foreachPartition(naive_partition(server.url, "naive.")), pid)
         atomic = timed("data source mode=atomic", rows, lambda: (
             frame.withColumn("subject", F.concat(F.lit("atomic."), "subject")).write.format("jetstream")
-            .mode("append").options(**sink, stream="ATOMIC", job_id="bench-atomic").save()))
+            .mode("append").options(**sink, stream="ATOMIC", job_id="bench-atomic").save()), pid)
         bulk = timed("data source mode=bulk", rows, lambda: (
             frame.withColumn("subject", F.concat(F.lit("bulk."), "subject")).write.format("jetstream")
-            .mode("append").options(**sink, stream="BULK", mode="bulk", job_id="bench-bulk").save()))
+            .mode("append").options(**sink, stream="BULK", mode="bulk", job_id="bench-bulk").save()), pid)
         for name in ("NAIVE", "ATOMIC", "BULK"):
             count = asyncio.run(stored(settings, name))
             if count != rows:
@@ -163,7 +175,7 @@ def main() -> int:
         no_ack = max(asyncio.run(pull_fetch_baseline(settings, "ATOMIC", rows, ack=False)) for _ in range(2))
         print(f"  {'(pull fetch(500), ack_policy none)':<44} {no_ack:>10,.0f} rows/s")
         read_rate = max(timed("data source read, 2 partitions", rows,
-                              lambda: read_stream(spark, sink, "ATOMIC", rows)) for _ in range(2))
+                              lambda: read_stream(spark, sink, "ATOMIC", rows), pid) for _ in range(2))
         spark.stop()
 
     ratios = {"atomic": atomic / naive, "bulk": bulk / naive, "read": read_rate / baseline}

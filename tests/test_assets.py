@@ -4,10 +4,8 @@ automatic outlets of the ensure-stream operator."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import textwrap
 import urllib.parse
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from airflow_jetstream.assets.jetstream import (
     sanitize_uri,
 )
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
+from tests.support.airflow_cli import dag_test_env, run_airflow
 
 
 def test_provider_registers_handler_factory_and_converter() -> None:
@@ -174,24 +173,15 @@ with create_session() as session:
 def test_ensure_stream_run_triggers_a_dag_scheduled_on_the_stream(nats_server, tmp_path: Path) -> None:
     """A real DAG run (``airflow dags test``): the automatic outlet becomes an asset event that
     queues the DAG scheduled on ``jetstream_asset(server, "ORDERS")``."""
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "producer.py").write_text(textwrap.dedent(PRODUCER_DAG))
-    (dags / "consumer.py").write_text(textwrap.dedent(CONSUMER_DAG))
-    host, port = nats_server.url.split("://", 1)[1].rsplit(":", 1)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env.update(
-        AIRFLOW_HOME=str(tmp_path / "home"),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{tmp_path}/airflow.db",
-        AIRFLOW_CONN_NATS_DEFAULT=json.dumps({"conn_type": "nats", "host": host, "port": int(port)}),
+    env = dag_test_env(
+        tmp_path / "home",
+        nats_server.url,
+        {"producer.py": PRODUCER_DAG, "consumer.py": CONSUMER_DAG},
         NATS_TEST_SERVER=nats_server.url,
     )
-    for args in (["db", "migrate"], ["dags", "reserialize"], ["dags", "unpause", "jetstream_consumer"],
-                 ["dags", "test", "jetstream_producer"]):
-        proc = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=300)
+    steps = (["dags", "reserialize"], ["dags", "unpause", "jetstream_consumer"], ["dags", "test", "jetstream_producer"])
+    for args in steps:
+        proc = run_airflow(args, env, cwd=tmp_path)
         assert proc.returncode == 0, f"airflow {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     proc = subprocess.run([sys.executable, "-c", QUEUED], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
@@ -200,7 +190,6 @@ def test_ensure_stream_run_triggers_a_dag_scheduled_on_the_stream(nats_server, t
     uri = jetstream_asset(nats_server.url, "ORDERS").uri
     assert state["events"] == [[uri, "jetstream_producer", "ensure"]]
     assert state["queued"] == ["jetstream_consumer"]
-
 
 def test_report_helpers_for_operator_authors(monkeypatch: pytest.MonkeyPatch) -> None:
     """``report_stream_output``/``report_stream_input`` declare outlets/inlets once and feed hook lineage."""

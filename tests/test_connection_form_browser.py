@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ import pytest
 
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.get_provider_info import CONN_FIELDS
+from tests.support.airflow_cli import AIRFLOW, isolated_airflow_env, run_airflow
 
 pytestmark = pytest.mark.browser
 
@@ -44,7 +44,6 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 TOKEN = "form-t0ken-not-for-logs"
-AIRFLOW = [sys.executable, "-m", "airflow"]
 
 
 def _install_chromium() -> str | None:
@@ -99,23 +98,19 @@ def chromium() -> Path:
 def airflow_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Airflow 3's api-server (UI + REST) on a free loopback port with a fresh sqlite database."""
     home = tmp_path_factory.mktemp("airflow-ui-home")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env.update(
-        AIRFLOW_HOME=str(home),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+    env = isolated_airflow_env(
+        home,
         AIRFLOW__CORE__AUTH_MANAGER="airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
         AIRFLOW__CORE__TEST_CONNECTION="Enabled",
     )
-    migrate = subprocess.run([*AIRFLOW, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
+    migrate = run_airflow(["db", "migrate"], env)
     assert migrate.returncode == 0, migrate.stderr[-3000:]
     port = _free_port()
     log = home / "api-server.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [*AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            [AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"

@@ -5,7 +5,7 @@ One run, one embedded nats-server, 100-byte messages, for each stream storage (f
 - baseline: ``js.publish`` awaited one by one (one round trip per message);
 - atomic: :func:`publish_atomic_batches`, 1000 messages per batch, one batch after another
   (``atomic_x2`` / ``atomic_x4``: two / four batches in flight, ``concurrency=2`` / ``4``);
-- fast: :func:`publish_fast_batch`, all messages in one fast batch (flow 500);
+- fast: :func:`publish_fast_batch`, all messages in one fast batch (default flow, 1000);
 - batcher: :class:`Batcher` under 64 concurrent publishers, each awaiting its own result
   (default pipelined mode, and with ``atomic=True``);
 - ceiling: fire-and-forget core ``nc.publish`` into the stream (no acks), timed until the stream
@@ -86,7 +86,7 @@ def atomic(concurrency: int) -> Callable[[JetStreamConnection, str, int], Awaita
 
 
 async def fast(conn: JetStreamConnection, subject: str, n: int) -> None:
-    await publish_fast_batch(conn, [BatchMessage(subject, PAYLOAD)] * n, flow=500)
+    await publish_fast_batch(conn, [BatchMessage(subject, PAYLOAD)] * n)
 
 
 def batcher(atomic_groups: bool) -> Callable[[JetStreamConnection, str, int], Awaitable[None]]:

@@ -56,7 +56,8 @@ FAST_REFUSED_HEADERS = {
 }
 OP_START, OP_APPEND, OP_COMMIT, OP_PING = 0, 1, 2, 4
 _ERR_BATCH_UNKNOWN = 10208
-DEFAULT_FLOW = 500
+# Messages between flow acks: 1000 measured 10-25% faster than 500 on a memory stream, the same on a file stream.
+DEFAULT_FLOW = 1000
 # How many flow windows may be unacknowledged before the client waits for the server.
 WINDOW_FLOWS = 4
 MAX_FLOW = 65535

@@ -227,7 +227,7 @@ def validate_messages(
             size += header_size(_check_headers(index, msg.headers, refused_headers))
         msg_id = msg.msg_id
         if msg_id is not None:
-            if type(msg_id) is not str or not msg_id or "\r" in msg_id or "\n" in msg_id:
+            if not isinstance(msg_id, str) or not msg_id or "\r" in msg_id or "\n" in msg_id:
                 raise InvalidRequestError(f"message {index}: msg_id must be a non-empty single-line string",
                                           reason="invalid_msg_id")
             first = seen_ids.setdefault(msg_id, index)

@@ -14,6 +14,7 @@ from airflow_jetstream.hooks.connection_settings import settings_from_connection
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
 from tests.conftest import AUTH_PASSWORD, AUTH_TOKEN, AUTH_USER, set_nats_connection
+from tests.support.polling import wait_until
 
 
 class _Conn:
@@ -88,7 +89,7 @@ def test_hook_run_closes_connections_also_on_error(nats_conn, nats_server):
     with pytest.raises(KeyError):
         hook.run(boom)
     hook.run(account_info)
-    assert nats_server.monitor("connz")["num_connections"] == 0
+    wait_until(lambda: nats_server.monitor("connz")["num_connections"] == 0, "the server to see both closes")
 
 
 def test_hook_run_inside_a_running_event_loop(nats_conn):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import nats.errors
 import pytest
@@ -14,6 +13,7 @@ from airflow_jetstream.client.sourcing import source_status
 from airflow_jetstream.embedded.server import EmbeddedNatsServer, free_port
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
 from tests.conftest import set_nats_connection
+from tests.support.polling import wait_until
 from tests.test_sourcing import assert_exactly_once, messages, payloads, run, wait_for
 
 TOTAL = 6000
@@ -33,10 +33,7 @@ def hub_and_leaf(nats_server_factory):
 
 
 def wait_leaf_connected(hub: EmbeddedNatsServer, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not hub.monitor("leafz").get("leafnodes"):
-        assert time.monotonic() < deadline, "leaf node did not connect to the hub"
-        time.sleep(0.05)
+    wait_until(lambda: hub.monitor("leafz").get("leafnodes"), "the leaf node to connect to the hub", timeout)
 
 
 async def publish_until_acked(conn, count: int, started: asyncio.Event, *, window: int = 100) -> int:

@@ -26,6 +26,7 @@ from airflow_jetstream.client.advisories import capture_stream_config
 from airflow_jetstream.client.consumers import consumer_info
 from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
 from airflow_jetstream.triggers.message import JetStreamMessageTrigger
+from tests.support.polling import wait_until
 
 STREAM, CONSUMER = "ORDERS", "airflow_orders"
 
@@ -112,15 +113,6 @@ class Replica(threading.Thread):
         self.loop.call_soon_threadsafe(self._done.set)
         self.join(30)
         assert not self.is_alive()
-
-
-def wait_until(predicate: Callable[[], bool], what: str, deadline: float = 30.0) -> None:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def server_call(settings: ConnectionSettings, func, *args, **kwargs):
@@ -393,7 +385,7 @@ def test_triggerer_crash_loses_nothing(orders):
     crashing = subprocess.Popen([sys.executable, "-c", CRASHING_TRIGGERER, json.dumps(kwargs)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     try:
-        wait_until(lambda: waiting_pulls(orders) >= 1, "the first triggerer", deadline=90)
+        wait_until(lambda: waiting_pulls(orders) >= 1, "the first triggerer", timeout=90)
         publish(orders, 20)
         wait_until(lambda: consumer_state(orders)["num_ack_pending"] == 20, "all 20 delivered to the first triggerer")
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,6 +30,7 @@ from airflow_jetstream.client.sourcing import (
     wait_source_healthy,
 )
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
+from tests.support.polling import async_wait_until
 
 # ---------------------------------------------------------------- helpers shared by the sourcing tests
 
@@ -53,11 +53,11 @@ async def publish(conn, prefix: str, count: int, *, start: int = 0, window: int 
 
 
 async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.1)
+    await async_wait_until(check, what, timeout, every=0.1)
+
+
+async def _has_messages(conn, stream: str) -> bool:
+    return await messages(conn, stream) > 0
 
 
 async def messages(conn, stream: str) -> int:
@@ -340,6 +340,7 @@ def test_migration_to_user_managed_while_publishing_loses_and_duplicates_nothing
         if retention != "limits":  # an Interest stream drops what is published before the server's consumer exists
             await server_managed_consumer(conn, DurableSource("AGG", "ORIGIN"), timeout=10)
         await publish(conn, "o", 2000)
+        await wait_for(lambda: _has_messages(conn, "AGG"), 20, "the plain source to deliver something")
         publisher = asyncio.ensure_future(publish(conn, "o", total - 2000, start=2000, window=200))
         spec = DurableSource("AGG", "ORIGIN", mode="user")
         result = await provision_durable_source(conn, spec)

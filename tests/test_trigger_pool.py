@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import UTC, datetime
 
 import pytest
@@ -15,6 +14,7 @@ from airflow_jetstream.embedded.server import free_port
 from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
 from airflow_jetstream.triggers.advisory import JetStreamAdvisoryTrigger
 from tests.conftest import set_nats_connection
+from tests.support.polling import async_wait_until
 
 
 def client_connections(server, name: str = "airflow-jetstream") -> int:
@@ -22,12 +22,7 @@ def client_connections(server, name: str = "airflow-jetstream") -> int:
 
 
 async def poll(predicate, what: str, deadline: float = 20.0, every: float = 0.05):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if await asyncio.to_thread(predicate):
-            return
-        await asyncio.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+    await async_wait_until(lambda: asyncio.to_thread(predicate), what, deadline, every)
 
 
 def test_users_share_one_connection_closed_by_the_last(nats_server, settings):

@@ -13,27 +13,20 @@ from airflow_jetstream.client import (
     BatchPublishError,
     InvalidRequestError,
     InvalidSubjectError,
-    ensure_stream,
     metrics,
-    open_connection,
     publish_atomic_batch,
     publish_atomic_batches,
     stored_sequences,
     stream_info,
 )
 from airflow_jetstream.client.batch_types import encode_frame, write_frames
+from tests.support.nats_calls import with_streams
 
 ATOM = {"name": "ATOM", "subjects": ["atom.>"], "allow_atomic": True}
 
 
 def run(settings, body, stream=ATOM):
-    async def go():
-        async with open_connection(settings) as conn:
-            if stream:
-                await ensure_stream(conn, stream)
-            return await body(conn)
-
-    return asyncio.run(go())
+    return with_streams(settings, body, [stream] if stream else [])
 
 
 async def get_msg(conn, stream: str, seq: int) -> dict:

@@ -12,23 +12,16 @@ from airflow_jetstream.client import (
     BatchMessage,
     InvalidRequestError,
     JetStreamError,
-    ensure_stream,
     metrics,
-    open_connection,
     stream_info,
 )
+from tests.support.nats_calls import with_streams
 
 ATOM = {"name": "ATOM", "subjects": ["atom.>"], "allow_atomic": True}
 
 
 def run(settings, body, streams=(ATOM,)):
-    async def go():
-        async with open_connection(settings) as conn:
-            for stream in streams:
-                await ensure_stream(conn, stream)
-            return await body(conn)
-
-    return asyncio.run(go())
+    return with_streams(settings, body, streams)
 
 
 async def data_at(conn, stream: str, seq: int) -> bytes:

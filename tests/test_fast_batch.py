@@ -11,24 +11,17 @@ from airflow_jetstream.client import (
     BatchMessage,
     BatchPublishError,
     InvalidRequestError,
-    ensure_stream,
-    open_connection,
     publish_fast_batch,
     stream_info,
 )
 from airflow_jetstream.client import fast_batch as fast_batch_module
+from tests.support.nats_calls import with_streams
 
 FAST = {"name": "FAST", "subjects": ["fast.>"], "allow_batched": True}
 
 
 def run(settings, body, stream=FAST):
-    async def go():
-        async with open_connection(settings) as conn:
-            if stream:
-                await ensure_stream(conn, stream)
-            return await body(conn)
-
-    return asyncio.run(go())
+    return with_streams(settings, body, [stream] if stream else [])
 
 
 async def contents(conn, stream: str = "FAST") -> list[bytes]:

@@ -13,24 +13,17 @@ from airflow_jetstream.client import (
     BatchPublishError,
     ConnectionSettings,
     InvalidRequestError,
-    ensure_stream,
-    open_connection,
     stream_info,
 )
 from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
 from tests.support.airflow_cli import dag_test_env, run_airflow
+from tests.support.nats_calls import with_streams
 
 ORDERS = {"name": "ORDERS", "subjects": ["orders.>"], "allow_atomic": True}
 
 
 def admin(server, body, stream=ORDERS):
-    async def go():
-        async with open_connection(ConnectionSettings(servers=server.url)) as conn:
-            if stream:
-                await ensure_stream(conn, stream)
-            return await body(conn)
-
-    return asyncio.run(go())
+    return with_streams(ConnectionSettings(servers=server.url), body, [stream] if stream else [])
 
 
 def stored(server, stream="ORDERS"):

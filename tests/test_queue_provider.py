@@ -26,6 +26,7 @@ from airflow_jetstream.client.advisories import capture_stream_config
 from airflow_jetstream.client.consumers import consumer_info
 from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
 from airflow_jetstream.triggers.message import JetStreamMessageTrigger
+from tests.support.nats_calls import call_on_server as server_call
 from tests.support.polling import wait_until
 
 STREAM, CONSUMER = "ORDERS", "airflow_orders"
@@ -115,12 +116,6 @@ class Replica(threading.Thread):
         assert not self.is_alive()
 
 
-def server_call(settings: ConnectionSettings, func, *args, **kwargs):
-    async def call():
-        async with open_connection(settings) as conn:
-            return await func(conn, *args, **kwargs)
-
-    return asyncio.run(call())
 
 
 async def _publish(conn, count: int, start: int = 0, subject: str = "orders.ready") -> None:

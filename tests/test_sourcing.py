@@ -6,20 +6,17 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from airflow_jetstream.client import (
-    ConnectionSettings,
     ConsumerConfigError,
     ConsumerNotFoundError,
     InvalidRequestError,
     StreamConfigError,
     ensure_stream,
     find_stream,
-    open_connection,
     stream_info,
 )
 from airflow_jetstream.client.consumers import ensure_consumer, find_consumer
@@ -30,17 +27,12 @@ from airflow_jetstream.client.sourcing import (
     wait_source_healthy,
 )
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
+from tests.support.nats_calls import call_on_server as run
 from tests.support.polling import async_wait_until
 
 # ---------------------------------------------------------------- helpers shared by the sourcing tests
 
 
-def run(settings: ConnectionSettings, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
-    async def go() -> Any:
-        async with open_connection(settings) as conn:
-            return await fn(conn, *args, **kwargs)
-
-    return asyncio.run(go())
 
 
 async def publish(conn, prefix: str, count: int, *, start: int = 0, window: int = 2000) -> None:

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection, stream_info
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, stream_info
 from airflow_jetstream.client.job_records import get_job_record
 from airflow_jetstream.client.ledger import BatchLedger
 from airflow_jetstream.embedded import EmbeddedNatsServer
+from tests.support.nats_calls import call_on_server
 
 pytestmark = pytest.mark.spark
 
@@ -50,11 +51,7 @@ def spark() -> Iterator[SparkSession]:
 
 
 def run(server: EmbeddedNatsServer, func: Any, *args: Any, **kwargs: Any) -> Any:
-    async def call() -> Any:
-        async with open_connection(ConnectionSettings(servers=server.url, request_timeout=10)) as conn:
-            return await func(conn, *args, **kwargs)
-
-    return asyncio.run(call())
+    return call_on_server(ConnectionSettings(servers=server.url, request_timeout=10), func, *args, **kwargs)
 
 
 async def _state(conn: Any, name: str) -> dict[str, Any]:

@@ -1,0 +1,31 @@
+"""Call client coroutines from sync tests on a fresh connection (closed afterwards)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
+
+
+def call_on_server(settings: ConnectionSettings, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+    """``await func(conn, *args, **kwargs)`` on a new connection and event loop."""
+
+    async def call() -> Any:
+        async with open_connection(settings) as conn:
+            return await func(conn, *args, **kwargs)
+
+    return asyncio.run(call())
+
+
+def with_streams(settings: ConnectionSettings, body: Callable[[Any], Awaitable[Any]],
+                 streams: Iterable[dict[str, Any]]) -> Any:
+    """Ensure ``streams`` (configs), then ``await body(conn)``."""
+
+    async def setup_then_body(conn: Any) -> Any:
+        for stream in streams:
+            await ensure_stream(conn, stream)
+        return await body(conn)
+
+    return call_on_server(settings, setup_then_body)

@@ -148,3 +148,39 @@ print("ok")
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+def test_source_status_reports_sourcing_lag(settings) -> None:
+    import asyncio
+
+    from airflow_jetstream.client import ensure_stream, open_connection
+    from airflow_jetstream.client.sourcing import source_status
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.gauges: list[tuple[str, float, dict | None]] = []
+
+        def incr(self, name, count=1, tags=None) -> None:
+            return None
+
+        def timing(self, name, millis, tags=None) -> None:
+            return None
+
+        def gauge(self, name, value, tags=None) -> None:
+            self.gauges.append((name, value, tags))
+
+    recorder = Recorder()
+
+    async def go() -> dict:
+        async with open_connection(settings) as conn:
+            await ensure_stream(conn, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "workqueue"})
+            await ensure_stream(conn, {"name": "AGG", "sources": [{"name": "ORIGIN"}]})
+            metrics.set_metrics_sink(recorder)
+            try:
+                return await source_status(conn, "AGG", "ORIGIN")
+            finally:
+                metrics.set_metrics_sink(None)
+
+    status = asyncio.run(go())
+    assert recorder.gauges == [("sourcing.lag", status["lag"] + (status["consumer_num_pending"] or 0),
+                                {"stream": "AGG", "source": "ORIGIN"})]

@@ -687,6 +687,7 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
     pending = int(consumer.get("num_pending", 0)) if consumer else None
     error = error_from_api(entry["error"], context=f"source {source!r} of {where}").to_dict() if entry.get("error") \
         else None
+    metrics.gauge("sourcing.lag", lag + (pending or 0), tags={"stream": stream, "source": source})
     return {
         "stream": stream,
         "source": source,

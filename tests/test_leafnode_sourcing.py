@@ -104,3 +104,37 @@ def test_leaf_crash_while_publishing_loses_and_duplicates_nothing(mode, hub_and_
     outcome = run(hub_settings, check)
     assert_exactly_once(outcome["seen"], "o", TOTAL)
     assert outcome["status"]["error"] is None and outcome["status"]["caught_up"], (outcome["status"], retries)
+
+
+def test_origin_reached_through_an_api_prefix(hub_and_leaf, monkeypatch):
+    """The origin named by its JetStream API prefix instead of its domain (same wire path, no domain name)."""
+    hub, leaf = hub_and_leaf
+    hub_settings = ConnectionSettings(servers=hub.url, connect_timeout=2, request_timeout=3)
+    leaf_settings = ConnectionSettings(servers=leaf.url, connect_timeout=2, request_timeout=3)
+    run(leaf_settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "workqueue"})
+    set_nats_connection(monkeypatch, "nats_hub", hub.url)
+    result = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", mode="user",
+                                            api_prefix="$JS.edge.API", nats_conn_id="nats_hub").execute(context={})
+    assert result["api_prefix"] == "$JS.edge.API" and result["domain"] is None
+
+    async def publish_and_wait(conn) -> dict:
+        for i in range(100):
+            await conn.js.publish(f"o.{i}", str(i).encode())
+        return {}
+
+    run(leaf_settings, publish_and_wait)
+
+    async def caught_up(conn) -> dict:
+        await wait_for(lambda: _status_caught_up(conn), 30, "the hub to catch up through the API prefix")
+        return await source_status(conn, "AGG", "ORIGIN", api_prefix="$JS.edge.API")
+
+    status = run(hub_settings, caught_up)
+    assert status["caught_up"] and status["consumer"] == result["consumer"]
+    assert run(hub_settings, messages, "AGG") == 100
+    with pytest.raises(JetStreamError, match="either the origin's JetStream domain or its API prefix"):
+        JetStreamDurableSourceOperator(task_id="bad", stream="AGG", source="ORIGIN", domain="edge",
+                                       api_prefix="$JS.edge.API", nats_conn_id="nats_hub").execute(context={})
+
+
+async def _status_caught_up(conn) -> bool:
+    return (await source_status(conn, "AGG", "ORIGIN", api_prefix="$JS.edge.API"))["caught_up"]

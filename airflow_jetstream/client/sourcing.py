@@ -72,11 +72,15 @@ class SourceUnhealthyError(JetStreamError):
     default_reason = "source_unhealthy"
 
 
+_RESULT_FIELDS = ("stream", "source", "mode", "mirror", "domain", "api_prefix")
+
+
 @dataclass(frozen=True)
 class DurableSource:
     """What to provision: stream ``stream`` durably sources (or mirrors) ``source``.
 
-    ``domain`` is the origin's JetStream domain when it lives elsewhere (e.g. a leaf node).
+    ``domain`` is the origin's JetStream domain when it lives elsewhere (e.g. a leaf node);
+    ``api_prefix`` names the origin's JetStream API prefix directly instead (e.g. an imported one).
     ``consumer``, ``deliver_subject``, ``deliver_policy``, ``replay_policy`` and ``max_ack_pending``
     only apply to ``user`` mode; ``filter_subjects``, ``start_seq`` and ``start_time`` to both.
     """
@@ -94,6 +98,7 @@ class DurableSource:
     replay_policy: str | None = None
     max_ack_pending: int | None = None
     domain: str | None = None
+    api_prefix: str | None = None
 
     @property
     def user_managed(self) -> bool:
@@ -101,18 +106,30 @@ class DurableSource:
 
     @property
     def external_api(self) -> str | None:
-        return domain_api_prefix(self.domain) if self.domain else None
+        return domain_api_prefix(self.domain) if self.domain else self.api_prefix
+
+    @property
+    def where(self) -> str:
+        """`` in domain 'x'`` / `` via API prefix 'y'`` / empty: for messages."""
+        if self.domain:
+            return f" in JetStream domain {self.domain!r}"
+        return f" via API prefix {self.api_prefix!r}" if self.api_prefix else ""
 
     def validated(self) -> DurableSource:
         """A normalized copy, or :class:`InvalidRequestError` / :class:`ConsumerConfigError` (nothing sent)."""
         validate_name(self.stream, what="stream name")
         validate_name(self.source, what="origin stream name")
-        if self.stream == self.source and not self.domain:
+        if self.stream == self.source and not self.external_api:
             raise InvalidRequestError("a stream cannot source itself", reason="invalid_source")
         if self.mode not in MODES:
             raise InvalidRequestError(f"mode must be 'server' or 'user', got {self.mode!r}", reason="invalid_mode")
         if self.domain is not None:
             validate_name(self.domain, what="JetStream domain")
+        if self.domain and self.api_prefix:
+            raise InvalidRequestError("give either the origin's JetStream domain or its API prefix, not both",
+                                      reason="invalid_source")
+        if self.api_prefix is not None:
+            validate_subject(self.api_prefix, what="origin API prefix")
         filters = (self.filter_subjects,) if isinstance(self.filter_subjects, str) else self.filter_subjects
         filters = tuple(validate_subject(f, allow_wildcards=True, what="filter subject") for f in filters or ())
         if len(set(filters)) != len(filters):
@@ -358,7 +375,7 @@ async def wait_source_healthy(conn: JetStreamConnection, spec: DurableSource, *,
     :class:`ConsumerNotFoundError`; anything else at the deadline is :class:`SourceUnhealthyError`.
     Returns the source state.
     """
-    origin_conn = origin_conn or api_view(conn, domain=spec.domain)
+    origin_conn = origin_conn or api_view(conn, api_prefix=spec.external_api)
     deadline = time.monotonic() + timeout
     where = f"{'mirror' if spec.mirror else 'source'} {spec.source!r} of stream {spec.stream!r}"
     state: dict[str, Any] | None = None
@@ -378,7 +395,7 @@ async def wait_source_healthy(conn: JetStreamConnection, spec: DurableSource, *,
         if time.monotonic() >= deadline:
             break
         await asyncio.sleep(_POLL_SECONDS)
-    domain = f" in domain {spec.domain!r}" if spec.domain else ""
+    domain = spec.where
     if spec.consumer and await find_consumer(origin_conn, spec.source, spec.consumer) is None:
         raise ConsumerNotFoundError(
             f"{where} uses consumer {spec.consumer!r}, which does not exist on {spec.source!r}{domain} (the "
@@ -519,8 +536,8 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
     ``source_state`` (lag, active, ...), ``consumer_state`` and ``migrated_after_seq``.
     """
     spec = spec.validated()
-    origin_conn = api_view(conn, domain=spec.domain)
-    in_domain = f" in JetStream domain {spec.domain!r}" if spec.domain else ""
+    origin_conn = api_view(conn, api_prefix=spec.external_api)
+    in_domain = spec.where
     try:
         origin = await stream_info(origin_conn, spec.source)
     except StreamNotFoundError:
@@ -604,7 +621,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
     metrics.incr("sourcing.provisioned", tags={"mode": spec.mode, "action": action})
     cfg = consumer["config"]
     return {
-        **{k: v for k, v in asdict(spec).items() if k in ("stream", "source", "mode", "mirror", "domain")},
+        **{k: v for k, v in asdict(spec).items() if k in _RESULT_FIELDS},
         "filter_subjects": list(spec.filter_subjects),
         "action": action,
         "consumer": consumer["name"],
@@ -654,14 +671,14 @@ async def wait_messages_flow(origin_conn: JetStreamConnection, stream: str, cons
 
 
 async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
-                        domain: str | None = None) -> dict[str, Any]:
+                        domain: str | None = None, api_prefix: str | None = None) -> dict[str, Any]:
     """Whether ``stream`` has caught up with its source (or mirror) ``source``.
 
     ``caught_up`` means: no source ``error``, ``active >= 0``, ``lag`` 0 and, when the durable
     consumer on the origin is known, nothing pending on it. ``error`` is the source's error as a typed
     error dict (``reason``, ``message``, ``err_code``) or None.
     """
-    spec = DurableSource(stream=stream, source=source, domain=domain)
+    spec = DurableSource(stream=stream, source=source, domain=domain, api_prefix=api_prefix)
     info = await stream_info(conn, stream)
     mirror = info.get("mirror")
     spec = replace(spec, mirror=bool(mirror and spec.is_same_origin(mirror)))
@@ -669,9 +686,9 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
     where = f"stream {stream!r}"
     if entry is None:
         raise StreamConfigError(f"{where} does not source or mirror {source!r}"
-                                + (f" in domain {domain!r}" if domain else ""), reason="source_missing")
+                                + spec.where, reason="source_missing")
     config_entry = _find_entry(info["config"], spec) or {}
-    origin_conn = api_view(conn, domain=domain)
+    origin_conn = api_view(conn, api_prefix=spec.external_api)
     consumer_name = (config_entry.get("consumer") or {}).get("name")
     consumer: dict[str, Any] | None = None
     if consumer_name:

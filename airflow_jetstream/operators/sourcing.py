@@ -48,13 +48,14 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
     :param replay_policy: user mode: ``instant`` or ``original``.
     :param max_ack_pending: user mode: messages in flight before sourcing waits (default 1000).
     :param domain: the origin's JetStream domain, if not the connection's.
+    :param api_prefix: or the origin's JetStream API prefix (e.g. ``$JS.edge.API`` or an imported prefix).
     :param create_consumer: user mode: False to use a consumer someone else created (it is checked).
     :param health_timeout: seconds to wait for the source to become healthy.
     :param nats_conn_id: the ``nats`` connection to use.
     """
 
     template_fields: Sequence[str] = ("stream", "source", "consumer", "deliver_subject", "filter_subjects",
-                                      "start_seq", "start_time", "domain")
+                                      "start_seq", "start_time", "domain", "api_prefix")
     ui_color = "#27aae1"
 
     def __init__(
@@ -73,6 +74,7 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         replay_policy: str | None = None,
         max_ack_pending: int | None = None,
         domain: str | None = None,
+        api_prefix: str | None = None,
         create_consumer: bool = True,
         health_timeout: float = 30.0,
         **kwargs: Any,
@@ -91,6 +93,7 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         self.replay_policy = replay_policy
         self.max_ack_pending = max_ack_pending
         self.domain = domain
+        self.api_prefix = api_prefix
         self.create_consumer = create_consumer
         self.health_timeout = health_timeout
 
@@ -107,13 +110,13 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
             deliver_subject=self.deliver_subject or None, mirror=self.mirror,
             filter_subjects=tuple(filters or ()), start_seq=start_seq, start_time=self.start_time or None,
             deliver_policy=self.deliver_policy, replay_policy=self.replay_policy,
-            max_ack_pending=self.max_ack_pending, domain=self.domain or None,
+            max_ack_pending=self.max_ack_pending, domain=self.domain or None, api_prefix=self.api_prefix or None,
         ).validated()
 
     def execute(self, context: Any) -> dict[str, Any]:
         spec = self.spec()
         kind = "mirror" if spec.mirror else "source"
-        where = f" in domain {spec.domain}" if spec.domain else ""
+        where = spec.where
         self.log.info("Provisioning %s-managed durable %s %s%s -> %s", spec.mode, kind, spec.source, where, spec.stream)
         result = self.hook.run(provision_durable_source, spec, health_timeout=self.health_timeout,
                                create_consumer=self.create_consumer)

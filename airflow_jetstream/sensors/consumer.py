@@ -95,23 +95,27 @@ class JetStreamSourceCaughtUpSensor(_JetStreamStateSensor):
     :param nats_conn_id: the ``nats`` connection to use.
     """
 
-    template_fields: Sequence[str] = ("stream", "source", "domain")
+    template_fields: Sequence[str] = ("stream", "source", "domain", "api_prefix")
     what = "source caught up"
 
-    def __init__(self, *, stream: str, source: str, domain: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, stream: str, source: str, domain: str | None = None, api_prefix: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
         self.source = source
         self.domain = domain
+        self.api_prefix = api_prefix
 
     def status(self) -> dict[str, Any]:
-        return self.hook.run(source_status, self.stream, self.source, domain=self.domain or None)
+        return self.hook.run(source_status, self.stream, self.source, domain=self.domain or None,
+                             api_prefix=self.api_prefix or None)
 
     def is_done(self, status: dict[str, Any]) -> bool:
         return bool(status["caught_up"])
 
     def trigger(self) -> JetStreamSourceCaughtUpTrigger:
         return JetStreamSourceCaughtUpTrigger(stream=self.stream, source=self.source, domain=self.domain or None,
+                                              api_prefix=self.api_prefix or None,
                                               nats_conn_id=self.nats_conn_id, poll_interval=self.poke_interval)
 
 

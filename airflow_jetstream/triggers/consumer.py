@@ -65,17 +65,19 @@ class JetStreamSourceCaughtUpTrigger(JetStreamPollingTrigger):
 
     what = "source caught up"
 
-    def __init__(self, *, stream: str, source: str, domain: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, stream: str, source: str, domain: str | None = None, api_prefix: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
         self.source = source
         self.domain = domain
+        self.api_prefix = api_prefix
 
     def _kwargs(self) -> dict[str, Any]:
-        return {"stream": self.stream, "source": self.source, "domain": self.domain}
+        return {"stream": self.stream, "source": self.source, "domain": self.domain, "api_prefix": self.api_prefix}
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
-        return await source_status(conn, self.stream, self.source, domain=self.domain)
+        return await source_status(conn, self.stream, self.source, domain=self.domain, api_prefix=self.api_prefix)
 
     def is_done(self, status: dict[str, Any]) -> bool:
         return bool(status["caught_up"])

@@ -22,7 +22,7 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     "tls_cert_file": _field("TLS client certificate", "Path to the client certificate (mutual TLS)."),
     "tls_key_file": _field("TLS client key", "Path to the client key (mutual TLS)."),
     "tls_verify": _field(
-        "Verify TLS", "Verify the server certificate (default true).", {"type": ["boolean", "null"]}
+        "Verify TLS", "Verify the server certificate (default true).", {"type": ["boolean", "null"], "default": True}
     ),
     "tls_hostname": _field("TLS server name", "Host name to verify when it differs from the server address."),
     "connect_timeout": _field(

@@ -203,6 +203,7 @@ def test_connection_form_save_and_test(page, airflow_ui: str, token_server: Embe
 
     dialog.locator("[name=element_token]").fill(TOKEN)
     dialog.locator("[name=element_connect_timeout]").fill("2")
+    assert dialog.locator("[name=element_tls_verify]").is_checked(), "'Verify TLS' must show its default: on"
     assert TOKEN not in dialog.inner_text(), "the token must not be shown in the form"
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     dialog.screenshot(path=str(SCREENSHOT))
@@ -213,7 +214,7 @@ def test_connection_form_save_and_test(page, airflow_ui: str, token_server: Embe
     extra = json.loads(stored["extra"])
     assert (stored["conn_type"], stored["host"], stored["port"]) == ("nats", host, int(port))
     assert extra["token"] == "***" and extra["connect_timeout"] == 2
-    assert extra.get("tls_verify") is None, "an untouched 'Verify TLS' switch must not turn verification off"
+    assert extra.get("tls_verify") is not False, "an untouched 'Verify TLS' switch must not turn verification off"
     assert TOKEN not in page.content()
 
     # Test button against the live server: it only accepts the token saved through the form

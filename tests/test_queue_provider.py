@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import nats.js.errors
 import pytest
 from airflow.triggers.shared_stream import SharedStreamManager, reject_shared_stream_event
 
@@ -27,7 +28,7 @@ from airflow_jetstream.client.consumers import consumer_info
 from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
 from airflow_jetstream.triggers.message import JetStreamMessageTrigger
 from tests.support.nats_calls import call_on_server as server_call
-from tests.support.polling import wait_until
+from tests.support.polling import async_wait_until, wait_until
 
 STREAM, CONSUMER = "ORDERS", "airflow_orders"
 
@@ -408,3 +409,42 @@ def test_standalone_run_is_refused():
 
     with pytest.raises(NotImplementedError, match="shared-stream manager"):
         asyncio.run(scenario())
+
+
+def test_unwatched_capture_stream_message_is_not_naked_into_a_feedback_loop(settings, nats_conn):
+    """With no watcher subscribed, a message is left for redelivery, not naked: a nak raises a MSG_NAKED
+    advisory that a watched advisory capture stream would store as a new message, without end."""
+    from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
+
+    from airflow_jetstream.triggers.message import JetStreamSharedStreamProducer
+
+    server_call(settings, ensure_stream, capture_stream_config("ADVISORIES", max_age="1h"))
+
+    async def scenario() -> tuple[bool, dict]:
+        producer = JetStreamSharedStreamProducer(
+            nats_conn_id="nats_default", stream="ADVISORIES", consumer="airflow_adv", fetch_timeout=0.5,
+            consumer_config={"deliver_policy": "new", "ack_policy": "explicit", "ack_wait": 60_000_000_000})
+        events = producer.open_stream()
+        first = asyncio.ensure_future(anext(events))
+        await async_wait_until(lambda: asyncio.to_thread(_has_consumer, settings, "ADVISORIES", "airflow_adv"),
+                               "the producer's consumer")
+        async with open_connection(settings) as conn:
+            await ensure_stream(conn, {"name": "WATCHED", "subjects": ["watched.>"]})
+        _payload, token = await asyncio.wait_for(first, 20)
+        naked_subject = "$JS.EVENT.ADVISORY.CONSUMER.MSG_NAKED.ADVISORIES.airflow_adv"
+        async with open_connection(settings) as conn:
+            await producer.advance([AdvanceItem(broker_payload=token, outcome=AdvanceOutcome(acked=0, failed=0))])
+            await producer._conn.nc.flush()
+            info = await consumer_info(conn, "ADVISORIES", "airflow_adv")  # a round trip after the advance
+            try:
+                await conn.js.get_last_msg("ADVISORIES", naked_subject)
+                naked = True
+            except nats.js.errors.NotFoundError:
+                naked = False
+        await events.aclose()
+        await producer.aclose()
+        return naked, info
+
+    naked, info = asyncio.run(scenario())
+    assert naked is False, "advancing an unwatched message must not publish a MSG_NAKED advisory"
+    assert info["num_ack_pending"] >= 1, "the message stays unacknowledged for redelivery"

@@ -154,9 +154,13 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
                 raise RuntimeError(f"no outstanding message for token {item.broker_payload}; cannot ack it")
             outcome = item.outcome
             nobody_listened = outcome.acked == outcome.failed == outcome.rejected == 0
-            if outcome.failed or nobody_listened:
-                # redeliver: to the healthy watchers now, or (nobody listened) to the next one after a pause
-                await msg.nak(delay=1.0 if nobody_listened else None)
+            if nobody_listened:
+                # No watcher was subscribed: leave it unacknowledged, the server redelivers it after ack_wait.
+                # Not a nak: every nak raises a MSG_NAKED advisory, which on a watched advisory capture stream
+                # would come back as a new message, be naked again, and so on without end.
+                metrics.incr("queue.redelivered", tags={"stream": self.stream, "consumer": self.consumer})
+            elif outcome.failed:
+                await msg.nak()  # redeliver to the healthy watchers now
                 metrics.incr("queue.redelivered", tags={"stream": self.stream, "consumer": self.consumer})
             elif outcome.rejected:
                 await msg.term()

@@ -103,8 +103,13 @@ class JetStreamConnection:
         return None
 
     async def raise_if_denied(self, subject: str) -> None:
-        """Round-trip to the server, then raise if ``subject`` was refused by permissions."""
-        await self.nc.flush(timeout=self.settings.request_timeout)
+        """Round-trip to the server, then raise if ``subject`` was refused by permissions.
+
+        Permission errors come back asynchronously (``-ERR``); two PING/PONG round trips make sure
+        the server's answer to everything sent before has been read.
+        """
+        for _ in range(2):
+            await self.nc.flush(timeout=self.settings.request_timeout)
         denied = self.permission_error(subject)
         if denied:
             raise denied

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_jetstream.client import metrics
+from airflow_jetstream.client.config_diff import changed_fields
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
@@ -155,28 +156,10 @@ def normalize_consumer_config(config: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def _matches(wanted: Any, current: Any) -> bool:
-    if isinstance(wanted, list) and isinstance(current, list):
-        return sorted(map(str, wanted)) == sorted(map(str, current))
-    if isinstance(wanted, dict) and isinstance(current, dict):
-        return all(_matches(v, current.get(k)) for k, v in wanted.items())
-    if wanted in (None, False, 0, "", [], {}):
-        return current in (None, False, 0, "", [], {})
-    return wanted == current
-
-
 def consumer_changes(wanted: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Names of the requested fields whose value differs from the consumer's current config."""
-    changed = []
-    for key, value in wanted.items():
-        have = current.get(key, _DEFAULTS.get(key))
-        if key == "opt_start_time" and have:
-            differs = parse_time(value) != parse_time(have)
-        else:
-            differs = not _matches(value, have)
-        if differs:
-            changed.append(key)
-    return sorted(changed)
+    return changed_fields(wanted, current, defaults=_DEFAULTS,
+                          same={"opt_start_time": lambda a, b: parse_time(a) == parse_time(b)})
 
 
 async def consumer_info(conn: JetStreamConnection, stream: str, name: str) -> dict[str, Any]:

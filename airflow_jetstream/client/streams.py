@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from airflow_jetstream.client.config_diff import changed_fields
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
@@ -76,28 +77,6 @@ def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def _matches(wanted: Any, current: Any) -> bool:
-    """True when every key the user asked for already has that value on the server."""
-    if isinstance(wanted, dict):
-        if not isinstance(current, dict):
-            return False
-        return all(_matches(v, current.get(k, _DEFAULTS.get(k))) for k, v in wanted.items())
-    if isinstance(wanted, list):
-        if not isinstance(current, list) or len(wanted) != len(current):
-            return False
-        if all(isinstance(x, str) for x in wanted):
-            return sorted(wanted) == sorted(current)
-        return all(_matches(w, c) for w, c in zip(wanted, current, strict=True))
-    if wanted is None:
-        return current in (None, "", 0, [], {})
-    return wanted == current
-
-
-def changed_fields(wanted: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Names of the requested fields whose value differs from the current config."""
-    return sorted(k for k, v in wanted.items() if not _matches(v, current.get(k, _DEFAULTS.get(k))))
-
-
 async def stream_info(conn: JetStreamConnection, name: str) -> dict[str, Any]:
     """Stream info (config + state), or :class:`StreamNotFoundError`."""
     validate_name(name, what="stream name")
@@ -125,7 +104,7 @@ async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any]) -> di
         info = await conn.api_request(f"STREAM.CREATE.{name}", cfg, context=f"create stream {name!r}")
         return {"action": "created", "changed": sorted(cfg), "info": info}
     current_cfg = current["config"]
-    changed = changed_fields(cfg, current_cfg)
+    changed = changed_fields(cfg, current_cfg, defaults=_DEFAULTS)
     if not changed:
         return {"action": "unchanged", "changed": [], "info": current}
     for key in IMMUTABLE_FIELDS:

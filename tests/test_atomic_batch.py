@@ -188,6 +188,27 @@ def test_retry_of_committed_batch_is_idempotent(settings):
     assert st["messages"] == 20
 
 
+def test_one_msg_id_per_batch_makes_a_retry_idempotent(settings):
+    """An id on the first message names the whole batch: it is stored whole, in one run of sequences."""
+    named = [BatchMessage("atom.x", b"%d" % i, msg_id="chunk-7" if i == 0 else None) for i in range(50)]
+    pair = [BatchMessage("atom.x", b"a", msg_id="a"), BatchMessage("atom.x", b"b", msg_id="b")]
+
+    async def body(conn):
+        await publish_atomic_batch(conn, [BatchMessage("atom.x", b"before")])
+        first = await publish_atomic_batch(conn, named)
+        again = await publish_atomic_batch(conn, named)
+        await publish_atomic_batch(conn, pair)
+        with pytest.raises(BatchPublishError) as reordered:
+            await publish_atomic_batch(conn, pair[::-1])
+        return first, again, reordered.value, await state(conn)
+
+    first, again, reordered, st = run(settings, body)
+    assert (first.first_seq, first.last_seq, first.already_committed) == (2, 51, False)
+    assert (again.first_seq, again.last_seq, again.count, again.already_committed) == (2, 51, 50, True)
+    assert reordered.reason == "duplicate_msg_id" and "not as one earlier commit" in str(reordered)
+    assert st["messages"] == 53, "neither the retry nor the reordered batch stored anything"
+
+
 def test_too_many_inflight_is_retried_with_backoff(nats_server_factory):
     from airflow_jetstream.client import ConnectionSettings
 

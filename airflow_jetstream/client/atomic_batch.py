@@ -6,9 +6,12 @@ intermediate messages are plain publishes with no reply, every ``flow_every``-th
 whose (empty) answer bounds how far the client runs ahead, and the last message carries
 ``Nats-Batch-Commit: 1`` and gets the PubAck. Nothing is visible in the stream before the commit.
 
-Retry-safety: when the server refuses a batch with ``duplicate_msg_id`` and every message has a
-msg id, the ids are probed without writing (see :func:`stored_sequences`); if all are stored the
-batch is reported as ``already_committed`` instead of failing or being written twice.
+Retry-safety: when the server refuses a batch with ``duplicate_msg_id``, the msg ids it carries are
+probed without writing (see :func:`stored_sequences`); if every one is stored, at the positions one
+earlier commit of this batch gives them, the batch is reported as ``already_committed`` instead of
+failing or being written twice. Because a batch is stored whole and in one run of sequences, one msg
+id per batch (on its first message, naming the batch) is enough, and keeps the stream's duplicate
+window at one entry per batch instead of one per message.
 """
 
 from __future__ import annotations
@@ -268,22 +271,35 @@ async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMe
 
 async def _already_committed(conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str,
                              timeout: float, error: BatchPublishError) -> BatchResult:
-    if not all(m.msg_id for m in messages):
+    """The earlier commit of this batch, when that is why the server refused it as a duplicate.
+
+    An atomic batch is stored whole, in one run of sequences, so it is already committed when every
+    message that carries a msg id is stored at ``first_seq + its position`` for one ``first_seq``.
+    """
+    with_ids = [(index, msg) for index, msg in enumerate(messages) if msg.msg_id]
+    if not with_ids:
         raise error
-    seqs = await stored_sequences(conn, messages, timeout)
-    missing = [i for i, s in enumerate(seqs) if s is None]
+    seqs = await stored_sequences(conn, [msg for _, msg in with_ids], timeout)
+    missing = [index for (index, _), seq in zip(with_ids, seqs, strict=True) if seq is None]
     if missing:
         raise BatchPublishError(
-            f"atomic batch {batch_id}: {len(messages) - len(missing)} of {len(messages)} msg ids are already "
+            f"atomic batch {batch_id}: {len(with_ids) - len(missing)} of {len(with_ids)} msg ids are already "
             f"stored (first new one: message {missing[0]}); the batch was refused whole. Remove the stored "
             "messages from the batch or give the new ones fresh msg ids",
             reason="duplicate_msg_id", code=error.code, err_code=error.err_code, description=error.description,
         )
+    starts = {seq - index for (index, _), seq in zip(with_ids, seqs, strict=True)}
+    if len(starts) != 1:
+        raise BatchPublishError(
+            f"atomic batch {batch_id}: its msg ids are all stored, but not as one earlier commit of this batch "
+            "(not one run of sequences in this order), so they belong to other messages; the batch was refused "
+            "whole. Give its messages fresh msg ids",
+            reason="duplicate_msg_id", code=error.code, err_code=error.err_code, description=error.description,
+        )
+    first_seq = starts.pop()
     streams = await streams_for_subject(conn, messages[0].subject)
-    stream = streams[0] if streams else ""
-    stored = [s for s in seqs if s is not None]
-    return BatchResult(stream=stream, batch=batch_id, count=len(messages), first_seq=min(stored),
-                       last_seq=max(stored), already_committed=True)
+    return BatchResult(stream=streams[0] if streams else "", batch=batch_id, count=len(messages),
+                       first_seq=first_seq, last_seq=first_seq + len(messages) - 1, already_committed=True)
 
 
 async def streams_for_subject(conn: JetStreamConnection, subject: str) -> list[str]:

@@ -6,12 +6,15 @@ partition ``p`` always holds the same rows for the same input. Each chunk is
 * an **atomic batch** (``mode=atomic``): stored whole or not at all, or
 * a **fast batch** (``mode=bulk``): flow-controlled bulk ingest, not all-or-nothing.
 
-Every message gets the msg id ``<job_id>-<p>-<row>`` (server-side de-duplication within the
-stream's duplicate window) and every stored chunk is recorded in the batch ledger as batch
-``<job_id>-<p>-<c>`` of run ``run_id``. A retried task or a re-run of the job with the same
-``job_id`` skips chunks the ledger already has, so it adds no duplicates even after the duplicate
-window has passed. The driver's ``commit()``/``abort()`` store what every partition reported as
-the job record ``job_id`` (see :mod:`airflow_jetstream.client.job_records`).
+Msg ids give server-side de-duplication within the stream's duplicate window: an atomic chunk
+carries one, ``<job_id>-<p>-c<c>`` on its first message (the chunk is stored whole, so one id
+identifies its commit and costs the server one duplicate-window entry instead of ``batch_size``);
+in bulk mode, where part of a chunk can be stored, every message carries ``<job_id>-<p>-<row>``.
+Every stored chunk is recorded in the batch ledger as batch ``<job_id>-<p>-<c>`` of run
+``run_id``. A retried task or a re-run of the job with the same ``job_id`` skips chunks the
+ledger already has, so it adds no duplicates even after the duplicate window has passed. The
+driver's ``commit()``/``abort()`` store what every partition reported as the job record
+``job_id`` (see :mod:`airflow_jetstream.client.job_records`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ class PartitionReport(WriterCommitMessage):
 def message_id(job_id: str, partition: int, row: int) -> str:
     """The deterministic msg id of a row: job, partition and row index within the partition."""
     return f"{job_id}-{partition}-{row}"
+
+
+def atomic_chunk_message_id(job_id: str, partition: int, chunk: int) -> str:
+    """The deterministic msg id of an atomic chunk, carried by its first message."""
+    return f"{job_id}-{partition}-c{chunk}"
 
 
 def chunk_id(job_id: str, partition: int, chunk: int) -> str:
@@ -189,14 +197,13 @@ class JetStreamWriter(DataSourceArrowWriter):
             async def submit(rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
                 nonlocal chunk
                 first_row, report.rows, report.batches = report.rows, report.rows + len(rows), report.batches + 1
-                key = chunk_id(opts.job_id, partition, chunk)
-                chunk += 1
-                if key in done:
+                index, chunk = chunk, chunk + 1
+                if chunk_id(opts.job_id, partition, index) in done:
                     report.skipped_batches += 1
                     return
                 while len(running) >= opts.inflight:
                     await _first_completed(running)
-                running.add(asyncio.create_task(self._publish_chunk(conn, ledger, report, key, first_row, rows)))
+                running.add(asyncio.create_task(self._publish_chunk(conn, ledger, report, index, first_row, rows)))
 
             try:
                 for batch in iterator:
@@ -227,13 +234,19 @@ class JetStreamWriter(DataSourceArrowWriter):
         return ledger, done
 
     async def _publish_chunk(self, conn: JetStreamConnection, ledger: BatchLedger | None, report: PartitionReport,
-                             key: str, first_row: int, rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
+                             chunk: int, first_row: int, rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
         opts = self.options
-        id_prefix = message_id(opts.job_id, report.partition, 0)[:-1]
-        messages = [
-            BatchMessage(subject, payload, headers, id_prefix + str(row))
-            for row, (subject, payload, headers) in enumerate(rows, start=first_row)
-        ]
+        key = chunk_id(opts.job_id, report.partition, chunk)
+        if opts.mode == "atomic":
+            first_id = atomic_chunk_message_id(opts.job_id, report.partition, chunk)
+            messages = [BatchMessage(subject, payload, headers, first_id if row == 0 else None)
+                        for row, (subject, payload, headers) in enumerate(rows)]
+        else:
+            id_prefix = message_id(opts.job_id, report.partition, 0)[:-1]
+            messages = [
+                BatchMessage(subject, payload, headers, id_prefix + str(row))
+                for row, (subject, payload, headers) in enumerate(rows, start=first_row)
+            ]
         result = await self._send(conn, messages, f"{key}-a{report.attempt}")
         if result.already_committed or result.duplicates == len(rows):
             report.duplicate_batches += 1

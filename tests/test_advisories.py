@@ -1,4 +1,5 @@
-"""client/advisories: parsing, subjects, filters (unit) and the capture stream (real nats-server)."""
+"""client/advisory_types, advisory_filter and advisories: parsing, subjects, filters (unit) and the capture stream
+(real nats-server)."""
 
 from __future__ import annotations
 
@@ -10,25 +11,25 @@ import pytest
 
 from airflow_jetstream.client import ensure_stream, open_connection
 from airflow_jetstream.client.advisories import (
+    capture_gap,
+    capture_stream_config,
+    find_captured,
+    listen_live,
+    watch_advisories,
+)
+from airflow_jetstream.client.advisory_filter import AdvisoryFilter, AdvisoryPredicateError, predicate_path
+from airflow_jetstream.client.advisory_types import (
     KINDS,
     Advisory,
-    AdvisoryFilter,
-    AdvisoryPredicateError,
     BatchAbandoned,
     MaxDeliveries,
     StreamAction,
     advisory_subject,
-    capture_gap,
-    capture_stream_config,
     decode_advisory,
-    find_captured,
-    listen_live,
     parse_advisory,
-    predicate_path,
-    subject_matches,
-    watch_advisories,
 )
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError, StreamNotFoundError
+from airflow_jetstream.client.subjects import subject_matches
 
 T = "io.nats.jetstream.advisory.v1."
 

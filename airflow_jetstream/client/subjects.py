@@ -43,3 +43,14 @@ def validate_name(name: object, *, what: str = "name") -> str:
             reason="invalid_name",
         )
     return name
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` one token, ``>`` one or more trailing tokens."""
+    want, have = pattern.split("."), subject.split(".")
+    for index, token in enumerate(want):
+        if token == ">":
+            return len(have) > index
+        if index >= len(have) or (token != "*" and token != have[index]):
+            return False
+    return len(want) == len(have)

@@ -10,7 +10,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_jetstream.client.advisories import AdvisoryFilter, find_captured, watch_advisories
+from airflow_jetstream.client.advisories import find_captured, watch_advisories
+from airflow_jetstream.client.advisory_filter import AdvisoryFilter
 from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.consumers import parse_time
 from airflow_jetstream.client.errors import (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -41,6 +42,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsSer
 def spark() -> Iterator[SparkSession]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # py4j logs at INFO from __del__ at interpreter exit, after pytest closed its log stream
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     session = (SparkSession.builder.master("local[2]").appName("test-jetstream-datasource")
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
                .getOrCreate())

@@ -163,7 +163,11 @@ class BatchReplies:
         self.sub: Any = None
 
     async def open(self) -> BatchReplies:
-        self.sub = await self.conn.nc.subscribe(f"{self.inbox}.*", cb=self._on_reply)
+        try:
+            self.sub = await self.conn.nc.subscribe(f"{self.inbox}.*", cb=self._on_reply)
+        except _CONNECTION_ERRORS as exc:
+            raise ConnectionFailedError(f"{self.context}: the connection is closed ({type(exc).__name__}); "
+                                        "nothing was sent", reason="connection_lost") from None
         return self
 
     async def _on_reply(self, msg: Any) -> None:
@@ -176,6 +180,12 @@ class BatchReplies:
         reply = f"{self.inbox}.{seq}".encode()
         self.futures[reply] = asyncio.get_running_loop().create_future()
         return reply
+
+    def forget(self, reply: bytes) -> None:
+        """Stop waiting for ``reply`` (a late answer is then dropped); for inboxes used for many groups."""
+        future = self.futures.pop(reply, None)
+        if future is not None and not future.done():
+            future.cancel()
 
     async def wait(self, reply: bytes, subject: str, timeout: float | None = None) -> dict[str, Any]:
         """The parsed answer to ``reply``; waits at most ``timeout`` (default: the batch timeout)."""

@@ -109,6 +109,10 @@ class Batcher:
         self._slots = asyncio.Semaphore(max_pending)
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
+        # One reply inbox for every group: a subscription per group would cost a SUB/UNSUB and a
+        # nats-py reader task each time, which dominates small groups.
+        self._replies: BatchReplies | None = None
+        self._next_reply = 0
 
     async def __aenter__(self) -> Batcher:
         return self
@@ -131,8 +135,7 @@ class Batcher:
             self._check(message)
         except JetStreamError as exc:
             return BatchItemResult.failed(exc)
-        future = await self._enqueue(message)
-        return await asyncio.shield(future)
+        return await (await self._enqueue(message))
 
     async def submit(self, message: BatchMessage) -> asyncio.Future[BatchItemResult]:
         """Queue ``message`` and return the future of its result (for callers that gather themselves).
@@ -147,7 +150,6 @@ class Batcher:
             raise InvalidRequestError("the batcher is closed; open a new one", reason="batcher_closed")
         await self._slots.acquire()
         future: asyncio.Future[BatchItemResult] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(lambda _f: self._slots.release())
         self._queue.append(_Item(message, future))
         self._has_items.set()
         if len(self._queue) >= self.max_batch:
@@ -168,6 +170,9 @@ class Batcher:
         self._batch_full.set()
         if self._runner is not None:
             await asyncio.shield(self._runner)
+        if self._replies is not None:
+            await self._replies.close()
+            self._replies = None
 
     async def _run(self) -> None:
         while True:
@@ -193,8 +198,10 @@ class Batcher:
         except JetStreamError as exc:
             results = [BatchItemResult.failed(exc)] * len(group)
         for item, result in zip(group, results, strict=True):
+            # A caller cancelled while waiting has a cancelled future: its item was still published.
             if not item.future.done():
                 item.future.set_result(result)
+            self._slots.release()
 
     async def _send(self, group: list[_Item]) -> list[BatchItemResult]:
         messages = [item.message for item in group]
@@ -214,18 +221,28 @@ class Batcher:
                 if not batch.already_committed:
                     return [BatchItemResult(stream=batch.stream, seq=batch.first_seq + i)
                             for i in range(len(messages))]
-        return await publish_individually(self.conn, messages, self.timeout)
+        if self._replies is None:
+            self._replies = await BatchReplies(self.conn, self.timeout, "publish").open()
+        first = self._next_reply + 1
+        self._next_reply += len(messages)
+        return await publish_individually(self.conn, messages, self.timeout, replies=self._replies,
+                                          first_reply=first)
 
 
-async def publish_individually(conn: JetStreamConnection, messages: list[BatchMessage],
-                               timeout: float) -> list[BatchItemResult]:
-    """Pipelined acknowledged publishes: all frames in one write, then one result per message, in order."""
-    replies = BatchReplies(conn, timeout, "publish")
-    await replies.open()
+async def publish_individually(conn: JetStreamConnection, messages: list[BatchMessage], timeout: float, *,
+                               replies: BatchReplies | None = None, first_reply: int = 1) -> list[BatchItemResult]:
+    """Pipelined acknowledged publishes: all frames in one write, then one result per message, in order.
+
+    ``replies`` is an open reply inbox to reuse (the answers then go to ``<inbox>.<first_reply + i>``);
+    without it, one is opened and closed for this call.
+    """
+    own_replies = replies is None
+    if replies is None:
+        replies = await BatchReplies(conn, timeout, "publish").open()
+    reply_of: list[bytes] = []
     try:
         frames = []
-        reply_of = []
-        for index, msg in enumerate(messages, start=1):
+        for index, msg in enumerate(messages, start=first_reply):
             reply = replies.expect(index)
             reply_of.append(reply)
             lines = message_header_lines(msg) if (
@@ -246,7 +263,11 @@ async def publish_individually(conn: JetStreamConnection, messages: list[BatchMe
                 results.append(BatchItemResult.failed(exc))
         return results
     finally:
-        await replies.close()
+        if own_replies:
+            await replies.close()
+        else:
+            for reply in reply_of:
+                replies.forget(reply)
 
 
 def _item_result(ack: dict[str, Any]) -> BatchItemResult:

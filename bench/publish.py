@@ -17,7 +17,9 @@ method is bound by the server's own work or by the client.
 
 Each method runs ``--repeat`` times, interleaved, and the median rate is reported with its ratio to
 the baseline and to the ceiling, plus the targets of issue 3 (atomic >= 20x baseline and >= 0.5x
-ceiling, fast >= 0.7x ceiling; the atomic targets are checked for each atomic row)::
+ceiling, fast >= 0.7x ceiling; the atomic targets are checked for each atomic row) and the
+server's own bound for atomic batches on one stream (one core divided by its CPU per message: the
+server handles every message of a stream on one goroutine)::
 
     .venv/bin/python bench/publish.py
     .venv/bin/python bench/publish.py --messages 50000 --storage file --repeat 5 --json out.json
@@ -167,6 +169,11 @@ def report(storage: str, medians: dict[str, dict[str, float]]) -> list[str]:
     for method, against, target in TARGETS:
         ratio = medians[method]["rate"] / medians[against]["rate"]
         lines.append(f"target {method} >= {target}x {against}: {ratio:.2f}x {'MET' if ratio >= target else 'MISSED'}")
+    # nats-server processes every message of a stream on that stream's one goroutine, so one core
+    # divided by the server CPU per message bounds what any client can reach on one stream.
+    bound = 1e6 / medians["atomic"]["server_us"]
+    lines.append(f"server bound for atomic on one stream (one core / {medians['atomic']['server_us']:.1f} us): "
+                 f"{bound:,.0f} msgs/s = {bound / base:.1f}x baseline, {bound / ceil:.2f}x ceiling")
     return lines
 
 

@@ -39,6 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cpu_time import process_cpu_seconds
+
 from airflow_jetstream.client import (
     Batcher,
     BatchMessage,
@@ -103,17 +105,11 @@ def batcher(atomic_groups: bool) -> Callable[[JetStreamConnection, str, int], Aw
     return run
 
 
-def server_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds the process ``pid`` has used so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def measure(conn: JetStreamConnection, stream: str, subject: str, method, n: int, ceiling: bool,
                   server_pid: int) -> tuple[float, float, float]:
     """Messages per second, and server / client CPU microseconds per message, of one run."""
     await purge_stream(conn, stream)
-    server_before, client_before = server_cpu_seconds(server_pid), time.process_time()
+    server_before, client_before = process_cpu_seconds(server_pid), time.process_time()
     started = time.perf_counter()
     if ceiling:
         publish = conn.nc.publish
@@ -124,7 +120,7 @@ async def measure(conn: JetStreamConnection, stream: str, subject: str, method, 
     else:
         await method(conn, subject, n)
     elapsed = time.perf_counter() - started
-    server_us = (server_cpu_seconds(server_pid) - server_before) * 1e6 / n
+    server_us = (process_cpu_seconds(server_pid) - server_before) * 1e6 / n
     client_us = (time.process_time() - client_before) * 1e6 / n
     if await stored(conn, stream) != n:
         raise RuntimeError(f"{stream}: expected {n} stored messages after {method}, got {await stored(conn, stream)}")

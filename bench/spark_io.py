@@ -24,12 +24,12 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from cpu_time import process_cpu_seconds
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -109,18 +109,12 @@ def read_stream(spark: SparkSession, sink: dict[str, str], stream: str, rows: in
         raise SystemExit(f"read {got['n']} rows, expected {rows}")
 
 
-def server_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds the process ``pid`` has used so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def timed(label: str, rows: int, action: Any, server_pid: int) -> float:
-    server_before = server_cpu_seconds(server_pid)
+    server_before = process_cpu_seconds(server_pid)
     started = time.perf_counter()
     action()
     rate = rows / (time.perf_counter() - started)
-    server_us = (server_cpu_seconds(server_pid) - server_before) * 1e6 / rows
+    server_us = (process_cpu_seconds(server_pid) - server_before) * 1e6 / rows
     print(f"  {label:<44} {rate:>10,.0f} rows/s   server CPU {server_us:5.1f} us/row", flush=True)
     return rate
 

@@ -96,8 +96,7 @@ def encode_atomic_batch(messages: Sequence[BatchMessage], batch_id: str, expecte
         prefix = subjects.get(msg.subject)
         if prefix is None:
             prefix = subjects[msg.subject] = b"HPUB %b " % msg.subject.encode()
-        user_lines = message_header_lines(msg) if (
-            msg.headers or msg.msg_id is not None or msg.expected_last_subject_seq is not None) else b""
+        user_lines = message_header_lines(msg)
         extra = (first_extra if seq == 1 else b"") + (commit_extra if seq == last else b"")
         header = b"NATS/1.0\r\n%b%b%d\r\n%b\r\n" % (user_lines, batch_lines, seq, extra)
         payload = msg.data

@@ -245,8 +245,7 @@ async def publish_individually(conn: JetStreamConnection, messages: list[BatchMe
         for index, msg in enumerate(messages, start=first_reply):
             reply = replies.expect(index)
             reply_of.append(reply)
-            lines = message_header_lines(msg) if (
-                msg.headers or msg.msg_id or msg.expected_last_subject_seq is not None) else b""
+            lines = message_header_lines(msg)
             frames.append(encode_frame(msg.subject.encode(), reply, lines, bytes(msg.data)))
         await write_frames(conn.nc, b"".join(frames))
         futures = [replies.futures[reply] for reply in reply_of]

@@ -398,15 +398,15 @@ async def acknowledge_read(conn: JetStreamConnection, plan: ReadPlan) -> int:
             purged += int(reply.get("purged", 0))
         return purged
     if plan.workers:
+        cursors = [name for name, _, first in plan.workers if first <= plan.last_seq]
+    elif plan.retention in ("interest", "limits") and plan.consumer:
+        cursors = [plan.consumer]
+    else:
+        cursors = None
+    if cursors is not None:
         before = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)
-        for name, _, first in plan.workers:
-            if first <= plan.last_seq:
-                await reset_consumer(conn, plan.stream, name, seq=plan.last_seq + 1)
-        after = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)
-        return max(0, before - after)
-    if plan.retention in ("interest", "limits") and plan.consumer:
-        before = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)
-        await reset_consumer(conn, plan.stream, plan.consumer, seq=plan.last_seq + 1)
+        for name in cursors:
+            await reset_consumer(conn, plan.stream, name, seq=plan.last_seq + 1)
         after = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)
         return max(0, before - after)
     raise InvalidRequestError(f"stream {plan.stream!r} ({plan.retention} retention) has nothing to acknowledge",

@@ -395,17 +395,16 @@ async def wait_source_healthy(conn: JetStreamConnection, spec: DurableSource, *,
         if time.monotonic() >= deadline:
             break
         await asyncio.sleep(_POLL_SECONDS)
-    domain = spec.where
     if spec.consumer and await find_consumer(origin_conn, spec.source, spec.consumer) is None:
         raise ConsumerNotFoundError(
-            f"{where} uses consumer {spec.consumer!r}, which does not exist on {spec.source!r}{domain} (the "
+            f"{where} uses consumer {spec.consumer!r}, which does not exist on {spec.source!r}{spec.where} (the "
             "server only shows active -1). Create it (mode='user' with create_consumer=True does) or fix the "
             "consumer name / domain",
             reason="source_consumer_missing",
         )
     raise SourceUnhealthyError(
         f"{where} did not become active within {timeout}s (active -1, no error): check that the origin "
-        f"stream{domain} is reachable (leaf node connected, domain right) and the consumer is not paused",
+        f"stream{spec.where} is reachable (leaf node connected, domain right) and the consumer is not paused",
     )
 
 
@@ -537,11 +536,10 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
     """
     spec = spec.validated()
     origin_conn = api_view(conn, api_prefix=spec.external_api)
-    in_domain = spec.where
     try:
         origin = await stream_info(origin_conn, spec.source)
     except StreamNotFoundError:
-        raise StreamNotFoundError(f"origin stream {spec.source!r} does not exist{in_domain}; create it first",
+        raise StreamNotFoundError(f"origin stream {spec.source!r} does not exist{spec.where}; create it first",
                                   reason="stream_not_found") from None
     retention = origin["config"].get("retention", "limits")
     if not spec.user_managed and retention == "limits":
@@ -595,7 +593,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
                 info = await find_consumer(origin_conn, spec.source, spec.consumer or "")
                 if info is None:
                     raise ConsumerNotFoundError(
-                        f"consumer {spec.consumer!r} does not exist on {spec.source!r}{in_domain}; create it or "
+                        f"consumer {spec.consumer!r} does not exist on {spec.source!r}{spec.where}; create it or "
                         "set create_consumer=True", reason="source_consumer_missing")
                 _check_flow_control_consumer(info, spec)
                 spec = replace(spec, deliver_subject=info["config"]["deliver_subject"])

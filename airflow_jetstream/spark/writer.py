@@ -242,9 +242,8 @@ class JetStreamWriter(DataSourceArrowWriter):
             messages = [BatchMessage(subject, payload, headers, first_id if row == 0 else None)
                         for row, (subject, payload, headers) in enumerate(rows)]
         else:
-            id_prefix = message_id(opts.job_id, report.partition, 0)[:-1]
             messages = [
-                BatchMessage(subject, payload, headers, id_prefix + str(row))
+                BatchMessage(subject, payload, headers, message_id(opts.job_id, report.partition, row))
                 for row, (subject, payload, headers) in enumerate(rows, start=first_row)
             ]
         result = await self._send(conn, messages, f"{key}-a{report.attempt}")

@@ -135,6 +135,29 @@ def test_no_stream_is_a_per_item_error(settings):
     assert ok.ok and missing.error == "no_stream_for_subject"
 
 
+def test_closed_connection_is_a_per_item_error_not_a_hang(settings):
+    async def body(conn):
+        batcher = Batcher(conn, timeout=2)
+        first = await batcher.publish("atom.ok", b"1")  # opens the batcher's reply inbox
+        await conn.nc.close()
+        lost = await asyncio.gather(batcher.publish("atom.ok", b"2"), batcher.publish("atom.ok", b"3"))
+        await batcher.close()
+        return first, lost
+
+    first, lost = run(settings, body)
+    assert first.ok
+    assert [r.error for r in lost] == ["connection_lost", "connection_lost"]
+
+
+def test_closed_connection_before_the_first_group(settings):
+    async def body(conn):
+        await conn.nc.close()
+        async with Batcher(conn, timeout=2) as batcher:
+            return await batcher.publish("atom.ok", b"1")
+
+    assert run(settings, body).error == "connection_lost"
+
+
 def test_close_flushes_pending_and_rejects_new_items(settings):
     async def body(conn):
         batcher = Batcher(conn, max_batch=7, flush_interval=10)

@@ -118,6 +118,25 @@ def test_claim_consume_and_summary(settings):
     assert run_reached(summary, "published")
 
 
+
+def test_listing_shows_each_batch_once_at_its_latest_state_and_skips_removed_keys(settings):
+    """The listing reads the bucket's last value per key until nothing is pending (not a KV watch's
+    "initial values done" marker, which nats-py can send before the values): 2500 batches take
+    three pulls, updates show as their latest state, deleted and purged keys are not listed."""
+
+    async def scenario(ledger: BatchLedger):
+        assert await ledger.batches("empty-run") == []
+        await asyncio.gather(*(ledger.record(RUN, f"b{i:04d}", stream="ORDERS", count=1) for i in range(2500)))
+        await ledger.mark_consumed(await ledger.claim(RUN, "b0007", owner="t"))
+        await ledger.kv.delete(batch_key(RUN, "b0001"))
+        await ledger.kv.purge(batch_key(RUN, "b0002"))
+        return await ledger.batches(RUN), await ledger.batches(RUN, state="consumed")
+
+    listed, consumed = run(settings, scenario, history=5)
+    ids = [r.batch_id for r in listed]
+    assert ids == sorted(f"b{i:04d}" for i in range(2500) if i not in (1, 2))
+    assert [r.batch_id for r in consumed] == ["b0007"] and consumed[0].attempts == 1
+
 class CountingSink:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}

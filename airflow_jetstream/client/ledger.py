@@ -75,6 +75,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     error_from_api,
 )
+from airflow_jetstream.client.range_read import read_latest_per_subject
 from airflow_jetstream.client.subjects import validate_name
 
 log = logging.getLogger(__name__)
@@ -323,20 +324,16 @@ class BatchLedger:
     async def batches(self, run_id: str | None = None, *, state: str | None = None) -> list[BatchRecord]:
         """Every batch of ``run_id`` (of all runs when None), optionally only those in ``state``."""
         pattern = f"{_encode_token(_check_id(run_id, 'run_id'))}.*" if run_id is not None else ">"
+        prefix = f"$KV.{self.bucket}."
         latest: dict[str, BatchRecord] = {}
         async with _kv_errors(self.conn, f"ledger {self.bucket!r} listing"):
-            watcher = await self.kv.watch(pattern, ignore_deletes=True)
-            try:
-                while True:
-                    entry = await watcher.updates(timeout=self.conn.settings.request_timeout)
-                    if entry is None:
-                        break
-                    if entry.operation is None:  # a live update while listing replaces the older value
-                        latest[entry.key] = BatchRecord._decode(entry.value or b"", entry.revision or 0)
-                    if not entry.delta:
-                        break
-            finally:
-                await watcher.stop()
+            async for chunk in read_latest_per_subject(self.conn, f"KV_{self.bucket}", [prefix + pattern]):
+                for subject, seq, _, headers, data in chunk:
+                    key = subject[len(prefix):]
+                    if headers and (headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers):
+                        latest.pop(key, None)  # deleted, purged or expired
+                    else:
+                        latest[key] = BatchRecord._decode(data, seq)
         records = (r for r in latest.values() if state is None or r.state == state)
         return sorted(records, key=lambda r: (r.run_id, r.batch_id))
 

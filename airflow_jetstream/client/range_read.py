@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import json
 import re
+import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -212,10 +213,31 @@ def _ts_nanos(rfc3339: str) -> int:
 
 async def _read_via_consumer(conn: JetStreamConnection, stream: str, first: int, last: int,
                              subjects: Sequence[str], batch: int) -> AsyncIterator[list[StoredMessage]]:
+    start = {"deliver_policy": "by_start_sequence", "opt_start_seq": first}
+    async for chunk in _read_with_consumer(conn, stream, start, last, subjects, batch):
+        yield chunk
+
+
+async def read_latest_per_subject(conn: JetStreamConnection, stream: str, subjects: Sequence[str], *,
+                                  batch: int = 1000) -> AsyncIterator[list[StoredMessage]]:
+    """Yield the last message of every subject matching ``subjects`` (a KV bucket's current values),
+    in sequence order; updates stored while reading come after (a later one for a subject replaces
+    the earlier). Ends when the consumer reports nothing pending, so it never stops early the way
+    a KV watch's "initial values done" marker can (nats-py sends it when a consumer info answer
+    overtakes the deliveries)."""
+    use_fast_header_parser(conn)
+    async for chunk in _read_with_consumer(conn, stream, {"deliver_policy": "last_per_subject"}, sys.maxsize,
+                                           subjects, batch):
+        yield chunk
+
+
+async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dict[str, Any], last: int,
+                              subjects: Sequence[str], batch: int) -> AsyncIterator[list[StoredMessage]]:
+    """Read with an ephemeral ``ack_policy: none`` consumer from ``start`` (its deliver policy) up to
+    seq ``last`` or until nothing is pending; the consumer is deleted after a complete read."""
     config: dict[str, Any] = {
-        "name": f"spark-read-{uuid.uuid4().hex[:16]}",
-        "deliver_policy": "by_start_sequence",
-        "opt_start_seq": first,
+        "name": f"read-{uuid.uuid4().hex[:16]}",
+        **start,
         "ack_policy": "none",
         "mem_storage": True,
         "inactive_threshold": 30_000_000_000,

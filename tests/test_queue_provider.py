@@ -8,6 +8,8 @@ The triggerer's side is reproduced with Airflow's own ``SharedStreamManager`` dr
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import io
 import json
 import os
 import signal
@@ -114,7 +116,20 @@ class Replica(threading.Thread):
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self._done.set)
         self.join(30)
-        assert not self.is_alive()
+        assert not self.is_alive(), f"the replica did not stop within 30s; its tasks:\n{self._task_stacks()}"
+
+    def _task_stacks(self) -> str:
+        """Where each task of the replica's loop waits (to tell why it did not stop)."""
+        stacks: concurrent.futures.Future[str] = concurrent.futures.Future()
+
+        def collect() -> None:
+            out = io.StringIO()
+            for task in asyncio.all_tasks():
+                task.print_stack(limit=3, file=out)
+            stacks.set_result(out.getvalue())
+
+        self.loop.call_soon_threadsafe(collect)
+        return stacks.result(10)
 
 
 

@@ -53,6 +53,7 @@ from airflow_jetstream.client.errors import (
     JetStreamError,
     StreamNotFoundError,
 )
+from airflow_jetstream.client.pull import PullSubscription
 from airflow_jetstream.client.streams import stream_info
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 
@@ -148,7 +149,7 @@ class CaptureReader:
         self.name = f"adv_{uuid.uuid4().hex[:16]}"
         self.pending = 0
         self.gap: str | None = None
-        self._sub: Any = None
+        self._pull: PullSubscription | None = None
 
     async def __aenter__(self) -> CaptureReader:
         info = await capture_info(self.conn, self.capture_stream)
@@ -174,14 +175,15 @@ class CaptureReader:
             context=f"read advisories from capture stream {self.capture_stream!r}",
         )
         self.pending = int(reply.get("num_pending", 0))
-        self._sub = await self.conn.js.pull_subscribe_bind(consumer=self.name, stream=self.capture_stream)
+        self._pull = PullSubscription(self.conn, self.capture_stream, self.name, batch=self.batch, expires=5.0)
+        await self._pull.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self.conn.nc.is_closed:
             return  # the server drops the consumer after inactive_threshold
-        if self._sub is not None:
-            await self._sub.unsubscribe()
+        if self._pull is not None:
+            await self._pull.close()
         if not self.conn.nc.is_closed:
             try:
                 await delete_consumer(self.conn, self.capture_stream, self.name)
@@ -195,9 +197,7 @@ class CaptureReader:
 
     async def _fetch(self, timeout: float) -> tuple[int, list[Advisory]]:
         try:
-            msgs = await self._sub.fetch(self.batch, timeout=timeout)
-        except (nats.errors.TimeoutError, TimeoutError):
-            return 0, []
+            msgs = await self._pull.next_messages(timeout)
         except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError) as exc:
             raise ConnectionFailedError(
                 f"the NATS connection closed while reading advisories from {self.capture_stream!r} "

@@ -36,6 +36,7 @@ from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.connection_pool import POOL
 from airflow_jetstream.client.consumers import consumer_info, ensure_consumer
 from airflow_jetstream.client.errors import ConsumerConfigError
+from airflow_jetstream.client.pull import PullSubscription
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
@@ -96,7 +97,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         self.progress_interval = progress_interval
         self._settings: ConnectionSettings | None = None
         self._conn: JetStreamConnection | None = None
-        self._sub: Any = None
+        self._pull: PullSubscription | None = None
         self._outstanding: dict[int, Any] = {}
         self._tokens = itertools.count()
         self._progress_task: asyncio.Task[None] | None = None
@@ -123,16 +124,16 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         info = await self._check_consumer(conn)
         ack_wait = float(info["config"].get("ack_wait") or 30_000_000_000) / 1e9
         interval = self.progress_interval or max(ack_wait / 3, 0.05)
-        self._sub = await conn.js.pull_subscribe_bind(consumer=self.consumer, stream=self.stream)
+        self._pull = PullSubscription(conn, self.stream, self.consumer, batch=self.batch_size,
+                                      expires=self.fetch_timeout)
+        await self._pull.start()
         self._progress_task = asyncio.create_task(self._keep_in_progress(interval))
         while True:
-            try:
-                msgs = await self._sub.fetch(self.batch_size, timeout=self.fetch_timeout)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
-            for msg in msgs:
-                token = next(self._tokens)
-                self._outstanding[token] = msg
+            msgs = await self._pull.next_messages(self.fetch_timeout)
+            # All of them outstanding before the first yield: if the caller stops in between, aclose naks the rest.
+            tokens = [next(self._tokens) for _ in msgs]
+            self._outstanding.update(zip(tokens, msgs, strict=True))
+            for token, msg in zip(tokens, msgs, strict=True):
                 metrics.incr("queue.delivered", tags={"stream": self.stream, "consumer": self.consumer})
                 yield message_payload(msg), token
 
@@ -173,7 +174,8 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             metrics.incr("queue.acked", len(acks), tags={"stream": self.stream, "consumer": self.consumer})
 
     async def aclose(self) -> None:
-        """Give back what was not advanced (nak: redelivered now, not after ack_wait) and release the connection."""
+        """Give back what was not advanced (nak: redelivered now, not after ack_wait), including what the open
+        pull request still delivers (waiting up to ``fetch_timeout`` for its end), and release the connection."""
         if self._progress_task is not None:
             self._progress_task.cancel()
             await asyncio.gather(self._progress_task, return_exceptions=True)
@@ -182,10 +184,10 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             return
         try:
             if not conn.nc.is_closed:
+                if self._pull is not None:  # first: what is naked while its pull request is open comes back to it
+                    await self._pull.close(leftover=lambda msg: msg.nak())
                 for msg in self._outstanding.values():
                     await msg.nak()
-                if self._sub is not None:
-                    await self._sub.unsubscribe()
         finally:
             self._outstanding.clear()
             await POOL.release(self._settings)

@@ -1,0 +1,142 @@
+"""Pull a durable or ephemeral consumer: one pull request at a time on an own inbox.
+
+nats-py's ``fetch`` does the same job, with two gaps that matter to long-running readers such as
+triggerer tasks: it waits with ``asyncio.wait_for``, which on Python 3.11 swallows a cancellation
+that lands while a message arrives (the cancelled task then keeps fetching forever), and messages
+of a pull request still in flight when the caller stops stay unseen in its queue until the
+consumer's ``ack_wait`` passes. :class:`PullSubscription` waits with ``asyncio.timeout`` and, on
+:meth:`~PullSubscription.close`, can hand every message still arriving for the open request to a
+callback once that request has ended (for example ``nak``, so the server redelivers it at once)::
+
+    pull = PullSubscription(conn, "ORDERS", "airflow", batch=64, expires=5.0)
+    await pull.start()
+    try:
+        for msg in await pull.next_messages(timeout=5.0):
+            ...
+    finally:
+        await pull.close(leftover=lambda msg: msg.nak())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
+
+#: Header of a status message (heartbeat, end of a pull request) as nats-py parses it.
+STATUS_HEADER = "Status"
+_DESCRIPTION = "Description"
+_HEARTBEAT = "100"
+
+
+class PullSubscription:
+    """Pull requests of ``batch`` messages that wait up to ``expires`` seconds on the server."""
+
+    def __init__(self, conn: JetStreamConnection, stream: str, consumer: str, *, batch: int,
+                 expires: float) -> None:
+        self.conn = conn
+        self.stream = stream
+        self.consumer = consumer
+        self.batch = max(1, int(batch))
+        self.expires = max(float(expires), 0.1)
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._sub: Any = None
+        self._inbox = ""
+        self._open = False  # a pull request the server may still answer
+        self._received = 0  # messages of the open request so far
+        self._request_deadline = 0.0
+
+    async def start(self) -> None:
+        self._inbox = self.conn.nc.new_inbox()
+        self._sub = await self.conn.nc.subscribe(self._inbox, cb=self._on_message)
+
+    async def _on_message(self, msg: Any) -> None:
+        self._queue.put_nowait(msg)
+
+    async def _request(self) -> None:
+        body = {"batch": self.batch, "expires": int(self.expires * 1e9)}
+        await self.conn.nc.publish(f"{self.conn.api_prefix}.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}",
+                                   json.dumps(body).encode(), reply=self._inbox)
+        loop = asyncio.get_running_loop()
+        # The server ends the request with a status after `expires`; past this, its answer was lost (reconnect).
+        self._request_deadline = loop.time() + self.expires + self.conn.settings.request_timeout
+        self._open, self._received = True, 0
+
+    def _take(self, msg: Any, out: list[Any]) -> None:
+        """File one delivery: a message goes to ``out``; a status may end the open request."""
+        status = (msg.headers or {}).get(STATUS_HEADER) if not msg.reply else None
+        if status is None:
+            out.append(msg)
+            self._received += 1
+            if self._received >= self.batch:
+                self._open = False
+            return
+        if status == _HEARTBEAT:
+            return
+        self._open = False
+        description = (msg.headers or {}).get(_DESCRIPTION, "")
+        if status == "409" and "consumer deleted" in description.lower():
+            raise ConsumerNotFoundError(f"consumer {self.consumer!r} on stream {self.stream!r} was deleted "
+                                        "while it was being read; create it again")
+        if status == "409" and "push based" in description.lower():
+            raise ConsumerConfigError(f"consumer {self.consumer!r} on stream {self.stream!r} is a push consumer; "
+                                      "pull it only with a pull consumer (no deliver_subject)",
+                                      reason="not_pull_consumer")
+
+    async def next_messages(self, timeout: float) -> list[Any]:
+        """Messages delivered within ``timeout`` seconds: returns as soon as some arrived ([] if none)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        out: list[Any] = []
+        while True:
+            if not self._open:
+                await self._request()
+            if not self._queue.empty():
+                self._take(self._queue.get_nowait(), out)
+                continue
+            if out or loop.time() >= end:
+                return out
+            try:
+                async with asyncio.timeout(min(end, self._request_deadline) - loop.time()):
+                    self._take(await self._queue.get(), out)
+            except TimeoutError:
+                if loop.time() >= self._request_deadline:
+                    self._open = False
+
+    async def close(self, leftover: Callable[[Any], Awaitable[Any]] | None = None) -> None:
+        """Unsubscribe. With ``leftover``: first wait for the open pull request to end (at most
+        ``expires`` plus the request timeout), then pass it every message delivered that
+        :meth:`next_messages` did not return. Waiting first matters: a message naked while the
+        request is open would be delivered straight back to it."""
+        if self._sub is None:
+            return
+        held: list[Any] = []
+        try:
+            if leftover is not None and not self.conn.nc.is_closed:
+                held = await self._until_request_ends()
+        finally:
+            sub, self._sub = self._sub, None
+            if not self.conn.nc.is_closed:
+                await sub.unsubscribe()
+        for msg in held:
+            await leftover(msg)
+
+    async def _until_request_ends(self) -> list[Any]:
+        """Every message queued or still arriving until the open request ends."""
+        loop = asyncio.get_running_loop()
+        held: list[Any] = []
+        while True:
+            try:
+                if not self._queue.empty():
+                    self._take(self._queue.get_nowait(), held)
+                elif not self._open or loop.time() >= self._request_deadline:
+                    return held
+                else:
+                    async with asyncio.timeout(self._request_deadline - loop.time()):
+                        self._take(await self._queue.get(), held)
+            except (TimeoutError, ConsumerNotFoundError, ConsumerConfigError):
+                return held  # the request ended without a status, or the consumer is gone: nothing more arrives

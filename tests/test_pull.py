@@ -1,0 +1,124 @@
+"""PullSubscription against a real nats-server: messages as they arrive, a clean hand-over on close,
+a typed error when the consumer goes away, and cancellation that is never swallowed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from airflow_jetstream.client import ConnectionSettings
+from airflow_jetstream.client.consumers import consumer_info, delete_consumer, ensure_consumer
+from airflow_jetstream.client.errors import ConsumerNotFoundError
+from airflow_jetstream.client.pull import PullSubscription
+from tests.support.nats_calls import with_streams
+
+STREAM = {"name": "JOBS", "subjects": ["jobs.>"]}
+
+
+async def _consumer(conn: Any, name: str = "workers") -> None:
+    await ensure_consumer(conn, "JOBS", {"durable_name": name, "ack_policy": "explicit", "ack_wait": "10m"})
+
+
+async def _publish(conn: Any, count: int) -> None:
+    for i in range(count):
+        await conn.js.publish("jobs.run", str(i).encode())
+
+
+def test_messages_arrive_as_published_and_a_quiet_consumer_gives_an_empty_list(settings: ConnectionSettings):
+    async def body(conn):
+        await _consumer(conn)
+        pull = PullSubscription(conn, "JOBS", "workers", batch=4, expires=1.0)
+        await pull.start()
+        try:
+            empty = await pull.next_messages(0.3)
+            await _publish(conn, 10)
+            got: list[Any] = []
+            while len(got) < 10:
+                got += await pull.next_messages(5.0)
+            for msg in got:
+                await msg.ack_sync()
+            return empty, [m.data for m in got], await consumer_info(conn, "JOBS", "workers")
+        finally:
+            await pull.close()
+
+    empty, data, info = with_streams(settings, body, [STREAM])
+    assert empty == []
+    assert data == [str(i).encode() for i in range(10)]  # in order, none twice, across three pull requests
+    assert info["num_ack_pending"] == 0 and info["ack_floor"]["stream_seq"] == 10
+
+
+def test_close_hands_over_what_the_open_request_still_delivers(settings: ConnectionSettings):
+    """Messages delivered for a request nobody reads any more go to ``leftover`` (nak: redelivered at
+    once), instead of waiting unseen for the consumer's 10 minute ack_wait."""
+
+    async def body(conn):
+        await _consumer(conn)
+        pull = PullSubscription(conn, "JOBS", "workers", batch=10, expires=2.0)
+        await pull.start()
+        assert await pull.next_messages(0.2) == []  # leaves a pull request open on the server
+        await _publish(conn, 3)
+        handed: list[Any] = []
+
+        async def leftover(msg: Any) -> None:
+            handed.append(msg.data)
+            await msg.nak()
+
+        await pull.close(leftover=leftover)
+        again = PullSubscription(conn, "JOBS", "workers", batch=10, expires=1.0)
+        await again.start()
+        try:
+            redelivered = await again.next_messages(5.0)
+        finally:
+            await again.close(leftover=lambda msg: msg.nak())
+        return handed, [(m.data, m.metadata.num_delivered) for m in redelivered]
+
+    handed, redelivered = with_streams(settings, body, [STREAM])
+    assert handed == [b"0", b"1", b"2"]
+    assert redelivered == [(b"0", 2), (b"1", 2), (b"2", 2)]
+
+
+def test_a_deleted_consumer_is_a_typed_error(settings: ConnectionSettings):
+    async def body(conn):
+        await _consumer(conn)
+        pull = PullSubscription(conn, "JOBS", "workers", batch=10, expires=5.0)
+        await pull.start()
+        try:
+            assert await pull.next_messages(0.2) == []
+            await delete_consumer(conn, "JOBS", "workers")
+            with pytest.raises(ConsumerNotFoundError, match="'workers' on stream 'JOBS' was deleted") as err:
+                await pull.next_messages(5.0)
+            return err.value.reason
+        finally:
+            await pull.close(leftover=lambda msg: msg.nak())
+
+    assert with_streams(settings, body, [STREAM]) == "consumer_not_found"
+
+
+def test_a_cancelled_reader_stops_even_while_messages_keep_arriving(settings: ConnectionSettings):
+    async def body(conn):
+        await _consumer(conn)
+        pull = PullSubscription(conn, "JOBS", "workers", batch=1, expires=1.0)
+        await pull.start()
+        rounds = 0
+
+        async def read_forever() -> None:
+            nonlocal rounds
+            while True:
+                for msg in await pull.next_messages(1.0):
+                    await msg.ack()
+                rounds += 1
+
+        reader = asyncio.create_task(read_forever())
+        publisher = asyncio.create_task(_publish(conn, 2000))
+        while rounds < 50:
+            await asyncio.sleep(0.01)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(reader, 10)
+        await publisher
+        await pull.close(leftover=lambda msg: msg.nak())
+        return reader.cancelled()
+
+    assert with_streams(settings, body, [STREAM]) is True

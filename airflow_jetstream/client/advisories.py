@@ -283,7 +283,8 @@ async def listen_live(conn: JetStreamConnection, advisory_filter: AdvisoryFilter
     """Subscribe live for ``seconds`` and return the first matching advisory, or None."""
     watcher = _watch_live(conn, advisory_filter)
     try:
-        return await asyncio.wait_for(anext(watcher), timeout=seconds)
+        async with asyncio.timeout(seconds):
+            return await anext(watcher)
     except TimeoutError:
         return None
     finally:

@@ -189,7 +189,8 @@ class BatchReplies:
     async def wait(self, reply: bytes, subject: str, timeout: float | None = None) -> dict[str, Any]:
         """The parsed answer to ``reply``; waits at most ``timeout`` (default: the batch timeout)."""
         try:
-            msg = await asyncio.wait_for(self.futures[reply], self.timeout if timeout is None else timeout)
+            async with asyncio.timeout(self.timeout if timeout is None else timeout):
+                msg = await self.futures[reply]
         except TimeoutError:
             await self.conn.raise_if_denied(subject)
             raise RequestTimeoutError(f"{self.context}: no reply within {self.timeout}s; if this was the "

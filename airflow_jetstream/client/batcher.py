@@ -184,7 +184,8 @@ class Batcher:
                 continue
             if len(self._queue) < self.max_batch and not self._closing and self.flush_interval:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._batch_full.wait(), self.flush_interval)
+                    async with asyncio.timeout(self.flush_interval):
+                        await self._batch_full.wait()
             group = self._queue[: self.max_batch]
             del self._queue[: self.max_batch]
             if len(self._queue) < self.max_batch and not self._closing:

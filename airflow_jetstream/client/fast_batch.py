@@ -140,7 +140,8 @@ class _FastBatchRun:
     async def _wait_change(self, what: str) -> None:
         state = self.state
         try:
-            await asyncio.wait_for(state.changed.wait(), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                await state.changed.wait()
         except TimeoutError:
             raise RequestTimeoutError(f"{self.context}: no {what} from the server within {self.timeout}s; the "
                                       f"messages up to the last flow ack ({state.acked}) are stored") from None
@@ -180,7 +181,8 @@ class _FastBatchRun:
                 await write_frames(nc, encode_frame(self.messages[sent - 1][0],
                                                     self.reply_subject(sent, OP_PING), b"", b""))
             try:
-                return await asyncio.wait_for(asyncio.shield(state.done), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    return await asyncio.shield(state.done)
             except TimeoutError:
                 raise RequestTimeoutError(f"{self.context}: no final ack within {self.timeout}s; the messages "
                                           f"up to the last flow ack ({state.acked}) are stored") from None

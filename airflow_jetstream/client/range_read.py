@@ -287,7 +287,8 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
                                   reply=inbox)
             while True:
                 try:
-                    item = await asyncio.wait_for(queue.get(), conn.settings.request_timeout)
+                    async with asyncio.timeout(conn.settings.request_timeout):
+                        item = await queue.get()
                 except TimeoutError:
                     await conn.raise_if_denied(next_subject)
                     raise RequestTimeoutError(

@@ -118,7 +118,8 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
             quiet_until = parse_time(str(self.quiet_until), field="quiet_until")
             remaining = (quiet_until - datetime.now(UTC)).total_seconds()
             try:
-                advisory = await asyncio.wait_for(anext(watcher), timeout=max(remaining, 0.0) + 0.001)
+                async with asyncio.timeout(max(remaining, 0.0) + 0.001):
+                    advisory = await anext(watcher)
             except TimeoutError:
                 return await self._final_check(conn, since)
             return {"status": "matched", "advisory": advisory.to_dict()}

@@ -97,7 +97,9 @@ def test_leaf_crash_while_publishing_loses_and_duplicates_nothing(mode, hub_and_
 
         async def settled() -> bool:
             return await messages(conn, "AGG") >= TOTAL and await messages(leaf_view, "ORIGIN") == 0
-        await wait_for(settled, 90, "AGG to hold every message and ORIGIN to be empty")
+        # After failed attempts while the leaf was down, the hub retries a source with a growing back-off
+        # (10 s more per failure, at most 2 min: nats-server's calculateRetryBackoff), so allow that plus margin.
+        await wait_for(settled, 180, "AGG to hold every message and ORIGIN to be empty")
         return {"seen": await payloads(conn, "AGG"), "status": await source_status(conn, "AGG", "ORIGIN",
                                                                                    domain="edge")}
 

@@ -21,6 +21,12 @@ async def _consumer(conn: Any, name: str = "workers") -> None:
     await ensure_consumer(conn, "JOBS", {"durable_name": name, "ack_policy": "explicit", "ack_wait": "10m"})
 
 
+async def _started(conn: Any, *, batch: int, expires: float) -> PullSubscription:
+    pull = PullSubscription(conn, "JOBS", "workers", batch=batch, expires=expires)
+    await pull.start()
+    return pull
+
+
 async def _publish(conn: Any, count: int) -> None:
     for i in range(count):
         await conn.js.publish("jobs.run", str(i).encode())
@@ -29,8 +35,7 @@ async def _publish(conn: Any, count: int) -> None:
 def test_messages_arrive_as_published_and_a_quiet_consumer_gives_an_empty_list(settings: ConnectionSettings):
     async def body(conn):
         await _consumer(conn)
-        pull = PullSubscription(conn, "JOBS", "workers", batch=4, expires=1.0)
-        await pull.start()
+        pull = await _started(conn, batch=4, expires=1.0)
         try:
             empty = await pull.next_messages(0.3)
             await _publish(conn, 10)
@@ -55,8 +60,7 @@ def test_close_hands_over_what_the_open_request_still_delivers(settings: Connect
 
     async def body(conn):
         await _consumer(conn)
-        pull = PullSubscription(conn, "JOBS", "workers", batch=10, expires=2.0)
-        await pull.start()
+        pull = await _started(conn, batch=10, expires=2.0)
         assert await pull.next_messages(0.2) == []  # leaves a pull request open on the server
         await _publish(conn, 3)
         handed: list[Any] = []
@@ -66,8 +70,7 @@ def test_close_hands_over_what_the_open_request_still_delivers(settings: Connect
             await msg.nak()
 
         await pull.close(leftover=leftover)
-        again = PullSubscription(conn, "JOBS", "workers", batch=10, expires=1.0)
-        await again.start()
+        again = await _started(conn, batch=10, expires=1.0)
         try:
             redelivered = await again.next_messages(5.0)
         finally:
@@ -82,8 +85,7 @@ def test_close_hands_over_what_the_open_request_still_delivers(settings: Connect
 def test_a_deleted_consumer_is_a_typed_error(settings: ConnectionSettings):
     async def body(conn):
         await _consumer(conn)
-        pull = PullSubscription(conn, "JOBS", "workers", batch=10, expires=5.0)
-        await pull.start()
+        pull = await _started(conn, batch=10, expires=5.0)
         try:
             assert await pull.next_messages(0.2) == []
             await delete_consumer(conn, "JOBS", "workers")
@@ -99,8 +101,7 @@ def test_a_deleted_consumer_is_a_typed_error(settings: ConnectionSettings):
 def test_a_cancelled_reader_stops_even_while_messages_keep_arriving(settings: ConnectionSettings):
     async def body(conn):
         await _consumer(conn)
-        pull = PullSubscription(conn, "JOBS", "workers", batch=1, expires=1.0)
-        await pull.start()
+        pull = await _started(conn, batch=1, expires=1.0)
         rounds = 0
 
         async def read_forever() -> None:

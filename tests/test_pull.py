@@ -10,7 +10,7 @@ import pytest
 
 from airflow_jetstream.client import ConnectionSettings
 from airflow_jetstream.client.consumers import consumer_info, delete_consumer, ensure_consumer
-from airflow_jetstream.client.errors import ConsumerNotFoundError
+from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
 from airflow_jetstream.client.pull import PullSubscription
 from tests.support.nats_calls import with_streams
 
@@ -123,3 +123,51 @@ def test_a_cancelled_reader_stops_even_while_messages_keep_arriving(settings: Co
         return reader.cancelled()
 
     assert with_streams(settings, body, [STREAM]) is True
+
+
+def test_a_request_over_the_consumers_limits_is_a_typed_error_naming_the_fix(settings: ConnectionSettings):
+    async def body(conn):
+        await ensure_consumer(conn, "JOBS", {"durable_name": "small", "ack_policy": "explicit", "max_batch": 5})
+        pull = PullSubscription(conn, "JOBS", "small", batch=10, expires=1.0)
+        await pull.start()
+        try:
+            with pytest.raises(ConsumerConfigError, match="max_batch") as err:
+                await pull.next_messages(5.0)
+            return err.value
+        finally:
+            await pull.close()
+
+    err = with_streams(settings, body, [STREAM])
+    assert err.reason == "pull_request_refused" and "Exceeded MaxRequestBatch of 5" in str(err)
+
+
+class CountingPull(PullSubscription):
+    """Counts the pull requests it sends."""
+
+    requests = 0
+
+    async def _request(self) -> None:
+        self.requests += 1
+        await super()._request()
+
+
+def test_a_full_waiting_queue_pauses_pulls_instead_of_a_request_storm(settings: ConnectionSettings):
+    """With max_waiting 1 taken by another reader, every request is refused (409 Exceeded MaxWaiting);
+    the reader retries once a second instead of at once."""
+
+    async def body(conn):
+        await ensure_consumer(conn, "JOBS", {"durable_name": "narrow", "ack_policy": "explicit", "max_waiting": 1})
+        holder = PullSubscription(conn, "JOBS", "narrow", batch=1, expires=10.0)
+        refused = CountingPull(conn, "JOBS", "narrow", batch=1, expires=10.0)
+        await holder.start()
+        await refused.start()
+        try:
+            assert await holder.next_messages(0.1) == []  # holds the only waiting slot
+            got = await refused.next_messages(2.5)
+            return got, refused.requests
+        finally:
+            await refused.close()
+            await holder.close()
+
+    got, requests = with_streams(settings, body, [STREAM])
+    assert got == [] and 2 <= requests <= 4

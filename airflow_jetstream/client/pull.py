@@ -31,6 +31,10 @@ from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoun
 STATUS_HEADER = "Status"
 _DESCRIPTION = "Description"
 _HEARTBEAT = "100"
+#: Statuses that end a pull request normally: it expired (408) or found nothing (404).
+_REQUEST_ENDED = frozenset({"404", "408"})
+#: Seconds to wait before the next pull request after the server refused one for a passing reason.
+_PAUSE_AFTER_REFUSAL = 1.0
 
 
 class PullSubscription:
@@ -49,6 +53,7 @@ class PullSubscription:
         self._open = False  # a pull request the server may still answer
         self._received = 0  # messages of the open request so far
         self._request_deadline = 0.0
+        self._pause_until = 0.0
 
     async def start(self) -> None:
         self._inbox = self.conn.nc.new_inbox()
@@ -78,14 +83,22 @@ class PullSubscription:
         if status == _HEARTBEAT:
             return
         self._open = False
+        if status in _REQUEST_ENDED:
+            return
         description = (msg.headers or {}).get(_DESCRIPTION, "")
-        if status == "409" and "consumer deleted" in description.lower():
-            raise ConsumerNotFoundError(f"consumer {self.consumer!r} on stream {self.stream!r} was deleted "
-                                        "while it was being read; create it again")
-        if status == "409" and "push based" in description.lower():
-            raise ConsumerConfigError(f"consumer {self.consumer!r} on stream {self.stream!r} is a push consumer; "
-                                      "pull it only with a pull consumer (no deliver_subject)",
-                                      reason="not_pull_consumer")
+        where = f"consumer {self.consumer!r} on stream {self.stream!r}"
+        if status == "409" and description == "Consumer Deleted":
+            raise ConsumerNotFoundError(f"{where} was deleted while it was being read; create it again")
+        if status == "409" and description == "Consumer is push based":
+            raise ConsumerConfigError(f"{where} is a push consumer (it has a deliver_subject); read it with a pull "
+                                      "consumer", reason="not_pull_consumer")
+        if status == "400" or description.startswith("Exceeded MaxRequest"):
+            raise ConsumerConfigError(f"{where} refused a pull request of {self.batch} message(s) waiting "
+                                      f"{self.expires}s: {status} {description}; pull fewer messages or wait "
+                                      "less, or raise the consumer's max_batch / max_expires",
+                                      reason="pull_request_refused")
+        # Leadership change, too many waiting requests, ...: pull again, but not at once.
+        self._pause_until = asyncio.get_running_loop().time() + _PAUSE_AFTER_REFUSAL
 
     async def next_messages(self, timeout: float) -> list[Any]:
         """Messages delivered within ``timeout`` seconds: returns as soon as some arrived ([] if none)."""
@@ -93,13 +106,16 @@ class PullSubscription:
         end = loop.time() + timeout
         out: list[Any] = []
         while True:
-            if not self._open:
+            if not self._open and loop.time() >= self._pause_until:
                 await self._request()
             if not self._queue.empty():
                 self._take(self._queue.get_nowait(), out)
                 continue
             if out or loop.time() >= end:
                 return out
+            if not self._open:
+                await asyncio.sleep(min(end, self._pause_until) - loop.time())
+                continue
             try:
                 async with asyncio.timeout(min(end, self._request_deadline) - loop.time()):
                     self._take(await self._queue.get(), out)

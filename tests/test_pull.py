@@ -13,6 +13,7 @@ from airflow_jetstream.client.consumers import consumer_info, delete_consumer, e
 from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
 from airflow_jetstream.client.pull import PullSubscription
 from tests.support.nats_calls import with_streams
+from tests.support.polling import async_wait_until
 
 STREAM = {"name": "JOBS", "subjects": ["jobs.>"]}
 
@@ -27,6 +28,16 @@ async def _started(conn: Any, *, batch: int, expires: float) -> PullSubscription
     return pull
 
 
+async def _collect(pull: PullSubscription, count: int, timeout: float = 10.0) -> list[Any]:
+    """Messages until ``count`` arrived or ``timeout`` passed."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    got: list[Any] = []
+    while len(got) < count and loop.time() < end:
+        got += await pull.next_messages(end - loop.time())
+    return got
+
+
 async def _publish(conn: Any, count: int) -> None:
     for i in range(count):
         await conn.js.publish("jobs.run", str(i).encode())
@@ -39,9 +50,7 @@ def test_messages_arrive_as_published_and_a_quiet_consumer_gives_an_empty_list(s
         try:
             empty = await pull.next_messages(0.3)
             await _publish(conn, 10)
-            got: list[Any] = []
-            while len(got) < 10:
-                got += await pull.next_messages(5.0)
+            got = await _collect(pull, 10)
             for msg in got:
                 await msg.ack_sync()
             return empty, [m.data for m in got], await consumer_info(conn, "JOBS", "workers")
@@ -72,7 +81,7 @@ def test_close_hands_over_what_the_open_request_still_delivers(settings: Connect
         await pull.close(leftover=leftover)
         again = await _started(conn, batch=10, expires=1.0)
         try:
-            redelivered = await again.next_messages(5.0)
+            redelivered = await _collect(again, 3)
         finally:
             await again.close(leftover=lambda msg: msg.nak())
         return handed, [(m.data, m.metadata.num_delivered) for m in redelivered]
@@ -113,8 +122,7 @@ def test_a_cancelled_reader_stops_even_while_messages_keep_arriving(settings: Co
 
         reader = asyncio.create_task(read_forever())
         publisher = asyncio.create_task(_publish(conn, 2000))
-        while rounds < 50:
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: rounds >= 50, "50 rounds of reading")
         reader.cancel()
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(reader, 10)

@@ -63,13 +63,18 @@ class PullSubscription:
         self._queue.put_nowait(msg)
 
     async def _request(self) -> None:
-        body = {"batch": self.batch, "expires": int(self.expires * 1e9)}
-        await self.conn.nc.publish(f"{self.conn.api_prefix}.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}",
-                                   json.dumps(body).encode(), reply=self._inbox)
         loop = asyncio.get_running_loop()
+        # Open before sending: if the caller is cancelled while sending, close() still waits for the request.
+        self._open, self._received = True, 0
         # The server ends the request with a status after `expires`; past this, its answer was lost (reconnect).
         self._request_deadline = loop.time() + self.expires + self.conn.settings.request_timeout
-        self._open, self._received = True, 0
+        body = {"batch": self.batch, "expires": int(self.expires * 1e9)}
+        try:
+            await self.conn.nc.publish(f"{self.conn.api_prefix}.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}",
+                                       json.dumps(body).encode(), reply=self._inbox)
+        except Exception:
+            self._open = False
+            raise
 
     def _take(self, msg: Any, out: list[Any]) -> None:
         """File one delivery: a message goes to ``out``; a status may end the open request."""
@@ -105,16 +110,17 @@ class PullSubscription:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         out: list[Any] = []
-        while True:
-            if not self._open and loop.time() >= self._pause_until:
-                await self._request()
+        while True:  # never awaits while holding messages: a cancellation then cannot lose any
             if not self._queue.empty():
                 self._take(self._queue.get_nowait(), out)
                 continue
             if out or loop.time() >= end:
                 return out
             if not self._open:
-                await asyncio.sleep(min(end, self._pause_until) - loop.time())
+                if loop.time() < self._pause_until:
+                    await asyncio.sleep(min(end, self._pause_until) - loop.time())
+                else:
+                    await self._request()
                 continue
             try:
                 async with asyncio.timeout(min(end, self._request_deadline) - loop.time()):

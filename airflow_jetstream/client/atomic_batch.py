@@ -36,6 +36,7 @@ from airflow_jetstream.client.batch_types import (
     HEADER_EXPECTED_LAST_SEQ,
     HEADER_EXPECTED_LAST_SUBJECT_SEQ,
     HEADER_MSG_ID,
+    HEADER_STATUS,
     MAX_BATCH_ID_LENGTH,
     BatchMessage,
     BatchResult,
@@ -201,7 +202,7 @@ class BatchReplies:
 
     def parse(self, msg: Any, subject: str) -> dict[str, Any]:
         """The JSON of a reply message (``{}`` for an empty one), raising typed errors."""
-        if msg.headers and msg.headers.get("Status") == "503":
+        if msg.headers and msg.headers.get(HEADER_STATUS) == "503":
             raise _no_stream(self.context, subject)
         return _parse_reply(msg.data, self.context)
 

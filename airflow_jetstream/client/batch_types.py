@@ -23,6 +23,8 @@ HEADER_MSG_ID = "Nats-Msg-Id"
 HEADER_EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
 HEADER_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HEADER_EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
+#: Status of a server status message (no responders, heartbeat, end of a pull request), as nats-py parses it.
+HEADER_STATUS = "Status"
 
 #: Longest batch id the server accepts (err 10179 / 10207 above it).
 MAX_BATCH_ID_LENGTH = 64

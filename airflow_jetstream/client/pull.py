@@ -24,11 +24,10 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from airflow_jetstream.client.batch_types import HEADER_STATUS
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
 
-#: Header of a status message (heartbeat, end of a pull request) as nats-py parses it.
-STATUS_HEADER = "Status"
 _DESCRIPTION = "Description"
 _HEARTBEAT = "100"
 #: Statuses that end a pull request normally: it expired (408) or found nothing (404).
@@ -78,7 +77,7 @@ class PullSubscription:
 
     def _take(self, msg: Any, out: list[Any]) -> None:
         """File one delivery: a message goes to ``out``; a status may end the open request."""
-        status = (msg.headers or {}).get(STATUS_HEADER) if not msg.reply else None
+        status = (msg.headers or {}).get(HEADER_STATUS) if not msg.reply else None
         if status is None:
             out.append(msg)
             self._received += 1

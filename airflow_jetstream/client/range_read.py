@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from airflow_jetstream.client.batch_types import HEADER_STATUS
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.consumers import (
     ensure_consumer,
@@ -45,7 +46,6 @@ from airflow_jetstream.client.worker_consumers import ensure_worker_consumer
 _DIRECT_GET_HEADERS = frozenset({
     "Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Num-Pending", "Nats-Last-Sequence",
 })
-_STATUS = "Status"
 #: One stored message: subject, stream sequence, timestamp (ns since epoch), headers or None, payload.
 StoredMessage = tuple[str, int, int, dict[str, str] | None, bytes]
 
@@ -261,7 +261,7 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
     async def on_message(msg: Any) -> None:
         reply = msg.reply
         if not reply:
-            status = msg.headers.get(_STATUS, "") if msg.headers else ""
+            status = msg.headers.get(HEADER_STATUS, "") if msg.headers else ""
             flush()
             queue.put_nowait(int(status or 0) or 404)
             return
@@ -339,7 +339,7 @@ async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, l
                     await conn.raise_if_denied(subject)
                     raise RequestTimeoutError(f"stream {stream!r}: direct get got no answer") from None
                 headers = msg.headers or {}
-                status = headers.get(_STATUS)
+                status = headers.get(HEADER_STATUS)
                 if status:
                     done = status == "404" or not chunk
                     if status not in ("204", "404"):

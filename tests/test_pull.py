@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from airflow_jetstream.client import ConnectionSettings
+from airflow_jetstream.client import ConnectionSettings, ensure_stream
 from airflow_jetstream.client.consumers import consumer_info, delete_consumer, ensure_consumer
 from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
 from airflow_jetstream.client.pull import PullSubscription
-from tests.support.nats_calls import with_streams
+from tests.support.nats_calls import call_on_server, with_streams
 from tests.support.polling import async_wait_until
 
 STREAM = {"name": "JOBS", "subjects": ["jobs.>"]}
@@ -132,6 +132,44 @@ def test_a_cancelled_reader_stops_even_while_messages_keep_arriving(settings: Co
 
     assert with_streams(settings, body, [STREAM]) is True
 
+
+def test_pulling_a_push_consumer_is_a_typed_error(settings: ConnectionSettings):
+    async def body(conn):
+        await ensure_consumer(conn, "JOBS", {"durable_name": "pushed", "ack_policy": "explicit",
+                                             "deliver_subject": "deliver.jobs"})
+        pull = PullSubscription(conn, "JOBS", "pushed", batch=10, expires=1.0)
+        await pull.start()
+        try:
+            with pytest.raises(ConsumerConfigError, match="'pushed' on stream 'JOBS' is a push consumer") as err:
+                await pull.next_messages(5.0)
+            return err.value.reason
+        finally:
+            await pull.close()
+
+    assert with_streams(settings, body, [STREAM]) == "not_pull_consumer"
+
+
+def test_a_request_lost_to_a_server_restart_is_replaced(nats_server, settings: ConnectionSettings):
+    """A server killed and restarted has forgotten the open pull request without a word: once the
+    request's deadline has passed the reader sends a new one, and a message published after the
+    restart arrives."""
+
+    async def body(conn):
+        await ensure_stream(conn, {**STREAM, "storage": "file"})
+        await _consumer(conn)
+        pull = await _started(conn, batch=10, expires=1.0)
+        try:
+            assert await pull.next_messages(0.2) == []
+            await asyncio.to_thread(nats_server.stop, kill=True)  # no status for the open request
+            await asyncio.to_thread(nats_server.start)
+            await async_wait_until(lambda: conn.nc.is_connected, "the reconnect", timeout=30)
+            await _publish(conn, 1)
+            got = await _collect(pull, 1, timeout=30)
+            return [m.data for m in got]
+        finally:
+            await pull.close()
+
+    assert call_on_server(settings, body) == [b"0"]
 
 def test_a_request_over_the_consumers_limits_is_a_typed_error_naming_the_fix(settings: ConnectionSettings):
     async def body(conn):

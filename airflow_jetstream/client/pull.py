@@ -29,7 +29,6 @@ from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
 
 _DESCRIPTION = "Description"
-_HEARTBEAT = "100"
 #: Statuses that end a pull request normally: it expired (408) or found nothing (404).
 _REQUEST_ENDED = frozenset({"404", "408"})
 #: Seconds to wait before the next pull request after the server refused one for a passing reason.
@@ -83,8 +82,6 @@ class PullSubscription:
             self._received += 1
             if self._received >= self.batch:
                 self._open = False
-            return
-        if status == _HEARTBEAT:
             return
         self._open = False
         if status in _REQUEST_ENDED:

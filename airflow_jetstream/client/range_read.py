@@ -225,7 +225,6 @@ async def read_latest_per_subject(conn: JetStreamConnection, stream: str, subjec
     the earlier). Ends when the consumer reports nothing pending, so it never stops early the way
     a KV watch's "initial values done" marker can (nats-py sends it when a consumer info answer
     overtakes the deliveries)."""
-    use_fast_header_parser(conn)
     async for chunk in _read_with_consumer(conn, stream, {"deliver_policy": "last_per_subject"}, sys.maxsize,
                                            subjects, batch):
         yield chunk

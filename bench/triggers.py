@@ -30,7 +30,7 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="bench-triggers-")
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
-from airflow_jetstream.client.advisories import capture_stream_config
+from airflow_jetstream.client.advisories.capture import capture_stream_config
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.triggers import advisory as advisory_triggers
 

@@ -10,15 +10,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from airflow_jetstream.client import ensure_stream, open_connection
-from airflow_jetstream.client.advisories import (
+from airflow_jetstream.client.advisories.capture import (
     capture_gap,
     capture_stream_config,
     find_captured,
     listen_live,
     watch_advisories,
 )
-from airflow_jetstream.client.advisory_filter import AdvisoryFilter, AdvisoryPredicateError, predicate_path
-from airflow_jetstream.client.advisory_types import (
+from airflow_jetstream.client.advisories.filter import AdvisoryFilter, AdvisoryPredicateError, predicate_path
+from airflow_jetstream.client.advisories.types import (
     KINDS,
     Advisory,
     BatchAbandoned,

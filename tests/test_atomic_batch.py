@@ -19,7 +19,7 @@ from airflow_jetstream.client import (
     stored_sequences,
     stream_info,
 )
-from airflow_jetstream.client.batch_types import encode_frame, write_frames
+from airflow_jetstream.client.batches.types import encode_frame, write_frames
 from tests.support.nats_calls import with_streams
 
 ATOM = {"name": "ATOM", "subjects": ["atom.>"], "allow_atomic": True}
@@ -297,7 +297,7 @@ def test_many_batches_with_two_in_flight(settings, nats_server):
 )
 def test_every_batch_error_of_the_server_is_typed(err_code, code, reason):
     """The server's refusals (wire facts table) become BatchPublishErrors with a reason and a hint."""
-    from airflow_jetstream.client.atomic_batch import _parse_reply
+    from airflow_jetstream.client.batches.atomic import _parse_reply
 
     reply = json.dumps({"error": {"code": code, "err_code": err_code, "description": "server text"},
                         "stream": "ATOM", "seq": 0}).encode()

@@ -25,7 +25,7 @@ from airflow_jetstream.client import (
     publish_atomic_batch,
     stream_info,
 )
-from airflow_jetstream.client import atomic_batch as atomic_batch_module
+from airflow_jetstream.client.batches import atomic as atomic_batch_module
 from airflow_jetstream.client.connection import connect
 from airflow_jetstream.embedded.server import free_port
 
@@ -94,7 +94,7 @@ async def wait_for_abandoned(sub, batch_id: str, deadline_s: float = 15.0) -> di
 CHILD = '''
 import asyncio, os, signal, sys
 from airflow_jetstream.client import BatchMessage, ConnectionSettings, open_connection, publish_atomic_batch
-from airflow_jetstream.client import atomic_batch
+from airflow_jetstream.client.batches import atomic as atomic_batch
 
 url, batch_id = sys.argv[1], sys.argv[2]
 real_write = atomic_batch.write_frames

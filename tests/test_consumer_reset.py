@@ -15,7 +15,7 @@ from airflow_jetstream.client import (
     StreamNotFoundError,
     ensure_stream,
 )
-from airflow_jetstream.client.consumers import consumer_info, ensure_consumer, reset_consumer
+from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer, reset_consumer
 from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
 from tests.test_sourcing import run
 

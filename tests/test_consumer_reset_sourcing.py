@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from airflow_jetstream.client import ensure_stream
-from airflow_jetstream.client.consumers import pause_consumer
-from airflow_jetstream.client.sourcing import DurableSource, provision_durable_source
+from airflow_jetstream.client.admin.consumers import pause_consumer
+from airflow_jetstream.client.sourcing.provision import DurableSource, provision_durable_source
 from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
 from tests.test_sourcing import assert_exactly_once, messages, payloads, publish, run, wait_for
 

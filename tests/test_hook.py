@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, InvalidSettingsError, account_info
-from airflow_jetstream.client.streams import ensure_stream, stream_info
+from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
 from airflow_jetstream.hooks.connection_settings import settings_from_connection
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator

@@ -25,11 +25,12 @@ def test_client_imports_without_airflow_or_pyspark():
                 return None
         sys.meta_path.insert(0, Block())
         import airflow_jetstream.client as client
-        for mod in pkgutil.iter_modules(client.__path__):
-            importlib.import_module("airflow_jetstream.client." + mod.name)
+        mods = list(pkgutil.walk_packages(client.__path__, "airflow_jetstream.client."))
+        for mod in mods:
+            importlib.import_module(mod.name)
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("airflow", "pyspark"))
         assert not loaded, loaded
-        print("ok", len(list(pkgutil.iter_modules(client.__path__))))
+        print("ok", len(mods))
         """
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)

@@ -18,7 +18,7 @@ from airflow_jetstream.client.errors import (
     LedgerNotFoundError,
     LedgerWaitTimeoutError,
 )
-from airflow_jetstream.client.ledger import BatchLedger, batch_key, ledger_status, run_reached
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key, ledger_status, run_reached
 
 RUN = "manual__2026-11-25T23:46:59.123+00:00"
 

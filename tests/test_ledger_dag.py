@@ -17,7 +17,7 @@ import asyncio
 import pendulum
 from airflow.sdk import DAG, task
 
-from airflow_jetstream.client.ledger import BatchLedger
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.ledger import JetStreamBatchLedgerSensor
 

@@ -10,7 +10,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, TaskDeferred
 
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.ledger import BatchLedger
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.ledger import JetStreamBatchLedgerSensor, describe_progress
 from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger

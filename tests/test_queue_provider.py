@@ -25,8 +25,8 @@ import pytest
 from airflow.triggers.shared_stream import SharedStreamManager, reject_shared_stream_event
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
-from airflow_jetstream.client.advisories import capture_stream_config
-from airflow_jetstream.client.consumers import consumer_info
+from airflow_jetstream.client.admin.consumers import consumer_info
+from airflow_jetstream.client.advisories.capture import capture_stream_config
 from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
 from airflow_jetstream.triggers.message import JetStreamMessageTrigger
 from tests.support.nats_calls import call_on_server as server_call

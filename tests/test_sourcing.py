@@ -19,8 +19,8 @@ from airflow_jetstream.client import (
     find_stream,
     stream_info,
 )
-from airflow_jetstream.client.consumers import ensure_consumer, find_consumer
-from airflow_jetstream.client.sourcing import (
+from airflow_jetstream.client.admin.consumers import ensure_consumer, find_consumer
+from airflow_jetstream.client.sourcing.provision import (
     DurableSource,
     provision_durable_source,
     server_managed_consumer,

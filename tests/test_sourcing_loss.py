@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_jetstream.client import ensure_stream
-from airflow_jetstream.client.sourcing import DurableSource, provision_durable_source
+from airflow_jetstream.client.sourcing.provision import DurableSource, provision_durable_source
 from tests.test_sourcing import assert_exactly_once, payloads, publish, run, wait_sourced
 
 TOTAL = 50_000

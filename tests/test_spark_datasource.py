@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, stream_info
-from airflow_jetstream.client.job_records import get_job_record
-from airflow_jetstream.client.ledger import BatchLedger
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.client.ledger.job_records import get_job_record
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.support.nats_calls import call_on_server
 
@@ -62,7 +62,7 @@ async def _state(conn: Any, name: str) -> dict[str, Any]:
 
 
 async def _all_messages(conn: Any, name: str) -> list[Any]:
-    from airflow_jetstream.client.range_read import read_range
+    from airflow_jetstream.client.reading.range_read import read_range
 
     info = await stream_info(conn, name)
     out = []

@@ -10,20 +10,20 @@ import pytest
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
 from airflow_jetstream.client import metrics as metrics_module
-from airflow_jetstream.client.consumers import consumer_info, find_consumer
+from airflow_jetstream.client.admin.consumers import consumer_info, find_consumer
+from airflow_jetstream.client.admin.worker_consumers import (
+    WorkerConsumerManager,
+    delete_worker_consumer,
+    ensure_worker_consumer,
+    normalize_subjects,
+    worker_consumer_name,
+)
 from airflow_jetstream.client.errors import (
     ConsumerConfigError,
     InvalidRequestError,
     InvalidSubjectError,
     RequestTimeoutError,
     TooManySubjectsError,
-)
-from airflow_jetstream.client.worker_consumers import (
-    WorkerConsumerManager,
-    delete_worker_consumer,
-    ensure_worker_consumer,
-    normalize_subjects,
-    worker_consumer_name,
 )
 
 STREAM = {"name": "ORDERS", "subjects": ["orders.>"]}

@@ -8,9 +8,17 @@ Spark executors, the Airflow triggerer and plain scripts use it directly::
         await ensure_stream(conn, {"name": "ORDERS", "subjects": ["orders.>"]})
 """
 
-from airflow_jetstream.client.atomic_batch import publish_atomic_batch, publish_atomic_batches, stored_sequences
-from airflow_jetstream.client.batch_types import BatchItemResult, BatchMessage, BatchResult
-from airflow_jetstream.client.batcher import Batcher
+from airflow_jetstream.client.admin.streams import (
+    delete_stream,
+    ensure_stream,
+    find_stream,
+    purge_stream,
+    stream_info,
+)
+from airflow_jetstream.client.batches.atomic import publish_atomic_batch, publish_atomic_batches, stored_sequences
+from airflow_jetstream.client.batches.batcher import Batcher
+from airflow_jetstream.client.batches.fast import publish_fast_batch
+from airflow_jetstream.client.batches.types import BatchItemResult, BatchMessage, BatchResult
 from airflow_jetstream.client.connection import JetStreamConnection, account_info, connect, open_connection
 from airflow_jetstream.client.errors import (
     AuthenticationError,
@@ -31,15 +39,7 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
     TLSConfigurationError,
 )
-from airflow_jetstream.client.fast_batch import publish_fast_batch
 from airflow_jetstream.client.settings import ConnectionSettings
-from airflow_jetstream.client.streams import (
-    delete_stream,
-    ensure_stream,
-    find_stream,
-    purge_stream,
-    stream_info,
-)
 
 __all__ = [
     "AuthenticationError",

@@ -155,7 +155,7 @@ class TooManySubjectsError(InvalidRequestError):
 
 
 class LedgerError(JetStreamError):
-    """Base class of the batch ledger's errors (client/ledger.py)."""
+    """Base class of the batch ledger's errors (client/ledger/batch_ledger.py)."""
 
     default_reason = "ledger_error"
 

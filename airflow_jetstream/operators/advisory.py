@@ -5,8 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_jetstream.client.advisories import DEFAULT_CAPTURE_STREAM, DEFAULT_CAPTURE_SUBJECTS, capture_stream_config
-from airflow_jetstream.client.streams import ensure_stream
+from airflow_jetstream.client.admin.streams import ensure_stream
+from airflow_jetstream.client.advisories.capture import (
+    DEFAULT_CAPTURE_STREAM,
+    DEFAULT_CAPTURE_SUBJECTS,
+    capture_stream_config,
+)
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 
 

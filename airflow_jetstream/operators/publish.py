@@ -8,11 +8,11 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from airflow_jetstream.client.atomic_batch import publish_atomic_batch, streams_for_subject
-from airflow_jetstream.client.batch_types import DEFAULT_MAX_BATCH_MSGS, BatchMessage, BatchResult
+from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.batches.atomic import publish_atomic_batch, streams_for_subject
+from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, BatchMessage, BatchResult
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError
-from airflow_jetstream.client.streams import stream_info
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 
 MESSAGE_KEYS = frozenset({"subject", "data", "headers", "msg_id"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_jetstream.client.sourcing import DurableSource, provision_durable_source
+from airflow_jetstream.client.sourcing.provision import DurableSource, provision_durable_source
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 
 

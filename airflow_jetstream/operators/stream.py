@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow_jetstream.assets.jetstream import report_stream_output
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.streams import ensure_stream, normalize_stream_config
+from airflow_jetstream.client.admin.streams import ensure_stream, normalize_stream_config
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 
 

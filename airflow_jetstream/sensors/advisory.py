@@ -10,9 +10,9 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from airflow_jetstream.client.advisories import DEFAULT_CAPTURE_STREAM, find_captured, listen_live
-from airflow_jetstream.client.advisory_filter import AdvisoryFilter, predicate_path
-from airflow_jetstream.client.consumers import parse_time
+from airflow_jetstream.client.admin.consumers import parse_time
+from airflow_jetstream.client.advisories.capture import DEFAULT_CAPTURE_STREAM, find_captured, listen_live
+from airflow_jetstream.client.advisories.filter import AdvisoryFilter, predicate_path
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger
 
@@ -53,7 +53,7 @@ class JetStreamAdvisorySensor(BaseSensorOperator):
         )
 
     :param advisory: a kind (``batch_abandoned``, ``max_deliveries``, ``msg_terminated``, ... see
-        ``airflow_jetstream.client.advisory_types.KINDS``) or an advisory subject (wildcards allowed). Templated.
+        ``airflow_jetstream.client.advisories.types.KINDS``) or an advisory subject (wildcards allowed). Templated.
     :param stream, consumer, batch, reason: only advisories with these JSON field values. Templated.
     :param match: a dict of further field values, a dotted path to a predicate, or a module-level
         function (stored by its dotted path, as triggers must serialize).

@@ -10,8 +10,8 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_jetstream.client.consumers import consumer_status
-from airflow_jetstream.client.sourcing import source_status
+from airflow_jetstream.client.admin.consumers import consumer_status
+from airflow_jetstream.client.sourcing.provision import source_status
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.consumer import (
     JetStreamConsumerDrainedTrigger,

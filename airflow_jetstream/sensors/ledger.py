@@ -8,7 +8,7 @@ from typing import Any
 from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_jetstream.client.ledger import CONSUMED, DEFAULT_BUCKET, check_waitable_state, ledger_status
+from airflow_jetstream.client.ledger.batch_ledger import CONSUMED, DEFAULT_BUCKET, check_waitable_state, ledger_status
 from airflow_jetstream.sensors.consumer import _JetStreamStateSensor
 from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
 

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from airflow_jetstream.client.batch_types import DEFAULT_MAX_BATCH_MSGS
-from airflow_jetstream.client.consumers import parse_time
+from airflow_jetstream.client.admin.consumers import parse_time
+from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.job_records import DEFAULT_JOB_BUCKET
-from airflow_jetstream.client.ledger import DEFAULT_BUCKET
+from airflow_jetstream.client.ledger.batch_ledger import DEFAULT_BUCKET
+from airflow_jetstream.client.ledger.job_records import DEFAULT_JOB_BUCKET
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 

@@ -27,8 +27,8 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.ledger import BatchLedger, BatchRecord
-from airflow_jetstream.client.range_read import (
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, BatchRecord
+from airflow_jetstream.client.reading.range_read import (
     ReadPlan,
     StoredMessage,
     acknowledge_read,

@@ -14,7 +14,7 @@ Every stored chunk is recorded in the batch ledger as batch ``<job_id>-<p>-<c>``
 ``run_id``. A retried task or a re-run of the job with the same ``job_id`` skips chunks the
 ledger already has, so it adds no duplicates even after the duplicate window has passed. The
 driver's ``commit()``/``abort()`` store what every partition reported as the job record
-``job_id`` (see :mod:`airflow_jetstream.client.job_records`).
+``job_id`` (see :mod:`airflow_jetstream.client.ledger.job_records`).
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from airflow_jetstream.client.atomic_batch import publish_atomic_batch
-from airflow_jetstream.client.batch_types import BatchMessage, BatchResult
+from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.batches.atomic import publish_atomic_batch
+from airflow_jetstream.client.batches.fast import publish_fast_batch
+from airflow_jetstream.client.batches.types import BatchMessage, BatchResult
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
-from airflow_jetstream.client.fast_batch import publish_fast_batch
-from airflow_jetstream.client.job_records import put_job_record
-from airflow_jetstream.client.ledger import BatchLedger
-from airflow_jetstream.client.streams import stream_info
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.client.ledger.job_records import put_job_record
 from airflow_jetstream.spark.options import WriteOptions
 
 log = logging.getLogger(__name__)

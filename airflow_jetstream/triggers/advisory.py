@@ -10,10 +10,10 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_jetstream.client.advisories import find_captured, watch_advisories
-from airflow_jetstream.client.advisory_filter import AdvisoryFilter
+from airflow_jetstream.client.admin.consumers import parse_time
+from airflow_jetstream.client.advisories.capture import find_captured, watch_advisories
+from airflow_jetstream.client.advisories.filter import AdvisoryFilter
 from airflow_jetstream.client.connection_pool import shared_connection
-from airflow_jetstream.client.consumers import parse_time
 from airflow_jetstream.client.errors import (
     AuthenticationError,
     ConnectionFailedError,

@@ -8,10 +8,10 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
-from airflow_jetstream.client.consumers import consumer_status
 from airflow_jetstream.client.errors import JetStreamError
-from airflow_jetstream.client.sourcing import source_status
+from airflow_jetstream.client.sourcing.provision import source_status
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.ledger import CONSUMED, DEFAULT_BUCKET, check_waitable_state, ledger_status
+from airflow_jetstream.client.ledger.batch_ledger import CONSUMED, DEFAULT_BUCKET, check_waitable_state, ledger_status
 from airflow_jetstream.triggers.consumer import JetStreamPollingTrigger
 
 

@@ -30,13 +30,13 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
 
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.advisory_filter import AdvisoryFilter
-from airflow_jetstream.client.advisory_types import decode_advisory
+from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer
+from airflow_jetstream.client.advisories.filter import AdvisoryFilter
+from airflow_jetstream.client.advisories.types import decode_advisory
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.connection_pool import POOL
-from airflow_jetstream.client.consumers import consumer_info, ensure_consumer
 from airflow_jetstream.client.errors import ConsumerConfigError
-from airflow_jetstream.client.pull import PullSubscription
+from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook

@@ -41,8 +41,8 @@ from typing import Any
 import nats.errors
 
 from airflow_jetstream.client import metrics
+from airflow_jetstream.client.admin.consumers import consumer_info, delete_consumer, ensure_consumer
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.consumers import consumer_info, delete_consumer, ensure_consumer
 from airflow_jetstream.client.errors import (
     ConnectionFailedError,
     ConsumerConfigError,

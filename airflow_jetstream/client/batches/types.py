@@ -1,6 +1,6 @@
 """Value types, header names, local checks and wire framing shared by the batch publishers.
 
-Atomic batches, fast batches and the :class:`~airflow_jetstream.client.batcher.Batcher` take
+Atomic batches, fast batches and the :class:`~airflow_jetstream.client.batches.batcher.Batcher` take
 :class:`BatchMessage` items and return :class:`BatchResult` / :class:`BatchItemResult` values
 (plain, picklable, with ``to_dict()`` for XCom and logs).
 """
@@ -92,7 +92,7 @@ class BatchResult:
 
 @dataclass(frozen=True)
 class BatchItemResult:
-    """Per-item outcome from the :class:`~airflow_jetstream.client.batcher.Batcher`.
+    """Per-item outcome from the :class:`~airflow_jetstream.client.batches.batcher.Batcher`.
 
     On success ``error`` is ``""`` and ``stream``/``seq`` say where the message is stored; on
     failure ``error`` is a machine-readable reason (``wrong_last_sequence``, ``invalid_subject``,

@@ -9,8 +9,8 @@ reads that stream from a start time (:func:`find_captured`, :func:`watch_advisor
     found = await find_captured(conn, "ADVISORIES", since=run_start, advisory_filter=flt)
 
 This module is also the public entry point for advisories: it re-exports the typed advisories
-(:mod:`~airflow_jetstream.client.advisory_types`) and the filter
-(:mod:`~airflow_jetstream.client.advisory_filter`).
+(:mod:`~airflow_jetstream.client.advisories.types`) and the filter
+(:mod:`~airflow_jetstream.client.advisories.filter`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,15 @@ from typing import Any
 
 import nats.errors
 
-from airflow_jetstream.client.advisory_filter import (
+from airflow_jetstream.client.admin.consumers import delete_consumer, parse_time, to_rfc3339
+from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.advisories.filter import (
     AdvisoryFilter,
     AdvisoryPredicateError,
     load_predicate,
     predicate_path,
 )
-from airflow_jetstream.client.advisory_types import (
+from airflow_jetstream.client.advisories.types import (
     ADVISORY_PREFIX,
     EVENT_PREFIX,
     KINDS,
@@ -45,7 +47,6 @@ from airflow_jetstream.client.advisory_types import (
     parse_timestamp,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.consumers import delete_consumer, parse_time, to_rfc3339
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
     ConnectionFailedError,
@@ -53,8 +54,7 @@ from airflow_jetstream.client.errors import (
     JetStreamError,
     StreamNotFoundError,
 )
-from airflow_jetstream.client.pull import PullSubscription
-from airflow_jetstream.client.streams import stream_info
+from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 
 DEFAULT_CAPTURE_STREAM = "ADVISORIES"

@@ -24,7 +24,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from airflow_jetstream.client.batch_types import HEADER_STATUS
+from airflow_jetstream.client.batches.types import HEADER_STATUS
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
 

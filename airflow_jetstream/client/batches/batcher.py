@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.atomic_batch import (
+from airflow_jetstream.client.batches.atomic import (
     ATOMIC_REFUSED_HEADERS,
     BatchReplies,
     publish_atomic_batch,
 )
-from airflow_jetstream.client.batch_types import (
+from airflow_jetstream.client.batches.fast import FAST_REFUSED_HEADERS
+from airflow_jetstream.client.batches.types import (
     BatchItemResult,
     BatchMessage,
     encode_frame,
@@ -52,7 +53,6 @@ from airflow_jetstream.client.errors import (
     JetStreamError,
     RequestTimeoutError,
 )
-from airflow_jetstream.client.fast_batch import FAST_REFUSED_HEADERS
 
 DEFAULT_MAX_BATCH = 256
 DEFAULT_FLUSH_INTERVAL = 0.0

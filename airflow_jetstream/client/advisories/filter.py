@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any
 
-from airflow_jetstream.client.advisory_types import (
+from airflow_jetstream.client.advisories.types import (
     ADVISORY_PREFIX,
     EVENT_PREFIX,
     KINDS,

@@ -27,7 +27,7 @@ from typing import Any
 import nats.errors
 
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.batch_types import (
+from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
     HEADER_BATCH_COMMIT,
     HEADER_BATCH_ID,

@@ -29,18 +29,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from airflow_jetstream.client.batch_types import HEADER_STATUS
-from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.consumers import (
+from airflow_jetstream.client.admin.consumers import (
     ensure_consumer,
     find_consumer,
     first_seq_at_or_after,
     reset_consumer,
 )
+from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.admin.worker_consumers import ensure_worker_consumer
+from airflow_jetstream.client.batches.types import HEADER_STATUS
+from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, RequestTimeoutError
-from airflow_jetstream.client.streams import stream_info
 from airflow_jetstream.client.subjects import validate_name, validate_subject
-from airflow_jetstream.client.worker_consumers import ensure_worker_consumer
 
 #: Headers the server adds to a direct-get reply; they are metadata, not the message's own headers.
 _DIRECT_GET_HEADERS = frozenset({

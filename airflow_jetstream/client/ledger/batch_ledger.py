@@ -75,7 +75,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     error_from_api,
 )
-from airflow_jetstream.client.range_read import read_latest_per_subject
+from airflow_jetstream.client.reading.range_read import read_latest_per_subject
 from airflow_jetstream.client.subjects import validate_name
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from airflow_jetstream.client.config_diff import changed_fields
+from airflow_jetstream.client.admin.config_diff import changed_fields
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (

@@ -25,8 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.consumers import (
+from airflow_jetstream.client.admin.consumers import (
     DELIVER_POLICIES,
     REPLAY_POLICIES,
     api_view,
@@ -37,6 +36,8 @@ from airflow_jetstream.client.consumers import (
     list_consumers,
     to_rfc3339,
 )
+from airflow_jetstream.client.admin.streams import find_stream, stream_info
+from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
     ConsumerConfigError,
     ConsumerNotFoundError,
@@ -47,7 +48,6 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
     error_from_api,
 )
-from airflow_jetstream.client.streams import find_stream, stream_info
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 
 SERVER_MANAGED = "server"

@@ -1,0 +1,1 @@
+"""Stream and consumer administration: create-or-update, config diffs, consumer resets, worker consumers."""

@@ -1,0 +1,1 @@
+"""Atomic batches, fast batches and the client-side Batcher."""

@@ -1,0 +1,1 @@
+"""Reading streams: pull subscriptions and sequence-range reads."""

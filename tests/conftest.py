@@ -23,7 +23,7 @@ os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).resolve()
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from airflow_jetstream.client.settings import ConnectionSettings  # noqa: E402
-from airflow_jetstream.embedded import EmbeddedNatsServer  # noqa: E402
+from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer  # noqa: E402
 from tests.support.nkeys_util import new_user_nkey  # noqa: E402
 from tests.support.tls import TLSFiles, make_tls_files  # noqa: E402
 
@@ -44,6 +44,29 @@ def nats_server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
     yield factory
     for server in started:
         server.close()
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: Path) -> Iterator[EmbeddedNatsCluster]:
+    """A fresh 3-node JetStream cluster (n1..n3) on loopback; stopped after the test."""
+    with EmbeddedNatsCluster(size=3, store_dir=tmp_path / "cluster") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def nats_cluster_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsCluster]:
+    """One 3-node cluster shared by a test module: a test that kills a node restarts it."""
+    with EmbeddedNatsCluster(size=3, store_dir=tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+
+
+def set_nats_cluster_connection(
+    monkeypatch: pytest.MonkeyPatch, conn_id: str, cluster: EmbeddedNatsCluster, **extra
+) -> None:
+    """``AIRFLOW_CONN_<ID>``: a ``nats`` connection whose host lists every node of ``cluster``."""
+    extra.setdefault("connect_timeout", 2)
+    name, value = airflow_conn_env(conn_id, host=cluster.servers, extra=extra)
+    monkeypatch.setenv(name, value)
 
 
 @pytest.fixture

@@ -1,39 +1,79 @@
-"""Durations as JetStream wants them (nanoseconds), from seconds, strings or timedeltas."""
+"""One rule for durations: Python takes seconds, a timedelta or '90s'/'1h30m'/'7d'; the server gets nanoseconds.
+
+Every duration a user passes (operator, sensor and trigger arguments, Spark options, client
+functions, and the duration fields of stream/consumer config dicts such as ``max_age`` or
+``ack_wait``) is read by :func:`to_seconds` / :func:`to_nanos`: an int or float is **seconds**, as in
+Airflow, nats-py's ``StreamConfig`` and the Kafka provider; a string of digits (a Spark option) is
+seconds too. Nanoseconds appear only inside the JSON sent to the server.
+
+Deprecated, until the next minor release: before this rule a bare int meant nanoseconds. A whole
+number of at least ``10**9`` (over 31 years as seconds, so nobody means it as seconds) is still
+read as nanoseconds, with a :class:`DeprecationWarning` naming the field.
+"""
 
 from __future__ import annotations
 
 import re
+import warnings
 from datetime import timedelta
 
 from airflow_jetstream.client.errors import InvalidRequestError
 
-_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000,
-          "h": 3_600_000_000_000, "d": 86_400_000_000_000}
+_NANOS_PER_SECOND = 1_000_000_000
+_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": _NANOS_PER_SECOND, "m": 60 * _NANOS_PER_SECOND,
+          "h": 3_600 * _NANOS_PER_SECOND, "d": 86_400 * _NANOS_PER_SECOND}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|ms|s|m|h|d)")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+#: Whole numbers from here up are taken as the old nanoseconds (deprecated).
+LEGACY_NANOS_FROM = 10**9
 
 
 def to_nanos(value: int | float | str | timedelta, *, field: str = "duration") -> int:
-    """Nanoseconds from an int (already ns, as in the server's JSON), a timedelta or '90s'/'1h30m'/'7d'."""
+    """Nanoseconds (for server JSON) from seconds (int/float), a timedelta or a string like '90s', '2h', '7d'."""
     if isinstance(value, bool):
-        raise InvalidRequestError(f"{field}: expected a duration, got {value!r}")
+        raise InvalidRequestError(f"{field}: expected a duration, got {value!r}", reason="invalid_duration")
     if isinstance(value, timedelta):
-        return int(value.total_seconds() * 1_000_000_000)
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise InvalidRequestError(f"{field}: a duration cannot be negative ({value})")
-        return int(value)
+        nanos = (value.days * 86_400 + value.seconds) * _NANOS_PER_SECOND + value.microseconds * 1_000
+        return _not_negative(nanos, value, field)
+    if isinstance(value, int):
+        if value >= LEGACY_NANOS_FROM:
+            warnings.warn(
+                f"{field}={value}: a bare int of nanoseconds is deprecated; durations are seconds "
+                f"(or a timedelta, or a string like '90s'): pass {value / _NANOS_PER_SECOND:g}",
+                DeprecationWarning, stacklevel=3,
+            )
+            return value
+        return _not_negative(value * _NANOS_PER_SECOND, value, field)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise InvalidRequestError(f"{field}: {value!r} is not a duration", reason="invalid_duration")
+        return _not_negative(round(value * _NANOS_PER_SECOND), value, field)
     if isinstance(value, str):
         text = value.strip().lower()
-        if text.isdigit():
-            return int(text)
-        pos, total = 0, 0.0
+        if _NUMBER.fullmatch(text):
+            return round(float(text) * _NANOS_PER_SECOND) if "." in text else int(text) * _NANOS_PER_SECOND
+        pos, total = 0, 0
         for match in _PART.finditer(text):
             if match.start() != pos:
                 break
-            total += float(match.group(1)) * _UNITS[match.group(2)]
+            number, unit = match.group(1), _UNITS[match.group(2)]
+            total += round(float(number) * unit) if "." in number else int(number) * unit
             pos = match.end()
         if pos == len(text) and text:
-            return int(total)
+            return total
     raise InvalidRequestError(
-        f"{field}: cannot read duration {value!r}; use nanoseconds, a timedelta or a string like '90s', '2h', '7d'"
+        f"{field}: cannot read duration {value!r}; use seconds (a number), a timedelta or a string like "
+        "'500ms', '90s', '2h', '7d'",
+        reason="invalid_duration",
     )
+
+
+def to_seconds(value: int | float | str | timedelta, *, field: str = "duration") -> float:
+    """Seconds from seconds (int/float), a timedelta or a string like '90s', '2h', '7d' (the same rule)."""
+    return to_nanos(value, field=field) / _NANOS_PER_SECOND
+
+
+def _not_negative(nanos: int, value: object, field: str) -> int:
+    if nanos < 0:
+        raise InvalidRequestError(f"{field}: a duration cannot be negative ({value!r})", reason="invalid_duration")
+    return nanos

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.sourcing.provision import DurableSource, provision_durable_source
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 
@@ -76,7 +78,7 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         domain: str | None = None,
         api_prefix: str | None = None,
         create_consumer: bool = True,
-        health_timeout: float = 30.0,
+        health_timeout: float | str | timedelta = 30.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -95,7 +97,7 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         self.domain = domain
         self.api_prefix = api_prefix
         self.create_consumer = create_consumer
-        self.health_timeout = health_timeout
+        self.health_timeout = to_seconds(health_timeout, field="health_timeout")
 
     def spec(self) -> DurableSource:
         """The validated provisioning request (raises before any call on bad input)."""

@@ -13,6 +13,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow_jetstream.client.admin.consumers import parse_time
 from airflow_jetstream.client.advisories.capture import DEFAULT_CAPTURE_STREAM, find_captured, listen_live
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter, predicate_path
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger
 
@@ -81,7 +82,7 @@ class JetStreamAdvisorySensor(BaseSensorOperator):
         since: datetime | str | None = None,
         expect: str = "present",
         capture_stream: str | None = DEFAULT_CAPTURE_STREAM,
-        quiet_period: float | timedelta = 60.0,
+        quiet_period: float | str | timedelta = 60.0,
         deferrable: bool = False,
         nats_conn_id: str = JetStreamHook.default_conn_name,
         **kwargs: Any,
@@ -98,7 +99,7 @@ class JetStreamAdvisorySensor(BaseSensorOperator):
         self.since = since
         self.expect = expect
         self.capture_stream = capture_stream
-        self.quiet_period = quiet_period.total_seconds() if isinstance(quiet_period, timedelta) else float(quiet_period)
+        self.quiet_period = to_seconds(quiet_period, field="quiet_period")
         self.deferrable = deferrable
         self.nats_conn_id = nats_conn_id
         self._guard_started: datetime | None = None

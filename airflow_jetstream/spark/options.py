@@ -15,6 +15,7 @@ from typing import Any
 
 from airflow_jetstream.client.admin.consumers import parse_time
 from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import DEFAULT_BUCKET
 from airflow_jetstream.client.ledger.job_records import DEFAULT_JOB_BUCKET
@@ -121,10 +122,7 @@ def connection_settings(options: Mapping[str, str]) -> ConnectionSettings:
         if raw is None or raw == "":
             continue
         if key in _FLOAT_SETTINGS:
-            try:
-                values[key] = float(raw)
-            except ValueError:
-                raise _bad(key, raw, "expected seconds as a number") from None
+            values[key] = to_seconds(raw, field=f"option {key!r}")
         elif key == "tls_verify":
             values[key] = _bool(options, key, True)
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -14,6 +14,7 @@ from airflow_jetstream.client.admin.consumers import parse_time
 from airflow_jetstream.client.advisories.capture import find_captured, watch_advisories
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter
 from airflow_jetstream.client.connection_pool import shared_connection
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     AuthenticationError,
     ConnectionFailedError,
@@ -55,7 +56,7 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         capture_stream: str | None = "ADVISORIES",
         quiet_until: str | None = None,
         nats_conn_id: str = JetStreamHook.default_conn_name,
-        poll_timeout: float = 30.0,
+        poll_timeout: float | str | timedelta = 30.0,
     ) -> None:
         super().__init__()
         if expect not in EXPECT_VALUES:
@@ -69,7 +70,7 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         self.capture_stream = capture_stream
         self.quiet_until = quiet_until
         self.nats_conn_id = nats_conn_id
-        self.poll_timeout = poll_timeout
+        self.poll_timeout = to_seconds(poll_timeout, field="poll_timeout")
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import JetStreamError
 from airflow_jetstream.client.sourcing.provision import source_status
 from airflow_jetstream.hooks.jetstream import JetStreamHook
@@ -23,10 +25,11 @@ class JetStreamPollingTrigger(BaseTrigger):
 
     what = "condition"
 
-    def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, poll_interval: float = 5.0) -> None:
+    def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name,
+                 poll_interval: float | str | timedelta = 5.0) -> None:
         super().__init__()
         self.nats_conn_id = nats_conn_id
-        self.poll_interval = float(poll_interval)
+        self.poll_interval = to_seconds(poll_interval, field="poll_interval")
 
     def _kwargs(self) -> dict[str, Any]:
         raise NotImplementedError

@@ -23,6 +23,7 @@ import itertools
 import json
 import logging
 from collections.abc import AsyncIterator, Hashable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import nats.errors
@@ -35,6 +36,7 @@ from airflow_jetstream.client.advisories.filter import AdvisoryFilter
 from airflow_jetstream.client.advisories.types import decode_advisory
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.connection_pool import POOL
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import ConsumerConfigError
 from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.settings import ConnectionSettings
@@ -87,14 +89,16 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
     """
 
     def __init__(self, *, nats_conn_id: str, stream: str, consumer: str, consumer_config: dict[str, Any] | None = None,
-                 batch_size: int = 64, fetch_timeout: float = 5.0, progress_interval: float | None = None) -> None:
+                 batch_size: int = 64, fetch_timeout: float | str | timedelta = 5.0,
+                 progress_interval: float | str | timedelta | None = None) -> None:
         self.nats_conn_id = nats_conn_id
         self.stream = stream
         self.consumer = consumer
         self.consumer_config = consumer_config
         self.batch_size = batch_size
-        self.fetch_timeout = fetch_timeout
-        self.progress_interval = progress_interval
+        self.fetch_timeout = to_seconds(fetch_timeout, field="fetch_timeout")
+        self.progress_interval = None if progress_interval is None else to_seconds(
+            progress_interval, field="progress_interval")
         self._settings: ConnectionSettings | None = None
         self._conn: JetStreamConnection | None = None
         self._pull: PullSubscription | None = None
@@ -238,7 +242,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
         advisory_match: dict[str, Any] | str | None = None,
         consumer_config: dict[str, Any] | None = None,
         batch_size: int = 64,
-        fetch_timeout: float = 5.0,
+        fetch_timeout: float | str | timedelta = 5.0,
     ) -> None:
         super().__init__()
         self.stream = validate_name(stream, what="stream name")
@@ -254,7 +258,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
         self.advisory_filter = self._advisory_filter()
         self.consumer_config = consumer_config
         self.batch_size = batch_size
-        self.fetch_timeout = fetch_timeout
+        self.fetch_timeout = to_seconds(fetch_timeout, field="fetch_timeout")
 
     def _advisory_filter(self) -> AdvisoryFilter | None:
         if all(getattr(self, key) is None for key in _ADVISORY_KEYS):
@@ -292,7 +296,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
             consumer=kwargs["consumer"],
             consumer_config=config,
             batch_size=int(kwargs.get("batch_size") or 64),
-            fetch_timeout=float(kwargs.get("fetch_timeout") or 5.0),
+            fetch_timeout=kwargs.get("fetch_timeout") or 5.0,
         )
 
     def event_for(self, message: dict[str, Any]) -> TriggerEvent | None:

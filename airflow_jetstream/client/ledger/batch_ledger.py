@@ -62,7 +62,7 @@ from nats.js.kv import KeyValue
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.durations import to_nanos
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     BatchesFailedError,
     BatchNotFoundError,
@@ -274,9 +274,8 @@ class BatchLedger:
         self.conn = conn
         self.kv = kv
         self.bucket = bucket
-        seconds = visibility_timeout if isinstance(visibility_timeout, (int, float)) else (
-            to_nanos(visibility_timeout, field="visibility_timeout") / 1e9)
-        if isinstance(seconds, bool) or seconds <= 0:
+        seconds = to_seconds(visibility_timeout, field="visibility_timeout")
+        if seconds <= 0:
             raise InvalidRequestError(f"visibility_timeout must be positive, got {visibility_timeout!r}")
         if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
             raise InvalidRequestError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
@@ -301,7 +300,7 @@ class BatchLedger:
             except nats.js.errors.BucketNotFoundError:
                 if not create:
                     raise
-                ttl_seconds = None if ttl is None else to_nanos(ttl, field="ttl") / 1e9
+                ttl_seconds = None if ttl is None else to_seconds(ttl, field="ttl")
                 kv = await conn.js.create_key_value(
                     bucket=bucket, history=history, ttl=ttl_seconds, replicas=replicas,
                     description="airflow-jetstream batch ledger",

@@ -59,7 +59,7 @@ SOURCE_HEADER = "Nats-Stream-Source"
 FLOW_CONTROL_CONSUMER = {
     "ack_policy": "flow_control",
     "flow_control": True,
-    "idle_heartbeat": 1_000_000_000,
+    "idle_heartbeat": "1s",
     "max_deliver": -1,
 }
 DEFAULT_MAX_ACK_PENDING = 1000

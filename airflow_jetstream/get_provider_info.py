@@ -4,39 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_jetstream.client.settings import CONNECTION_FIELDS, FieldSpec
 from airflow_jetstream.version import __version__
 
-_SECRET = {"type": ["string", "null"], "format": "password"}
-_TEXT = {"type": ["string", "null"]}
+_JSON_TYPES = {str: "string", bool: "boolean", float: "number"}
 
 
-def _field(label: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"label": label, "description": description, "schema": dict(schema or _TEXT)}
+def _form_field(spec: FieldSpec) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": [_JSON_TYPES[spec.kind], "null"]}
+    if spec.secret:
+        schema["format"] = "password"
+    if spec.kind is bool:
+        schema["default"] = True
+    return {"label": spec.label, "description": spec.description, "schema": schema}
 
 
-CONN_FIELDS: dict[str, dict[str, Any]] = {
-    "token": _field("Token", "Authentication token (instead of login/password).", _SECRET),
-    "nkey_seed": _field("NKey seed", "User nkey seed (starts with 'SU'); kept secret.", _SECRET),
-    "creds_file": _field("Credentials file", "Path to a .creds file (JWT + nkey seed) on the worker."),
-    "tls_ca_file": _field("TLS CA file", "Path to the CA bundle that signed the server certificate."),
-    "tls_cert_file": _field("TLS client certificate", "Path to the client certificate (mutual TLS)."),
-    "tls_key_file": _field("TLS client key", "Path to the client key (mutual TLS)."),
-    "tls_verify": _field(
-        "Verify TLS", "Verify the server certificate (default true).", {"type": ["boolean", "null"], "default": True}
-    ),
-    "tls_hostname": _field("TLS server name", "Host name to verify when it differs from the server address."),
-    "connect_timeout": _field(
-        "Connect timeout (s)", "Seconds to wait per server when connecting (default 5).",
-        {"type": ["number", "null"]},
-    ),
-    "request_timeout": _field(
-        "Request timeout (s)", "Seconds to wait for JetStream API replies (default 5).",
-        {"type": ["number", "null"]},
-    ),
-    "client_name": _field("Client name", "Connection name shown in the server's monitoring."),
-    "domain": _field("JetStream domain", "JetStream domain (e.g. a leaf node's), if any."),
-    "api_prefix": _field("JetStream API prefix", "Custom API prefix (instead of a domain), if any."),
-}
+#: The connection form's extra fields, from the one field table in client/settings.py.
+CONN_FIELDS: dict[str, dict[str, Any]] = {name: _form_field(spec) for name, spec in CONNECTION_FIELDS.items()}
 
 
 def get_provider_info() -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -179,3 +180,92 @@ class ConnectionSettings:
                     line.strip() for line in fh if line.strip() and not line.lstrip().startswith(("-", "*"))
                 )
         return values
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One connection field beyond servers/user/password: its type and how a form shows it."""
+
+    kind: type
+    label: str
+    description: str
+    secret: bool = False
+
+
+#: The connection's extra fields: parsed by :func:`settings_from_fields`, shown by the Airflow form.
+CONNECTION_FIELDS: dict[str, FieldSpec] = {
+    "token": FieldSpec(str, "Token", "Authentication token (instead of login/password).", secret=True),
+    "nkey_seed": FieldSpec(str, "NKey seed", "User nkey seed (starts with 'SU'); kept secret.", secret=True),
+    "creds_file": FieldSpec(str, "Credentials file", "Path to a .creds file (JWT + nkey seed) on the worker."),
+    "tls_ca_file": FieldSpec(str, "TLS CA file", "Path to the CA bundle that signed the server certificate."),
+    "tls_cert_file": FieldSpec(str, "TLS client certificate", "Path to the client certificate (mutual TLS)."),
+    "tls_key_file": FieldSpec(str, "TLS client key", "Path to the client key (mutual TLS)."),
+    "tls_verify": FieldSpec(bool, "Verify TLS", "Verify the server certificate (default true)."),
+    "tls_hostname": FieldSpec(str, "TLS server name", "Host name to verify when it differs from the server address."),
+    "connect_timeout": FieldSpec(float, "Connect timeout (s)",
+                                 "Seconds to wait per server when connecting (default 5)."),
+    "request_timeout": FieldSpec(float, "Request timeout (s)",
+                                 "Seconds to wait for JetStream API replies (default 5)."),
+    "client_name": FieldSpec(str, "Client name", "Connection name shown in the server's monitoring."),
+    "domain": FieldSpec(str, "JetStream domain", "JetStream domain (e.g. a leaf node's), if any."),
+    "api_prefix": FieldSpec(str, "JetStream API prefix", "Custom API prefix (instead of a domain), if any."),
+}
+#: Every field :func:`settings_from_fields` accepts.
+SETTINGS_FIELDS = ("servers", "user", "password", *CONNECTION_FIELDS)
+TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
+FALSE_WORDS = frozenset({"false", "0", "no", "off"})
+
+
+def parse_bool(name: str, value: Any) -> bool:
+    """``true/false, 1/0, yes/no, on/off`` (any case) or a bool; anything else is an error."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in TRUE_WORDS | FALSE_WORDS:
+        return text in TRUE_WORDS
+    raise InvalidSettingsError(f"{name} must be true or false, got {value!r}")
+
+
+def _field_value(name: str, value: Any, what: str) -> Any:
+    kind = CONNECTION_FIELDS[name].kind if name in CONNECTION_FIELDS else str
+    if kind is bool:
+        return parse_bool(f"{what} {name!r}", value)
+    if kind is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise InvalidSettingsError(f"{what} {name!r} must be a number of seconds, got {value!r}") from None
+    if not isinstance(value, str):
+        raise InvalidSettingsError(f"{what} {name!r} must be a string")
+    return value.strip()
+
+
+def settings_from_fields(values: Mapping[str, Any], *, default_port: int = DEFAULT_PORT,
+                         what: str = "connection field") -> ConnectionSettings:
+    """The one parser of connection fields: ``servers``, ``user``, ``password`` and :data:`CONNECTION_FIELDS`.
+
+    Values may be strings (Spark options, Spark conf, a JSON extra) or typed values; ``None`` and
+    ``""`` mean unset. Unknown names are refused so a typo does not pass silently.
+    """
+    unknown = sorted(k for k in values if k not in SETTINGS_FIELDS)
+    if unknown:
+        raise InvalidSettingsError(
+            f"unknown {what}(s) {', '.join(unknown)}; known: {', '.join(sorted(SETTINGS_FIELDS))}")
+    parsed = {k: _field_value(k, v, what) for k, v in values.items() if v is not None and v != "" and k != "servers"}
+    servers = values.get("servers")
+    if servers:
+        parsed["servers"] = parse_servers(servers, default_port=default_port)
+    return ConnectionSettings(**parsed)
+
+
+def settings_to_fields(settings: ConnectionSettings) -> dict[str, str]:
+    """The settings as string fields (the inverse of :func:`settings_from_fields`; defaults left out)."""
+    out: dict[str, str] = {}
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if value is None or value == f.default:
+            continue
+        out[f.name] = ",".join(value) if f.name == "servers" else str(value).lower() if isinstance(value, bool) \
+            else str(value)
+    out.setdefault("servers", ",".join(settings.servers))
+    return out

@@ -10,22 +10,18 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from airflow_jetstream.client.admin.consumers import parse_time
 from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS
-from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError
 from airflow_jetstream.client.ledger.batch_ledger import DEFAULT_BUCKET
 from airflow_jetstream.client.ledger.job_records import DEFAULT_JOB_BUCKET
-from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.client.settings import SETTINGS_FIELDS, ConnectionSettings, parse_bool, settings_from_fields
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 
-#: ConnectionSettings fields that may be given as options (``servers`` is a comma-separated list).
-CONNECTION_OPTIONS = tuple(f.name for f in fields(ConnectionSettings))
-_BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-_FLOAT_SETTINGS = ("connect_timeout", "request_timeout")
+#: Connection fields that may be given as options (``servers`` is a comma-separated list).
+CONNECTION_OPTIONS = SETTINGS_FIELDS
 _JOB_ID = re.compile(r"[A-Za-z0-9_\-]{1,40}")
 
 WRITE_MODES = ("atomic", "bulk")
@@ -72,8 +68,8 @@ def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
     if raw is None or raw == "":
         return default
     try:
-        return _BOOL[raw.strip().lower()]
-    except KeyError:
+        return parse_bool(key, raw)
+    except InvalidSettingsError:
         raise _bad(key, raw, "expected true or false") from None
 
 
@@ -116,23 +112,15 @@ def _stream(options: Mapping[str, str]) -> str:
 
 def connection_settings(options: Mapping[str, str]) -> ConnectionSettings:
     """ConnectionSettings from the connection options (``servers``, ``user``, ``password``, ...)."""
-    values: dict[str, Any] = {}
-    for key in CONNECTION_OPTIONS:
-        raw = options.get(key)
-        if raw is None or raw == "":
-            continue
-        if key in _FLOAT_SETTINGS:
-            values[key] = to_seconds(raw, field=f"option {key!r}")
-        elif key == "tls_verify":
-            values[key] = _bool(options, key, True)
-        else:
-            values[key] = raw
-    if "servers" not in values:
+    if not options.get("servers"):
         raise InvalidRequestError(
-            "the jetstream data source needs the NATS servers: .option('servers', 'nats://host:4222')",
+            "the jetstream data source needs the NATS servers: submit the job with "
+            "JetStreamSparkSubmitOperator(nats_conn_id=...) and call register(spark), or set "
+            ".option('servers', 'nats://host:4222')",
             reason="missing_option",
         )
-    return ConnectionSettings(**values)
+    return settings_from_fields({k: options[k] for k in CONNECTION_OPTIONS if k in options},
+                                what="data source option")
 
 
 def lowered(options: Mapping[str, str]) -> dict[str, str]:

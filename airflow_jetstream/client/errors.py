@@ -136,6 +136,12 @@ class ServerAPIError(JetStreamError):
     default_reason = "api_error"
 
 
+class PlacementError(JetStreamError):
+    """The cluster cannot place the stream or bucket: too many replicas, unknown cluster or tags, no room."""
+
+    default_reason = "placement_failed"
+
+
 class BatchPublishError(JetStreamError):
     """An atomic or fast batch was refused; nothing of it was stored unless ``reason`` says so."""
 
@@ -244,6 +250,11 @@ _API_ERRORS: dict[int, tuple[type[JetStreamError], str, str]] = {
     10100: (ConsumerConfigError, "workqueue_filter_not_unique",
             "on a WorkQueue stream a subject may be filtered by one consumer only: remove it from the other first"),
     10138: (ConsumerConfigError, "filter_subjects_overlap", "keep only the wider of the overlapping filters"),
+    10005: (PlacementError, "placement_failed",
+            "lower num_replicas to at most the number of JetStream servers, or fix the placement cluster/tags"),
+    10074: (PlacementError, "replicas_need_cluster", "a single server holds only num_replicas=1; set it to 1"),
+    10023: (PlacementError, "insufficient_resources", "lower num_replicas/max_bytes or add JetStream servers"),
+    10047: (PlacementError, "insufficient_resources", "lower max_bytes or num_replicas, or add JetStream storage"),
 }
 
 

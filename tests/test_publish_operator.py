@@ -51,8 +51,10 @@ def test_messages_list_with_default_subject_and_data_kinds(nats_server, nats_con
         ],
     )
     result = op.execute(context={})
-    assert result == {"stream": "ORDERS", "batch": result["batch"], "count": 3, "first_seq": 1, "last_seq": 3,
-                      "already_committed": False}
+    assert result == {"stream": "ORDERS", "mode": "atomic", "batch": result["batch"], "chunks": 1, "count": 3,
+                      "first_seq": 1, "last_seq": 3, "already_committed": False, "already_committed_chunks": 0,
+                      "stored_exact": True, "batch_prefix": result["batch_prefix"], "msg_id_prefix": None}
+    assert result["batch"] == result["batch_prefix"] + "-1"
     json.dumps(result)
     assert stored(nats_server) == [("orders.new", b"text"), ("orders.new", b"raw"),
                                    ("orders.vip", b'{"id":7,"items":[1,2]}')]
@@ -66,8 +68,10 @@ def test_jsonl_file_split_into_chunks_with_chained_expectation(nats_server, nats
                                              split=True, max_msgs=3, expected_last_seq="0")
     result = op.execute(context={})
     assert result["count"] == 7 and (result["first_seq"], result["last_seq"]) == (1, 7)
-    assert [(c["first_seq"], c["last_seq"], c["count"]) for c in result["chunks"]] == [(1, 3, 3), (4, 6, 3), (7, 7, 1)]
-    assert "chunk 2/3: 3 message(s) committed to ORDERS, seq 4..6" in capsys.readouterr().out
+    assert result["chunks"] == 3
+    out = capsys.readouterr().out
+    assert "Validated 7 message(s); publishing them as 3 atomic batch(es) of at most 3" in out
+    assert "chunk 2/3: 3 message(s) committed to ORDERS, seq 4..6" in out
     assert [json.loads(d)["n"] for _, d in stored(nats_server)] == list(range(7))
 
 
@@ -151,8 +155,94 @@ def test_failed_chunk_reports_committed_chunks(nats_server, nats_conn):
                                              messages=messages)
     with pytest.raises(BatchPublishError) as info:
         op.execute(context={})
-    assert "chunk 2/2 failed after chunks 1..1 were committed (seqs 1..3)" in str(info.value)
+    assert "chunk 2/2 failed after chunks 1..1 were committed (3 message(s), seqs 1..3)" in str(info.value)
     assert len(stored(nats_server)) == 3
+
+
+def test_invalid_line_at_the_end_of_a_file_fails_before_anything_is_sent(nats_server, nats_conn, tmp_path):
+    admin(nats_server, lambda conn: asyncio.sleep(0))
+    path = tmp_path / "orders.jsonl"
+    path.write_text("".join(json.dumps({"data": {"n": i}}) + "\n" for i in range(2500)) + "{not json\n")
+    op = JetStreamAtomicBatchPublishOperator(task_id="p", messages_file=str(path), subject="orders.f", split=True)
+    with pytest.raises(InvalidRequestError) as info:
+        op.execute(context={})
+    assert info.value.reason == "invalid_message" and "orders.jsonl:2501" in str(info.value)
+    assert stored(nats_server) == []
+
+
+def test_parquet_file_is_read_by_record_batch_in_chunks(nats_server, nats_conn, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    admin(nats_server, lambda conn: asyncio.sleep(0))
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"data": [f"row-{i}" for i in range(2500)]}), path, row_group_size=700)
+    result = JetStreamAtomicBatchPublishOperator(task_id="p", messages_file=str(path), subject="orders.pq",
+                                                 split=True).execute(context={})
+    assert (result["count"], result["chunks"], result["first_seq"], result["last_seq"]) == (2500, 3, 1, 2500)
+    assert [d for _, d in stored(nats_server)] == [f"row-{i}".encode() for i in range(2500)]
+
+
+FAILURES = {"left": 0}
+
+
+def produce_orders(count: int, fail_at: int | None = None):
+    """A producer_function for the tests: ``count`` orders, failing once at ``fail_at`` if told."""
+    for n in range(count):
+        if n == fail_at and FAILURES["left"]:
+            FAILURES["left"] -= 1
+            raise RuntimeError(f"upstream API failed at order {n}")
+        yield {"subject": f"orders.{n % 3}", "data": {"n": n}}
+
+
+class TaskIdentity:
+    """What the operator reads from the task instance in the context: its identity across tries."""
+
+    dag_id, task_id, run_id, map_index = "daily", "produce", "manual__2026-01-01", -1
+
+
+@pytest.mark.parametrize("mode", ["atomic", "fast"])
+def test_producer_function_retried_after_failing_half_way_stores_each_message_once(nats_server, nats_conn, mode):
+    admin(nats_server, lambda conn: asyncio.sleep(0), stream={**ORDERS, "allow_batched": True})
+    FAILURES["left"] = 1
+
+    def op():
+        return JetStreamAtomicBatchPublishOperator(
+            task_id="produce", producer_function="tests.test_publish_operator.produce_orders",
+            producer_function_kwargs={"count": 1200, "fail_at": 700}, stream="ORDERS", split=True, max_msgs=300,
+            mode=mode)
+
+    with pytest.raises(RuntimeError, match="order 700"):
+        op().execute(context={"ti": TaskIdentity()})
+    assert len(stored(nats_server)) == 600  # chunks 1 and 2 committed before the failure
+    result = op().execute(context={"ti": TaskIdentity()})
+    assert (result["count"], result["chunks"], result["mode"]) == (1200, 4, mode)
+    assert result["msg_id_prefix"].startswith("pf-")
+    if mode == "atomic":
+        assert result["already_committed_chunks"] == 2 and (result["first_seq"], result["last_seq"]) == (1, 1200)
+    numbers = sorted(json.loads(d)["n"] for _, d in stored(nats_server))
+    assert numbers == list(range(1200))
+
+
+def test_producer_function_callable_with_args_and_its_errors(nats_server, nats_conn):
+    admin(nats_server, lambda conn: asyncio.sleep(0))
+    result = JetStreamAtomicBatchPublishOperator(
+        task_id="p", producer_function=produce_orders, producer_function_args=[5], dedupe_key="run-7",
+    ).execute(context={})
+    assert (result["count"], result["msg_id_prefix"]) == (5, "run-7")
+    with pytest.raises(InvalidRequestError) as no_identity:
+        JetStreamAtomicBatchPublishOperator(task_id="p", producer_function=produce_orders,
+                                            producer_function_args=[5]).execute(context={})
+    assert no_identity.value.reason == "invalid_request" and "dedupe_key" in str(no_identity.value)
+    with pytest.raises(InvalidRequestError) as bad_path:
+        JetStreamAtomicBatchPublishOperator(task_id="p", producer_function="tests.nowhere.produce",
+                                            dedupe_key="k").execute(context={})
+    assert bad_path.value.reason == "invalid_request" and "cannot be imported" in str(bad_path.value)
+    with pytest.raises(InvalidRequestError) as not_iterable:
+        JetStreamAtomicBatchPublishOperator(task_id="p", producer_function=lambda: {"data": 1},
+                                            dedupe_key="k").execute(context={})
+    assert not_iterable.value.reason == "invalid_message"
+    assert len(stored(nats_server)) == 5
 
 
 DAG_FILE = '''

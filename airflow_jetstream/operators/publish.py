@@ -1,18 +1,25 @@
-"""JetStreamAtomicBatchPublishOperator: publish a list or file of messages as atomic batches."""
+"""JetStreamAtomicBatchPublishOperator: publish a list, a file or a producer function's messages as batches."""
 
 from __future__ import annotations
 
-import asyncio
+import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.batches.atomic import publish_atomic_batch, streams_for_subject
-from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, BatchMessage, BatchResult
+from airflow.sdk.module_loading import import_string
+
+from airflow_jetstream.client.batches.publish_chunks import (
+    ChunksSummary,
+    check_mode,
+    check_target_stream,
+    publish_chunks,
+    validate_chunk,
+)
+from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, BatchMessage, new_batch_id
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError
+from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 
 MESSAGE_KEYS = frozenset({"subject", "data", "headers", "msg_id"})
@@ -60,8 +67,9 @@ def to_batch_message(item: Any, index: int, default_subject: str | None, dedupe_
                         msg_id=str(msg_id) if msg_id is not None else None)
 
 
-def read_messages_file(path: str) -> Iterator[dict[str, Any]]:
-    """Message dicts from a JSON Lines file, or from a Parquet file (``.parquet``, needs pyarrow)."""
+def read_messages_file(path: str, *, parquet_batch_rows: int = DEFAULT_MAX_BATCH_MSGS) -> Iterator[dict[str, Any]]:
+    """Message dicts from a JSON Lines file (line by line), or from a Parquet file (``.parquet``, needs
+    pyarrow; read one record batch of ``parquet_batch_rows`` at a time)."""
     if not os.path.isfile(path):
         raise InvalidRequestError(f"messages_file {path!r} does not exist", reason="file_not_found")
     if path.endswith((".parquet", ".pq")):
@@ -70,7 +78,8 @@ def read_messages_file(path: str) -> Iterator[dict[str, Any]]:
         except ImportError:
             raise InvalidRequestError("reading Parquet needs pyarrow: pip install 'airflow-jetstream[spark]', "
                                       "or write JSON Lines", reason="pyarrow_missing") from None
-        yield from pq.read_table(path).to_pylist()
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=parquet_batch_rows):
+            yield from batch.to_pylist()
         return
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
@@ -83,61 +92,39 @@ def read_messages_file(path: str) -> Iterator[dict[str, Any]]:
                                           reason="invalid_message") from None
 
 
-async def check_target_stream(conn: JetStreamConnection, stream: str, subjects: set[str]) -> None:
-    """Fail before publishing unless ``stream`` allows atomic batches and captures every subject."""
-    info = await stream_info(conn, stream)
-    if not info["config"].get("allow_atomic"):
-        raise BatchPublishError(f"stream {stream!r} does not allow atomic batches; set allow_atomic: true "
-                                "(JetStreamEnsureStreamOperator)", reason="stream_not_atomic")
-    owners = await asyncio.gather(*(streams_for_subject(conn, subject) for subject in sorted(subjects)))
-    for subject, names in zip(sorted(subjects), owners, strict=True):
-        if names != [stream]:
-            where = f"stream {names[0]!r}" if names else "no stream"
-            raise BatchPublishError(f"subject {subject!r} is captured by {where}, not by {stream!r}; fix the "
-                                    "subject or the stream", reason="wrong_stream")
-
-
-async def publish_chunks(conn: JetStreamConnection, chunks: list[list[BatchMessage]], *, stream: str | None,
-                         expected_last_seq: int | None, max_msgs: int, log: Any) -> list[BatchResult]:
-    """Publish each chunk as one atomic batch; chunk k+1 expects the stream to end where chunk k did."""
-    if stream:
-        await check_target_stream(conn, stream, {m.subject for chunk in chunks for m in chunk})
-    results: list[BatchResult] = []
-    expected = expected_last_seq
-    for number, chunk in enumerate(chunks, start=1):
-        try:
-            result = await publish_atomic_batch(conn, chunk, expected_last_seq=expected, max_msgs=max_msgs)
-        except JetStreamError as exc:
-            if not results:
-                raise
-            done = ", ".join(f"{r.first_seq}..{r.last_seq}" for r in results)
-            raise BatchPublishError(
-                f"chunk {number}/{len(chunks)} failed after chunks 1..{number - 1} were committed (seqs {done}): "
-                f"{exc.message}. Set dedupe_key so a retry skips the committed chunks",
-                reason=exc.reason, code=exc.code, err_code=exc.err_code, description=exc.description,
-            ) from None
-        log.info("chunk %d/%d: %d message(s) committed to %s, seq %s..%s%s", number, len(chunks), result.count,
-                 result.stream, result.first_seq, result.last_seq,
-                 " (already committed earlier)" if result.already_committed else "")
-        results.append(result)
-        if expected is not None:
-            expected = result.last_seq
-    return results
+def task_dedupe_key(context: Any) -> str | None:
+    """A msg id prefix naming this task instance (dag, task, run, map index; not the try number), or None."""
+    ti = (context or {}).get("ti") or (context or {}).get("task_instance")
+    if ti is None:
+        return None
+    identity = "|".join(str(getattr(ti, name, "")) for name in ("dag_id", "task_id", "run_id", "map_index"))
+    return "pf-" + hashlib.sha256(identity.encode()).hexdigest()[:24]
 
 
 class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
-    """Publish messages to JetStream as all-or-nothing atomic batches.
+    """Publish messages to JetStream as atomic batches (or fast batches), streaming any input size.
 
-    Messages come from ``messages`` (a templated list, or an upstream task's XCom such as
-    ``producer.output``) or from ``messages_file`` (JSON Lines, or Parquet when pyarrow is
-    installed), e.g. a file a Spark job wrote. Each message is a dict with ``subject`` (or the
-    operator's ``subject``), ``data`` (str, bytes or anything JSON-serialisable, sent as JSON) and
-    optional ``headers`` and ``msg_id``. The stream needs ``allow_atomic: true``.
+    Messages come from exactly one of ``messages`` (a templated list, or an upstream task's XCom
+    such as ``producer.output``), ``messages_file`` (JSON Lines read line by line, or Parquet read
+    record batch by record batch when pyarrow is installed) or ``producer_function`` (a callable or
+    dotted path returning an iterable, usually a generator, of messages). Each message is a dict with
+    ``subject`` (or the operator's ``subject``), ``data`` (str, bytes or anything JSON-serialisable,
+    sent as JSON) and optional ``headers`` and ``msg_id``. Memory is bounded by one chunk of
+    ``max_msgs`` messages, whatever the input size.
 
-    More messages than one batch allows (``max_msgs``, the server's limit, 1000 by default) fail
-    before anything is sent, unless ``split=True``: then each chunk is its own atomic batch and, when
-    ``expected_last_seq`` is set, each chunk must start where the previous one ended. Returns
-    ``{"stream", "batch", "count", "first_seq", "last_seq"}`` (plus ``"chunks"`` when split)::
+    ``messages`` and ``messages_file`` are validated whole (a first pass that holds nothing) before
+    the first message is sent. More than ``max_msgs`` messages (the server's limit, 1000 by default)
+    fail before anything is sent unless ``split=True``: then each chunk is its own atomic batch
+    (all-or-nothing per chunk, not for the whole input) and, with ``expected_last_seq``, each chunk
+    must start where the previous one ended. A ``producer_function`` is read once: each chunk is
+    validated just before it is sent, and every message gets a deterministic msg id (``dedupe_key``,
+    or one derived from dag, task, run and map index, plus the position), so a retried task skips
+    what an earlier try committed, within the stream's ``duplicate_window``.
+
+    Returns a summary of constant size: ``{"stream", "mode", "batch", "batch_prefix", "chunks",
+    "count", "first_seq", "last_seq", "already_committed", "already_committed_chunks",
+    "stored_exact", "msg_id_prefix"}``; atomic chunk ``n`` is stored with ``Nats-Batch-Id:
+    <batch_prefix>-<n>`` and each chunk is logged::
 
         publish = JetStreamAtomicBatchPublishOperator(
             task_id="publish_orders",
@@ -150,19 +137,25 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
 
     :param messages: list of message dicts, or a JSON string of one (templated).
     :param messages_file: path of a JSON Lines or Parquet file of message dicts (templated).
+    :param producer_function: callable, or dotted path of one, returning an iterable of message dicts.
+    :param producer_function_args: positional arguments for ``producer_function`` (templated).
+    :param producer_function_kwargs: keyword arguments for ``producer_function`` (templated).
     :param subject: default subject for messages without one (templated).
     :param stream: the stream the messages must land in; checked before publishing (templated).
-    :param expected_last_seq: the stream's last sequence before the (first) batch (templated).
+    :param expected_last_seq: the stream's last sequence before the (first) batch; atomic only (templated).
     :param split: allow more than ``max_msgs`` messages, as several atomic batches.
     :param max_msgs: messages per batch (the server's ``jetstream.limits.batch.max_msgs``).
     :param dedupe_key: prefix for automatic msg ids (``<key>-<index>``) of messages without one (templated).
+    :param mode: ``"atomic"`` (all-or-nothing chunks) or ``"fast"`` (fast batches: bulk ingest,
+        not atomic, the stream needs ``allow_batched``).
     :param nats_conn_id: the ``nats`` connection to use.
     """
 
     template_fields: Sequence[str] = (
         "messages", "messages_file", "subject", "stream", "expected_last_seq", "dedupe_key",
+        "producer_function_args", "producer_function_kwargs",
     )
-    template_fields_renderers = {"messages": "json"}
+    template_fields_renderers = {"messages": "json", "producer_function_kwargs": "json"}
     ui_color = "#27aae1"
 
     def __init__(
@@ -170,29 +163,46 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         *,
         messages: list[dict[str, Any]] | str | None = None,
         messages_file: str | None = None,
+        producer_function: str | Callable[..., Iterable[dict[str, Any]]] | None = None,
+        producer_function_args: Sequence[Any] | None = None,
+        producer_function_kwargs: dict[str, Any] | None = None,
         subject: str | None = None,
         stream: str | None = None,
         expected_last_seq: int | str | None = None,
         split: bool = False,
         max_msgs: int = DEFAULT_MAX_BATCH_MSGS,
         dedupe_key: str | None = None,
+        mode: str = "atomic",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.messages = messages
         self.messages_file = messages_file
+        self.producer_function = producer_function
+        self.producer_function_args = producer_function_args
+        self.producer_function_kwargs = producer_function_kwargs
         self.subject = subject
         self.stream = stream
         self.expected_last_seq = expected_last_seq
         self.split = split
         self.max_msgs = max_msgs
         self.dedupe_key = dedupe_key
+        self.mode = mode
 
-    def _load(self) -> list[dict[str, Any]]:
-        if (self.messages is None) == (not self.messages_file):
-            raise InvalidRequestError("give exactly one of messages= or messages_file=", reason="invalid_request")
+    def _check_sources(self) -> None:
+        given = [self.messages is not None, bool(self.messages_file), self.producer_function is not None]
+        if sum(given) != 1:
+            raise InvalidRequestError("give exactly one of messages=, messages_file= or producer_function=",
+                                      reason="invalid_request")
+        if not isinstance(self.max_msgs, int) or isinstance(self.max_msgs, bool) or self.max_msgs < 1:
+            raise InvalidRequestError(f"max_msgs must be an int >= 1, got {self.max_msgs!r}", reason="invalid_request")
+
+    def _items(self) -> Iterator[Any]:
+        """A fresh pass over the input's message dicts."""
         if self.messages_file:
-            return list(read_messages_file(self.messages_file))
+            return read_messages_file(self.messages_file, parquet_batch_rows=self.max_msgs)
+        if self.producer_function is not None:
+            return self._produce()
         messages = self.messages
         if isinstance(messages, str):
             try:
@@ -203,7 +213,40 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         if isinstance(messages, dict) or not isinstance(messages, (list, tuple)):
             raise InvalidRequestError(f"messages must be a list of dicts, got {type(messages).__name__}",
                                       reason="invalid_message")
-        return list(messages)
+        return iter(messages)
+
+    def _produce(self) -> Iterator[Any]:
+        function = self.producer_function
+        if isinstance(function, str):
+            try:
+                function = import_string(function)
+            except ImportError as exc:
+                raise InvalidRequestError(f"producer_function {self.producer_function!r} cannot be imported ({exc}); "
+                                          "give a callable or a dotted path 'package.module.function'",
+                                          reason="invalid_request") from None
+        if not callable(function):
+            raise InvalidRequestError(f"producer_function must be callable, got {type(function).__name__}",
+                                      reason="invalid_request")
+        produced = function(*(self.producer_function_args or ()), **(self.producer_function_kwargs or {}))
+        if isinstance(produced, (str, bytes, dict)) or not isinstance(produced, Iterable):
+            raise InvalidRequestError(f"producer_function must return an iterable (e.g. a generator) of message "
+                                      f"dicts, got {type(produced).__name__}", reason="invalid_message")
+        return iter(produced)
+
+    def _chunks(self, items: Iterator[Any], key: str | None) -> Iterator[list[BatchMessage]]:
+        """The input as chunks of at most ``max_msgs`` messages; one chunk is held at a time."""
+        chunk: list[BatchMessage] = []
+        for index, item in enumerate(items):
+            if len(chunk) == self.max_msgs:
+                if not self.split and self.mode == "atomic":
+                    raise InvalidRequestError(
+                        f"more than {self.max_msgs} messages, more than one atomic batch allows; set split=True "
+                        "to publish them as several atomic batches (each all-or-nothing)", reason="batch_too_large")
+                yield chunk
+                chunk = []
+            chunk.append(to_batch_message(item, index, self.subject, key))
+        if chunk:
+            yield chunk
 
     def _expected(self) -> int | None:
         if self.expected_last_seq in (None, ""):
@@ -215,36 +258,49 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
                                       reason="invalid_request") from None
         if value < 0:
             raise InvalidRequestError("expected_last_seq must be >= 0", reason="invalid_request")
+        if self.mode != "atomic":
+            raise InvalidRequestError("expected_last_seq needs mode='atomic' (fast batches do not check it)",
+                                      reason="invalid_request")
         return value
 
     def execute(self, context: Any) -> dict[str, Any]:
-        raw = self._load()
+        self._check_sources()
+        check_mode(self.mode)
         expected = self._expected()
-        messages = [to_batch_message(item, i, self.subject, self.dedupe_key) for i, item in enumerate(raw)]
-        if not messages:
-            raise InvalidRequestError("there are no messages to publish", reason="empty_batch")
-        if len(messages) > self.max_msgs and not self.split:
-            raise InvalidRequestError(
-                f"{len(messages)} messages are more than one atomic batch allows ({self.max_msgs}); set "
-                "split=True to publish them as several atomic batches (each all-or-nothing)",
-                reason="batch_too_large",
-            )
-        chunks = [messages[i:i + self.max_msgs] for i in range(0, len(messages), self.max_msgs)]
-        self.log.info("Publishing %d message(s) as %d atomic batch(es) of at most %d", len(messages), len(chunks),
-                      self.max_msgs)
-        results = self.hook.run(publish_chunks, chunks, stream=self.stream, expected_last_seq=expected,
-                                max_msgs=self.max_msgs, log=self.log)
-        first, last = results[0], results[-1]
-        summary: dict[str, Any] = {
-            "stream": first.stream,
-            "batch": first.batch,
-            "count": sum(r.count for r in results),
-            "first_seq": first.first_seq,
-            "last_seq": last.last_seq,
-            "already_committed": all(r.already_committed for r in results),
-        }
-        if self.split:
-            summary["chunks"] = [r.to_dict() for r in results]
-        self.log.info("Committed %d message(s) to %s, seq %s..%s", summary["count"], summary["stream"],
-                      summary["first_seq"], summary["last_seq"])
-        return summary
+        key = self.dedupe_key
+        if self.producer_function is not None and not key:
+            key = task_dedupe_key(context)
+            if key is None:
+                raise InvalidRequestError("producer_function needs deterministic msg ids: give dedupe_key, or run "
+                                          "the operator as an Airflow task", reason="invalid_request")
+        prefix = new_batch_id()[:16]
+        summary = self.hook.run(self._publish, expected=expected, key=key, prefix=prefix)
+        result = {**summary.to_dict(), "batch_prefix": prefix, "msg_id_prefix": key}
+        self.log.info("Committed %d message(s) to %s in %d %s batch(es), seq %s..%s (batch ids %s-1..%s-%d)",
+                      result["count"], result["stream"], result["chunks"], self.mode, result["first_seq"],
+                      result["last_seq"], prefix, prefix, result["chunks"])
+        return result
+
+    async def _publish(self, conn: JetStreamConnection, *, expected: int | None, key: str | None,
+                       prefix: str) -> ChunksSummary:
+        target = await check_target_stream(conn, self.stream, mode=self.mode) if self.stream else None
+        delay = self.retry_delay.total_seconds() if self.retries and self.retry_delay else 0.0
+        if target is not None and key and delay > target.duplicate_window:
+            self.log.warning("retry_delay is %.0f s but stream %s remembers msg ids for %.0f s (duplicate_window): "
+                             "a retry after that publishes again; raise the stream's duplicate_window",
+                             delay, target.name, target.duplicate_window)
+        total_chunks = None
+        if self.producer_function is None:
+            count, total_chunks = 0, 0
+            for chunk in self._chunks(self._items(), key):
+                validate_chunk(conn, chunk, mode=self.mode, max_msgs=self.max_msgs)
+                if target is not None:
+                    await target.require(conn, {m.subject for m in chunk})
+                count, total_chunks = count + len(chunk), total_chunks + 1
+            if not count:
+                raise InvalidRequestError("there are no messages to publish", reason="empty_batch")
+            self.log.info("Validated %d message(s); publishing them as %d %s batch(es) of at most %d", count,
+                          total_chunks, self.mode, self.max_msgs)
+        return await publish_chunks(conn, self._chunks(self._items(), key), stream=self.stream, mode=self.mode,
+                                    expected_last_seq=expected, max_msgs=self.max_msgs, batch_prefix=prefix,
+                                    total_chunks=total_chunks, log=self.log)

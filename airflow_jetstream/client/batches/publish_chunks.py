@@ -1,0 +1,227 @@
+"""Check the target stream and publish a stream of chunks as batches, in memory bounded by one chunk.
+
+The publish operator and the Spark writer share these: :func:`check_target_stream` (the stream
+exists, allows the batch mode, and captures every subject), :func:`publish_chunk` (one chunk as an
+atomic or a fast batch) and :func:`publish_chunks` (an iterable of chunks, one after the other,
+summarised by counts: the result does not grow with the number of chunks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.batches.atomic import (
+    _BATCH_HEADER_BYTES,
+    ATOMIC_REFUSED_HEADERS,
+    publish_atomic_batch,
+    streams_for_subject,
+)
+from airflow_jetstream.client.batches.fast import DEFAULT_FLOW, FAST_REFUSED_HEADERS, publish_fast_batch
+from airflow_jetstream.client.batches.types import (
+    DEFAULT_MAX_BATCH_MSGS,
+    BatchMessage,
+    BatchResult,
+    validate_messages,
+)
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError
+from airflow_jetstream.client.subjects import subject_matches
+
+#: Batch modes: ``atomic`` (all-or-nothing per chunk) and ``fast`` (flow-controlled bulk ingest).
+MODES = ("atomic", "fast")
+_MODE_FLAG = {"atomic": ("allow_atomic", "stream_not_atomic"), "fast": ("allow_batched", "stream_not_batched")}
+# Subjects already found captured; reset when full so a file of unique subjects stays bounded.
+_SUBJECT_CACHE = 4096
+# Chunk log lines: the first few, then every N-th, then the last.
+_LOG_FIRST = 10
+_LOG_EVERY = 100
+
+
+def check_mode(mode: str) -> str:
+    """Validate a batch mode name."""
+    if mode not in MODES:
+        raise InvalidRequestError(f"mode must be one of {', '.join(MODES)}, got {mode!r}", reason="invalid_request")
+    return mode
+
+
+@dataclass
+class TargetStream:
+    """A stream checked for a batch mode; :meth:`require` checks subjects against its subject filters.
+
+    JetStream refuses overlapping subjects between streams, so a subject matching one of the
+    stream's filters is captured by this stream and no other: the check is local, one lookup per
+    distinct subject only when it fails (to name the stream that does capture it).
+    """
+
+    name: str
+    filters: tuple[str, ...]
+    #: The stream's duplicate window in seconds: how long a msg id protects against a re-send.
+    duplicate_window: float = 120.0
+    _known: set[str] = field(default_factory=set, repr=False)
+
+    def captures(self, subject: str) -> bool:
+        if subject in self._known:
+            return True
+        if not any(subject_matches(pattern, subject) for pattern in self.filters):
+            return False
+        if len(self._known) >= _SUBJECT_CACHE:
+            self._known.clear()
+        self._known.add(subject)
+        return True
+
+    async def require(self, conn: JetStreamConnection, subjects: Iterable[str]) -> None:
+        """Raise ``wrong_stream`` for the first subject this stream does not capture."""
+        for subject in subjects:
+            if self.captures(subject):
+                continue
+            owners = await streams_for_subject(conn, subject)
+            where = f"stream {owners[0]!r}" if owners else "no stream"
+            raise BatchPublishError(f"subject {subject!r} is captured by {where}, not by {self.name!r}; fix the "
+                                    "subject or the stream", reason="wrong_stream")
+
+
+async def check_target_stream(conn: JetStreamConnection, stream: str, subjects: Iterable[str] = (), *,
+                              mode: str = "atomic") -> TargetStream:
+    """Fail before publishing unless ``stream`` allows ``mode`` batches and captures every subject.
+
+    Returns the checked stream, whose :meth:`TargetStream.require` checks further subjects (for
+    input that arrives in chunks) without asking the server again.
+    """
+    flag, reason = _MODE_FLAG[check_mode(mode)]
+    config = (await stream_info(conn, stream))["config"]
+    if not config.get(flag):
+        raise BatchPublishError(f"stream {stream!r} does not have {flag}: true, which {mode} batches need; set it "
+                                f"on the stream (JetStreamEnsureStreamOperator with {flag}=True)", reason=reason)
+    target = TargetStream(stream, tuple(config.get("subjects") or [stream]),
+                          duplicate_window=int(config.get("duplicate_window") or 120_000_000_000) / 1e9)
+    await target.require(conn, subjects)
+    return target
+
+
+def validate_chunk(conn: JetStreamConnection, messages: Sequence[BatchMessage], *, mode: str = "atomic",
+                   max_msgs: int = DEFAULT_MAX_BATCH_MSGS) -> list[BatchMessage]:
+    """The local checks :func:`publish_chunk` makes before sending, without sending (for a first pass)."""
+    if check_mode(mode) == "atomic":
+        return validate_messages(messages, max_msgs=max_msgs, max_payload=conn.max_payload,
+                                 refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=_BATCH_HEADER_BYTES)
+    return validate_messages(messages, max_msgs=None, max_payload=conn.max_payload,
+                             refused_headers=FAST_REFUSED_HEADERS)
+
+
+async def publish_chunk(conn: JetStreamConnection, messages: Sequence[BatchMessage], *, mode: str = "atomic",
+                        batch_id: str | None = None, expected_last_seq: int | None = None,
+                        max_msgs: int = DEFAULT_MAX_BATCH_MSGS, flow: int = DEFAULT_FLOW) -> BatchResult:
+    """One chunk as an atomic batch (``expected_last_seq``, ``max_msgs``) or a fast batch (``flow``)."""
+    if check_mode(mode) == "atomic":
+        return await publish_atomic_batch(conn, messages, batch_id=batch_id, expected_last_seq=expected_last_seq,
+                                          max_msgs=max_msgs)
+    return await publish_fast_batch(conn, messages, batch_id=batch_id, flow=flow)
+
+
+@dataclass
+class ChunksSummary:
+    """Counts over every published chunk (constant size, JSON-able via :meth:`to_dict`).
+
+    ``count`` is what the server accepted; for fast batches it includes messages the server skipped
+    as duplicates of stored msg ids (it does not say how many), so ``stored_exact`` is False there.
+    ``first_seq``/``last_seq`` bound the sequences of this publish (other publishers may interleave).
+    """
+
+    stream: str = ""
+    mode: str = "atomic"
+    batch: str | None = None
+    chunks: int = 0
+    count: int = 0
+    already_committed_chunks: int = 0
+    first_seq: int | None = None
+    last_seq: int | None = None
+
+    def add(self, result: BatchResult) -> None:
+        self.stream = self.stream or result.stream
+        self.batch = self.batch or result.batch
+        self.chunks += 1
+        self.count += result.count
+        self.already_committed_chunks += int(result.already_committed)
+        if result.first_seq is not None and self.first_seq is None:
+            self.first_seq = result.first_seq
+        self.last_seq = result.last_seq
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "mode": self.mode,
+            "batch": self.batch,
+            "chunks": self.chunks,
+            "count": self.count,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "already_committed": self.chunks > 0 and self.already_committed_chunks == self.chunks,
+            "already_committed_chunks": self.already_committed_chunks,
+            "stored_exact": self.mode == "atomic",
+        }
+
+
+async def _each(chunks: Iterable[Sequence[BatchMessage]] | AsyncIterable[Sequence[BatchMessage]]) -> Any:
+    if isinstance(chunks, AsyncIterable):
+        async for chunk in chunks:
+            yield chunk
+    else:
+        for chunk in chunks:
+            yield chunk
+
+
+async def publish_chunks(
+    conn: JetStreamConnection,
+    chunks: Iterable[Sequence[BatchMessage]] | AsyncIterable[Sequence[BatchMessage]],
+    *,
+    stream: str | None = None,
+    mode: str = "atomic",
+    expected_last_seq: int | None = None,
+    max_msgs: int = DEFAULT_MAX_BATCH_MSGS,
+    flow: int = DEFAULT_FLOW,
+    batch_prefix: str | None = None,
+    total_chunks: int | None = None,
+    log: Any = None,
+) -> ChunksSummary:
+    """Publish each chunk as one batch, one after the other; holds one chunk at a time.
+
+    With ``stream`` the stream is checked for ``mode`` first and every chunk's subjects before the
+    chunk is sent. In atomic mode with ``expected_last_seq``, chunk k+1 expects the stream to end
+    where chunk k did. ``batch_prefix`` makes batch ids deterministic (``<prefix>-<n>``). A failed
+    chunk raises with what the earlier chunks committed; chunks are all-or-nothing each, not together.
+    """
+    check_mode(mode)
+    summary = ChunksSummary(mode=mode)
+    target = await check_target_stream(conn, stream, mode=mode) if stream else None
+    expected = expected_last_seq if mode == "atomic" else None
+    of = f"/{total_chunks}" if total_chunks else ""
+    number = 0
+    async for chunk in _each(chunks):
+        number += 1
+        try:
+            if target is not None:
+                await target.require(conn, {m.subject for m in chunk})
+            result = await publish_chunk(conn, chunk, mode=mode, expected_last_seq=expected, max_msgs=max_msgs,
+                                         flow=flow, batch_id=f"{batch_prefix}-{number}" if batch_prefix else None)
+        except JetStreamError as exc:
+            if not summary.chunks:
+                raise
+            raise BatchPublishError(
+                f"chunk {number}{of} failed after chunks 1..{number - 1} were committed ({summary.count} "
+                f"message(s), seqs {summary.first_seq}..{summary.last_seq}): {exc.message}. With msg ids "
+                "(dedupe_key, or a producer_function's automatic ids) a retry skips the committed chunks",
+                reason=exc.reason, code=exc.code, err_code=exc.err_code, description=exc.description,
+            ) from None
+        summary.add(result)
+        if expected is not None:
+            expected = result.last_seq
+        if log is not None and (number <= _LOG_FIRST or number % _LOG_EVERY == 0 or number == total_chunks):
+            log.info("chunk %d%s: %d message(s) committed to %s, seq %s..%s%s", number, of, result.count,
+                     result.stream, result.first_seq, result.last_seq,
+                     " (already committed earlier)" if result.already_committed else "")
+    if not summary.chunks:
+        raise InvalidRequestError("there are no messages to publish", reason="empty_batch")
+    return summary

@@ -94,6 +94,15 @@ class RequestTimeoutError(JetStreamError):
     default_reason = "timeout"
 
 
+class LeaderUnavailableError(RequestTimeoutError):
+    """A stream, consumer or the JetStream meta layer has no leader (an election in a cluster).
+
+    Transient: API calls retry it for the connection's ``leader_wait`` seconds before raising.
+    """
+
+    default_reason = "leader_unavailable"
+
+
 class InvalidRequestError(JetStreamError):
     """Input rejected locally, before anything was sent to the server."""
 
@@ -184,6 +193,12 @@ class LedgerConflictError(LedgerError):
     default_reason = "ledger_conflict"
 
 
+class LedgerRecordError(LedgerConflictError):
+    """A ledger value does not match the record schema (docs/schemas/ledger-record.schema.json)."""
+
+    default_reason = "ledger_record_invalid"
+
+
 class ClaimLostError(LedgerError):
     """The claim on a batch is no longer held (its visibility timeout expired and it was reaped)."""
 
@@ -207,6 +222,60 @@ class LedgerWaitTimeoutError(LedgerError):
     """The batches of a run did not all reach the awaited state in time."""
 
     default_reason = "wait_timeout"
+
+
+class InvalidFunctionError(InvalidRequestError):
+    """An ``apply_function`` is not a callable, or its dotted path does not import."""
+
+    default_reason = "invalid_function"
+
+
+class ApplyFunctionError(JetStreamError):
+    """A user's ``apply_function`` raised: the messages it was given were not acknowledged."""
+
+    default_reason = "apply_function_failed"
+
+
+class ServerFeatureError(JetStreamError):
+    """The connected nats-server is too old for a feature or stream config field (client/server_features.py)."""
+
+    default_reason = "server_too_old"
+
+
+class AirflowFeatureError(JetStreamError):
+    """The installed Airflow is too old for a feature (airflow_jetstream/airflow_compat.py)."""
+
+    default_reason = "airflow_too_old"
+
+
+class KeyValueError(JetStreamError):
+    """Base class of the key-value errors (client/kv/)."""
+
+    default_reason = "kv_error"
+
+
+class BucketNotFoundError(KeyValueError):
+    """The KV bucket does not exist."""
+
+    default_reason = "bucket_not_found"
+
+
+class KeyNotFoundError(KeyValueError):
+    """The key does not exist in the bucket (never written, deleted or purged)."""
+
+    default_reason = "key_not_found"
+
+
+class KeyRevisionError(KeyValueError):
+    """A compare-and-set failed: the key exists (create) or is at another revision (update, delete)."""
+
+    default_reason = "wrong_revision"
+
+
+class InvalidKeyError(InvalidRequestError):
+    """A KV key or bucket name is malformed."""
+
+    default_reason = "invalid_key"
 
 
 # err_code -> (error class, reason, what the user can do). Codes from nats-server 2.15.
@@ -250,6 +319,10 @@ _API_ERRORS: dict[int, tuple[type[JetStreamError], str, str]] = {
     10100: (ConsumerConfigError, "workqueue_filter_not_unique",
             "on a WorkQueue stream a subject may be filtered by one consumer only: remove it from the other first"),
     10138: (ConsumerConfigError, "filter_subjects_overlap", "keep only the wider of the overlapping filters"),
+    10008: (LeaderUnavailableError, "leader_unavailable",
+            "the cluster is electing a leader; retry shortly, or check that a quorum of servers runs"),
+    10009: (LeaderUnavailableError, "leader_unavailable",
+            "the cluster is electing a leader; retry shortly, or check that a quorum of servers runs"),
     10005: (PlacementError, "placement_failed",
             "lower num_replicas to at most the number of JetStream servers, or fix the placement cluster/tags"),
     10074: (PlacementError, "replicas_need_cluster", "a single server holds only num_replicas=1; set it to 1"),

@@ -1,0 +1,121 @@
+"""Open a KV bucket, or ensure it exists with the given config (created, updated in place, or left alone).
+
+A bucket ``B`` is the stream ``KV_B`` holding subjects ``$KV.B.<key>``; its ``history`` is the
+stream's ``max_msgs_per_subject`` and its ``ttl`` the stream's ``max_age``. Fields not given keep
+their current values on an existing bucket (a re-run never changes replicas it was not told to).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.js.api import StorageType
+from nats.js.kv import KeyValue
+
+from airflow_jetstream.client.admin.streams import ensure_stream
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.durations import to_nanos
+from airflow_jetstream.client.errors import (
+    BucketNotFoundError,
+    InvalidKeyError,
+    InvalidRequestError,
+    JetStreamError,
+    RequestTimeoutError,
+    error_from_api,
+)
+
+_BUCKET = re.compile(r"^[a-zA-Z0-9_-]+$")
+MAX_HISTORY = 64
+
+
+def stream_of(bucket: str) -> str:
+    """The stream behind a bucket: ``KV_<bucket>``."""
+    return f"KV_{check_bucket(bucket)}"
+
+
+def check_bucket(bucket: Any) -> str:
+    if not isinstance(bucket, str) or not _BUCKET.match(bucket):
+        raise InvalidKeyError(f"KV bucket name {bucket!r} is not valid; use letters, digits, '_' and '-' only",
+                              reason="invalid_bucket")
+    return bucket
+
+
+@asynccontextmanager
+async def kv_errors(conn: JetStreamConnection, context: str) -> AsyncIterator[None]:
+    """Turn nats-py KV exceptions into the toolkit's typed errors."""
+    try:
+        yield
+    except JetStreamError:
+        raise
+    except nats.js.errors.BucketNotFoundError:
+        raise BucketNotFoundError(f"{context}: the bucket does not exist; create it first (the KV operator "
+                                  "ensures it, or ensure_bucket)") from None
+    except nats.js.errors.APIError as exc:
+        raise error_from_api({"code": exc.code, "err_code": exc.err_code, "description": exc.description},
+                             context=context) from None
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        raise RequestTimeoutError(f"{context}: JetStream did not answer in time; check that JetStream runs and "
+                                  "the bucket exists") from None
+    except nats.errors.Error as exc:
+        raise JetStreamError(f"{context}: {type(exc).__name__}: {exc}") from None
+
+
+async def open_bucket(conn: JetStreamConnection, bucket: str) -> KeyValue:
+    """nats-py's ``KeyValue`` of an existing bucket, or :class:`BucketNotFoundError`."""
+    check_bucket(bucket)
+    async with kv_errors(conn, f"KV bucket {bucket!r}"):
+        return await conn.js.key_value(bucket)
+
+
+def _check_history(history: Any) -> int | None:
+    if history is None:
+        return None
+    if isinstance(history, bool) or not isinstance(history, int) or not 1 <= history <= MAX_HISTORY:
+        raise InvalidRequestError(f"history must be a whole number from 1 to {MAX_HISTORY}, got {history!r}",
+                                  reason="invalid_option")
+    return history
+
+
+async def ensure_bucket(conn: JetStreamConnection, bucket: str, *, history: int | None = None,
+                        ttl: float | str | timedelta | None = None, num_replicas: int | None = None,
+                        max_value_size: int | None = None, max_bytes: int | None = None, storage: str | None = None,
+                        description: str | None = None) -> dict[str, Any]:
+    """Create the bucket, update the given fields where they differ, or leave it alone.
+
+    ``ttl`` is seconds (or a timedelta, or a string like ``"7d"``) after which values expire.
+    Returns ``{"bucket", "action": "created" | "updated" | "unchanged", "changed", "history", "ttl",
+    "num_replicas", "storage", "values"}``.
+    """
+    check_bucket(bucket)
+    history = _check_history(history)
+    if storage is not None and storage not in ("file", "memory"):
+        raise InvalidRequestError(f"storage must be 'file' or 'memory', got {storage!r}", reason="invalid_option")
+    ttl_ns = None if ttl is None else to_nanos(ttl, field="ttl")
+    wanted = {"max_msgs_per_subject": history, "max_age": ttl_ns, "num_replicas": num_replicas,
+              "max_msg_size": max_value_size, "max_bytes": max_bytes, "storage": storage, "description": description}
+    wanted = {k: v for k, v in wanted.items() if v is not None}
+    context = f"KV bucket {bucket!r}"
+    async with kv_errors(conn, context):
+        try:
+            await conn.js.key_value(bucket)
+        except nats.js.errors.BucketNotFoundError:
+            await conn.js.create_key_value(
+                bucket=bucket, history=history or 1, ttl=ttl_ns / 1e9 if ttl_ns else None, replicas=num_replicas or 1,
+                max_value_size=max_value_size, max_bytes=max_bytes, description=description,
+                storage=StorageType(storage) if storage else None,
+            )
+            action, changed = "created", sorted(wanted)
+        else:
+            result = await ensure_stream(conn, {"name": stream_of(bucket), **wanted})
+            action, changed = result["action"], result["changed"]
+        status = await conn.js.stream_info(stream_of(bucket))
+    cfg = status.config
+    return {"bucket": bucket, "action": action, "changed": changed, "history": cfg.max_msgs_per_subject,
+            "ttl": cfg.max_age or None, "num_replicas": cfg.num_replicas, "storage": str(getattr(cfg.storage, "value", cfg.storage)),
+            "values": status.state.messages}

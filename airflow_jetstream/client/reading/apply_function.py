@@ -1,0 +1,82 @@
+"""User functions given as a callable or a dotted path, as the Kafka provider takes them.
+
+``apply_function`` may be a callable or ``"package.module.function"``; ``apply_function_args`` and
+``apply_function_kwargs`` are bound after the message (``func(message, *args, **kwargs)``). A
+trigger must serialize its function, so there it is always the dotted path (:func:`function_path`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from airflow_jetstream.client.errors import InvalidFunctionError
+
+FunctionSpec = Callable[..., Any] | str
+
+
+def load_function(spec: FunctionSpec, *, what: str = "apply_function") -> Callable[..., Any]:
+    """The callable itself, or the one ``"package.module.function"`` (or ``"module:function"``) names."""
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidFunctionError(f"{what} must be a callable or a dotted path string, got {spec!r}")
+    module_name, _, attr = spec.strip().replace(":", ".").rpartition(".")
+    if not module_name:
+        raise InvalidFunctionError(f"{what} {spec!r} is not a dotted path; use 'package.module.function'")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidFunctionError(f"{what} {spec!r}: cannot import module {module_name!r} ({exc}); "
+                                   "install it where the task (or the triggerer) runs") from None
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+    if not callable(target):
+        raise InvalidFunctionError(f"{what} {spec!r} does not name a callable in module {module_name!r}")
+    return target
+
+
+def function_path(spec: FunctionSpec, *, what: str = "apply_function") -> str:
+    """The dotted path of ``spec`` (a path is checked to import), as a trigger must store it."""
+    if isinstance(spec, str):
+        load_function(spec, what=what)
+        return spec.strip()
+    path = f"{getattr(spec, '__module__', '')}.{getattr(spec, '__qualname__', '')}"
+    try:
+        same = "<" not in path and load_function(path, what=what) is spec
+    except InvalidFunctionError:
+        same = False
+    if not same:
+        raise InvalidFunctionError(
+            f"{what} {spec!r} cannot be found again by a dotted path (a lambda, closure or function of the DAG "
+            "file); deferrable mode needs a module-level function of an importable module, given as "
+            "'package.module.function'"
+        )
+    return path
+
+
+def bind_function(spec: FunctionSpec, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None,
+                  *, what: str = "apply_function") -> Callable[[Any], Any]:
+    """``lambda message: func(message, *args, **kwargs)``; awaits the result of an async function."""
+    func = load_function(spec, what=what)
+    if args is not None and (isinstance(args, (str, bytes)) or not isinstance(args, Sequence)):
+        raise InvalidFunctionError(f"{what}_args must be a list or tuple, got {type(args).__name__}")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise InvalidFunctionError(f"{what}_kwargs must be a dict, got {type(kwargs).__name__}")
+    bound_args, bound_kwargs = tuple(args or ()), dict(kwargs or {})
+
+    def call(message: Any) -> Any:
+        return func(message, *bound_args, **bound_kwargs)
+
+    call.__name__ = getattr(func, "__name__", what)
+    return call
+
+
+async def call_function(func: Callable[[Any], Any], message: Any) -> Any:
+    """``func(message)``, awaited when ``func`` is a coroutine function."""
+    result = func(message)
+    if inspect.isawaitable(result):
+        result = await result
+    return result

@@ -1,0 +1,314 @@
+"""Consume messages with a user function: a durable pull consumer (acked after success) or an ordered read.
+
+Two ways to read, one summary::
+
+    summary = await consume(conn, "ORDERS", handle, consumer="billing", max_messages=500)
+    summary = await consume(conn, "ORDERS", handle, start_seq=1000, end_seq=1999)   # ordered read
+
+* **Durable** (``consumer`` given): the durable pull consumer is bound, or created when missing
+  (explicit acks, filtered to ``subjects``, starting at ``start_seq``/``start_time`` or the stream's
+  first message). Each message (or each batch, ``per_batch=True``) is acknowledged only after the
+  function returned, and the ack is confirmed by the server. The rule on failure:
+
+  1. the function raised one of ``term_on``: the message (batch) is terminated, never redelivered
+     (the server publishes a ``msg_terminated`` advisory), and consuming goes on;
+  2. it raised anything else: the message (batch) is nak'ed with a back-off delay chosen by its
+     delivery count from ``nak_delay``, the rest of what was delivered is nak'ed at once, and
+     :class:`ApplyFunctionError` is raised. Everything not acknowledged is delivered again to the
+     next read (an Airflow task retry): nothing is lost or skipped; what was acknowledged before the
+     failure is not processed twice.
+
+* **Ordered read** (no ``consumer``): the stream's messages from ``start_seq`` (or ``start_time``, or
+  the first) up to ``end_seq`` (default: the last one stored when the read starts), in order, with
+  no cursor on the server; nothing is acknowledged. A failure raises :class:`ApplyFunctionError`; a
+  retry reads the same range again from its start.
+
+The summary is JSON-able: ``mode``, ``stream``, ``consumer``, ``processed``, ``acked``,
+``terminated``, ``batches``, ``first_seq``/``last_seq`` (stream sequences processed), ``next_seq``
+and ``stopped`` (``max_messages``, ``no_messages`` or ``end_of_range``); durable reads add the
+consumer's ``num_pending`` and ``num_ack_pending`` afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import nats.errors
+
+from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer, find_consumer, to_rfc3339
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.durations import to_seconds
+from airflow_jetstream.client.errors import (
+    ApplyFunctionError,
+    ConsumerConfigError,
+    ConsumerNotFoundError,
+    InvalidRequestError,
+    RequestTimeoutError,
+)
+from airflow_jetstream.client.reading.apply_function import call_function
+from airflow_jetstream.client.reading.messages import ConsumedMessage
+from airflow_jetstream.client.reading.pull import PullSubscription
+from airflow_jetstream.client.reading.range_read import plan_read, read_method, read_range
+from airflow_jetstream.client.subjects import validate_name, validate_subject
+
+#: Seconds before a failed message is redelivered, by delivery count (the last one repeats).
+DEFAULT_NAK_DELAY: tuple[float, ...] = (1.0, 5.0, 30.0, 60.0)
+DEFAULT_ACK_WAIT = "5m"
+log = logging.getLogger(__name__)
+
+Duration = float | int | str | timedelta
+
+
+@dataclass
+class ConsumeOptions:
+    """How much to read and how to react to failures (validated on construction)."""
+
+    per_batch: bool = False
+    max_messages: int | None = None
+    batch_size: int = 100
+    wait: Duration = 5.0
+    nak_delay: Duration | Sequence[Duration] = DEFAULT_NAK_DELAY
+    term_on: tuple[type[BaseException], ...] = ()
+    nak_delays: tuple[float, ...] = field(init=False)
+    wait_seconds: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("max_messages", "batch_size"):
+            value = getattr(self, name)
+            if value is None and name == "max_messages":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidRequestError(f"{name} must be a whole number >= 1, got {value!r}", reason="invalid_option")
+        self.wait_seconds = to_seconds(self.wait, field="wait")
+        if self.wait_seconds <= 0:
+            raise InvalidRequestError("wait must be more than 0 seconds", reason="invalid_option")
+        delays = self.nak_delay if isinstance(self.nak_delay, (list, tuple)) else [self.nak_delay]
+        self.nak_delays = tuple(to_seconds(d, field="nak_delay") for d in delays) or (0.0,)
+        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in self.term_on):
+            raise InvalidRequestError(f"term_on must hold exception classes, got {self.term_on!r}",
+                                      reason="invalid_option")
+
+    def delay_for(self, delivered: int) -> float:
+        """The nak delay of a message delivered ``delivered`` times."""
+        return self.nak_delays[min(max(delivered, 1), len(self.nak_delays)) - 1]
+
+
+@dataclass
+class _Tally:
+    processed: int = 0
+    acked: int = 0
+    terminated: int = 0
+    batches: int = 0
+    first_seq: int | None = None
+    last_seq: int | None = None
+    stopped: str = "no_messages"
+
+    def saw(self, messages: Sequence[ConsumedMessage]) -> None:
+        seqs = [m.seq for m in messages]
+        self.first_seq = min(seqs) if self.first_seq is None else min(self.first_seq, *seqs)
+        self.last_seq = max(seqs) if self.last_seq is None else max(self.last_seq, *seqs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"processed": self.processed, "acked": self.acked, "terminated": self.terminated,
+                "batches": self.batches, "first_seq": self.first_seq, "last_seq": self.last_seq,
+                "stopped": self.stopped}
+
+
+def _describe(messages: Sequence[ConsumedMessage]) -> str:
+    first, last = messages[0], messages[-1]
+    where = f"message seq {first.seq} ({first.subject!r})" if len(messages) == 1 else \
+        f"batch of {len(messages)} messages, seq {first.seq}..{last.seq}"
+    return f"{where}, delivery {max(m.delivered for m in messages)}"
+
+
+async def consume(conn: JetStreamConnection, stream: str, apply: Callable[[Any], Any], *,
+                  consumer: str | None = None, subjects: Sequence[str] = (), start_seq: int | None = None,
+                  start_time: datetime | str | None = None, end_seq: int | None = None, create: bool = True,
+                  ack_wait: Duration = DEFAULT_ACK_WAIT, max_deliver: int | None = None,
+                  options: ConsumeOptions | None = None) -> dict[str, Any]:
+    """Read ``stream`` and call ``apply`` per message (or per batch); see the module docs for the rules.
+
+    :param apply: called with a :class:`ConsumedMessage` (a list of them with ``per_batch``).
+    :param consumer: a durable pull consumer to read (created when missing and ``create``); None for an
+        ordered read of a sequence range.
+    :param subjects: filter subjects (for a created consumer, or for the ordered read).
+    :param start_seq, start_time: where a created consumer or an ordered read starts.
+    :param end_seq: the ordered read's last sequence (default: the last stored when it starts).
+    :param ack_wait, max_deliver: for a created consumer: how long a delivery may stay unacknowledged
+        (longer than the function takes per batch), and how often a message is delivered at most.
+    """
+    options = options or ConsumeOptions()
+    validate_name(stream, what="stream name")
+    subjects = [validate_subject(s, allow_wildcards=True, what="filter subject") for s in subjects]
+    if start_seq is not None and start_time is not None:
+        raise InvalidRequestError("give either start_seq or start_time, not both", reason="invalid_option")
+    if start_seq is not None and (isinstance(start_seq, bool) or not isinstance(start_seq, int) or start_seq < 1):
+        raise InvalidRequestError(f"start_seq must be a stream sequence >= 1, got {start_seq!r}",
+                                  reason="invalid_seq")
+    if consumer is None:
+        summary = await _consume_ordered(conn, stream, apply, subjects, start_seq, start_time, end_seq, options)
+        return {"mode": "ordered", "stream": stream, "consumer": None, **summary}
+    if end_seq is not None:
+        raise InvalidRequestError("end_seq bounds an ordered read; a durable consumer reads up to max_messages "
+                                  "or until nothing arrives within wait", reason="invalid_option")
+    await _bind_consumer(conn, stream, consumer, subjects, start_seq, start_time, create, ack_wait, max_deliver)
+    summary = await _consume_durable(conn, stream, consumer, apply, options)
+    info = await consumer_info(conn, stream, consumer)
+    return {"mode": "durable", "stream": stream, "consumer": consumer, **summary,
+            "num_pending": int(info.get("num_pending", 0)), "num_ack_pending": int(info.get("num_ack_pending", 0))}
+
+
+async def _bind_consumer(conn: JetStreamConnection, stream: str, name: str, subjects: Sequence[str],
+                         start_seq: int | None, start_time: datetime | str | None, create: bool,
+                         ack_wait: Duration, max_deliver: int | None) -> None:
+    where = f"consumer {name!r} on stream {stream!r}"
+    info = await find_consumer(conn, stream, name)
+    if info is None:
+        if not create:
+            raise ConsumerNotFoundError(f"{where} does not exist; create it or let the read create it (create=True)")
+        config: dict[str, Any] = {"durable_name": name, "ack_policy": "explicit", "ack_wait": ack_wait,
+                                  "description": "airflow-jetstream consume"}
+        if start_seq is not None:
+            config.update(deliver_policy="by_start_sequence", opt_start_seq=start_seq)
+        elif start_time is not None:
+            config.update(deliver_policy="by_start_time", opt_start_time=to_rfc3339(start_time))
+        if len(subjects) == 1:
+            config["filter_subject"] = subjects[0]
+        elif subjects:
+            config["filter_subjects"] = list(subjects)
+        if max_deliver is not None:
+            config["max_deliver"] = max_deliver
+        await ensure_consumer(conn, stream, config)
+        log.info("Created durable consumer %s on stream %s (filters %s)", name, stream, list(subjects) or "all")
+        return
+    cfg = info["config"]
+    if cfg.get("deliver_subject"):
+        raise ConsumerConfigError(f"{where} is a push consumer (it has a deliver_subject); consume with a pull "
+                                  "consumer: another name, or delete this one", reason="not_pull_consumer")
+    if cfg.get("ack_policy") != "explicit":
+        raise ConsumerConfigError(f"{where} has ack_policy {cfg.get('ack_policy')!r}: acks after success need "
+                                  "'explicit'; use another consumer name", reason="ack_policy_not_explicit")
+    filters = cfg.get("filter_subjects") or ([cfg["filter_subject"]] if cfg.get("filter_subject") else [])
+    if subjects and sorted(subjects) != sorted(filters):
+        raise InvalidRequestError(f"{where} filters {filters or 'all subjects'}, not {list(subjects)}; leave "
+                                  "subjects unset to read it as it is, or use another consumer name",
+                                  reason="filter_mismatch")
+    log.info("Bound durable consumer %s on stream %s: %s message(s) pending", name, stream, info.get("num_pending"))
+
+
+async def _consume_durable(conn: JetStreamConnection, stream: str, consumer: str, apply: Callable[[Any], Any],
+                           options: ConsumeOptions) -> dict[str, Any]:
+    tally = _Tally()
+    limit = options.max_messages
+    batch = min(options.batch_size, limit) if limit else options.batch_size
+    pull = PullSubscription(conn, stream, consumer, batch=batch, expires=options.wait_seconds)
+    await pull.start()
+    try:
+        while limit is None or tally.processed + tally.terminated < limit:
+            delivered = await pull.next_messages(timeout=options.wait_seconds)
+            if not delivered:
+                log.info("No message from consumer %s within %.1f s: done", consumer, options.wait_seconds)
+                break
+            room = len(delivered) if limit is None else limit - tally.processed - tally.terminated
+            take, extra = delivered[:room], delivered[room:]
+            for msg in extra:  # over the limit: back to the consumer at once, not processed
+                await msg.nak()
+            groups = [take] if options.per_batch else [[msg] for msg in take]
+            for index, group in enumerate(groups):
+                try:
+                    await _process(conn, group, apply, options, tally)
+                except ApplyFunctionError:
+                    for rest in groups[index + 1:]:
+                        for msg in rest:
+                            await msg.nak()
+                    await conn.nc.flush(timeout=conn.settings.request_timeout)
+                    raise
+        else:
+            tally.stopped = "max_messages"
+    finally:
+        if not conn.nc.is_closed:
+            await pull.close(leftover=lambda msg: msg.nak())
+    return tally.to_dict()
+
+
+async def _process(conn: JetStreamConnection, group: list[Any], apply: Callable[[Any], Any],
+                   options: ConsumeOptions, tally: _Tally) -> None:
+    messages = [ConsumedMessage.from_delivery(msg) for msg in group]
+    try:
+        await call_function(apply, messages if options.per_batch else messages[0])
+    except options.term_on as exc:
+        for msg in group:
+            await msg.term()
+        tally.terminated += len(group)
+        tally.saw(messages)
+        log.warning("Terminated %s (never redelivered): apply_function raised %s: %s", _describe(messages),
+                    type(exc).__name__, exc)
+        return
+    except Exception as exc:  # the user's function: any error leaves the messages unacknowledged
+        delay = options.delay_for(max(m.delivered for m in messages))
+        for msg in group:
+            await msg.nak(delay=delay)
+        raise ApplyFunctionError(
+            f"apply_function failed on {_describe(messages)} of stream {messages[0].stream!r}: "
+            f"{type(exc).__name__}: {exc}; nothing of it was acknowledged: it is redelivered after {delay:g} s "
+            "to the next read (a task retry). Fix the function or the data, or list the exception in term_on "
+            "to drop such messages"
+        ) from exc
+    for msg in group:
+        try:
+            await msg.ack_sync(timeout=conn.settings.request_timeout)
+        except nats.errors.TimeoutError:
+            raise RequestTimeoutError(
+                f"the server did not confirm the ack of message seq {msg.metadata.sequence.stream} within "
+                f"{conn.settings.request_timeout}s; it may be delivered (and processed) again"
+            ) from None
+    tally.processed += len(group)
+    tally.acked += len(group)
+    tally.batches += 1
+    tally.saw(messages)
+
+
+async def _consume_ordered(conn: JetStreamConnection, stream: str, apply: Callable[[Any], Any],
+                           subjects: Sequence[str], start_seq: int | None, start_time: datetime | str | None,
+                           end_seq: int | None, options: ConsumeOptions) -> dict[str, Any]:
+    plan = await plan_read(conn, stream, subjects=subjects, start_seq=start_seq, start_time=start_time,
+                           end_seq=end_seq)
+    tally = _Tally(stopped="end_of_range")
+    log.info("Ordered read of stream %s, seq %d..%d (%s)", stream, plan.first_seq, plan.last_seq,
+             list(plan.subjects) or "all subjects")
+    limit = options.max_messages
+    reader = read_range(conn, stream, plan.first_seq, plan.last_seq, subjects=plan.subjects,
+                        via=read_method(plan, consume=False), batch=options.batch_size)
+    async with aclosing(reader):
+        async for chunk in reader:
+            messages = [ConsumedMessage.from_stored(stream, stored) for stored in chunk]
+            if limit is not None:
+                messages = messages[:limit - tally.processed]
+            groups = [messages] if options.per_batch else [[m] for m in messages]
+            for group in groups:
+                try:
+                    await call_function(apply, group if options.per_batch else group[0])
+                except Exception as exc:  # the user's function
+                    raise ApplyFunctionError(
+                        f"apply_function failed on {_describe(group)} of stream {stream!r} (ordered read of "
+                        f"seq {plan.first_seq}..{plan.last_seq}): {type(exc).__name__}: {exc}; a retry reads "
+                        "the range again from its start"
+                    ) from exc
+                tally.processed += len(group)
+                tally.batches += 1
+                tally.saw(group)
+            if limit is not None and tally.processed >= limit:
+                tally.stopped = "max_messages"
+                break
+    summary = tally.to_dict()
+    summary["next_seq"] = (tally.last_seq + 1) if tally.last_seq is not None else plan.first_seq
+    summary["range"] = [plan.first_seq, plan.last_seq]
+    return summary
+
+
+__all__ = ["DEFAULT_NAK_DELAY", "ConsumeOptions", "consume"]

@@ -1,0 +1,58 @@
+"""One stored JetStream message as a user function sees it, and as it travels through XCom."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ConsumedMessage:
+    """A message handed to an ``apply_function``: subject, stream sequence, headers and payload.
+
+    ``delivered`` counts deliveries (1 on the first; more after a nak or an expired ack wait).
+    """
+
+    stream: str
+    subject: str
+    seq: int
+    data: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    time: datetime | None = None
+    delivered: int = 1
+
+    @classmethod
+    def from_delivery(cls, msg: Any) -> ConsumedMessage:
+        """From a message delivered by a consumer (its reply subject carries the metadata)."""
+        meta = msg.metadata
+        return cls(stream=meta.stream, subject=msg.subject, seq=meta.sequence.stream, data=msg.data or b"",
+                   headers=dict(msg.headers or {}), time=meta.timestamp, delivered=meta.num_delivered or 1)
+
+    @classmethod
+    def from_stored(cls, stream: str, stored: tuple[str, int, int, dict[str, str] | None, bytes]) -> ConsumedMessage:
+        """From a ``range_read.StoredMessage`` (subject, seq, time in ns, headers, payload)."""
+        subject, seq, nanos, headers, data = stored
+        return cls(stream=stream, subject=subject, seq=seq, data=data or b"", headers=dict(headers or {}),
+                   time=datetime.fromtimestamp(nanos / 1e9, UTC) if nanos else None)
+
+    @property
+    def text(self) -> str:
+        """The payload decoded as UTF-8 (raises ``UnicodeDecodeError`` for binary payloads)."""
+        return self.data.decode("utf-8")
+
+    def json(self) -> Any:
+        """The payload parsed as JSON (raises ``ValueError`` when it is not JSON)."""
+        return json.loads(self.data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form for XCom: ``data`` is the text, or base64 when the payload is not UTF-8."""
+        try:
+            data, encoding = self.data.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            data, encoding = base64.b64encode(self.data).decode("ascii"), "base64"
+        return {"stream": self.stream, "subject": self.subject, "seq": self.seq, "headers": dict(self.headers),
+                "data": data, "encoding": encoding, "time": self.time.isoformat() if self.time else None,
+                "delivered": self.delivered}

@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -38,7 +39,9 @@ from airflow_jetstream.client.reading.range_read import (
     read_range,
 )
 from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.spark.connection import session_connection_fields, with_connection_defaults
 from airflow_jetstream.spark.options import ReadOptions, lowered
+from airflow_jetstream.spark.progress import progress, rate
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +258,8 @@ def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str 
     ledger are claimed on entry and marked consumed after the removal (released on failure).
     """
     opts = {**lowered(options), "consume": "true"}
-    parsed = ReadOptions.parse(opts)
+    parsed = ReadOptions.parse(with_connection_defaults(session_connection_fields(spark), opts))
+    started = time.monotonic()
     plan = asyncio.run(plan_for(parsed))
     pinned = {**opts, "start_seq": str(plan.first_seq), "end_seq": str(max(plan.last_seq, 0)),
               "num_partitions": str(max(1, len(plan.ranges)))}
@@ -274,5 +278,7 @@ def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str 
         asyncio.run(_finish(parsed, consumption, ledger_bucket, f"{type(exc).__name__}: {exc}"))
         raise
     asyncio.run(_finish(parsed, consumption, ledger_bucket, None))
-    log.info("jetstream consume of %s: removed %d message(s) up to seq %d", plan.stream, consumption.removed or 0,
-             plan.last_seq)
+    seconds = time.monotonic() - started
+    progress(f"consume {plan.stream}: read {plan.messages} message(s) seq {plan.first_seq}..{plan.last_seq}, "
+             f"removed {consumption.removed or 0}, {len(consumption.claimed)} batch(es) consumed, "
+             f"in {seconds:.1f} s ({rate(plan.messages, seconds)})")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter
 from pyspark.sql.types import StructType
 
 from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.spark.connection import with_connection_defaults
 from airflow_jetstream.spark.options import DECODINGS, ReadOptions, WriteOptions, lowered
 from airflow_jetstream.spark.reader import JetStreamReader, default_schema
 from airflow_jetstream.spark.writer import JetStreamWriter
@@ -15,8 +18,15 @@ class JetStreamDataSource(DataSource):
     """``spark.read.format("jetstream")`` and ``df.write.format("jetstream")``.
 
     Options are validated when the reader or writer is built, on the driver: unknown or invalid
-    options fail the job before anything is read or published.
+    options fail the job before anything is read or published. ``connection_defaults`` are the
+    connection fields :func:`airflow_jetstream.spark.register` found in the session's conf;
+    explicit options win over them.
     """
+
+    connection_defaults: Mapping[str, str] = {}
+
+    def _options(self) -> dict[str, str]:
+        return with_connection_defaults(self.connection_defaults, lowered(self.options))
 
     @classmethod
     def name(cls) -> str:
@@ -27,7 +37,7 @@ class JetStreamDataSource(DataSource):
         return default_schema(decode if decode in DECODINGS else "none")
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return JetStreamReader(ReadOptions.parse(self.options), schema)
+        return JetStreamReader(ReadOptions.parse(self._options()), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
@@ -36,4 +46,4 @@ class JetStreamDataSource(DataSource):
                 "df.write.format('jetstream').mode('append')",
                 reason="overwrite_not_supported",
             )
-        return JetStreamWriter(WriteOptions.parse(self.options), schema)
+        return JetStreamWriter(WriteOptions.parse(self._options()), schema)

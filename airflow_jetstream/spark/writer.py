@@ -39,6 +39,7 @@ from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestErr
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.job_records import put_job_record
 from airflow_jetstream.spark.options import WriteOptions
+from airflow_jetstream.spark.progress import progress, rate
 
 log = logging.getLogger(__name__)
 
@@ -265,10 +266,25 @@ class JetStreamWriter(DataSourceArrowWriter):
         return await publish_fast_batch(conn, messages, batch_id=batch_id, flow=self.options.flow)
 
     def commit(self, messages: list[PartitionReport | None]) -> None:
+        self._progress("committed", messages)
         asyncio.run(self._record("committed", messages))
 
     def abort(self, messages: list[PartitionReport | None]) -> None:
+        self._progress("aborted", messages)
         asyncio.run(self._record("aborted", messages))
+
+    def _progress(self, state: str, messages: list[PartitionReport | None]) -> None:
+        """One line per partition and a total, on the driver (so in the task log)."""
+        reports = [m for m in messages if m is not None]
+        for r in reports:
+            progress(f"write {self.options.stream} job {self.options.job_id} partition {r.partition}: "
+                     f"{r.stored} of {r.rows} rows stored in {r.batches} batch(es) ({r.skipped_batches} skipped) "
+                     f"in {r.seconds:.1f} s ({rate(r.rows, r.seconds)})")
+        rows, stored = sum(r.rows for r in reports), sum(r.stored for r in reports)
+        busiest = max((r.seconds for r in reports), default=0.0)
+        progress(f"write {self.options.stream} job {self.options.job_id} {state}: {stored} of {rows} rows stored in "
+                 f"{sum(r.batches for r in reports)} batch(es) from {len(reports)} of {len(messages)} partition(s), "
+                 f"slowest partition {busiest:.1f} s")
 
     async def _record(self, state: str, messages: list[PartitionReport | None]) -> None:
         opts = self.options

@@ -1,0 +1,110 @@
+"""JetStreamSparkSubmitOperator: spark-submit with the ``nats`` connection handed to the job."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.spark.connection import CONF_PREFIX, settings_to_conf
+from airflow_jetstream.spark.package import build_py_files
+
+PROPERTIES_NAME = "jetstream-spark.properties"
+PACKAGE_NAME = "airflow_jetstream_spark.zip"
+
+
+def _escape(text: str) -> str:
+    """A value as java.util.Properties reads it back (Spark trims values, so no outer white space)."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def default_properties_file() -> Path | None:
+    """spark-defaults.conf as spark-submit would load it (``--properties-file`` replaces that file)."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
+    )
+    path = Path(conf_dir, "spark-defaults.conf") if conf_dir else None
+    return path if path and path.is_file() else None
+
+
+def write_properties_file(path: str | Path, settings: ConnectionSettings, base: str | Path | None = None) -> Path:
+    """Write ``base`` (a properties file, or spark-defaults.conf) plus the connection's ``spark.jetstream.*``
+    entries to a new file readable by its owner only; return its path."""
+    path = Path(path)
+    base = Path(base) if base else default_properties_file()
+    lines = [base.read_text(encoding="utf-8").rstrip("\n")] if base else []
+    lines += [f"{key}={_escape(value)}" for key, value in sorted(settings_to_conf(settings).items())]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return path
+
+
+class JetStreamSparkSubmitOperator(SparkSubmitOperator):
+    """A ``SparkSubmitOperator`` whose job reaches NATS with the ``nats_conn_id`` connection.
+
+    The connection's servers and auth (user/password, token, nkey seed, creds file, TLS files,
+    domain) reach the job as ``spark.jetstream.*`` Spark conf in a private (0600) properties file
+    given to spark-submit with ``--properties-file`` and deleted after the run: never on the command
+    line. Secrets sit under ``spark.jetstream.secret.*``, which Spark redacts in its UI and event
+    log. The application calls :func:`airflow_jetstream.spark.register` and then uses
+    ``format("jetstream")`` without ``servers`` or credentials; explicit options still win::
+
+        JetStreamSparkSubmitOperator(task_id="produce", application="produce.py",
+                                     nats_conn_id="nats_default", ship_package=True)
+
+    :param nats_conn_id: the ``nats`` connection handed to the job (templated).
+    :param ship_package: add a zip of ``airflow_jetstream`` (client + spark) and nats-py to
+        ``py_files``, for executors that do not have the package installed.
+    Every other argument is ``SparkSubmitOperator``'s. A ``properties_file`` given is merged into the
+    generated file; without one, spark-defaults.conf (``SPARK_CONF_DIR`` or ``SPARK_HOME/conf``) is.
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "nats_conn_id")
+
+    def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, ship_package: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nats_conn_id = nats_conn_id
+        self.ship_package = ship_package
+
+    def execute(self, context: Mapping[str, Any]) -> None:
+        settings = JetStreamHook(nats_conn_id=self.nats_conn_id).get_settings()  # registers secrets for masking
+        self._refuse_conf_overrides()
+        given_properties, given_py_files = self.properties_file, self.py_files
+        with tempfile.TemporaryDirectory(prefix="jetstream-spark-") as tmp:
+            self.properties_file = str(write_properties_file(Path(tmp, PROPERTIES_NAME), settings, given_properties))
+            if self.ship_package:
+                shipped = str(build_py_files(Path(tmp, PACKAGE_NAME)))
+                self.py_files = f"{given_py_files},{shipped}" if given_py_files else shipped
+            self.log.info("nats connection %r handed to the Spark job: %d server(s), auth %s, via --properties-file%s",
+                          self.nats_conn_id, len(settings.servers), _auth_kind(settings),
+                          " (package shipped with --py-files)" if self.ship_package else "")
+            self._hook = None
+            try:
+                super().execute(context)  # type: ignore[arg-type]
+            finally:
+                self.properties_file, self.py_files = given_properties, given_py_files
+
+    def _refuse_conf_overrides(self) -> None:
+        clashing = sorted(k for k in (self.conf or {}) if str(k).startswith(CONF_PREFIX))
+        if clashing:
+            raise InvalidRequestError(
+                f"conf sets {', '.join(clashing)}: the nats connection {self.nats_conn_id!r} provides "
+                "spark.jetstream.*; change the connection (or pass data source options in the job)",
+                reason="conf_conflict",
+            )
+
+
+def _auth_kind(settings: ConnectionSettings) -> str:
+    kinds = [name for name, on in (("user/password", settings.user), ("token", settings.token),
+                                   ("nkey", settings.nkey_seed), ("creds", settings.creds_file),
+                                   ("tls client cert", settings.tls_cert_file)) if on]
+    return "+".join(kinds) or "none"

@@ -1,0 +1,70 @@
+"""Memory that does not grow with the input: 300k messages through the publish operator.
+
+The task runs in a subprocess that reads its own peak RSS (``ru_maxrss``) after a warm-up publish
+and after the big one. Holding every message (a dict, a BatchMessage and its bytes: ~1 KB each, as
+the operator did before it streamed) raised the peak by 288 MB (measured); streaming holds one chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from airflow_jetstream.client import ConnectionSettings
+from tests.conftest import airflow_conn_env
+from tests.support.nats_calls import with_streams
+
+MESSAGES = 300_000
+#: Peak RSS growth allowed for the big publish: far below the ~300 MB a list of every message takes.
+MAX_GROWTH_MB = 48
+
+TASK = """
+import json, resource, sys
+from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
+
+def publish(path):
+    return JetStreamAtomicBatchPublishOperator(task_id="big", messages_file=path, subject="big.in", stream="BIG",
+                                               split=True).execute(context={})
+
+def peak_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+warm = publish(sys.argv[1])
+before = peak_mb()
+result = publish(sys.argv[2])
+print("RESULT " + json.dumps({"before_mb": before, "after_mb": peak_mb(), "warm": warm["count"],
+                              "count": result["count"], "chunks": result["chunks"],
+                              "xcom_bytes": len(json.dumps(result))}))
+"""
+
+
+def write_messages(path: Path, count: int) -> None:
+    with path.open("w") as out:
+        for start in range(0, count, 10_000):
+            out.write("".join(f'{{"data":{{"order":{n},"customer":"c-{n % 977:04d}","amount":{n % 1000}.25}}}}\n'
+                              for n in range(start, min(count, start + 10_000))))
+
+
+def test_publishing_300k_messages_from_a_file_keeps_peak_memory_flat(nats_server, tmp_path):
+    with_streams(ConnectionSettings(servers=nats_server.url), lambda conn: asyncio.sleep(0),
+                 [{"name": "BIG", "subjects": ["big.>"], "allow_atomic": True}])
+    warm, big = tmp_path / "warm.jsonl", tmp_path / "big.jsonl"
+    write_messages(warm, 5_000)
+    write_messages(big, MESSAGES)
+    host, port = nats_server.url.split("://", 1)[1].rsplit(":", 1)
+    name, value = airflow_conn_env("nats_default", host=host, port=int(port))
+    env = {**os.environ, name: value}
+    run = subprocess.run([sys.executable, "-c", TASK, str(warm), str(big)], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
+    result = json.loads(line.removeprefix("RESULT "))
+    assert (result["warm"], result["count"], result["chunks"]) == (5_000, MESSAGES, MESSAGES // 1000)
+    assert result["xcom_bytes"] < 600  # a summary, not a per-chunk list
+    growth = result["after_mb"] - result["before_mb"]
+    print(f"peak RSS {result['before_mb']:.0f} MB -> {result['after_mb']:.0f} MB for {MESSAGES} messages")
+    assert growth < MAX_GROWTH_MB, f"peak RSS grew {growth:.0f} MB publishing {MESSAGES} messages"

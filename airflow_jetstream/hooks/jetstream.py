@@ -36,6 +36,14 @@ async def _counted_connection(settings: ConnectionSettings) -> AsyncIterator[Jet
         raise
 
 
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _mask(settings: ConnectionSettings) -> None:
     from airflow.sdk.log import mask_secret
 
@@ -107,9 +115,7 @@ class JetStreamHook(BaseHook):
             async with _counted_connection(settings) as conn:
                 return await func(conn, *args, **kwargs)
 
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
+        if not _loop_running():  # asyncio.run outside any `except`: a real error is not chained to "no loop"
             return asyncio.run(call())
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             return pool.submit(asyncio.run, call()).result()

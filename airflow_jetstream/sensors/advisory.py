@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
+from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
@@ -62,7 +63,8 @@ class JetStreamAdvisorySensor(BaseSensorOperator):
     :param expect: ``"present"`` or ``"absent"``.
     :param capture_stream: the stream capturing ``$JS.EVENT.ADVISORY.>``; None for a live subscription.
     :param quiet_period: guard mode: seconds without a matching advisory before succeeding.
-    :param deferrable: wait in the triggerer (``JetStreamAdvisoryTrigger``) instead of a worker slot.
+    :param deferrable: wait in the triggerer (``JetStreamAdvisoryTrigger``) instead of a worker slot; default
+        ``[operators] default_deferrable``.
     :param nats_conn_id: the ``nats`` connection to use.
     """
 
@@ -83,7 +85,7 @@ class JetStreamAdvisorySensor(BaseSensorOperator):
         expect: str = "present",
         capture_stream: str | None = DEFAULT_CAPTURE_STREAM,
         quiet_period: float | str | timedelta = 60.0,
-        deferrable: bool = False,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         nats_conn_id: str = JetStreamHook.default_conn_name,
         **kwargs: Any,
     ) -> None:

@@ -7,6 +7,7 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
+from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
@@ -26,7 +27,8 @@ class _JetStreamStateSensor(BaseSensorOperator):
     ui_color = "#27aae1"
     what = "condition"
 
-    def __init__(self, *, deferrable: bool = False, nats_conn_id: str = JetStreamHook.default_conn_name,
+    def __init__(self, *, deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+                 nats_conn_id: str = JetStreamHook.default_conn_name,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.deferrable = deferrable
@@ -91,7 +93,8 @@ class JetStreamSourceCaughtUpSensor(_JetStreamStateSensor):
     :param stream: the aggregate stream (templated).
     :param source: the origin stream (templated).
     :param domain: the origin's JetStream domain, if not the connection's (templated).
-    :param deferrable: wait in the triggerer (``JetStreamSourceCaughtUpTrigger``).
+    :param deferrable: wait in the triggerer (``JetStreamSourceCaughtUpTrigger``); default
+        ``[operators] default_deferrable``.
     :param nats_conn_id: the ``nats`` connection to use.
     """
 
@@ -131,7 +134,8 @@ class JetStreamConsumerDrainedSensor(_JetStreamStateSensor):
 
     :param stream: the stream (templated).
     :param consumer: the durable consumer (templated).
-    :param deferrable: wait in the triggerer (``JetStreamConsumerDrainedTrigger``).
+    :param deferrable: wait in the triggerer (``JetStreamConsumerDrainedTrigger``); default
+        ``[operators] default_deferrable``.
     :param nats_conn_id: the ``nats`` connection to use.
     """
 

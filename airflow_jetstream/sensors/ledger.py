@@ -51,7 +51,8 @@ class JetStreamBatchLedgerSensor(_JetStreamStateSensor):
     :param min_batches: wait until at least this many batches are recorded (templated; default 1).
     :param reap_expired: reap expired claims on every poke.
     :param fail_on_failed: fail as soon as a batch is ``failed`` (default True).
-    :param deferrable: wait in the triggerer (``JetStreamBatchLedgerTrigger``).
+    :param deferrable: wait in the triggerer (``JetStreamBatchLedgerTrigger``); default
+        ``[operators] default_deferrable``.
     :param nats_conn_id: the ``nats`` connection to use.
     """
 

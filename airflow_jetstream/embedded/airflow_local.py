@@ -1,0 +1,276 @@
+"""A local Airflow deployment on loopback: api-server, scheduler, dag-processor and triggerer.
+
+Every component is a separate ``airflow`` process (LocalExecutor, sqlite in one Airflow home), bound
+to 127.0.0.1, with log servers skipped (``--skip-serve-logs``: the api-server reads the local log
+files). ``make up`` runs :func:`main`; the deployment tests drive :class:`LocalAirflow` directly::
+
+    with EmbeddedNatsServer() as nats, LocalAirflow(home, nats_url=nats.url, dags_folder=dags) as af:
+        af.start()                     # all four components, waits until the api-server is healthy
+        print(af.url, af.user, af.password)
+        af.stop("triggerer", signal.SIGTERM); af.start_component("triggerer")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from airflow_jetstream.embedded.server import free_port
+
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+
+
+class LocalAirflowError(RuntimeError):
+    """A component of the local deployment did not start or exited; the message holds its log tail."""
+
+
+def nats_connection(url: str) -> dict[str, Any]:
+    """The ``nats_default`` connection for a ``nats://host:port`` (or comma-separated) server URL."""
+    hosts = [part.split("://", 1)[-1] for part in url.split(",")]
+    if len(hosts) == 1:
+        host, port = hosts[0].rsplit(":", 1)
+        return {"conn_type": "nats", "host": host, "port": int(port)}
+    return {"conn_type": "nats", "host": ",".join(hosts)}
+
+
+class LocalAirflow:
+    """Airflow's four components as subprocesses sharing one home and sqlite database.
+
+    :param home: the Airflow home (created; holds ``airflow.db``, ``logs/`` and one log per component).
+    :param nats_url: the nats-server the ``nats_default`` connection points at.
+    :param dags_folder: the DAGs to load.
+    :param port: the api-server port on 127.0.0.1 (default: a free one).
+    :param password: the ``admin`` user's password (default: ``AIRFLOW_UP_PASSWORD`` or a random one).
+    :param connections_in_db: store ``nats_default``/``spark_default`` in the database (visible and
+        testable in the UI) instead of ``AIRFLOW_CONN_*`` variables.
+    :param extra_env: more environment (``AIRFLOW__SECTION__KEY`` settings, ``JETSTREAM_*``).
+    """
+
+    user = "admin"
+
+    def __init__(self, home: Path, *, nats_url: str, dags_folder: Path, port: int | None = None,
+                 password: str | None = None, connections_in_db: bool = False,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.home = Path(home).resolve()
+        self.nats_url = nats_url
+        self.dags_folder = Path(dags_folder).resolve()
+        self.port = port or free_port()
+        self.password = password or os.environ.get("AIRFLOW_UP_PASSWORD") or secrets.token_urlsafe(12)
+        self.connections_in_db = connections_in_db
+        self.extra_env = dict(extra_env or {})
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._jwt_secret = secrets.token_urlsafe(32)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The environment every component (and ``airflow`` CLI call) of this deployment runs with."""
+        bin_dir = str(Path(sys.executable).parent)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__"))}
+        env.update(
+            AIRFLOW_HOME=str(self.home),
+            AIRFLOW__CORE__DAGS_FOLDER=str(self.dags_folder),
+            AIRFLOW__CORE__LOAD_EXAMPLES="False",
+            AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
+            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+            AIRFLOW__CORE__PARALLELISM="4",
+            AIRFLOW__CORE__TEST_CONNECTION="Enabled",
+            AIRFLOW__CORE__AUTH_MANAGER=SIMPLE_AUTH_MANAGER,
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=f"{self.user}:admin",
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(self.home / "passwords.json"),
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{self.url}/execution/",
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{self.home / 'airflow.db'}",
+            AIRFLOW__API__BASE_URL=self.url,
+            AIRFLOW__API__HOST="127.0.0.1",
+            AIRFLOW__API__PORT=str(self.port),
+            AIRFLOW__API_AUTH__JWT_SECRET=self._jwt_secret,
+            AIRFLOW__API__SECRET_KEY=self._jwt_secret,
+            AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
+            AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL="5",
+            AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE="True",
+            JETSTREAM_DEMO_SERVER=self.nats_url.split(",")[0].split("://", 1)[-1],
+            JETSTREAM_DEMO_OUTPUT=str(self.home / "output"),
+            PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+            PYSPARK_PYTHON=sys.executable,
+            PYSPARK_DRIVER_PYTHON=sys.executable,
+            SPARK_LOCAL_IP="127.0.0.1",
+        )
+        if not self.connections_in_db:
+            env["AIRFLOW_CONN_NATS_DEFAULT"] = json.dumps(nats_connection(self.nats_url))
+            env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "local[2]"})
+        env.update(self.extra_env)
+        return env
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run ``airflow <args>`` against this deployment; raises with the output tail when it fails."""
+        proc = subprocess.run([AIRFLOW, *args], env=self.env(), capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        if proc.returncode != 0:
+            raise LocalAirflowError(f"airflow {' '.join(args)} failed (exit {proc.returncode}):\n"
+                                    f"{(proc.stdout + proc.stderr)[-3000:]}")
+        return proc
+
+    def prepare(self) -> None:
+        """Create the home, the password file and the database; store the connections when asked."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        passwords = self.home / "passwords.json"
+        passwords.write_text(json.dumps({self.user: self.password}))
+        passwords.chmod(0o600)
+        self.cli("db", "migrate")
+        if self.connections_in_db:
+            conns = self.home / "connections.json"
+            conns.write_text(json.dumps({
+                "nats_default": nats_connection(self.nats_url),
+                "spark_default": {"conn_type": "spark", "host": "local[2]"},
+            }))
+            self.cli("connections", "import", "--overwrite", str(conns))
+
+    def start(self, components: tuple[str, ...] = COMPONENTS, *, timeout: float = 240) -> LocalAirflow:
+        """Prepare (once), start ``components`` and wait until the api-server is healthy."""
+        if not (self.home / "airflow.db").exists():
+            self.prepare()
+        for name in components:
+            self.start_component(name)
+        if "api-server" in components:
+            self.wait_healthy(timeout)
+        return self
+
+    def start_component(self, name: str, key: str | None = None) -> subprocess.Popen[bytes]:
+        """Start one component (``key`` names a second instance, e.g. ``"triggerer-2"``)."""
+        key = key or name
+        if key in self.processes and self.processes[key].poll() is None:
+            raise LocalAirflowError(f"{key} is already running (pid {self.processes[key].pid})")
+        command = [AIRFLOW, name]
+        if name == "api-server":
+            command += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        elif name in ("scheduler", "triggerer"):
+            command += ["--skip-serve-logs"]
+        log_dir = self.home / "components"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with (log_dir / f"{key}.log").open("ab") as out:
+            proc = subprocess.Popen(command, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self.processes[key] = proc
+        return proc
+
+    def log_tail(self, key: str, chars: int = 3000) -> str:
+        path = self.home / "components" / f"{key}.log"
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+    def wait_healthy(self, timeout: float = 240) -> None:
+        """Poll the api-server's health endpoint (bounded by ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            proc = self.processes.get("api-server")
+            if proc is not None and proc.poll() is not None:
+                raise LocalAirflowError(f"api-server exited with {proc.returncode}:\n{self.log_tail('api-server')}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=2) as resp:
+                    if json.load(resp)["metadatabase"]["status"] == "healthy":
+                        return
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.5)  # polling a starting server; the deadline bounds it
+        raise LocalAirflowError(f"api-server not healthy after {timeout}s:\n{self.log_tail('api-server')}")
+
+    def stop(self, key: str, sig: signal.Signals = signal.SIGTERM, *, timeout: float = 60) -> int:
+        """Send ``sig`` to one component and wait for it to exit; returns its exit code.
+
+        SIGTERM goes to the component's main process, as ``kill <pid>`` or a service manager would
+        send it; SIGKILL goes to its whole process group (a crash takes its children with it).
+        """
+        proc = self.processes.pop(key)
+        if proc.poll() is None:
+            if sig == signal.SIGKILL:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.send_signal(sig)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        self._reap_group(proc.pid)
+        return proc.returncode
+
+    @staticmethod
+    def _reap_group(pgid: int) -> None:
+        """Kill what is left of a stopped component's process group (its own session, started here)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Stop every component: SIGTERM first, then whatever is left of its process group."""
+        for key in list(self.processes):
+            proc = self.processes[key]
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for key in list(self.processes):
+            self.stop(key, signal.SIGTERM, timeout=45)
+
+    def __enter__(self) -> LocalAirflow:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def main() -> int:
+    """``make up``: an embedded nats-server plus a local Airflow with the example DAGs, until Ctrl-C."""
+    from airflow_jetstream.embedded.server import EmbeddedNatsServer
+
+    repo = Path(__file__).resolve().parents[2]
+    home = Path(os.environ.get("UP_HOME", repo / ".up"))
+    home.mkdir(parents=True, exist_ok=True)
+    stop_requested = False
+
+    def request_stop(signum: int, frame: Any) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    with EmbeddedNatsServer(store_dir=home / "nats") as nats:
+        print(f"nats-server (JetStream) at {nats.url}", flush=True)
+        airflow = LocalAirflow(home / "airflow", nats_url=nats.url, dags_folder=repo / "dags_examples",
+                               port=int(os.environ.get("UP_PORT", "0")) or None, connections_in_db=True)
+        try:
+            print("preparing Airflow (db migrate, connections) ...", flush=True)
+            airflow.start()
+            print(f"\nAirflow UI: {airflow.url}\n  login: {airflow.user} / {airflow.password}"
+                  f"   (set AIRFLOW_UP_PASSWORD to choose it)\n  component logs: {airflow.home / 'components'}\n"
+                  "Ctrl-C stops everything.", flush=True)
+            while not stop_requested:
+                for key, proc in airflow.processes.items():
+                    if proc.poll() is not None:
+                        print(f"{key} exited with {proc.returncode}:\n{airflow.log_tail(key)}", file=sys.stderr)
+                        return 1
+                time.sleep(1)
+        except LocalAirflowError as exc:
+            print(f"up FAILED: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            print("stopping Airflow and nats-server ...", flush=True)
+            airflow.close()
+    print("stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,7 +28,7 @@ from typing import Any
 from airflow_jetstream.client.admin.consumers import first_seq_at_or_after, parse_time
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError
+from airflow_jetstream.client.errors import ApplyFunctionError, InvalidRequestError, JetStreamError
 from airflow_jetstream.client.reading.apply_function import call_function
 from airflow_jetstream.client.reading.messages import ConsumedMessage
 from airflow_jetstream.client.reading.pull import PullSubscription
@@ -59,6 +59,15 @@ async def resolve_start(conn: JetStreamConnection, stream: str, start: int | str
         raise InvalidRequestError(f"start {start!r} is not a start point: use 'new', 'first', a stream sequence "
                                   "or a time (ISO 8601 or datetime)", reason="invalid_start") from None
     return await first_seq_at_or_after(conn, stream, when)
+
+
+async def _evaluate(match: Callable[[ConsumedMessage], Any], message: ConsumedMessage) -> Any:
+    try:
+        return await call_function(match, message)
+    except Exception as exc:  # the user's function
+        raise ApplyFunctionError(f"apply_function failed on message seq {message.seq} ({message.subject!r}) of stream "
+                                 f"{message.stream!r}: {type(exc).__name__}: {exc}; fix the function (it must "
+                                 "accept every message of the subject)") from exc
 
 
 def _found(message: ConsumedMessage, result: Any, scanned: int) -> dict[str, Any]:
@@ -125,7 +134,7 @@ async def _find_with_consumer(conn: JetStreamConnection, stream: str, match: Cal
                 message = ConsumedMessage.from_delivery(msg)
                 scanned += 1
                 next_seq = message.seq + 1
-                result = await call_function(match, message)
+                result = await _evaluate(match, message)
                 if result:
                     return _found(message, result, scanned)
                 if not follow and msg.metadata.num_pending == 0:
@@ -161,7 +170,7 @@ async def _find_with_direct_get(conn: JetStreamConnection, stream: str, match: C
                 for stored in chunk:
                     message = ConsumedMessage.from_stored(stream, stored)
                     scanned += 1
-                    result = await call_function(match, message)
+                    result = await _evaluate(match, message)
                     if result:
                         return _found(message, result, scanned)
         next_seq = max(next_seq, last + 1)

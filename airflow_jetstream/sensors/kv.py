@@ -1,0 +1,124 @@
+"""JetStreamKeyValueSensor: wait until a KV key exists, equals a value, or satisfies a function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from functools import cached_property
+from typing import Any
+
+from airflow.providers.common.compat.sdk import conf
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_jetstream.client.kv.bucket import check_bucket
+from airflow_jetstream.client.kv.keys import validate_key
+from airflow_jetstream.client.kv.watch import KeyCondition, check_key
+from airflow_jetstream.client.reading.apply_function import function_path
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
+
+
+class JetStreamKeyValueSensor(BaseSensorOperator):
+    """Wait until ``key`` of the KV ``bucket`` exists, equals ``value``, or satisfies ``apply_function``.
+
+    A signal between systems ("model v42 is ready"): poke mode reads the key's current value each
+    poke; deferred, the trigger watches the key (a KV watch: no polling) and fires on the first
+    value that matches. A deleted or purged key does not exist. ``value``: a ``str`` is compared with
+    the value's text, anything else (dict, list, number, bool) with the value parsed as JSON.
+    ``apply_function(entry, *args, **kwargs)`` gets the entry dict and matches when truthy.
+
+    Returns (XCom ``return_value``) the entry ``{"bucket", "key", "revision", "value", "encoding",
+    "json" (when the value is JSON), "operation", "created"}`` plus ``result`` when the function
+    returned something other than ``True``::
+
+        model_ready = JetStreamKeyValueSensor(
+            task_id="model_ready",
+            bucket="models",
+            key="churn.status",
+            value="ready",
+            deferrable=True,
+        )
+
+    :param bucket: the bucket (templated); it must exist.
+    :param key: the key (templated).
+    :param value: the value to wait for (templated); None waits for the key to exist.
+    :param apply_function: instead, a predicate: callable or dotted path (deferrable mode needs a
+        module-level function, stored by its dotted path).
+    :param apply_function_args, apply_function_kwargs: extra arguments (templated).
+    :param deferrable: wait in the triggerer; default ``[operators] default_deferrable``.
+    :param nats_conn_id: the ``nats`` connection to use (templated).
+    """
+
+    template_fields: Sequence[str] = ("bucket", "key", "value", "apply_function_args", "apply_function_kwargs",
+                                      "nats_conn_id")
+    ui_color = "#27aae1"
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        key: str,
+        value: Any = None,
+        apply_function: Callable[..., Any] | str | None = None,
+        apply_function_args: Sequence[Any] | None = None,
+        apply_function_kwargs: dict[str, Any] | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        nats_conn_id: str = JetStreamHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if "{{" not in str(bucket):
+            check_bucket(bucket)
+        if "{{" not in str(key):
+            validate_key(key)
+        if apply_function is not None and deferrable:
+            apply_function = function_path(apply_function)
+        self.bucket = bucket
+        self.key = key
+        self.value = value
+        self.apply_function = apply_function
+        self.apply_function_args = apply_function_args
+        self.apply_function_kwargs = apply_function_kwargs
+        self.deferrable = deferrable
+        self.nats_conn_id = nats_conn_id
+        self.condition()  # a bad function fails when the DAG is parsed
+
+    @cached_property
+    def hook(self) -> JetStreamHook:
+        return JetStreamHook(nats_conn_id=self.nats_conn_id)
+
+    def condition(self) -> KeyCondition:
+        return KeyCondition(value=self.value, apply_function=self.apply_function,
+                            apply_function_args=tuple(self.apply_function_args or ()),
+                            apply_function_kwargs=dict(self.apply_function_kwargs or {}))
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        condition = self.condition()
+        entry = self.hook.run(check_key, self.bucket, self.key, condition)
+        self.log.info("KV %s/%s %s: %s", self.bucket, self.key, condition.describe(),
+                      f"yes (revision {entry['revision']})" if entry else "not yet")
+        return PokeReturnValue(entry is not None, entry)
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        done = self.poke(context)
+        if done:
+            return done.xcom_value
+        trigger = JetStreamKeyValueTrigger(bucket=self.bucket, key=self.key, value=self.value,
+                                           apply_function=self.apply_function,
+                                           apply_function_args=self.apply_function_args,
+                                           apply_function_kwargs=self.apply_function_kwargs,
+                                           nats_conn_id=self.nats_conn_id)
+        self.log.info("Deferring: watching KV %s/%s until it %s", self.bucket, self.key, self.condition().describe())
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("status") == "matched":
+            entry = event["entry"]
+            self.log.info("KV %s/%s matched at revision %s", self.bucket, self.key, entry["revision"])
+            return entry
+        error = event.get("error") or {}
+        raise AirflowException(f"waiting for KV {self.bucket}/{self.key} failed: {error.get('message', event)} "
+                               f"(reason: {error.get('reason')})")

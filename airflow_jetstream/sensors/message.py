@@ -1,0 +1,138 @@
+"""JetStreamMessageSensor: wait until a message satisfies a function, as the Kafka provider's AwaitMessageSensor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from functools import cached_property
+from typing import Any
+
+from airflow.providers.common.compat.sdk import conf
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_jetstream.client.reading.apply_function import bind_function, function_path, load_function
+from airflow_jetstream.client.reading.await_message import find_message, resolve_start
+from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
+
+
+def _templated(value: Any) -> bool:
+    return isinstance(value, str) and "{{" in value
+
+
+class JetStreamMessageSensor(BaseSensorOperator):
+    """Wait until a message of ``stream`` (on ``subject``) satisfies ``apply_function``; push it to XCom.
+
+    ``apply_function(message, *apply_function_args, **apply_function_kwargs)`` gets a
+    :class:`~airflow_jetstream.client.reading.messages.ConsumedMessage`; a truthy result is a match.
+    The sensor returns (XCom ``return_value``) the matching message as ``{"stream", "subject", "seq",
+    "headers", "data", "encoding", "time", "delivered"}`` plus ``result`` when the function returned
+    something other than ``True``. Nothing is consumed or acknowledged: the stream is only read.
+
+    ``start``: ``"new"`` (messages stored after the sensor started; in reschedule mode after its first
+    poke began), ``"first"``, a stream sequence, or a time (ISO 8601 or datetime). Each poke resumes
+    after the last message it looked at; deferred, the trigger keeps reading new messages::
+
+        order_arrived = JetStreamMessageSensor(
+            task_id="order_42_arrived",
+            stream="ORDERS",
+            subject="orders.created",
+            apply_function="my_pkg.checks.is_order",      # is_order(message, order_id) -> bool
+            apply_function_kwargs={"order_id": "{{ params.order_id }}"},
+            start="{{ data_interval_start }}",
+            deferrable=True,
+        )
+
+    :param stream: the stream (templated).
+    :param apply_function: a callable or dotted path; deferrable mode needs a module-level function
+        (stored by its dotted path). Runs in the triggerer when deferred: keep it quick.
+    :param apply_function_args, apply_function_kwargs: extra arguments (templated).
+    :param subject: only messages on this subject (wildcards allowed; templated).
+    :param start: where to start looking (templated).
+    :param poll_timeout: seconds each pull request waits on the server while deferred.
+    :param deferrable: wait in the triggerer; default ``[operators] default_deferrable``.
+    :param nats_conn_id: the ``nats`` connection to use (templated).
+    """
+
+    template_fields: Sequence[str] = ("stream", "subject", "start", "apply_function_args", "apply_function_kwargs",
+                                      "nats_conn_id")
+    ui_color = "#27aae1"
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        apply_function: Callable[..., Any] | str,
+        apply_function_args: Sequence[Any] | None = None,
+        apply_function_kwargs: dict[str, Any] | None = None,
+        subject: str | None = None,
+        start: int | str | datetime = "new",
+        poll_timeout: float = 5.0,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        nats_conn_id: str = JetStreamHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.deferrable = deferrable
+        self.apply_function = function_path(apply_function) if deferrable else apply_function
+        load_function(self.apply_function)  # a bad function fails when the DAG is parsed
+        if not _templated(stream):
+            validate_name(stream, what="stream name")
+        if subject is not None and not _templated(subject):
+            validate_subject(subject, allow_wildcards=True, what="subject")
+        self.stream = stream
+        self.subject = subject
+        self.apply_function_args = apply_function_args
+        self.apply_function_kwargs = apply_function_kwargs
+        self.start = start
+        self.poll_timeout = poll_timeout
+        self.nats_conn_id = nats_conn_id
+        self._next_seq: int | None = None
+
+    @cached_property
+    def hook(self) -> JetStreamHook:
+        return JetStreamHook(nats_conn_id=self.nats_conn_id)
+
+    def _start_seq(self, context: Any) -> int:
+        if self._next_seq is None:
+            start = self.start
+            if start == "new" and self.reschedule and context.get("ti") is not None:
+                start = context["ti"].get_first_reschedule_date(context) or start  # the first poke's start
+            self._next_seq = self.hook.run(resolve_start, self.stream, start)
+        return self._next_seq
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        match = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
+        first = self._start_seq(context)
+        found = self.hook.run(find_message, self.stream, match, subject=self.subject or None, start_seq=first)
+        self._next_seq = found["next_seq"]
+        message = found["message"]
+        self.log.info("Looked at %d message(s) of stream %s from seq %d: %s", found["scanned"], self.stream, first,
+                      f"match at seq {message['seq']}" if message else "no match yet")
+        return PokeReturnValue(message is not None, message)
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        done = self.poke(context)
+        if done:
+            return done.xcom_value
+        trigger = JetStreamAwaitMessageTrigger(
+            stream=self.stream, apply_function=self.apply_function, start_seq=self._start_seq(context),
+            subject=self.subject or None, apply_function_args=self.apply_function_args,
+            apply_function_kwargs=self.apply_function_kwargs, poll_timeout=self.poll_timeout,
+            nats_conn_id=self.nats_conn_id,
+        )
+        self.log.info("Deferring: waiting for a message of stream %s from seq %d", self.stream, trigger.start_seq)
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("status") == "matched" and event.get("message"):
+            message = event["message"]
+            self.log.info("Matched message seq %s on %s", message["seq"], message["subject"])
+            return message
+        error = event.get("error") or {}
+        raise AirflowException(f"waiting for a message failed: {error.get('message', event)} "
+                               f"(reason: {error.get('reason')})")

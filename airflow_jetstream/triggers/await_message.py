@@ -1,0 +1,74 @@
+"""JetStreamAwaitMessageTrigger: wait in the triggerer for a message that satisfies a function."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_jetstream.client.connection_pool import shared_connection
+from airflow_jetstream.client.errors import JetStreamError
+from airflow_jetstream.client.reading.apply_function import bind_function
+from airflow_jetstream.client.reading.await_message import find_message
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.triggers.advisory import PERMANENT_ERRORS, TRANSIENT_ERRORS, TRANSIENT_RETRIES
+
+
+class JetStreamAwaitMessageTrigger(BaseTrigger):
+    """Fire once a message of ``stream`` (matching ``subject``) from ``start_seq`` on satisfies ``apply_function``.
+
+    ``apply_function`` is a dotted path (triggers are serialized); it runs on the triggerer's event loop,
+    so it must be quick and must not block. All triggers of one connection id share one NATS connection
+    per triggerer event loop.
+
+    Events: ``{"status": "matched", "message": {...}, "next_seq", "scanned"}`` or
+    ``{"status": "error", "error": {...}}``.
+    """
+
+    def __init__(self, *, stream: str, apply_function: str, start_seq: int, subject: str | None = None,
+                 apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
+                 poll_timeout: float = 5.0, nats_conn_id: str = JetStreamHook.default_conn_name) -> None:
+        super().__init__()
+        self.stream = stream
+        self.apply_function = apply_function
+        self.start_seq = int(start_seq)
+        self.subject = subject
+        self.apply_function_args = list(apply_function_args or [])
+        self.apply_function_kwargs = dict(apply_function_kwargs or {})
+        self.poll_timeout = float(poll_timeout)
+        self.nats_conn_id = nats_conn_id
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "stream": self.stream, "apply_function": self.apply_function, "start_seq": self.start_seq,
+            "subject": self.subject, "apply_function_args": self.apply_function_args,
+            "apply_function_kwargs": self.apply_function_kwargs, "poll_timeout": self.poll_timeout,
+            "nats_conn_id": self.nats_conn_id,
+        })
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        attempt = 0
+        while True:
+            try:
+                match = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
+                settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
+                self.log.info("Waiting for a message of stream %s (%s) from seq %d that satisfies %s", self.stream,
+                              self.subject or "all subjects", self.start_seq, self.apply_function)
+                async with shared_connection(settings) as conn:
+                    found = await find_message(conn, self.stream, match, subject=self.subject,
+                                               start_seq=self.start_seq, follow=True, poll=self.poll_timeout)
+                event = {"status": "matched", **found}
+                break
+            except JetStreamError as exc:
+                attempt += 1
+                transient = isinstance(exc, TRANSIENT_ERRORS) and not isinstance(exc, PERMANENT_ERRORS)
+                if not transient or attempt > TRANSIENT_RETRIES:
+                    self.log.error("Message wait failed (attempt %d): %s", attempt, exc)
+                    event = {"status": "error", "error": exc.to_dict()}
+                    break
+                delay = min(2.0**attempt, 30.0)
+                self.log.warning("Message wait interrupted (%s); retrying in %.0f s", exc, delay)
+                await asyncio.sleep(delay)
+        yield TriggerEvent(event)

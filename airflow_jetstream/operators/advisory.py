@@ -5,12 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_jetstream.client.admin.streams import ensure_stream
-from airflow_jetstream.client.advisories.capture import (
-    DEFAULT_CAPTURE_STREAM,
-    DEFAULT_CAPTURE_SUBJECTS,
-    capture_stream_config,
-)
+from airflow_jetstream.client.advisories.capture import DEFAULT_CAPTURE_STREAM, ensure_capture_stream
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 
 
@@ -26,36 +21,42 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
         capture >> publish >> JetStreamAdvisorySensor(task_id="no_abandoned", advisory="batch_abandoned",
                                                       stream="ORDERS", expect="absent", quiet_period=30)
 
+    Options left unset (None) take a default when the stream is created and keep what an existing
+    stream has: a re-run never turns an R3 capture stream into R1 or shortens its ``max_age``.
+
     :param stream: the capture stream's name (default ``ADVISORIES``). Templated.
-    :param max_age: how long advisories are kept (``"7d"``, seconds as ns, or a timedelta). Templated.
+    :param max_age: how long advisories are kept (``"7d"``, seconds or a timedelta; new stream: 7 days). Templated.
     :param max_bytes: optional size cap; the oldest advisories are dropped first.
-    :param subjects: subjects to capture (default ``$JS.EVENT.ADVISORY.>``).
-    :param storage: ``file`` (default) or ``memory``.
-    :param num_replicas: replicas in a cluster.
+    :param subjects: subjects to capture (new stream: ``$JS.EVENT.ADVISORY.>``).
+    :param storage: ``file`` or ``memory`` (new stream: ``file``; cannot change later).
+    :param num_replicas: replicas in a cluster, 1-5 (new stream: 3 on a cluster of 3+ servers, else 1). Templated.
+    :param placement: ``{"cluster": ..., "tags": [...]}`` where the replicas go. Templated.
     :param nats_conn_id: the ``nats`` connection to use.
     """
 
-    template_fields: Sequence[str] = ("stream", "max_age")
+    template_fields: Sequence[str] = ("stream", "max_age", "num_replicas", "placement")
     ui_color = "#27aae1"
 
-    def __init__(self, *, stream: str = DEFAULT_CAPTURE_STREAM, max_age: Any = "7d", max_bytes: int | None = None,
-                 subjects: Sequence[str] = DEFAULT_CAPTURE_SUBJECTS, storage: str = "file", num_replicas: int = 1,
-                 **kwargs: Any) -> None:
+    def __init__(self, *, stream: str = DEFAULT_CAPTURE_STREAM, max_age: Any = None, max_bytes: int | None = None,
+                 subjects: Sequence[str] | None = None, storage: str | None = None, num_replicas: int | None = None,
+                 placement: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
         self.max_age = max_age
         self.max_bytes = max_bytes
-        self.subjects = list(subjects)
+        self.subjects = None if subjects is None else list(subjects)
         self.storage = storage
         self.num_replicas = num_replicas
+        self.placement = placement
 
     def execute(self, context: Any) -> dict[str, Any]:
-        config = capture_stream_config(self.stream, max_age=self.max_age, max_bytes=self.max_bytes,
-                                       subjects=self.subjects, storage=self.storage, num_replicas=self.num_replicas)
-        result = self.hook.run(ensure_stream, config)
-        self.log.info("Advisory capture stream %s: %s%s", self.stream, result["action"],
-                      f" ({', '.join(result['changed'])})" if result["action"] == "updated" else "")
+        result = self.hook.run(ensure_capture_stream, self.stream, max_age=None if self.max_age == "" else self.max_age,
+                               max_bytes=self.max_bytes, subjects=self.subjects, storage=self.storage,
+                               num_replicas=self.num_replicas, placement=self.placement)
         info = result["info"]
+        replicas = info["config"].get("num_replicas", 1)
+        self.log.info("Advisory capture stream %s: %s%s, %d replica(s)", self.stream, result["action"],
+                      f" ({', '.join(result['changed'])})" if result["action"] == "updated" else "", replicas)
         return {
             "action": result["action"],
             "changed": result["changed"],
@@ -63,5 +64,7 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
             "subjects": info["config"].get("subjects"),
             "max_age": info["config"].get("max_age"),
             "max_bytes": info["config"].get("max_bytes"),
+            "num_replicas": replicas,
+            "placement": info["config"].get("placement"),
             "messages": info.get("state", {}).get("messages", 0),
         }

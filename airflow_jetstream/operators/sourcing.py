@@ -51,13 +51,16 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
     :param max_ack_pending: user mode: messages in flight before sourcing waits (default 1000).
     :param domain: the origin's JetStream domain, if not the connection's.
     :param api_prefix: or the origin's JetStream API prefix (e.g. ``$JS.edge.API`` or an imported prefix).
+    :param num_replicas: replicas of ``stream``, 1-5 (templated). Unset: a new stream gets 3 on a cluster of
+        3+ servers (else 1) and an existing one keeps its own; set: an existing stream is changed to it.
+    :param placement: where ``stream``'s replicas go, ``{"cluster": ..., "tags": [...]}`` (templated; unset: kept).
     :param create_consumer: user mode: False to use a consumer someone else created (it is checked).
     :param health_timeout: seconds to wait for the source to become healthy.
     :param nats_conn_id: the ``nats`` connection to use.
     """
 
     template_fields: Sequence[str] = ("stream", "source", "consumer", "deliver_subject", "filter_subjects",
-                                      "start_seq", "start_time", "domain", "api_prefix")
+                                      "start_seq", "start_time", "domain", "api_prefix", "num_replicas", "placement")
     ui_color = "#27aae1"
 
     def __init__(
@@ -79,6 +82,8 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         api_prefix: str | None = None,
         create_consumer: bool = True,
         health_timeout: float | str | timedelta = 30.0,
+        num_replicas: int | str | None = None,
+        placement: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -98,6 +103,8 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         self.api_prefix = api_prefix
         self.create_consumer = create_consumer
         self.health_timeout = to_seconds(health_timeout, field="health_timeout")
+        self.num_replicas = num_replicas
+        self.placement = placement
 
     def spec(self) -> DurableSource:
         """The validated provisioning request (raises before any call on bad input)."""
@@ -113,6 +120,7 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
             filter_subjects=tuple(filters or ()), start_seq=start_seq, start_time=self.start_time or None,
             deliver_policy=self.deliver_policy, replay_policy=self.replay_policy,
             max_ack_pending=self.max_ack_pending, domain=self.domain or None, api_prefix=self.api_prefix or None,
+            num_replicas=self.num_replicas, placement=self.placement,
         ).validated()
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -126,8 +134,8 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
             self.log.info("Migrated the plain source of %s to consumer %s, starting after origin seq %s",
                           spec.source, result["consumer"], result["migrated_after_seq"])
         else:
-            self.log.info("Durable %s %s -> %s %s (consumer %s)", kind, spec.source, spec.stream, result["action"],
-                          result["consumer"])
+            self.log.info("Durable %s %s -> %s %s (consumer %s, %d replica(s))", kind, spec.source, spec.stream,
+                          result["action"], result["consumer"], result["num_replicas"])
         self.log.info("Source healthy: %s; consumer pending %s", result["source_state"],
                       result["consumer_state"].get("num_pending"))
         return result

@@ -35,6 +35,72 @@ _ENUMS = {
     "compression": ("none", "s2"),
 }
 _DEFAULTS = {"retention": "limits", "storage": "file", "discard": "old", "num_replicas": 1}
+#: The server's limit on replicas per stream.
+MAX_REPLICAS = 5
+#: Replicas of what the provider creates on a cluster when not told otherwise.
+CLUSTER_REPLICAS = 3
+_PLACEMENT_KEYS = ("cluster", "tags")
+
+
+def check_replicas(value: Any, *, what: str = "num_replicas") -> int | None:
+    """``value`` as a replica count 1..5, None when unset; :class:`InvalidRequestError` otherwise."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPLICAS:
+        raise InvalidRequestError(f"{what} must be an integer from 1 to {MAX_REPLICAS}, got {value!r}",
+                                  reason="invalid_replicas")
+    return value
+
+
+def normalize_placement(placement: Any) -> dict[str, Any] | None:
+    """``{"cluster": name, "tags": [...]}`` (either key optional), None when unset or empty.
+
+    ``tags`` may be a list or a comma-separated string (for templated values).
+    """
+    if placement is None or placement == {}:
+        return None
+    if not isinstance(placement, dict) or set(placement) - set(_PLACEMENT_KEYS):
+        raise InvalidRequestError(
+            f"placement must be a dict with 'cluster' and/or 'tags' (e.g. {{'tags': ['az:a']}}), got {placement!r}",
+            reason="invalid_placement")
+    out: dict[str, Any] = {}
+    cluster = placement.get("cluster")
+    if cluster:
+        if not isinstance(cluster, str):
+            raise InvalidRequestError(f"placement cluster must be a name, got {cluster!r}", reason="invalid_placement")
+        out["cluster"] = cluster
+    tags = placement.get("tags")
+    if isinstance(tags, str):
+        tags = [t.strip() for t in tags.split(",") if t.strip()]
+    if tags:
+        if not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) and t for t in tags):
+            raise InvalidRequestError(f"placement tags must be a list of strings, got {tags!r}",
+                                      reason="invalid_placement")
+        out["tags"] = list(tags)
+    return out or None
+
+
+def replication_config(num_replicas: Any = None, placement: Any = None) -> dict[str, Any]:
+    """The ``num_replicas``/``placement`` stream fields that were given (validated); unset ones are left out."""
+    cfg: dict[str, Any] = {}
+    replicas = check_replicas(num_replicas)
+    if replicas is not None:
+        cfg["num_replicas"] = replicas
+    normalized = normalize_placement(placement)
+    if normalized is not None:
+        cfg["placement"] = normalized
+    return cfg
+
+
+def default_replicas(conn: JetStreamConnection) -> int:
+    """Replicas for something the provider creates unasked: 3 when the server is in a cluster of 3 or
+    more servers (as its INFO announces them), else 1. An existing stream always keeps its own."""
+    info: dict[str, Any] = getattr(conn.nc, "_server_info", None) or {}
+    if info.get("cluster") and len(info.get("connect_urls") or ()) >= CLUSTER_REPLICAS:
+        return CLUSTER_REPLICAS
+    return 1
 
 
 def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -61,6 +127,10 @@ def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
         for key in DURATION_FIELDS:
             if key in cfg and cfg[key] is not None:
                 cfg[key] = to_nanos(cfg[key], field=key)
+        if cfg.get("num_replicas") is not None:
+            cfg["num_replicas"] = check_replicas(cfg["num_replicas"])
+        if "placement" in cfg:
+            cfg["placement"] = normalize_placement(cfg["placement"])
     except InvalidRequestError as exc:
         raise StreamConfigError(exc.message, reason=exc.reason) from None
     if isinstance(cfg.get("subjects"), str):
@@ -91,16 +161,19 @@ async def find_stream(conn: JetStreamConnection, name: str) -> dict[str, Any] | 
         return None
 
 
-async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any]) -> dict[str, Any]:
+async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
+                        create_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """Create the stream, update it where it differs, or leave it alone.
 
     Returns ``{"action": "created" | "updated" | "unchanged", "changed": [...], "info": {...}}``.
-    Fields not named in ``config`` keep their current values on update.
+    Fields not named in ``config`` keep their current values on update; ``create_defaults`` only
+    fill fields ``config`` leaves out when the stream is created (e.g. a default ``num_replicas``).
     """
     cfg = normalize_stream_config(config)
     name = cfg["name"]
     current = await find_stream(conn, name)
     if current is None:
+        cfg = {**normalize_stream_config({"name": name, **(create_defaults or {})}), **cfg}
         info = await conn.api_request(f"STREAM.CREATE.{name}", cfg, context=f"create stream {name!r}")
         return {"action": "created", "changed": sorted(cfg), "info": info}
     current_cfg = current["config"]

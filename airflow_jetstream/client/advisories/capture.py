@@ -25,7 +25,13 @@ from typing import Any
 import nats.errors
 
 from airflow_jetstream.client.admin.consumers import delete_consumer, parse_time, to_rfc3339
-from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.admin.streams import (
+    default_replicas,
+    ensure_stream,
+    find_stream,
+    replication_config,
+    stream_info,
+)
 from airflow_jetstream.client.advisories.filter import (
     AdvisoryFilter,
     AdvisoryPredicateError,
@@ -63,7 +69,8 @@ DEFAULT_CAPTURE_SUBJECTS = (f"{ADVISORY_PREFIX}.>",)
 __all__ = [
     "ADVISORY_PREFIX", "DEFAULT_CAPTURE_STREAM", "DEFAULT_CAPTURE_SUBJECTS", "EVENT_PREFIX", "KINDS", "METRIC_PREFIX",
     "Advisory", "AdvisoryFilter", "AdvisoryKind", "AdvisoryPredicateError", "BatchAbandoned", "CaptureReader",
-    "advisory_subject", "capture_gap", "capture_info", "capture_stream_config", "decode_advisory", "find_captured",
+    "advisory_subject", "capture_gap", "capture_info", "capture_stream_config", "decode_advisory",
+    "ensure_capture_stream", "find_captured",
     "get_kind", "listen_live", "load_predicate", "parse_advisory", "predicate_path", "subject_matches",
     "watch_advisories",
 ]
@@ -76,28 +83,72 @@ log = logging.getLogger(__name__)
 
 def capture_stream_config(name: str = DEFAULT_CAPTURE_STREAM, *, max_age: Any = "7d", max_bytes: int | None = None,
                           subjects: list[str] | tuple[str, ...] = DEFAULT_CAPTURE_SUBJECTS,
-                          storage: str = "file", num_replicas: int = 1) -> dict[str, Any]:
-    """Stream config that stores advisories, with a retention limit (age and optionally size)."""
+                          storage: str = "file", num_replicas: int | None = None,
+                          placement: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Stream config that stores advisories, with a retention limit (age and optionally size).
+
+    ``num_replicas``/``placement`` are left out when None (the server's default, or what an existing
+    stream has under :func:`ensure_stream`).
+    """
     validate_name(name, what="capture stream name")
     if max_age in (None, 0, "0") and not max_bytes:
         raise InvalidRequestError(
             "a capture stream needs a retention limit: set max_age (e.g. '7d') and/or max_bytes",
             reason="missing_retention",
         )
-    for subject in subjects:
-        validate_subject(subject, allow_wildcards=True, what="capture subject")
-        if not subject.startswith(f"{EVENT_PREFIX}."):
-            raise InvalidRequestError(f"capture subject {subject!r} is not an advisory subject ({EVENT_PREFIX}.>)")
     config: dict[str, Any] = {
-        "name": name, "subjects": list(subjects), "retention": "limits", "storage": storage,
-        "discard": "old", "num_replicas": num_replicas,
-        "description": "JetStream advisories captured for airflow-jetstream sensors",
+        "name": name, "subjects": _capture_subjects(subjects), "retention": "limits", "storage": storage,
+        "discard": "old", "description": "JetStream advisories captured for airflow-jetstream sensors",
+        **replication_config(num_replicas, placement),
     }
     if max_age not in (None, 0, "0"):
         config["max_age"] = to_nanos(max_age, field="max_age")
     if max_bytes:
         config["max_bytes"] = int(max_bytes)
     return config
+
+
+def _capture_subjects(subjects: list[str] | tuple[str, ...]) -> list[str]:
+    for subject in subjects:
+        validate_subject(subject, allow_wildcards=True, what="capture subject")
+        if not subject.startswith(f"{EVENT_PREFIX}."):
+            raise InvalidRequestError(f"capture subject {subject!r} is not an advisory subject ({EVENT_PREFIX}.>)")
+    return list(subjects)
+
+
+async def ensure_capture_stream(conn: JetStreamConnection, name: str = DEFAULT_CAPTURE_STREAM, *,
+                                max_age: Any = None, max_bytes: int | None = None,
+                                subjects: list[str] | tuple[str, ...] | None = None, storage: str | None = None,
+                                num_replicas: int | None = None,
+                                placement: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Create the capture stream, or change only the options given (None = keep what the stream has).
+
+    A new stream gets ``max_age`` 7 days, file storage, all advisories and, unless told otherwise,
+    :func:`default_replicas` (3 on a cluster). A re-run with defaults never changes an existing
+    stream: it does not turn an R3 capture stream into R1. Returns :func:`ensure_stream`'s result.
+    """
+    validate_name(name, what="capture stream name")
+    current = await find_stream(conn, name)
+    if current is None:
+        age = "7d" if max_age is None and not max_bytes else max_age
+        config = capture_stream_config(
+            name, max_age=age, max_bytes=max_bytes, subjects=DEFAULT_CAPTURE_SUBJECTS if subjects is None else subjects,
+            storage=storage or "file", num_replicas=num_replicas, placement=placement)
+        if "max_age" in config:
+            config["max_age"] = age  # as given: ensure_stream converts it
+        return await ensure_stream(conn, config, create_defaults={"num_replicas": default_replicas(conn)})
+    config = {"name": name, **replication_config(num_replicas, placement)}
+    if max_age is not None:
+        if max_age in (0, "0") and not (max_bytes or int(current["config"].get("max_bytes", -1)) > 0):
+            capture_stream_config(name, max_age=max_age)  # raises: no retention limit would be left
+        config["max_age"] = max_age
+    if max_bytes:
+        config["max_bytes"] = int(max_bytes)
+    if subjects is not None:
+        config["subjects"] = _capture_subjects(subjects)
+    if storage is not None:
+        config["storage"] = storage
+    return await ensure_stream(conn, config)
 
 
 def capture_gap(info: Mapping[str, Any], since: datetime) -> str | None:

@@ -61,6 +61,7 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 
 from airflow_jetstream.client import metrics
+from airflow_jetstream.client.admin.streams import replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
@@ -75,6 +76,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     error_from_api,
 )
+from airflow_jetstream.client.ledger.replication import ensure_bucket_replication, kv_replication
 from airflow_jetstream.client.reading.range_read import read_latest_per_subject
 from airflow_jetstream.client.subjects import validate_name
 
@@ -285,27 +287,36 @@ class BatchLedger:
 
     @classmethod
     async def open(cls, conn: JetStreamConnection, bucket: str = DEFAULT_BUCKET, *, create: bool = True,
-                   history: int = 1, ttl: float | str | timedelta | None = None, replicas: int = 1,
+                   history: int = 1, ttl: float | str | timedelta | None = None, replicas: int | None = None,
+                   placement: dict[str, Any] | None = None,
                    visibility_timeout: float | str | timedelta = "10m", max_attempts: int = 3,
                    clock: Callable[[], float] = time.time) -> BatchLedger:
-        """Open the ledger bucket, creating it when missing (``create``); ``ttl`` expires old runs."""
+        """Open the ledger bucket, creating it when missing (``create``); ``ttl`` expires old runs.
+
+        ``replicas`` (1-5) and ``placement`` (``{"cluster": ..., "tags": [...]}``): when None a new
+        bucket gets :func:`default_replicas` (3 on a cluster of 3+ servers, else 1) and an existing
+        one keeps its own; when given, an existing bucket is changed to them.
+        """
         if not isinstance(bucket, str) or not bucket or set(bucket) - _KEY_SAFE:
             raise InvalidRequestError(
                 f"ledger bucket {bucket!r} is not a valid KV bucket name (letters, digits, '_' and '-' only)",
                 reason="invalid_name",
             )
+        replication = replication_config(replicas, placement)
         async with _kv_errors(conn, f"ledger bucket {bucket!r}"):
             try:
                 kv = await conn.js.key_value(bucket)
+                await ensure_bucket_replication(conn, bucket, replication)
             except nats.js.errors.BucketNotFoundError:
                 if not create:
                     raise
                 ttl_seconds = None if ttl is None else to_seconds(ttl, field="ttl")
+                placed = kv_replication(conn, replication)
                 kv = await conn.js.create_key_value(
-                    bucket=bucket, history=history, ttl=ttl_seconds, replicas=replicas,
-                    description="airflow-jetstream batch ledger",
+                    bucket=bucket, history=history, ttl=ttl_seconds, description="airflow-jetstream batch ledger",
+                    **placed,
                 )
-                log.info("Created batch ledger bucket %s", bucket)
+                log.info("Created batch ledger bucket %s with %d replica(s)", bucket, placed["replicas"])
         return cls(conn, kv, bucket, visibility_timeout=visibility_timeout, max_attempts=max_attempts, clock=clock)
 
     # reading

@@ -13,35 +13,47 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 
+from airflow_jetstream.client.admin.streams import replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import JetStreamError, RequestTimeoutError
+from airflow_jetstream.client.errors import RequestTimeoutError, error_from_api
+from airflow_jetstream.client.ledger.replication import ensure_bucket_replication, kv_replication
 from airflow_jetstream.client.subjects import validate_name
 
 DEFAULT_JOB_BUCKET = "jetstream_jobs"
 
 
-async def _bucket(conn: JetStreamConnection, bucket: str, *, create: bool) -> Any:
+async def _bucket(conn: JetStreamConnection, bucket: str, *, create: bool,
+                  replication: dict[str, Any] | None = None) -> Any:
     validate_name(bucket, what="job bucket")
     try:
-        return await conn.js.key_value(bucket)
+        kv = await conn.js.key_value(bucket)
     except nats.js.errors.BucketNotFoundError:
         if not create:
             return None
-        return await conn.js.create_key_value(bucket=bucket, history=5, description="airflow-jetstream job records")
+        return await conn.js.create_key_value(bucket=bucket, history=5, description="airflow-jetstream job records",
+                                              **kv_replication(conn, replication or {}))
+    await ensure_bucket_replication(conn, bucket, replication or {})
+    return kv
 
 
 async def put_job_record(conn: JetStreamConnection, job_id: str, record: dict[str, Any], *,
-                         bucket: str = DEFAULT_JOB_BUCKET) -> int:
-    """Store ``record`` (JSON-able) under ``job_id``, creating the bucket when missing; returns the revision."""
+                         bucket: str = DEFAULT_JOB_BUCKET, replicas: int | None = None,
+                         placement: dict[str, Any] | None = None) -> int:
+    """Store ``record`` (JSON-able) under ``job_id``, creating the bucket when missing; returns the revision.
+
+    ``replicas``/``placement``: as for :meth:`BatchLedger.open <airflow_jetstream.client.ledger.BatchLedger.open>`
+    (None: 3 on a cluster for a new bucket, an existing one keeps its own).
+    """
     validate_name(job_id, what="job id")
+    replication = replication_config(replicas, placement)
     try:
-        kv = await _bucket(conn, bucket, create=True)
+        kv = await _bucket(conn, bucket, create=True, replication=replication)
         return int(await kv.put(job_id, json.dumps(record, separators=(",", ":"), default=str).encode()))
     except nats.errors.TimeoutError:
         raise RequestTimeoutError(f"job record {job_id!r}: the KV bucket {bucket!r} did not answer") from None
     except nats.js.errors.APIError as exc:
-        raise JetStreamError(f"job record {job_id!r} in bucket {bucket!r}: {exc.description}",
-                             code=exc.code, err_code=exc.err_code) from None
+        raise error_from_api({"code": exc.code, "err_code": exc.err_code, "description": exc.description},
+                             context=f"job record {job_id!r} in bucket {bucket!r}") from None
 
 
 async def get_job_record(conn: JetStreamConnection, job_id: str, *,

@@ -36,7 +36,15 @@ from airflow_jetstream.client.admin.consumers import (
     list_consumers,
     to_rfc3339,
 )
-from airflow_jetstream.client.admin.streams import find_stream, stream_info
+from airflow_jetstream.client.admin.streams import (
+    check_replicas,
+    default_replicas,
+    ensure_stream,
+    find_stream,
+    normalize_placement,
+    replication_config,
+    stream_info,
+)
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
     ConsumerConfigError,
@@ -83,6 +91,9 @@ class DurableSource:
     ``api_prefix`` names the origin's JetStream API prefix directly instead (e.g. an imported one).
     ``consumer``, ``deliver_subject``, ``deliver_policy``, ``replay_policy`` and ``max_ack_pending``
     only apply to ``user`` mode; ``filter_subjects``, ``start_seq`` and ``start_time`` to both.
+    ``num_replicas`` and ``placement`` (``{"cluster": ..., "tags": [...]}``) are stream ``stream``'s:
+    when None, a new stream gets :func:`default_replicas` (3 on a cluster) and an existing one keeps
+    what it has; when given, an existing stream is changed to them.
     """
 
     stream: str
@@ -99,6 +110,8 @@ class DurableSource:
     max_ack_pending: int | None = None
     domain: str | None = None
     api_prefix: str | None = None
+    num_replicas: int | None = None
+    placement: dict[str, Any] | None = None
 
     @property
     def user_managed(self) -> bool:
@@ -148,7 +161,8 @@ class DurableSource:
         start_time = to_rfc3339(self.start_time) if self.start_time is not None else None
         if start_seq is not None and start_time is not None:
             raise InvalidRequestError("give start_seq or start_time, not both", reason="invalid_start")
-        spec = replace(self, filter_subjects=filters, start_time=start_time)
+        spec = replace(self, filter_subjects=filters, start_time=start_time,
+                       num_replicas=check_replicas(self.num_replicas), placement=normalize_placement(self.placement))
         if not spec.user_managed:
             given = [k for k in ("consumer", "deliver_subject", "deliver_policy", "replay_policy", "max_ack_pending")
                      if getattr(spec, k) is not None]
@@ -347,7 +361,8 @@ async def _update_entries(conn: JetStreamConnection, spec: DurableSource, target
     """Create A or put ``entry`` in place of A's entry for this origin (None removes it); others stay."""
     if target is None:
         key = "mirror" if spec.mirror else "sources"
-        body = {"name": spec.stream, key: entry if spec.mirror else [entry]}
+        body = {"name": spec.stream, key: entry if spec.mirror else [entry], "num_replicas": default_replicas(conn),
+                **replication_config(spec.num_replicas, spec.placement)}
         return await conn.api_request(f"STREAM.CREATE.{spec.stream}", body, context=f"create stream {spec.stream!r}")
     cfg = dict(target["config"])
     sources = [e for e in cfg.get("sources") or [] if not spec.is_same_origin(e)]
@@ -531,7 +546,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
     Creates the stream if missing (with only this source), keeps its other sources, migrates a
     plain source of the same origin to ``user`` mode, then waits until the server reports the
     source healthy. Returns a JSON-able description: ``stream``, ``source``, ``mode``, ``mirror``,
-    ``action`` (created/updated/unchanged/migrated), ``consumer``, ``deliver_subject``, ``domain``,
+    ``action`` (created/updated/unchanged/migrated), ``consumer``, ``deliver_subject``, ``domain``, ``num_replicas``,
     ``source_state`` (lag, active, ...), ``consumer_state`` and ``migrated_after_seq``.
     """
     spec = spec.validated()
@@ -557,6 +572,11 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
         )
     target = await find_stream(conn, spec.stream)
     _check_against_streams(spec, target, origin)
+    replicas_changed = False
+    replication = replication_config(spec.num_replicas, spec.placement)
+    if target is not None and replication:
+        updated = await ensure_stream(conn, {"name": spec.stream, **replication})
+        replicas_changed, target = updated["action"] == "updated", updated["info"]
     current = _find_entry(target["config"], spec) if target else None
     if current is None and target is not None and spec.mirror:
         raise StreamConfigError(
@@ -608,6 +628,8 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
                 f"{current['consumer'].get('name')!r}; switching to mode='server' would deliver messages twice. "
                 "Keep mode='user'", reason="invalid_source")
         action = await _apply_entry(conn, spec, target, current, wanted)
+    if action == "unchanged" and replicas_changed:
+        action = "updated"
     started = time.monotonic()
     state = await wait_source_healthy(conn, spec, timeout=health_timeout, origin_conn=origin_conn)
     if spec.user_managed:
@@ -625,6 +647,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
         "consumer": consumer["name"],
         "deliver_subject": cfg.get("deliver_subject"),
         "retention": retention,
+        "num_replicas": (await stream_info(conn, spec.stream))["config"].get("num_replicas", 1),
         "source_state": {k: state.get(k) for k in ("lag", "active", "seq", "error") if k in state},
         "consumer_state": {k: consumer.get(k) for k in ("num_pending", "num_ack_pending", "delivered", "ack_floor",
                                                         "paused")},

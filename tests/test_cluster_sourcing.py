@@ -1,0 +1,100 @@
+"""Durable sourcing on the 3-node cluster: replicas/placement of the aggregate, and 20k messages
+sourced WorkQueue -> aggregate in both modes through a SIGKILL of the aggregate's leader."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from airflow_jetstream.client.admin.streams import ensure_stream, find_stream, stream_info
+from airflow_jetstream.client.connection import open_connection
+from airflow_jetstream.client.errors import PlacementError
+from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.embedded import EmbeddedNatsCluster
+from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
+from airflow_jetstream.sensors.consumer import JetStreamSourceCaughtUpSensor
+from tests.conftest import set_nats_cluster_connection
+from tests.support.cluster_tools import call, cluster_settings, move_leader_off, publish_numbered, wait_for
+
+HALF = 10_000
+
+
+@pytest.fixture
+def cluster_conn(monkeypatch: pytest.MonkeyPatch, nats_cluster_module: EmbeddedNatsCluster) -> EmbeddedNatsCluster:
+    set_nats_cluster_connection(monkeypatch, "nats_default", nats_cluster_module)
+    return nats_cluster_module
+
+
+def workqueue(name: str, subject: str) -> dict:
+    return {"name": name, "subjects": [subject], "retention": "workqueue", "num_replicas": 3}
+
+
+def replicas(cluster: EmbeddedNatsCluster, stream: str) -> int:
+    return call(cluster, stream_info, stream)["config"]["num_replicas"]
+
+
+def test_aggregate_gets_cluster_replicas_and_a_rerun_keeps_them(cluster_conn: EmbeddedNatsCluster) -> None:
+    cluster = cluster_conn
+    call(cluster, ensure_stream, workqueue("REPL_ORIG", "repl.>"))
+    op = JetStreamDurableSourceOperator(task_id="agg", stream="REPL_AGG", source="REPL_ORIG")
+    first = op.execute(context={})
+    assert first["action"] == "created" and first["num_replicas"] == 3  # the cluster default, unasked
+    again = op.execute(context={})
+    assert again["action"] == "unchanged" and replicas(cluster, "REPL_AGG") == 3
+
+    down = JetStreamDurableSourceOperator(task_id="agg", stream="REPL_AGG", source="REPL_ORIG", num_replicas=1)
+    assert down.execute(context={})["action"] == "updated" and replicas(cluster, "REPL_AGG") == 1
+    assert op.execute(context={})["action"] == "unchanged" and replicas(cluster, "REPL_AGG") == 1  # unset: kept
+
+
+def test_impossible_placement_is_a_typed_error_and_creates_nothing(cluster_conn: EmbeddedNatsCluster) -> None:
+    cluster = cluster_conn
+    call(cluster, ensure_stream, workqueue("PLACE_ORIG", "place.>"))
+    for options, fix in (({"num_replicas": 5}, "num_replicas"), ({"placement": {"cluster": "elsewhere"}}, "placement")):
+        op = JetStreamDurableSourceOperator(task_id="agg", stream="PLACE_AGG", source="PLACE_ORIG", **options)
+        with pytest.raises(PlacementError) as err:
+            op.execute(context={})
+        assert err.value.reason == "placement_failed" and err.value.err_code == 10005 and fix in str(err.value)
+    assert call(cluster, find_stream, "PLACE_AGG") is None
+
+
+def read_numbers(cluster: EmbeddedNatsCluster, stream: str) -> Counter[int]:
+    async def main() -> Counter[int]:
+        async with open_connection(cluster_settings(cluster)) as conn:
+            last = int((await stream_info(conn, stream))["state"]["last_seq"])
+            seen: Counter[int] = Counter()
+            async for chunk in read_range(conn, stream, 1, last):
+                seen.update(int(data) for _, _, _, _, data in chunk)
+            return seen
+
+    return asyncio.run(main())
+
+
+def test_20k_sourced_in_both_modes_through_a_leader_kill(cluster_conn: EmbeddedNatsCluster) -> None:
+    cluster = cluster_conn
+    modes = {"server": ("WQS", "wqs.x", "AGGS"), "user": ("WQU", "wqu.x", "AGGU")}
+    for mode, (origin, subject, agg) in modes.items():
+        call(cluster, ensure_stream, workqueue(origin, subject))
+        call(cluster, publish_numbered, subject, 1, HALF)
+        result = JetStreamDurableSourceOperator(task_id=f"src_{mode}", stream=agg, source=origin, mode=mode,
+                                                num_replicas=3).execute(context={})
+        assert result["num_replicas"] == 3 and result["mode"] == mode
+    victim = wait_for(lambda: cluster.stream_leader("AGGS"), "a leader of AGGS")
+    for origin, _, _ in modes.values():
+        move_leader_off(cluster, origin, victim)  # the publisher keeps its origins; sourcing loses its leader
+
+    cluster.kill(victim)  # mid-run: the first half is still flowing, the second is not even published
+    for origin, subject, _ in modes.values():
+        call(cluster, publish_numbered, subject, HALF + 1, 2 * HALF)
+    cluster.restart(victim)
+
+    for mode, (origin, _, agg) in modes.items():
+        sensor = JetStreamSourceCaughtUpSensor(task_id=f"caught_up_{mode}", stream=agg, source=origin,
+                                               poke_interval=0.5, timeout=120, deferrable=False)
+        assert sensor.execute(context={})["caught_up"] is True
+        seen = read_numbers(cluster, agg)
+        assert len(seen) == 2 * HALF and set(seen) == set(range(1, 2 * HALF + 1)), f"{mode}: lost messages"
+        assert max(seen.values()) == 1, f"{mode}: duplicated messages"
+        assert call(cluster, stream_info, origin)["state"]["messages"] == 0  # the WorkQueue is drained

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 import nats.errors
@@ -26,12 +27,18 @@ from airflow_jetstream.client.errors import (
     InvalidSettingsError,
     JetStreamError,
     JetStreamNotEnabledError,
+    LeaderUnavailableError,
     PermissionDeniedError,
     RequestTimeoutError,
     TLSConfigurationError,
     error_from_api,
 )
 from airflow_jetstream.client.settings import ConnectionSettings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+#: First pause between retries while a leader is elected; doubles up to ``_RETRY_MAX`` seconds.
+_RETRY_FIRST, _RETRY_MAX = 0.25, 2.0
 
 _PERMISSION = re.compile(r'permissions violation for (publish|subscription) to "?([^"\s]+)"?', re.I)
 
@@ -77,6 +84,7 @@ class JetStreamConnection:
             prefix=settings.api_subject_prefix, timeout=settings.request_timeout
         )
         self.permission_violations: list[tuple[str, str]] = []
+        self._denial_waiters: dict[str, list[asyncio.Future[None]]] = {}
 
     @property
     def api_prefix(self) -> str:
@@ -90,15 +98,19 @@ class JetStreamConnection:
         match = _PERMISSION.search(str(exc))
         if match:
             self.permission_violations.append((match.group(1).lower(), match.group(2)))
+            # nats-py lowercases the server's -ERR text, so subjects are matched case-insensitively
+            for waiter in self._denial_waiters.pop(match.group(2).lower(), []):
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def permission_error(self, subject: str) -> PermissionDeniedError | None:
         """The permission error recorded for ``subject``, if the server reported one."""
         for op, denied in self.permission_violations:
-            if denied == subject:
+            if denied.lower() == subject.lower():
                 return PermissionDeniedError(
-                    f"permission denied: this NATS user may not {op} to {denied!r}; grant it in the "
+                    f"permission denied: this NATS user may not {op} to {subject!r}; grant it in the "
                     "server's authorization config or use another user",
-                    subject=denied,
+                    subject=subject,
                 )
         return None
 
@@ -116,10 +128,31 @@ class JetStreamConnection:
 
     async def request(self, subject: str, payload: bytes = b"", *, timeout: float | None = None,
                       headers: dict[str, str] | None = None) -> nats.aio.msg.Msg:
-        """A core request with typed timeout and permission errors."""
+        """A core request with typed timeout and permission errors.
+
+        A permission violation for ``subject`` (the server's ``-ERR``, reported to the error
+        callback at once) fails the request immediately instead of after ``timeout``.
+        """
         timeout = timeout or self.settings.request_timeout
+        denied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._denial_waiters.setdefault(subject.lower(), [])
+        waiters.append(denied)
+        ask = asyncio.ensure_future(self.nc.request(subject, payload, timeout=timeout, headers=headers))
         try:
-            return await self.nc.request(subject, payload, timeout=timeout, headers=headers)
+            await asyncio.wait({ask, denied}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if denied in waiters:
+                waiters.remove(denied)
+            if not waiters:
+                self._denial_waiters.pop(subject.lower(), None)
+            denied.cancel()
+            if not ask.done():
+                ask.cancel()
+                await asyncio.gather(ask, return_exceptions=True)
+        if not ask.done() or ask.cancelled():
+            raise self.permission_error(subject) or RequestTimeoutError(f"no reply to {subject!r}")
+        try:
+            return ask.result()
         except nats.errors.NoRespondersError:
             await self.raise_if_denied(subject)
             raise JetStreamNotEnabledError(
@@ -127,22 +160,70 @@ class JetStreamConnection:
                 "JetStream domain / API prefix of the connection is wrong"
             ) from None
         except nats.errors.TimeoutError:
-            await self.raise_if_denied(subject)
-            raise RequestTimeoutError(f"no reply to {subject!r} within {timeout}s") from None
+            raise self.permission_error(subject) or RequestTimeoutError(
+                f"no reply to {subject!r} within {timeout}s") from None
 
     async def api_request(self, api: str, body: dict[str, Any] | None = None, *,
-                          timeout: float | None = None, context: str = "") -> dict[str, Any]:
-        """Send ``body`` to ``<api prefix>.<api>`` and return the JSON reply, raising typed errors."""
+                          timeout: float | None = None, context: str = "", retry: bool = True) -> dict[str, Any]:
+        """Send ``body`` to ``<api prefix>.<api>`` and return the JSON reply, raising typed errors.
+
+        No reply in time, or a "temporarily unavailable" answer, is a :class:`LeaderUnavailableError`
+        retried for ``settings.leader_wait`` seconds (a cluster electing a leader); ``retry=False``
+        turns that off. JetStream API calls are idempotent (create/update with the same config,
+        delete, info, reset to a given sequence), so a retry after a lost reply is safe.
+        """
         subject = f"{self.api_prefix}.{api}"
         payload = json.dumps(body).encode() if body is not None else b""
-        msg = await self.request(subject, payload, timeout=timeout)
-        try:
-            reply = json.loads(msg.data or b"{}")
-        except ValueError:
-            raise JetStreamError(f"{context or api}: the server answered non-JSON data") from None
-        if isinstance(reply, dict) and "error" in reply:
-            raise error_from_api(reply["error"], context=context or api)
-        return reply
+        what = context or api
+
+        async def once() -> dict[str, Any]:
+            try:
+                msg = await self.request(subject, payload, timeout=timeout)
+            except LeaderUnavailableError:
+                raise
+            except RequestTimeoutError as exc:
+                raise LeaderUnavailableError(
+                    f"{what}: {exc.message}; the stream/consumer may be electing a leader"
+                ) from None
+            try:
+                reply = json.loads(msg.data or b"{}")
+            except ValueError:
+                raise JetStreamError(f"{what}: the server answered non-JSON data") from None
+            if isinstance(reply, dict) and "error" in reply:
+                raise error_from_api(reply["error"], context=what)
+            return reply
+
+        return await self.retry_leader(what, once) if retry else await once()
+
+    async def retry_leader(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run ``attempt``; while it raises :class:`LeaderUnavailableError`, retry with back-off.
+
+        Pauses start at 0.25 s and double up to 2 s; after ``settings.leader_wait`` seconds the last
+        error is raised, saying how long it waited. One log line per retry.
+        """
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        pause = _RETRY_FIRST
+        retries = 0
+        while True:
+            try:
+                return await attempt()
+            except LeaderUnavailableError as exc:
+                now = loop.time()
+                deadline = deadline if deadline is not None else now + self.settings.leader_wait
+                if now >= deadline:
+                    if retries:
+                        exc.message = (f"{exc.message}; still no leader after {retries} retries over "
+                                       f"{self.settings.leader_wait:g}s (leader_wait): check that a quorum "
+                                       "of the cluster's servers runs, then re-run")
+                        exc.args = (exc.message,)
+                    raise
+                delay = min(pause, deadline - now)
+                retries += 1
+                log.warning("%s: leader unavailable (%s); retry %d in %.2f s, %.1f s of leader_wait left",
+                            what, exc.reason, retries, delay, deadline - now)
+                await asyncio.sleep(delay)
+                pause = min(pause * 2, _RETRY_MAX)
 
     async def close(self) -> None:
         """Flush what was published (the server has it once the PONG is back), then close.

@@ -73,12 +73,15 @@ class ConnectionSettings:
     domain: str | None = None
     api_prefix: str | None = None
     request_timeout: float = 5.0
+    leader_wait: float = 30.0
 
     def __post_init__(self) -> None:
         if isinstance(self.servers, (str, list)):
             object.__setattr__(self, "servers", parse_servers(self.servers))
         if self.connect_timeout <= 0 or self.request_timeout <= 0:
             raise InvalidSettingsError("connect_timeout and request_timeout must be positive seconds")
+        if self.leader_wait < 0:
+            raise InvalidSettingsError("leader_wait must be >= 0 seconds (0 turns election retries off)")
         if self.domain and self.api_prefix:
             raise InvalidSettingsError("set either a JetStream domain or an API prefix, not both")
         if self.token and (self.user or self.password):
@@ -206,6 +209,9 @@ CONNECTION_FIELDS: dict[str, FieldSpec] = {
                                  "Seconds to wait per server when connecting (default 5)."),
     "request_timeout": FieldSpec(float, "Request timeout (s)",
                                  "Seconds to wait for JetStream API replies (default 5)."),
+    "leader_wait": FieldSpec(float, "Leader wait (s)",
+                             "Seconds to keep retrying while a clustered stream or consumer elects a leader "
+                             "(default 30; 0 = no retries)."),
     "client_name": FieldSpec(str, "Client name", "Connection name shown in the server's monitoring."),
     "domain": FieldSpec(str, "JetStream domain", "JetStream domain (e.g. a leaf node's), if any."),
     "api_prefix": FieldSpec(str, "JetStream API prefix", "Custom API prefix (instead of a domain), if any."),

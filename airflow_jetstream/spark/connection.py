@@ -55,4 +55,4 @@ def with_connection_defaults(defaults: Mapping[str, str], options: Mapping[str, 
 
 def session_connection_fields(spark: object) -> dict[str, str]:
     """The connection fields in a SparkSession's conf (empty when the job got none)."""
-    return fields_from_conf(spark.sparkContext.getConf().getAll())  # type: ignore[attr-defined]
+    return fields_from_conf(spark.conf.getAll.items())  # type: ignore[attr-defined]

@@ -7,7 +7,8 @@ import itertools
 import pytest
 
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError
-from airflow_jetstream.client.reading.range_read import parse_header_lines, split_range
+from airflow_jetstream.client.reading.headers import parse_header_lines
+from airflow_jetstream.client.reading.range_read import split_range
 from airflow_jetstream.spark.options import ReadOptions, WriteOptions
 from airflow_jetstream.spark.writer import chunk_id, message_id
 

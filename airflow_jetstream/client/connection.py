@@ -33,6 +33,7 @@ from airflow_jetstream.client.errors import (
     TLSConfigurationError,
     error_from_api,
 )
+from airflow_jetstream.client.natspy_internals import install_header_parser
 from airflow_jetstream.client.settings import ConnectionSettings
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class JetStreamConnection:
     def __init__(self, nc: NATS, settings: ConnectionSettings) -> None:
         self.nc = nc
         self.settings = settings
+        install_header_parser(nc)  # repeated header names kept, ~2x faster reads (natspy_internals)
         self.js: JetStreamContext = nc.jetstream(
             prefix=settings.api_subject_prefix, timeout=settings.request_timeout
         )

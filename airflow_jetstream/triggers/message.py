@@ -45,6 +45,7 @@ from airflow_jetstream.hooks.jetstream import JetStreamHook
 
 #: Longer than Airflow's shared-stream ack timeout (300 s), so a message is not redelivered while it waits.
 DEFAULT_ACK_WAIT = "10m"
+from airflow_jetstream.client.reading.headers import headers_json
 log = logging.getLogger(__name__)
 _ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "advisory_batch", "advisory_reason",
                   "advisory_match")
@@ -65,7 +66,7 @@ def message_payload(msg: Any) -> dict[str, Any]:
         "consumer_seq": meta.sequence.consumer,
         "delivered": meta.num_delivered,
         "published": meta.timestamp.isoformat() if meta.timestamp else None,
-        "headers": dict(msg.headers or {}),
+        "headers": headers_json(msg.headers),  # a list of strings for a repeated name
         "data": text if text is not None else base64.b64encode(msg.data).decode("ascii"),
         "encoding": "utf-8" if text is not None else "base64",
     }

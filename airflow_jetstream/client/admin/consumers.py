@@ -49,11 +49,16 @@ _DEFAULTS: dict[str, Any] = {"deliver_policy": "all", "ack_policy": "explicit", 
 
 
 class _ApiView:
-    """A connection whose JetStream API requests go to another domain or API prefix."""
+    """A connection whose JetStream API requests go to another domain or API prefix.
+
+    Both ways of calling the API are redirected: :meth:`api_request` and ``.js`` (a nats-py
+    JetStream context on the same connection with the view's prefix); the rest is the connection's.
+    """
 
     def __init__(self, conn: JetStreamConnection, api_prefix: str) -> None:
         self._conn = conn
         self._api_prefix = api_prefix
+        self.js = conn.nc.jetstream(prefix=api_prefix, timeout=conn.settings.request_timeout)
 
     @property
     def api_prefix(self) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 import uuid
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.batches.types import (
@@ -76,6 +78,7 @@ DEFAULT_RETRIES = 5
 _BACKOFF_BASE = 0.05
 _BACKOFF_MAX = 2.0
 _PROBE_WINDOW = 256
+log = logging.getLogger(__name__)
 
 
 def encode_atomic_batch(messages: Sequence[BatchMessage], batch_id: str, expected_last_seq: int | None,
@@ -309,8 +312,70 @@ async def _already_committed(conn: JetStreamConnection, messages: list[BatchMess
         )
     first_seq = starts.pop()
     streams = await streams_for_subject(conn, messages[0].subject)
-    return BatchResult(stream=streams[0] if streams else "", batch=batch_id, count=len(messages),
+    stream = streams[0] if streams else ""
+    if stream:
+        await _check_stored_batch(conn, stream, messages, first_seq, batch_id, timeout, error)
+    return BatchResult(stream=stream, batch=batch_id, count=len(messages),
                        first_seq=first_seq, last_seq=first_seq + len(messages) - 1, already_committed=True)
+
+
+async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: list[BatchMessage],
+                              first_seq: int, batch_id: str, timeout: float, error: BatchPublishError) -> None:
+    """Raise ``msg_id_reused`` unless ``first_seq ..`` holds one committed batch with these messages.
+
+    The stored messages are read back (``get_msg``, nothing is written) and must form one whole batch
+    (one ``Nats-Batch-Id``, ``Nats-Batch-Sequence`` 1..n, ``Nats-Batch-Commit`` on the n-th) whose
+    subjects, payloads, msg ids and headers are this batch's. Messages the stream already removed
+    (work-queue or interest retention, limits) cannot be compared and are skipped; when none is left
+    the msg ids alone vouch for the earlier commit (logged).
+    """
+    semaphore = asyncio.Semaphore(_PROBE_WINDOW)
+
+    async def stored(seq: int) -> Any:
+        async with semaphore:
+            try:
+                return await conn.js.get_msg(stream, seq)
+            except nats.js.errors.NotFoundError:
+                return None
+            except nats.errors.TimeoutError:
+                raise RequestTimeoutError(f"atomic batch {batch_id}: reading back stream {stream!r} seq {seq} "
+                                          f"timed out after {timeout}s") from None
+
+    found = await asyncio.gather(*(stored(first_seq + i) for i in range(len(messages))))
+    count = len(messages)
+    problem = None
+    stored_ids = set()
+    for index, (msg, raw) in enumerate(zip(messages, found, strict=True)):
+        if raw is None:
+            continue
+        headers = raw.headers or {}
+        stored_ids.add(headers.get(HEADER_BATCH_ID))
+        if headers.get(HEADER_BATCH_SEQUENCE) != str(index + 1):
+            problem = f"seq {first_seq + index} is not message {index + 1} of one atomic batch"
+        elif index == count - 1 and headers.get(HEADER_BATCH_COMMIT) != "1":
+            problem = f"seq {first_seq + index} is not the last message of a batch of {count}"
+        elif raw.subject != msg.subject or bytes(raw.data or b"") != bytes(msg.data):
+            problem = f"seq {first_seq + index} holds another subject or payload than message {index}"
+        elif msg.msg_id is not None and headers.get(HEADER_MSG_ID) != msg.msg_id:
+            problem = f"seq {first_seq + index} has msg id {headers.get(HEADER_MSG_ID)!r}, not {msg.msg_id!r}"
+        elif any(headers.get(k) != v for k, v in (msg.headers or {}).items()):
+            problem = f"seq {first_seq + index} has other headers than message {index}"
+        if problem:
+            break
+    if problem is None and len(stored_ids) > 1:
+        problem = f"seqs {first_seq}..{first_seq + count - 1} belong to {len(stored_ids)} different batches"
+    if problem is None and stored_ids == set():
+        log.warning("atomic batch %s: its msg ids are stored at %s seq %d..%d, which the stream already removed; "
+                    "taken as committed earlier without comparing contents", batch_id, stream, first_seq,
+                    first_seq + count - 1)
+    if problem:
+        raise BatchPublishError(
+            f"atomic batch {batch_id}: its msg ids are already used by other messages in stream {stream!r} "
+            f"({problem}), so the server refused the batch as a duplicate and nothing of it was written. "
+            "Msg ids must name one batch's content for the stream's duplicate_window: give these messages "
+            "fresh msg ids",
+            reason="msg_id_reused", code=error.code, err_code=error.err_code, description=error.description,
+        )
 
 
 async def streams_for_subject(conn: JetStreamConnection, subject: str) -> list[str]:

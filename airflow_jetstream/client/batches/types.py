@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_jetstream.client.errors import ConnectionFailedError, InvalidRequestError, JetStreamError
+from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError
+from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.subjects import validate_subject
 
 HEADER_BATCH_ID = "Nats-Batch-Id"
@@ -298,18 +299,6 @@ def encode_frame(subject: bytes, reply: bytes | None, header_lines: bytes, paylo
 
 
 async def write_frames(nc: Any, frames: bytes) -> None:
-    """Queue already-encoded protocol frames on the nats-py connection and kick its flusher.
-
-    Uses nats-py's outgoing buffer, so frames written while the client reconnects are sent after
-    the reconnect like any publish (nats-py 2.16 has no public raw-write call).
-    """
-    if nc.is_closed:
-        raise ConnectionFailedError("the NATS connection is closed", reason="connection_lost")
-    if nc.is_draining_pubs:
-        raise ConnectionFailedError("the NATS connection is draining", reason="connection_lost")
-    if not nc.is_connected and nc._pending_data_size + len(frames) > nc._max_pending_size:
-        raise ConnectionFailedError(
-            "the NATS connection is reconnecting and its outgoing buffer is full", reason="connection_lost"
-        )
-    await nc._send_command(frames)
-    await nc._flush_pending()
+    """Queue already-encoded protocol frames on the nats-py connection and kick its flusher
+    (:func:`~airflow_jetstream.client.natspy_internals.write_raw`: nats-py has no public raw write)."""
+    await write_raw(nc, frames)

@@ -76,6 +76,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     error_from_api,
 )
+from airflow_jetstream.client.ledger.record_schema import check_record
 from airflow_jetstream.client.ledger.replication import ensure_bucket_replication, kv_replication
 from airflow_jetstream.client.reading.range_read import read_latest_per_subject
 from airflow_jetstream.client.subjects import validate_name
@@ -144,6 +145,8 @@ class BatchRecord:
     last_error: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     revision: int = 0
+    #: Fields another service (or a newer version) stored that this version does not know; kept on update.
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (XCom, logs, Spark commit messages)."""
@@ -156,23 +159,28 @@ class BatchRecord:
     def _encode(self) -> bytes:
         body = asdict(self)
         body.pop("revision")
+        extra = body.pop("extra")
+        body = {**extra, **body}
+        check_record(body, key=batch_key(self.run_id, self.batch_id), when="refused to write it")
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
-    def _decode(cls, data: bytes, revision: int) -> BatchRecord:
+    def _decode(cls, data: bytes, revision: int, key: str = "") -> BatchRecord:
         try:
             body = json.loads(data)
-            known = {name: value for name, value in body.items() if name in _FIELDS}  # newer versions may add fields
-            return cls(**known, revision=revision)
-        except (ValueError, TypeError) as exc:
+        except ValueError as exc:
             raise LedgerConflictError(
-                f"a ledger entry (revision {revision}) is not a batch record ({type(exc).__name__}); "
+                f"ledger key {key!r} (revision {revision}) is not a batch record ({type(exc).__name__}); "
                 "the bucket is used by something else: give the ledger its own bucket",
                 reason="ledger_corrupt",
             ) from None
+        check_record(body, key=key, when=f"read at revision {revision}")
+        known = {name: value for name, value in body.items() if name in _FIELDS}
+        extra = {name: value for name, value in body.items() if name not in _FIELDS}
+        return cls(**known, revision=revision, extra=extra)
 
 
-_FIELDS = frozenset(BatchRecord.__dataclass_fields__) - {"revision"}
+_FIELDS = frozenset(BatchRecord.__dataclass_fields__) - {"revision", "extra"}
 
 
 @asynccontextmanager
@@ -329,7 +337,7 @@ class BatchLedger:
                 entry = await self.kv.get(key)
             except nats.js.errors.KeyNotFoundError:
                 return None
-        return BatchRecord._decode(entry.value or b"", entry.revision or 0)
+        return BatchRecord._decode(entry.value or b"", entry.revision or 0, key)
 
     async def batches(self, run_id: str | None = None, *, state: str | None = None) -> list[BatchRecord]:
         """Every batch of ``run_id`` (of all runs when None), optionally only those in ``state``."""
@@ -343,7 +351,7 @@ class BatchLedger:
                     if headers and (headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers):
                         latest.pop(key, None)  # deleted, purged or expired
                     else:
-                        latest[key] = BatchRecord._decode(data, seq)
+                        latest[key] = BatchRecord._decode(data, seq, key)
         records = (r for r in latest.values() if state is None or r.state == state)
         return sorted(records, key=lambda r: (r.run_id, r.batch_id))
 

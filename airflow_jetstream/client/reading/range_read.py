@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
 import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -40,6 +39,7 @@ from airflow_jetstream.client.admin.worker_consumers import ensure_worker_consum
 from airflow_jetstream.client.batches.types import HEADER_STATUS
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, RequestTimeoutError
+from airflow_jetstream.client.natspy_internals import install_header_parser
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 
 #: Headers the server adds to a direct-get reply; they are metadata, not the message's own headers.
@@ -86,20 +86,9 @@ class ReadPlan:
         return [(first, last, self.subjects) for first, last in self.ranges]
 
 
-_HEADER_LINE = re.compile(r"^[ \t]*([!-9;-~]+)[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.M)
-
-
-def parse_header_lines(raw: bytes) -> dict[str, str]:
-    """Header lines (``Name: Value`` separated by CRLF) as a dict: nats-py's parser, minus its
-    per-character scan, which costs more than the rest of receiving a message. Same results for
-    valid headers; lines whose name has white space or non-ASCII characters are skipped, as there."""
-    return dict(_HEADER_LINE.findall(raw.decode("utf-8", "replace")))
-
-
 def use_fast_header_parser(conn: JetStreamConnection) -> None:
-    """Install :func:`parse_header_lines` on this connection (reads of messages with headers run ~2x faster)."""
-    if getattr(type(conn.nc), "_parse_header_lines", None) is not None:
-        conn.nc._parse_header_lines = parse_header_lines
+    """Make sure ``conn`` parses headers with the toolkit's parser (~2x faster, keeps repeated names)."""
+    install_header_parser(conn.nc)
 
 
 def split_range(first: int, last: int, parts: int) -> tuple[tuple[int, int], ...]:

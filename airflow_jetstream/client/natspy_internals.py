@@ -1,0 +1,51 @@
+"""Every use of a nats-py private attribute, in one place, each with why nats-py's public API does not do.
+
+nats-py (2.16) may rename or drop any of these in a release; ``tests/test_natspy_internals.py``
+checks each one exists and behaves as used here, so an upgrade fails there first, by name.
+
+- ``Client._send_command`` / ``Client._flush_pending``: queue already-encoded protocol frames and
+  kick the flusher. The batch publishers write a whole batch as one buffer; ``nc.publish`` per
+  message costs more Python time than the server needs to store it (docs/performance.md), and
+  nats-py has no public raw-write call.
+- ``Client._pending_data_size`` / ``Client._max_pending_size``: while reconnecting, refuse frames
+  that would overflow nats-py's outgoing buffer (what ``nc.publish`` checks internally) with a
+  typed error instead of growing it without bound.
+- ``Client._parse_header_lines`` (a static method, per connection overridable): nats-py keeps one
+  value per header name and scans each header character by character; the toolkit's parser keeps
+  repeated names (``X-Multi: a`` + ``X-Multi: b``) and is ~2x faster on reads with headers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_jetstream.client.errors import ConnectionFailedError
+from airflow_jetstream.client.reading.headers import parse_header_lines
+
+#: The private attributes of ``nats.aio.client.Client`` used here (the guard test checks each).
+CLIENT_ATTRIBUTES = ("_send_command", "_flush_pending", "_pending_data_size", "_max_pending_size",
+                     "_parse_header_lines")
+
+
+def install_header_parser(nc: Any) -> None:
+    """Make ``nc`` parse headers with :func:`~airflow_jetstream.client.reading.headers.parse_header_lines`."""
+    if getattr(type(nc), "_parse_header_lines", None) is not None:
+        nc._parse_header_lines = parse_header_lines
+
+
+async def write_raw(nc: Any, frames: bytes) -> None:
+    """Queue already-encoded protocol frames on the connection and kick its flusher.
+
+    Uses nats-py's outgoing buffer, so frames written while the client reconnects are sent after
+    the reconnect like any publish.
+    """
+    if nc.is_closed:
+        raise ConnectionFailedError("the NATS connection is closed", reason="connection_lost")
+    if nc.is_draining_pubs:
+        raise ConnectionFailedError("the NATS connection is draining", reason="connection_lost")
+    if not nc.is_connected and nc._pending_data_size + len(frames) > nc._max_pending_size:
+        raise ConnectionFailedError(
+            "the NATS connection is reconnecting and its outgoing buffer is full", reason="connection_lost"
+        )
+    await nc._send_command(frames)
+    await nc._flush_pending()

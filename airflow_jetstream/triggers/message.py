@@ -38,6 +38,7 @@ from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.connection_pool import POOL
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import ConsumerConfigError
+from airflow_jetstream.client.reading.headers import headers_json
 from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
@@ -45,7 +46,6 @@ from airflow_jetstream.hooks.jetstream import JetStreamHook
 
 #: Longer than Airflow's shared-stream ack timeout (300 s), so a message is not redelivered while it waits.
 DEFAULT_ACK_WAIT = "10m"
-from airflow_jetstream.client.reading.headers import headers_json
 log = logging.getLogger(__name__)
 _ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "advisory_batch", "advisory_reason",
                   "advisory_match")

@@ -20,7 +20,7 @@ from nats.js.kv import KeyValue
 
 from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.durations import to_nanos
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     BucketNotFoundError,
     InvalidKeyError,
@@ -96,8 +96,8 @@ async def ensure_bucket(conn: JetStreamConnection, bucket: str, *, history: int 
     history = _check_history(history)
     if storage is not None and storage not in ("file", "memory"):
         raise InvalidRequestError(f"storage must be 'file' or 'memory', got {storage!r}", reason="invalid_option")
-    ttl_ns = None if ttl is None else to_nanos(ttl, field="ttl")
-    wanted = {"max_msgs_per_subject": history, "max_age": ttl_ns, "num_replicas": num_replicas,
+    ttl_seconds = None if ttl is None else to_seconds(ttl, field="ttl")
+    wanted = {"max_msgs_per_subject": history, "max_age": ttl_seconds, "num_replicas": num_replicas,
               "max_msg_size": max_value_size, "max_bytes": max_bytes, "storage": storage, "description": description}
     wanted = {k: v for k, v in wanted.items() if v is not None}
     context = f"KV bucket {bucket!r}"
@@ -106,7 +106,7 @@ async def ensure_bucket(conn: JetStreamConnection, bucket: str, *, history: int 
             await conn.js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
             await conn.js.create_key_value(
-                bucket=bucket, history=history or 1, ttl=ttl_ns / 1e9 if ttl_ns else None, replicas=num_replicas or 1,
+                bucket=bucket, history=history or 1, ttl=ttl_seconds or None, replicas=num_replicas or 1,
                 max_value_size=max_value_size, max_bytes=max_bytes, description=description,
                 storage=StorageType(storage) if storage else None,
             )
@@ -117,5 +117,5 @@ async def ensure_bucket(conn: JetStreamConnection, bucket: str, *, history: int 
         status = await conn.js.stream_info(stream_of(bucket))
     cfg = status.config
     return {"bucket": bucket, "action": action, "changed": changed, "history": cfg.max_msgs_per_subject,
-            "ttl": cfg.max_age or None, "num_replicas": cfg.num_replicas, "storage": str(getattr(cfg.storage, "value", cfg.storage)),
-            "values": status.state.messages}
+            "ttl": cfg.max_age or None, "num_replicas": cfg.num_replicas,
+            "storage": str(getattr(cfg.storage, "value", cfg.storage)), "values": status.state.messages}

@@ -205,11 +205,16 @@ async def _consume_durable(conn: JetStreamConnection, stream: str, consumer: str
                            options: ConsumeOptions) -> dict[str, Any]:
     tally = _Tally()
     limit = options.max_messages
-    batch = min(options.batch_size, limit) if limit else options.batch_size
-    pull = PullSubscription(conn, stream, consumer, batch=batch, expires=options.wait_seconds)
+    pull = PullSubscription(conn, stream, consumer, batch=options.batch_size, expires=options.wait_seconds)
     await pull.start()
     try:
         while limit is None or tally.processed + tally.terminated < limit:
+            want = options.batch_size if limit is None else min(options.batch_size,
+                                                                 limit - tally.processed - tally.terminated)
+            if want != pull.batch:  # never pull more than the limit leaves to process
+                await pull.close(leftover=lambda msg: msg.nak())
+                pull = PullSubscription(conn, stream, consumer, batch=want, expires=options.wait_seconds)
+                await pull.start()
             delivered = await pull.next_messages(timeout=options.wait_seconds)
             if not delivered:
                 log.info("No message from consumer %s within %.1f s: done", consumer, options.wait_seconds)

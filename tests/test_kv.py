@@ -1,0 +1,154 @@
+"""KV on a real server: the operator (bucket ensured; put/create/update by revision/delete), the sensor
+(poke and deferrable, KV watch), the trigger sharing connections, key assets, typed bad input."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_jetstream.assets.jetstream import InvalidAssetURIError, parse_asset_uri
+from airflow_jetstream.assets.kv import kv_asset
+from airflow_jetstream.client.connection import open_connection
+from airflow_jetstream.client.errors import (
+    BucketNotFoundError,
+    InvalidKeyError,
+    InvalidRequestError,
+    KeyRevisionError,
+)
+from airflow_jetstream.client.kv import get_key, put_key
+from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.embedded import EmbeddedNatsServer
+from airflow_jetstream.operators.kv import JetStreamKeyValueOperator
+from airflow_jetstream.sensors.kv import JetStreamKeyValueSensor
+from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
+
+
+def version_at_least(entry: dict, minimum: int) -> bool:
+    """Module-level predicate for the sensor (importable by dotted path)."""
+    return entry.get("json", {}).get("version", 0) >= minimum
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
+    srv = EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("kv")).start()
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def conn_id(monkeypatch: pytest.MonkeyPatch, server: EmbeddedNatsServer) -> str:
+    from tests.conftest import set_nats_connection
+
+    set_nats_connection(monkeypatch, "nats_default", server.url)
+    return "nats_default"
+
+
+def _call(server: EmbeddedNatsServer, func, *args, **kwargs):
+    async def main():
+        settings = ConnectionSettings(servers=server.url, connect_timeout=2, request_timeout=3)
+        async with open_connection(settings) as conn:
+            return await func(conn, *args, **kwargs)
+    return asyncio.run(main())
+
+
+def _op(**kwargs) -> JetStreamKeyValueOperator:
+    return JetStreamKeyValueOperator(task_id="kv", bucket="KV_MODELS", key="churn.latest", **kwargs)
+
+
+def test_operator_ensures_the_bucket_and_writes_by_the_rules(conn_id, server) -> None:
+    config = {"history": 5, "ttl": "7d", "num_replicas": 1}
+    put = _op(value={"version": 41}, bucket_config=config)
+    first = put.execute({})
+    assert (first["bucket_action"], first["operation"], first["revision"]) == ("created", "put", 1)
+    assert put.outlets[0].uri == f"jetstream://{server.url.split('://')[1]}/KV_KV_MODELS/%24KV.KV_MODELS.churn.latest"
+    assert _op(value={"version": 41}, bucket_config=config).execute({})["bucket_action"] == "unchanged"
+
+    with pytest.raises(KeyRevisionError, match="already exists") as exists:
+        _op(value="x", operation="create", bucket_config=None).execute({})
+    assert exists.value.reason == "key_exists"
+    updated = _op(value={"version": 42}, operation="update", revision="2").execute({})
+    assert (updated["revision"], updated["previous_revision"]) == (3, 2)
+    with pytest.raises(KeyRevisionError, match="at revision 3, not 2") as stale:
+        _op(value={"version": 43}, operation="update", revision=2).execute({})
+    assert stale.value.reason == "wrong_revision"
+    assert _call(server, get_key, "KV_MODELS", "churn.latest")["json"] == {"version": 42}
+
+    with pytest.raises(KeyRevisionError):
+        _op(operation="delete", revision=1).execute({})
+    _op(operation="delete", revision=3).execute({})
+    assert _call(server, get_key, "KV_MODELS", "churn.latest") is None
+    assert _op(value="back", operation="create").execute({})["operation"] == "create"  # a deleted key may be created
+    bigger = _op(value="v", bucket_config={"history": 10}).execute({})
+    assert bigger["bucket_action"] == "updated"
+
+
+def test_sensor_pokes_until_exists_equals_or_satisfies(conn_id, server) -> None:
+    _op(value="warming", bucket_config={}).execute({})
+    status = dict(task_id="s", bucket="KV_MODELS", key="churn.status", deferrable=False)
+    assert not JetStreamKeyValueSensor(**status).poke({}).is_done
+    _call(server, put_key, "KV_MODELS", "churn.status", "warming")
+    exists = JetStreamKeyValueSensor(**status).poke({})
+    assert exists.is_done and exists.xcom_value["value"] == "warming"
+    assert not JetStreamKeyValueSensor(value="ready", **status).poke({}).is_done
+    _call(server, put_key, "KV_MODELS", "churn.status", "ready")
+    assert JetStreamKeyValueSensor(value="ready", **status).poke({}).xcom_value["revision"] > 1
+    _call(server, put_key, "KV_MODELS", "churn.meta", {"version": 7})
+    meta = dict(task_id="m", bucket="KV_MODELS", key="churn.meta", deferrable=False)
+    assert JetStreamKeyValueSensor(value={"version": 7}, **meta).poke({}).is_done
+    below = JetStreamKeyValueSensor(apply_function=version_at_least, apply_function_args=[8], **meta)
+    assert not below.poke({}).is_done
+
+
+def test_deferrable_sensor_watches_the_key(conn_id, server) -> None:
+    _op(value="v", bucket_config={}).execute({})
+    _call(server, put_key, "KV_MODELS", "churn.model", {"version": 1})
+    sensor = JetStreamKeyValueSensor(task_id="w", bucket="KV_MODELS", key="churn.model",
+                                     apply_function="tests.test_kv.version_at_least",
+                                     apply_function_kwargs={"minimum": 3}, deferrable=True, timeout=30)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute({})
+    _, kwargs = deferred.value.trigger.serialize()
+    trigger = JetStreamKeyValueTrigger(**kwargs)
+
+    async def scenario() -> dict:
+        run = asyncio.ensure_future(anext(trigger.run()))
+        settings = ConnectionSettings(servers=server.url, connect_timeout=2, request_timeout=3)
+        async with open_connection(settings) as conn:
+            for version in (2, 3):
+                await asyncio.sleep(0)  # the watch sees each revision in order, whenever it starts
+                await put_key(conn, "KV_MODELS", "churn.model", {"version": version})
+        return (await asyncio.wait_for(run, 20)).payload
+
+    event = asyncio.run(scenario())
+    assert event["status"] == "matched" and event["entry"]["json"] == {"version": 3}
+    assert sensor.execute_complete({}, event)["key"] == "churn.model"
+
+
+def test_missing_bucket_and_bad_input_are_typed_errors(conn_id, server) -> None:
+    with pytest.raises(BucketNotFoundError, match="create it first"):
+        JetStreamKeyValueOperator(task_id="k", bucket="KV_NONE", key="a", value="b").execute({})
+    event = asyncio.run(asyncio.wait_for(anext(JetStreamKeyValueTrigger(bucket="KV_NONE", key="a").run()), 20))
+    assert event.payload["error"]["reason"] == "bucket_not_found"
+    with pytest.raises(InvalidKeyError):
+        JetStreamKeyValueOperator(task_id="k", bucket="KV_MODELS", key="a b", value="b")
+    with pytest.raises(InvalidKeyError, match="letters, digits"):
+        JetStreamKeyValueSensor(task_id="k", bucket="bad.bucket", key="a")
+    with pytest.raises(InvalidRequestError, match="needs revision"):
+        JetStreamKeyValueOperator(task_id="k", bucket="KV_MODELS", key="a", value="b", operation="update")
+    with pytest.raises(InvalidRequestError, match="operation must be one of"):
+        JetStreamKeyValueOperator(task_id="k", bucket="KV_MODELS", key="a", value="b", operation="upsert")
+    with pytest.raises(InvalidRequestError, match="bucket_config takes"):
+        JetStreamKeyValueOperator(task_id="k", bucket="KV_MODELS", key="a", value="b", bucket_config={"ttl_s": 1})
+
+
+def test_kv_key_assets_are_jetstream_assets() -> None:
+    asset = kv_asset("nats.example.com", "models", "churn.latest")
+    assert asset.uri == "jetstream://nats.example.com:4222/KV_models/%24KV.models.churn.latest"
+    ref = parse_asset_uri(asset.uri)
+    assert (ref.stream, ref.subject) == ("KV_models", "$KV.models.churn.latest")
+    assert kv_asset("nats.example.com", "models").uri == "jetstream://nats.example.com:4222/KV_models"
+    with pytest.raises(InvalidAssetURIError):
+        kv_asset("nats.example.com", "models", "bad key")

@@ -1,0 +1,159 @@
+"""JetStreamMessageSensor (poke and deferrable) and JetStreamAwaitMessageTrigger on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, TaskDeferred
+
+from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
+from airflow_jetstream.client.connection import open_connection
+from airflow_jetstream.client.connection_pool import POOL
+from airflow_jetstream.client.errors import InvalidFunctionError
+from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.embedded import EmbeddedNatsServer
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.sensors.message import JetStreamMessageSensor
+from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
+
+
+def is_order(message, order_id: int) -> bool | dict:
+    """Module-level predicate: the order with this id; returns a small dict (pushed as ``result``)."""
+    body = message.json()
+    return {"total": body["total"]} if body.get("order") == int(order_id) else False
+
+
+def explode(message) -> bool:
+    raise KeyError("order")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
+    srv = EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("await")).start()
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def conn_id(monkeypatch: pytest.MonkeyPatch, server: EmbeddedNatsServer) -> str:
+    from tests.conftest import set_nats_connection
+
+    set_nats_connection(monkeypatch, "nats_default", server.url)
+    return "nats_default"
+
+
+def _settings(server: EmbeddedNatsServer) -> ConnectionSettings:
+    return ConnectionSettings(servers=server.url, connect_timeout=2, request_timeout=3)
+
+
+async def _publish(server: EmbeddedNatsServer, stream: str, orders: list[int], **config) -> None:
+    async with open_connection(_settings(server)) as conn:
+        await ensure_stream(conn, {"name": stream, "subjects": [f"{stream.lower()}.>"], **config})
+        for order in orders:
+            body = json.dumps({"order": order, "total": order * 10}).encode()
+            await conn.js.publish(f"{stream.lower()}.created", body, headers={"Order-Id": str(order)})
+
+
+def _sensor(stream: str, **kwargs) -> JetStreamMessageSensor:
+    kwargs.setdefault("apply_function", "tests.test_message_sensor.is_order")
+    return JetStreamMessageSensor(task_id="await", stream=stream, subject=f"{stream.lower()}.created",
+                                  timeout=30, **kwargs)
+
+
+def test_poke_from_the_first_message_pushes_the_match(conn_id, server) -> None:
+    asyncio.run(_publish(server, "AWAIT_POKE", [1, 2, 3, 4]))
+    sensor = _sensor("AWAIT_POKE", apply_function=is_order, apply_function_kwargs={"order_id": 3}, start="first",
+                     deferrable=False)
+    done = sensor.poke({})
+    assert done.is_done
+    message = done.xcom_value
+    assert (message["seq"], message["subject"], message["headers"], message["result"]) == \
+        (3, "await_poke.created", {"Order-Id": "3"}, {"total": 30})
+    assert json.loads(message["data"]) == {"order": 3, "total": 30}
+    json.dumps(message)
+
+
+def test_new_start_skips_stored_messages_and_resumes_between_pokes(conn_id, server) -> None:
+    asyncio.run(_publish(server, "AWAIT_NEW", [7, 8]))
+    sensor = _sensor("AWAIT_NEW", apply_function_kwargs={"order_id": 7}, deferrable=False)
+    assert not sensor.poke({}).is_done  # order 7 is stored already: not new
+    asyncio.run(_publish(server, "AWAIT_NEW", [9, 7]))
+    done = sensor.poke({})
+    assert done.is_done and done.xcom_value["seq"] == 4
+
+
+def test_start_at_a_time(conn_id, server) -> None:
+    asyncio.run(_publish(server, "AWAIT_TIME", [5]))
+    since = datetime.now(UTC).isoformat()
+    asyncio.run(_publish(server, "AWAIT_TIME", [6, 5]))
+    sensor = _sensor("AWAIT_TIME", apply_function_kwargs={"order_id": 5}, start=since, deferrable=False)
+    done = sensor.poke({})
+    assert done.is_done and done.xcom_value["seq"] == 3
+
+
+def test_deferrable_sensor_defers_and_the_trigger_fires_on_a_new_match(conn_id, server) -> None:
+    asyncio.run(_publish(server, "AWAIT_DEFER", [1]))
+    sensor = _sensor("AWAIT_DEFER", apply_function_kwargs={"order_id": 2}, start="first", deferrable=True)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute({})
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, JetStreamAwaitMessageTrigger) and trigger.start_seq == 2  # after what the poke saw
+    _, kwargs = trigger.serialize()
+    trigger = JetStreamAwaitMessageTrigger(**kwargs)
+    settings = JetStreamHook(nats_conn_id=conn_id).get_settings()
+
+    async def scenario() -> list[dict]:
+        second = JetStreamAwaitMessageTrigger(**{**kwargs, "apply_function_kwargs": {"order_id": 3}})
+        runs = [asyncio.ensure_future(anext(t.run())) for t in (trigger, second)]
+        while POOL.users(settings) < 2:  # both waiting on the server
+            await asyncio.sleep(0.05)
+        shared = POOL.open_connections()
+        await _publish(server, "AWAIT_DEFER", [3, 2])
+        events = [(await asyncio.wait_for(run, 20)).payload for run in runs]
+        return [{"shared": shared}, *events]
+
+    info, first_event, second_event = asyncio.run(scenario())
+    assert info["shared"] == 1, "two triggers of one connection id share one NATS connection"
+    assert (first_event["status"], first_event["message"]["seq"]) == ("matched", 3)
+    assert second_event["message"]["seq"] == 2
+    assert sensor.execute_complete({}, first_event)["result"] == {"total": 20}
+    with pytest.raises(AirflowException, match="apply_function_failed"):
+        sensor.execute_complete({}, {"status": "error", "error": {"message": "x", "reason": "apply_function_failed"}})
+
+
+def test_a_failing_function_is_a_typed_error_event(conn_id, server) -> None:
+    asyncio.run(_publish(server, "AWAIT_FAIL", [1]))
+    trigger = JetStreamAwaitMessageTrigger(stream="AWAIT_FAIL", apply_function="tests.test_message_sensor.explode",
+                                           start_seq=1, nats_conn_id=conn_id)
+    event = asyncio.run(asyncio.wait_for(anext(trigger.run()), 20)).payload
+    assert event["status"] == "error" and event["error"]["reason"] == "apply_function_failed"
+    assert "seq 1" in event["error"]["message"]
+
+
+def test_workqueue_streams_are_read_by_direct_get_without_taking_messages(conn_id, server) -> None:
+    asyncio.run(_publish(server, "AWAIT_WQ", [1, 2], retention="workqueue", allow_direct=True))
+    done = _sensor("AWAIT_WQ", apply_function_kwargs={"order_id": 2}, start="first", deferrable=False).poke({})
+    assert done.is_done and done.xcom_value["seq"] == 2
+
+    async def messages() -> int:
+        async with open_connection(_settings(server)) as conn:
+            return (await stream_info(conn, "AWAIT_WQ"))["state"]["messages"]
+    assert asyncio.run(messages()) == 2
+
+
+def test_bad_input_is_a_typed_error_naming_the_fix(conn_id, server) -> None:
+    with pytest.raises(InvalidFunctionError, match="module-level function"):
+        _sensor("AWAIT_BAD", apply_function=lambda m: True, deferrable=True)
+    with pytest.raises(InvalidFunctionError, match="cannot import"):
+        _sensor("AWAIT_BAD", apply_function="nowhere.func", deferrable=False)
+    asyncio.run(_publish(server, "AWAIT_WQ2", [1], retention="workqueue"))
+    with pytest.raises(Exception, match="allow_direct") as no_direct:
+        _sensor("AWAIT_WQ2", apply_function_kwargs={"order_id": 1}, start="first", deferrable=False).poke({})
+    assert no_direct.value.reason == "direct_get_disabled"
+    with pytest.raises(Exception, match="'new', 'first'") as bad_start:
+        _sensor("AWAIT_WQ2", apply_function_kwargs={"order_id": 1}, start="yesterday", deferrable=False).poke({})
+    assert bad_start.value.reason == "invalid_start"

@@ -48,6 +48,8 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_jetstream.operators.sourcing",
                     "airflow_jetstream.operators.consumer",
                     "airflow_jetstream.operators.advisory",
+                    "airflow_jetstream.operators.consume",
+                    "airflow_jetstream.operators.kv",
                 ],
             }
         ],
@@ -58,6 +60,8 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_jetstream.sensors.advisory",
                     "airflow_jetstream.sensors.consumer",
                     "airflow_jetstream.sensors.ledger",
+                    "airflow_jetstream.sensors.message",
+                    "airflow_jetstream.sensors.kv",
                 ],
             }
         ],
@@ -69,6 +73,8 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_jetstream.triggers.consumer",
                     "airflow_jetstream.triggers.ledger",
                     "airflow_jetstream.triggers.message",
+                    "airflow_jetstream.triggers.await_message",
+                    "airflow_jetstream.triggers.kv",
                 ],
             }
         ],

@@ -118,7 +118,6 @@ def test_deferrable_sensor_watches_the_key(conn_id, server) -> None:
         settings = ConnectionSettings(servers=server.url, connect_timeout=2, request_timeout=3)
         async with open_connection(settings) as conn:
             for version in (2, 3):
-                await asyncio.sleep(0)  # the watch sees each revision in order, whenever it starts
                 await put_key(conn, "KV_MODELS", "churn.model", {"version": version})
         return (await asyncio.wait_for(run, 20)).payload
 

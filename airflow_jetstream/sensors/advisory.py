@@ -15,6 +15,7 @@ from airflow_jetstream.client.admin.consumers import parse_time
 from airflow_jetstream.client.advisories.capture import DEFAULT_CAPTURE_STREAM, find_captured, listen_live
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter, predicate_path
 from airflow_jetstream.client.durations import to_seconds
+from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger
 
@@ -165,7 +166,11 @@ class JetStreamAdvisorySensor(BaseSensorOperator):
         quiet_until = self._quiet_until(context) if self.expect == "absent" else None
         checked_at = datetime.now(UTC)
         if self.capture_stream:
-            found = self.hook.run(find_captured, self.capture_stream, since=since, advisory_filter=flt)
+            try:
+                found = self.hook.run(find_captured, self.capture_stream, since=since, advisory_filter=flt)
+            except LeaderUnavailableError as exc:
+                self.log.info("%s: not yet, the cluster is electing a leader (%s)", flt.describe(), exc)
+                return PokeReturnValue(False)
             if found["gap"]:
                 self.log.warning("%s", found["gap"])
             advisory = found["advisory"]

@@ -12,6 +12,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_jetstream.client.admin.consumers import consumer_status
+from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.client.sourcing.provision import source_status
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.consumer import (
@@ -48,7 +49,11 @@ class _JetStreamStateSensor(BaseSensorOperator):
         raise NotImplementedError
 
     def poke(self, context: Any) -> PokeReturnValue:
-        status = self.status()
+        try:
+            status = self.status()
+        except LeaderUnavailableError as exc:
+            self.log.info("%s: not yet, the cluster is electing a leader (%s)", self.what, exc)
+            return PokeReturnValue(False)
         if status.get("error"):
             raise AirflowException(self._error_message(status["error"]))
         done = self.is_done(status)

@@ -19,6 +19,7 @@ from airflow_jetstream.client.errors import (
     AuthenticationError,
     ConnectionFailedError,
     JetStreamError,
+    LeaderUnavailableError,
     RequestTimeoutError,
     TLSConfigurationError,
 )
@@ -94,6 +95,9 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
                 async with shared_connection(settings) as conn:
                     event = await self._wait(conn)
                 break
+            except LeaderUnavailableError as exc:  # an election: wait for it, whatever it takes (the task's timeout)
+                self.log.info("Advisory wait: the cluster is electing a leader (%s); retrying in 1s", exc)
+                await asyncio.sleep(1.0)
             except JetStreamError as exc:
                 attempt += 1
                 transient = isinstance(exc, TRANSIENT_ERRORS) and not isinstance(exc, PERMANENT_ERRORS)

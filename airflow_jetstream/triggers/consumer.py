@@ -12,7 +12,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
 from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.errors import JetStreamError
+from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError
 from airflow_jetstream.client.sourcing.provision import source_status
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 
@@ -49,7 +49,12 @@ class JetStreamPollingTrigger(BaseTrigger):
             settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
             async with open_connection(settings) as conn:
                 while True:
-                    status = await self.status(conn)
+                    try:
+                        status = await self.status(conn)
+                    except LeaderUnavailableError as exc:
+                        self.log.info("Waiting for %s: the cluster is electing a leader (%s)", self.what, exc)
+                        await asyncio.sleep(self.poll_interval)
+                        continue
                     if status.get("error") and isinstance(status["error"], dict):
                         yield TriggerEvent({"status": "error", "error": {**status["error"], "state": status}})
                         return

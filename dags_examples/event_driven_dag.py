@@ -1,24 +1,29 @@
-"""Event-driven DAGs from JetStream, and an advisory guard.
+"""Event-driven DAGs from JetStream, and an advisory guard. They share a server with the orders pipeline.
 
-* ``process_ready_orders`` runs once per message on ``orders.ready`` (a durable consumer
-  ``airflow_orders_ready`` on stream ``ORDERS``; created by the watcher if missing).
-* ``handle_abandoned_batches`` runs once per ``batch_abandoned`` advisory of stream ``ORDERS``,
-  read from the advisory capture stream ``ADVISORIES`` through a durable consumer.
-* ``publish_orders_guarded`` ensures the capture stream, publishes, and fails if any batch of this
-  run was abandoned (guard mode of ``JetStreamAdvisorySensor``, deferred to the triggerer).
+* ``publish_ready_orders`` creates stream ``ORDERS_READY`` (``orders.ready``) and publishes
+  ``params.count`` orders; run it to feed the next DAG.
+* ``process_ready_orders`` runs for messages on ``orders.ready`` (durable consumer
+  ``airflow_orders_ready``, created by its watcher; the watcher waits, logging one line per
+  growing back-off, until ``publish_ready_orders`` created the stream). It processes each stream
+  sequence once: a message can repeat after a triggerer crash (see docs/event-driven.md).
+* ``handle_abandoned_batches`` runs once per ``batch_abandoned`` advisory of ``ORDERS_GUARDED``,
+  read from the advisory capture stream ``ADVISORIES`` (created by ``publish_orders_guarded`` or
+  the orders pipeline).
+* ``publish_orders_guarded`` ensures the capture stream and ``ORDERS_GUARDED``
+  (``orders.guarded.>``), publishes, and fails if any batch of this run was abandoned.
 
-Watchers are triggers with ``MessageQueueTrigger(scheme="jetstream", ...)`` (needs the
-``messaging`` extra). Each message is acked only after its asset event is stored, so a triggerer
-restart loses nothing. Set ``JETSTREAM_DEMO_SERVER`` (``host:port``) for the asset URIs.
+Watchers are ``MessageQueueTrigger(scheme="jetstream", ...)`` (needs the ``messaging`` extra).
+Set ``JETSTREAM_DEMO_SERVER`` (``host:port``) for the asset URIs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import pendulum
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
-from airflow.sdk import DAG, Asset, AssetWatcher, task
+from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 
 from airflow_jetstream.client.advisories.types import advisory_subject
 from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
@@ -27,18 +32,24 @@ from airflow_jetstream.sensors.advisory import JetStreamAdvisorySensor
 
 NATS_SERVER = os.environ.get("JETSTREAM_DEMO_SERVER", "127.0.0.1:4222")
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
+READY_STREAM_CONFIG = {"name": "ORDERS_READY", "subjects": ["orders.ready"], "max_age": "7d"}
+READY_CONSUMER = "airflow_orders_ready"
+PROCESSED_BUCKET = "orders_ready_processed"  # one key per processed stream sequence
+GUARDED_STREAM = "ORDERS_GUARDED"
+CAPTURE_STREAM, CAPTURE_MAX_AGE = "ADVISORIES", "1d"  # the same settings as the orders pipeline's capture task
 
 orders_ready = Asset(
     name="orders_ready",
-    uri=f"jetstream://{NATS_SERVER}/ORDERS/orders.ready",
+    uri=f"jetstream://{NATS_SERVER}/ORDERS_READY/orders.ready",
     watchers=[
         AssetWatcher(
             name="orders_ready_watcher",
             trigger=MessageQueueTrigger(
                 scheme="jetstream",
-                stream="ORDERS",
-                consumer="airflow_orders_ready",
-                consumer_config={"filter_subject": "orders.ready", "max_ack_pending": 1000},
+                stream="ORDERS_READY",
+                consumer=READY_CONSUMER,
+                # ack_wait: how soon a message held by a crashed triggerer comes again (a live one keeps it)
+                consumer_config={"filter_subject": "orders.ready", "max_ack_pending": 1000, "ack_wait": "30s"},
             ),
         )
     ],
@@ -51,11 +62,11 @@ orders_batch_abandoned = Asset(
             name="orders_batch_abandoned_watcher",
             trigger=MessageQueueTrigger(
                 scheme="jetstream",
-                stream="ADVISORIES",
+                stream=CAPTURE_STREAM,
                 consumer="airflow_orders_abandoned",
                 advisory="batch_abandoned",
-                advisory_stream="ORDERS",
-                consumer_config={"filter_subject": advisory_subject("batch_abandoned", "ORDERS"),
+                advisory_stream=GUARDED_STREAM,
+                consumer_config={"filter_subject": advisory_subject("batch_abandoned", GUARDED_STREAM),
                                  "deliver_policy": "new"},
             ),
         )
@@ -63,17 +74,52 @@ orders_batch_abandoned = Asset(
 )
 
 
+with DAG(dag_id="publish_ready_orders", schedule=None, start_date=START, catchup=False,
+         params={"count": Param(5, type="integer", minimum=1, maximum=10_000)},
+         tags=["jetstream", "event-driven"]):
+    ready_stream = JetStreamEnsureStreamOperator(task_id="ensure_ready_stream", config=READY_STREAM_CONFIG)
+
+    @task
+    def publish_ready(params: dict) -> list[int]:
+        """Publish ``count`` orders on ``orders.ready``; returns their stream sequences."""
+        from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+        async def publish(conn, count: int) -> list[int]:
+            return [(await conn.js.publish("orders.ready", json.dumps({"order": i}).encode())).seq
+                    for i in range(count)]
+
+        return JetStreamHook().run(publish, params["count"])
+
+    ready_stream >> publish_ready()
+
+
 with DAG(dag_id="process_ready_orders", schedule=[orders_ready], start_date=START, catchup=False,
          tags=["jetstream", "event-driven"]):
 
     @task
-    def process(triggering_asset_events=None) -> list[int]:
-        seqs = []
-        for event in triggering_asset_events[orders_ready]:
-            message = event.extra["payload"]  # subject, stream_seq, headers, data (+ json when it parses)
-            print(f"order message {message['stream_seq']} on {message['subject']}: {message.get('json')}")
-            seqs.append(message["stream_seq"])
-        return seqs  # stream_seq identifies the message: use it to make processing idempotent
+    def process(triggering_asset_events=None) -> dict[str, list[int]]:
+        """Process each message once, keyed by its stream sequence: a repeat is logged and skipped."""
+        from airflow_jetstream.client.errors import KeyRevisionError
+        from airflow_jetstream.client.kv import create_key, ensure_bucket
+        from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+        async def process_once(conn, messages: list[dict]) -> dict[str, list[int]]:
+            await ensure_bucket(conn, PROCESSED_BUCKET, ttl="7d")
+            done: dict[str, list[int]] = {"processed": [], "repeated": []}
+            for message in messages:
+                seq = message["stream_seq"]
+                try:  # the claim is the record of the work: the first run to create the key does it
+                    await create_key(conn, PROCESSED_BUCKET, f"seq.{seq}", {"order": message.get("json")})
+                except KeyRevisionError:
+                    print(f"order message {seq} was already processed (delivered {message['delivered']}x): skipped")
+                    done["repeated"].append(seq)
+                    continue
+                print(f"order message {seq} on {message['subject']}: {message.get('json')}")
+                done["processed"].append(seq)
+            return done
+
+        messages = [event.extra["payload"] for event in triggering_asset_events[orders_ready]]
+        return JetStreamHook().run(process_once, messages)
 
     process()
 
@@ -95,10 +141,11 @@ with DAG(dag_id="handle_abandoned_batches", schedule=[orders_batch_abandoned], s
 
 with DAG(dag_id="publish_orders_guarded", schedule=None, start_date=START, catchup=False,
          tags=["jetstream", "advisories"]):
-    capture = JetStreamAdvisoryStreamOperator(task_id="capture_advisories", stream="ADVISORIES", max_age="7d")
+    capture = JetStreamAdvisoryStreamOperator(task_id="capture_advisories", stream=CAPTURE_STREAM,
+                                              max_age=CAPTURE_MAX_AGE)
     orders_stream = JetStreamEnsureStreamOperator(
         task_id="ensure_orders",
-        config={"name": "ORDERS", "subjects": ["orders.>"], "allow_atomic": True},
+        config={"name": GUARDED_STREAM, "subjects": ["orders.guarded.>"], "allow_atomic": True},
     )
 
     @task
@@ -109,10 +156,9 @@ with DAG(dag_id="publish_orders_guarded", schedule=None, start_date=START, catch
     no_abandoned_batch = JetStreamAdvisorySensor(
         task_id="no_abandoned_batch",
         advisory="batch_abandoned",
-        stream="ORDERS",
+        stream=GUARDED_STREAM,
         expect="absent",
         quiet_period=15,  # the server abandons an idle batch after ~10 s
-        deferrable=True,
         timeout=600,
     )
     capture >> orders_stream >> publish_orders() >> no_abandoned_batch

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -25,9 +26,10 @@ import pytest
 from airflow.triggers.shared_stream import SharedStreamManager, reject_shared_stream_event
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
-from airflow_jetstream.client.admin.consumers import consumer_info
+from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer
 from airflow_jetstream.client.advisories.capture import capture_stream_config
 from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
+from airflow_jetstream.triggers import message as message_module
 from airflow_jetstream.triggers.message import JetStreamMessageTrigger
 from tests.support.nats_calls import call_on_server as server_call
 from tests.support.polling import async_wait_until, wait_until
@@ -296,11 +298,38 @@ def test_consumer_must_be_an_explicit_ack_pull_consumer(orders):
         await fake.stop()
         return fake.failures
 
-    missing = asyncio.run(scenario(make_trigger(consumer_config=None)))
-    assert isinstance(missing[0], ConsumerNotFoundError)
     wrong = asyncio.run(scenario(JetStreamMessageTrigger(stream=STREAM, consumer="noack",
                                                          consumer_config={"ack_policy": "none"})))
     assert isinstance(wrong[0], ConsumerConfigError) and wrong[0].reason == "not_explicit_pull_consumer"
+
+
+def test_missing_consumer_is_waited_out_with_one_line_per_back_off(orders, monkeypatch, caplog):
+    """No failure (Airflow would restart the watcher every 2 s with a traceback): one warning per growing
+    back-off, and the watcher starts once the consumer exists."""
+    monkeypatch.setattr(message_module, "BACKOFF_FIRST", 0.1)
+
+    def waits() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "not started" in r.getMessage()]
+
+    async def scenario():
+        fake = FakeTriggerer()
+        fake.start(1, make_trigger(consumer_config=None))
+        await async_wait_until(lambda: len(waits()) >= 3, timeout=20, what="three back-off lines")
+        async with open_connection(orders) as conn:
+            await ensure_consumer(conn, STREAM, {"durable_name": CONSUMER, "ack_policy": "explicit"})
+            await _publish(conn, 1)
+        await async_wait_until(lambda: fake.stored, timeout=30, what="the event after the consumer was created")
+        await fake.stop()
+        return fake
+
+    with caplog.at_level(logging.WARNING, logger=message_module.__name__):
+        fake = asyncio.run(scenario())
+    assert fake.failures == [] and fake.seqs() == [1]
+    lines = waits()
+    assert all(r.exc_info is None for r in lines), "a back-off line carries no traceback"
+    assert "consumer_not_found" in lines[0].getMessage()
+    delays = [float(r.getMessage().rsplit("again in ", 1)[1].split(" s")[0]) for r in lines[:3]]
+    assert delays == sorted(delays) and delays[0] < delays[2], delays
 
 
 def test_advisories_through_the_capture_stream(settings, nats_conn):

@@ -37,16 +37,27 @@ from airflow_jetstream.client.advisories.types import decode_advisory
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.connection_pool import POOL
 from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.errors import ConsumerConfigError
+from airflow_jetstream.client.errors import (
+    AuthenticationError,
+    ConnectionFailedError,
+    ConsumerConfigError,
+    ConsumerNotFoundError,
+    RequestTimeoutError,
+    StreamNotFoundError,
+)
 from airflow_jetstream.client.reading.headers import headers_json
 from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.triggers.stop_drain import STOP_DRAIN
 
 #: Longer than Airflow's shared-stream ack timeout (300 s), so a message is not redelivered while it waits.
 DEFAULT_ACK_WAIT = "10m"
 log = logging.getLogger(__name__)
+#: Waited out when a watcher starts (one log line per try), seconds between tries doubling up to BACKOFF_MAX.
+WAITED_OUT_ERRORS = (StreamNotFoundError, ConsumerNotFoundError, RequestTimeoutError, ConnectionFailedError)
+BACKOFF_FIRST, BACKOFF_MAX = 2.0, 60.0
 _ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "advisory_batch", "advisory_reason",
                   "advisory_match")
 
@@ -106,6 +117,16 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         self._outstanding: dict[int, Any] = {}
         self._tokens = itertools.count()
         self._progress_task: asyncio.Task[None] | None = None
+        self._yielded: set[int] = set()  # handed to the watchers, not advanced yet
+        self._paused = asyncio.Event()  # a clean stop: hand out nothing more
+
+    def pause(self) -> None:
+        """Hand out no new messages (a clean triggerer stop drains what was handed out)."""
+        self._paused.set()
+
+    def unsettled(self) -> int:
+        """Messages handed to the watchers and neither acked nor given back yet."""
+        return len(self._yielded)
 
     async def _check_consumer(self, conn: JetStreamConnection) -> dict[str, Any]:
         if self.consumer_config is not None:
@@ -123,10 +144,26 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             )
         return info
 
+    async def _open_consumer(self) -> tuple[JetStreamConnection, dict[str, Any]]:
+        """Connect and check the consumer; a missing stream/consumer or an unreachable server is waited out
+        with a growing back-off (one log line each), not raised (Airflow would restart the watcher every 2 s)."""
+        delay = BACKOFF_FIRST
+        while True:
+            try:
+                self._conn = conn = self._conn or await POOL.acquire(self._settings)
+                return conn, await self._check_consumer(conn)
+            except WAITED_OUT_ERRORS as exc:
+                if isinstance(exc, AuthenticationError):
+                    raise
+                log.warning("Watcher on %s/%s not started: %s. Checking again in %.1f s.",
+                            self.stream, self.consumer, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX)
+
     async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], int]]:
         self._settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
-        self._conn = conn = await POOL.acquire(self._settings)
-        info = await self._check_consumer(conn)
+        STOP_DRAIN.register(self)
+        conn, info = await self._open_consumer()
         ack_wait = float(info["config"].get("ack_wait") or 30_000_000_000) / 1e9
         interval = self.progress_interval or max(ack_wait / 3, 0.05)
         self._pull = PullSubscription(conn, self.stream, self.consumer, batch=self.batch_size,
@@ -139,7 +176,10 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             tokens = [next(self._tokens) for _ in msgs]
             self._outstanding.update(zip(tokens, msgs, strict=True))
             for token, msg in zip(tokens, msgs, strict=True):
+                if self._paused.is_set():
+                    await asyncio.Future()  # stopping: the rest stays outstanding and aclose naks it
                 metrics.incr("queue.delivered", tags={"stream": self.stream, "consumer": self.consumer})
+                self._yielded.add(token)
                 yield message_payload(msg), token
 
     async def _keep_in_progress(self, interval: float) -> None:
@@ -156,6 +196,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         acks = []
         for item in batch:
+            self._yielded.discard(item.broker_payload)
             msg = self._outstanding.pop(item.broker_payload, None)
             if msg is None:
                 raise RuntimeError(f"no outstanding message for token {item.broker_payload}; cannot ack it")
@@ -181,6 +222,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
     async def aclose(self) -> None:
         """Give back what was not advanced (nak: redelivered now, not after ack_wait), including what the open
         pull request still delivers (waiting up to ``fetch_timeout`` for its end), and release the connection."""
+        STOP_DRAIN.unregister(self)
         if self._progress_task is not None:
             self._progress_task.cancel()
             await asyncio.gather(self._progress_task, return_exceptions=True)

@@ -1,5 +1,6 @@
-"""Durable sourcing on the 3-node cluster: replicas/placement of the aggregate, and 20k messages
-sourced WorkQueue -> aggregate in both modes through a SIGKILL of the aggregate's leader."""
+"""Durable sourcing and consumer reset on the 3-node cluster: replicas/placement of the aggregate,
+20k messages sourced WorkQueue -> aggregate in both modes through a SIGKILL of the aggregate's
+leader, and a reset of an R3 consumer while its leader is being elected."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from collections import Counter
 
 import pytest
 
+from airflow_jetstream.client.admin.consumers import ensure_consumer
 from airflow_jetstream.client.admin.streams import ensure_stream, find_stream, stream_info
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import PlacementError
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.embedded import EmbeddedNatsCluster
+from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
 from airflow_jetstream.sensors.consumer import JetStreamSourceCaughtUpSensor
 from tests.conftest import set_nats_cluster_connection
@@ -86,7 +89,7 @@ def test_20k_sourced_in_both_modes_through_a_leader_kill(cluster_conn: EmbeddedN
         move_leader_off(cluster, origin, victim)  # the publisher keeps its origins; sourcing loses its leader
 
     cluster.kill(victim)  # mid-run: the first half is still flowing, the second is not even published
-    for origin, subject, _ in modes.values():
+    for _, subject, _ in modes.values():
         call(cluster, publish_numbered, subject, HALF + 1, 2 * HALF)
     cluster.restart(victim)
 
@@ -98,3 +101,29 @@ def test_20k_sourced_in_both_modes_through_a_leader_kill(cluster_conn: EmbeddedN
         assert len(seen) == 2 * HALF and set(seen) == set(range(1, 2 * HALF + 1)), f"{mode}: lost messages"
         assert max(seen.values()) == 1, f"{mode}: duplicated messages"
         assert call(cluster, stream_info, origin)["state"]["messages"] == 0  # the WorkQueue is drained
+
+
+def test_consumer_reset_during_the_consumers_leader_election(cluster_conn: EmbeddedNatsCluster) -> None:
+    cluster = cluster_conn
+    call(cluster, ensure_stream, {"name": "RST", "subjects": ["rst.>"], "num_replicas": 3})
+    call(cluster, publish_numbered, "rst.x", 1, 100)
+    call(cluster, ensure_consumer, "RST", {"name": "READER", "durable_name": "READER", "ack_policy": "explicit"})
+
+    async def consume(conn, count: int) -> list[int]:
+        sub = await conn.js.pull_subscribe_bind("READER", stream="RST")
+        msgs = await sub.fetch(count, timeout=10)
+        for msg in msgs:
+            await msg.ack_sync()
+        return [int(m.data) for m in msgs]
+
+    assert call(cluster, consume, 60) == list(range(1, 61))
+    victim = wait_for(lambda: cluster.consumer_leader("RST", "READER"), "a leader of READER")
+    move_leader_off(cluster, "RST", victim)  # only the consumer's own group elects
+    cluster.kill(victim)
+    try:
+        result = JetStreamConsumerResetOperator(task_id="replay", stream="RST", consumer="READER",
+                                                seq=10).execute(context={})
+    finally:
+        cluster.restart(victim)
+    assert result["reset_seq"] == 10 and result["num_pending"] == 91
+    assert call(cluster, consume, 5) == [10, 11, 12, 13, 14]  # replayed from 10, nothing skipped

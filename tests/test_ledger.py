@@ -231,13 +231,14 @@ def test_dead_claimer_is_reaped_then_dead_lettered_after_max_attempts(settings):
     early, first, after_first, lost, second, third, final, summary = run(
         settings, scenario, visibility_timeout=30, max_attempts=3, clock=clock
     )
-    assert early == {"returned": [], "failed": []}
+    assert early == {"returned": [], "failed": [], "returned_count": 0, "failed_count": 0}
     assert [r["batch_id"] for r in first["returned"]] == ["b0"] and first["failed"] == []
     assert after_first.state == "published" and after_first.attempts == 1
     assert "attempt-1" in after_first.last_error and "visibility deadline" in after_first.last_error
     assert lost.reason == "claim_lost"
     assert second.attempts == 2 and third.attempts == 3
     assert final["returned"] == [] and [r["batch_id"] for r in final["failed"]] == ["b0"]
+    assert (first["returned_count"], final["failed_count"]) == (1, 1)
     assert final["failed"][0]["state"] == "failed" and final["failed"][0]["attempts"] == 3
     assert summary["states"] == {"published": 0, "in_progress": 0, "consumed": 1, "failed": 1}
     assert summary["failed"][0]["batch_id"] == "b0" and "attempt-3" in summary["failed"][0]["last_error"]
@@ -385,7 +386,7 @@ def test_claim_of_an_expired_last_attempt_stores_the_dead_letter(settings):
     again, stored, reaped = run(settings, scenario, visibility_timeout=10, max_attempts=1, clock=clock)
     assert again is None
     assert stored.state == "failed" and stored.attempts == 1 and "only-attempt" in stored.last_error
-    assert reaped == {"returned": [], "failed": []}  # nothing left for the reaper
+    assert reaped == {"returned": [], "failed": [], "returned_count": 0, "failed_count": 0}  # nothing left
 
 
 def test_reaper_and_a_late_consumer_racing_on_one_expired_claim_never_both_win(settings):
@@ -414,5 +415,5 @@ def test_reaper_and_a_late_consumer_racing_on_one_expired_claim_never_both_win(s
     if isinstance(marked, ClaimLostError):
         assert [r["batch_id"] for r in reaped["returned"]] == ["b0"] and final.state == "published"
     else:
-        assert reaped == {"returned": [], "failed": []} and final.state == "consumed"
+        assert reaped["returned_count"] == reaped["failed_count"] == 0 and final.state == "consumed"
     assert final.revision == 3  # record, claim, then exactly one more write

@@ -1,4 +1,5 @@
-"""Memory that does not grow with the input: 300k messages through the publish operator.
+"""Memory that does not grow with the input: 300k messages through the publish operator; the
+ledger's summary computed while streaming its listing, exact when the ledger changes meanwhile.
 
 The task runs in a subprocess that reads its own peak RSS (``ru_maxrss``) after a warm-up publish
 and after the big one. Holding every message (a dict, a BatchMessage and its bytes: ~1 KB each, as
@@ -14,7 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from airflow_jetstream.client import ConnectionSettings
+from airflow_jetstream.client import ConnectionSettings, open_connection
+from airflow_jetstream.client.ledger import BatchLedger
 from tests.conftest import airflow_conn_env
 from tests.support.nats_calls import with_streams
 
@@ -68,3 +70,41 @@ def test_publishing_300k_messages_from_a_file_keeps_peak_memory_flat(nats_server
     growth = result["after_mb"] - result["before_mb"]
     print(f"peak RSS {result['before_mb']:.0f} MB -> {result['after_mb']:.0f} MB for {MESSAGES} messages")
     assert growth < MAX_GROWTH_MB, f"peak RSS grew {growth:.0f} MB publishing {MESSAGES} messages"
+
+
+class LedgerUpdatedWhileListing(BatchLedger):
+    """A real ledger whose first listing is interrupted once by a real write: batch ``touch`` is
+    consumed by "someone else" right after the listing delivered it, so (the listing reads 1000 keys
+    per pull) its newer record comes again in the same listing."""
+
+    touch = ""
+
+    async def _latest(self, run_id):
+        async for item in super()._latest(run_id):
+            yield item
+            if self.touch and item[1].endswith(self.touch):
+                batch, self.touch = self.touch, ""
+                await self.mark_consumed(await self.claim(RUN, batch, owner="other"))
+
+
+RUN = "scale-run"
+BATCHES = 1200
+
+
+def test_ledger_summary_streams_and_never_counts_a_batch_updated_during_the_listing_twice(settings):
+    async def scenario():
+        async with open_connection(settings) as conn:
+            plain = await BatchLedger.open(conn, "SCALE_LEDGER")
+            await asyncio.gather(*(plain.record(RUN, f"b{index:04d}", stream="ORDERS", count=10)
+                                   for index in range(BATCHES)))
+            quiet = await plain.summary(RUN)
+            lister, churned = (LedgerUpdatedWhileListing(conn, plain.kv, plain.bucket) for _ in range(2))
+            lister.touch, churned.touch = "b0001", "b0002"
+            listed = [rec.batch_id async for rec in lister.iter_batches(RUN)]
+            return quiet, listed, await churned.summary(RUN)
+
+    quiet, listed, during = asyncio.run(scenario())
+    assert quiet["batches"] == BATCHES and quiet["states"]["published"] == BATCHES
+    assert len(listed) == BATCHES + 1 and listed.count("b0001") == 2  # the raw stream: b0001 came twice
+    assert during["batches"] == BATCHES, "a batch updated during the listing must be counted once"
+    assert during["states"] == {"published": BATCHES - 2, "in_progress": 0, "consumed": 2, "failed": 0}

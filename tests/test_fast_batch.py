@@ -14,7 +14,7 @@ from airflow_jetstream.client import (
     publish_fast_batch,
     stream_info,
 )
-from airflow_jetstream.client import fast_batch as fast_batch_module
+from airflow_jetstream.client.batches import fast as fast_batch_module
 from tests.support.nats_calls import with_streams
 
 FAST = {"name": "FAST", "subjects": ["fast.>"], "allow_batched": True}
@@ -140,7 +140,8 @@ def test_server_error_mid_batch_reports_what_was_stored(settings):
         return info.value, await contents(conn)
 
     exc, stored = run(settings, body, stream=stream)
-    assert "12 message(s) of the fast batch were stored" in str(exc)
+    assert exc.stored == 12 and exc.total == 20 and exc.reason == "message_too_large"
+    assert "the first 12 of its 20 messages are stored" in str(exc)
     assert stored == [b"ok%d" % i for i in range(12)]
 
 

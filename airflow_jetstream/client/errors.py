@@ -157,6 +157,23 @@ class BatchPublishError(JetStreamError):
     default_reason = "batch_failed"
 
 
+class FastBatchError(BatchPublishError):
+    """A fast batch failed part way; ``stored`` of its messages (its first ``stored``) are in the stream.
+
+    ``stored`` is established from the server (its final ack, or by reading the stream back), or None
+    when that was impossible (then the message says where to look). ``total`` is the batch's size.
+    """
+
+    def __init__(self, message: str, *, stored: int | None, total: int, stream: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.stored = stored
+        self.total = total
+        self.stream = stream
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "stored": self.stored, "total": self.total, "stream": self.stream}
+
+
 class ConsumerResetError(JetStreamError):
     """The server refused a consumer reset (deliver policy or start position forbid it)."""
 

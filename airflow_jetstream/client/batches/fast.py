@@ -9,16 +9,22 @@ and the server answers on those reply subjects: flow acks ``{"type":"ack","seq":
 per-message errors ``{"type":"err","seq":S,"error":{...}}`` and, at the end, a PubAck with
 ``batch`` and ``count``. The client keeps at most ``WINDOW_FLOWS`` flow windows unacknowledged.
 
-Messages are stored as they arrive (no all-or-nothing): the batch runs in gap-fail mode, so a lost
-message ends the batch at the last persisted one and the server commits what it has. A gap is
-then healed by publishing the rest as a new batch (up to ``max_resumes`` times); a server error on
-a message ends the batch and is raised with how many messages were stored before it.
+Messages are stored as they arrive (no all-or-nothing): the batch runs in gap-fail mode, so what
+is stored is always an in-order prefix of the batch. A lost message ends the batch at the last
+persisted one and the server commits what it has; the rest is then published as a new batch (up to
+``max_resumes`` times, with back-off). A leader election (503 / no answer) interrupts a batch: the
+client flushes, pings the batch past its end so the server closes it and says how many it stored,
+or, when no leader knows the batch any more, reads the stream back from the sequence noted before
+the batch to count its messages there; then it resumes with the rest for up to the connection's
+``leader_wait``. Every failure is a :class:`FastBatchError` whose ``stored`` is that server-derived
+count (or None, saying so, when it could not be established).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,10 +33,13 @@ from typing import Any
 import nats.errors
 
 from airflow_jetstream.client import metrics
+from airflow_jetstream.client.batches.atomic import streams_for_subject
 from airflow_jetstream.client.batches.types import (
     HEADER_BATCH_COMMIT,
     HEADER_BATCH_ID,
     HEADER_BATCH_SEQUENCE,
+    HEADER_MSG_ID,
+    HEADER_STATUS,
     MAX_BATCH_ID_LENGTH,
     BatchMessage,
     BatchResult,
@@ -44,10 +53,14 @@ from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
     BatchPublishError,
     ConnectionFailedError,
+    FastBatchError,
     InvalidRequestError,
+    JetStreamError,
+    LeaderUnavailableError,
     RequestTimeoutError,
     error_from_api,
 )
+from airflow_jetstream.client.reading.range_read import read_range
 
 FAST_REFUSED_HEADERS = {
     HEADER_BATCH_ID.lower(): "batch headers belong to atomic batches; the fast batch protocol uses reply subjects",
@@ -67,6 +80,12 @@ MAX_FLOW = 65535
 _SUFFIX = b"$FI"
 # Resumed batches get "-r<k>" appended to the id.
 _RESUME_SUFFIX_ROOM = 4
+# Pause before a resume: doubles from the first to the last value (seconds).
+_RESUME_PAUSE_FIRST, _RESUME_PAUSE_MAX = 0.25, 2.0
+# Establishing what an interrupted batch stored waits for a leader at least this long (seconds), also
+# with a shorter leader_wait: the count is owed to the caller even when the publish is not retried.
+_SETTLE_WAIT_MIN = 30.0
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,6 +95,7 @@ class _BatchState:
     acked: int = 0
     flow: int = 1
     answered: bool = False
+    unavailable: bool = False
     done: asyncio.Future[dict[str, Any]] | None = None
     gaps: list[tuple[int, int]] = field(default_factory=list)
     errors: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
@@ -99,6 +119,7 @@ class _FastBatchRun:
         self.reply_base = f"{self.prefix}.{flow}.fail.".encode()
         self.state = _BatchState(flow=flow)
         self.context = f"fast batch {batch_id}"
+        self.sent = 0
 
     def reply_subject(self, seq: int, op: int) -> bytes:
         return b"%b%d.%d.%b" % (self.reply_base, seq, op, _SUFFIX)
@@ -116,6 +137,11 @@ class _FastBatchRun:
 
     async def _on_reply(self, msg: Any) -> None:
         state = self.state
+        if msg.headers and msg.headers.get(HEADER_STATUS) == "503":
+            # no responders: the stream has no leader right now (checked to exist before the batch)
+            state.unavailable = True
+            state.changed.set()
+            return
         try:
             reply = json.loads(msg.data) if msg.data else {}
         except ValueError:
@@ -139,6 +165,8 @@ class _FastBatchRun:
 
     async def _wait_change(self, what: str) -> None:
         state = self.state
+        if state.unavailable:
+            raise LeaderUnavailableError(f"{self.context}: the stream has no leader (no responders)")
         try:
             async with asyncio.timeout(self.timeout):
                 await state.changed.wait()
@@ -146,6 +174,8 @@ class _FastBatchRun:
             raise RequestTimeoutError(f"{self.context}: no {what} from the server within {self.timeout}s; the "
                                       f"messages up to the last flow ack ({state.acked}) are stored") from None
         state.changed.clear()
+        if state.unavailable:
+            raise LeaderUnavailableError(f"{self.context}: the stream has no leader (no responders)")
 
     async def _wait_for_window(self, sent: int) -> None:
         """Wait for a flow ack; after a silent timeout, ping once so the server resends it (or reports a gap)."""
@@ -157,42 +187,162 @@ class _FastBatchRun:
             await self._wait_change("flow-control ack after a ping")
 
     async def run(self) -> dict[str, Any]:
+        """The server's final answer; an interrupted batch raises :class:`_Interrupted` with what it stored."""
         nc = self.conn.nc
-        state = self.state
-        state.done = asyncio.get_running_loop().create_future()
-        sub = await nc.subscribe(f"{self.prefix}.>", cb=self._on_reply)
         try:
-            total = len(self.messages)
-            await write_frames(nc, self.encode(1, 1))
-            # The first answer is the flow ack for seq 0 (batch started) or a PubAck / error.
-            while not state.answered:
-                await self._wait_change("start ack")
-            sent = 1
-            while sent < total and not state.done.done() and not state.errors:
-                limit = min(total, state.acked + WINDOW_FLOWS * state.flow)
-                if limit <= sent:
-                    await self._wait_for_window(sent)
-                    continue
-                await write_frames(nc, self.encode(sent + 1, limit))
-                sent = limit
-            if state.errors and not state.done.done():
-                # Stop at the first error; a ping past the last persisted message makes the server
-                # see the gap and commit what it has, so the final ack says how much is stored.
-                await write_frames(nc, encode_frame(self.messages[sent - 1][0],
-                                                    self.reply_subject(sent, OP_PING), b"", b""))
+            sub = await nc.subscribe(f"{self.prefix}.>", cb=self._on_reply)
+        except _CONNECTION_ERRORS as exc:
+            raise _Interrupted(_connection_lost(self.context, exc), (0, 0)) from None
+        try:
             try:
-                async with asyncio.timeout(self.timeout):
-                    return await asyncio.shield(state.done)
-            except TimeoutError:
-                raise RequestTimeoutError(f"{self.context}: no final ack within {self.timeout}s; the messages "
-                                          f"up to the last flow ack ({state.acked}) are stored") from None
-        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
-                nats.errors.OutboundBufferLimitError) as exc:
-            raise ConnectionFailedError(f"{self.context}: the connection was lost ({type(exc).__name__}); "
-                                        f"about {state.acked} messages are stored", reason="connection_lost") from None
+                return await self._send()
+            except (LeaderUnavailableError, RequestTimeoutError) as exc:
+                raise _Interrupted(exc, await self._settle()) from None
+        except _CONNECTION_ERRORS as exc:
+            raise _Interrupted(_connection_lost(self.context, exc), None) from None
         finally:
             if not nc.is_closed:
                 await sub.unsubscribe()
+
+    async def _send(self) -> dict[str, Any]:
+        nc = self.conn.nc
+        state = self.state
+        state.done = asyncio.get_running_loop().create_future()
+        total = len(self.messages)
+        self.sent = 1
+        await write_frames(nc, self.encode(1, 1))
+        # The first answer is the flow ack for seq 0 (batch started) or a PubAck / error.
+        while not state.answered:
+            await self._wait_change("start ack")
+        while self.sent < total and not state.done.done() and not state.errors:
+            limit = min(total, state.acked + WINDOW_FLOWS * state.flow)
+            if limit <= self.sent:
+                await self._wait_for_window(self.sent)
+                continue
+            await write_frames(nc, self.encode(self.sent + 1, limit))
+            self.sent = limit
+        if state.errors and not state.done.done():
+            # Stop at the first error; a ping past the last persisted message makes the server
+            # see the gap and commit what it has, so the final ack says how much is stored.
+            await write_frames(nc, encode_frame(self.messages[self.sent - 1][0],
+                                                self.reply_subject(self.sent, OP_PING), b"", b""))
+        try:
+            async with asyncio.timeout(self.timeout):
+                while not state.done.done():
+                    await state.changed.wait()
+                    state.changed.clear()
+                    if state.unavailable:
+                        raise LeaderUnavailableError(f"{self.context}: the stream has no leader (no responders)")
+                return state.done.result()
+        except TimeoutError:
+            raise RequestTimeoutError(f"{self.context}: no final ack within {self.timeout}s") from None
+
+    async def _settle(self) -> tuple[int, int] | None:
+        """Close the interrupted batch on the server and return how many of its messages it stored.
+
+        First a flush, so no frame of this batch is still on its way (nothing can open or extend it
+        later); then a ping past the last message sent: a leader that knows the batch sees the gap,
+        commits what it has and answers the exact count. None when no leader knows the batch (the
+        leader changed: the caller then counts by reading the stream) or none answered in
+        :func:`_settle_wait`. Returns (count, stream seq of the last one stored).
+        """
+        nc = self.conn.nc
+        state = self.state
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _settle_wait(self.conn)
+        subject = self.messages[max(self.sent, 1) - 1][0]
+        ping = encode_frame(subject, self.reply_subject(self.sent + 1, OP_PING), b"", b"")
+        pause = _RESUME_PAUSE_FIRST
+        while True:
+            state.done = loop.create_future()
+            state.unavailable, state.answered = False, True
+            state.errors.clear()
+            state.changed.clear()
+            try:
+                await nc.flush(timeout=self.timeout)
+                await write_frames(nc, ping)
+                async with asyncio.timeout(self.timeout):
+                    while not (state.done.done() or state.unavailable or state.errors):
+                        await state.changed.wait()
+                        state.changed.clear()
+            except (TimeoutError, nats.errors.TimeoutError):
+                pass
+            if state.done.done():
+                ack = state.done.result()
+                if "error" not in ack and "count" in ack:
+                    return int(ack["count"]), int(ack.get("seq") or 0)
+                return None
+            if state.errors:
+                return None
+            if loop.time() >= deadline:
+                return None
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _RESUME_PAUSE_MAX)
+
+
+_CONNECTION_ERRORS = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
+                      nats.errors.OutboundBufferLimitError)
+
+
+class _Interrupted(Exception):
+    """A run stopped without a final ack: ``cause`` and the server's (count, last seq) of what it stored
+    (None: no leader knows the batch any more, count its messages in the stream)."""
+
+    def __init__(self, cause: JetStreamError, settled: tuple[int, int] | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.settled = settled
+
+
+def _connection_lost(context: str, exc: BaseException) -> ConnectionFailedError:
+    return ConnectionFailedError(f"{context}: the connection is closed ({type(exc).__name__})",
+                                 reason="connection_lost")
+
+
+def _settle_wait(conn: JetStreamConnection) -> float:
+    """Seconds to wait for a leader while establishing what an interrupted batch stored."""
+    return max(conn.settings.leader_wait, _SETTLE_WAIT_MIN)
+
+
+def _matches(item: BatchMessage, stored: tuple[str, int, int, Any, bytes]) -> bool:
+    subject, _seq, _ts, headers, data = stored
+    if subject != item.subject or bytes(data or b"") != bytes(item.data):
+        return False
+    headers = headers or {}
+    if item.msg_id is not None and headers.get(HEADER_MSG_ID) != item.msg_id:
+        return False
+    return all(headers.get(k) == v for k, v in (item.headers or {}).items())
+
+
+async def _count_in_stream(conn: JetStreamConnection, stream: str, after: int,
+                           items: Sequence[BatchMessage]) -> tuple[int, int]:
+    """How many of ``items`` (an in-order prefix) the stream holds after seq ``after``, and the stream's
+    last sequence read. Messages of other publishers in between are skipped. Waits for a leader
+    (:func:`_settle_wait`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _settle_wait(conn)
+    pause = _RESUME_PAUSE_FIRST
+    while True:
+        try:
+            return await _read_and_count(conn, stream, after, items)
+        except LeaderUnavailableError:
+            if loop.time() >= deadline:
+                raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _RESUME_PAUSE_MAX)
+
+
+async def _read_and_count(conn: JetStreamConnection, stream: str, after: int,
+                          items: Sequence[BatchMessage]) -> tuple[int, int]:
+    info = await conn.api_request(f"STREAM.INFO.{stream}", context=f"stream {stream!r}")
+    last = int(info["state"]["last_seq"])
+    found = 0
+    via = "direct" if info["config"].get("allow_direct") else "consumer"
+    async for chunk in read_range(conn, stream, after + 1, last, via=via):
+        for stored in chunk:
+            if found < len(items) and _matches(items[found], stored):
+                found += 1
+    return found, last
 
 
 def _prepare(messages: list[BatchMessage]) -> list[_Prepared]:
@@ -241,48 +391,97 @@ async def publish_fast_batch(
     timeout = timeout or conn.settings.request_timeout
     frames = _prepare(items)
     started = time.monotonic()
+    stream, mark = await _stream_and_last_seq(conn, items[0].subject, batch_id)
+    total = len(frames)
     stored = 0
-    resumes = 0
-    stream = ""
-    last_seq = 0
+    resumes = gap_resumes = 0
+    pause = _RESUME_PAUSE_FIRST
+    last_seq = mark
     current_id = batch_id
+    loop = asyncio.get_running_loop()
+    interrupted_since: float | None = None
     while True:
         run = _FastBatchRun(conn, frames[stored:], current_id, flow, timeout)
-        ack = await run.run()
-        if "error" in ack:
-            raise _with_progress(error_from_api(ack["error"], context=run.context), stored)
-        stream = str(ack.get("stream", stream))
-        last_seq = int(ack.get("seq") or last_seq)
-        accepted = int(ack.get("count") or 0)
-        stored += accepted
-        errors = run.state.errors
-        if run.state.gaps:
-            # Messages sent after the gap ended the batch are answered "unknown batch": expected.
-            errors = [e for e in errors if e[1].get("err_code") != _ERR_BATCH_UNKNOWN]
-        if errors and stored < len(frames):
-            _seq, error = min(errors, key=lambda e: e[0])
-            raise _with_progress(error_from_api(error, context=f"{run.context}: message {stored + 1}"), stored)
-        if stored >= len(frames):
-            break
-        if resumes >= max_resumes:
-            raise BatchPublishError(
-                f"{run.context}: the server saw gaps {run.state.gaps} and committed {stored} of {len(frames)} "
-                f"messages; gave up after {resumes} resumes. Re-send messages {stored + 1}..{len(frames)}",
-                reason="batch_gap",
-            )
+        try:
+            ack = await run.run()
+        except _Interrupted as stop:
+            if stop.settled is not None:
+                accepted, last = stop.settled
+                mark = last_seq = max(mark, last)
+            elif isinstance(stop.cause, ConnectionFailedError):
+                raise _failed(stop.cause, stream, stored, total, unknown_after=mark) from None
+            else:
+                try:
+                    accepted, mark = await _count_in_stream(conn, stream, mark, items[stored:])
+                except JetStreamError as exc:
+                    raise _failed(exc, stream, stored, total, unknown_after=mark) from None
+            stored += accepted
+            now = loop.time()
+            interrupted_since = now if accepted or interrupted_since is None else interrupted_since
+            if stored >= total:
+                break
+            if now - interrupted_since >= conn.settings.leader_wait:
+                raise _failed(stop.cause, stream, stored, total) from None
+            log.warning("%s interrupted (%s): %d of %d messages stored (counted by the server); resuming the "
+                        "rest in %.2f s", run.context, stop.cause.reason, stored, total, pause)
+        else:
+            if "error" in ack:
+                raise _failed(error_from_api(ack["error"], context=run.context), stream, stored, total)
+            stream = str(ack.get("stream", stream))
+            last_seq = int(ack.get("seq") or last_seq)
+            mark = max(mark, last_seq)
+            stored += int(ack.get("count") or 0)
+            interrupted_since = None
+            errors = run.state.errors
+            if run.state.gaps:
+                # Messages sent after the gap ended the batch are answered "unknown batch": expected.
+                errors = [e for e in errors if e[1].get("err_code") != _ERR_BATCH_UNKNOWN]
+            if errors and stored < total:
+                _seq, error = min(errors, key=lambda e: e[0])
+                raise _failed(error_from_api(error, context=f"{run.context}: message {stored + 1}"), stream,
+                              stored, total)
+            if stored >= total:
+                break
+            gap_resumes += 1
+            if gap_resumes > max_resumes:
+                raise _failed(BatchPublishError(
+                    f"{run.context}: the server saw gaps {run.state.gaps}; gave up after {max_resumes} resumes",
+                    reason="batch_gap"), stream, stored, total)
+            log.warning("%s: the server saw gaps %s; %d of %d messages stored, resuming the rest in %.2f s",
+                        run.context, run.state.gaps, stored, total, pause)
         resumes += 1
         metrics.incr("fast_batch.resumed")
-        current_id = f"{batch_id}-r{resumes}"
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, _RESUME_PAUSE_MAX)
+        current_id = f"{batch_id}-r{resumes % 100}"  # ids of closed batches may be reused
     metrics.incr("fast_batch.committed")
     metrics.incr("fast_batch.messages", stored)
     metrics.timing("fast_batch.commit_ms", (time.monotonic() - started) * 1000.0)
-    return BatchResult(stream=stream, batch=batch_id, count=stored, first_seq=None, last_seq=last_seq)
+    return BatchResult(stream=stream, batch=batch_id, count=stored, first_seq=None, last_seq=max(last_seq, mark))
 
 
-def _with_progress(error: Any, stored: int) -> BatchPublishError:
-    """The server's error, saying how many messages of this (non-atomic) batch were stored before it."""
-    return BatchPublishError(
-        f"{error.message}; {stored} message(s) of the fast batch were stored before the failure "
-        f"(fast batches are not atomic)",
-        reason=error.reason, code=error.code, err_code=error.err_code, description=error.description,
-    )
+async def _stream_and_last_seq(conn: JetStreamConnection, subject: str, batch_id: str) -> tuple[str, int]:
+    """The stream capturing ``subject`` and its last sequence before the batch (where counting starts)."""
+    streams = await streams_for_subject(conn, subject)
+    if not streams:
+        raise BatchPublishError(f"fast batch {batch_id}: no stream captures subject {subject!r}; create the "
+                                "stream or fix the subject", reason="no_stream_for_subject")
+    info = await conn.api_request(f"STREAM.INFO.{streams[0]}", context=f"stream {streams[0]!r}")
+    return streams[0], int(info["state"]["last_seq"])
+
+
+def _failed(error: JetStreamError, stream: str, stored: int, total: int, *,
+            unknown_after: int | None = None) -> FastBatchError:
+    """The error raised for a failed fast batch: the cause, and how many of its messages are stored."""
+    if unknown_after is not None:
+        return FastBatchError(
+            f"{error.message}; {stored} message(s) of the fast batch are known to be stored, and how many more "
+            f"could not be established: read stream {stream!r} after seq {unknown_after} before re-sending "
+            "(or re-send with msg ids set, which the stream de-duplicates)",
+            stored=None, total=total, stream=stream, reason=error.reason, code=error.code,
+            err_code=error.err_code, description=error.description)
+    return FastBatchError(
+        f"{error.message}; the first {stored} of its {total} messages are stored in stream {stream!r} (fast "
+        f"batches are not atomic): re-send messages {stored + 1}..{total}",
+        stored=stored, total=total, stream=stream, reason=error.reason, code=error.code,
+        err_code=error.err_code, description=error.description)

@@ -1,0 +1,255 @@
+"""A real Airflow deployment: api-server, scheduler, dag-processor and triggerer as separate processes.
+
+One deployment for the module (``airflow_jetstream.embedded.airflow_local.LocalAirflow``: LocalExecutor,
+sqlite, everything on 127.0.0.1, log servers skipped) with the example DAGs against one real
+nats-server. It proves that the orders pipeline runs to success through the scheduler with its
+sensors deferred to the triggerer, that the examples share the server, and that the event-driven
+DAG turns every published message into exactly one asset event (by stream sequence) across a clean
+triggerer stop, two triggerers at once and, with the repeat made visible and harmless, a crash.
+The UI test (headless Chromium) logs in, triggers the pipeline and opens a sensor's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import sqlite3
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_jetstream.client import ConnectionSettings, open_connection
+from airflow_jetstream.client.admin.consumers import consumer_status
+from airflow_jetstream.client.errors import ConsumerNotFoundError
+from airflow_jetstream.embedded import EmbeddedNatsServer
+from airflow_jetstream.embedded.airflow_local import LocalAirflow
+from tests.support.nats_calls import call_on_server
+from tests.support.polling import wait_until
+
+pytestmark = pytest.mark.airflow_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINE, GUARDED, PUBLISH_READY, PROCESS_READY = (
+    "jetstream_orders_pipeline", "publish_orders_guarded", "publish_ready_orders", "process_ready_orders")
+READY_STREAM, READY_CONSUMER, PROCESSED_BUCKET = "ORDERS_READY", "airflow_orders_ready", "orders_ready_processed"
+
+
+@pytest.fixture(scope="module")
+def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
+    server = EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("deploy-nats")).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def airflow(nats: EmbeddedNatsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
+    home = tmp_path_factory.mktemp("deploy-airflow")
+    with LocalAirflow(home, nats_url=nats.url, dags_folder=ROOT / "dags_examples") as deployment:
+        deployment.start()
+        yield deployment
+
+
+@pytest.fixture(scope="module")
+def nats_settings(nats: EmbeddedNatsServer) -> ConnectionSettings:
+    return ConnectionSettings(servers=nats.url, connect_timeout=2, request_timeout=5)
+
+
+def query(airflow: LocalAirflow, sql: str, *args: Any) -> list[tuple]:
+    """Read Airflow's metadata database (sqlite) as the components write it."""
+    with sqlite3.connect(f"file:{airflow.home / 'airflow.db'}?mode=ro", uri=True, timeout=30) as db:
+        return db.execute(sql, args).fetchall()
+
+
+class Api:
+    """Airflow's REST API with a token for the simple auth manager's admin user."""
+
+    def __init__(self, airflow: LocalAirflow) -> None:
+        self.url = airflow.url
+        token = self._call("POST", "/auth/token", {"username": airflow.user, "password": airflow.password})
+        self.token = token["access_token"]
+
+    def _call(self, method: str, path: str, body: dict | None = None, token: str | None = None) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(self.url + path, method=method, headers=headers,
+                                         data=json.dumps(body).encode() if body is not None else None)
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return json.load(resp)
+
+    def call(self, method: str, path: str, body: dict | None = None) -> dict:
+        return self._call(method, path, body, self.token)
+
+
+def wait_dag_parsed(airflow: LocalAirflow, dag_id: str) -> None:
+    wait_until(lambda: query(airflow, "SELECT 1 FROM dag WHERE dag_id = ? AND NOT is_stale", dag_id),
+               f"the dag-processor to load {dag_id}", timeout=180, every=0.5)
+
+
+def trigger(airflow: LocalAirflow, dag_id: str, conf: dict | None = None) -> str:
+    wait_dag_parsed(airflow, dag_id)
+    run = Api(airflow).call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
+    return run["dag_run_id"]
+
+
+def run_state(airflow: LocalAirflow, dag_id: str, run_id: str) -> str | None:
+    rows = query(airflow, "SELECT state FROM dag_run WHERE dag_id = ? AND run_id = ?", dag_id, run_id)
+    return rows[0][0] if rows else None
+
+
+def wait_run_finished(airflow: LocalAirflow, dag_id: str, run_id: str, timeout: float = 400,
+                      on_poll=None) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if on_poll is not None:
+            on_poll()
+        state = run_state(airflow, dag_id, run_id)
+        if state in ("success", "failed"):
+            return state
+        time.sleep(0.5)  # polling the scheduler's progress in the db; the deadline bounds it
+    raise AssertionError(f"{dag_id} run {run_id} not finished after {timeout}s (state {state});\n"
+                         f"{task_states(airflow, dag_id, run_id)}\n{airflow.log_tail('scheduler')}")
+
+
+def task_states(airflow: LocalAirflow, dag_id: str, run_id: str) -> dict[str, str]:
+    rows = query(airflow, "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ?", dag_id, run_id)
+    return dict(rows)
+
+
+def ready_events(airflow: LocalAirflow) -> list[dict]:
+    """The payloads of the asset events the watcher stored, in storing order."""
+    rows = query(airflow, "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                          "WHERE a.name = 'orders_ready' ORDER BY e.id")
+    return [json.loads(extra)["payload"] for (extra,) in rows]
+
+
+def publish(settings: ConnectionSettings, count: int) -> list[int]:
+    async def go() -> list[int]:
+        async with open_connection(settings) as conn:
+            return [(await conn.js.publish("orders.ready", json.dumps({"order": i}).encode())).seq
+                    for i in range(count)]
+
+    return asyncio.run(go())
+
+
+def drained(settings: ConnectionSettings) -> bool:
+    try:
+        return call_on_server(settings, consumer_status, READY_STREAM, READY_CONSUMER)["drained"]
+    except ConsumerNotFoundError:  # the watcher has not created it yet
+        return False
+
+
+def active_runs(airflow: LocalAirflow) -> list[tuple]:
+    return query(airflow, "SELECT run_id FROM dag_run WHERE dag_id = ? AND state IN ('queued', 'running')",
+                 PROCESS_READY)
+
+
+def processed_seqs(settings: ConnectionSettings) -> set[int]:
+    async def go() -> set[int]:
+        async with open_connection(settings) as conn:
+            kv = await conn.js.key_value(PROCESSED_BUCKET)
+            return {int(key.split(".")[1]) for key in await kv.keys()}
+
+    return asyncio.run(go())
+
+
+def _wait_events(airflow: LocalAirflow, settings: ConnectionSettings, seqs: set[int], what: str,
+                 timeout: float = 120) -> None:
+    wait_until(lambda: seqs <= {e["stream_seq"] for e in ready_events(airflow)} and drained(settings),
+               what, timeout=timeout, every=0.2)
+
+
+def _events_by_seq(airflow: LocalAirflow) -> Counter[int]:
+    return Counter(e["stream_seq"] for e in ready_events(airflow))
+
+
+def test_event_driven_exactly_once_across_triggerer_stops(airflow: LocalAirflow,
+                                                          nats_settings: ConnectionSettings) -> None:
+    # the example creates its stream; until then the watcher waits with one line per back-off
+    run_id = trigger(airflow, PUBLISH_READY, {"count": 10})
+    assert wait_run_finished(airflow, PUBLISH_READY, run_id, timeout=200) == "success"
+    expected = set(range(1, 11))
+    _wait_events(airflow, nats_settings, expected, "10 asset events from publish_ready_orders")
+    log = airflow.log_tail("triggerer", chars=10**7)
+    waits = re.findall(r"Watcher on ORDERS_READY/airflow_orders_ready not started: .*?Checking again in", log)
+    assert "Traceback" not in log and len(waits) <= 12, f"{len(waits)} back-off lines"
+
+    # (a) clean SIGTERM while messages are in flight, then a restart: nothing doubled, nothing lost
+    start = max(expected)
+    published = publish(nats_settings, 30)
+    assert published == list(range(start + 1, start + 31))
+    wait_until(lambda: len(ready_events(airflow)) > len(expected), "the first event of the burst", timeout=60,
+               every=0.1)
+    assert airflow.stop("triggerer", signal.SIGTERM) == 0
+    airflow.start_component("triggerer")
+    expected |= set(published)
+    _wait_events(airflow, nats_settings, expected, "all events after a clean stop")
+    counts = _events_by_seq(airflow)
+    assert set(counts) == expected and max(counts.values()) == 1, {s: n for s, n in counts.items() if n > 1}
+    assert "Clean stop:" in airflow.log_tail("triggerer", chars=10**7)
+
+    # (c) two triggerers at once: each message is one event
+    airflow.start_component("triggerer", key="triggerer-2")
+    published = publish(nats_settings, 30)
+    expected |= set(published)
+    _wait_events(airflow, nats_settings, expected, "all events with two triggerers")
+    counts = _events_by_seq(airflow)
+    assert set(counts) == expected and max(counts.values()) == 1, {s: n for s, n in counts.items() if n > 1}
+    assert airflow.stop("triggerer-2", signal.SIGTERM) == 0
+
+    # (b) SIGKILL mid-burst: nothing lost; a message whose event was stored but not acked repeats, visibly
+    # (delivered > 1) and harmlessly (process_ready_orders processes each stream sequence once)
+    before = len(ready_events(airflow))
+    published = publish(nats_settings, 30)
+    wait_until(lambda: len(ready_events(airflow)) > before, "the first event of the burst", timeout=60, every=0.1)
+    airflow.stop("triggerer", signal.SIGKILL)
+    airflow.start_component("triggerer")
+    expected |= set(published)
+    _wait_events(airflow, nats_settings, expected, "all events after a crash (redelivered after ack_wait 30 s)",
+                 timeout=180)
+    events = ready_events(airflow)
+    counts = Counter(e["stream_seq"] for e in events)
+    assert set(counts) == expected
+    repeats = {seq for seq, n in counts.items() if n > 1}
+    assert repeats <= set(published), "only the crashed triggerer's messages may repeat"
+    seen: set[int] = set()
+    for event in events:  # a repeat says so: the server counted the redelivery
+        assert event["stream_seq"] not in seen or event["delivered"] > 1, event
+        seen.add(event["stream_seq"])
+    # Airflow attaches an event stored while the scheduler creates a run to the next run, which the next
+    # event starts: one more message once the runs are done
+    wait_until(lambda: not active_runs(airflow), "the process_ready_orders runs to finish", timeout=240, every=0.5)
+    expected |= set(publish(nats_settings, 1))
+    _wait_events(airflow, nats_settings, expected, "the last event")
+    wait_until(lambda: processed_seqs(nats_settings) == expected and not active_runs(airflow),
+               "process_ready_orders to process every stream sequence", timeout=240, every=0.5)
+    failed = query(airflow, "SELECT run_id FROM dag_run WHERE dag_id = ? AND state != 'success'", PROCESS_READY)
+    assert failed == []
+    print(f"SIGKILL: {len(repeats)} of {len(published)} message(s) repeated, each processed once")
+
+
+def test_pipeline_and_guarded_publish_run_through_the_scheduler_with_deferred_sensors(airflow: LocalAirflow) -> None:
+    pipeline_run = trigger(airflow, PIPELINE, {"rows": 2000})
+    guarded_run = trigger(airflow, GUARDED)
+    deferred: set[str] = set()
+
+    def watch_deferrals() -> None:
+        rows = query(airflow, "SELECT task_id FROM task_instance WHERE dag_id = ? AND run_id = ? AND state = "
+                              "'deferred' AND next_method = 'execute_complete'", PIPELINE, pipeline_run)
+        deferred.update(task_id for (task_id,) in rows)
+
+    state = wait_run_finished(airflow, PIPELINE, pipeline_run, on_poll=watch_deferrals)
+    assert state == "success", task_states(airflow, PIPELINE, pipeline_run)
+    assert set(task_states(airflow, PIPELINE, pipeline_run).values()) == {"success"}
+    assert "no_batch_abandoned" in deferred, f"the guard sensor must wait in the triggerer; deferred: {deferred}"
+    assert wait_run_finished(airflow, GUARDED, guarded_run, timeout=200) == "success", \
+        task_states(airflow, GUARDED, guarded_run)
+    summary = json.loads((airflow.home / "output" / "summary.json").read_text())
+    assert summary["rows_consumed"] == summary["rows_produced"] == 2000

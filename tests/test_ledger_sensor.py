@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, TaskDeferred
@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, TaskD
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.sensors.consumer import TIMEOUT_BACKSTOP
 from airflow_jetstream.sensors.ledger import JetStreamBatchLedgerSensor, describe_progress
 from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
 from tests.support.triggers import first_event_payload
@@ -57,8 +58,9 @@ def test_poke_mode_waits_for_missing_batches_and_unconsumed_ones(nats_conn):
     with pytest.raises(AirflowSensorTimeout):
         sensor(timeout=0.3).execute(context={})  # no bucket yet: nothing recorded, keep waiting
     record_batches(2, consume=1)
-    with pytest.raises(AirflowSensorTimeout):
+    with pytest.raises(AirflowSensorTimeout) as timeout:
         sensor(timeout=0.3).execute(context={})
+    assert f"Last seen: run {RUN!r}: 1/2 batch(es) reached consumed" in str(timeout.value)
     with pytest.raises(AirflowSensorTimeout):
         sensor(state="published", min_batches=3, timeout=0.3).execute(context={})
     assert sensor(state="published", min_batches="2").execute(context={})["reached"] == 2
@@ -103,13 +105,16 @@ def test_deferrable_defers_with_a_serializable_trigger(nats_conn):
     with pytest.raises(TaskDeferred) as deferred:
         deferring.execute(context={})
     assert deferred.value.method_name == "execute_complete"
-    assert deferred.value.timeout == timedelta(seconds=600)
+    assert deferred.value.timeout == timedelta(seconds=600 + TIMEOUT_BACKSTOP)  # the trigger times out first
     classpath, kwargs = deferred.value.trigger.serialize()
     assert classpath == "airflow_jetstream.triggers.ledger.JetStreamBatchLedgerTrigger"
     json.dumps(kwargs)
+    timeout_at = datetime.fromisoformat(kwargs.pop("timeout_at"))
+    assert 590 < (timeout_at - datetime.now(UTC)).total_seconds() <= 600
     assert kwargs == {"run_id": RUN, "state": "consumed", "bucket": "batch_ledger", "min_batches": 1,
                       "reap_expired": True, "fail_on_failed": True, "nats_conn_id": "nats_default",
                       "poll_interval": 0.05}
+    kwargs["timeout_at"] = timeout_at.isoformat()
     assert JetStreamBatchLedgerTrigger(**kwargs).serialize() == (classpath, kwargs)
     record_batches(1, consume=1)
     assert sensor(deferrable=True).execute(context={})["done"]  # already there: no deferral
@@ -158,3 +163,13 @@ def test_trigger_reports_dead_letters_and_execute_complete_fails_with_them(nats_
     json.dumps(event)
     with pytest.raises(AirflowException, match=r"b0.*batches_failed"):
         sensor(deferrable=True).execute_complete({}, event)
+
+
+def test_trigger_timeout_reports_the_last_state(nats_conn):
+    """Not Airflow's bare 'Trigger timeout': the trigger times out first and the task says what it last saw."""
+    record_batches(2, consume=1)
+    trigger = JetStreamBatchLedgerTrigger(run_id=RUN, poll_interval=0.05, timeout_at=datetime.now(UTC).isoformat())
+    event = first_event_payload(trigger)
+    assert event["status"] == "timeout" and event["description"].startswith(f"run {RUN!r}: 1/2 batch(es)")
+    with pytest.raises(AirflowSensorTimeout, match=r"batch ledger not reached within 10 s\. Last seen: run .* 1/2"):
+        sensor().execute_complete({}, event)

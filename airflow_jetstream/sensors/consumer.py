@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
 from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.errors import LeaderUnavailableError
@@ -20,6 +20,10 @@ from airflow_jetstream.triggers.consumer import (
     JetStreamPollingTrigger,
     JetStreamSourceCaughtUpTrigger,
 )
+from airflow_jetstream.triggers.describe import describe_consumer, describe_source
+
+#: Airflow's own deferral timeout comes this many seconds after the trigger's (which reports the last state).
+TIMEOUT_BACKSTOP = 60
 
 
 class _JetStreamStateSensor(BaseSensorOperator):
@@ -27,6 +31,7 @@ class _JetStreamStateSensor(BaseSensorOperator):
 
     ui_color = "#27aae1"
     what = "condition"
+    _last_seen = "nothing (no poke finished)"
 
     def __init__(self, *, deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  nats_conn_id: str = JetStreamHook.default_conn_name,
@@ -57,24 +62,41 @@ class _JetStreamStateSensor(BaseSensorOperator):
         if status.get("error"):
             raise AirflowException(self._error_message(status["error"]))
         done = self.is_done(status)
-        self.log.info("%s: %s (%s)", self.what, "yes" if done else "not yet", status)
+        self._last_seen = self.describe(status)
+        self.log.info("%s: %s", "Done" if done else "Not yet", self._last_seen)
         return PokeReturnValue(done, status if done else None)
+
+    def describe(self, status: dict[str, Any]) -> str:
+        """The state as one human line (what each poke logs and a timeout reports)."""
+        return str(status)
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
-            return super().execute(context)
+            try:
+                return super().execute(context)
+            except AirflowSensorTimeout as exc:
+                raise AirflowSensorTimeout(f"{exc} Last seen: {self._last_seen}") from None
         done = self.poke(context)
         if done:
             return done.xcom_value
-        self.log.info("Deferring: waiting for %s", self.what)
-        self.defer(trigger=self.trigger(), method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+        self.log.info("Deferring: waiting for %s in the triggerer", self.what)
+        trigger = self.trigger()
+        # the trigger reports its own timeout with the last state; Airflow's (later) is only a backstop
+        trigger.timeout_at = (datetime.now(UTC) + timedelta(seconds=self.timeout)).isoformat()
+        self.defer(trigger=trigger, method_name="execute_complete",
+                   timeout=timedelta(seconds=self.timeout + TIMEOUT_BACKSTOP))
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") == "success":
-            self.log.info("%s: %s", self.what, event["result"])
+            self.log.info("Done: %s", self.describe(event["result"]))
             return event["result"]
         if event.get("status") == "error":
             raise AirflowException(self._error_message(event.get("error") or {}))
+        if event.get("status") == "timeout":
+            message = f"{self.what} not reached within {self.timeout:.0f} s. Last seen: {event.get('description')}"
+            if self.soft_fail:
+                raise AirflowSkipException(message)
+            raise AirflowSensorTimeout(message)
         raise AirflowException(f"unexpected trigger event {event!r}")
 
     def _error_message(self, error: dict[str, Any]) -> str:
@@ -121,6 +143,9 @@ class JetStreamSourceCaughtUpSensor(_JetStreamStateSensor):
     def is_done(self, status: dict[str, Any]) -> bool:
         return bool(status["caught_up"])
 
+    def describe(self, status: dict[str, Any]) -> str:
+        return describe_source(status)
+
     def trigger(self) -> JetStreamSourceCaughtUpTrigger:
         return JetStreamSourceCaughtUpTrigger(stream=self.stream, source=self.source, domain=self.domain or None,
                                               api_prefix=self.api_prefix or None,
@@ -157,6 +182,9 @@ class JetStreamConsumerDrainedSensor(_JetStreamStateSensor):
 
     def is_done(self, status: dict[str, Any]) -> bool:
         return bool(status["drained"])
+
+    def describe(self, status: dict[str, Any]) -> str:
+        return describe_consumer(status)
 
     def trigger(self) -> JetStreamConsumerDrainedTrigger:
         return JetStreamConsumerDrainedTrigger(stream=self.stream, consumer=self.consumer,

@@ -5,23 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_jetstream.client.ledger.batch_ledger import CONSUMED, DEFAULT_BUCKET, check_waitable_state, ledger_status
 from airflow_jetstream.sensors.consumer import _JetStreamStateSensor
+from airflow_jetstream.triggers.describe import describe_progress
 from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
 
-
-def describe_progress(status: dict[str, Any]) -> str:
-    """One log line: ``run 'R': 7/10 batch(es) reached consumed (at least 1 expected; published 2, ...)``."""
-    states = ", ".join(f"{name} {count}" for name, count in status["states"].items())
-    line = (f"run {status['run_id']!r}: {status['reached']}/{status['batches']} batch(es) reached "
-            f"{status['awaited']} (at least {status['min_batches']} expected; {states})")
-    reaped = status.get("reaped") or {}
-    if reaped.get("returned") or reaped.get("failed"):
-        line += f"; reaped expired claims: returned {reaped.get('returned')}, failed {reaped.get('failed')}"
-    return line
+__all__ = ["JetStreamBatchLedgerSensor", "describe_progress"]
 
 
 class JetStreamBatchLedgerSensor(_JetStreamStateSensor):
@@ -89,12 +80,8 @@ class JetStreamBatchLedgerSensor(_JetStreamStateSensor):
     def is_done(self, status: dict[str, Any]) -> bool:
         return bool(status["done"])
 
-    def poke(self, context: Any) -> PokeReturnValue:
-        status = self.status()
-        if status.get("error"):
-            raise AirflowException(self._error_message(status["error"]))
-        self.log.info("%s", describe_progress(status))
-        return PokeReturnValue(self.is_done(status), status if self.is_done(status) else None)
+    def describe(self, status: dict[str, Any]) -> str:
+        return describe_progress(status)
 
     def trigger(self) -> JetStreamBatchLedgerTrigger:
         return JetStreamBatchLedgerTrigger(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -15,28 +15,39 @@ from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError
 from airflow_jetstream.client.sourcing.provision import source_status
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.triggers.describe import describe_consumer, describe_source
 
 
 class JetStreamPollingTrigger(BaseTrigger):
     """Poll ``status()`` every ``poll_interval`` seconds on one connection until ``is_done``.
 
-    Events: ``{"status": "success", "result": {...}}`` or ``{"status": "error", "error": {...}}``.
+    Events: ``{"status": "success", "result": {...}}``, ``{"status": "error", "error": {...}}`` or, once
+    ``timeout_at`` (ISO time) passed, ``{"status": "timeout", "last": {...}, "description": "<last state>"}``.
     """
 
     what = "condition"
 
     def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name,
-                 poll_interval: float | str | timedelta = 5.0) -> None:
+                 poll_interval: float | str | timedelta = 5.0, timeout_at: str | None = None) -> None:
         super().__init__()
         self.nats_conn_id = nats_conn_id
         self.poll_interval = to_seconds(poll_interval, field="poll_interval")
+        self.timeout_at = timeout_at
 
     def _kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {**self._kwargs(), "nats_conn_id": self.nats_conn_id, "poll_interval": self.poll_interval})
+                {**self._kwargs(), "nats_conn_id": self.nats_conn_id, "poll_interval": self.poll_interval,
+                 "timeout_at": self.timeout_at})
+
+    def describe(self, status: dict[str, Any]) -> str:
+        """The state as one human line."""
+        return str(status)
+
+    def _timed_out(self) -> bool:
+        return self.timeout_at is not None and datetime.now(UTC) >= datetime.fromisoformat(self.timeout_at)
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
         raise NotImplementedError
@@ -61,7 +72,10 @@ class JetStreamPollingTrigger(BaseTrigger):
                     if self.is_done(status):
                         yield TriggerEvent({"status": "success", "result": status})
                         return
-                    self.log.info("Waiting for %s: %s", self.what, status)
+                    if self._timed_out():
+                        yield TriggerEvent({"status": "timeout", "last": status, "description": self.describe(status)})
+                        return
+                    self.log.info("Waiting for %s: %s", self.what, self.describe(status))
                     await asyncio.sleep(self.poll_interval)
         except JetStreamError as exc:
             self.log.error("Waiting for %s failed: %s", self.what, exc)
@@ -90,6 +104,9 @@ class JetStreamSourceCaughtUpTrigger(JetStreamPollingTrigger):
     def is_done(self, status: dict[str, Any]) -> bool:
         return bool(status["caught_up"])
 
+    def describe(self, status: dict[str, Any]) -> str:
+        return describe_source(status)
+
 
 class JetStreamConsumerDrainedTrigger(JetStreamPollingTrigger):
     """Fire when ``consumer`` on ``stream`` has nothing pending and nothing awaiting an ack."""
@@ -109,3 +126,6 @@ class JetStreamConsumerDrainedTrigger(JetStreamPollingTrigger):
 
     def is_done(self, status: dict[str, Any]) -> bool:
         return bool(status["drained"])
+
+    def describe(self, status: dict[str, Any]) -> str:
+        return describe_consumer(status)

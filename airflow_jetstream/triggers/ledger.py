@@ -7,6 +7,7 @@ from typing import Any
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.ledger.batch_ledger import CONSUMED, DEFAULT_BUCKET, check_waitable_state, ledger_status
 from airflow_jetstream.triggers.consumer import JetStreamPollingTrigger
+from airflow_jetstream.triggers.describe import describe_progress
 
 
 class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
@@ -40,3 +41,6 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
 
     def is_done(self, status: dict[str, Any]) -> bool:
         return bool(status["done"])
+
+    def describe(self, status: dict[str, Any]) -> str:
+        return describe_progress(status)

@@ -57,7 +57,7 @@ DEFAULT_ACK_WAIT = "10m"
 log = logging.getLogger(__name__)
 #: Waited out when a watcher starts (one log line per try), seconds between tries doubling up to BACKOFF_MAX.
 WAITED_OUT_ERRORS = (StreamNotFoundError, ConsumerNotFoundError, RequestTimeoutError, ConnectionFailedError)
-BACKOFF_FIRST, BACKOFF_MAX = 2.0, 60.0
+BACKOFF_FIRST, BACKOFF_MAX = 2.0, 30.0
 _ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "advisory_batch", "advisory_reason",
                   "advisory_match")
 

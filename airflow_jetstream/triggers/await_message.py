@@ -9,7 +9,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_jetstream.client.connection_pool import shared_connection
-from airflow_jetstream.client.errors import JetStreamError
+from airflow_jetstream.client.errors import ConsumerNotFoundError, JetStreamError
 from airflow_jetstream.client.reading.apply_function import bind_function
 from airflow_jetstream.client.reading.await_message import find_message
 from airflow_jetstream.hooks.jetstream import JetStreamHook
@@ -63,7 +63,10 @@ class JetStreamAwaitMessageTrigger(BaseTrigger):
                 break
             except JetStreamError as exc:
                 attempt += 1
-                transient = isinstance(exc, TRANSIENT_ERRORS) and not isinstance(exc, PERMANENT_ERRORS)
+                # a search consumer dropped by the server (e.g. the triggerer stalled past its inactivity limit)
+                # is made again: the search restarts at start_seq, so nothing is missed
+                transient = isinstance(exc, (*TRANSIENT_ERRORS, ConsumerNotFoundError)) and not isinstance(
+                    exc, PERMANENT_ERRORS)
                 if not transient or attempt > TRANSIENT_RETRIES:
                     self.log.error("Message wait failed (attempt %d): %s", attempt, exc)
                     event = {"status": "error", "error": exc.to_dict()}

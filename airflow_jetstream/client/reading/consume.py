@@ -31,6 +31,7 @@ consumer's ``num_pending`` and ``num_ack_pending`` afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
@@ -227,11 +228,8 @@ async def _consume_durable(conn: JetStreamConnection, stream: str, consumer: str
             for index, group in enumerate(groups):
                 try:
                     await _process(conn, group, apply, options, tally)
-                except ApplyFunctionError:
-                    for rest in groups[index + 1:]:
-                        for msg in rest:
-                            await msg.nak()
-                    await conn.nc.flush(timeout=conn.settings.request_timeout)
+                except BaseException:
+                    await _release([msg for rest in groups[index + 1:] for msg in rest], conn)
                     raise
         else:
             tally.stopped = "max_messages"
@@ -239,6 +237,15 @@ async def _consume_durable(conn: JetStreamConnection, stream: str, consumer: str
         if not conn.nc.is_closed:
             await pull.close(leftover=lambda msg: msg.nak())
     return tally.to_dict()
+
+
+async def _release(messages: list[Any], conn: JetStreamConnection) -> None:
+    """Nak delivered messages that were not processed, so they come again at once (best effort: if the
+    connection is gone, the server redelivers them after ack_wait)."""
+    with contextlib.suppress(Exception):
+        for msg in messages:
+            await msg.nak()
+        await conn.nc.flush(timeout=conn.settings.request_timeout)
 
 
 async def _process(conn: JetStreamConnection, group: list[Any], apply: Callable[[Any], Any],

@@ -6,8 +6,11 @@
       -> SparkSubmitOperator consume (bounded read, cursor advanced after the Parquet is written)
       -> ledger says consumed -> report
 
-Run it with ``make demo`` (embedded nats-server, Spark local[2]) or in any deployment that has a
-``nats_default`` and a ``spark_default`` connection.
+The Spark jobs get the ``nats_default`` connection (servers and credentials) from
+JetStreamSparkSubmitOperator, never on a command line, and the provider's package shipped with
+``--py-files`` (executors need only pyspark). Run it with ``make demo`` (embedded nats-server, Spark
+local[2]), ``make demo-cluster`` (3-node NATS cluster with auth, Spark standalone cluster) or in any
+deployment that has a ``nats_default`` and a ``spark_default`` connection.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import json
 from pathlib import Path
 
 import pendulum
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param, task
 from orders_pipeline_common import (
     AGG_STREAM,
@@ -24,7 +26,7 @@ from orders_pipeline_common import (
     CAPTURE_STREAM,
     CURSOR_CONSUMER,
     LEDGER_BUCKET,
-    NATS_SERVERS,
+    NATS_CONN_ID,
     OUTPUT_DIR,
     RAW_STREAM,
     RAW_STREAM_CONFIG,
@@ -35,6 +37,7 @@ from orders_pipeline_common import (
 
 from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
+from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
 from airflow_jetstream.sensors.advisory import JetStreamAdvisorySensor
 from airflow_jetstream.sensors.consumer import JetStreamSourceCaughtUpSensor
@@ -63,11 +66,13 @@ with DAG(
     source = JetStreamDurableSourceOperator(
         task_id="source_raw_into_agg", stream=AGG_STREAM, source=RAW_STREAM, mode="server"
     )
-    produce = SparkSubmitOperator(
+    produce = JetStreamSparkSubmitOperator(
         task_id="produce_orders",
         application=str(SPARK_APPS / "produce_orders.py"),
+        nats_conn_id=NATS_CONN_ID,
+        ship_package=True,
         application_args=[
-            "--servers", NATS_SERVERS, "--stream", RAW_STREAM, "--run-id", "{{ run_id }}",
+            "--stream", RAW_STREAM, "--run-id", "{{ run_id }}",
             "--job-id", JOB_ID, "--rows", "{{ params.rows }}", "--ledger-bucket", LEDGER_BUCKET,
         ],
         conf=SPARK_CONF,
@@ -84,11 +89,13 @@ with DAG(
         task_id="no_batch_abandoned", advisory="batch_abandoned", stream=RAW_STREAM, expect="absent",
         capture_stream=CAPTURE_STREAM, quiet_period=2, poke_interval=1, timeout=120,
     )
-    consume = SparkSubmitOperator(
+    consume = JetStreamSparkSubmitOperator(
         task_id="consume_orders",
         application=str(SPARK_APPS / "consume_orders.py"),
+        nats_conn_id=NATS_CONN_ID,
+        ship_package=True,
         application_args=[
-            "--servers", NATS_SERVERS, "--stream", AGG_STREAM, "--cursor", CURSOR_CONSUMER,
+            "--stream", AGG_STREAM, "--cursor", CURSOR_CONSUMER,
             "--run-id", "{{ run_id }}", "--output", RUN_OUTPUT,
             "--ledger-bucket", LEDGER_BUCKET,
         ],
@@ -109,7 +116,7 @@ with DAG(
         root = Path(params["output_dir"])
         output = root / run_key(run_id)
         consumed_summary = json.loads((output / "consume_summary.json").read_text())
-        hook = JetStreamHook()
+        hook = JetStreamHook(nats_conn_id=NATS_CONN_ID)
         agg = hook.run(stream_info, AGG_STREAM)["state"]
         raw = hook.run(stream_info, RAW_STREAM)["state"]
         ledger = ti.xcom_pull(task_ids="wait_batches_consumed") or {}

@@ -11,12 +11,11 @@ import json
 from pathlib import Path
 
 import pendulum
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param, task
 from orders_pipeline_common import (
     AGG_STREAM,
     CURSOR_CONSUMER,
-    NATS_SERVERS,
+    NATS_CONN_ID,
     OUTPUT_DIR,
     SPARK_APPS,
     SPARK_CONF,
@@ -24,6 +23,7 @@ from orders_pipeline_common import (
 )
 
 from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
+from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator
 
 with DAG(
     dag_id="jetstream_orders_replay",
@@ -47,11 +47,13 @@ with DAG(
         seq="{{ params.from_seq if not params.from_time else None }}",
         time="{{ params.from_time }}",
     )
-    reconsume = SparkSubmitOperator(
+    reconsume = JetStreamSparkSubmitOperator(
         task_id="reconsume_orders",
         application=str(SPARK_APPS / "consume_orders.py"),
+        nats_conn_id=NATS_CONN_ID,
+        ship_package=True,
         application_args=[
-            "--servers", NATS_SERVERS, "--stream", AGG_STREAM, "--cursor", CURSOR_CONSUMER,
+            "--stream", AGG_STREAM, "--cursor", CURSOR_CONSUMER,
             "--run-id", "{{ run_id }}", "--output", "{{ params.output_dir }}/replay-{{ run_id | run_key }}",
         ],
         conf=SPARK_CONF,

@@ -31,8 +31,8 @@ AGG_STREAM_CONFIG = {
     "max_age": "30d",
     "allow_direct": True,
 }
-#: The nats connection as the Spark apps need it: servers only; secrets never go on a command line.
-NATS_SERVERS = "{{ conn.nats_default.host }}:{{ conn.nats_default.port or 4222 }}"
+#: The nats connection every task uses; JetStreamSparkSubmitOperator hands it to the Spark jobs.
+NATS_CONN_ID = "nats_default"
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
 
 

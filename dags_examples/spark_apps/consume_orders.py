@@ -22,7 +22,7 @@ ORDER_SCHEMA = "order_id string, customer string, region string, amount double"
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--servers", required=True)
+    parser.add_argument("--servers", help="only without JetStreamSparkSubmitOperator, which hands the connection over")
     parser.add_argument("--stream", default="ORDERS_AGG")
     parser.add_argument("--cursor", default="orders-report")
     parser.add_argument("--run-id", required=True)
@@ -33,7 +33,9 @@ def main() -> None:
     spark = SparkSession.builder.appName("consume-orders").getOrCreate()
     register(spark)
     output = Path(args.output)
-    options = {"servers": args.servers, "stream": args.stream, "consumer": args.cursor}
+    options = {"stream": args.stream, "consumer": args.cursor}
+    if args.servers:
+        options["servers"] = args.servers
     with consume(spark, options, run_id=args.run_id, ledger_bucket=args.ledger_bucket) as (df, consumption):
         orders = df.select("seq", F.from_json(F.col("payload").cast("string"), ORDER_SCHEMA).alias("o")).select(
             "seq", "o.*"

@@ -2,7 +2,10 @@
 
 Submitted by the ``produce_orders`` task of ``jetstream_orders_pipeline``::
 
-    spark-submit produce_orders.py --servers nats:4222 --run-id <airflow run id> --job-id <id> --rows 20000
+    spark-submit produce_orders.py --run-id <airflow run id> --job-id <id> --rows 20000
+
+The NATS servers and credentials come from the ``nats`` connection the operator hands over
+(``spark.jetstream.*`` conf, read by ``register(spark)``); ``--servers`` is for a bare spark-submit.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ REGIONS = ["emea", "amer", "apac", "latam"]
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--servers", required=True)
+    parser.add_argument("--servers", help="only without JetStreamSparkSubmitOperator, which hands the connection over")
     parser.add_argument("--stream", default="ORDERS_RAW")
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--job-id", required=True)
@@ -43,17 +46,11 @@ def main() -> None:
         F.concat(F.lit("orders.raw."), F.col("region")).alias("subject"),
         F.to_json(F.struct("order_id", "customer", "region", "amount")).cast("binary").alias("payload"),
     )
-    (
-        messages.write.format("jetstream")
-        .mode("append")
-        .option("servers", args.servers)
-        .option("stream", args.stream)
-        .option("job_id", args.job_id)
-        .option("run_id", args.run_id)
-        .option("ledger_bucket", args.ledger_bucket)
-        .option("mode", "atomic")
-        .save()
-    )
+    options = {"stream": args.stream, "job_id": args.job_id, "run_id": args.run_id,
+               "ledger_bucket": args.ledger_bucket, "mode": "atomic"}
+    if args.servers:
+        options["servers"] = args.servers
+    messages.write.format("jetstream").mode("append").options(**options).save()
     print(json.dumps({"produced_rows": args.rows, "job_id": args.job_id}))
     spark.stop()
 

@@ -1,0 +1,136 @@
+"""The orders pipeline on a Spark standalone cluster against a NATS server that requires a password.
+
+One ``airflow dags test`` run of ``jetstream_orders_pipeline`` (as ``make demo-cluster`` runs it):
+Spark master + 2 workers from pyspark's distribution, jobs submitted to ``spark://`` in client mode,
+the credentials only in the ``nats_default`` connection. Executors run a Python that cannot import
+``airflow_jetstream``, nats-py or Airflow from the project venv (a ``sitecustomize`` refuses them
+unless they come from a ``--py-files`` zip), so the run also proves the shipped package. Then every
+log and rendered template of the run is scanned for the password.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_jetstream.embedded import EmbeddedNatsServer
+from airflow_jetstream.embedded.spark_cluster import EmbeddedSparkCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = 2000
+PASSWORD = f"pw-{secrets.token_hex(12)}"
+
+#: Executors' sitecustomize: the project's packages only from a shipped zip, never from the venv.
+BLOCKER = '''
+import importlib.machinery, sys
+GUARDED = ("airflow_jetstream", "nats", "airflow")
+
+class ShippedOnly:
+    def find_spec(self, name, path=None, target=None):
+        if path is not None or name.split(".")[0] not in GUARDED:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, [p for p in sys.path if p.endswith(".zip")])
+        if spec is None:
+            raise ModuleNotFoundError(f"{name} is not installed for this Python (test sitecustomize)", name=name)
+        print(f"shipped import: {name} from {spec.origin}", file=sys.stderr, flush=True)
+        return spec
+
+sys.meta_path.insert(0, ShippedOnly())
+'''
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    sys.path.insert(0, str(ROOT / "dags_examples"))
+    from run_demo import nats_connection, run_pipeline
+
+    home = tmp_path_factory.mktemp("cluster-run")
+    bare = home / "bare-python"
+    bare.mkdir()
+    (bare / "sitecustomize.py").write_text(BLOCKER)
+    executor_python = bare / "python"
+    executor_python.write_text(f'#!/bin/sh\nPYTHONPATH="{bare}" exec "{sys.executable}" "$@"\n')
+    executor_python.chmod(0o755)
+    wrappers = home / "bin"
+    wrappers.mkdir()
+    argv_log = home / "spark-submit-argv.txt"
+    spark_submit = wrappers / "spark-submit"
+    spark_submit.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >> "{argv_log}"\n'
+                            f'exec "{Path(sys.executable).parent / "spark-submit"}" "$@"\n')
+    spark_submit.chmod(0o755)
+    conf_dir, event_dir = home / "spark-conf", home / "spark-events"
+    conf_dir.mkdir()
+    event_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        f"spark.eventLog.enabled true\nspark.eventLog.dir file://{event_dir}\nspark.eventLog.compress false\n"
+        "spark.eventLog.rolling.enabled false\nspark.executor.memory 512m\n")
+    users = {"authorization": {"users": [{"user": "airflow", "password": PASSWORD}]}}
+    with EmbeddedNatsServer(store_dir=home / "nats", config=users) as nats, \
+            EmbeddedSparkCluster(workers=2, base_dir=home / "spark") as cluster:
+        conn = nats_connection(nats.url, login="airflow", password=PASSWORD)
+        extra_env = {
+            "PYSPARK_PYTHON": str(executor_python),
+            "SPARK_CONF_DIR": str(conf_dir),
+            "PATH": f"{wrappers}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        }
+        summary = run_pipeline(home, conn, spark_master=cluster.master_url, conf={"rows": ROWS},
+                               extra_env=extra_env, log=lambda _msg: None)
+        apps = cluster.status()["completedapps"]
+    yield {"summary": summary, "home": home, "apps": apps, "argv": argv_log.read_text(),
+           "task_log": (home / "jetstream_orders_pipeline.log").read_text(), "events": event_dir,
+           "executor_logs": sorted((home / "spark").glob("worker-*/app-*/*/std*"))}
+
+
+def test_pipeline_runs_on_the_standalone_cluster_with_the_password_only_in_the_connection(run) -> None:
+    summary = run["summary"]
+    assert summary["rows_produced"] == ROWS and summary["messages_in_aggregate"] == ROWS
+    assert summary["rows_consumed"] == ROWS and summary["distinct_orders"] == ROWS
+    assert summary["batches_by_state"] == {"consumed": summary["batches"]}
+    assert sorted(app["name"].split("-orders")[0] for app in run["apps"]) == ["consume", "produce"]
+    assert all(app["state"] == "FINISHED" for app in run["apps"])
+    # each executor its own JVM on its own worker: one stderr per (worker, app, executor)
+    executor_dirs = {p.parent for p in run["executor_logs"]}
+    assert len({d.parts[-3] for d in executor_dirs}) == 2 and len(executor_dirs) >= 4
+
+
+def test_executors_import_the_shipped_package_not_an_installed_one(run) -> None:
+    stderr = "\n".join(p.read_text(errors="replace") for p in run["executor_logs"] if p.name == "stderr")
+    assert "shipped import: airflow_jetstream from " in stderr
+    assert "airflow_jetstream_spark.zip/airflow_jetstream/__init__.py" in stderr
+    assert "shipped import: nats from " in stderr
+    assert "ModuleNotFoundError" not in stderr
+
+
+def test_progress_lines_reach_the_task_log(run) -> None:
+    log = run["task_log"]
+    assert "jetstream: write ORDERS_RAW job orders-" in log and f"committed: {ROWS} of {ROWS} rows stored" in log
+    assert f"jetstream: consume ORDERS_AGG: read {ROWS} message(s)" in log
+
+
+def test_the_password_is_in_no_command_line_log_event_log_or_rendered_template(run) -> None:
+    home: Path = run["home"]
+    argv = run["argv"]
+    assert "--properties-file" in argv and "--py-files" in argv  # what `ps` shows of spark-submit
+    assert "spark.jetstream" not in argv and PASSWORD not in argv
+    events = [p for p in run["events"].rglob("app-*") if p.is_file()]  # uncompressed JSON lines
+    event_text = "\n".join(p.read_text(errors="replace") for p in events)
+    assert len(events) >= 2 and '"spark.jetstream.secret.password":"*********(redacted)"' in event_text
+    with sqlite3.connect(home / "airflow" / "airflow.db") as db:
+        rendered = [row[0] for row in db.execute("select rendered_fields from rendered_task_instance_fields")]
+    assert any("produce_orders.py" in r for r in rendered)
+    scanned = {"spark-submit argv": argv, "event logs": event_text, "rendered templates": "\n".join(rendered),
+               "task log": run["task_log"]}
+    for path in [*home.rglob("*.log"), *run["executor_logs"], *(home / "airflow" / "logs").rglob("*")]:
+        if path.is_file():
+            scanned[str(path.relative_to(home))] = path.read_text(errors="replace")
+    assert len(scanned) > 8
+    leaks = sorted(name for name, text in scanned.items() if PASSWORD in text)
+    assert leaks == []
+    assert json.dumps(run["summary"]).find(PASSWORD) == -1

@@ -135,6 +135,8 @@ def test_missing_bucket_and_bad_input_are_typed_errors(conn_id, server) -> None:
         JetStreamKeyValueOperator(task_id="k", bucket="KV_MODELS", key="a b", value="b")
     with pytest.raises(InvalidKeyError, match="letters, digits"):
         JetStreamKeyValueSensor(task_id="k", bucket="bad.bucket", key="a")
+    with pytest.raises(InvalidRequestError, match="not both"):
+        JetStreamKeyValueSensor(task_id="k", bucket="KV_MODELS", key="a", value="x", apply_function=version_at_least)
     with pytest.raises(InvalidRequestError, match="needs revision"):
         JetStreamKeyValueOperator(task_id="k", bucket="KV_MODELS", key="a", value="b", operation="update")
     with pytest.raises(InvalidRequestError, match="operation must be one of"):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.kv.bucket import kv_errors, open_bucket
 from airflow_jetstream.client.kv.keys import entry_dict, get_key, validate_key
 from airflow_jetstream.client.reading.apply_function import FunctionSpec, bind_function, call_function
@@ -28,6 +30,9 @@ class KeyCondition:
     apply_function_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.apply_function is not None and self.value is not None:
+            raise InvalidRequestError("give value or apply_function, not both (compare with the value inside the "
+                                      "function if both matter)", reason="invalid_option")
         if self.apply_function is not None:  # fail early on a bad function
             bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
 
@@ -57,9 +62,13 @@ class KeyCondition:
 
 
 def _matched(entry: dict[str, Any], result: Any) -> dict[str, Any]:
-    if not isinstance(result, bool) and result is not None:
-        entry = {**entry, "result": result if isinstance(result, (str, int, float, list, dict)) else repr(result)}
-    return entry
+    if isinstance(result, bool) or result is None:
+        return entry
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError):
+        result = repr(result)
+    return {**entry, "result": result}
 
 
 async def check_key(conn: JetStreamConnection, bucket: str, key: str, condition: KeyCondition) -> dict[str, Any] | None:

@@ -22,6 +22,7 @@ os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).resolve().parents[1] / "dags_examples"))
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from airflow_jetstream.client.errors import ServerFeatureError  # noqa: E402
 from airflow_jetstream.client.settings import ConnectionSettings  # noqa: E402
 from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer  # noqa: E402
 from tests.support.nkeys_util import new_user_nkey  # noqa: E402
@@ -142,3 +143,24 @@ def nkey_user() -> tuple[str, str]:
 @pytest.fixture
 def nkey_server(nats_server_factory: ServerFactory, nkey_user: tuple[str, str]) -> EmbeddedNatsServer:
     return nats_server_factory(config={"authorization": {"users": [{"nkey": nkey_user[1]}]}})
+
+
+def _server_too_old(exc: BaseException | None) -> ServerFeatureError | None:
+    while exc is not None:
+        if isinstance(exc, ServerFeatureError) and exc.reason == "server_too_old":
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """In the compatibility matrix (.ci/compat sets COMPAT_SKIP_SERVER_TOO_OLD=1), a test stopped by the
+    client's own feature detection (ServerFeatureError ``server_too_old``) is a skip naming the feature."""
+    report = yield
+    if os.environ.get("COMPAT_SKIP_SERVER_TOO_OLD") and report.failed and call.excinfo is not None:
+        too_old = _server_too_old(call.excinfo.value)
+        if too_old is not None:
+            report.outcome = "skipped"
+            report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {too_old.message}")
+    return report

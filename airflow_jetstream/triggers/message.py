@@ -28,7 +28,14 @@ from typing import Any
 
 import nats.errors
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
-from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
+
+from airflow_jetstream.airflow_compat import SHARED_STREAMS, require_airflow
+
+try:
+    from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
+except ImportError:
+    require_airflow(SHARED_STREAMS)  # Airflow < 3.3: a typed error naming the version needed
+    raise
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer

@@ -28,7 +28,7 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 
-from airflow_jetstream.client import metrics
+from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
     HEADER_BATCH_COMMIT,
@@ -433,6 +433,7 @@ async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage
             break
         except JetStreamError as exc:
             if exc.reason == "too_many_inflight" and attempt < retries:
+    server_features.require(conn, server_features.ATOMIC_BATCH)
                 attempt += 1
                 metrics.incr("batch.retried", tags={"reason": exc.reason})
                 await asyncio.sleep(min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** attempt) * (0.5 + random.random()))

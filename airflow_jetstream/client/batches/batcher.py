@@ -31,7 +31,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_jetstream.client import metrics
+from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.batches.atomic import (
     ATOMIC_REFUSED_HEADERS,
     BatchReplies,
@@ -98,6 +98,8 @@ class Batcher:
             raise InvalidRequestError("flush_interval must be >= 0", reason="invalid_request")
         if not isinstance(max_pending, int) or max_pending < max_batch:
             raise InvalidRequestError("max_pending must be an int >= max_batch", reason="invalid_request")
+        if atomic:
+            server_features.require(conn, server_features.ATOMIC_BATCH, what="Batcher(atomic=True)")
         self.conn = conn
         self.max_batch = max_batch
         self.flush_interval = flush_interval

@@ -32,7 +32,7 @@ from typing import Any
 
 import nats.errors
 
-from airflow_jetstream.client import metrics
+from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.batches.atomic import streams_for_subject
 from airflow_jetstream.client.batches.types import (
     HEADER_BATCH_COMMIT,
@@ -388,6 +388,7 @@ async def publish_fast_batch(
     if not isinstance(flow, int) or not 1 <= flow <= MAX_FLOW:
         raise InvalidRequestError(f"flow must be an int between 1 and {MAX_FLOW}, got {flow!r}",
                                   reason="invalid_request")
+    server_features.require(conn, server_features.FAST_BATCH)
     timeout = timeout or conn.settings.request_timeout
     frames = _prepare(items)
     started = time.monotonic()

@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from airflow_jetstream.client import metrics
+from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.consumers import (
     DELIVER_POLICIES,
     REPLAY_POLICIES,
@@ -550,6 +550,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
     ``source_state`` (lag, active, ...), ``consumer_state`` and ``migrated_after_seq``.
     """
     spec = spec.validated()
+    server_features.require(conn, server_features.DURABLE_SOURCING)
     origin_conn = api_view(conn, api_prefix=spec.external_api)
     try:
         origin = await stream_info(origin_conn, spec.source)

@@ -29,8 +29,8 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
-from airflow_jetstream.client import server_features
 
+from airflow_jetstream.client import server_features
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.batches.atomic import publish_atomic_batch
 from airflow_jetstream.client.batches.fast import publish_fast_batch
@@ -168,10 +168,10 @@ class JetStreamWriter(DataSourceArrowWriter):
 
     async def _check_stream(self) -> None:
         async with open_connection(self.options.settings) as conn:
-            config = (await stream_info(conn, self.options.stream))["config"]
-        flag = "allow_atomic" if self.options.mode == "atomic" else "allow_batched"
             feature = server_features.ATOMIC_BATCH if self.options.mode == "atomic" else server_features.FAST_BATCH
             server_features.require(conn, feature, what=f"the jetstream data source's mode={self.options.mode}")
+            config = (await stream_info(conn, self.options.stream))["config"]
+        flag = "allow_atomic" if self.options.mode == "atomic" else "allow_batched"
         if not config.get(flag):
             raise BatchPublishError(
                 f"stream {self.options.stream!r} does not have {flag}: true, which mode={self.options.mode} needs; "

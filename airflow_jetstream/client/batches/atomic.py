@@ -425,6 +425,7 @@ async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage
                              expected_last_seq: int | None, flow_every: int, timeout: float,
                              retries: int) -> BatchResult:
     """Send an already validated batch, retrying ``too_many_inflight``; see :func:`publish_atomic_batch`."""
+    server_features.require(conn, server_features.ATOMIC_BATCH)
     started = time.monotonic()
     attempt = 0
     while True:
@@ -433,7 +434,6 @@ async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage
             break
         except JetStreamError as exc:
             if exc.reason == "too_many_inflight" and attempt < retries:
-    server_features.require(conn, server_features.ATOMIC_BATCH)
                 attempt += 1
                 metrics.incr("batch.retried", tags={"reason": exc.reason})
                 await asyncio.sleep(min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** attempt) * (0.5 + random.random()))

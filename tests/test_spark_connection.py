@@ -1,0 +1,113 @@
+"""Handing the ``nats`` connection to Spark jobs, without Spark running: conf keys, the properties
+file, precedence of options, the one field parser, the shipped package and the operator's checks."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError
+from airflow_jetstream.client.settings import SECRET_FIELDS, ConnectionSettings, settings_from_fields
+from airflow_jetstream.get_provider_info import CONN_FIELDS
+from airflow_jetstream.hooks.connection_settings import settings_from_connection
+from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator, write_properties_file
+from airflow_jetstream.spark.connection import (
+    conf_key,
+    fields_from_conf,
+    settings_to_conf,
+    with_connection_defaults,
+)
+from airflow_jetstream.spark.options import ReadOptions
+from airflow_jetstream.spark.package import build_py_files
+
+#: Spark's default spark.redaction.regex.
+SPARK_REDACTION = re.compile(r"(?i)secret|password|token|access[.]key")
+
+
+class _Conn:
+    conn_id, schema, port, login, password = "c", None, None, None, None
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+        self.extra_dejson = kw.get("extra", {})
+
+
+def test_conf_round_trip_and_secret_keys_match_sparks_redaction(tls_files) -> None:
+    settings = ConnectionSettings(servers="n1:4222,tls://n2:4223", nkey_seed="SUAEXAMPLE",
+                                  tls_ca_file=str(tls_files.ca), tls_verify=False, domain="hub", request_timeout=7.5)
+    conf = settings_to_conf(settings)
+    assert conf["spark.jetstream.servers"] == "nats://n1:4222,tls://n2:4223"
+    assert conf["spark.jetstream.secret.nkey_seed"] == "SUAEXAMPLE" and conf["spark.jetstream.tls_verify"] == "false"
+    assert all(SPARK_REDACTION.search(conf_key(name)) for name in SECRET_FIELDS)
+    assert not [k for k in conf if SPARK_REDACTION.search(k) and not k.startswith("spark.jetstream.secret.")]
+    assert settings_from_fields(fields_from_conf(conf.items())) == settings
+    with pytest.raises(InvalidSettingsError, match=r"spark\.jetstream\.pasword"):
+        fields_from_conf([("spark.jetstream.pasword", "x")])
+    with pytest.raises(InvalidSettingsError, match=r"spark\.jetstream\.secret\.password"):
+        fields_from_conf([("spark.jetstream.password", "x")])  # a secret outside the redacted prefix
+
+
+def test_properties_file_is_private_and_keeps_the_defaults(tmp_path) -> None:
+    base = tmp_path / "spark-defaults.conf"
+    base.write_text("spark.executor.memory 512m\n")
+    settings = ConnectionSettings(servers="127.0.0.1:4222", user="airflow", password="p\\w\nline")
+    path = write_properties_file(tmp_path / "job.properties", settings, base)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    lines = path.read_text().splitlines()
+    assert lines[0] == "spark.executor.memory 512m"
+    assert "spark.jetstream.secret.password=p\\\\w\\nline" in lines and "spark.jetstream.user=airflow" in lines
+
+
+def test_options_win_and_credentials_are_replaced_as_a_whole() -> None:
+    conf = {"servers": "nats://a:4222", "user": "u", "password": "p", "domain": "hub"}
+    assert with_connection_defaults(conf, {"servers": "nats://b:4222"})["user"] == "u"
+    merged = with_connection_defaults(conf, {"token": "t"})
+    assert merged == {"servers": "nats://a:4222", "domain": "hub", "token": "t"}
+    opts = ReadOptions.parse({**with_connection_defaults(conf, {}), "stream": "S"})
+    assert opts.settings.user == "u" and opts.settings.domain == "hub"
+
+
+@pytest.mark.parametrize(("word", "value"), [("on", True), ("OFF", False), ("yes", True), ("0", False)])
+def test_one_boolean_rule_for_the_connection_and_the_data_source(word, value) -> None:
+    hook = settings_from_connection(_Conn(host="h", extra={"tls_verify": word}))
+    spark = ReadOptions.parse({"servers": "h", "stream": "S", "tls_verify": word}).settings
+    assert hook.tls_verify is value and spark.tls_verify is value
+    with pytest.raises(InvalidSettingsError, match="true or false"):
+        settings_from_connection(_Conn(host="h", extra={"tls_verify": "maybe"}))
+    with pytest.raises(InvalidSettingsError, match="true or false"):
+        ReadOptions.parse({"servers": "h", "stream": "S", "tls_verify": "maybe"})
+
+
+def test_connection_form_fields_come_from_the_field_table() -> None:
+    assert CONN_FIELDS["token"]["schema"]["format"] == "password"
+    assert CONN_FIELDS["nkey_seed"]["schema"]["format"] == "password"
+    assert CONN_FIELDS["tls_verify"]["schema"] == {"type": ["boolean", "null"], "default": True}
+    assert CONN_FIELDS["connect_timeout"]["schema"]["type"] == ["number", "null"]
+
+
+def test_shipped_zip_imports_without_site_packages(tmp_path) -> None:
+    first, second = build_py_files(tmp_path / "a.zip"), build_py_files(tmp_path / "b.zip")
+    assert first.read_bytes() == second.read_bytes()
+    names = zipfile.ZipFile(first).namelist()
+    assert "nats/__init__.py" in names and "airflow_jetstream/spark/writer.py" in names
+    assert not [n for n in names if n.startswith(("airflow_jetstream/operators", "airflow_jetstream/hooks"))]
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import airflow_jetstream.client as c, nats; "
+             "print(c.__file__, nats.__file__)")
+    out = subprocess.run([sys.executable, "-S", "-c", probe, str(first)], capture_output=True, text=True, check=True)
+    assert out.stdout.count(str(first)) == 2
+
+
+def test_operator_templates_the_conn_id_and_refuses_jetstream_conf(monkeypatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_OTHER", json.dumps({"conn_type": "nats", "host": "127.0.0.1"}))
+    assert "nats_conn_id" in JetStreamSparkSubmitOperator.template_fields
+    op = JetStreamSparkSubmitOperator(task_id="t", application="app.py", nats_conn_id="nats_other",
+                                      conf={"spark.jetstream.servers": "nats://elsewhere:4222"})
+    with pytest.raises(InvalidRequestError, match=r"spark\.jetstream\.servers") as err:
+        op.execute({})
+    assert err.value.reason == "conf_conflict"

@@ -40,7 +40,6 @@ def find_nats_server_binary() -> str:
             return override
         raise EmbeddedServerError(f"NATS_SERVER_BINARY={override!r} is not an executable file")
     candidates = [
-        os.environ.get("NATS_SERVER_BIN"),
         os.path.join(sysconfig.get_path("scripts"), "nats-server"),
         os.path.join(os.path.dirname(sys.executable), "nats-server"),
     ]

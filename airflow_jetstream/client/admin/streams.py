@@ -172,20 +172,20 @@ async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
     """
     cfg = normalize_stream_config(config)
     name = cfg["name"]
+    server_features.check_stream_config(conn, cfg)
     current = await find_stream(conn, name)
     if current is None:
         cfg = {**normalize_stream_config({"name": name, **(create_defaults or {})}), **cfg}
         info = await conn.api_request(f"STREAM.CREATE.{name}", cfg, context=f"create stream {name!r}")
-        return {"action": "created", "changed": sorted(cfg), "info": info}
-    server_features.check_stream_config(conn, cfg)
-    current_cfg = current["config"]
-    changed = changed_fields(cfg, current_cfg, defaults=_DEFAULTS)
-    if not changed:
-        return {"action": "unchanged", "changed": [], "info": current}
         dropped = server_features.dropped_fields(cfg, info.get("config", {}))
         if dropped:  # an old server that ignores unknown fields: remove what it made of the request
             await delete_stream(conn, name)
             raise server_features.unknown_fields_error(conn, name, dropped)
+        return {"action": "created", "changed": sorted(cfg), "info": info}
+    current_cfg = current["config"]
+    changed = changed_fields(cfg, current_cfg, defaults=_DEFAULTS)
+    if not changed:
+        return {"action": "unchanged", "changed": [], "info": current}
     for key in IMMUTABLE_FIELDS:
         if key in changed:
             raise StreamConfigError(
@@ -202,14 +202,14 @@ async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
             f"{exc.message} (changing {', '.join(changed)})",
             reason=exc.reason, code=exc.code, err_code=exc.err_code, description=exc.description,
         ) from None
+    dropped = server_features.dropped_fields({k: cfg[k] for k in changed if k in cfg}, info.get("config", {}))
+    if dropped:
+        raise server_features.unknown_fields_error(conn, name, dropped)
     return {"action": "updated", "changed": changed, "info": info}
 
 
 async def delete_stream(conn: JetStreamConnection, name: str) -> bool:
     """Delete a stream; False when it did not exist."""
-    dropped = server_features.dropped_fields({k: cfg[k] for k in changed if k in cfg}, info.get("config", {}))
-    if dropped:
-        raise server_features.unknown_fields_error(conn, name, dropped)
     validate_name(name, what="stream name")
     try:
         reply = await conn.api_request(f"STREAM.DELETE.{name}", context=f"delete stream {name!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 from airflow.sdk.exceptions import (
@@ -21,6 +22,7 @@ from airflow_jetstream.client.errors import StreamNotFoundError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
 from airflow_jetstream.sensors.advisory import JetStreamAdvisorySensor
+from airflow_jetstream.sensors.consumer import TIMEOUT_BACKSTOP
 from airflow_jetstream.triggers.advisory import JetStreamAdvisoryTrigger
 from tests.conftest import set_nats_connection
 from tests.support.triggers import first_event_payload
@@ -131,8 +133,9 @@ def test_deferrable_defers_with_a_serializable_trigger(capture):
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(context={})
     assert deferred.value.method_name == "execute_complete"
-    assert deferred.value.timeout == timedelta(seconds=600)
+    assert deferred.value.timeout == timedelta(seconds=600 + TIMEOUT_BACKSTOP)  # the trigger's own comes first
     trigger = deferred.value.trigger
+    assert 590 < (datetime.fromisoformat(trigger.timeout_at) - datetime.now(UTC)).total_seconds() <= 600
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_jetstream.triggers.advisory.JetStreamAdvisoryTrigger"
     json.dumps(kwargs)
@@ -140,6 +143,39 @@ def test_deferrable_defers_with_a_serializable_trigger(capture):
     assert rebuilt.serialize() == (classpath, kwargs)
     assert kwargs["advisory"] == "batch_abandoned" and kwargs["since"] == since.isoformat()
     assert kwargs["match"] == f"{__name__}.is_orders_stream" and kwargs["nats_conn_id"] == "nats_default"
+
+
+def test_timeouts_say_what_was_looked_for(capture):
+    since = datetime.now(UTC)
+    poking = JetStreamAdvisorySensor(task_id="w", advisory="stream_deleted", stream="NEVER", since=since,
+                                     poke_interval=0.05, timeout=0.2)
+    with pytest.raises(AirflowSensorTimeout, match=r"Last seen: scanned \d+ captured advisories since .* "
+                                                   r"stream_deleted stream=NEVER: no match"):
+        poking.execute(context={})
+    trigger = JetStreamAdvisoryTrigger(advisory="stream_deleted", stream="NEVER", since=since.isoformat(),
+                                       poll_timeout=0.2, timeout_at=datetime.now(UTC).isoformat())
+    event = first_event_payload(trigger)
+    assert event["status"] == "timeout" and "no stream_deleted stream=NEVER in capture stream" in event["description"]
+    with pytest.raises(AirflowSensorTimeout, match="Last seen: no stream_deleted stream=NEVER"):
+        poking.execute_complete({}, event)
+
+
+def test_capture_gap_is_said_once_and_not_for_the_run_that_created_the_stream(capture, capsys):
+    before = datetime(2020, 1, 1, tzinfo=UTC)  # long before the capture stream existed
+    sensor = JetStreamAdvisorySensor(task_id="w", advisory="stream_deleted", since=before, poke_interval=0.05,
+                                     timeout=0.3)
+    with pytest.raises(AirflowSensorTimeout):
+        sensor.execute(context={})
+    out = capsys.readouterr().out
+    gaps = [line for line in out.splitlines() if "were never captured" in line]
+    assert len(gaps) == 1 and "warning" in gaps[0], out
+    assert out.count("Scanned 0 captured advisories") > 1  # several pokes, one warning
+    this_run = SimpleNamespace(start_date=before, run_after=before)  # the run started before the stream's creation
+    with pytest.raises(AirflowSensorTimeout):
+        JetStreamAdvisorySensor(task_id="w", advisory="stream_deleted", since=before, poke_interval=0.05,
+                                timeout=0.3).execute(context={"dag_run": this_run})
+    out = capsys.readouterr().out
+    assert "[warning" not in out and "was created by this DAG run" in out, out
 
 
 def test_deferrable_returns_at_once_when_already_there(capture):

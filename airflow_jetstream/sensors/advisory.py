@@ -9,14 +9,21 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
 from airflow_jetstream.client.admin.consumers import parse_time
-from airflow_jetstream.client.advisories.capture import DEFAULT_CAPTURE_STREAM, find_captured, listen_live
+from airflow_jetstream.client.advisories.capture import (
+    DEFAULT_CAPTURE_STREAM,
+    capture_info,
+    find_captured,
+    listen_live,
+)
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter, predicate_path
+from airflow_jetstream.client.advisories.types import parse_timestamp
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.sensors.consumer import TIMEOUT_BACKSTOP
 from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger
 
 
@@ -106,6 +113,8 @@ class JetStreamAdvisorySensor(BaseSensorOperator):
         self.deferrable = deferrable
         self.nats_conn_id = nats_conn_id
         self._guard_started: datetime | None = None
+        self._gap_reported = False
+        self._last_seen = "nothing (no poke finished)"
         if not any("{{" in str(value) for value in (advisory, stream, consumer, batch, reason) if value):
             self.advisory_filter()  # bad kinds, names and predicates fail when the DAG is parsed
 
@@ -138,7 +147,10 @@ class JetStreamAdvisorySensor(BaseSensorOperator):
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
-            return super().execute(context)
+            try:
+                return super().execute(context)
+            except AirflowSensorTimeout as exc:
+                raise AirflowSensorTimeout(f"{exc} Last seen: {self._last_seen}") from None
         try:
             done = self.poke(context)
         except AirflowFailException as exc:
@@ -156,9 +168,13 @@ class JetStreamAdvisorySensor(BaseSensorOperator):
             capture_stream=self.capture_stream,
             quiet_until=self._quiet_until(context).isoformat() if self.expect == "absent" else None,
             nats_conn_id=self.nats_conn_id,
+            # the trigger times out first, saying what it looked for; Airflow's timeout is only a backstop
+            timeout_at=(datetime.now(UTC) + timedelta(seconds=self.timeout)).isoformat(),
+            report_gap=False,  # poke above already said it
         )
-        self.log.info("Deferring: waiting for %s (expect %s)", flt.describe(), self.expect)
-        self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+        self.log.info("Deferring: waiting for %s (expect %s) in the triggerer", flt.describe(), self.expect)
+        self.defer(trigger=trigger, method_name="execute_complete",
+                   timeout=timedelta(seconds=self.timeout + TIMEOUT_BACKSTOP))
 
     def poke(self, context: Any) -> PokeReturnValue:
         flt = self.advisory_filter()
@@ -172,16 +188,31 @@ class JetStreamAdvisorySensor(BaseSensorOperator):
                 self.log.info("%s: not yet, the cluster is electing a leader (%s)", flt.describe(), exc)
                 return PokeReturnValue(False)
             if found["gap"]:
-                self.log.warning("%s", found["gap"])
+                self._report_gap(found["gap"], context)
             advisory = found["advisory"]
-            self.log.info("Scanned %d captured advisories since %s for %s: %s", found["scanned"], since.isoformat(),
-                          flt.describe(), "match" if advisory else "no match")
+            self._last_seen = (f"scanned {found['scanned']} captured advisories since {since.isoformat()} for "
+                               f"{flt.describe()}: {'match' if advisory else 'no match'}")
+            self.log.info("%s", self._last_seen[0].upper() + self._last_seen[1:])
         elif self.deferrable:
             advisory = None  # live mode: the trigger does the listening
         else:
             listened = self.hook.run(listen_live, flt, min(self.poke_interval, 60.0) or 1.0)
             advisory = listened.to_dict() if listened else None
         return self._decide(advisory, since, quiet_until, checked_at)
+
+    def _report_gap(self, gap: str, context: Any) -> None:
+        """Once per task; not a warning when this DAG run created the capture stream (nothing of it was missed)."""
+        if self._gap_reported:
+            return
+        self._gap_reported = True
+        run_start = getattr(context.get("dag_run"), "start_date", None)
+        if run_start is not None and self.capture_stream:
+            created = parse_timestamp(self.hook.run(capture_info, self.capture_stream).get("created"))
+            if created is not None and created >= parse_time(run_start, field="start_date"):
+                self.log.info("Capture stream %r was created by this DAG run at %s: advisories are read from then on",
+                              self.capture_stream, created.isoformat())
+                return
+        self.log.warning("%s", gap)
 
     def _decide(self, advisory: dict[str, Any] | None, since: datetime, quiet_until: datetime | None,
                 checked_at: datetime) -> PokeReturnValue:
@@ -213,6 +244,11 @@ class JetStreamAdvisorySensor(BaseSensorOperator):
                 raise AirflowFailException(self._guard_message(advisory))
             self.log.info("Found %s", advisory.get("advisory_kind") or advisory.get("type"))
             return advisory
+        if status == "timeout":
+            message = f"advisory not found within {self.timeout:.0f} s. Last seen: {event.get('description')}"
+            if self.soft_fail:
+                raise AirflowSkipException(message)
+            raise AirflowSensorTimeout(message)
         if status == "quiet" and self.expect == "absent":
             self.log.info("No matching advisory until %s: quiet period over", event.get("checked_until"))
             return {"expect": "absent", "advisory": None, "since": event.get("since"),

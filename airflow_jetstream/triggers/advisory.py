@@ -40,7 +40,9 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
     id share one NATS connection per triggerer event loop.
 
     Events: ``{"status": "matched", "advisory": {...}}``, ``{"status": "quiet", ...}`` (guard mode,
-    nothing matched until ``quiet_until``) or ``{"status": "error", "error": {...}}``.
+    nothing matched until ``quiet_until``), ``{"status": "timeout", "description": ...}`` (nothing matched
+    until ``timeout_at``) or ``{"status": "error", "error": {...}}``. ``report_gap=False`` leaves the
+    capture-gap warning to the sensor that already logged it.
     """
 
     def __init__(
@@ -58,6 +60,8 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         quiet_until: str | None = None,
         nats_conn_id: str = JetStreamHook.default_conn_name,
         poll_timeout: float | str | timedelta = 30.0,
+        timeout_at: str | None = None,
+        report_gap: bool = True,
     ) -> None:
         super().__init__()
         if expect not in EXPECT_VALUES:
@@ -72,6 +76,8 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         self.quiet_until = quiet_until
         self.nats_conn_id = nats_conn_id
         self.poll_timeout = to_seconds(poll_timeout, field="poll_timeout")
+        self.timeout_at = timeout_at
+        self.report_gap = report_gap
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -84,6 +90,8 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
                 "quiet_until": self.quiet_until,
                 "nats_conn_id": self.nats_conn_id,
                 "poll_timeout": self.poll_timeout,
+                "timeout_at": self.timeout_at,
+                "report_gap": self.report_gap,
             },
         )
 
@@ -113,12 +121,21 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
     async def _wait(self, conn: Any) -> dict[str, Any]:
         since = parse_time(self.since, field="since") if self.since else datetime.now(UTC)
         watcher = watch_advisories(conn, self.advisory_filter, capture_stream=self.capture_stream, since=since,
-                                   poll_timeout=self.poll_timeout, on_gap=self.log.warning)
+                                   poll_timeout=self.poll_timeout, on_gap=self.log.warning if self.report_gap else None)
         self.log.info("Waiting for %s in %s since %s (expect %s)", self.advisory_filter.describe(),
                       self.capture_stream or "live advisories", since.isoformat(), self.expect)
         async with aclosing(watcher):
             if self.expect == "present":
-                advisory = await anext(watcher)
+                remaining = None
+                if self.timeout_at:
+                    remaining = (parse_time(self.timeout_at, field="timeout_at") - datetime.now(UTC)).total_seconds()
+                try:
+                    async with asyncio.timeout(None if remaining is None else max(remaining, 0.0) + 0.001):
+                        advisory = await anext(watcher)
+                except TimeoutError:
+                    where = f"capture stream {self.capture_stream!r}" if self.capture_stream else "live advisories"
+                    return {"status": "timeout", "description": f"no {self.advisory_filter.describe()} in {where} "
+                                                                f"since {since.isoformat()}"}
                 return {"status": "matched", "advisory": advisory.to_dict()}
             quiet_until = parse_time(str(self.quiet_until), field="quiet_until")
             remaining = (quiet_until - datetime.now(UTC)).total_seconds()

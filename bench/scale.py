@@ -6,6 +6,7 @@ One embedded nats-server; for each path three sizes a factor of 4 apart:
   ~100-byte messages (``split=True``, validating pass then sending pass);
 - ``ledger_list`` / ``ledger_summary`` / ``ledger_reap``: a batch ledger run with N batches
   (a tenth of them expired claims): the streaming listing, the sensor's summary, the reaper;
+  ``ledger_batches``, the sorted listing that holds every record, is the contrast;
 - ``capture``: the advisory capture reader scanning N captured advisories (``find_captured``);
 - ``cursor``: a bounded read of an N-message stream through its cursor consumer
   (``plan_read`` + ``read_range`` + ``acknowledge_read``), counting what it reads.
@@ -18,7 +19,7 @@ peak RSS and its growth over the warm-up; per path the growth
 ratios per 4x input: time (goal ~4, within 1.3x of linear: <= 5.2) and peak RSS (goal < 1.3)::
 
     .venv/bin/python bench/scale.py
-    .venv/bin/python bench/scale.py --base 50000 --paths operator
+    .venv/bin/python bench/scale.py --paths operator --base 100 --steps 1   # one 2.5M-message file
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, BatchRecor
 from airflow_jetstream.client.reading.range_read import acknowledge_read, plan_read, read_range
 from airflow_jetstream.embedded import EmbeddedNatsServer
 
-PATHS = ("operator", "ledger_list", "ledger_summary", "ledger_reap", "capture", "cursor")
+PATHS = ("operator", "ledger_list", "ledger_batches", "ledger_summary", "ledger_reap", "capture", "cursor")
 #: Input sizes per path at --base 1: (smallest size, warm-up size).
 SIZES = {"operator": (25_000, 2_000), "ledger": (6_250, 500), "capture": (25_000, 2_000), "cursor": (25_000, 2_000)}
 FACTOR = 4
@@ -137,6 +138,8 @@ async def run_async(settings: ConnectionSettings, path: str, target: str) -> int
                 async for _ in ledger.iter_batches(RUN):
                     count += 1
                 return count
+            if path == "ledger_batches":
+                return len(await ledger.batches(RUN))
             if path == "ledger_summary":
                 return (await ledger.summary(RUN))["batches"]
             reaped = await ledger.reap(RUN)
@@ -192,12 +195,12 @@ def on_server(url: str, func: Callable[[JetStreamConnection], Awaitable[Any]]) -
     return asyncio.run(call())
 
 
-def run_path(path: str, url: str, workdir: Path, base: float) -> list[dict[str, Any]]:
-    """Measure ``path`` at three sizes; print a row per size and the growth ratios."""
+def run_path(path: str, url: str, workdir: Path, base: float, steps: int) -> list[dict[str, Any]]:
+    """Measure ``path`` at ``steps`` sizes; print a row per size and the growth ratios."""
     smallest, warm_size = SIZES[family(path)]
     warm = on_server(url, lambda conn: make_input(conn, path, warm_size, workdir))
     results = []
-    for step in range(3):
+    for step in range(steps):
         size = int(smallest * base) * FACTOR ** step
         target = on_server(url, lambda conn, s=size: make_input(conn, path, s, workdir))
         result = measure(path, url, warm, target)
@@ -217,6 +220,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
     parser.add_argument("--base", type=float, default=1.0, help="multiply every size by this")
+    parser.add_argument("--steps", type=int, default=3, help="how many sizes (each 4x the previous)")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -230,7 +234,7 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (others share this box)")
     with tempfile.TemporaryDirectory(prefix="scale-") as tmp, EmbeddedNatsServer(store_dir=f"{tmp}/nats") as srv:
         print(f"{'path':<15} {'size':>9} {'result':>9} {'seconds':>8} {'size/s':>9} {'peak MB':>8} {'growth MB':>9}")
-        rows = [row for path in paths for row in run_path(path, srv.url, Path(tmp), args.base)]
+        rows = [row for path in paths for row in run_path(path, srv.url, Path(tmp), args.base, args.steps)]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

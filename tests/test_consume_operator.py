@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_jetstream.client.admin.consumers import ensure_consumer, list_consumers
+from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer, list_consumers
 from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import (
@@ -93,6 +93,19 @@ def test_retry_after_a_failure_half_way_loses_and_repeats_nothing(conn_id, serve
                        "acked": 5, "terminated": 0, "batches": 5, "first_seq": 6, "last_seq": 10,
                        "stopped": "no_messages", "num_pending": 0, "num_ack_pending": 0}
     json.dumps(summary)
+
+
+def test_a_failed_message_waits_out_its_back_off_and_stays_pending(conn_id, server) -> None:
+    _run(server, _stream_with, "CONS_BACKOFF", _orders(5))
+    kwargs = dict(task_id="consume", stream="CONS_BACKOFF", consumer="billing", apply_function=record,
+                  apply_function_kwargs={"fail_at": 3}, wait=0.5, nak_delay=[600])
+    with pytest.raises(ApplyFunctionError, match="redelivered after 600 s"):
+        JetStreamConsumeOperator(**kwargs).execute({})
+    retry = JetStreamConsumeOperator(**kwargs).execute({})
+    assert SEEN == [1, 2, 4, 5]  # seq 3 is in its back-off: the retry goes on with the rest
+    assert (retry["num_pending"], retry["num_ack_pending"]) == (0, 1), "seq 3 is not lost: it awaits redelivery"
+    info = _run(server, consumer_info, "CONS_BACKOFF", "billing")
+    assert info["ack_floor"]["stream_seq"] == 2  # everything after seq 2 but seq 3 is acknowledged
 
 
 def test_batches_and_max_messages_leave_the_rest_for_the_next_run(conn_id, server) -> None:

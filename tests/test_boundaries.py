@@ -208,3 +208,51 @@ def test_the_published_schema_is_the_one_the_ledger_checks() -> None:
     for value in bad:
         assert record_problem(value) is not None
         assert not jsonschema.Draft202012Validator(published).is_valid(value), value
+
+
+# --- the data source's JSON rows ----------------------------------------------------------------
+
+@pytest.mark.parametrize(("payload", "problem"), [
+    (b"[1]", "JSON array"), (b"7", "JSON number"), (b'"s"', "JSON string"), (b"null", "JSON null"),
+    (b"", "empty"), (b'{"n": 1.7}', "column 'n': 1.7 is not an integer"), (b'{"n": NaN}', "NaN"),
+    (b'\xef\xbb\xbf{"n": 1}', "byte order mark"), (b'{"n": 99999999999999999999}', "column 'n'"),
+    (b'{"n": "\xff"}', "not UTF-8"),
+])
+def test_json_rows_are_refused_naming_message_and_problem(payload: bytes, problem: str) -> None:
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from airflow_jetstream.spark.options import ReadOptions
+    from airflow_jetstream.spark.reader import _Columns
+
+    schema = StructType([StructField("n", LongType()), StructField("_corrupt_record", StringType())])
+    strict = _Columns(schema, ReadOptions.parse({"servers": "nats://127.0.0.1:4222", "stream": "S", "decode": "json"}))
+    with pytest.raises(InvalidRequestError) as err:
+        strict.batch([("orders.eu", 41, 0, None, b'{"n": 1}'), ("orders.eu", 42, 0, None, payload)])
+    assert err.value.reason == "invalid_json" and "message 42 (orders.eu)" in err.value.message
+    assert problem in err.value.message
+    lenient = _Columns(schema, ReadOptions.parse({"servers": "nats://127.0.0.1:4222", "stream": "S", "decode": "json",
+                                                 "json_mode": "permissive"}))
+    batch = lenient.batch([("orders.eu", 41, 0, None, b'{"n": 1}'), ("orders.eu", 42, 0, None, payload)])
+    assert batch.column(0).to_pylist() == [1, None]
+    assert batch.column(1).to_pylist() == [None, payload.decode("utf-8", "replace")]
+
+
+def test_json_rows_written_with_rfc3339_times_exact_decimals_and_base64() -> None:
+    from datetime import UTC, date, datetime
+    from decimal import Decimal
+
+    import pyarrow as pa
+
+    from airflow_jetstream.spark.json_rows import encode_rows
+
+    batch = pa.RecordBatch.from_pydict({
+        "ts": pa.array([datetime(2026, 1, 1, 12, tzinfo=UTC)], pa.timestamp("us", tz="UTC")),
+        "day": pa.array([date(2026, 1, 2)]), "dec": pa.array([Decimal("12.30")]), "bin": pa.array([b"\x00\xff"]),
+        "m": pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int64())), "n": pa.array([None], pa.int64()),
+    })
+    assert json.loads(encode_rows(batch, batch.schema.names)[0]) == {
+        "ts": "2026-01-01T12:00:00Z", "day": "2026-01-02", "dec": "12.30", "bin": "AP8=", "m": {"k": 1}, "n": None}
+    nan = pa.RecordBatch.from_pydict({"x": pa.array([float("nan")])})
+    with pytest.raises(InvalidRequestError) as err:
+        encode_rows(nan, ["x"])
+    assert err.value.reason == "invalid_value" and "'x'" in err.value.message

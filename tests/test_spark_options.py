@@ -102,12 +102,13 @@ def test_json_decoding_errors_are_typed() -> None:
 
     from airflow_jetstream.spark.reader import _Columns
 
-    columns = _Columns(StructType([StructField("seq", LongType()), StructField("n", LongType())]), "json")
-    batch = columns.batch([("a", 1, 0, None, b'{"n": 5}'), ("a", 2, 0, None, b"[1]")])
+    options = ReadOptions.parse({"servers": "nats://127.0.0.1:4222", "stream": "S", "decode": "json"})
+    columns = _Columns(StructType([StructField("seq", LongType()), StructField("n", LongType())]), options)
+    batch = columns.batch([("a", 1, 0, None, b'{"n": 5}'), ("a", 2, 0, None, b'{"m": 1}')])
     assert batch.column(1).to_pylist() == [5, None]
     with pytest.raises(InvalidRequestError) as err:
         columns.batch([("a", 3, 0, None, b"not json")])
     assert err.value.reason == "invalid_json" and "message 3" in str(err.value)
     with pytest.raises(InvalidRequestError) as err:
         columns.batch([("a", 4, 0, None, b'{"n": "x"}')])
-    assert err.value.reason == "invalid_schema" and "'n'" in str(err.value)
+    assert err.value.reason == "invalid_json" and "column 'n'" in str(err.value)

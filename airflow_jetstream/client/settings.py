@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_jetstream.client.errors import InvalidSettingsError
+from airflow_jetstream.client.durations import to_seconds
+from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError
 
 DEFAULT_PORT = 4222
 SECRET_FIELDS = ("password", "token", "nkey_seed")
@@ -236,11 +237,12 @@ def _field_value(name: str, value: Any, what: str) -> Any:
     kind = CONNECTION_FIELDS[name].kind if name in CONNECTION_FIELDS else str
     if kind is bool:
         return parse_bool(f"{what} {name!r}", value)
-    if kind is float:
+    if kind is float:  # durations: seconds, a timedelta or '90s' (client/durations.py)
         try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise InvalidSettingsError(f"{what} {name!r} must be a number of seconds, got {value!r}") from None
+            return to_seconds(value, field=f"{what} {name!r}")
+        except InvalidRequestError:
+            raise InvalidSettingsError(f"{what} {name!r} must be seconds or a duration like '90s', "
+                                       f"got {value!r}") from None
     if not isinstance(value, str):
         raise InvalidSettingsError(f"{what} {name!r} must be a string")
     return value.strip()

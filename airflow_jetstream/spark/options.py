@@ -19,6 +19,7 @@ from airflow_jetstream.client.ledger.batch_ledger import DEFAULT_BUCKET
 from airflow_jetstream.client.ledger.job_records import DEFAULT_JOB_BUCKET
 from airflow_jetstream.client.settings import SETTINGS_FIELDS, ConnectionSettings, parse_bool, settings_from_fields
 from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.spark.json_rows import DEFAULT_CORRUPT_RECORD_COLUMN, JSON_MODES
 
 #: Connection fields that may be given as options (``servers`` is a comma-separated list).
 CONNECTION_OPTIONS = SETTINGS_FIELDS
@@ -205,9 +206,12 @@ class ReadOptions:
     consumer: str | None
     worker_subjects: tuple[tuple[str, ...], ...] = ()
     worker_prefix: str = "spark-reader"
+    json_mode: str = "failfast"
+    corrupt_record_column: str = DEFAULT_CORRUPT_RECORD_COLUMN
 
     KEYS = ("stream", "path", "subjects", "start_seq", "start_time", "end_seq", "num_partitions", "decode",
-            "consume", "fetch_batch", "consumer", "worker_subjects", "worker_prefix")
+            "consume", "fetch_batch", "consumer", "worker_subjects", "worker_prefix", "json_mode",
+            "corrupt_record_column")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -240,4 +244,6 @@ class ReadOptions:
             consumer=validate_name(opts["consumer"], what="option consumer") if opts.get("consumer") else None,
             worker_subjects=groups,
             worker_prefix=validate_name(opts.get("worker_prefix") or "spark-reader", what="option worker_prefix"),
+            json_mode=_choice(opts, "json_mode", JSON_MODES, "failfast"),
+            corrupt_record_column=opts.get("corrupt_record_column") or DEFAULT_CORRUPT_RECORD_COLUMN,
         )

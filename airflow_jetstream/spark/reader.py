@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -24,11 +23,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
 
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, BatchRecord
+from airflow_jetstream.client.reading.headers import header_values
 from airflow_jetstream.client.reading.range_read import (
     ReadPlan,
     StoredMessage,
@@ -40,6 +40,7 @@ from airflow_jetstream.client.reading.range_read import (
 )
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.spark.connection import session_connection_fields, with_connection_defaults
+from airflow_jetstream.spark.json_rows import BadValue, bad_json_error, converter, parse_payload
 from airflow_jetstream.spark.options import ReadOptions, lowered
 from airflow_jetstream.spark.progress import progress, rate
 
@@ -60,7 +61,8 @@ def default_schema(decode: str) -> str:
 
 def check_read_schema(schema: StructType, options: ReadOptions) -> None:
     """Refuse a user schema the reader cannot fill."""
-    extra = [f.name for f in schema.fields if f.name not in METADATA_COLUMNS]
+    extra = [f.name for f in schema.fields
+             if f.name not in METADATA_COLUMNS and f.name != options.corrupt_record_column]
     if extra and options.decode != "json":
         raise InvalidRequestError(
             f"schema column(s) {', '.join(extra)} are not message fields ({', '.join(METADATA_COLUMNS)}); "
@@ -68,6 +70,15 @@ def check_read_schema(schema: StructType, options: ReadOptions) -> None:
             reason="invalid_schema",
         )
     for f in schema.fields:
+        if f.name == options.corrupt_record_column and not isinstance(f.dataType, StringType):
+            raise InvalidRequestError(f"column {f.name} (the corrupt record column) must be a string",
+                                      reason="invalid_schema")
+        if f.name == "headers" and not _headers_type(f.dataType):
+            raise InvalidRequestError(
+                f"column headers must be map<string,string> (a repeated name's values joined by ', ') or "
+                f"map<string,array<string>> (every value), not {f.dataType.simpleString()}",
+                reason="invalid_schema",
+            )
         if f.name == "payload":
             wanted = BinaryType if options.decode == "none" else StringType
             if not isinstance(f.dataType, wanted):
@@ -75,6 +86,25 @@ def check_read_schema(schema: StructType, options: ReadOptions) -> None:
                     f"column payload must be {wanted().simpleString()} with decode={options.decode}",
                     reason="invalid_schema",
                 )
+
+
+def _headers_type(data_type: Any) -> str | None:
+    """``"joined"`` for map<string,string>, ``"all"`` for map<string,array<string>>, else None."""
+    if not isinstance(data_type, MapType) or not isinstance(data_type.keyType, StringType):
+        return None
+    if isinstance(data_type.valueType, StringType):
+        return "joined"
+    if isinstance(data_type.valueType, ArrayType) and isinstance(data_type.valueType.elementType, StringType):
+        return "all"
+    return None
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        bytes(data).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _default_partitions(plan: ReadPlan) -> int:
@@ -101,33 +131,64 @@ async def plan_for(options: ReadOptions) -> ReadPlan:
 class _Columns:
     """Builds one Arrow record batch per chunk of stored messages, for the requested schema."""
 
-    def __init__(self, schema: StructType, decode: str) -> None:
+    def __init__(self, schema: StructType, options: ReadOptions) -> None:
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_type
 
         self.pa = pa
         self.schema = schema
-        self.decode = decode
+        self.decode = options.decode
+        self.permissive = options.json_mode == "permissive"
+        self.corrupt = options.corrupt_record_column
         self.arrow_schema = pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"), nullable=True)
                                        for f in schema.fields])
-        self.json_fields = [f.name for f in schema.fields if f.name not in METADATA_COLUMNS]
+        self.json_fields = [(f.name, converter(f.dataType)) for f in schema.fields
+                            if f.name not in METADATA_COLUMNS and f.name != self.corrupt]
+        headers = next((f for f in schema.fields if f.name == "headers"), None)
+        self.all_header_values = headers is not None and _headers_type(headers.dataType) == "all"
 
-    def _decode(self, chunk: list[StoredMessage]) -> list[Any]:
-        decoded = []
+    def _decode(self, chunk: list[StoredMessage]) -> tuple[dict[str, list[Any]], list[str | None]]:
+        """The JSON columns' values and the corrupt records (raw payloads of bad messages, permissive mode)."""
+        columns: dict[str, list[Any]] = {name: [] for name, _ in self.json_fields}
+        corrupt: list[str | None] = []
         for subject, seq, _, _, payload in chunk:
+            row: dict[str, Any] = {}
+            column = None
+            bad = None
             try:
-                decoded.append(json.loads(payload) if payload else {})
-            except ValueError:
-                raise InvalidRequestError(
-                    f"message {seq} ({subject}) is not JSON, so decode=json cannot fill "
-                    f"{', '.join(self.json_fields)}; read it with decode=utf-8 or filter it out with subjects",
-                    reason="invalid_json",
-                ) from None
-        return decoded
+                body = parse_payload(payload)
+                for column, convert in self.json_fields:
+                    row[column] = convert(body.get(column))
+            except BadValue as exc:
+                if not self.permissive:
+                    raise bad_json_error(seq, subject, str(exc), column) from None
+                bad = bytes(payload).decode("utf-8", "replace")
+            for name, _ in self.json_fields:
+                columns[name].append(None if bad is not None else row[name])
+            corrupt.append(bad)
+        return columns, corrupt
+
+    @staticmethod
+    def _texts(chunk: list[StoredMessage]) -> list[str]:
+        try:
+            return [bytes(m[4]).decode("utf-8") for m in chunk]
+        except UnicodeDecodeError:
+            seq, subject = next((m[1], m[0]) for m in chunk if not _is_utf8(m[4]))
+            raise InvalidRequestError(f"message {seq} ({subject}): the payload is not UTF-8, so it cannot fill "
+                                      "the string payload column; read it with decode=none (binary)",
+                                      reason="invalid_utf8") from None
+
+    def _headers(self, headers: Any) -> Any:
+        if not headers:
+            return None
+        values = header_values(headers)
+        if self.all_header_values:
+            return list(values.items())
+        return [(name, ", ".join(items)) for name, items in values.items()]
 
     def batch(self, chunk: list[StoredMessage]) -> Any:
         pa = self.pa
-        decoded = self._decode(chunk) if self.json_fields else []
+        decoded, corrupt = self._decode(chunk) if self.json_fields else ({}, [None] * len(chunk))
         arrays = []
         for field in self.arrow_schema:
             name = field.name
@@ -138,11 +199,13 @@ class _Columns:
             elif name == "timestamp":
                 values = [m[2] // 1000 for m in chunk]
             elif name == "headers":
-                values = [list(m[3].items()) if m[3] else None for m in chunk]
+                values = [self._headers(m[3]) for m in chunk]
             elif name == "payload":
-                values = [m[4] for m in chunk] if self.decode == "none" else [m[4].decode() for m in chunk]
+                values = [m[4] for m in chunk] if self.decode == "none" else self._texts(chunk)
+            elif name == self.corrupt:
+                values = corrupt
             else:
-                values = [row.get(name) if isinstance(row, dict) else None for row in decoded]
+                values = decoded[name]
             try:
                 arrays.append(pa.array(values, type=field.type))
             except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -189,7 +252,7 @@ class JetStreamReader(DataSourceReader):
         first, last, subjects = partition.value
         if last < first:
             return
-        columns = _Columns(self.schema, self.options.decode)
+        columns = _Columns(self.schema, self.options)
         loop = asyncio.new_event_loop()
         agen = _partition_chunks(self.options.settings, self.plan.stream, first, last, tuple(subjects), self.via,
                                  self.options.fetch_batch)

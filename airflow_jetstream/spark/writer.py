@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
-from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
 
 from airflow_jetstream.client import server_features
 from airflow_jetstream.client.admin.streams import stream_info
@@ -36,6 +36,7 @@ from airflow_jetstream.client.batches.atomic import publish_atomic_batch
 from airflow_jetstream.client.batches.fast import publish_fast_batch
 from airflow_jetstream.client.batches.types import BatchMessage, BatchResult
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
+from airflow_jetstream.spark.json_rows import encode_rows
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.job_records import put_job_record
@@ -103,9 +104,12 @@ def check_write_schema(schema: StructType, options: WriteOptions) -> None:
     headers_type = types.get(options.headers_column)
     if headers_type is not None and not (
         isinstance(headers_type, MapType) and isinstance(headers_type.keyType, StringType)
-        and isinstance(headers_type.valueType, StringType)
+        and (isinstance(headers_type.valueType, StringType) or (
+            isinstance(headers_type.valueType, ArrayType) and isinstance(headers_type.valueType.elementType,
+                                                                         StringType)))
     ):
-        raise InvalidRequestError(f"column {options.headers_column!r} must be map<string,string>, not "
+        raise InvalidRequestError(f"column {options.headers_column!r} must be map<string,string> or "
+                                  f"map<string,array<string>> (a repeated header), not "
                                   f"{headers_type.simpleString()}", reason="invalid_column")
     if payload_type is None and not (set(types) - {options.subject_column, options.headers_column}):
         raise InvalidRequestError("the DataFrame has no payload column and no other column to send as JSON",
@@ -138,8 +142,7 @@ class RowEncoder:
                 payloads = [p or b"" for p in payloads]
         else:
             data_columns = [n for n in names if n not in (opts.subject_column, opts.headers_column)]
-            table = batch.select(data_columns).to_pylist()
-            payloads = [json.dumps(row, separators=(",", ":"), default=str).encode() for row in table]
+            payloads = encode_rows(batch, data_columns)  # the row JSON contract (spark/json_rows.py)
         if opts.headers_column in names:
             headers = [dict(h) if h else None for h in batch.column(opts.headers_column).to_pylist()]
         else:

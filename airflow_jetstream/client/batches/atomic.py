@@ -358,7 +358,7 @@ async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: 
             problem = f"seq {first_seq + index} holds another subject or payload than message {index}"
         elif msg.msg_id is not None and headers.get(HEADER_MSG_ID) != msg.msg_id:
             problem = f"seq {first_seq + index} has msg id {headers.get(HEADER_MSG_ID)!r}, not {msg.msg_id!r}"
-        elif any(headers.get(k) != v for k, v in (msg.headers or {}).items()):
+        elif any(headers.get(k) != (v if isinstance(v, str) else v[-1]) for k, v in (msg.headers or {}).items()):
             problem = f"seq {first_seq + index} has other headers than message {index}"
         if problem:
             break

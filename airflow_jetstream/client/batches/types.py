@@ -49,7 +49,8 @@ class BatchMessage:
 
     :param subject: a concrete subject captured by the target stream.
     :param data: the payload bytes.
-    :param headers: extra headers (string keys and values).
+    :param headers: extra headers (string keys; a string value, or a list of strings for a name repeated
+        on the wire, as nats.js ``append`` and Go ``Header.Add`` send).
     :param msg_id: sets ``Nats-Msg-Id`` for server-side de-duplication (makes retries safe).
     :param expected_last_subject_seq: per-subject optimistic concurrency check
         (``Nats-Expected-Last-Subject-Sequence``), checked by the server at commit.
@@ -57,7 +58,7 @@ class BatchMessage:
 
     subject: str
     data: bytes
-    headers: dict[str, str] | None = None
+    headers: dict[str, str | list[str]] | None = None
     msg_id: str | None = None
     expected_last_subject_seq: int | None = None
 
@@ -156,11 +157,16 @@ def validate_batch_id(batch_id: str | None) -> str:
     return batch_id
 
 
-def header_size(headers: dict[str, str]) -> int:
-    """Bytes the headers take on the wire."""
+def header_size(headers: dict[str, str | list[str]]) -> int:
+    """Bytes the headers take on the wire (a list value is one line per value)."""
     if not headers:
         return 0
-    return _HEADER_FRAME_OVERHEAD + sum(len(k) + len(v) + _HEADER_LINE_OVERHEAD for k, v in headers.items())
+    return _HEADER_FRAME_OVERHEAD + sum(len(k) + len(v.encode()) + _HEADER_LINE_OVERHEAD
+                                        for k, values in headers.items() for v in _values(values))
+
+
+def _values(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else value
 
 
 def _check_headers(index: int, headers: object, refused: dict[str, str]) -> dict[str, str]:
@@ -173,9 +179,11 @@ def _check_headers(index: int, headers: object, refused: dict[str, str]) -> dict
         if not isinstance(key, str) or not _HEADER_KEY.fullmatch(key):
             raise InvalidRequestError(f"message {index}: header name {key!r} is not a valid NATS header name",
                                       reason="invalid_header")
-        if not isinstance(value, str) or "\r" in value or "\n" in value:
+        values = value if isinstance(value, list) and value else [value]
+        if any(not isinstance(v, str) or "\r" in v or "\n" in v for v in values):
             raise InvalidRequestError(
-                f"message {index}: header {key!r} must be a string without line breaks", reason="invalid_header"
+                f"message {index}: header {key!r} must be a string (or a non-empty list of strings for a "
+                "repeated header) without line breaks", reason="invalid_header"
             )
         hint = refused.get(key.lower())
         if hint is not None:
@@ -263,11 +271,11 @@ def validate_messages(
 _HEADER_START = b"NATS/1.0\r\n"
 
 
-def encode_header_lines(headers: dict[str, str] | None) -> bytes:
-    """``Key: Value\r\n`` lines for ``headers`` (already validated: no line breaks)."""
+def encode_header_lines(headers: dict[str, str | list[str]] | None) -> bytes:
+    """``Key: Value\r\n`` lines for ``headers`` (already validated: no line breaks), one per value of a list."""
     if not headers:
         return b""
-    return "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+    return "".join(f"{k}: {v}\r\n" for k, values in headers.items() for v in _values(values)).encode()
 
 
 _MSG_ID_PREFIX = f"{HEADER_MSG_ID}: ".encode()

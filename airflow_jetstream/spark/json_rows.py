@@ -1,0 +1,287 @@
+"""The JSON encoding of data source rows (docs/contracts.md), both ways.
+
+Writing: one JSON object per row, one member per column. Timestamps are RFC 3339 in UTC with a
+``Z`` (``2026-01-01T12:00:00Z``, microseconds when present), ``timestamp_ntz`` without an offset,
+dates ``YYYY-MM-DD``, decimals exact as JSON strings (``"12.30"``), binary as base64 strings,
+maps as objects, structs as objects, arrays as arrays. NaN and infinities have no JSON form and
+are refused.
+
+Reading (``decode=json``): every payload must be one JSON object in strict UTF-8 (no BOM, no NaN),
+and each value must fit its column exactly (``1.7`` is not a long; an int beyond the column's
+range is refused; timestamps/dates/decimals/binary as written above; decimals and timestamps also
+as JSON numbers/strings other clients write: ``12.3`` for a decimal, a naive timestamp string is
+UTC). A missing member or ``null`` is a null. With ``json_mode=failfast`` (default) the first bad
+message fails the read with a typed error naming its sequence, subject, column and the fix; with
+``json_mode=permissive`` its columns are null and the raw payload goes to the
+``corrupt_record_column`` (default ``_corrupt_record``) when the schema has that column, as in
+Spark's own JSON reader.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Callable
+from datetime import UTC, date, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from airflow_jetstream.client.errors import InvalidRequestError
+
+JSON_MODES = ("failfast", "permissive")
+DEFAULT_CORRUPT_RECORD_COLUMN = "_corrupt_record"
+_INT_RANGES = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
+
+
+class BadValue(ValueError):
+    """A JSON value that does not fit its column (the message says why)."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise BadValue(f"{name} is not JSON")
+
+
+def parse_payload(payload: bytes) -> dict[str, Any]:
+    """The JSON object in ``payload`` (strict UTF-8, no BOM, no NaN/Infinity), or :class:`BadValue`."""
+    if not payload:
+        raise BadValue("the payload is empty")
+    try:
+        text = bytes(payload).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadValue(f"the payload is not UTF-8 (byte {exc.start})") from None
+    if text.startswith("\ufeff"):
+        raise BadValue("the payload starts with a UTF-8 byte order mark")
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except BadValue:
+        raise
+    except ValueError as exc:
+        raise BadValue(f"the payload is not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        kind = {type(None): "null", list: "array", str: "string", bool: "boolean"}.get(type(value), "number")
+        raise BadValue(f"the payload is a JSON {kind}, not an object")
+    return value
+
+
+def _datetime(value: Any) -> datetime:
+    if not isinstance(value, str):
+        raise BadValue(f"{value!r} is not an RFC 3339 timestamp string")
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise BadValue(f"{value!r} is not an RFC 3339 timestamp") from None
+
+
+def _timestamp(value: Any) -> datetime:
+    when = _datetime(value)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def _timestamp_ntz(value: Any) -> datetime:
+    when = _datetime(value)
+    if when.tzinfo is not None:
+        raise BadValue(f"{value!r} has a UTC offset; a timestamp_ntz column holds local date-times")
+    return when
+
+
+def _date(value: Any) -> date:
+    try:
+        if isinstance(value, str) and len(value) == 10:
+            return date.fromisoformat(value)
+    except ValueError:
+        pass
+    raise BadValue(f"{value!r} is not a date (YYYY-MM-DD)")
+
+
+def _decimal(data_type: DecimalType) -> Callable[[Any], Decimal]:
+    quantum = Decimal(1).scaleb(-data_type.scale)
+    limit = Decimal(10) ** (data_type.precision - data_type.scale)
+
+    def convert(value: Any) -> Decimal:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise BadValue(f"{value!r} is not a decimal")
+        try:
+            number = Decimal(value) if not isinstance(value, float) else Decimal(repr(value))
+            exact = number.quantize(quantum)
+        except (InvalidOperation, ValueError):
+            raise BadValue(f"{value!r} is not a decimal") from None
+        if exact != number or abs(exact) >= limit:
+            raise BadValue(f"{value!r} does not fit decimal({data_type.precision},{data_type.scale})")
+        return exact
+
+    return convert
+
+
+def _integer(bits: int, name: str) -> Callable[[Any], int]:
+    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+    def convert(value: Any) -> int:
+        if type(value) is not int:
+            raise BadValue(f"{value!r} is not an integer (a {name} column)")
+        if not low <= value <= high:
+            raise BadValue(f"{value} is out of range for a {name} column ({low}..{high})")
+        return value
+
+    return convert
+
+
+def _typed(kind: type | tuple[type, ...], name: str) -> Callable[[Any], Any]:
+    def convert(value: Any) -> Any:
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise BadValue(f"{value!r} is not a {name}")
+        if not isinstance(value, kind):
+            raise BadValue(f"{value!r} is not a {name}")
+        return value
+
+    return convert
+
+
+def _binary(value: Any) -> bytes:
+    if not isinstance(value, str):
+        raise BadValue(f"{value!r} is not base64 text")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadValue(f"{value!r} is not base64 text") from None
+
+
+def converter(data_type: DataType) -> Callable[[Any], Any]:
+    """A function from a parsed JSON value to the Python value Arrow stores in ``data_type`` (None stays None)."""
+    inner = _converter(data_type)
+    return lambda value: None if value is None else inner(value)
+
+
+def _converter(data_type: DataType) -> Callable[[Any], Any]:
+    for spark_type, bits in _INT_RANGES.items():
+        if isinstance(data_type, spark_type):
+            return _integer(bits, data_type.simpleString())
+    if isinstance(data_type, (DoubleType, FloatType)):
+        return lambda v: float(_typed((int, float), "number")(v))
+    if isinstance(data_type, StringType):
+        return _typed(str, "string")
+    if isinstance(data_type, BooleanType):
+        return _typed(bool, "boolean")
+    if isinstance(data_type, DecimalType):
+        return _decimal(data_type)
+    if isinstance(data_type, TimestampNTZType):
+        return _timestamp_ntz
+    if isinstance(data_type, TimestampType):
+        return _timestamp
+    if isinstance(data_type, DateType):
+        return _date
+    if isinstance(data_type, BinaryType):
+        return _binary
+    if isinstance(data_type, ArrayType):
+        element = converter(data_type.elementType)
+        return lambda v: [element(e) for e in _typed(list, "JSON array")(v)]
+    if isinstance(data_type, MapType):
+        key, value = converter(data_type.keyType), converter(data_type.valueType)
+        return lambda v: [(key(k), value(x)) for k, x in _typed(dict, "JSON object")(v).items()]
+    if isinstance(data_type, StructType):
+        fields = [(f.name, converter(f.dataType)) for f in data_type.fields]
+        return lambda v: {name: conv(_typed(dict, "JSON object")(v).get(name)) for name, conv in fields}
+    raise InvalidRequestError(f"decode=json cannot fill a {data_type.simpleString()} column", reason="invalid_schema")
+
+
+def bad_json_error(seq: int, subject: str, problem: str, column: str | None = None) -> InvalidRequestError:
+    """The typed error for a message ``decode=json`` cannot turn into a row."""
+    where = f"column {column!r}: " if column else ""
+    return InvalidRequestError(
+        f"message {seq} ({subject}): {where}{problem}. Fix the producer, filter the message out with "
+        "subjects, change the schema's type, or read with json_mode=permissive (bad rows get nulls and "
+        "their payload in the corrupt record column)",
+        reason="invalid_json",
+    )
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+def rfc3339(value: datetime) -> str:
+    """An aware datetime as RFC 3339 in UTC with ``Z``; a naive one without an offset."""
+    if value.tzinfo is None:
+        return value.isoformat()
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _encoder(arrow_type: Any) -> Callable[[Any], Any] | None:
+    """A function from Arrow's Python value of ``arrow_type`` to its JSON form; None when it already is."""
+    import pyarrow as pa
+
+    t = pa.types
+    if t.is_integer(arrow_type) or t.is_string(arrow_type) or t.is_large_string(arrow_type) \
+            or t.is_boolean(arrow_type) or t.is_null(arrow_type):
+        return None
+    if t.is_floating(arrow_type):
+        return _finite
+    if t.is_timestamp(arrow_type):
+        return rfc3339
+    if t.is_date(arrow_type):
+        return date.isoformat
+    if t.is_decimal(arrow_type):
+        return lambda v: format(v, "f")
+    if t.is_binary(arrow_type) or t.is_large_binary(arrow_type) or t.is_fixed_size_binary(arrow_type):
+        return lambda v: base64.b64encode(v).decode("ascii")
+    if t.is_map(arrow_type):
+        key, item = _encoder(arrow_type.key_type), _encoder(arrow_type.item_type)
+        return lambda v: {str(_apply(key, k)): _apply(item, x) for k, x in v}
+    if t.is_list(arrow_type) or t.is_large_list(arrow_type) or t.is_fixed_size_list(arrow_type):
+        element = _encoder(arrow_type.value_type)
+        return None if element is None else (lambda v: [_apply(element, e) for e in v])
+    if t.is_struct(arrow_type):
+        fields = [(arrow_type.field(i).name, _encoder(arrow_type.field(i).type)) for i in range(arrow_type.num_fields)]
+        return lambda v: {name: _apply(enc, v[name]) for name, enc in fields}
+    return str
+
+
+def _apply(encoder: Callable[[Any], Any] | None, value: Any) -> Any:
+    return value if encoder is None or value is None else encoder(value)
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise BadValue(f"{value} has no JSON form")
+    return value
+
+
+def encode_rows(batch: Any, columns: list[str]) -> list[bytes]:
+    """One JSON object per row of the Arrow record batch, with the given columns (see the module docs)."""
+    selected = batch.select(columns)
+    rows = selected.to_pylist()
+    for name, arrow_type in zip(selected.schema.names, selected.schema.types, strict=True):
+        encoder = _encoder(arrow_type)
+        if encoder is None:
+            continue
+        try:
+            for row in rows:
+                value = row[name]
+                if value is not None:
+                    row[name] = encoder(value)
+        except BadValue as exc:
+            raise InvalidRequestError(
+                f"column {name!r}: {exc}; JSON has no NaN or infinity: replace them first "
+                "(e.g. df.na.replace(float('nan'), None))",
+                reason="invalid_value",
+            ) from None
+    return [json.dumps(row, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode() for row in rows]

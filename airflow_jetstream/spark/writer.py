@@ -20,7 +20,6 @@ driver's ``commit()``/``abort()`` store what every partition reported as the job
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,10 +35,10 @@ from airflow_jetstream.client.batches.atomic import publish_atomic_batch
 from airflow_jetstream.client.batches.fast import publish_fast_batch
 from airflow_jetstream.client.batches.types import BatchMessage, BatchResult
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
-from airflow_jetstream.spark.json_rows import encode_rows
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.job_records import put_job_record
+from airflow_jetstream.spark.json_rows import encode_rows
 from airflow_jetstream.spark.options import WriteOptions
 from airflow_jetstream.spark.progress import progress, rate
 

@@ -29,7 +29,7 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
     :param max_bytes: optional size cap; the oldest advisories are dropped first.
     :param subjects: subjects to capture (new stream: ``$JS.EVENT.ADVISORY.>``).
     :param storage: ``file`` or ``memory`` (new stream: ``file``; cannot change later).
-    :param num_replicas: replicas in a cluster, 1-5 (new stream: 3 on a cluster of 3+ servers, else 1). Templated.
+    :param num_replicas: replicas in a cluster, 1-5 (new stream: 3 on a cluster, else 1). Templated.
     :param placement: ``{"cluster": ..., "tags": [...]}`` where the replicas go. Templated.
     :param nats_conn_id: the ``nats`` connection to use.
     """

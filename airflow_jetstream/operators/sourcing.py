@@ -51,8 +51,8 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
     :param max_ack_pending: user mode: messages in flight before sourcing waits (default 1000).
     :param domain: the origin's JetStream domain, if not the connection's.
     :param api_prefix: or the origin's JetStream API prefix (e.g. ``$JS.edge.API`` or an imported prefix).
-    :param num_replicas: replicas of ``stream``, 1-5 (templated). Unset: a new stream gets 3 on a cluster of
-        3+ servers (else 1) and an existing one keeps its own; set: an existing stream is changed to it.
+    :param num_replicas: replicas of ``stream``, 1-5 (templated). Unset: a new stream gets 3 on a cluster
+        (1 on a single server) and an existing one keeps its own; set: an existing stream is changed to it.
     :param placement: where ``stream``'s replicas go, ``{"cluster": ..., "tags": [...]}`` (templated; unset: kept).
     :param create_consumer: user mode: False to use a consumer someone else created (it is checked).
     :param health_timeout: seconds to wait for the source to become healthy.

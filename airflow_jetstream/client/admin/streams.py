@@ -96,10 +96,15 @@ def replication_config(num_replicas: Any = None, placement: Any = None) -> dict[
 
 
 def default_replicas(conn: JetStreamConnection) -> int:
-    """Replicas for something the provider creates unasked: 3 when the server is in a cluster of 3 or
-    more servers (as its INFO announces them), else 1. An existing stream always keeps its own."""
+    """Replicas for something the provider creates unasked: 3 when the connected server is part of a
+    cluster (its INFO names the cluster and other servers), else 1. An existing stream keeps its own.
+
+    Live servers are not counted: with one of three nodes down a new stream is still meant to be R3
+    (the server refuses it until the node is back: :class:`PlacementError`). A cluster of fewer than
+    3 JetStream servers needs ``num_replicas`` set explicitly.
+    """
     info: dict[str, Any] = getattr(conn.nc, "_server_info", None) or {}
-    if info.get("cluster") and len(info.get("connect_urls") or ()) >= CLUSTER_REPLICAS:
+    if info.get("cluster") and len(info.get("connect_urls") or ()) >= 2:
         return CLUSTER_REPLICAS
     return 1
 

@@ -327,7 +327,7 @@ class BatchLedger:
         """Open the ledger bucket, creating it when missing (``create``); ``ttl`` expires old runs.
 
         ``replicas`` (1-5) and ``placement`` (``{"cluster": ..., "tags": [...]}``): when None a new
-        bucket gets :func:`default_replicas` (3 on a cluster of 3+ servers, else 1) and an existing
+        bucket gets :func:`default_replicas` (3 on a cluster, else 1) and an existing
         one keeps its own; when given, an existing bucket is changed to them.
         """
         if not isinstance(bucket, str) or not bucket or set(bucket) - _KEY_SAFE:

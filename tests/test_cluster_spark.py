@@ -1,0 +1,135 @@
+"""The ``jetstream`` Spark data source (local[2]) against the 3-node cluster: atomic and bulk writes
+and a read, each with a SIGKILL of the stream's leader during the job; a re-run of the write job
+leaves the stream exact (the ledger skips what is stored, msg ids drop the rest). The ledger and
+job buckets the writer creates get three replicas."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
+from airflow_jetstream.client.ledger.job_records import get_job_record
+from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.embedded import EmbeddedNatsCluster
+from tests.support.cluster_tools import call, wait_for
+
+pytestmark = pytest.mark.spark
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from airflow_jetstream.spark import register  # noqa: E402
+
+ROWS = 20_000
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    session = (SparkSession.builder.master("local[2]").appName("test-jetstream-cluster")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+def stored(cluster: EmbeddedNatsCluster, stream: str) -> int:
+    return int(call(cluster, stream_info, stream)["state"]["messages"])
+
+
+async def _payloads(conn: Any, stream: str) -> list[int]:
+    last = int((await stream_info(conn, stream))["state"]["last_seq"])
+    out: list[int] = []
+    async for chunk in read_range(conn, stream, 1, last):
+        out.extend(int(data) for _, _, _, _, data in chunk)
+    return out
+
+
+def during_leader_kill(cluster: EmbeddedNatsCluster, stream: str, job: Any, started: Any) -> BaseException | None:
+    """Run ``job()``; a helper thread SIGKILLs ``stream``'s leader once ``started()`` is true; restart after.
+
+    The job runs in this thread (PySpark's Python data sources are registered for it); returns its error.
+    """
+    victim = wait_for(lambda: cluster.stream_leader(stream), f"a leader of {stream}")
+    done = threading.Event()
+    killed = threading.Event()
+
+    def killer() -> None:
+        while not done.wait(0.1):  # bounded by the job: it stops when the job ends
+            if started():
+                cluster.kill(victim)
+                killed.set()
+                return
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    error: BaseException | None = None
+    try:
+        job()
+    except Exception as exc:  # the job may fail; the re-run must make the stream exact
+        error = exc
+    finally:
+        done.set()
+        thread.join(timeout=60)
+        cluster.restart(victim)
+    assert killed.is_set(), f"the job on {stream} ended before the leader kill ({error})"
+    return error
+
+
+@pytest.mark.parametrize("mode", ["atomic", "bulk"])
+def test_write_through_a_leader_kill_and_rerun_leave_the_stream_exact(
+        nats_cluster_module: EmbeddedNatsCluster, spark: SparkSession, mode: str) -> None:
+    cluster = nats_cluster_module
+    stream = f"SW_{mode.upper()}"
+    flag = "allow_atomic" if mode == "atomic" else "allow_batched"
+    call(cluster, ensure_stream, {"name": stream, "subjects": [f"{stream.lower()}.>"], "num_replicas": 3, flag: True})
+    frame = spark.range(0, ROWS, numPartitions=2).select(F.lit(f"{stream.lower()}.x").alias("subject"),
+                                                        F.col("id").cast("string").alias("payload"))
+    options = {"servers": cluster.servers, "stream": stream, "job_id": f"cw-{mode}", "mode": mode,
+               "batch_size": "500"}
+
+    def write() -> None:
+        frame.write.format("jetstream").mode("append").options(**options).save()
+
+    first_error = during_leader_kill(cluster, stream, write, lambda: stored(cluster, stream) > 0)
+    logging.getLogger(__name__).info("first %s job: %s, %d stored", mode, first_error or "succeeded",
+                                     stored(cluster, stream))
+    write()  # the re-run an Airflow retry makes
+
+    payloads = call(cluster, _payloads, stream)
+    assert len(payloads) == ROWS and set(payloads) == set(range(ROWS))  # nothing lost, nothing twice
+    assert call(cluster, get_job_record, f"cw-{mode}")["state"] == "committed"
+    for bucket in ("KV_batch_ledger", "KV_jetstream_jobs"):  # created by the writer, unasked, as R3
+        assert call(cluster, stream_info, bucket)["config"]["num_replicas"] == 3
+
+
+def test_read_through_a_leader_kill(nats_cluster_module: EmbeddedNatsCluster, spark: SparkSession) -> None:
+    cluster = nats_cluster_module
+    call(cluster, ensure_stream, {"name": "SR", "subjects": ["sr.>"], "num_replicas": 3, "allow_batched": True})
+    spark.range(0, ROWS, numPartitions=2).select(F.lit("sr.x").alias("subject"),
+                                                 F.col("id").cast("string").alias("payload")).write.format(
+        "jetstream").mode("append").options(servers=cluster.servers, stream="SR", mode="bulk", job_id="sr").save()
+    got: dict[str, Any] = {}
+    reading = threading.Event()
+
+    def read() -> None:
+        df = spark.read.format("jetstream").options(servers=cluster.servers, stream="SR", decode="utf-8",
+                                                    num_partitions="2").load()
+        reading.set()  # planned: the partitions' reads come next
+        got["row"] = df.agg(F.count("*").alias("n"), F.countDistinct("payload").alias("distinct")).collect()[0]
+
+    error = during_leader_kill(cluster, "SR", read, reading.is_set)
+    assert error is None, error
+    assert (got["row"]["n"], got["row"]["distinct"]) == (ROWS, ROWS)

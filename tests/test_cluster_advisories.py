@@ -70,7 +70,7 @@ def test_sensor_waits_through_the_capture_streams_election(cluster: EmbeddedNats
     def wait() -> None:
         try:
             outcome["found"] = sensor.execute(context={})
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+        except BaseException as exc:  # reported by the assertion below
             outcome["error"] = exc
 
     cluster.kill(victim)

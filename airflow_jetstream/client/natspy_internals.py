@@ -13,6 +13,20 @@ checks each one exists and behaves as used here, so an upgrade fails there first
 - ``Client._parse_header_lines`` (a static method, per connection overridable): nats-py keeps one
   value per header name and scans each header character by character; the toolkit's parser keeps
   repeated names (``X-Multi: a`` + ``X-Multi: b``) and is ~2x faster on reads with headers.
+
+JetStream API calls go through :meth:`JetStreamConnection.api_request
+<airflow_jetstream.client.connection.JetStreamConnection.api_request>` (raw ``$JS.API`` JSON), not
+nats-py's ``JetStreamManager``, for one error vocabulary: typed errors with the server's codes,
+bounded retries while a clustered stream elects a leader, a permission violation reported at once,
+and the server's JSON kept whole (nats-py's dataclasses drop fields they do not know). Where the
+manager has a call, it also does less than needed (the guard test pins each reason):
+
+- ``purge_stream`` returns only ``success``; purges here report how many messages went (``purged``).
+- ``get_msg`` cannot ask for the first message at or after a time (``start_time``), which
+  consumer resets by time need.
+- ``consumer_info`` / ``pause_consumer`` / ``reset_consumer`` return dataclasses without the fields
+  nats-py does not model (``reset_seq`` comes back, but e.g. priority-group state does not);
+  reset also needs the lookup first, as the server never answers a reset of an unknown consumer.
 """
 
 from __future__ import annotations

@@ -70,10 +70,10 @@ from airflow_jetstream.client.errors import (
     ClaimLostError,
     InvalidRequestError,
     JetStreamError,
+    LeaderUnavailableError,
     LedgerConflictError,
     LedgerNotFoundError,
     LedgerWaitTimeoutError,
-    RequestTimeoutError,
     error_from_api,
 )
 from airflow_jetstream.client.ledger.record_schema import check_record
@@ -204,8 +204,9 @@ async def _kv_errors(conn: JetStreamConnection, context: str) -> AsyncIterator[N
             denied = conn.permission_error(subject)
             if denied:
                 raise denied from None
-        raise RequestTimeoutError(
-            f"{context}: JetStream did not answer in time; check that JetStream runs and the KV bucket exists"
+        raise LeaderUnavailableError(  # as for API calls: sensors wait, tasks may retry
+            f"{context}: JetStream did not answer in time; the cluster may be electing the bucket's leader, "
+            "else check that JetStream runs and the KV bucket exists"
         ) from None
     except nats.errors.Error as exc:
         raise JetStreamError(f"{context}: {type(exc).__name__}: {exc}") from None

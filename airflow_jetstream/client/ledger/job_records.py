@@ -8,6 +8,8 @@ run can read it: ``await get_job_record(conn, job_id)``.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import nats.errors
@@ -15,7 +17,7 @@ import nats.js.errors
 
 from airflow_jetstream.client.admin.streams import replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import RequestTimeoutError, error_from_api
+from airflow_jetstream.client.errors import LeaderUnavailableError, error_from_api
 from airflow_jetstream.client.ledger.replication import ensure_bucket_replication, kv_replication
 from airflow_jetstream.client.subjects import validate_name
 
@@ -42,31 +44,48 @@ async def put_job_record(conn: JetStreamConnection, job_id: str, record: dict[st
     """Store ``record`` (JSON-able) under ``job_id``, creating the bucket when missing; returns the revision.
 
     ``replicas``/``placement``: as for :meth:`BatchLedger.open <airflow_jetstream.client.ledger.BatchLedger.open>`
-    (None: 3 on a cluster for a new bucket, an existing one keeps its own).
+    (None: 3 on a cluster for a new bucket, an existing one keeps its own). No answer (a leader election)
+    is retried for the connection's ``leader_wait``: writing the same record again is harmless.
     """
     validate_name(job_id, what="job id")
     replication = replication_config(replicas, placement)
-    try:
-        kv = await _bucket(conn, bucket, create=True, replication=replication)
-        return int(await kv.put(job_id, json.dumps(record, separators=(",", ":"), default=str).encode()))
-    except nats.errors.TimeoutError:
-        raise RequestTimeoutError(f"job record {job_id!r}: the KV bucket {bucket!r} did not answer") from None
-    except nats.js.errors.APIError as exc:
-        raise error_from_api({"code": exc.code, "err_code": exc.err_code, "description": exc.description},
-                             context=f"job record {job_id!r} in bucket {bucket!r}") from None
+    payload = json.dumps(record, separators=(",", ":"), default=str).encode()
+
+    async def attempt() -> int:
+        async with _kv_errors(job_id, bucket):
+            kv = await _bucket(conn, bucket, create=True, replication=replication)
+            return int(await kv.put(job_id, payload))
+
+    return await conn.retry_leader(f"job record {job_id!r}", attempt)
 
 
 async def get_job_record(conn: JetStreamConnection, job_id: str, *,
                          bucket: str = DEFAULT_JOB_BUCKET) -> dict[str, Any] | None:
     """The record of ``job_id``, or None when the job (or the bucket) has none."""
     validate_name(job_id, what="job id")
+
+    async def attempt() -> Any:
+        async with _kv_errors(job_id, bucket):
+            kv = await _bucket(conn, bucket, create=False)
+            return None if kv is None else await kv.get(job_id)
+
     try:
-        kv = await _bucket(conn, bucket, create=False)
-        if kv is None:
-            return None
-        entry = await kv.get(job_id)
+        entry = await conn.retry_leader(f"job record {job_id!r}", attempt)
     except nats.js.errors.KeyNotFoundError:
         return None
-    except nats.errors.TimeoutError:
-        raise RequestTimeoutError(f"job record {job_id!r}: the KV bucket {bucket!r} did not answer") from None
-    return json.loads(entry.value or b"{}")
+    return None if entry is None else json.loads(entry.value or b"{}")
+
+
+@asynccontextmanager
+async def _kv_errors(job_id: str, bucket: str) -> AsyncIterator[None]:
+    """No answer is a :class:`LeaderUnavailableError` (retried by the caller); API errors are typed."""
+    try:
+        yield
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        raise LeaderUnavailableError(f"job record {job_id!r}: the KV bucket {bucket!r} did not answer; the cluster "
+                                     "may be electing its leader") from None
+    except nats.js.errors.KeyNotFoundError:
+        raise
+    except nats.js.errors.APIError as exc:
+        raise error_from_api({"code": exc.code, "err_code": exc.err_code, "description": exc.description},
+                             context=f"job record {job_id!r} in bucket {bucket!r}") from None

@@ -8,6 +8,7 @@ holds and a resume stores no duplicate.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
@@ -17,7 +18,7 @@ from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
 from airflow_jetstream.client.batches.fast import publish_fast_batch
 from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
-from airflow_jetstream.client.errors import FastBatchError
+from airflow_jetstream.client.errors import FastBatchError, JetStreamError
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsCluster
@@ -113,3 +114,111 @@ def test_fast_batch_cut_by_an_election_reports_what_is_stored(nats_cluster_modul
     assert resumed.count == FAST_TOTAL - err.stored
     assert final == [m.data for m in msgs]
     assert max(Counter(final).values()) == 1
+
+
+def stream_state(cluster: EmbeddedNatsCluster, stream: str) -> dict:
+    """The stream's state as the first live node that hosts it reports it (monitoring, no client)."""
+    for node in cluster.nodes:
+        if node.process is None:
+            continue
+        for account in node.monitor("jsz?accounts=true&streams=true").get("account_details") or []:
+            for detail in account.get("stream_detail") or []:
+                if detail.get("name") == stream:
+                    return detail.get("state") or {}
+    return {}
+
+
+def run_task_with_retries(operator, retries: int, before_retry: Callable[[], None]) -> tuple[dict, list[str]]:
+    """Run ``operator.execute`` the way Airflow runs a task with ``retries`` (``before_retry`` plays
+    retry_delay); returns the result and the reasons of the failed tries."""
+    failures: list[str] = []
+    for attempt in range(retries + 1):
+        try:
+            return operator.execute({}), failures
+        except JetStreamError as exc:
+            failures.append(exc.reason)
+            if attempt == retries:
+                raise
+            before_retry()
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("leader_wait", [30, 0], ids=["client-retries", "task-retries"])
+def test_atomic_operator_batches_whole_and_exactly_once_across_a_leader_kill(
+    monkeypatch: pytest.MonkeyPatch, nats_cluster_module: EmbeddedNatsCluster, leader_wait: int
+) -> None:
+    """The stream leader is SIGKILLed while tasks publish. With the default leader_wait the client rides
+    out the election; with leader_wait=0 the task fails with leader_unavailable (never
+    no_stream_for_subject) and its Airflow retry finishes. Either way every batch is stored whole, once."""
+    from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
+    from tests.conftest import set_nats_cluster_connection
+
+    cluster = nats_cluster_module
+    name = f"ATOM{leader_wait}"
+    set_nats_cluster_connection(monkeypatch, "nats_cluster", cluster, request_timeout=2, leader_wait=leader_wait)
+
+    async def create() -> None:
+        async with open_connection(cluster_settings(cluster)) as conn:
+            await ensure_stream(conn, {"name": name, "subjects": [f"{name.lower()}.>"], "num_replicas": 3,
+                                       "allow_atomic": True})
+
+    asyncio.run(create())
+    tasks, per_task, chunk = 5, 1500, 300
+    killed: list[str] = []
+
+    def kill_mid_run() -> None:
+        for _ in range(3000):
+            if stream_state(cluster, name).get("messages", 0) >= per_task + 2 * chunk:
+                break
+            threading.Event().wait(0.01)
+        leader = cluster.stream_leader(name)
+        if leader:
+            cluster.kill(leader)
+            killed.append(leader)
+
+    def wait_for_leader() -> None:
+        for _ in range(600):
+            if cluster.stream_leader(name) not in (None, *killed):
+                return
+            threading.Event().wait(0.05)
+
+    killer = threading.Thread(target=kill_mid_run)
+    killer.start()
+    results = []
+    try:
+        for t in range(tasks):
+            op = JetStreamAtomicBatchPublishOperator(
+                task_id=f"publish_{t}", nats_conn_id="nats_cluster", stream=name, subject=f"{name.lower()}.x",
+                messages=[{"data": f"t{t}-{i}"} for i in range(per_task)], split=True, max_msgs=chunk,
+                dedupe_key=f"{name}-t{t}", retries=3,
+            )
+            results.append(run_task_with_retries(op, 3, wait_for_leader))
+    finally:
+        killer.join()
+        for node in killed:
+            cluster.restart(node)
+    assert killed, "the stream leader was expected to be killed mid-run"
+    failures = [reason for _, reasons in results for reason in reasons]
+    assert "no_stream_for_subject" not in failures
+    if leader_wait == 0:
+        assert failures and set(failures) <= {"leader_unavailable", "timeout"}, failures
+
+    async def read_back() -> list:
+        async with open_connection(cluster_settings(cluster)) as conn:
+            info = await stream_info(conn, name)
+            out = []
+            async for part in read_range(conn, name, 1, int(info["state"]["last_seq"])):
+                out.extend(part)
+            return out
+
+    stored = asyncio.run(read_back())
+    assert Counter(m[4].decode() for m in stored) == Counter(
+        f"t{t}-{i}" for t in range(tasks) for i in range(per_task))
+    batches: dict[str, list[tuple[int, int]]] = {}
+    for _subject, seq, _ts, headers, _data in stored:
+        batches.setdefault(headers["Nats-Batch-Id"], []).append((seq, int(headers["Nats-Batch-Sequence"])))
+    for batch_id, members in batches.items():
+        seqs = [seq for seq, _ in members]
+        assert [n for _, n in members] == list(range(1, chunk + 1)), batch_id
+        assert seqs == list(range(seqs[0], seqs[0] + chunk)), batch_id
+    assert all(result["count"] == per_task for result, _ in results)

@@ -17,6 +17,7 @@ window at one entry per batch instead of one per message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -54,6 +55,7 @@ from airflow_jetstream.client.errors import (
     ConnectionFailedError,
     InvalidRequestError,
     JetStreamError,
+    LeaderUnavailableError,
     RequestTimeoutError,
     error_from_api,
 )
@@ -217,7 +219,11 @@ class BatchReplies:
 
 
 async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batch_id: str,
-                      expected_last_seq: int | None, flow_every: int, timeout: float) -> dict[str, Any]:
+                      expected_last_seq: int | None, flow_every: int, timeout: float,
+                      progress: dict[str, bool] | None = None) -> dict[str, Any]:
+    """Send the batch, return the commit's PubAck; ``progress["commit_written"]`` turns True once the
+    commit frame was handed to the connection (before that, a failure cannot have stored the batch)."""
+    progress = {} if progress is None else progress
     context = f"atomic batch {batch_id}"
     replies = BatchReplies(conn, timeout, context)
     last = len(items)
@@ -234,11 +240,13 @@ async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batc
         # too many batches in flight), the server never opens the batch and drops what follows; that
         # refusal is the first answer awaited, so it is the one raised.
         await write_frames(nc, frames[0])
+        progress["commit_written"] = last == 1
         outstanding = 1
         sent = 1
         for seq in asks[1:]:
             await write_frames(nc, b"".join(frames[sent:seq]))
             sent = seq
+            progress["commit_written"] = seq == last
             await replies.wait(reply_of[outstanding], items[outstanding - 1].subject)
             outstanding = seq
         return await replies.wait(reply_of[outstanding], items[outstanding - 1].subject)
@@ -428,11 +436,15 @@ async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage
     server_features.require(conn, server_features.ATOMIC_BATCH)
     started = time.monotonic()
     attempt = 0
+    election = _ElectionRetry(conn, batch_id, any(m.msg_id for m in items))
     while True:
+        progress: dict[str, bool] = {}
         try:
-            ack = await _send_batch(conn, items, batch_id, expected_last_seq, flow_every, timeout)
+            ack = await _send_batch(conn, items, batch_id, expected_last_seq, flow_every, timeout, progress)
             break
         except JetStreamError as exc:
+            if await election.should_retry(exc, items[0].subject, progress.get("commit_written", False)):
+                continue
             if exc.reason == "too_many_inflight" and attempt < retries:
                 attempt += 1
                 metrics.incr("batch.retried", tags={"reason": exc.reason})
@@ -453,6 +465,59 @@ async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage
     metrics.timing("batch.commit_ms", (time.monotonic() - started) * 1000.0)
     return BatchResult(stream=str(ack.get("stream", "")), batch=str(ack.get("batch") or batch_id), count=count,
                        first_seq=last_seq - count + 1, last_seq=last_seq)
+
+
+class _ElectionRetry:
+    """Decides whether a failed send of one atomic batch is re-sent while the stream elects a leader.
+
+    Re-sent only when that cannot store it twice: a 503 / no responders (the message reached no stream
+    leader, so the batch cannot commit) on a stream that exists; a timeout or lost connection before
+    the commit frame was written (the server abandons an uncommitted batch); or after it, when the
+    batch carries msg ids (the server then refuses a stored batch as a duplicate and it is recognised
+    as ``already_committed``). For up to the connection's ``leader_wait`` seconds, 0.25-2 s apart.
+    """
+
+    def __init__(self, conn: JetStreamConnection, batch_id: str, has_msg_ids: bool) -> None:
+        self.conn = conn
+        self.batch_id = batch_id
+        self.has_msg_ids = has_msg_ids
+        self.deadline: float | None = None
+        self.pause = 0.25
+        self.retries = 0
+
+    async def should_retry(self, exc: JetStreamError, subject: str, commit_written: bool) -> bool:
+        if exc.reason == "no_stream_for_subject":
+            if not await streams_for_subject(self.conn, subject):
+                return False
+            safe, why = True, "no stream leader answered (503)"
+        elif isinstance(exc, RequestTimeoutError) or exc.reason == "connection_lost":
+            safe = not commit_written or self.has_msg_ids
+            why = "no reply" if not commit_written else "no reply to the commit (msg ids make a re-send safe)"
+        else:
+            return False
+        if not safe:
+            return False
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self.deadline = now + self.conn.settings.leader_wait if self.deadline is None else self.deadline
+        if now >= self.deadline:
+            if exc.reason == "no_stream_for_subject":
+                raise LeaderUnavailableError(
+                    f"atomic batch {self.batch_id}: the stream capturing {subject!r} has no leader (503) after "
+                    f"{self.retries} retries over {self.conn.settings.leader_wait:g}s (leader_wait); nothing of "
+                    "the batch was stored. Check that a quorum of the cluster's servers runs, then re-run"
+                ) from None
+            return False
+        self.retries += 1
+        delay = min(self.pause, self.deadline - now)
+        log.warning("atomic batch %s: %s; re-sending it (retry %d) in %.2f s, %.1f s of leader_wait left",
+                    self.batch_id, why, self.retries, delay, self.deadline - now)
+        metrics.incr("batch.retried", tags={"reason": "leader_unavailable"})
+        with contextlib.suppress(TimeoutError, nats.errors.Error):
+            await self.conn.nc.flush(timeout=self.conn.settings.request_timeout)
+        await asyncio.sleep(delay)
+        self.pause = min(self.pause * 2, _BACKOFF_MAX)
+        return True
 
 
 async def publish_atomic_batches(

@@ -19,6 +19,7 @@ from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.message import JetStreamMessageSensor
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
+from tests.support.polling import async_wait_until
 
 
 def is_order(message, order_id: int) -> bool | dict:
@@ -109,8 +110,7 @@ def test_deferrable_sensor_defers_and_the_trigger_fires_on_a_new_match(conn_id, 
     async def scenario() -> list[dict]:
         second = JetStreamAwaitMessageTrigger(**{**kwargs, "apply_function_kwargs": {"order_id": 3}})
         runs = [asyncio.ensure_future(anext(t.run())) for t in (trigger, second)]
-        while POOL.users(settings) < 2:  # both waiting on the server
-            await asyncio.sleep(0.05)
+        await async_wait_until(lambda: POOL.users(settings) == 2, "both triggers waiting on the server")
         shared = POOL.open_connections()
         await _publish(server, "AWAIT_DEFER", [3, 2])
         events = [(await asyncio.wait_for(run, 20)).payload for run in runs]

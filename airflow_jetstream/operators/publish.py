@@ -63,7 +63,8 @@ def to_batch_message(item: Any, index: int, default_subject: str | None, dedupe_
     if msg_id is None and dedupe_key:
         msg_id = f"{dedupe_key}-{index}"
     return BatchMessage(subject=subject, data=payload,
-                        headers={str(k): str(v) for k, v in headers.items()} if headers else None,
+                        headers={str(k): [str(x) for x in v] if isinstance(v, list) else str(v)
+                                 for k, v in headers.items()} if headers else None,
                         msg_id=str(msg_id) if msg_id is not None else None)
 
 

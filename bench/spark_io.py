@@ -14,6 +14,10 @@ Prints rows/s (with the nats-server process's CPU microseconds per row, from ``/
 much of the shared 2 cores the server itself needs) and the ratios against the targets (atomic >= 8x,
 bulk >= 15x, read >= 2x).
 Run: ``.venv/bin/python bench/spark_io.py [--rows 200000]``.
+
+``--standalone`` instead compares the data source on ``local[2]`` with the same writes and read on a
+Spark standalone cluster (master + 2 workers of 1 core each, ``EmbeddedSparkCluster``), same rows,
+same nats-server, in one run: executors are separate JVMs with their own Python workers there.
 """
 
 from __future__ import annotations
@@ -119,11 +123,66 @@ def timed(label: str, rows: int, action: Any, server_pid: int) -> float:
     return rate
 
 
+def session(master: str) -> SparkSession:
+    spark = (SparkSession.builder.master(master).appName("jetstream-bench").config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2").config("spark.executor.memory", "512m").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def data_source_rates(spark: SparkSession, settings: ConnectionSettings, rows: int, tag: str, pid: int) -> dict:
+    """Warm up, then time an atomic write, a bulk write and a read of ``rows`` rows on this session."""
+    sink = {"servers": settings.servers[0]}
+    frame = make_frame(spark, rows)
+    frame.count()
+    asyncio.run(make_stream(settings, f"WARM_{tag}", f"warm{tag}", allow_atomic=True, allow_batched=True))
+    warm = frame.withColumn("subject", F.concat(F.lit(f"warm{tag}."), "subject")).limit(20_000)
+    for mode in ("atomic", "bulk"):
+        warm.write.format("jetstream").mode("append").options(**sink, stream=f"WARM_{tag}", mode=mode).save()
+    rates = {}
+    for mode in ("atomic", "bulk"):
+        name = f"{mode.upper()}_{tag}"
+        asyncio.run(make_stream(settings, name, name.lower(), allow_atomic=True, allow_batched=True))
+        rates[mode] = timed(f"{tag}: data source mode={mode}", rows, lambda m=mode, n=name: (
+            frame.withColumn("subject", F.concat(F.lit(f"{n.lower()}."), "subject")).write.format("jetstream")
+            .mode("append").options(**sink, stream=n, mode=m, job_id=f"bench-{n.lower()}").save()), pid)
+        if asyncio.run(stored(settings, name)) != rows:
+            raise SystemExit(f"stream {name} does not hold {rows} messages")
+    rates["read"] = max(timed(f"{tag}: data source read, 2 partitions", rows,
+                              lambda: read_stream(spark, sink, f"ATOMIC_{tag}", rows), pid) for _ in range(2))
+    return rates
+
+
+def standalone_vs_local(rows: int) -> int:
+    """The data source on local[2] and on a standalone cluster, same rows and server, one run."""
+    from airflow_jetstream.embedded.spark_cluster import EmbeddedSparkCluster
+
+    print(f"spark_io --standalone: {rows:,} rows, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    with EmbeddedNatsServer() as server:
+        settings = ConnectionSettings(servers=server.url, request_timeout=30)
+        spark = session("local[2]")
+        local = data_source_rates(spark, settings, rows, "local", server.process.pid)
+        spark.stop()
+        with EmbeddedSparkCluster(workers=2, cores=1) as cluster:
+            spark = session(cluster.master_url)
+            standalone = data_source_rates(spark, settings, rows, "standalone", server.process.pid)
+            spark.stop()
+    print("standalone (2 workers x 1 core) vs local[2]")
+    for key in ("atomic", "bulk", "read"):
+        ratio = standalone[key] / local[key]
+        print(f"  {key:<8} {standalone[key]:>10,.0f} vs {local[key]:>10,.0f} rows/s  ({ratio:.2f}x)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--standalone", action="store_true", help="compare local[2] with a standalone cluster")
     args = parser.parse_args()
     rows = args.rows
+    if args.standalone:
+        return standalone_vs_local(rows)
     print(f"spark_io: {rows:,} rows, local[2], {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}")
     with EmbeddedNatsServer() as server:

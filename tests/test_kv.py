@@ -153,3 +153,21 @@ def test_kv_key_assets_are_jetstream_assets() -> None:
     assert kv_asset("nats.example.com", "models").uri == "jetstream://nats.example.com:4222/KV_models"
     with pytest.raises(InvalidAssetURIError):
         kv_asset("nats.example.com", "models", "bad key")
+
+
+def test_on_a_cluster_a_new_bucket_is_replicated_and_the_watch_sees_the_key(monkeypatch, nats_cluster) -> None:
+    from tests.conftest import set_nats_cluster_connection
+
+    set_nats_cluster_connection(monkeypatch, "nats_default", nats_cluster)
+    written = JetStreamKeyValueOperator(task_id="kv", bucket="KV_cluster", key="model.status", value="ready",
+                                        bucket_config={}).execute({})
+    assert written["bucket_action"] == "created"
+
+    async def replicas() -> int:
+        settings = ConnectionSettings(servers=nats_cluster.servers, connect_timeout=2, request_timeout=5)
+        async with open_connection(settings) as conn:
+            return (await conn.js.stream_info("KV_KV_cluster")).config.num_replicas
+    assert asyncio.run(replicas()) == 3, "a bucket created unasked on a cluster is R3"
+    trigger = JetStreamKeyValueTrigger(bucket="KV_cluster", key="model.status", value="ready")
+    event = asyncio.run(asyncio.wait_for(anext(trigger.run()), 30)).payload
+    assert event["status"] == "matched" and event["entry"]["value"] == "ready"

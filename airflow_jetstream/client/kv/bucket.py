@@ -18,7 +18,7 @@ import nats.js.errors
 from nats.js.api import StorageType
 from nats.js.kv import KeyValue
 
-from airflow_jetstream.client.admin.streams import ensure_stream
+from airflow_jetstream.client.admin.streams import check_replicas, default_replicas, ensure_stream
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
@@ -88,12 +88,14 @@ async def ensure_bucket(conn: JetStreamConnection, bucket: str, *, history: int 
                         description: str | None = None) -> dict[str, Any]:
     """Create the bucket, update the given fields where they differ, or leave it alone.
 
-    ``ttl`` is seconds (or a timedelta, or a string like ``"7d"``) after which values expire.
+    ``ttl`` is seconds (or a timedelta, or a string like ``"7d"``) after which values expire. A new
+    bucket without ``num_replicas`` gets 3 replicas on a cluster, else 1 (``default_replicas``).
     Returns ``{"bucket", "action": "created" | "updated" | "unchanged", "changed", "history", "ttl",
     "num_replicas", "storage", "values"}``.
     """
     check_bucket(bucket)
     history = _check_history(history)
+    num_replicas = check_replicas(num_replicas)
     if storage is not None and storage not in ("file", "memory"):
         raise InvalidRequestError(f"storage must be 'file' or 'memory', got {storage!r}", reason="invalid_option")
     ttl_seconds = None if ttl is None else to_seconds(ttl, field="ttl")
@@ -106,7 +108,8 @@ async def ensure_bucket(conn: JetStreamConnection, bucket: str, *, history: int 
             await conn.js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
             await conn.js.create_key_value(
-                bucket=bucket, history=history or 1, ttl=ttl_seconds or None, replicas=num_replicas or 1,
+                bucket=bucket, history=history or 1, ttl=ttl_seconds or None,
+                replicas=num_replicas or default_replicas(conn),
                 max_value_size=max_value_size, max_bytes=max_bytes, description=description,
                 storage=StorageType(storage) if storage else None,
             )

@@ -30,12 +30,10 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
 
 from airflow_jetstream.client import server_features
-from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.batches.atomic import publish_atomic_batch
-from airflow_jetstream.client.batches.fast import publish_fast_batch
+from airflow_jetstream.client.batches.publish_chunks import TargetStream, check_target_stream, publish_chunk
 from airflow_jetstream.client.batches.types import BatchMessage, BatchResult
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
-from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
+from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.job_records import put_job_record
 from airflow_jetstream.spark.json_rows import encode_rows
@@ -43,6 +41,8 @@ from airflow_jetstream.spark.options import WriteOptions
 from airflow_jetstream.spark.progress import progress, rate
 
 log = logging.getLogger(__name__)
+#: The data source's write modes as batch modes of client.batches.publish_chunks.
+_BATCH_MODES = {"atomic": "atomic", "bulk": "fast"}
 
 
 @dataclass
@@ -172,14 +172,12 @@ class JetStreamWriter(DataSourceArrowWriter):
         async with open_connection(self.options.settings) as conn:
             feature = server_features.ATOMIC_BATCH if self.options.mode == "atomic" else server_features.FAST_BATCH
             server_features.require(conn, feature, what=f"the jetstream data source's mode={self.options.mode}")
-            config = (await stream_info(conn, self.options.stream))["config"]
-        flag = "allow_atomic" if self.options.mode == "atomic" else "allow_batched"
-        if not config.get(flag):
-            raise BatchPublishError(
-                f"stream {self.options.stream!r} does not have {flag}: true, which mode={self.options.mode} needs; "
-                f"set it on the stream (ensure_stream / JetStreamEnsureStreamOperator with {flag}=True)",
-                reason="stream_not_atomic" if flag == "allow_atomic" else "stream_not_batched",
-            )
+            await self._target(conn, [self.options.subject] if self.options.subject else [])
+
+    async def _target(self, conn: JetStreamConnection, subjects: list[str] | None = None) -> TargetStream:
+        """The stream checked for this write's mode (and ``subjects``): the publish operator's rule."""
+        return await check_target_stream(conn, self.options.stream, subjects or [],
+                                         mode=_BATCH_MODES[self.options.mode])
 
     def write(self, iterator: Any) -> PartitionReport:
         from pyspark import TaskContext
@@ -199,6 +197,7 @@ class JetStreamWriter(DataSourceArrowWriter):
         running: set[asyncio.Task[None]] = set()
         async with open_connection(opts.settings) as conn:
             ledger, done = await self._ledger(conn, partition)
+            target = await self._target(conn)
 
             async def submit(rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
                 nonlocal chunk
@@ -209,7 +208,8 @@ class JetStreamWriter(DataSourceArrowWriter):
                     return
                 while len(running) >= opts.inflight:
                     await _first_completed(running)
-                running.add(asyncio.create_task(self._publish_chunk(conn, ledger, report, index, first_row, rows)))
+                running.add(asyncio.create_task(self._publish_chunk(conn, target, ledger, report, index, first_row,
+                                                                    rows)))
 
             try:
                 for batch in iterator:
@@ -236,12 +236,15 @@ class JetStreamWriter(DataSourceArrowWriter):
             return None, set()
         ledger = await BatchLedger.open(conn, self.options.ledger_bucket)
         prefix = chunk_id(self.options.job_id, partition, 0)[:-1]
-        done = {rec.batch_id for rec in await ledger.batches(self.options.run_id) if rec.batch_id.startswith(prefix)}
+        records = ledger.iter_batches(self.options.run_id)
+        done = {rec.batch_id async for rec in records if rec.batch_id.startswith(prefix)}
         return ledger, done
 
-    async def _publish_chunk(self, conn: JetStreamConnection, ledger: BatchLedger | None, report: PartitionReport,
-                             chunk: int, first_row: int, rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
+    async def _publish_chunk(self, conn: JetStreamConnection, target: TargetStream, ledger: BatchLedger | None,
+                             report: PartitionReport, chunk: int, first_row: int,
+                             rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
         opts = self.options
+        await target.require(conn, {subject for subject, _, _ in rows})
         key = chunk_id(opts.job_id, report.partition, chunk)
         if opts.mode == "atomic":
             first_id = atomic_chunk_message_id(opts.job_id, report.partition, chunk)
@@ -266,9 +269,8 @@ class JetStreamWriter(DataSourceArrowWriter):
                                       "first_row": first_row})
 
     async def _send(self, conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str) -> BatchResult:
-        if self.options.mode == "atomic":
-            return await publish_atomic_batch(conn, messages, batch_id=batch_id, max_msgs=self.options.batch_size)
-        return await publish_fast_batch(conn, messages, batch_id=batch_id, flow=self.options.flow)
+        return await publish_chunk(conn, messages, mode=_BATCH_MODES[self.options.mode], batch_id=batch_id,
+                                   max_msgs=self.options.batch_size, flow=self.options.flow)
 
     def commit(self, messages: list[PartitionReport | None]) -> None:
         self._progress("committed", messages)

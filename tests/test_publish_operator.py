@@ -15,6 +15,7 @@ from airflow_jetstream.client import (
     InvalidRequestError,
     stream_info,
 )
+from airflow_jetstream.client.batches.publish_chunks import check_target_stream
 from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
 from tests.support.airflow_cli import dag_test_env, run_airflow
 from tests.support.nats_calls import with_streams
@@ -183,6 +184,24 @@ def test_parquet_file_is_read_by_record_batch_in_chunks(nats_server, nats_conn, 
     assert [d for _, d in stored(nats_server)] == [f"row-{i}".encode() for i in range(2500)]
 
 
+def test_check_target_stream_is_the_rule_the_operator_and_the_spark_writer_share(nats_server):
+    async def body(conn):
+        target = await check_target_stream(conn, "ORDERS", ["orders.a", "orders.b.c"])
+        assert (target.name, target.filters, target.duplicate_window) == ("ORDERS", ("orders.>",), 120.0)
+        errors = []
+        for subjects, mode in ((["orders.a", "other.x"], "atomic"), (["nobody.x"], "atomic"), ([], "fast")):
+            with pytest.raises(BatchPublishError) as info:
+                await check_target_stream(conn, "ORDERS", subjects, mode=mode)
+            errors.append((info.value.reason, str(info.value)))
+        return errors
+
+    admin(nats_server, lambda conn: asyncio.sleep(0), stream={**ORDERS, "name": "OTHER", "subjects": ["other.>"]})
+    wrong, nobody, not_batched = admin(nats_server, body)
+    assert wrong[0] == "wrong_stream" and "'other.x' is captured by stream 'OTHER'" in wrong[1]
+    assert nobody[0] == "wrong_stream" and "captured by no stream" in nobody[1]
+    assert not_batched[0] == "stream_not_batched" and "allow_batched" in not_batched[1]
+
+
 FAILURES = {"left": 0}
 
 
@@ -249,6 +268,7 @@ DAG_FILE = '''
 import pendulum
 from airflow.sdk import DAG, task
 
+from airflow_jetstream.client.batches.publish_chunks import check_target_stream
 from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
 
 

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 CONSTRAINTS ?= constraints/constraints-$(PYVER).txt
 
-.PHONY: install demo demo-cluster test lint docs bench clean compat constraints constraints-lowest
+.PHONY: install demo demo-cluster up test lint docs bench clean compat constraints constraints-lowest
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: install
 # 3-node NATS cluster with a password + Spark standalone cluster (master, 2 workers) on loopback.
 demo-cluster: install
 	$(PY) dags_examples/run_demo.py --cluster
+
+# A local Airflow (api-server, scheduler, dag-processor, triggerer) + nats-server with the examples; Ctrl-C stops it.
+up: install
+	$(PY) -m airflow_jetstream.embedded.airflow_local
 
 test: install
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench
@@ -65,4 +69,4 @@ constraints-lowest:
 	mv constraints/constraints-lowest-$(PYVER).txt.new constraints/constraints-lowest-$(PYVER).txt
 
 clean:
-	rm -rf $(VENV) tests/interop/node_modules .venv-compat-lowest .venv-compat-servers .demo .demo-cluster site dist build
+	rm -rf $(VENV) tests/interop/node_modules .venv-compat-lowest .venv-compat-servers .demo .demo-cluster .up site dist build

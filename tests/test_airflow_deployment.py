@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -38,6 +42,7 @@ pytestmark = pytest.mark.airflow_cli
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE, GUARDED, PUBLISH_READY, PROCESS_READY = (
     "jetstream_orders_pipeline", "publish_orders_guarded", "publish_ready_orders", "process_ready_orders")
+CHROMIUM = Path("/usr/bin/chromium")
 READY_STREAM, READY_CONSUMER, PROCESSED_BUCKET = "ORDERS_READY", "airflow_orders_ready", "orders_ready_processed"
 
 
@@ -235,9 +240,52 @@ def test_event_driven_exactly_once_across_triggerer_stops(airflow: LocalAirflow,
     print(f"SIGKILL: {len(repeats)} of {len(published)} message(s) repeated, each processed once")
 
 
-def test_pipeline_and_guarded_publish_run_through_the_scheduler_with_deferred_sensors(airflow: LocalAirflow) -> None:
-    pipeline_run = trigger(airflow, PIPELINE, {"rows": 2000})
+def ui_trigger(page: Any, airflow: LocalAirflow, dag_id: str, rows: int) -> str:
+    """Log in as a user does and trigger ``dag_id`` from its page with ``rows`` in the params form."""
+    page.goto(f"{airflow.url}/", wait_until="networkidle")
+    page.get_by_label("Username").fill(airflow.user)
+    page.get_by_label("Password").fill(airflow.password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_load_state("networkidle")
+    page.goto(f"{airflow.url}/dags/{dag_id}", wait_until="networkidle")
+    page.get_by_role("button", name="Trigger").first.click()
+    dialog = page.get_by_role("dialog")
+    dialog.locator("input[name=element_rows]").fill(str(rows))
+    with page.expect_response(lambda r: r.url.endswith("/dagRuns") and r.request.method == "POST") as created:
+        dialog.get_by_role("button", name="Trigger").click()
+    return created.value.json()["dag_run_id"]
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Headless Chromium (Debian's package, see test_connection_form_browser.py), or None where it is missing."""
+    if not CHROMIUM.exists():
+        yield None
+        return
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-deploy")), executable_path=str(CHROMIUM), headless=True,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
+            viewport={"width": 1280, "height": 1400})
+        context.set_default_timeout(60_000)
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
+
+
+def test_pipeline_from_the_ui_through_the_scheduler_with_deferred_sensors(airflow: LocalAirflow, page: Any) -> None:
+    """The UI (where Chromium is installed; else the REST API) triggers the pipeline; the scheduler runs it with
+    its sensors deferred to the triggerer; the guarded publish example runs on the same server meanwhile."""
     guarded_run = trigger(airflow, GUARDED)
+    wait_dag_parsed(airflow, PIPELINE)
+    if page is not None:
+        pipeline_run = ui_trigger(page, airflow, PIPELINE, rows=2000)
+    else:
+        print(f"{CHROMIUM} missing: the pipeline is triggered through the REST API instead of the UI")
+        pipeline_run = trigger(airflow, PIPELINE, {"rows": 2000})
     deferred: set[str] = set()
 
     def watch_deferrals() -> None:
@@ -249,7 +297,67 @@ def test_pipeline_and_guarded_publish_run_through_the_scheduler_with_deferred_se
     assert state == "success", task_states(airflow, PIPELINE, pipeline_run)
     assert set(task_states(airflow, PIPELINE, pipeline_run).values()) == {"success"}
     assert "no_batch_abandoned" in deferred, f"the guard sensor must wait in the triggerer; deferred: {deferred}"
-    assert wait_run_finished(airflow, GUARDED, guarded_run, timeout=200) == "success", \
-        task_states(airflow, GUARDED, guarded_run)
     summary = json.loads((airflow.home / "output" / "summary.json").read_text())
     assert summary["rows_consumed"] == summary["rows_produced"] == 2000
+    if page is not None:  # the run's success and a deferred sensor's log, as the user sees them
+        run_url = f"{airflow.url}/dags/{PIPELINE}/runs/{pipeline_run}"
+        page.goto(run_url, wait_until="networkidle")
+        page.get_by_text("success", exact=False).first.wait_for()
+        page.goto(f"{run_url}/tasks/no_batch_abandoned", wait_until="networkidle")
+        page.get_by_text("Deferring: waiting for batch_abandoned").first.wait_for()
+        page.get_by_text("quiet period over").first.wait_for()
+    assert wait_run_finished(airflow, GUARDED, guarded_run, timeout=200) == "success", \
+        task_states(airflow, GUARDED, guarded_run)
+
+
+def _processes_of(home: Path) -> list[int]:
+    """PIDs whose environment names ``home`` as AIRFLOW_HOME (this test's deployment only)."""
+    marker = f"AIRFLOW_HOME={home}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+    return pids
+
+
+def test_make_up_starts_everything_with_the_test_button_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    """What `make up` runs: one command, the UI address and login printed, Ctrl-C stops every process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__"))}
+    env.update(UP_HOME=str(tmp_path / "up"), AIRFLOW_UP_PASSWORD="up-pa55word")
+    proc = subprocess.Popen([sys.executable, "-m", "airflow_jetstream.embedded.airflow_local"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        lines: list[str] = []
+        deadline = time.monotonic() + 300
+        while not any("Ctrl-C stops everything" in line for line in lines):
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+        text = "".join(lines)
+        url = re.search(r"Airflow UI: (http://127\.0\.0\.1:\d+)", text).group(1)
+        assert "login: admin / up-pa55word" in text
+        home = tmp_path / "up" / "airflow"
+        components = _processes_of(home)
+        assert len(components) >= 4, components
+
+        api = Api(SimpleNamespace(url=url, user="admin", password="up-pa55word"))
+        conns = {c["connection_id"]: c for c in api.call("GET", "/api/v2/connections")["connections"]}
+        assert conns["nats_default"]["conn_type"] == "nats" and conns["spark_default"]["host"] == "local[2]"
+        nats_default = {k: conns["nats_default"][k] for k in ("connection_id", "conn_type", "host", "port")}
+        tested = api.call("POST", "/api/v2/connections/test", nats_default)
+        assert tested["status"] is True and "JetStream enabled" in tested["message"], tested  # Test button on
+
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends
+        assert proc.wait(timeout=120) == 0
+        assert "stopped" in proc.stdout.read()
+        assert _processes_of(home) == [], "every component stopped"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        for pid in _processes_of(tmp_path / "up" / "airflow"):
+            os.kill(pid, signal.SIGKILL)

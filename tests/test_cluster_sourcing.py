@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
-from airflow_jetstream.client.admin.consumers import ensure_consumer
+from airflow_jetstream.client.admin.consumers import delete_consumer, ensure_consumer, reset_consumer
 from airflow_jetstream.client.admin.streams import ensure_stream, find_stream, stream_info
 from airflow_jetstream.client.connection import open_connection
-from airflow_jetstream.client.errors import PlacementError
+from airflow_jetstream.client.errors import ConsumerNotFoundError, PlacementError
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
@@ -127,3 +128,26 @@ def test_consumer_reset_during_the_consumers_leader_election(cluster_conn: Embed
         cluster.restart(victim)
     assert result["reset_seq"] == 10 and result["num_pending"] == 91
     assert call(cluster, consume, 5) == [10, 11, 12, 13, 14]  # replayed from 10, nothing skipped
+
+
+def test_reset_of_a_consumer_deleted_meanwhile_is_consumer_not_found(cluster_conn: EmbeddedNatsCluster) -> None:
+    cluster = cluster_conn
+    call(cluster, ensure_stream, {"name": "GONE", "subjects": ["gone.>"], "num_replicas": 3})
+    call(cluster, ensure_consumer, "GONE", {"name": "C", "durable_name": "C", "ack_policy": "explicit"})
+
+    async def main() -> None:
+        settings = replace(cluster_settings(cluster), leader_wait=0.5, request_timeout=0.5)
+        async with open_connection(settings) as conn:
+            send = conn.api_request
+
+            async def delete_first(api: str, *args, **kwargs):  # someone deletes it between lookup and reset
+                if api.startswith("CONSUMER.RESET."):
+                    await delete_consumer(conn, "GONE", "C")
+                return await send(api, *args, **kwargs)
+
+            conn.api_request = delete_first
+            with pytest.raises(ConsumerNotFoundError) as err:
+                await reset_consumer(conn, "GONE", "C", seq=1)
+            assert "deleted during the reset" in str(err.value)
+
+    asyncio.run(main())

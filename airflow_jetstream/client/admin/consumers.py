@@ -22,6 +22,7 @@ from airflow_jetstream.client.errors import (
     ConsumerNotFoundError,
     ConsumerResetError,
     InvalidRequestError,
+    LeaderUnavailableError,
     ServerAPIError,
 )
 from airflow_jetstream.client.subjects import validate_name, validate_subject
@@ -357,6 +358,13 @@ async def reset_consumer(conn: JetStreamConnection, stream: str, name: str, *, s
             reason=_reset_reason(exc.description), code=exc.code, err_code=exc.err_code,
             description=exc.description,
         ) from None
+    except LeaderUnavailableError:
+        # the server never answers a reset of a missing consumer: one deleted since the lookup
+        # would otherwise look like an endless election
+        if await find_consumer(conn, stream, name) is None:
+            raise ConsumerNotFoundError(f"{where} was deleted during the reset; create it again",
+                                        reason="consumer_not_found") from None
+        raise
     metrics.incr("consumer.reset", tags={"stream": stream, "consumer": name})
     return {
         "stream": stream,

@@ -278,7 +278,7 @@ def test_real_batch_abandoned_and_max_deliveries_are_captured(nats_server_factor
             await conn.nc.request("atom.1", b"x", headers={"Nats-Batch-Id": "run-42", "Nats-Batch-Sequence": "1"})
             await conn.js.publish("atom.2", b"y")
             await conn.api_request("CONSUMER.CREATE.ATOM.C", {"stream_name": "ATOM", "config": {
-                "durable_name": "C", "ack_policy": "explicit", "max_deliver": 1, "ack_wait": "200ms"}})
+                "durable_name": "C", "ack_policy": "explicit", "max_deliver": 1, "ack_wait": 200_000_000}})
             sub = await conn.js.pull_subscribe_bind(consumer="C", stream="ATOM")
             await sub.fetch(1)  # never acked: max_deliver 1 is hit after ack_wait
             abandoned = watch_advisories(conn, AdvisoryFilter(advisory="batch_abandoned", stream="ATOM"),

@@ -112,6 +112,11 @@ def test_durations_are_seconds_timedeltas_or_strings() -> None:
         warnings.simplefilter("always")
         assert to_nanos(60_000_000_000, field="ack_wait") == 60_000_000_000  # the old nanoseconds, deprecated
     assert caught and issubclass(caught[0].category, DeprecationWarning) and "ack_wait" in str(caught[0].message)
+    from airflow_jetstream.client.admin.streams import normalize_stream_config
+
+    once = normalize_stream_config({"name": "S", "duplicate_window": "500ms", "max_age": 3600})
+    assert normalize_stream_config(once) == once == {"name": "S", "duplicate_window": 500_000_000,
+                                                     "max_age": 3600 * 10**9}  # normalizing twice is safe
     for bad in (True, -1, "soon", float("nan"), "-5s"):
         with pytest.raises(InvalidRequestError) as err:
             to_nanos(bad, field="max_age")

@@ -28,8 +28,21 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 LEGACY_NANOS_FROM = 10**9
 
 
-def to_nanos(value: int | float | str | timedelta, *, field: str = "duration") -> int:
+class Nanos(int):
+    """A duration already converted to nanoseconds: :func:`to_nanos` passes it through unchanged, so a
+    config normalized once (operator, then client) is not converted twice. JSON encodes it as an int."""
+
+    __slots__ = ()
+
+
+def to_nanos(value: int | float | str | timedelta, *, field: str = "duration") -> Nanos:
     """Nanoseconds (for server JSON) from seconds (int/float), a timedelta or a string like '90s', '2h', '7d'."""
+    if isinstance(value, Nanos):
+        return value
+    return Nanos(_nanos(value, field))
+
+
+def _nanos(value: int | float | str | timedelta, field: str) -> int:
     if isinstance(value, bool):
         raise InvalidRequestError(f"{field}: expected a duration, got {value!r}", reason="invalid_duration")
     if isinstance(value, timedelta):
@@ -40,7 +53,7 @@ def to_nanos(value: int | float | str | timedelta, *, field: str = "duration") -
             warnings.warn(
                 f"{field}={value}: a bare int of nanoseconds is deprecated; durations are seconds "
                 f"(or a timedelta, or a string like '90s'): pass {value / _NANOS_PER_SECOND:g}",
-                DeprecationWarning, stacklevel=3,
+                DeprecationWarning, stacklevel=4,
             )
             return value
         return _not_negative(value * _NANOS_PER_SECOND, value, field)
@@ -69,7 +82,9 @@ def to_nanos(value: int | float | str | timedelta, *, field: str = "duration") -
 
 
 def to_seconds(value: int | float | str | timedelta, *, field: str = "duration") -> float:
-    """Seconds from seconds (int/float), a timedelta or a string like '90s', '2h', '7d' (the same rule)."""
+    """Seconds from seconds (int/float), a timedelta or a string like '90s', '2h', '7d' (the same rule).
+
+    Durations already in nanoseconds (:class:`Nanos`) are converted back."""
     return to_nanos(value, field=field) / _NANOS_PER_SECOND
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import traceback
 
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, InvalidSettingsError, account_info
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
+from airflow_jetstream.client.errors import StreamNotFoundError
 from airflow_jetstream.hooks.connection_settings import settings_from_connection
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
@@ -90,6 +92,14 @@ def test_hook_run_closes_connections_also_on_error(nats_conn, nats_server):
         hook.run(boom)
     hook.run(account_info)
     wait_until(lambda: nats_server.monitor("connz")["num_connections"] == 0, "the server to see both closes")
+
+
+def test_hook_run_raises_the_real_error_alone(nats_conn):
+    """Not chained to 'RuntimeError: no running event loop' (asyncio.run once ran inside that except)."""
+    with pytest.raises(StreamNotFoundError) as raised:
+        JetStreamHook().run(stream_info, "MISSING")
+    assert raised.value.__context__ is None and raised.value.__cause__ is None
+    assert "no running event loop" not in "".join(traceback.format_exception(raised.value))
 
 
 def test_hook_run_inside_a_running_event_loop(nats_conn):

@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import sys
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -38,7 +39,11 @@ from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.admin.worker_consumers import ensure_worker_consumer
 from airflow_jetstream.client.batches.types import HEADER_STATUS
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, RequestTimeoutError
+from airflow_jetstream.client.errors import (
+    InvalidRequestError,
+    JetStreamError,
+    LeaderUnavailableError,
+)
 from airflow_jetstream.client.natspy_internals import install_header_parser
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 
@@ -48,6 +53,9 @@ _DIRECT_GET_HEADERS = frozenset({
 })
 #: One stored message: subject, stream sequence, timestamp (ns since epoch), headers or None, payload.
 StoredMessage = tuple[str, int, int, dict[str, str] | None, bytes]
+#: Pull / direct-get statuses that mean "no leader right now": no responders, leadership change.
+_LEADER_STATUSES = frozenset({"503", "409"})
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -227,6 +235,8 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
         "name": f"read-{uuid.uuid4().hex[:16]}",
         **start,
         "ack_policy": "none",
+        # a short-lived read cursor: one in-memory replica whatever the stream's replicas
+        "num_replicas": 1,
         "mem_storage": True,
         "inactive_threshold": 30_000_000_000,
     }
@@ -235,8 +245,10 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
     elif subjects:
         config["filter_subjects"] = list(subjects)
     name = config["name"]
+    # Not retried here: a create that gets no answer may have been placed on a server that is down;
+    # the caller's retry (_resuming) creates one under a new name, which may be placed elsewhere.
     await conn.api_request(f"CONSUMER.CREATE.{stream}.{name}", {"stream_name": stream, "config": config},
-                           context=f"read consumer on stream {stream!r}")
+                           context=f"read consumer on stream {stream!r}", retry=False)
     inbox = conn.nc.new_inbox()
     queue: asyncio.Queue[list[StoredMessage] | int] = asyncio.Queue()
     chunk: list[StoredMessage] = []
@@ -279,9 +291,9 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
                         item = await queue.get()
                 except TimeoutError:
                     await conn.raise_if_denied(next_subject)
-                    raise RequestTimeoutError(
+                    raise LeaderUnavailableError(
                         f"stream {stream!r}: no messages from the read consumer within "
-                        f"{conn.settings.request_timeout}s"
+                        f"{conn.settings.request_timeout}s (its server may be down or electing a leader)"
                     ) from None
                 if isinstance(item, list):
                     if item:
@@ -292,6 +304,9 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
                 if item in (0, 404, 408):
                     finished = True
                     break
+                if str(item) in _LEADER_STATUSES:
+                    raise LeaderUnavailableError(f"stream {stream!r}: the read consumer answered status {item} "
+                                                 "(no leader / leadership change)")
                 raise JetStreamError(f"stream {stream!r}: the read consumer answered status {item}",
                                      reason="read_failed")
     finally:
@@ -325,9 +340,13 @@ async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, l
                     msg = await sub.next_msg(conn.settings.request_timeout)
                 except TimeoutError:
                     await conn.raise_if_denied(subject)
-                    raise RequestTimeoutError(f"stream {stream!r}: direct get got no answer") from None
+                    raise LeaderUnavailableError(f"stream {stream!r}: direct get got no answer within "
+                                                 f"{conn.settings.request_timeout}s") from None
                 headers = msg.headers or {}
                 status = headers.get(HEADER_STATUS)
+                if status in _LEADER_STATUSES:
+                    raise LeaderUnavailableError(f"stream {stream!r}: direct get answered status {status} "
+                                                 "(no leader)")
                 if status:
                     done = status == "404" or not chunk
                     if status not in ("204", "404"):
@@ -357,13 +376,46 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
         return
     use_fast_header_parser(conn)
     if via == "consumer":
-        reader = _read_via_consumer(conn, stream, first, last, subjects, batch)
+        read_from = _read_via_consumer
     elif via == "direct":
-        reader = _read_via_direct(conn, stream, first, last, subjects, batch)
+        read_from = _read_via_direct
     else:
         raise InvalidRequestError(f"via={via!r}: use 'consumer' or 'direct'", reason="invalid_option")
-    async for chunk in reader:
+    async for chunk in _resuming(conn, stream, first, last,
+                                 lambda start: read_from(conn, stream, start, last, subjects, batch)):
         yield chunk
+
+
+async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: int,
+                    read_from: Callable[[int], AsyncIterator[list[StoredMessage]]],
+                    ) -> AsyncIterator[list[StoredMessage]]:
+    """Yield ``read_from(first)``; after a :class:`LeaderUnavailableError` (a node restart or leader
+    election) read again from the sequence after the last one yielded, backing off 0.25-2 s, for up to
+    the connection's ``leader_wait`` seconds without progress. Nothing is yielded twice."""
+    loop = asyncio.get_running_loop()
+    deadline: float | None = None
+    pause = 0.25
+    retries = 0
+    while first <= last:
+        try:
+            async for chunk in read_from(first):
+                first = chunk[-1][1] + 1
+                deadline, pause = None, 0.25
+                yield chunk
+            return
+        except LeaderUnavailableError as exc:
+            now = loop.time()
+            deadline = now + conn.settings.leader_wait if deadline is None else deadline
+            if now >= deadline:
+                exc.message = (f"{exc.message}; reading stream {stream!r} from seq {first} still failed after "
+                               f"{retries} retries over {conn.settings.leader_wait:g}s (leader_wait)")
+                exc.args = (exc.message,)
+                raise
+            retries += 1
+            log.warning("stream %s: read interrupted at seq %d (%s); retry %d in %.2f s, %.1f s of leader_wait "
+                        "left", stream, first, exc.reason, retries, pause, deadline - now)
+            await asyncio.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, 2.0)
 
 
 def read_method(plan: ReadPlan, *, consume: bool) -> str:

@@ -174,6 +174,17 @@ def test_repeated_headers_keep_every_value_on_a_real_message(settings: Connectio
     headers = on_server(settings, body)
     assert headers_json(headers) == {"X-Multi": ["a", "b"], "X-One": "1"}
 
+    from pyspark.sql.types import ArrayType, MapType, StringType, StructField, StructType
+
+    from airflow_jetstream.spark.options import ReadOptions
+    from airflow_jetstream.spark.reader import _Columns
+
+    options = ReadOptions.parse({"servers": "nats://127.0.0.1:4222", "stream": "S"})
+    for value_type, expected in ((StringType(), [("X-Multi", "a, b"), ("X-One", "1")]),
+                                 (ArrayType(StringType()), [("X-Multi", ["a", "b"]), ("X-One", ["1"])])):
+        columns = _Columns(StructType([StructField("headers", MapType(StringType(), value_type))]), options)
+        assert columns.batch([("hdrs.a", 1, 0, headers, b"hi")]).column(0).to_pylist() == [expected]
+
 
 # --- ledger values written by another service ---------------------------------------------------
 

@@ -11,6 +11,7 @@ from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.reading.apply_function import bind_function, function_path, load_function
 from airflow_jetstream.client.reading.await_message import find_message, resolve_start
 from airflow_jetstream.client.subjects import validate_name, validate_subject
@@ -69,7 +70,7 @@ class JetStreamMessageSensor(BaseSensorOperator):
         apply_function_kwargs: dict[str, Any] | None = None,
         subject: str | None = None,
         start: int | str | datetime = "new",
-        poll_timeout: float = 5.0,
+        poll_timeout: float | str | timedelta = 5.0,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         nats_conn_id: str = JetStreamHook.default_conn_name,
         **kwargs: Any,
@@ -87,7 +88,7 @@ class JetStreamMessageSensor(BaseSensorOperator):
         self.apply_function_args = apply_function_args
         self.apply_function_kwargs = apply_function_kwargs
         self.start = start
-        self.poll_timeout = poll_timeout
+        self.poll_timeout = to_seconds(poll_timeout, field="poll_timeout")
         self.nats_conn_id = nats_conn_id
         self._next_seq: int | None = None
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_jetstream.client.connection_pool import shared_connection
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import ConsumerNotFoundError, JetStreamError
 from airflow_jetstream.client.reading.apply_function import bind_function
 from airflow_jetstream.client.reading.await_message import find_message
@@ -29,7 +31,7 @@ class JetStreamAwaitMessageTrigger(BaseTrigger):
 
     def __init__(self, *, stream: str, apply_function: str, start_seq: int, subject: str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
-                 poll_timeout: float = 5.0, nats_conn_id: str = JetStreamHook.default_conn_name) -> None:
+                 poll_timeout: float | str | timedelta = 5.0, nats_conn_id: str = JetStreamHook.default_conn_name) -> None:
         super().__init__()
         self.stream = stream
         self.apply_function = apply_function
@@ -37,7 +39,7 @@ class JetStreamAwaitMessageTrigger(BaseTrigger):
         self.subject = subject
         self.apply_function_args = list(apply_function_args or [])
         self.apply_function_kwargs = dict(apply_function_kwargs or {})
-        self.poll_timeout = float(poll_timeout)
+        self.poll_timeout = to_seconds(poll_timeout, field="poll_timeout")
         self.nats_conn_id = nats_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:

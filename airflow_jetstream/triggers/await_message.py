@@ -31,7 +31,8 @@ class JetStreamAwaitMessageTrigger(BaseTrigger):
 
     def __init__(self, *, stream: str, apply_function: str, start_seq: int, subject: str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
-                 poll_timeout: float | str | timedelta = 5.0, nats_conn_id: str = JetStreamHook.default_conn_name) -> None:
+                 poll_timeout: float | str | timedelta = 5.0,
+                 nats_conn_id: str = JetStreamHook.default_conn_name) -> None:
         super().__init__()
         self.stream = stream
         self.apply_function = apply_function

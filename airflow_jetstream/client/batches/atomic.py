@@ -24,6 +24,7 @@ import random
 import time
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import nats.errors
@@ -50,6 +51,7 @@ from airflow_jetstream.client.batches.types import (
     write_frames,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     BatchPublishError,
     ConnectionFailedError,
@@ -386,6 +388,11 @@ async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: 
         )
 
 
+def _timeout(conn: JetStreamConnection, timeout: float | str | timedelta | None) -> float:
+    """Seconds to wait for each reply: ``timeout`` (seconds, "30s", timedelta) or the connection's request timeout."""
+    return to_seconds(timeout, field="timeout") if timeout else conn.settings.request_timeout
+
+
 async def streams_for_subject(conn: JetStreamConnection, subject: str) -> list[str]:
     """Names of the streams that capture ``subject`` (at most one for a valid setup)."""
     reply = await conn.api_request("STREAM.NAMES", {"subject": subject}, context=f"streams for {subject!r}")
@@ -426,7 +433,7 @@ async def publish_atomic_batch(
     if not isinstance(flow_every, int) or flow_every < 0:
         raise InvalidRequestError(f"flow_every must be an int >= 0, got {flow_every!r}", reason="invalid_request")
     return await _publish_validated(conn, items, batch_id, expected_last_seq, flow_every,
-                                    timeout or conn.settings.request_timeout, retries)
+                                    _timeout(conn, timeout), retries)
 
 
 async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage], batch_id: str,
@@ -545,7 +552,7 @@ async def publish_atomic_batches(
     chunks = [validate_messages(chunk, max_msgs=batch_size, max_payload=conn.max_payload,
                                 refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=_BATCH_HEADER_BYTES)
               for chunk in chunks]
-    request_timeout = timeout or conn.settings.request_timeout
+    request_timeout = _timeout(conn, timeout)
     results: list[BatchResult | None] = [None] * len(chunks)
     pending = iter(range(len(chunks)))
     failed: list[JetStreamError] = []

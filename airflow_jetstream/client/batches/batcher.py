@@ -47,6 +47,7 @@ from airflow_jetstream.client.batches.types import (
     write_frames,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     ConnectionFailedError,
     InvalidRequestError,
@@ -94,8 +95,7 @@ class Batcher:
     ) -> None:
         if not isinstance(max_batch, int) or max_batch < 1:
             raise InvalidRequestError(f"max_batch must be an int >= 1, got {max_batch!r}", reason="invalid_request")
-        if flush_interval < 0:
-            raise InvalidRequestError("flush_interval must be >= 0", reason="invalid_request")
+        flush_interval = to_seconds(flush_interval, field="flush_interval")
         if not isinstance(max_pending, int) or max_pending < max_batch:
             raise InvalidRequestError("max_pending must be an int >= max_batch", reason="invalid_request")
         if atomic:
@@ -104,7 +104,7 @@ class Batcher:
         self.max_batch = max_batch
         self.flush_interval = flush_interval
         self.atomic = atomic
-        self.timeout = timeout or conn.settings.request_timeout
+        self.timeout = to_seconds(timeout, field="timeout") if timeout else conn.settings.request_timeout
         self._queue: list[_Item] = []
         self._has_items = asyncio.Event()
         self._batch_full = asyncio.Event()

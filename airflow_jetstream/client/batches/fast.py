@@ -50,6 +50,7 @@ from airflow_jetstream.client.batches.types import (
     write_frames,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     BatchPublishError,
     ConnectionFailedError,
@@ -389,7 +390,7 @@ async def publish_fast_batch(
         raise InvalidRequestError(f"flow must be an int between 1 and {MAX_FLOW}, got {flow!r}",
                                   reason="invalid_request")
     server_features.require(conn, server_features.FAST_BATCH)
-    timeout = timeout or conn.settings.request_timeout
+    timeout = to_seconds(timeout, field="timeout") if timeout else conn.settings.request_timeout
     frames = _prepare(items)
     started = time.monotonic()
     stream, mark = await _stream_and_last_seq(conn, items[0].subject, batch_id)

@@ -626,6 +626,8 @@ class BatchLedger:
         :class:`BatchesFailedError` as soon as a batch failed (unless ``fail_on_failed`` is False) and
         :class:`LedgerWaitTimeoutError` after ``timeout`` seconds."""
         check_waitable_state(state)
+        timeout = None if timeout is None else to_seconds(timeout, field="timeout")
+        poll_interval = to_seconds(poll_interval, field="poll_interval")
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if reap:

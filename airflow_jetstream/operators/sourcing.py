@@ -54,6 +54,8 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
     :param api_prefix: or the origin's JetStream API prefix (e.g. ``$JS.edge.API`` or an imported prefix).
     :param num_replicas: replicas of ``stream``, 1-5 (templated). Unset: a new stream gets 3 on a cluster
         (1 on a single server) and an existing one keeps its own; set: an existing stream is changed to it.
+    :param allow_shared_origin: let a WorkQueue/Interest origin that already feeds another stream feed this one
+        too (every message is then copied into both); refused by default with ``origin_already_sourced``.
     :param placement: where ``stream``'s replicas go, ``{"cluster": ..., "tags": [...]}`` (templated; unset: kept).
     :param create_consumer: user mode: False to use a consumer someone else created (it is checked).
     :param health_timeout: seconds to wait for the source to become healthy.
@@ -85,6 +87,7 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         health_timeout: float | str | timedelta = 30.0,
         num_replicas: int | str | None = None,
         placement: dict[str, Any] | None = None,
+        allow_shared_origin: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -106,6 +109,7 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         self.health_timeout = to_seconds(health_timeout, field="health_timeout")
         self.num_replicas = num_replicas
         self.placement = placement
+        self.allow_shared_origin = allow_shared_origin
 
     def spec(self) -> DurableSource:
         """The validated provisioning request (raises before any call on bad input)."""
@@ -121,7 +125,7 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
             filter_subjects=tuple(filters or ()), start_seq=start_seq, start_time=self.start_time or None,
             deliver_policy=self.deliver_policy, replay_policy=self.replay_policy,
             max_ack_pending=self.max_ack_pending, domain=self.domain or None, api_prefix=self.api_prefix or None,
-            num_replicas=self.num_replicas, placement=self.placement,
+            num_replicas=self.num_replicas, placement=self.placement, allow_shared_origin=self.allow_shared_origin,
         ).validated()
 
     def execute(self, context: Any) -> dict[str, Any]:

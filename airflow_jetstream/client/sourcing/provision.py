@@ -94,6 +94,8 @@ class DurableSource:
     ``num_replicas`` and ``placement`` (``{"cluster": ..., "tags": [...]}``) are stream ``stream``'s:
     when None, a new stream gets :func:`default_replicas` (3 on a cluster) and an existing one keeps
     what it has; when given, an existing stream is changed to them.
+    ``allow_shared_origin``: let a WorkQueue/Interest origin that already feeds another stream feed this
+    one too (each message is then copied into both); refused by default (``origin_already_sourced``).
     """
 
     stream: str
@@ -112,6 +114,7 @@ class DurableSource:
     api_prefix: str | None = None
     num_replicas: int | None = None
     placement: dict[str, Any] | None = None
+    allow_shared_origin: bool = False
 
     @property
     def user_managed(self) -> bool:
@@ -356,6 +359,43 @@ def _check_against_streams(spec: DurableSource, target: dict[str, Any] | None, o
                 f"{spec.stream!r}; use one deliver subject per source", reason="duplicate_source_consumer")
 
 
+def _feeds_other_stream(info: dict[str, Any], spec: DurableSource, own: set[str]) -> str | None:
+    """A description of what ``info`` (a consumer on the origin) feeds, if it is another durable source
+    (``own``: the consumers stream ``spec.stream`` already sources through)."""
+    cfg = info["config"]
+    meta = cfg.get("metadata") or {}
+    owner = meta.get("_nats.mirror.stream") or meta.get("_nats.src.stream")
+    if cfg.get("sourcing") and owner:
+        return None if owner == spec.stream else f"server-managed consumer {info['name']!r} feeding stream {owner!r}"
+    if cfg.get("ack_policy") == "flow_control" and cfg.get("deliver_subject"):
+        if info["name"] in own or (spec.user_managed and info["name"] == spec.consumer):
+            return None
+        return f"user-managed consumer {info['name']!r} (deliver subject {cfg['deliver_subject']!r})"
+    return None
+
+
+async def _check_shared_origin(origin_conn: JetStreamConnection, spec: DurableSource, retention: str,
+                               target: dict[str, Any] | None) -> None:
+    """Refuse a second durable source on a WorkQueue/Interest origin: both would get every message."""
+    if retention not in ("workqueue", "interest") or spec.allow_shared_origin:
+        return
+    cfg = (target or {}).get("config") or {}
+    entries = [*(cfg.get("sources") or []), *([cfg["mirror"]] if cfg.get("mirror") else [])]
+    own = {(e.get("consumer") or {}).get("name") for e in entries if spec.is_same_origin(e)} - {None}
+    ours = spec.filter_subjects or (">",)
+    for info in await list_consumers(origin_conn, spec.source):
+        feeding = _feeds_other_stream(info, spec, own)
+        cfg = info["config"]
+        theirs = tuple(cfg.get("filter_subjects") or ()) or ((cfg["filter_subject"],) if cfg.get("filter_subject")
+                                                             else (">",))
+        if feeding and any(subjects_overlap(a, b) for a in ours for b in theirs):
+            raise StreamConfigError(
+                f"origin {spec.source!r}{spec.where} is a {retention} stream already sourced by the {feeding}: a "
+                f"second durable source would copy each message into both streams. Source the existing aggregate "
+                f"instead, delete that source first, or pass allow_shared_origin=True if every message belongs "
+                f"in both", reason="origin_already_sourced")
+
+
 async def _update_entries(conn: JetStreamConnection, spec: DurableSource, target: dict[str, Any] | None,
                           entry: dict[str, Any] | None) -> dict[str, Any]:
     """Create A or put ``entry`` in place of A's entry for this origin (None removes it); others stay."""
@@ -573,6 +613,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
         )
     target = await find_stream(conn, spec.stream)
     _check_against_streams(spec, target, origin)
+    await _check_shared_origin(origin_conn, spec, retention, target)
     replicas_changed = False
     replication = replication_config(spec.num_replicas, spec.placement)
     if target is not None and replication:

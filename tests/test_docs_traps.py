@@ -1,0 +1,37 @@
+"""The traps issue 17 found by following the docs: each one refused, or measured and documented."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_jetstream.client import StreamConfigError, StreamNotFoundError, ensure_stream, stream_info
+from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
+from tests.support.nats_calls import call_on_server as run
+
+
+@pytest.mark.parametrize(("first_mode", "second_mode"), [("user", "server"), ("server", "user")])
+def test_second_durable_source_on_a_workqueue_origin_is_refused_naming_the_first(first_mode, second_mode, nats_conn,
+                                                                                 settings):
+    run(settings, ensure_stream, {"name": "ORIG", "subjects": ["orig.>"], "retention": "workqueue"})
+    first = JetStreamDurableSourceOperator(task_id="a", stream="AGG", source="ORIG", mode=first_mode,
+                                           consumer="AGG_SRC" if first_mode == "user" else None,
+                                           deliver_subject="_SRC.AGG" if first_mode == "user" else None)
+    fed = first.execute(context={})
+    assert first.execute(context={})["action"] == "unchanged"  # a re-run of the same source is not "a second"
+    second = JetStreamDurableSourceOperator(task_id="b", stream="AGG2", source="ORIG", mode=second_mode,
+                                            consumer="AGG2_SRC" if second_mode == "user" else None,
+                                            deliver_subject="_SRC.AGG2" if second_mode == "user" else None)
+    with pytest.raises(StreamConfigError) as refused:
+        second.execute(context={})
+    assert refused.value.reason == "origin_already_sourced"
+    assert fed["consumer"] in str(refused.value) and "allow_shared_origin" in str(refused.value)
+    with pytest.raises(StreamNotFoundError):
+        run(settings, stream_info, "AGG2")  # nothing was created for the refused source
+
+
+def test_shared_workqueue_origin_with_the_opt_in_feeds_both(nats_conn, settings):
+    run(settings, ensure_stream, {"name": "ORIG", "subjects": ["orig.>"], "retention": "workqueue"})
+    JetStreamDurableSourceOperator(task_id="a", stream="AGG", source="ORIG").execute(context={})
+    shared = JetStreamDurableSourceOperator(task_id="b", stream="AGG2", source="ORIG", mode="user", consumer="AGG2_SRC",
+                                            deliver_subject="_SRC.AGG2", allow_shared_origin=True)
+    assert shared.execute(context={})["action"] == "created"

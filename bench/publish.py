@@ -15,6 +15,10 @@ For every method it also reports CPU time per message of the nats-server process
 ``/proc/<pid>/stat``) and of this client process: on a shared 2-core machine these say whether a
 method is bound by the server's own work or by the client.
 
+On an embedded 3-node cluster (:class:`EmbeddedNatsCluster`) in the same run, atomic batches (one
+in flight) and the fast batch go into an R1 and an R3 file stream, interleaved, and the R3/R1
+ratio is printed (``--cluster-only`` runs just that part, ``--no-cluster`` skips it).
+
 Each method runs ``--repeat`` times, interleaved, and the median rate is reported with its ratio to
 the baseline and to the ceiling, plus the targets of issue 3 (atomic >= 20x baseline and >= 0.5x
 ceiling, fast >= 0.7x ceiling; the atomic targets are checked for each atomic row) and the
@@ -53,7 +57,7 @@ from airflow_jetstream.client import (
     purge_stream,
     stream_info,
 )
-from airflow_jetstream.embedded import EmbeddedNatsServer
+from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer
 
 PAYLOAD = b"x" * 100
 PUBLISHERS = 64
@@ -173,9 +177,50 @@ def report(storage: str, medians: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
+async def bench_cluster(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Atomic and fast batch rates into an R1 and an R3 file stream of one embedded 3-node cluster."""
+    with EmbeddedNatsCluster(size=3) as cluster:
+        settings = ConnectionSettings(servers=cluster.servers, request_timeout=10)
+        async with open_connection(settings) as conn:
+            for replicas in (1, 3):
+                await ensure_stream(conn, {"name": f"BENCH_R{replicas}", "subjects": [f"bench.r{replicas}.>"],
+                                           "num_replicas": replicas, "allow_atomic": True, "allow_batched": True})
+            client_node = next(n.name for n in cluster.nodes if n.port == conn.nc.connected_url.port)
+            print(f"3-node cluster {cluster.servers}, client on {client_node}, leaders: R1 on "
+                  f"{cluster.stream_leader('BENCH_R1')}, R3 on {cluster.stream_leader('BENCH_R3')}", flush=True)
+            plan = [(f"{name}_r{replicas}", method, replicas)
+                    for name, method in (("atomic", atomic(1)), ("fast", fast)) for replicas in (1, 3)]
+            rates: dict[str, list[float]] = {name: [] for name, *_ in plan}
+            for round_no in range(args.repeat):
+                for name, method, replicas in plan:
+                    stream, subject = f"BENCH_R{replicas}", f"bench.r{replicas}.x"
+                    await purge_stream(conn, stream)
+                    started = time.perf_counter()
+                    await method(conn, subject, args.messages)
+                    rates[name].append(args.messages / (time.perf_counter() - started))
+                    if await stored(conn, stream) != args.messages:
+                        raise RuntimeError(f"{stream}: expected {args.messages} stored messages after {name}")
+                print(f"  [cluster] round {round_no + 1}/{args.repeat}: " +
+                      ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rates.items()), flush=True)
+    return {name: {"rate": statistics.median(values)} for name, values in rates.items()}
+
+
+def report_cluster(medians: dict[str, dict[str, float]]) -> list[str]:
+    lines = ["\n3-node cluster, file storage, 100-byte messages (medians)",
+             f"{'method':<10}{'R1 msgs/s':>12}{'R3 msgs/s':>12}{'R3 / R1':>9}"]
+    for method in ("atomic", "fast"):
+        r1, r3 = medians[f"{method}_r1"]["rate"], medians[f"{method}_r3"]["rate"]
+        lines.append(f"{method:<10}{r1:>12,.0f}{r3:>12,.0f}{r3 / r1:>9.2f}")
+    return lines
+
+
 async def main(args: argparse.Namespace) -> dict[str, dict[str, dict[str, float]]]:
     storages = ["file", "memory"] if args.storage == "both" else [args.storage]
     results: dict[str, dict[str, dict[str, float]]] = {}
+    if args.cluster_only:
+        results["cluster"] = await bench_cluster(args)
+        print("\n".join(report_cluster(results["cluster"])))
+        return results
     with EmbeddedNatsServer() as server:
         async with open_connection(ConnectionSettings(servers=server.url, request_timeout=10)) as conn:
             print(f"nats-server {server.url}, {args.messages} msgs (baseline {args.baseline_messages}, batcher "
@@ -183,8 +228,10 @@ async def main(args: argparse.Namespace) -> dict[str, dict[str, dict[str, float]
                   f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
             for storage in storages:
                 results[storage] = await bench_storage(conn, storage, args, server.process.pid)
+    if args.cluster:
+        results["cluster"] = await bench_cluster(args)
     for storage, medians in results.items():
-        print("\n".join(report(storage, medians)))
+        print("\n".join(report_cluster(medians) if storage == "cluster" else report(storage, medians)))
     return results
 
 
@@ -196,6 +243,9 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--storage", choices=("file", "memory", "both"), default="both")
     parser.add_argument("--json", help="also write the medians to this JSON file")
+    parser.add_argument("--cluster", action=argparse.BooleanOptionalAction, default=True,
+                        help="also compare R3 and R1 streams on an embedded 3-node cluster (default on)")
+    parser.add_argument("--cluster-only", action="store_true", help="run only the cluster comparison")
     arguments = parser.parse_args()
     medians = asyncio.run(main(arguments))
     if arguments.json:

@@ -267,9 +267,21 @@ def _finite(value: float) -> float:
 
 def encode_rows(batch: Any, columns: list[str]) -> list[bytes]:
     """One JSON object per row of the Arrow record batch, with the given columns (see the module docs)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     selected = batch.select(columns)
     rows = selected.to_pylist()
     for name, arrow_type in zip(selected.schema.names, selected.schema.types, strict=True):
+        if pa.types.is_floating(arrow_type):  # checked for the whole column at once: values stay as they are
+            column = selected.column(name)
+            if pc.any(pc.invert(pc.is_finite(column))).as_py():
+                raise InvalidRequestError(
+                    f"column {name!r}: NaN or infinity has no JSON form; replace them first "
+                    "(e.g. df.na.replace(float('nan'), None))",
+                    reason="invalid_value",
+                )
+            continue
         encoder = _encoder(arrow_type)
         if encoder is None:
             continue

@@ -6,6 +6,7 @@ import pytest
 
 from airflow_jetstream.client import StreamConfigError, StreamNotFoundError, ensure_stream, stream_info
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
+from airflow_jetstream.sensors.consumer import JetStreamSourceCaughtUpSensor
 from tests.support.nats_calls import call_on_server as run
 
 
@@ -35,3 +36,22 @@ def test_shared_workqueue_origin_with_the_opt_in_feeds_both(nats_conn, settings)
     shared = JetStreamDurableSourceOperator(task_id="b", stream="AGG2", source="ORIG", mode="user", consumer="AGG2_SRC",
                                             deliver_subject="_SRC.AGG2", allow_shared_origin=True)
     assert shared.execute(context={})["action"] == "created"
+
+
+def test_caught_up_means_nothing_in_flight_either(nats_conn, settings):
+    """Caught up = the origin's consumer has nothing pending AND nothing awaiting the aggregate's
+    confirmation: at that moment a WorkQueue origin is empty and the aggregate holds everything."""
+    run(settings, ensure_stream, {"name": "ORIG", "subjects": ["orig.>"], "retention": "workqueue"})
+    JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIG").execute(context={})
+
+    async def publish(conn):
+        for i in range(20):
+            await conn.js.publish(f"orig.{i}", b"x")
+
+    run(settings, publish)
+    sensor = JetStreamSourceCaughtUpSensor(task_id="caught_up", stream="AGG", source="ORIG", poke_interval=0.05,
+                                           timeout=60, deferrable=False)
+    status = sensor.execute(context={})
+    origin, aggregate = (run(settings, stream_info, name)["state"]["messages"] for name in ("ORIG", "AGG"))
+    assert status["caught_up"] and status["consumer_num_pending"] == 0 and status["consumer_num_ack_pending"] == 0
+    assert (origin, aggregate) == (0, 20)

@@ -108,7 +108,8 @@ class JetStreamSourceCaughtUpSensor(_JetStreamStateSensor):
     """Wait until ``stream`` has caught up with its source (or mirror) ``source``.
 
     Caught up: the source has no error, is active, its lag is 0 and its durable consumer on the
-    origin has nothing pending. A source error (e.g. a consumer that is not a flow-control one)
+    origin has nothing pending and nothing in flight (``num_ack_pending`` 0: every delivered message is
+    confirmed stored in ``stream``). A source error (e.g. a consumer that is not a flow-control one)
     fails the task. Returns the source state; chain the next task after it::
 
         caught_up = JetStreamSourceCaughtUpSensor(

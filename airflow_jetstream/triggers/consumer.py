@@ -83,7 +83,8 @@ class JetStreamPollingTrigger(BaseTrigger):
 
 
 class JetStreamSourceCaughtUpTrigger(JetStreamPollingTrigger):
-    """Fire when ``stream`` has caught up with its source/mirror ``source`` (lag 0, active, no error)."""
+    """Fire when ``stream`` has caught up with its source/mirror ``source`` (lag 0, active, no error,
+    nothing pending or in flight on the origin's consumer)."""
 
     what = "source caught up"
 

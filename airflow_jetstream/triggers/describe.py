@@ -28,6 +28,8 @@ def describe_source(status: dict[str, Any]) -> str:
     parts = [f"lag {status.get('lag')} message(s)"]
     if status.get("consumer_num_pending") is not None:
         parts.append(f"{status['consumer_num_pending']} pending on {status.get('consumer')}")
+    if status.get("consumer_num_ack_pending"):
+        parts.append(f"{status['consumer_num_ack_pending']} in flight (delivered, not yet confirmed stored)")
     parts.append(seen)
     line = (f"{status.get('stream')} {kind} {status.get('source')}: "
             f"{'caught up' if status.get('caught_up') else 'not caught up'} ({', '.join(parts)})")

@@ -738,7 +738,9 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
     """Whether ``stream`` has caught up with its source (or mirror) ``source``.
 
     ``caught_up`` means: no source ``error``, ``active >= 0``, ``lag`` 0 and, when the durable
-    consumer on the origin is known, nothing pending on it. ``error`` is the source's error as a typed
+    consumer on the origin is known, nothing pending on it and nothing in flight (``num_ack_pending``
+    0: every delivered message confirmed stored by ``stream``, so a WorkQueue origin has let it go).
+    ``error`` is the source's error as a typed
     error dict (``reason``, ``message``, ``err_code``) or None.
     """
     spec = DurableSource(stream=stream, source=source, domain=domain, api_prefix=api_prefix)
@@ -765,6 +767,7 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
     active = int(entry.get("active", -1))
     lag = int(entry.get("lag", 0))
     pending = int(consumer.get("num_pending", 0)) if consumer else None
+    in_flight = int(consumer.get("num_ack_pending", 0)) if consumer else None
     error = error_from_api(entry["error"], context=f"source {source!r} of {where}").to_dict() if entry.get("error") \
         else None
     metrics.gauge("sourcing.lag", lag + (pending or 0), tags={"stream": stream, "source": source})
@@ -778,5 +781,6 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
         "error": error,
         "consumer": consumer["name"] if consumer else consumer_name,
         "consumer_num_pending": pending,
-        "caught_up": not error and active >= 0 and lag == 0 and not pending,
+        "consumer_num_ack_pending": in_flight,
+        "caught_up": not error and active >= 0 and lag == 0 and not pending and not in_flight,
     }

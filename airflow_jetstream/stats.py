@@ -12,19 +12,21 @@ from airflow.sdk.observability import stats as airflow_stats
 from airflow_jetstream.client import metrics
 
 PREFIX = "jetstream."
+# Airflow 3.3 has module-level functions; Airflow 3.2 (task-sdk 1.2) only the ``Stats`` object.
+_STATS = airflow_stats if hasattr(airflow_stats, "incr") else airflow_stats.Stats
 
 
 class AirflowStatsSink:
     """A :class:`~airflow_jetstream.client.metrics.MetricsSink` writing to Airflow's ``Stats``."""
 
     def incr(self, name: str, count: int = 1, tags: dict[str, str] | None = None) -> None:
-        airflow_stats.incr(PREFIX + name, count, tags=tags)
+        _STATS.incr(PREFIX + name, count, tags=tags)
 
     def timing(self, name: str, millis: float, tags: dict[str, str] | None = None) -> None:
-        airflow_stats.timing(PREFIX + name, millis, tags=tags)
+        _STATS.timing(PREFIX + name, millis, tags=tags)
 
     def gauge(self, name: str, value: float, tags: dict[str, str] | None = None) -> None:
-        airflow_stats.gauge(PREFIX + name, value, tags=tags)
+        _STATS.gauge(PREFIX + name, value, tags=tags)
 
 
 def install_airflow_stats() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -140,7 +141,9 @@ class _Columns:
         self.decode = options.decode
         self.permissive = options.json_mode == "permissive"
         self.corrupt = options.corrupt_record_column
-        self.arrow_schema = pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"), nullable=True)
+        # pyspark 4.2 takes the time zone; 4.0 and 4.1 make timestamps UTC by default (timestamp_utc=True).
+        utc = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_type).parameters else {}
+        self.arrow_schema = pa.schema([pa.field(f.name, to_arrow_type(f.dataType, **utc), nullable=True)
                                        for f in schema.fields])
         self.json_fields = [(f.name, converter(f.dataType)) for f in schema.fields
                             if f.name not in METADATA_COLUMNS and f.name != self.corrupt]

@@ -100,6 +100,32 @@ def test_stream_fields_the_server_does_not_know_are_refused(settings) -> None:
     with_streams(settings, body, [])
 
 
+@pytest.mark.parametrize(("mode", "flag"), [("atomic", "allow_atomic"), ("bulk", "allow_batched")])
+def test_spark_data_source_mode_by_feature(nats_server: EmbeddedNatsServer, settings, mode: str, flag: str) -> None:
+    """The writer is built on the driver before any task runs: an old server is refused there."""
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+    from airflow_jetstream.spark.options import WriteOptions
+    from airflow_jetstream.spark.writer import JetStreamWriter
+
+    feature = server_features.ATOMIC_BATCH if mode == "atomic" else server_features.FAST_BATCH
+    schema = StructType([StructField("subject", StringType()), StructField("payload", BinaryType())])
+    options = WriteOptions.parse({"servers": nats_server.url, "stream": "SPARK", "mode": mode,
+                                  "ledger_bucket": "none", "job_id": "compat"})
+
+    async def body(conn):
+        supported = server_features.supports(conn, feature)
+        await ensure_stream(conn, {"name": "SPARK", "subjects": ["spark.>"], **({flag: True} if supported else {})})
+        return supported
+
+    if with_streams(settings, body, []):
+        JetStreamWriter(options, schema)
+    else:
+        needs = rf"data source's mode={mode} needs nats-server {feature.since_text}"
+        with pytest.raises(ServerFeatureError, match=needs):
+            JetStreamWriter(options, schema)
+
+
 class _Conn:
     """Just enough of a connection for the pure functions: nats-py's own ServerVersion of a release."""
 

@@ -19,8 +19,10 @@ from airflow_jetstream.embedded import EmbeddedNatsCluster
 from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
 from airflow_jetstream.sensors.consumer import JetStreamSourceCaughtUpSensor
+from airflow_jetstream.triggers.consumer import JetStreamSourceCaughtUpTrigger
 from tests.conftest import set_nats_cluster_connection
 from tests.support.cluster_tools import call, cluster_settings, move_leader_off, publish_numbered, wait_for
+from tests.support.triggers import first_event_payload
 
 HALF = 10_000
 
@@ -151,3 +153,22 @@ def test_reset_of_a_consumer_deleted_meanwhile_is_consumer_not_found(cluster_con
             assert "deleted during the reset" in str(err.value)
 
     asyncio.run(main())
+
+
+def test_caught_up_trigger_waits_through_the_aggregates_election(cluster_conn: EmbeddedNatsCluster,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = cluster_conn
+    call(cluster, ensure_stream, workqueue("TRG_ORIG", "trg.>"))
+    JetStreamDurableSourceOperator(task_id="agg", stream="TRG_AGG", source="TRG_ORIG").execute(context={})
+    call(cluster, publish_numbered, "trg.x", 1, 100)
+    # every poll gives up on the election within ~1 s, so polls end in LeaderUnavailableError
+    set_nats_cluster_connection(monkeypatch, "nats_default", cluster, leader_wait=0.5, request_timeout=0.5)
+    victim = wait_for(lambda: cluster.stream_leader("TRG_AGG"), "a leader of TRG_AGG")
+    cluster.kill(victim)
+    try:
+        trigger = JetStreamSourceCaughtUpTrigger(stream="TRG_AGG", source="TRG_ORIG", poll_interval=0.2)
+        event = first_event_payload(trigger, timeout=90)
+    finally:
+        cluster.restart(victim)
+    assert event["status"] == "success", event
+    assert event["result"]["caught_up"] is True and call(cluster, stream_info, "TRG_AGG")["state"]["messages"] == 100

@@ -252,7 +252,8 @@ def _encoder(arrow_type: Any) -> Callable[[Any], Any] | None:
     if t.is_struct(arrow_type):
         fields = [(arrow_type.field(i).name, _encoder(arrow_type.field(i).type)) for i in range(arrow_type.num_fields)]
         return lambda v: {name: _apply(enc, v[name]) for name, enc in fields}
-    return str
+    raise InvalidRequestError(f"a {arrow_type} column has no JSON row encoding (docs/contracts.md); cast it "
+                              "(e.g. to string) or send a payload column", reason="invalid_column")
 
 
 def _apply(encoder: Callable[[Any], Any] | None, value: Any) -> Any:

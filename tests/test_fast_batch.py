@@ -157,3 +157,41 @@ def test_concurrent_fast_batches(settings):
     for k in range(3):
         mine = [s for s in stored if s.startswith(b"%d-" % k)]
         assert mine == [b"%d-%d" % (k, i) for i in range(500)], "each batch keeps its own order"
+
+
+def test_interrupted_batch_unknown_to_the_leader_is_counted_in_the_stream(settings, monkeypatch, caplog):
+    """When no leader knows an interrupted batch any more (simulated: the ping finds nothing), its messages
+    are counted by reading the stream back, skipping another publisher's messages stored in between;
+    the resume then stores each message exactly once."""
+    original_send = fast_batch_module._FastBatchRun._send
+    interrupted: list[int] = []
+
+    async def send_then_lose_the_leader(self):
+        if interrupted:
+            return await original_send(self)
+        full = self.messages
+        self.messages = full[:120]  # the first 120 are stored, then the leader "goes away"
+        await original_send(self)
+        self.messages = full
+        interrupted.append(120)
+        for i in range(3):
+            await self.conn.js.publish("fast.other", b"other%d" % i)
+        raise fast_batch_module.LeaderUnavailableError("simulated: the stream has no leader")
+
+    async def no_leader_knows_the_batch(self):
+        return None
+
+    monkeypatch.setattr(fast_batch_module._FastBatchRun, "_send", send_then_lose_the_leader)
+    monkeypatch.setattr(fast_batch_module._FastBatchRun, "_settle", no_leader_knows_the_batch)
+    payloads = [b"p%04d" % i for i in range(300)]
+
+    async def body(conn):
+        result = await publish_fast_batch(conn, [BatchMessage("fast.i", p) for p in payloads], flow=50)
+        return result, await contents(conn)
+
+    with caplog.at_level("WARNING", logger=fast_batch_module.__name__):
+        result, stored = run(settings, body)
+    assert interrupted == [120]
+    assert result.count == 300
+    assert stored == payloads[:120] + [b"other0", b"other1", b"other2"] + payloads[120:]
+    assert any("120 of 300 messages stored (counted in the stream)" in r.getMessage() for r in caplog.records)

@@ -196,9 +196,14 @@ class _FastBatchRun:
             raise _Interrupted(_connection_lost(self.context, exc), (0, 0)) from None
         try:
             try:
-                return await self._send()
+                ack = await self._send()
             except (LeaderUnavailableError, RequestTimeoutError) as exc:
                 raise _Interrupted(exc, await self._settle()) from None
+            error = ack.get("error") if isinstance(ack.get("error"), dict) else None
+            if error and error.get("err_code") == _ERR_BATCH_UNKNOWN and self.sent > 1:
+                # a new leader does not know the batch: what the old one stored is counted in the stream
+                raise _Interrupted(error_from_api(error, context=self.context), None)
+            return ack
         except _CONNECTION_ERRORS as exc:
             raise _Interrupted(_connection_lost(self.context, exc), None) from None
         finally:
@@ -407,12 +412,14 @@ async def publish_fast_batch(
         try:
             ack = await run.run()
         except _Interrupted as stop:
+            how = "the server's count"
             if stop.settled is not None:
                 accepted, last = stop.settled
                 mark = last_seq = max(mark, last)
             elif isinstance(stop.cause, ConnectionFailedError):
                 raise _failed(stop.cause, stream, stored, total, unknown_after=mark) from None
             else:
+                how = "counted in the stream"
                 try:
                     accepted, mark = await _count_in_stream(conn, stream, mark, items[stored:])
                 except JetStreamError as exc:
@@ -424,8 +431,8 @@ async def publish_fast_batch(
                 break
             if now - interrupted_since >= conn.settings.leader_wait:
                 raise _failed(stop.cause, stream, stored, total) from None
-            log.warning("%s interrupted (%s): %d of %d messages stored (counted by the server); resuming the "
-                        "rest in %.2f s", run.context, stop.cause.reason, stored, total, pause)
+            log.warning("%s interrupted (%s): %d of %d messages stored (%s); resuming the rest in %.2f s",
+                        run.context, stop.cause.reason, stored, total, how, pause)
         else:
             if "error" in ack:
                 raise _failed(error_from_api(ack["error"], context=run.context), stream, stored, total)

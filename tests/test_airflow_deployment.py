@@ -37,7 +37,8 @@ from airflow_jetstream.embedded.airflow_local import LocalAirflow
 from tests.support.nats_calls import call_on_server
 from tests.support.polling import wait_until
 
-pytestmark = pytest.mark.airflow_cli
+# Real components on a shared 2-core box: a pipeline run takes 1-2 min idle, up to 10 min under heavy load.
+pytestmark = [pytest.mark.airflow_cli, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE, GUARDED, PUBLISH_READY, PROCESS_READY = (
@@ -109,7 +110,7 @@ def run_state(airflow: LocalAirflow, dag_id: str, run_id: str) -> str | None:
     return rows[0][0] if rows else None
 
 
-def wait_run_finished(airflow: LocalAirflow, dag_id: str, run_id: str, timeout: float = 400,
+def wait_run_finished(airflow: LocalAirflow, dag_id: str, run_id: str, timeout: float = 900,
                       on_poll=None) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -253,7 +254,9 @@ def ui_trigger(page: Any, airflow: LocalAirflow, dag_id: str, rows: int) -> str:
     dialog.locator("input[name=element_rows]").fill(str(rows))
     with page.expect_response(lambda r: r.url.endswith("/dagRuns") and r.request.method == "POST") as created:
         dialog.get_by_role("button", name="Trigger").click()
-    return created.value.json()["dag_run_id"]
+    run_id = created.value.json()["dag_run_id"]
+    page.goto("about:blank")  # no auto-refreshing page while the run takes minutes
+    return run_id
 
 
 @pytest.fixture(scope="module")

@@ -134,8 +134,6 @@ async def ensure_capture_stream(conn: JetStreamConnection, name: str = DEFAULT_C
         config = capture_stream_config(
             name, max_age=age, max_bytes=max_bytes, subjects=DEFAULT_CAPTURE_SUBJECTS if subjects is None else subjects,
             storage=storage or "file", num_replicas=num_replicas, placement=placement)
-        if "max_age" in config:
-            config["max_age"] = age  # as given: ensure_stream converts it
         return await ensure_stream(conn, config, create_defaults={"num_replicas": default_replicas(conn)})
     config = {"name": name, **replication_config(num_replicas, placement)}
     if max_age is not None:

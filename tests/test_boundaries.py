@@ -25,6 +25,7 @@ from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key
 from airflow_jetstream.client.ledger.record_schema import LEDGER_RECORD_SCHEMA, record_problem
 from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.headers import header_values, headers_json, parse_header_lines
+from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.conftest import set_nats_connection
@@ -164,15 +165,22 @@ def test_repeated_headers_keep_every_value_on_a_real_message(settings: Connectio
     assert header_values(parse_header_lines(raw)) == {"X-Multi": ["a", "b"], "X-One": ["1"]}
 
     async def body(conn):
-        await ensure_stream(conn, {"name": "HDRS", "subjects": ["hdrs.>"]})
-        frame = (b"HPUB hdrs.a 46 48\r\nNATS/1.0\r\nX-Multi: a\r\nX-Multi: b\r\nX-One: 1\r\n\r\nhi\r\n")
-        sub = await conn.nc.subscribe("hdrs.a")
+        await ensure_stream(conn, {"name": "HDRS", "subjects": ["hdrs.>"], "allow_direct": True})
+        frame = (b"HPUB hdrs.a ack.hdrs 46 48\r\nNATS/1.0\r\nX-Multi: a\r\nX-Multi: b\r\nX-One: 1\r\n\r\n"
+                 b"hi\r\n")
+        sub, acks = await conn.nc.subscribe("hdrs.a"), await conn.nc.subscribe("ack.hdrs")
         await write_raw(conn.nc, frame)  # the wire bytes nats.js / Go send for append()/Add()
         msg = await sub.next_msg(timeout=3)
-        return msg.headers
+        assert json.loads((await acks.next_msg(timeout=3)).data)["seq"] == 1  # stored
+        read = {}
+        for via in ("consumer", "direct"):
+            async for chunk in read_range(conn, "HDRS", 1, 1, via=via):
+                read[via] = header_values(chunk[0][3])
+        return msg.headers, read
 
-    headers = on_server(settings, body)
+    headers, read = on_server(settings, body)
     assert headers_json(headers) == {"X-Multi": ["a", "b"], "X-One": "1"}
+    assert read["consumer"] == read["direct"] == {"X-Multi": ["a", "b"], "X-One": ["1"]}
 
     from pyspark.sql.types import ArrayType, MapType, StringType, StructField, StructType
 

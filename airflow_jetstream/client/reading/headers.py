@@ -50,6 +50,14 @@ def parse_header_lines(raw: bytes) -> Headers:
     return Headers(_HEADER_LINE.findall(raw.decode("utf-8", "replace")))
 
 
+def without(headers: Mapping[str, str], names: frozenset[str]) -> Headers | None:
+    """``headers`` minus ``names`` (None when nothing is left), keeping every value of a repeated name."""
+    repeated = getattr(headers, "repeated", None) or {}
+    kept = Headers([(name, value) for name, value in headers.items() if name not in names])
+    kept.repeated = {name: values for name, values in repeated.items() if name not in names}
+    return kept or None
+
+
 def header_values(headers: Mapping[str, str] | None) -> dict[str, list[str]]:
     """Every value of every header name, in the order received (a plain dict gives one value each)."""
     if not headers:

@@ -45,6 +45,7 @@ from airflow_jetstream.client.errors import (
     LeaderUnavailableError,
 )
 from airflow_jetstream.client.natspy_internals import install_header_parser
+from airflow_jetstream.client.reading.headers import without
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 
 #: Headers the server adds to a direct-get reply; they are metadata, not the message's own headers.
@@ -357,7 +358,7 @@ async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, l
                 if msg_seq > last:
                     done = True
                     continue
-                own = {k: v for k, v in headers.items() if k not in _DIRECT_GET_HEADERS} or None
+                own = without(headers, _DIRECT_GET_HEADERS)  # repeated names keep every value
                 chunk.append((headers["Nats-Subject"], msg_seq, _ts_nanos(headers["Nats-Time-Stamp"]), own, msg.data))
                 seq = msg_seq + 1
             if chunk:

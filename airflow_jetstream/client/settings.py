@@ -241,7 +241,7 @@ def _field_value(name: str, value: Any, what: str) -> Any:
         try:
             return to_seconds(value, field=f"{what} {name!r}")
         except InvalidRequestError:
-            raise InvalidSettingsError(f"{what} {name!r} must be seconds or a duration like '90s', "
+            raise InvalidSettingsError(f"{what} {name!r} must be a number of seconds or a duration like '90s', "
                                        f"got {value!r}") from None
     if not isinstance(value, str):
         raise InvalidSettingsError(f"{what} {name!r} must be a string")

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", action="store_true", help="NATS cluster with auth + Spark standalone cluster")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    home = Path(os.environ.get("DEMO_HOME", REPO / (".demo-cluster" if args.cluster else ".demo")))
+    home = Path(os.environ.get("DEMO_HOME", REPO / ".demo" / "cluster" if args.cluster else REPO / ".demo"))
     for part in ("nats", "spark", "output"):
         shutil.rmtree(home / part, ignore_errors=True)
     home.mkdir(parents=True, exist_ok=True)

@@ -69,4 +69,4 @@ constraints-lowest:
 	mv constraints/constraints-lowest-$(PYVER).txt.new constraints/constraints-lowest-$(PYVER).txt
 
 clean:
-	rm -rf $(VENV) tests/interop/node_modules .venv-compat-lowest .venv-compat-servers .demo .demo-cluster .up site dist build
+	rm -rf $(VENV) tests/interop/node_modules .venv-compat-lowest .venv-compat-servers .demo .up site dist build

@@ -108,3 +108,16 @@ def test_ledger_summary_streams_and_never_counts_a_batch_updated_during_the_list
     assert len(listed) == BATCHES + 1 and listed.count("b0001") == 2  # the raw stream: b0001 came twice
     assert during["batches"] == BATCHES, "a batch updated during the listing must be counted once"
     assert during["states"] == {"published": BATCHES - 2, "in_progress": 0, "consumed": 2, "failed": 0}
+
+
+def test_a_spark_write_task_reports_a_bounded_number_of_sequence_ranges():
+    from airflow_jetstream.spark.writer import MAX_REPORTED_RANGES, PartitionReport
+
+    report = PartitionReport(partition=0, attempt=0)
+    report.add_range(1, 1000)
+    report.add_range(1001, 2000)  # continues the previous chunk: one range
+    for chunk in range(1, MAX_REPORTED_RANGES + 50):  # interleaved with other tasks: gaps
+        report.add_range(chunk * 10_000 + 1, chunk * 10_000 + 1000)
+    assert report.ranges[0] == [1, 2000]
+    assert len(report.ranges) == MAX_REPORTED_RANGES and report.ranges_omitted == 50
+    assert len(json.dumps(report.to_dict())) < 4000

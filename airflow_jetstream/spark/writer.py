@@ -43,6 +43,8 @@ from airflow_jetstream.spark.progress import progress, rate
 log = logging.getLogger(__name__)
 #: The data source's write modes as batch modes of client.batches.publish_chunks.
 _BATCH_MODES = {"atomic": "atomic", "bulk": "fast"}
+#: Sequence ranges a task reports (the job record holds every task's report: one KV value).
+MAX_REPORTED_RANGES = 100
 
 
 @dataclass
@@ -57,10 +59,22 @@ class PartitionReport(WriterCommitMessage):
     skipped_batches: int = 0
     duplicate_batches: int = 0
     ranges: list[list[int]] = field(default_factory=list)
+    #: Chunk ranges left out of ``ranges`` past MAX_REPORTED_RANGES (the ledger records every chunk).
+    ranges_omitted: int = 0
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def add_range(self, first: int, last: int) -> None:
+        """Note a stored chunk's sequences: joined to the previous range when it continues it, and
+        kept to MAX_REPORTED_RANGES ranges so the job record stays small for any number of chunks."""
+        if self.ranges and self.ranges[-1][1] + 1 == first:
+            self.ranges[-1][1] = last
+        elif len(self.ranges) < MAX_REPORTED_RANGES:
+            self.ranges.append([first, last])
+        else:
+            self.ranges_omitted += 1
 
 
 def message_id(job_id: str, partition: int, row: int) -> str:
@@ -261,7 +275,7 @@ class JetStreamWriter(DataSourceArrowWriter):
         else:
             report.stored += result.count - result.duplicates
         if result.first_seq is not None:
-            report.ranges.append([result.first_seq, result.last_seq])
+            report.add_range(result.first_seq, result.last_seq)
         if ledger is not None:
             await ledger.record(opts.run_id, key, stream=result.stream or opts.stream, count=result.count,
                                 first_seq=result.first_seq, last_seq=result.last_seq,

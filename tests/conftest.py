@@ -22,6 +22,7 @@ os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).resolve().parents[1] / "dags_examples"))
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from airflow_jetstream.client import server_features  # noqa: E402
 from airflow_jetstream.client.errors import ServerFeatureError  # noqa: E402
 from airflow_jetstream.client.settings import ConnectionSettings  # noqa: E402
 from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer  # noqa: E402
@@ -145,7 +146,30 @@ def nkey_server(nats_server_factory: ServerFactory, nkey_user: tuple[str, str]) 
     return nats_server_factory(config={"authorization": {"users": [{"nkey": nkey_user[1]}]}})
 
 
+COMPAT_SKIPS = bool(os.environ.get("COMPAT_SKIP_SERVER_TOO_OLD"))
+_refused: list[ServerFeatureError] = []
+
+
+@pytest.fixture(autouse=True)
+def _record_server_feature_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the compatibility matrix, remember what the client's feature detection refused during a test."""
+    _refused.clear()
+    if not COMPAT_SKIPS:
+        return
+    require = server_features.require
+
+    def recording_require(conn, feature, **kwargs) -> None:
+        try:
+            require(conn, feature, **kwargs)
+        except ServerFeatureError as exc:
+            _refused.append(exc)
+            raise
+
+    monkeypatch.setattr(server_features, "require", recording_require)
+
+
 def _server_too_old(exc: BaseException | None) -> ServerFeatureError | None:
+    """A ServerFeatureError (``server_too_old``) in ``exc``'s chain, e.g. a server's 10025 for a newer field."""
     while exc is not None:
         if isinstance(exc, ServerFeatureError) and exc.reason == "server_too_old":
             return exc
@@ -155,12 +179,13 @@ def _server_too_old(exc: BaseException | None) -> ServerFeatureError | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """In the compatibility matrix (.ci/compat sets COMPAT_SKIP_SERVER_TOO_OLD=1), a test stopped by the
-    client's own feature detection (ServerFeatureError ``server_too_old``) is a skip naming the feature."""
+    """In the compatibility matrix (.ci/compat sets COMPAT_SKIP_SERVER_TOO_OLD=1), a test that failed after
+    the client's own feature detection refused something (the server lacks it) is a skip naming the feature:
+    feature detection, never a version list in the tests. `make test` never sets it."""
     report = yield
-    if os.environ.get("COMPAT_SKIP_SERVER_TOO_OLD") and report.failed and call.excinfo is not None:
-        too_old = _server_too_old(call.excinfo.value)
-        if too_old is not None:
+    if COMPAT_SKIPS and report.failed and call.excinfo is not None:
+        refused = _refused[0] if _refused else _server_too_old(call.excinfo.value)
+        if refused is not None:
             report.outcome = "skipped"
-            report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {too_old.message}")
+            report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {refused.message}")
     return report

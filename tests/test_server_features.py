@@ -152,3 +152,13 @@ def test_dropped_fields_ignore_unset_values() -> None:
     asked = {"name": "S", "allow_atomic": True, "mirror_direct": False, "description": "", "metadata": {}}
     assert server_features.dropped_fields(asked, {"name": "S"}) == ["allow_atomic"]
     assert server_features.dropped_fields(asked, {"name": "S", "allow_atomic": True}) == []
+
+
+def test_a_servers_unknown_field_answer_names_the_release_it_needs() -> None:
+    answer = {"code": 400, "err_code": 10025, "description": 'invalid JSON: json: unknown field "allow_batched"'}
+    refusal = server_features.unknown_field_refusal(_Conn("2.12.8"), answer, "STREAM.CREATE.S")
+    assert refusal is not None and refusal.reason == "server_too_old"
+    assert "nats-server 2.12.8 does not know the field 'allow_batched'" in refusal.message
+    assert "needs nats-server 2.14.0 or newer" in refusal.message
+    typo = {**answer, "description": 'invalid JSON: json: unknown field "alow_atomic"'}
+    assert server_features.unknown_field_refusal(_Conn("2.12.8"), typo, "STREAM.CREATE.S") is None

@@ -21,6 +21,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from airflow_jetstream.client import server_features
 from airflow_jetstream.client.errors import (
     AuthenticationError,
     ConnectionFailedError,
@@ -196,7 +197,8 @@ class JetStreamConnection:
             except ValueError:
                 raise JetStreamError(f"{what}: the server answered non-JSON data") from None
             if isinstance(reply, dict) and "error" in reply:
-                raise error_from_api(reply["error"], context=what)
+                refusal = server_features.unknown_field_refusal(self, reply["error"], what)
+                raise refusal or error_from_api(reply["error"], context=what)
             return reply
 
         return await self.retry_leader(what, once) if retry else await once()

@@ -48,7 +48,11 @@ STREAM_FIELDS: dict[str, Feature] = {
     "persist_mode": Feature("asynchronous persistence (stream persist_mode)", (2, 12, 0)),
 }
 
+# Fields a 2.12+ server refuses with 10025 ``unknown field "<name>"`` when it is older than they need.
+NEWER_FIELDS: dict[str, Feature] = {**STREAM_FIELDS, "consumer": DURABLE_SOURCING}
+
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+_UNKNOWN_FIELD = re.compile(r'unknown field "([^"]+)"')
 
 
 def parse_version(text: str) -> tuple[int, int, int] | None:
@@ -92,6 +96,21 @@ def check_stream_config(conn: Any, config: dict[str, Any]) -> None:
             require(conn, feature, what=f"stream {config.get('name')!r}: field {field!r} ({feature.name})")
     if any(isinstance(s, dict) and "consumer" in s for s in config.get("sources") or []):
         require(conn, DURABLE_SOURCING, what=f"stream {config.get('name')!r}: {DURABLE_SOURCING.name}")
+
+
+def unknown_field_refusal(conn: Any, error: dict[str, Any], context: str) -> ServerFeatureError | None:
+    """A server's 10025 ``unknown field`` answer for a field newer servers know, as the error naming the
+    release it needs (None for any other error: a misspelt field stays the server's own message)."""
+    match = _UNKNOWN_FIELD.search(str(error.get("description", "")))
+    feature = NEWER_FIELDS.get(match[1]) if match and error.get("err_code") == 10025 else None
+    if feature is None:
+        return None
+    version = ".".join(map(str, server_version(conn) or ())) or "unknown"
+    return ServerFeatureError(
+        f"{context}: nats-server {version} does not know the field {match[1]!r}; {feature.name} needs "
+        f"nats-server {feature.since_text} or newer",
+        reason="server_too_old", code=error.get("code"), err_code=10025, description=error.get("description"),
+    )
 
 
 def dropped_fields(requested: dict[str, Any], echoed: dict[str, Any]) -> list[str]:

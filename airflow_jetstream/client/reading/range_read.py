@@ -56,6 +56,7 @@ _DIRECT_GET_HEADERS = frozenset({
 StoredMessage = tuple[str, int, int, dict[str, str] | None, bytes]
 #: Pull / direct-get statuses that mean "no leader right now": no responders, leadership change.
 _LEADER_STATUSES = frozenset({"503", "409"})
+_ERR_NO_MESSAGE = 10037
 log = logging.getLogger(__name__)
 
 
@@ -382,17 +383,21 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
         read_from = _read_via_direct
     else:
         raise InvalidRequestError(f"via={via!r}: use 'consumer' or 'direct'", reason="invalid_option")
-    async for chunk in _resuming(conn, stream, first, last,
+    async for chunk in _resuming(conn, stream, first, last, subjects,
                                  lambda start: read_from(conn, stream, start, last, subjects, batch)):
         yield chunk
 
 
-async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: int,
+async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
                     read_from: Callable[[int], AsyncIterator[list[StoredMessage]]],
                     ) -> AsyncIterator[list[StoredMessage]]:
     """Yield ``read_from(first)``; after a :class:`LeaderUnavailableError` (a node restart or leader
     election) read again from the sequence after the last one yielded, backing off 0.25-2 s, for up to
-    the connection's ``leader_wait`` seconds without progress. Nothing is yielded twice."""
+    the connection's ``leader_wait`` seconds without progress. Nothing is yielded twice.
+
+    A read that ends before ``last`` is checked against the stream leader: a read consumer or a direct
+    get answered by a replica that is still catching up (just restarted) sees fewer messages, so when
+    the leader holds a matching message at or below ``last`` the read resumes instead of ending short."""
     loop = asyncio.get_running_loop()
     deadline: float | None = None
     pause = 0.25
@@ -403,6 +408,12 @@ async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: in
                 first = chunk[-1][1] + 1
                 deadline, pause = None, 0.25
                 yield chunk
+            if first <= last:
+                behind = await _next_stored_seq(conn, stream, first, subjects)
+                if behind is not None and behind <= last:
+                    raise LeaderUnavailableError(
+                        f"stream {stream!r}: the read ended before seq {behind}, which the stream leader holds "
+                        "(the server that answered is a replica still catching up)")
             return
         except LeaderUnavailableError as exc:
             now = loop.time()
@@ -417,6 +428,21 @@ async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: in
                         "left", stream, first, exc.reason, retries, pause, deadline - now)
             await asyncio.sleep(min(pause, deadline - now))
             pause = min(pause * 2, 2.0)
+
+
+async def _next_stored_seq(conn: JetStreamConnection, stream: str, first: int, subjects: Sequence[str]) -> int | None:
+    """The first sequence >= ``first`` the stream leader holds on ``subjects`` (any subject when empty)."""
+    found = []
+    for subject in subjects or (">",):
+        try:
+            reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": first, "next_by_subj": subject},
+                                           context=f"stream {stream!r}")
+        except JetStreamError as exc:
+            if exc.err_code == _ERR_NO_MESSAGE:
+                continue
+            raise
+        found.append(int(reply["message"]["seq"]))
+    return min(found, default=None)
 
 
 def read_method(plan: ReadPlan, *, consume: bool) -> str:

@@ -80,5 +80,6 @@ def test_example_event_driven_dag_loads_with_jetstream_watchers():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert ("['handle_abandoned_batches', 'process_ready_orders', 'publish_orders_guarded'] "
-            "airflow_jetstream.triggers.message.JetStreamMessageTrigger ORDERS airflow_orders_ready") in out.stdout
+    assert ("['handle_abandoned_batches', 'process_ready_orders', 'publish_orders_guarded', 'publish_ready_orders'] "
+            "airflow_jetstream.triggers.message.JetStreamMessageTrigger ORDERS_READY airflow_orders_ready"
+            ) in out.stdout

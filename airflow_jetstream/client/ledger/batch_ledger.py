@@ -358,11 +358,18 @@ class BatchLedger:
     async def get(self, run_id: str, batch_id: str) -> BatchRecord | None:
         """The batch's current record, or None when it was never recorded."""
         key = batch_key(run_id, batch_id)
-        async with _kv_errors(self.conn, f"ledger {self.bucket!r} batch {batch_id!r}"):
-            try:
-                entry = await self.kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
-                return None
+        context = f"ledger {self.bucket!r} batch {batch_id!r}"
+
+        async def read() -> Any:
+            async with _kv_errors(self.conn, context):
+                try:
+                    return await self.kv.get(key)
+                except nats.js.errors.KeyNotFoundError:
+                    return None
+
+        entry = await self.conn.retry_leader(context, read)
+        if entry is None:
+            return None
         return BatchRecord._decode(entry.value or b"", entry.revision or 0, key)
 
     async def _latest(self, run_id: str | None) -> AsyncIterator[tuple[int, str, BatchRecord | None]]:
@@ -444,11 +451,17 @@ class BatchLedger:
         rec = BatchRecord(run_id=run_id, batch_id=batch_id, stream=stream, count=count, first_seq=first_seq,
                           last_seq=last_seq, created_at=now, updated_at=now, meta=dict(meta or {}))
         payload = rec._encode()
-        async with _kv_errors(self.conn, f"record batch {batch_id!r} of run {run_id!r}"):
-            try:
-                revision = await self.kv.create(key, payload)
-            except nats.js.errors.KeyWrongLastSequenceError:
-                revision = 0
+        context = f"record batch {batch_id!r} of run {run_id!r}"
+
+        async def create() -> int:
+            # retried through elections: a create whose answer was lost finds its own record below
+            async with _kv_errors(self.conn, context):
+                try:
+                    return int(await self.kv.create(key, payload))
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    return 0
+
+        revision = await self.conn.retry_leader(context, create)
         if revision:
             metrics.incr("ledger.recorded", tags={"stream": stream})
             return replace(rec, revision=revision)

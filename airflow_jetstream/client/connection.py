@@ -97,6 +97,18 @@ class JetStreamConnection:
     def max_payload(self) -> int:
         return self.nc.max_payload
 
+    @property
+    def clustered(self) -> bool:
+        """Whether the connected server is part of a cluster (its INFO names one)."""
+        return bool((getattr(self.nc, "_server_info", None) or {}).get("cluster"))
+
+    def unanswered(self, message: str) -> RequestTimeoutError:
+        """The error for a request that got no answer: on a cluster a :class:`LeaderUnavailableError`
+        (an election is the usual cause, and it is retried), on a single server a plain timeout."""
+        if self.clustered:
+            return LeaderUnavailableError(f"{message}; the stream/consumer may be electing a leader")
+        return RequestTimeoutError(message)
+
     def _note_error(self, exc: BaseException) -> None:
         match = _PERMISSION.search(str(exc))
         if match:
@@ -174,8 +186,9 @@ class JetStreamConnection:
                           timeout: float | None = None, context: str = "", retry: bool = True) -> dict[str, Any]:
         """Send ``body`` to ``<api prefix>.<api>`` and return the JSON reply, raising typed errors.
 
-        No reply in time, or a "temporarily unavailable" answer, is a :class:`LeaderUnavailableError`
-        retried for ``settings.leader_wait`` seconds (a cluster electing a leader); ``retry=False``
+        No reply in time from a clustered server, or a "temporarily unavailable" answer, is a
+        :class:`LeaderUnavailableError` retried for ``settings.leader_wait`` seconds (a cluster electing
+        a leader; on a single server no reply stays a :class:`RequestTimeoutError`); ``retry=False``
         turns that off. JetStream API calls are idempotent (create/update with the same config,
         delete, info, reset to a given sequence), so a retry after a lost reply is safe.
         """
@@ -189,9 +202,7 @@ class JetStreamConnection:
             except LeaderUnavailableError:
                 raise
             except RequestTimeoutError as exc:
-                raise LeaderUnavailableError(
-                    f"{what}: {exc.message}; the stream/consumer may be electing a leader"
-                ) from None
+                raise self.unanswered(f"{what}: {exc.message}") from None
             try:
                 reply = json.loads(msg.data or b"{}")
             except ValueError:

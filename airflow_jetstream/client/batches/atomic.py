@@ -478,8 +478,8 @@ class _ElectionRetry:
     """Decides whether a failed send of one atomic batch is re-sent while the stream elects a leader.
 
     Re-sent only when that cannot store it twice: a 503 / no responders (the message reached no stream
-    leader, so the batch cannot commit) on a stream that exists; a timeout or lost connection before
-    the commit frame was written (the server abandons an uncommitted batch); or after it, when the
+    leader, so the batch cannot commit) on a stream that exists; on a cluster, a timeout or a lost
+    (reconnecting) connection before the commit frame was written (the server abandons an uncommitted batch); or after it, when the
     batch carries msg ids (the server then refuses a stored batch as a duplicate and it is recognised
     as ``already_committed``). For up to the connection's ``leader_wait`` seconds, 0.25-2 s apart.
     """
@@ -497,7 +497,9 @@ class _ElectionRetry:
             if not await streams_for_subject(self.conn, subject):
                 return False
             safe, why = True, "no stream leader answered (503)"
-        elif isinstance(exc, RequestTimeoutError) or exc.reason == "connection_lost":
+        elif (isinstance(exc, RequestTimeoutError) or exc.reason == "connection_lost") and self.conn.clustered \
+                and not self.conn.nc.is_closed:
+            # on a cluster an unanswered batch is most likely an election (nats-py reconnects meanwhile)
             safe = not commit_written or self.has_msg_ids
             why = "no reply" if not commit_written else "no reply to the commit (msg ids make a re-send safe)"
         else:

@@ -293,10 +293,8 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
                         item = await queue.get()
                 except TimeoutError:
                     await conn.raise_if_denied(next_subject)
-                    raise LeaderUnavailableError(
-                        f"stream {stream!r}: no messages from the read consumer within "
-                        f"{conn.settings.request_timeout}s (its server may be down or electing a leader)"
-                    ) from None
+                    raise conn.unanswered(f"stream {stream!r}: no messages from the read consumer within "
+                                          f"{conn.settings.request_timeout}s") from None
                 if isinstance(item, list):
                     if item:
                         yield item
@@ -306,7 +304,7 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
                 if item in (0, 404, 408):
                     finished = True
                     break
-                if str(item) in _LEADER_STATUSES:
+                if str(item) in _LEADER_STATUSES and conn.clustered:
                     raise LeaderUnavailableError(f"stream {stream!r}: the read consumer answered status {item} "
                                                  "(no leader / leadership change)")
                 raise JetStreamError(f"stream {stream!r}: the read consumer answered status {item}",
@@ -342,11 +340,11 @@ async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, l
                     msg = await sub.next_msg(conn.settings.request_timeout)
                 except TimeoutError:
                     await conn.raise_if_denied(subject)
-                    raise LeaderUnavailableError(f"stream {stream!r}: direct get got no answer within "
-                                                 f"{conn.settings.request_timeout}s") from None
+                    raise conn.unanswered(f"stream {stream!r}: direct get got no answer within "
+                                          f"{conn.settings.request_timeout}s") from None
                 headers = msg.headers or {}
                 status = headers.get(HEADER_STATUS)
-                if status in _LEADER_STATUSES:
+                if status in _LEADER_STATUSES and conn.clustered:
                     raise LeaderUnavailableError(f"stream {stream!r}: direct get answered status {status} "
                                                  "(no leader)")
                 if status:

@@ -9,7 +9,9 @@ One embedded nats-server; for each path three sizes a factor of 4 apart:
   ``ledger_batches``, the sorted listing that holds every record, is the contrast;
 - ``capture``: the advisory capture reader scanning N captured advisories (``find_captured``);
 - ``cursor``: a bounded read of an N-message stream through its cursor consumer
-  (``plan_read`` + ``read_range`` + ``acknowledge_read``), counting what it reads.
+  (``plan_read`` + ``read_range`` + ``acknowledge_read``), counting what it reads;
+- ``consume``: :func:`consume` (what ``JetStreamConsumeOperator`` runs) through a durable pull
+  consumer, a function per batch of 1000, acknowledged after it returned.
 
 Each measurement runs in a fresh child process: it does the same work on a small warm-up input
 first, then reads its peak RSS (``ru_maxrss``), does the measured work and reads it again.
@@ -44,15 +46,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from airflow_jetstream.client import ConnectionSettings, JetStreamConnection, ensure_stream, open_connection
 from airflow_jetstream.client.advisories import AdvisoryFilter, find_captured
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, BatchRecord, batch_key
+from airflow_jetstream.client.reading.consume import ConsumeOptions, consume
 from airflow_jetstream.client.reading.range_read import acknowledge_read, plan_read, read_range
 from airflow_jetstream.embedded import EmbeddedNatsServer
 
-PATHS = ("operator", "ledger_list", "ledger_batches", "ledger_summary", "ledger_reap", "capture", "cursor")
+PATHS = ("operator", "ledger_list", "ledger_batches", "ledger_summary", "ledger_reap", "capture", "cursor", "consume")
 #: Input sizes per path at --base 1: (smallest size, warm-up size).
-SIZES = {"operator": (25_000, 2_000), "ledger": (6_250, 500), "capture": (25_000, 2_000), "cursor": (25_000, 2_000)}
+SIZES = {"operator": (25_000, 2_000), "ledger": (6_250, 500), "capture": (25_000, 2_000), "cursor": (25_000, 2_000),
+         "consume": (6_250, 500)}
 FACTOR = 4
 RUN = "daily"
 ADVISORY = "$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED"
+#: The durable (cursor) consumer of this child process: its warm-up reads the warm stream from the start.
+CONSUMER = f"scale-{os.getpid()}"
 
 
 def family(path: str) -> str:
@@ -147,7 +153,11 @@ async def run_async(settings: ConnectionSettings, path: str, target: str) -> int
         if path == "capture":
             flt = AdvisoryFilter(advisory="batch_abandoned", stream=target, batch="never")
             return (await find_captured(conn, target, since="1970-01-01T00:00:00Z", advisory_filter=flt))["scanned"]
-        plan = await plan_read(conn, target, consumer="scale")
+        if path == "consume":
+            stored = (await conn.js.stream_info(target)).state.messages
+            options = ConsumeOptions(per_batch=True, batch_size=1000, max_messages=stored)
+            return (await consume(conn, target, lambda batch: None, consumer=CONSUMER, options=options))["processed"]
+        plan = await plan_read(conn, target, consumer=CONSUMER)
         count = 0
         async for chunk in read_range(conn, target, plan.first_seq, plan.last_seq):
             count += len(chunk)

@@ -195,3 +195,31 @@ def test_interrupted_batch_unknown_to_the_leader_is_counted_in_the_stream(settin
     assert result.count == 300
     assert stored == payloads[:120] + [b"other0", b"other1", b"other2"] + payloads[120:]
     assert any("120 of 300 messages stored (counted in the stream)" in r.getMessage() for r in caplog.records)
+
+
+def test_interrupted_batch_on_a_workqueue_stream_says_the_count_is_unknown(settings, monkeypatch):
+    """On a WorkQueue stream messages may be consumed before they are counted: without the server's own
+    count the error says stored is unknown (None) instead of guessing, and nothing is resumed."""
+    original_send = fast_batch_module._FastBatchRun._send
+
+    async def send_then_lose_the_leader(self):
+        self.messages = self.messages[:50]
+        await original_send(self)
+        raise fast_batch_module.LeaderUnavailableError("simulated: the stream has no leader")
+
+    async def no_leader_knows_the_batch(self):
+        return None
+
+    monkeypatch.setattr(fast_batch_module._FastBatchRun, "_send", send_then_lose_the_leader)
+    monkeypatch.setattr(fast_batch_module._FastBatchRun, "_settle", no_leader_knows_the_batch)
+    stream = {**FAST, "retention": "workqueue"}
+
+    async def body(conn):
+        with pytest.raises(BatchPublishError) as info:
+            await publish_fast_batch(conn, [BatchMessage("fast.w", b"%d" % i) for i in range(100)])
+        return info.value, await contents(conn)
+
+    exc, stored = run(settings, body, stream=stream)
+    assert exc.stored is None and exc.total == 100 and exc.reason == "stored_unknown"
+    assert "after seq 0" in str(exc)
+    assert len(stored) == 50

@@ -341,6 +341,10 @@ async def _count_in_stream(conn: JetStreamConnection, stream: str, after: int,
 async def _read_and_count(conn: JetStreamConnection, stream: str, after: int,
                           items: Sequence[BatchMessage]) -> tuple[int, int]:
     info = await conn.api_request(f"STREAM.INFO.{stream}", context=f"stream {stream!r}")
+    retention = info["config"].get("retention", "limits")
+    if retention != "limits":
+        raise JetStreamError(f"stream {stream!r} has {retention} retention: its messages may be consumed before "
+                             "they can be counted", reason="stored_unknown")
     last = int(info["state"]["last_seq"])
     found = 0
     via = "direct" if info["config"].get("allow_direct") else "consumer"

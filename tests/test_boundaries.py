@@ -280,3 +280,13 @@ def test_json_rows_written_with_rfc3339_times_exact_decimals_and_base64() -> Non
     with pytest.raises(InvalidRequestError) as err:
         encode_rows(nan, ["x"])
     assert err.value.reason == "invalid_value" and "'x'" in err.value.message
+
+
+def test_publish_operator_sends_a_list_header_as_a_repeated_header() -> None:
+    from airflow_jetstream.client.batches.types import encode_header_lines
+    from airflow_jetstream.operators.publish import to_batch_message
+
+    msg = to_batch_message({"subject": "a.b", "data": {"k": 1}, "headers": {"X-Tag": ["a", "b"], "X-N": 1}},
+                           0, None, None)
+    assert msg.headers == {"X-Tag": ["a", "b"], "X-N": "1"} and msg.data == b'{"k":1}'
+    assert encode_header_lines(msg.headers) == b"X-Tag: a\r\nX-Tag: b\r\nX-N: 1\r\n"

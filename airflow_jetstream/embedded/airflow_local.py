@@ -72,7 +72,8 @@ class LocalAirflow:
         self.connections_in_db = connections_in_db
         self.extra_env = dict(extra_env or {})
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self._jwt_secret = secrets.token_urlsafe(32)
+        self._jwt_secret = secrets.token_urlsafe(32)  # shared by the components, in their environment only
+        self._session_key = secrets.token_urlsafe(32)
 
     @property
     def url(self) -> str:
@@ -99,7 +100,7 @@ class LocalAirflow:
             AIRFLOW__API__HOST="127.0.0.1",
             AIRFLOW__API__PORT=str(self.port),
             AIRFLOW__API_AUTH__JWT_SECRET=self._jwt_secret,
-            AIRFLOW__API__SECRET_KEY=self._jwt_secret,
+            AIRFLOW__API__SECRET_KEY=self._session_key,
             AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
             AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL="5",
             AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE="True",

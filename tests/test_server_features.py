@@ -7,6 +7,7 @@ Every test branches on what the server *reports* (``server_features.supports``),
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 
 import pytest
@@ -98,6 +99,29 @@ def test_stream_fields_the_server_does_not_know_are_refused(settings) -> None:
         assert await find_stream(conn, "TYPO") is None
 
     with_streams(settings, body, [])
+
+
+@pytest.mark.parametrize(("mode", "flag"), [("atomic", "allow_atomic"), ("fast", "allow_batched")])
+def test_publish_operator_by_feature(nats_conn: str, settings, mode: str, flag: str) -> None:
+    from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
+
+    feature = server_features.ATOMIC_BATCH if mode == "atomic" else server_features.FAST_BATCH
+    supported = with_streams(settings, lambda conn: _supports(conn, feature), [])
+    with_streams(settings, lambda conn: asyncio.sleep(0),
+                 [{"name": "OPS", "subjects": ["ops.>"], **({flag: True} if supported else {})}])
+    op = JetStreamAtomicBatchPublishOperator(task_id="publish", subject="ops.x", mode=mode,
+                                             messages=[{"data": {"id": i}} for i in range(3)])
+    if supported:
+        assert op.execute(context={})["count"] == 3
+    else:
+        with pytest.raises(ServerFeatureError, match=rf"needs nats-server {feature.since_text}"):
+            op.execute(context={})
+    stored = with_streams(settings, lambda conn: stream_info(conn, "OPS"), [])
+    assert _stored(stored) == (3 if supported else 0)
+
+
+async def _supports(conn, feature: server_features.Feature) -> bool:
+    return server_features.supports(conn, feature)
 
 
 @pytest.mark.parametrize(("mode", "flag"), [("atomic", "allow_atomic"), ("bulk", "allow_batched")])

@@ -92,3 +92,20 @@ def test_reads_right_after_a_restart_are_complete(nats_cluster_module: EmbeddedN
 
     counts = asyncio.run(main())
     assert counts == [(via, TOTAL) for via in ("consumer", "direct", "consumer", "direct")]
+
+
+def test_direct_read_of_several_subjects_returns_each_message_once(settings: ConnectionSettings) -> None:
+    """Direct get reads one subject after the other; the end-of-read check against the leader must not
+    take the other subjects' later sequences for a short read (single server)."""
+
+    async def main() -> list[int]:
+        async with open_connection(settings) as conn:
+            await ensure_stream(conn, {"name": "MULTI", "subjects": ["multi.>"], "allow_batched": True,
+                                       "allow_direct": True})
+            await publish_fast_batch(conn, [BatchMessage(f"multi.{'ab'[i % 2]}", b"%d" % i) for i in range(200)])
+            return [m[1] async for chunk in read_range(conn, "MULTI", 1, 200, subjects=("multi.b", "multi.a"),
+                                                        via="direct", batch=30) for m in chunk]
+
+    seqs = asyncio.run(main())
+    assert sorted(seqs) == list(range(1, 201))
+    assert seqs == list(range(2, 201, 2)) + list(range(1, 201, 2))

@@ -375,6 +375,12 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
     if last < first:
         return
     use_fast_header_parser(conn)
+    if via == "direct" and len(subjects) > 1:
+        # direct get reads one subject after the other, each in sequence order: each resumes on its own
+        for subject in subjects:
+            async for chunk in read_range(conn, stream, first, last, subjects=(subject,), via=via, batch=batch):
+                yield chunk
+        return
     if via == "consumer":
         read_from = _read_via_consumer
     elif via == "direct":

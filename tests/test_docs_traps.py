@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from airflow_jetstream.client import StreamConfigError, StreamNotFoundError, ensure_stream, stream_info
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
 from airflow_jetstream.sensors.consumer import JetStreamSourceCaughtUpSensor
 from tests.support.nats_calls import call_on_server as run
+from tests.support.polling import wait_until
 
 
 @pytest.mark.parametrize(("first_mode", "second_mode"), [("user", "server"), ("server", "user")])
@@ -55,3 +61,81 @@ def test_caught_up_means_nothing_in_flight_either(nats_conn, settings):
     origin, aggregate = (run(settings, stream_info, name)["state"]["messages"] for name in ("ORIG", "AGG"))
     assert status["caught_up"] and status["consumer_num_pending"] == 0 and status["consumer_num_ack_pending"] == 0
     assert (origin, aggregate) == (0, 20)
+
+
+WAITING_DAGS = '''
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_jetstream.sensors.kv import JetStreamKeyValueSensor
+from airflow_jetstream.sensors.ledger import JetStreamBatchLedgerSensor
+from airflow_jetstream.sensors.message import JetStreamMessageSensor
+
+with DAG(dag_id="never_true", start_date=datetime(2026, 1, 1), schedule=None):
+    JetStreamBatchLedgerSensor(task_id="ledger", deferrable=True, poke_interval=2, timeout=6)
+    JetStreamKeyValueSensor(task_id="kv", bucket="models", key="churn", value="ready", deferrable=True, timeout=6)
+    JetStreamMessageSensor(task_id="message", stream="EVENTS", apply_function="builtins.bool", deferrable=True,
+                           timeout=6)
+
+with DAG(dag_id="long_wait", start_date=datetime(2026, 1, 1), schedule=None):
+    JetStreamBatchLedgerSensor(task_id="ledger", deferrable=True, poke_interval=2, timeout=3600)
+'''
+
+
+@pytest.fixture(scope="module")
+def waiting_env(tmp_path_factory):
+    """An Airflow home with the DAGs above, nats_default on a server with the stream and bucket they watch."""
+    from airflow_jetstream.client import ConnectionSettings
+    from airflow_jetstream.client.kv.bucket import ensure_bucket
+    from airflow_jetstream.embedded import EmbeddedNatsServer
+    from tests.support.airflow_cli import dag_test_env
+
+    home = tmp_path_factory.mktemp("waiting")
+    with EmbeddedNatsServer(store_dir=home / "nats") as server:
+        settings = ConnectionSettings(servers=server.url, connect_timeout=2)
+        run(settings, ensure_stream, {"name": "EVENTS", "subjects": ["events.>"]})
+        run(settings, ensure_bucket, "models")
+        yield dag_test_env(home / "airflow", server.url, {"waiting.py": WAITING_DAGS})
+
+
+def _dags_test(dag_id: str, env: dict, out: Path) -> subprocess.Popen:
+    from tests.support.airflow_cli import AIRFLOW
+
+    return subprocess.Popen([AIRFLOW, "dags", "test", dag_id], env=env, stdout=out.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float, out: Path) -> int:
+    """The exit code, or fail (after SIGKILL of what this test started) when it does not exit in time."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError(f"airflow dags test still running after {timeout}s:\n{out.read_text()[-3000:]}") from None
+
+
+def test_deferred_sensors_time_out_under_airflow_dags_test(waiting_env, tmp_path):
+    """dags test runs triggers inline and ignores the deferral timeout: each trigger ends at its own."""
+    out = tmp_path / "dags-test.log"
+    code = _finish(_dags_test("never_true", waiting_env, out), 240, out)
+    log = out.read_text()
+    assert code != 0 and "DagRun failed" in log
+    assert "batch ledger not reached within 6 s" in log
+    assert "KV models/churn did not" in log and "no message of stream EVENTS matched within 6 s" in log
+    assert log.count("[DAG TEST] Trigger completed") == 3
+    assert "coroutine ignored GeneratorExit" not in log
+
+
+def test_sigterm_stops_a_deferred_sensor_under_airflow_dags_test(waiting_env, tmp_path):
+    out = tmp_path / "dags-test.log"
+    proc = _dags_test("long_wait", waiting_env, out)
+    try:
+        wait_until(lambda: "Waiting for batch ledger" in out.read_text() or proc.poll() is not None,
+                   "the inline trigger to start waiting", timeout=180, every=0.2)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    code = _finish(proc, 60, out)
+    assert code != 0 and "received SIGTERM while waiting" in out.read_text()

@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
 from airflow_jetstream.client.admin.consumers import parse_time
@@ -23,11 +23,12 @@ from airflow_jetstream.client.advisories.types import parse_timestamp
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.sensors.base import _TerminableSensor
 from airflow_jetstream.sensors.consumer import TIMEOUT_BACKSTOP
 from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger
 
 
-class JetStreamAdvisorySensor(BaseSensorOperator):
+class JetStreamAdvisorySensor(_TerminableSensor):
     """Wait for a matching JetStream advisory and return it on XCom, or guard that none appears.
 
     Advisories are read from the capture stream (see ``JetStreamAdvisoryStreamOperator``) starting

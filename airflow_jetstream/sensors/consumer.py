@@ -8,13 +8,14 @@ from functools import cached_property
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
 from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.client.sourcing.provision import source_status
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.sensors.base import _TerminableSensor
 from airflow_jetstream.triggers.consumer import (
     JetStreamConsumerDrainedTrigger,
     JetStreamPollingTrigger,
@@ -26,7 +27,7 @@ from airflow_jetstream.triggers.describe import describe_consumer, describe_sour
 TIMEOUT_BACKSTOP = 60
 
 
-class _JetStreamStateSensor(BaseSensorOperator):
+class _JetStreamStateSensor(_TerminableSensor):
     """Shared poke/defer logic: ``status()`` via the hook, ``trigger()`` for deferrable mode."""
 
     ui_color = "#27aae1"

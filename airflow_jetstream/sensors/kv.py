@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_jetstream.client.kv.bucket import check_bucket
@@ -16,10 +16,11 @@ from airflow_jetstream.client.kv.keys import validate_key
 from airflow_jetstream.client.kv.watch import KeyCondition, check_key
 from airflow_jetstream.client.reading.apply_function import function_path
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.sensors.base import _TerminableSensor, deadline
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
 
 
-class JetStreamKeyValueSensor(BaseSensorOperator):
+class JetStreamKeyValueSensor(_TerminableSensor):
     """Wait until ``key`` of the KV ``bucket`` exists, equals ``value``, or satisfies ``apply_function``.
 
     A signal between systems ("model v42 is ready"): poke mode reads the key's current value each
@@ -110,7 +111,7 @@ class JetStreamKeyValueSensor(BaseSensorOperator):
                                            apply_function=self.apply_function,
                                            apply_function_args=self.apply_function_args,
                                            apply_function_kwargs=self.apply_function_kwargs,
-                                           nats_conn_id=self.nats_conn_id)
+                                           nats_conn_id=self.nats_conn_id, timeout_at=deadline(self.timeout))
         self.log.info("Deferring: watching KV %s/%s until it %s", self.bucket, self.key, self.condition().describe())
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
 
@@ -119,6 +120,8 @@ class JetStreamKeyValueSensor(BaseSensorOperator):
             entry = event["entry"]
             self.log.info("KV %s/%s matched at revision %s", self.bucket, self.key, entry["revision"])
             return entry
+        if event.get("status") == "timeout":
+            self.timed_out(f"KV {self.bucket}/{self.key} did not {self.condition().describe()}")
         error = event.get("error") or {}
         raise AirflowException(f"waiting for KV {self.bucket}/{self.key} failed: {error.get('message', event)} "
                                f"(reason: {error.get('reason')})")

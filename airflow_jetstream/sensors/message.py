@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_jetstream.client.durations import to_seconds
@@ -16,6 +16,8 @@ from airflow_jetstream.client.reading.apply_function import bind_function, funct
 from airflow_jetstream.client.reading.await_message import find_message, resolve_start
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.renamed import take_renamed
+from airflow_jetstream.sensors.base import _TerminableSensor, deadline
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
 
 
@@ -23,7 +25,7 @@ def _templated(value: Any) -> bool:
     return isinstance(value, str) and "{{" in value
 
 
-class JetStreamMessageSensor(BaseSensorOperator):
+class JetStreamMessageSensor(_TerminableSensor):
     """Wait until a message of ``stream`` (on ``subject``) satisfies ``apply_function``; push it to XCom.
 
     ``apply_function(message, *apply_function_args, **apply_function_kwargs)`` gets a
@@ -52,7 +54,8 @@ class JetStreamMessageSensor(BaseSensorOperator):
     :param apply_function_args, apply_function_kwargs: extra arguments (templated).
     :param subject: only messages on this subject (wildcards allowed; templated).
     :param start: where to start looking (templated).
-    :param poll_timeout: seconds each pull request waits on the server while deferred.
+    :param fetch_timeout: seconds each pull request waits on the server while deferred (old name:
+        ``poll_timeout``, deprecated).
     :param deferrable: wait in the triggerer; default ``[operators] default_deferrable``.
     :param nats_conn_id: the ``nats`` connection to use (templated).
     """
@@ -70,11 +73,13 @@ class JetStreamMessageSensor(BaseSensorOperator):
         apply_function_kwargs: dict[str, Any] | None = None,
         subject: str | None = None,
         start: int | str | datetime = "new",
-        poll_timeout: float | str | timedelta = 5.0,
+        fetch_timeout: float | str | timedelta | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         nats_conn_id: str = JetStreamHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
+        fetch_timeout = take_renamed(type(self).__name__, kwargs, {"poll_timeout": "fetch_timeout"},
+                                     {"fetch_timeout": fetch_timeout}).get("fetch_timeout", fetch_timeout)
         super().__init__(**kwargs)
         self.deferrable = deferrable
         self.apply_function = function_path(apply_function) if deferrable else apply_function
@@ -88,7 +93,7 @@ class JetStreamMessageSensor(BaseSensorOperator):
         self.apply_function_args = apply_function_args
         self.apply_function_kwargs = apply_function_kwargs
         self.start = start
-        self.poll_timeout = to_seconds(poll_timeout, field="poll_timeout")
+        self.fetch_timeout = to_seconds(5.0 if fetch_timeout is None else fetch_timeout, field="fetch_timeout")
         self.nats_conn_id = nats_conn_id
         self._next_seq: int | None = None
 
@@ -123,8 +128,8 @@ class JetStreamMessageSensor(BaseSensorOperator):
         trigger = JetStreamAwaitMessageTrigger(
             stream=self.stream, apply_function=self.apply_function, start_seq=self._start_seq(context),
             subject=self.subject or None, apply_function_args=self.apply_function_args,
-            apply_function_kwargs=self.apply_function_kwargs, poll_timeout=self.poll_timeout,
-            nats_conn_id=self.nats_conn_id,
+            apply_function_kwargs=self.apply_function_kwargs, fetch_timeout=self.fetch_timeout,
+            nats_conn_id=self.nats_conn_id, timeout_at=deadline(self.timeout),
         )
         self.log.info("Deferring: waiting for a message of stream %s from seq %d", self.stream, trigger.start_seq)
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
@@ -134,6 +139,8 @@ class JetStreamMessageSensor(BaseSensorOperator):
             message = event["message"]
             self.log.info("Matched message seq %s on %s", message["seq"], message["subject"])
             return message
+        if event.get("status") == "timeout":
+            self.timed_out(f"no message of stream {self.stream} matched")
         error = event.get("error") or {}
         raise AirflowException(f"waiting for a message failed: {error.get('message', event)} "
                                f"(reason: {error.get('reason')})")

@@ -15,7 +15,9 @@ from airflow_jetstream.client.errors import ConsumerNotFoundError, JetStreamErro
 from airflow_jetstream.client.reading.apply_function import bind_function
 from airflow_jetstream.client.reading.await_message import find_message
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.renamed import take_renamed
 from airflow_jetstream.triggers.advisory import PERMANENT_ERRORS, TRANSIENT_ERRORS, TRANSIENT_RETRIES
+from airflow_jetstream.triggers.deadline import within
 
 
 class JetStreamAwaitMessageTrigger(BaseTrigger):
@@ -26,32 +28,40 @@ class JetStreamAwaitMessageTrigger(BaseTrigger):
     per triggerer event loop.
 
     Events: ``{"status": "matched", "message": {...}, "next_seq", "scanned"}`` or
-    ``{"status": "error", "error": {...}}``.
+    ``{"status": "error", "error": {...}}`` or, once ``timeout_at`` (ISO time) passed, ``{"status": "timeout"}``.
     """
 
     def __init__(self, *, stream: str, apply_function: str, start_seq: int, subject: str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
-                 poll_timeout: float | str | timedelta = 5.0,
-                 nats_conn_id: str = JetStreamHook.default_conn_name) -> None:
+                 fetch_timeout: float | str | timedelta | None = None,
+                 poll_timeout: float | str | timedelta | None = None,
+                 nats_conn_id: str = JetStreamHook.default_conn_name, timeout_at: str | None = None) -> None:
         super().__init__()
+        self.timeout_at = timeout_at
         self.stream = stream
         self.apply_function = apply_function
         self.start_seq = int(start_seq)
         self.subject = subject
         self.apply_function_args = list(apply_function_args or [])
         self.apply_function_kwargs = dict(apply_function_kwargs or {})
-        self.poll_timeout = to_seconds(poll_timeout, field="poll_timeout")
+        old = {"poll_timeout": poll_timeout} if poll_timeout is not None else {}
+        fetch_timeout = take_renamed(type(self).__name__, old, {"poll_timeout": "fetch_timeout"},
+                                     {"fetch_timeout": fetch_timeout}).get("fetch_timeout", fetch_timeout)
+        self.fetch_timeout = to_seconds(5.0 if fetch_timeout is None else fetch_timeout, field="fetch_timeout")
         self.nats_conn_id = nats_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
             "stream": self.stream, "apply_function": self.apply_function, "start_seq": self.start_seq,
             "subject": self.subject, "apply_function_args": self.apply_function_args,
-            "apply_function_kwargs": self.apply_function_kwargs, "poll_timeout": self.poll_timeout,
-            "nats_conn_id": self.nats_conn_id,
+            "apply_function_kwargs": self.apply_function_kwargs, "fetch_timeout": self.fetch_timeout,
+            "nats_conn_id": self.nats_conn_id, "timeout_at": self.timeout_at,
         })
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        yield TriggerEvent(await within(self.timeout_at, self._wait()))
+
+    async def _wait(self) -> dict[str, Any]:
         attempt = 0
         while True:
             try:
@@ -61,7 +71,7 @@ class JetStreamAwaitMessageTrigger(BaseTrigger):
                               self.subject or "all subjects", self.start_seq, self.apply_function)
                 async with shared_connection(settings) as conn:
                     found = await find_message(conn, self.stream, match, subject=self.subject,
-                                               start_seq=self.start_seq, follow=True, poll=self.poll_timeout)
+                                               start_seq=self.start_seq, follow=True, poll=self.fetch_timeout)
                 event = {"status": "matched", **found}
                 break
             except JetStreamError as exc:
@@ -77,4 +87,4 @@ class JetStreamAwaitMessageTrigger(BaseTrigger):
                 delay = min(2.0**attempt, 30.0)
                 self.log.warning("Message wait interrupted (%s); retrying in %.0f s", exc, delay)
                 await asyncio.sleep(delay)
-        yield TriggerEvent(event)
+        return event

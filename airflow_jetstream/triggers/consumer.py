@@ -56,6 +56,11 @@ class JetStreamPollingTrigger(BaseTrigger):
         raise NotImplementedError
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        # the event is yielded after the connection is closed: a generator closed right after its first
+        # event (``airflow dags test`` runs triggers inline that way) has nothing left to clean up
+        yield TriggerEvent(await self._wait())
+
+    async def _wait(self) -> dict[str, Any]:
         try:
             settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
             async with open_connection(settings) as conn:
@@ -67,19 +72,16 @@ class JetStreamPollingTrigger(BaseTrigger):
                         await asyncio.sleep(self.poll_interval)
                         continue
                     if status.get("error") and isinstance(status["error"], dict):
-                        yield TriggerEvent({"status": "error", "error": {**status["error"], "state": status}})
-                        return
+                        return {"status": "error", "error": {**status["error"], "state": status}}
                     if self.is_done(status):
-                        yield TriggerEvent({"status": "success", "result": status})
-                        return
+                        return {"status": "success", "result": status}
                     if self._timed_out():
-                        yield TriggerEvent({"status": "timeout", "last": status, "description": self.describe(status)})
-                        return
+                        return {"status": "timeout", "last": status, "description": self.describe(status)}
                     self.log.info("Waiting for %s: %s", self.what, self.describe(status))
                     await asyncio.sleep(self.poll_interval)
         except JetStreamError as exc:
             self.log.error("Waiting for %s failed: %s", self.what, exc)
-            yield TriggerEvent({"status": "error", "error": exc.to_dict()})
+            return {"status": "error", "error": exc.to_dict()}
 
 
 class JetStreamSourceCaughtUpTrigger(JetStreamPollingTrigger):

@@ -13,6 +13,7 @@ from airflow_jetstream.client.errors import JetStreamError
 from airflow_jetstream.client.kv.watch import KeyCondition, wait_for_key
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.advisory import PERMANENT_ERRORS, TRANSIENT_ERRORS, TRANSIENT_RETRIES
+from airflow_jetstream.triggers.deadline import within
 
 
 class JetStreamKeyValueTrigger(BaseTrigger):
@@ -21,13 +22,15 @@ class JetStreamKeyValueTrigger(BaseTrigger):
     on the triggerer's event loop. All triggers of one connection id share one NATS connection per
     triggerer event loop.
 
-    Events: ``{"status": "matched", "entry": {...}}`` or ``{"status": "error", "error": {...}}``.
+    Events: ``{"status": "matched", "entry": {...}}``, ``{"status": "error", "error": {...}}`` or, once
+    ``timeout_at`` (ISO time) passed, ``{"status": "timeout"}``.
     """
 
     def __init__(self, *, bucket: str, key: str, value: Any = None, apply_function: str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
-                 nats_conn_id: str = JetStreamHook.default_conn_name) -> None:
+                 nats_conn_id: str = JetStreamHook.default_conn_name, timeout_at: str | None = None) -> None:
         super().__init__()
+        self.timeout_at = timeout_at
         self.bucket = bucket
         self.key = key
         self.value = value
@@ -40,10 +43,13 @@ class JetStreamKeyValueTrigger(BaseTrigger):
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
             "bucket": self.bucket, "key": self.key, "value": self.value, "apply_function": self.apply_function,
             "apply_function_args": self.apply_function_args, "apply_function_kwargs": self.apply_function_kwargs,
-            "nats_conn_id": self.nats_conn_id,
+            "nats_conn_id": self.nats_conn_id, "timeout_at": self.timeout_at,
         })
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        yield TriggerEvent(await within(self.timeout_at, self._wait()))
+
+    async def _wait(self) -> dict[str, Any]:
         attempt = 0
         while True:
             try:
@@ -67,4 +73,4 @@ class JetStreamKeyValueTrigger(BaseTrigger):
                 delay = min(2.0**attempt, 30.0)
                 self.log.warning("KV watch interrupted (%s); retrying in %.0f s", exc, delay)
                 await asyncio.sleep(delay)
-        yield TriggerEvent(event)
+        return event

@@ -13,6 +13,8 @@ CURSOR_CONSUMER = "orders-report"
 LEDGER_BUCKET = "batch_ledger"
 SPARK_APPS = Path(__file__).resolve().parent / "spark_apps"
 OUTPUT_DIR = os.environ.get("JETSTREAM_DEMO_OUTPUT", "/tmp/airflow-jetstream-demo")
+#: Stream replicas: 3 on a 3-node cluster (``make demo-cluster``), 1 on a single server.
+REPLICAS = int(os.environ.get("JETSTREAM_DEMO_REPLICAS", "1"))
 
 RAW_STREAM_CONFIG = {
     "name": RAW_STREAM,
@@ -23,6 +25,7 @@ RAW_STREAM_CONFIG = {
     "allow_batched": True,
     "duplicate_window": "10m",
     "max_age": "7d",
+    "num_replicas": REPLICAS,
 }
 AGG_STREAM_CONFIG = {
     "name": AGG_STREAM,
@@ -30,6 +33,7 @@ AGG_STREAM_CONFIG = {
     "retention": "limits",
     "max_age": "30d",
     "allow_direct": True,
+    "num_replicas": REPLICAS,
 }
 #: The nats connection every task uses; JetStreamSparkSubmitOperator hands it to the Spark jobs.
 NATS_CONN_ID = "nats_default"

@@ -92,16 +92,16 @@ def run_pipeline(home: Path, nats: str | dict[str, Any], *, dag_id: str = DAG_ID
     return summary
 
 
-def start_embedded(stack: ExitStack, home: Path) -> tuple[dict[str, Any], str]:
+def start_embedded(stack: ExitStack, home: Path) -> tuple[dict[str, Any], str, dict[str, str]]:
     """``make demo``: one nats-server without auth, Spark local[2]."""
     from airflow_jetstream.embedded import EmbeddedNatsServer
 
     server = stack.enter_context(EmbeddedNatsServer(store_dir=home / "nats"))
     print(f"embedded nats-server (JetStream) running at {server.url}")
-    return nats_connection(server.url), "local[2]"
+    return nats_connection(server.url), "local[2]", {}
 
 
-def start_clusters(stack: ExitStack, home: Path) -> tuple[dict[str, Any], str]:
+def start_clusters(stack: ExitStack, home: Path) -> tuple[dict[str, Any], str, dict[str, str]]:
     """``make demo-cluster``: a 3-node NATS cluster with TLS and a user/password, a Spark standalone cluster."""
     from airflow_jetstream.embedded import EmbeddedNatsCluster
     from airflow_jetstream.embedded.spark_cluster import EmbeddedSparkCluster
@@ -114,11 +114,11 @@ def start_clusters(stack: ExitStack, home: Path) -> tuple[dict[str, Any], str]:
         "tls": {"cert_file": str(tls.server_cert), "key_file": str(tls.server_key), "timeout": 5},
     }
     nats = stack.enter_context(EmbeddedNatsCluster(3, store_dir=home / "nats", config=config))
-    print(f"3-node NATS cluster (JetStream, TLS, user/password auth) running at {nats.servers}")
+    print(f"3-node NATS cluster (JetStream, TLS, user/password auth; R3 streams) running at {nats.servers}")
     spark = stack.enter_context(EmbeddedSparkCluster(workers=2, base_dir=home / "spark"))
     print(f"Spark standalone cluster running at {spark.master_url} (2 workers)")
     conn = nats_connection(nats.servers, login="airflow", password=password, extra={"tls_ca_file": str(tls.ca)})
-    return conn, spark.master_url
+    return conn, spark.master_url, {"JETSTREAM_DEMO_REPLICAS": "3"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(home / part, ignore_errors=True)
     home.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        conn, master = (start_clusters if args.cluster else start_embedded)(stack, home)
+        conn, master, extra_env = (start_clusters if args.cluster else start_embedded)(stack, home)
         try:
-            summary = run_pipeline(home, conn, spark_master=master)
+            summary = run_pipeline(home, conn, spark_master=master, extra_env=extra_env)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             print(f"demo FAILED: {exc}", file=sys.stderr)
             return 1

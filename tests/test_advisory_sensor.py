@@ -56,7 +56,8 @@ def test_stream_operator_is_idempotent(nats_conn):
 def test_poke_mode_finds_advisory_published_before_the_sensor_started(capture):
     since = datetime.now(UTC)
     make_stream("ORDERS")  # the advisory is published now, before the sensor exists
-    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", stream="ORDERS", since=since,
+    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", advisory_stream="ORDERS",
+                                     start_time=since,
                                      poke_interval=0.1, timeout=10)
     result = sensor.execute(context={})
     assert result["type"] == "io.nats.jetstream.advisory.v1.stream_action"
@@ -66,20 +67,21 @@ def test_poke_mode_finds_advisory_published_before_the_sensor_started(capture):
 
 def test_since_defaults_to_the_run_data_interval_start(capture):
     make_stream("ORDERS")
-    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", stream="ORDERS", poke_interval=0.1,
+    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", advisory_stream="ORDERS",
+                                     poke_interval=0.1,
                                      timeout=10)
     assert sensor.execute(context={"data_interval_start": datetime.now(UTC) - timedelta(minutes=1)})["stream"] == \
         "ORDERS"
     future = {"data_interval_start": None, "logical_date": datetime.now(UTC) + timedelta(hours=1)}
     assert sensor.resolve_since(future) == future["logical_date"]
     with pytest.raises(AirflowSensorTimeout):
-        JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", stream="ORDERS", poke_interval=0.1,
+        JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", advisory_stream="ORDERS", poke_interval=0.1,
                                 timeout=0.3).execute(context=future)
 
 
 def test_poke_mode_timeout_and_soft_fail(capture):
-    kwargs = {"task_id": "wait", "advisory": "batch_abandoned", "stream": "ORDERS", "poke_interval": 0.1,
-              "timeout": 0.3, "since": datetime.now(UTC)}
+    kwargs = {"task_id": "wait", "advisory": "batch_abandoned", "advisory_stream": "ORDERS", "poke_interval": 0.1,
+              "timeout": 0.3, "start_time": datetime.now(UTC)}
     with pytest.raises(AirflowSensorTimeout):
         JetStreamAdvisorySensor(**kwargs).execute(context={})
     with pytest.raises(AirflowSkipException):
@@ -90,12 +92,13 @@ def test_match_predicate_by_function_and_by_dict(capture):
     since = datetime.now(UTC)
     make_stream("INVOICES")
     make_stream("ORDERS2")
-    by_function = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", match=is_orders_stream, since=since,
+    by_function = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", match=is_orders_stream,
+                                          start_time=since,
                                           poke_interval=0.1, timeout=10)
     assert by_function.match == f"{__name__}.is_orders_stream"
     assert by_function.execute(context={})["stream"] == "ORDERS2"
     by_dict = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", match={"stream": "INVOICES"},
-                                      since=since, poke_interval=0.1, timeout=10)
+                                      start_time=since, poke_interval=0.1, timeout=10)
     assert by_dict.execute(context={})["stream"] == "INVOICES"
     with pytest.raises(AdvisoryPredicateError):
         JetStreamAdvisorySensor(task_id="w", advisory="stream_created", match=lambda a: True)
@@ -103,18 +106,18 @@ def test_match_predicate_by_function_and_by_dict(capture):
 
 def test_guard_mode_succeeds_after_quiet_period_and_fails_on_a_match(capture):
     since = datetime.now(UTC)
-    quiet = JetStreamAdvisorySensor(task_id="guard", advisory="stream_deleted", since=since, expect="absent",
+    quiet = JetStreamAdvisorySensor(task_id="guard", advisory="stream_deleted", start_time=since, expect="absent",
                                     quiet_period=0.3, poke_interval=0.1, timeout=10)
     result = quiet.execute(context={})
     assert result["expect"] == "absent" and result["advisory"] is None
     assert datetime.fromisoformat(result["checked_until"]) >= since
     make_stream("DOOMED")
     JetStreamHook().run(lambda conn: conn.api_request("STREAM.DELETE.DOOMED"))
-    guard = JetStreamAdvisorySensor(task_id="guard", advisory="stream_deleted", since=since, expect="absent",
+    guard = JetStreamAdvisorySensor(task_id="guard", advisory="stream_deleted", start_time=since, expect="absent",
                                     quiet_period=30, poke_interval=0.1, timeout=10)
     with pytest.raises(AirflowFailException, match=r"guard failed: advisory stream_deleted .*stream=DOOMED"):
         guard.execute(context={})
-    soft = JetStreamAdvisorySensor(task_id="guard", advisory="stream_deleted", since=since, expect="absent",
+    soft = JetStreamAdvisorySensor(task_id="guard", advisory="stream_deleted", start_time=since, expect="absent",
                                    quiet_period=30, poke_interval=0.1, timeout=10, soft_fail=True)
     with pytest.raises(AirflowSkipException):
         soft.execute(context={})
@@ -128,8 +131,9 @@ def test_missing_capture_stream_fails_with_the_fix(nats_conn):
 
 def test_deferrable_defers_with_a_serializable_trigger(capture):
     since = datetime.now(UTC)
-    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="batch_abandoned", stream="ORDERS", reason="timeout",
-                                     match=is_orders_stream, since=since, deferrable=True, timeout=600)
+    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="batch_abandoned", advisory_stream="ORDERS",
+                                     reason="timeout",
+                                     match=is_orders_stream, start_time=since, deferrable=True, timeout=600)
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(context={})
     assert deferred.value.method_name == "execute_complete"
@@ -141,19 +145,19 @@ def test_deferrable_defers_with_a_serializable_trigger(capture):
     json.dumps(kwargs)
     rebuilt = JetStreamAdvisoryTrigger(**kwargs)
     assert rebuilt.serialize() == (classpath, kwargs)
-    assert kwargs["advisory"] == "batch_abandoned" and kwargs["since"] == since.isoformat()
+    assert kwargs["advisory"] == "batch_abandoned" and kwargs["start_time"] == since.isoformat()
     assert kwargs["match"] == f"{__name__}.is_orders_stream" and kwargs["nats_conn_id"] == "nats_default"
 
 
 def test_timeouts_say_what_was_looked_for(capture):
     since = datetime.now(UTC)
-    poking = JetStreamAdvisorySensor(task_id="w", advisory="stream_deleted", stream="NEVER", since=since,
+    poking = JetStreamAdvisorySensor(task_id="w", advisory="stream_deleted", advisory_stream="NEVER", start_time=since,
                                      poke_interval=0.05, timeout=0.2)
     with pytest.raises(AirflowSensorTimeout, match=r"Last seen: scanned \d+ captured advisories since .* "
                                                    r"stream_deleted stream=NEVER: no match"):
         poking.execute(context={})
-    trigger = JetStreamAdvisoryTrigger(advisory="stream_deleted", stream="NEVER", since=since.isoformat(),
-                                       poll_timeout=0.2, timeout_at=datetime.now(UTC).isoformat())
+    trigger = JetStreamAdvisoryTrigger(advisory="stream_deleted", advisory_stream="NEVER", start_time=since.isoformat(),
+                                       fetch_timeout=0.2, timeout_at=datetime.now(UTC).isoformat())
     event = first_event_payload(trigger)
     assert event["status"] == "timeout" and "no stream_deleted stream=NEVER in capture stream" in event["description"]
     with pytest.raises(AirflowSensorTimeout, match="Last seen: no stream_deleted stream=NEVER"):
@@ -162,7 +166,7 @@ def test_timeouts_say_what_was_looked_for(capture):
 
 def test_capture_gap_is_said_once_and_not_for_the_run_that_created_the_stream(capture, capsys):
     before = datetime(2020, 1, 1, tzinfo=UTC)  # long before the capture stream existed
-    sensor = JetStreamAdvisorySensor(task_id="w", advisory="stream_deleted", since=before, poke_interval=0.05,
+    sensor = JetStreamAdvisorySensor(task_id="w", advisory="stream_deleted", start_time=before, poke_interval=0.05,
                                      timeout=0.3)
     with pytest.raises(AirflowSensorTimeout):
         sensor.execute(context={})
@@ -172,7 +176,7 @@ def test_capture_gap_is_said_once_and_not_for_the_run_that_created_the_stream(ca
     assert out.count("Scanned 0 captured advisories") > 1  # several pokes, one warning
     this_run = SimpleNamespace(start_date=before, run_after=before)  # the run started before the stream's creation
     with pytest.raises(AirflowSensorTimeout):
-        JetStreamAdvisorySensor(task_id="w", advisory="stream_deleted", since=before, poke_interval=0.05,
+        JetStreamAdvisorySensor(task_id="w", advisory="stream_deleted", start_time=before, poke_interval=0.05,
                                 timeout=0.3).execute(context={"dag_run": this_run})
     out = capsys.readouterr().out
     assert "[warning" not in out and "was created by this DAG run" in out, out
@@ -181,15 +185,16 @@ def test_capture_gap_is_said_once_and_not_for_the_run_that_created_the_stream(ca
 def test_deferrable_returns_at_once_when_already_there(capture):
     since = datetime.now(UTC)
     make_stream("READY")
-    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", stream="READY", since=since,
+    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", advisory_stream="READY",
+                                     start_time=since,
                                      deferrable=True)
     assert sensor.execute(context={})["stream"] == "READY"
 
 
 def test_trigger_finds_advisory_published_while_deferred(capture):
     since = datetime.now(UTC)
-    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", stream="LATER", since=since.isoformat(),
-                                       poll_timeout=0.5)
+    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", advisory_stream="LATER", start_time=since.isoformat(),
+                                       fetch_timeout=0.5)
 
     async def publish_later(waiting):
         await asyncio.wait({waiting}, timeout=0.3)
@@ -198,15 +203,16 @@ def test_trigger_finds_advisory_published_while_deferred(capture):
 
     event = first_event_payload(trigger, while_waiting=publish_later)
     assert event["status"] == "matched" and event["advisory"]["stream"] == "LATER"
-    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", stream="LATER", deferrable=True)
+    sensor = JetStreamAdvisorySensor(task_id="wait", advisory="stream_created", advisory_stream="LATER",
+                                     deferrable=True)
     assert sensor.execute_complete({}, event)["stream"] == "LATER"
 
 
 def test_trigger_guard_mode_quiet_and_matched(capture):
     since = datetime.now(UTC)
-    quiet = JetStreamAdvisoryTrigger(advisory="stream_deleted", since=since.isoformat(), expect="absent",
+    quiet = JetStreamAdvisoryTrigger(advisory="stream_deleted", start_time=since.isoformat(), expect="absent",
                                      quiet_until=(datetime.now(UTC) + timedelta(seconds=0.5)).isoformat(),
-                                     poll_timeout=0.2)
+                                     fetch_timeout=0.2)
     event = first_event_payload(quiet)
     assert event["status"] == "quiet"
     guard = JetStreamAdvisorySensor(task_id="g", advisory="stream_deleted", expect="absent", deferrable=True)
@@ -214,8 +220,8 @@ def test_trigger_guard_mode_quiet_and_matched(capture):
     make_stream("GONE")
     JetStreamHook().run(lambda conn: conn.api_request("STREAM.DELETE.GONE"))
     # quiet_until already passed: the final scan still sees the stored advisory
-    late = JetStreamAdvisoryTrigger(advisory="stream_deleted", since=since.isoformat(), expect="absent",
-                                    quiet_until=datetime.now(UTC).isoformat(), poll_timeout=0.2)
+    late = JetStreamAdvisoryTrigger(advisory="stream_deleted", start_time=since.isoformat(), expect="absent",
+                                    quiet_until=datetime.now(UTC).isoformat(), fetch_timeout=0.2)
     matched = first_event_payload(late)
     assert matched["status"] == "matched" and matched["advisory"]["stream"] == "GONE"
     with pytest.raises(AirflowFailException, match="stream=GONE"):
@@ -237,7 +243,7 @@ def test_trigger_live_mode_without_capture_stream(nats_conn):
 
 
 def test_trigger_reports_errors_as_events(nats_conn):
-    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", since=datetime.now(UTC).isoformat())
+    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", start_time=datetime.now(UTC).isoformat())
     event = first_event_payload(trigger)
     assert event["status"] == "error" and event["error"]["reason"] == "stream_not_found"
     sensor = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", deferrable=True)
@@ -278,7 +284,8 @@ def test_sensor_uses_its_connection_id(monkeypatch, nats_server):
             await ensure_stream(conn, {"name": "VIA_OTHER", "subjects": ["via.>"]})
 
     asyncio.run(create())
-    sensor = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", stream="VIA_OTHER", since=since,
+    sensor = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", advisory_stream="VIA_OTHER",
+                                     start_time=since,
                                      nats_conn_id="nats_other", poke_interval=0.1, timeout=5)
     assert sensor.execute(context={})["stream"] == "VIA_OTHER"
 
@@ -289,7 +296,7 @@ def test_trigger_retries_an_unreachable_server_then_reports(monkeypatch):
 
     monkeypatch.setattr(advisory_module, "TRANSIENT_RETRIES", 1)
     set_nats_connection(monkeypatch, "nats_default", f"nats://127.0.0.1:{free_port()}", extra={"connect_timeout": 0.3})
-    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", since=datetime.now(UTC).isoformat())
+    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", start_time=datetime.now(UTC).isoformat())
     event = first_event_payload(trigger)
     assert event["status"] == "error" and event["error"]["reason"] == "server_unreachable"
 
@@ -299,7 +306,7 @@ def test_trigger_does_not_retry_refused_credentials(monkeypatch, user_server):
 
     monkeypatch.setattr(advisory_module, "TRANSIENT_RETRIES", 50)  # would take minutes if it retried
     set_nats_connection(monkeypatch, "nats_default", user_server.url, login="airflow", password="wrong")
-    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", since=datetime.now(UTC).isoformat())
+    trigger = JetStreamAdvisoryTrigger(advisory="stream_created", start_time=datetime.now(UTC).isoformat())
     event = first_event_payload(trigger, timeout=15)
     assert event["status"] == "error" and event["error"]["reason"] == "authentication_failed"
     assert "wrong" not in json.dumps(event)
@@ -329,11 +336,12 @@ def test_reschedule_mode_reschedules_and_counts_the_quiet_period_from_the_first_
     from airflow.sdk.exceptions import AirflowRescheduleException
 
     since = datetime.now(UTC)
-    waiting = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", stream="NOT_YET", since=since,
+    waiting = JetStreamAdvisorySensor(task_id="w", advisory="stream_created", advisory_stream="NOT_YET",
+                                      start_time=since,
                                       mode="reschedule", poke_interval=5, timeout=60)
     with pytest.raises(AirflowRescheduleException):
         waiting.execute(context={"ti": FakeRescheduledTI(None)})
-    guard = {"task_id": "g", "advisory": "stream_deleted", "since": since, "expect": "absent", "quiet_period": 30,
+    guard = {"task_id": "g", "advisory": "stream_deleted", "start_time": since, "expect": "absent", "quiet_period": 30,
              "mode": "reschedule", "poke_interval": 5, "timeout": 600}
     with pytest.raises(AirflowRescheduleException):  # first try just started: the quiet period is not over
         JetStreamAdvisorySensor(**guard).execute(context={"ti": FakeRescheduledTI(None)})

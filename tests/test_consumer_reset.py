@@ -67,26 +67,26 @@ def test_reset_to_ack_floor_redelivers_what_was_pending(middle, settings):
 
 
 def test_reset_to_sequence_backward_and_forward_with_templated_value(middle, settings):
-    forward = _reset(consumer="ALL", seq="8")
+    forward = _reset(consumer="ALL", start_seq="8")
     assert forward["reset_seq"] == 8 and forward["num_pending"] == 3
-    op = JetStreamConsumerResetOperator(task_id="reset", stream="ORDERS", consumer="ALL", seq="{{ params.seq }}")
+    op = JetStreamConsumerResetOperator(task_id="reset", stream="ORDERS", consumer="ALL", start_seq="{{ params.seq }}")
     op.render_template_fields({"params": {"seq": 2}})
     backward = op.execute(context={})
     assert backward["reset_seq"] == 2 and backward["num_pending"] == 9
 
 
 def test_reset_to_time_resolves_the_first_sequence_at_or_after_it(middle, settings):
-    result = _reset(consumer="ALL", time=middle.isoformat())
+    result = _reset(consumer="ALL", start_time=middle.isoformat())
     assert result["reset_seq"] == 6 and result["num_pending"] == 5
     assert result["requested_seq"] == 6 and result["requested_time"].startswith(middle.strftime("%Y-%m-%dT%H:%M"))
-    later = _reset(consumer="ALL", time=datetime(2100, 1, 1, tzinfo=UTC))
+    later = _reset(consumer="ALL", start_time=datetime(2100, 1, 1, tzinfo=UTC))
     assert later["reset_seq"] == 11 and later["num_pending"] == 0
 
 
 def test_unknown_stream_or_consumer_fails_with_a_clear_error(middle, settings):
     # The server never answers these resets; a RequestTimeoutError would mean the check was skipped.
     with pytest.raises(ConsumerNotFoundError) as info:
-        _reset(consumer="NOPE", seq=1)
+        _reset(consumer="NOPE", start_seq=1)
     assert "consumer 'NOPE' on stream 'ORDERS'" in str(info.value)
     with pytest.raises(StreamNotFoundError):
         JetStreamConsumerResetOperator(task_id="r", stream="MISSING", consumer="ALL").execute(context={})
@@ -95,7 +95,7 @@ def test_unknown_stream_or_consumer_fails_with_a_clear_error(middle, settings):
 @pytest.mark.parametrize("consumer", ["NEW", "LPS"])
 def test_seq_reset_refused_for_last_new_last_per_subject(consumer, middle, settings):
     with pytest.raises(ConsumerResetError) as info:
-        _reset(consumer=consumer, seq=3)
+        _reset(consumer=consumer, start_seq=3)
     assert info.value.reason == "reset_not_allowed"
     assert "can only be reset to its ack floor" in str(info.value)
     assert _reset(consumer=consumer)["reset_seq"] >= 1
@@ -103,9 +103,9 @@ def test_seq_reset_refused_for_last_new_last_per_subject(consumer, middle, setti
 
 def test_reset_below_start_is_refused(middle, settings):
     with pytest.raises(ConsumerResetError) as info:
-        _reset(consumer="FROM4", seq=2)
+        _reset(consumer="FROM4", start_seq=2)
     assert info.value.reason == "below_start_seq"
-    assert _reset(consumer="FROM4", seq=4)["reset_seq"] == 4
+    assert _reset(consumer="FROM4", start_seq=4)["reset_seq"] == 4
 
     async def by_time(conn) -> ConsumerResetError:
         await ensure_consumer(conn, "ORDERS", {"name": "SINCE", "deliver_policy": "by_start_time",
@@ -123,10 +123,10 @@ def test_reset_below_start_is_refused(middle, settings):
 
 
 @pytest.mark.parametrize(("kwargs", "reason"), [
-    ({"seq": 3, "time": "2026-01-01T00:00:00Z"}, "invalid_reset"),
-    ({"seq": "abc"}, "invalid_seq"),
-    ({"seq": 0}, "invalid_seq"),
-    ({"time": "not a time"}, "invalid_request"),
+    ({"start_seq": 3, "start_time": "2026-01-01T00:00:00Z"}, "invalid_reset"),
+    ({"start_seq": "abc"}, "invalid_seq"),
+    ({"start_seq": 0}, "invalid_seq"),
+    ({"start_time": "not a time"}, "invalid_request"),
 ])
 def test_bad_reset_input_is_refused(kwargs, reason, middle, settings):
     async def deliver_three(conn) -> None:

@@ -100,7 +100,8 @@ def test_200_deferred_advisory_triggers_share_one_connection(nats_server, monkey
     JetStreamAdvisoryStreamOperator(task_id="capture", max_age="1h").execute(context={})
     since = datetime.now(UTC).isoformat()
     count = 200
-    triggers = [JetStreamAdvisoryTrigger(advisory="stream_created", stream=f"S{i}", since=since, poll_timeout=2)
+    triggers = [JetStreamAdvisoryTrigger(advisory="stream_created", advisory_stream=f"S{i}", start_time=since,
+                                         fetch_timeout=2)
                 for i in range(count)]
     settings = ConnectionSettings(servers=nats_server.url, client_name="test-admin")
 
@@ -128,7 +129,7 @@ def test_200_deferred_advisory_triggers_share_one_connection(nats_server, monkey
 @pytest.mark.parametrize("users", [1, 3])
 def test_cancelled_trigger_releases_its_share(nats_server, nats_conn, users):
     JetStreamAdvisoryStreamOperator(task_id="capture", max_age="1h").execute(context={})
-    triggers = [JetStreamAdvisoryTrigger(advisory="stream_deleted", since=datetime.now(UTC).isoformat())
+    triggers = [JetStreamAdvisoryTrigger(advisory="stream_deleted", start_time=datetime.now(UTC).isoformat())
                 for _ in range(users)]
 
     async def scenario():

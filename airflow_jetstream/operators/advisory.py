@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow_jetstream.client.advisories.capture import DEFAULT_CAPTURE_STREAM, ensure_capture_stream
 from airflow_jetstream.operators.base import JetStreamBaseOperator
+from airflow_jetstream.renamed import take_renamed
 
 
 class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
@@ -17,31 +18,35 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
     ``JetStreamAdvisorySensor`` can look back to the start of a run. Idempotent: run it at the
     top of every DAG that waits on advisories, or once in a setup DAG::
 
-        capture = JetStreamAdvisoryStreamOperator(task_id="capture_advisories", stream="ADVISORIES", max_age="7d")
+        capture = JetStreamAdvisoryStreamOperator(task_id="capture_advisories", capture_stream="ADVISORIES",
+                                                  max_age="7d")
         capture >> publish >> JetStreamAdvisorySensor(task_id="no_abandoned", advisory="batch_abandoned",
-                                                      stream="ORDERS", expect="absent", quiet_period=30)
+                                                      advisory_stream="ORDERS", expect="absent", quiet_period=30)
 
     Options left unset (None) take a default when the stream is created and keep what an existing
     stream has: a re-run never turns an R3 capture stream into R1 or shortens its ``max_age``.
 
-    :param stream: the capture stream's name (default ``ADVISORIES``). Templated.
+    :param capture_stream: the capture stream's name (default ``ADVISORIES``). Templated. (Old name:
+        ``stream=``, deprecated.)
     :param max_age: how long advisories are kept (``"7d"``, seconds or a timedelta; new stream: 7 days). Templated.
     :param max_bytes: optional size cap; the oldest advisories are dropped first.
     :param subjects: subjects to capture (new stream: ``$JS.EVENT.ADVISORY.>``).
     :param storage: ``file`` or ``memory`` (new stream: ``file``; cannot change later).
     :param num_replicas: replicas in a cluster, 1-5 (new stream: 3 on a cluster, else 1). Templated.
     :param placement: ``{"cluster": ..., "tags": [...]}`` where the replicas go. Templated.
-    :param nats_conn_id: the ``nats`` connection to use.
+    :param nats_conn_id: the ``nats`` connection to use. Templated.
     """
 
-    template_fields: Sequence[str] = ("stream", "max_age", "num_replicas", "placement")
+    template_fields: Sequence[str] = ("capture_stream", "max_age", "num_replicas", "placement", "nats_conn_id")
     ui_color = "#27aae1"
 
-    def __init__(self, *, stream: str = DEFAULT_CAPTURE_STREAM, max_age: Any = None, max_bytes: int | None = None,
+    def __init__(self, *, capture_stream: str | None = None, max_age: Any = None, max_bytes: int | None = None,
                  subjects: Sequence[str] | None = None, storage: str | None = None, num_replicas: int | None = None,
                  placement: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        renamed = take_renamed(type(self).__name__, kwargs, {"stream": "capture_stream"},
+                               {"capture_stream": capture_stream})
         super().__init__(**kwargs)
-        self.stream = stream
+        self.capture_stream = renamed.get("capture_stream", capture_stream) or DEFAULT_CAPTURE_STREAM
         self.max_age = max_age
         self.max_bytes = max_bytes
         self.subjects = None if subjects is None else list(subjects)
@@ -50,17 +55,18 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
         self.placement = placement
 
     def execute(self, context: Any) -> dict[str, Any]:
-        result = self.hook.run(ensure_capture_stream, self.stream, max_age=None if self.max_age == "" else self.max_age,
-                               max_bytes=self.max_bytes, subjects=self.subjects, storage=self.storage,
+        max_age = None if self.max_age == "" else self.max_age
+        result = self.hook.run(ensure_capture_stream, self.capture_stream, max_age=max_age, max_bytes=self.max_bytes,
+                               subjects=self.subjects, storage=self.storage,
                                num_replicas=self.num_replicas, placement=self.placement)
         info = result["info"]
         replicas = info["config"].get("num_replicas", 1)
-        self.log.info("Advisory capture stream %s: %s%s, %d replica(s)", self.stream, result["action"],
+        self.log.info("Advisory capture stream %s: %s%s, %d replica(s)", self.capture_stream, result["action"],
                       f" ({', '.join(result['changed'])})" if result["action"] == "updated" else "", replicas)
         return {
             "action": result["action"],
             "changed": result["changed"],
-            "stream": self.stream,
+            "stream": self.capture_stream,
             "subjects": info["config"].get("subjects"),
             "max_age": info["config"].get("max_age"),
             "max_bytes": info["config"].get("max_bytes"),

@@ -1,4 +1,4 @@
-"""Shared base of the JetStream operators: connection id handling and the hook."""
+"""Shared base of the JetStream operators: connection id handling (templated) and the hook."""
 
 from __future__ import annotations
 
@@ -11,7 +11,15 @@ from airflow_jetstream.hooks.jetstream import JetStreamHook
 
 
 class JetStreamBaseOperator(BaseOperator):
-    """Base class: holds ``nats_conn_id`` and builds the :class:`JetStreamHook` lazily."""
+    """Base class: holds ``nats_conn_id`` and builds the :class:`JetStreamHook` lazily.
+
+    ``nats_conn_id`` is a template field of every subclass (``"{{ var.value.nats_conn }}"`` works).
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "nats_conn_id" not in cls.template_fields:
+            cls.template_fields = (*cls.template_fields, "nats_conn_id")
 
     def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -9,15 +9,20 @@ from typing import Any
 from airflow_jetstream.client.admin.consumers import reset_consumer
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.operators.base import JetStreamBaseOperator
+from airflow_jetstream.renamed import take_renamed
+
+RENAMES = {"seq": "start_seq", "time": "start_time"}
 
 
 class JetStreamConsumerResetOperator(JetStreamBaseOperator):
     """Reset a consumer's delivery state, for replays and backfills.
 
-    - no ``seq``/``time``: back to the ack floor (pending messages are delivered again);
-    - ``seq``: the next message delivered is the first with stream sequence >= ``seq``
+    - no ``start_seq``/``start_time``: back to the ack floor (pending messages are delivered again);
+    - ``start_seq``: the next message delivered is the first with stream sequence >= ``start_seq``
       (backward replays or forward skips; needs deliver policy all, by_start_sequence or by_start_time);
-    - ``time``: the same from the first message stored at or after ``time`` (ISO 8601, naive = UTC).
+    - ``start_time``: the same from the first message stored at or after it (ISO 8601, naive = UTC).
+
+    The old names ``seq=`` and ``time=`` still work this release, with a DeprecationWarning.
 
     An unknown stream or consumer fails at once (the server itself would never answer), and resets
     the consumer's deliver policy or start forbid fail with the reason. Returns
@@ -27,42 +32,45 @@ class JetStreamConsumerResetOperator(JetStreamBaseOperator):
             task_id="replay_day",
             stream="ORDERS",
             consumer="billing",
-            time="{{ data_interval_start }}",
+            start_time="{{ data_interval_start }}",
         )
 
     :param stream: the stream (templated).
     :param consumer: the durable consumer (templated).
-    :param seq: stream sequence to restart from (templated; int or digits).
-    :param time: restart from the first message at or after this time (templated; ISO 8601 or datetime).
-    :param nats_conn_id: the ``nats`` connection to use.
+    :param start_seq: stream sequence to restart from (templated; int or digits).
+    :param start_time: restart from the first message at or after this time (templated; ISO 8601 or datetime).
+    :param nats_conn_id: the ``nats`` connection to use (templated).
     """
 
-    template_fields: Sequence[str] = ("stream", "consumer", "seq", "time")
+    template_fields: Sequence[str] = ("stream", "consumer", "start_seq", "start_time", "nats_conn_id")
     ui_color = "#27aae1"
 
-    def __init__(self, *, stream: str, consumer: str, seq: int | str | None = None,
-                 time: str | datetime | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, stream: str, consumer: str, start_seq: int | str | None = None,
+                 start_time: str | datetime | None = None, **kwargs: Any) -> None:
+        renamed = take_renamed(type(self).__name__, kwargs, RENAMES,
+                               {"start_seq": start_seq, "start_time": start_time})
         super().__init__(**kwargs)
         self.stream = stream
         self.consumer = consumer
-        self.seq = seq
-        self.time = time
+        self.start_seq = renamed.get("start_seq", start_seq)
+        self.start_time = renamed.get("start_time", start_time)
 
     def _seq(self) -> int | None:
-        seq = self.seq
+        seq = self.start_seq
         if seq is None or seq == "":
             return None
         if isinstance(seq, str):
             if not seq.strip().isdigit():
-                raise InvalidRequestError(f"seq must be a stream sequence (digits), got {seq!r}", reason="invalid_seq")
+                raise InvalidRequestError(f"start_seq must be a stream sequence (digits), got {seq!r}",
+                                          reason="invalid_seq")
             return int(seq)
         return seq
 
     def execute(self, context: Any) -> dict[str, Any]:
         seq = self._seq()
-        when = self.time or None
+        when = self.start_time or None
         if seq is not None and when is not None:
-            raise InvalidRequestError("give either seq or time, not both", reason="invalid_reset")
+            raise InvalidRequestError("give either start_seq or start_time, not both", reason="invalid_reset")
         target = f"sequence {seq}" if seq is not None else f"time {when}" if when is not None else "its ack floor"
         self.log.info("Resetting consumer %s on stream %s to %s", self.consumer, self.stream, target)
         result = self.hook.run(reset_consumer, self.stream, self.consumer, seq=seq, time=when)

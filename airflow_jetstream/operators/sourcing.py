@@ -7,21 +7,32 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.sourcing.provision import DurableSource, provision_durable_source
+from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.client.sourcing.provision import (
+    SERVER_MANAGED,
+    USER_MANAGED,
+    DurableSource,
+    provision_durable_source,
+)
 from airflow_jetstream.operators.base import JetStreamBaseOperator
+from airflow_jetstream.renamed import REMOVED_IN, deprecated
 from airflow_jetstream.triggers.describe import human_duration
+
+USER_MANAGED_OPTIONS = ("consumer", "deliver_subject", "deliver_policy", "replay_policy", "max_ack_pending",
+                        "create_consumer")
 
 
 class JetStreamDurableSourceOperator(JetStreamBaseOperator):
     """Make ``stream`` source (or, with ``mirror=True``, mirror) ``source`` without losing messages.
 
-    - ``mode="server"``: a plain source on a WorkQueue or Interest origin; the server creates and
-      manages a durable flow-control consumer (``JS_SRC_*`` / ``JS_MIRROR_*``) on the origin. A Limits
-      origin is refused (the server would use an ephemeral consumer there): use ``mode="user"``.
-    - ``mode="user"``: the operator creates or updates the durable push consumer ``consumer`` on the
-      origin (ack policy flow_control, flow control, 1 s heartbeat, max_deliver -1) with the filter,
-      start and deliver/replay policy, and points the source at it through ``deliver_subject``.
-      An existing plain source of the same origin is migrated without loss or duplicates.
+    - server-managed (default, no ``user_managed``): a plain source on a WorkQueue or Interest origin;
+      the server creates and manages a durable flow-control consumer (``JS_SRC_*`` / ``JS_MIRROR_*``)
+      on the origin. A Limits origin is refused (the server would use an ephemeral consumer there):
+      use ``user_managed``.
+    - ``user_managed={...}`` (or ``True`` for the defaults): the operator creates or updates the durable
+      push consumer on the origin (ack policy flow_control, flow control, 1 s heartbeat, max_deliver -1)
+      with the filter, start and deliver/replay policy, and points the source at it through its deliver
+      subject. An existing plain source of the same origin is migrated without loss or duplicates.
 
     ``stream`` is created when missing; its other sources are kept; re-runs are no-ops. Success is
     only returned once the server reports the source active without error (``health_timeout``).
@@ -32,7 +43,7 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
             task_id="aggregate_from_edge",
             stream="AGG",
             source="ORDERS_EDGE",
-            mode="user",
+            user_managed={"consumer": "AGG_FROM_EDGE"},
             domain="edge",
             filter_subjects=["orders.eu.>"],
             start_time="{{ data_interval_start }}",
@@ -40,16 +51,16 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
 
     :param stream: the aggregate stream (templated).
     :param source: the origin stream (templated).
-    :param mode: ``"server"`` or ``"user"``.
-    :param consumer: user mode: durable consumer name (default ``<stream>_SRC_<source>``).
-    :param deliver_subject: user mode: deliver subject (default ``_SRC.<stream>.<source>``).
+    :param user_managed: None for a server-managed source; a dict (templated) for a user-managed one, with
+        any of ``consumer`` (durable name, default ``<stream>_SRC_<source>``), ``deliver_subject`` (default
+        ``_SRC.<stream>.<source>``), ``deliver_policy`` (``all``, ``last``, ``new``, ``last_per_subject``
+        (needs a filter) ...), ``replay_policy`` (``instant`` or ``original``), ``max_ack_pending`` (messages
+        in flight before sourcing waits, default 1000) and ``create_consumer`` (False to use a consumer
+        someone else created; it is checked). ``True`` is ``{}``.
     :param mirror: mirror instead of source.
     :param filter_subjects: only these origin subjects (templated).
     :param start_seq: start at this origin sequence (templated).
     :param start_time: start at this time, ISO 8601 (templated).
-    :param deliver_policy: user mode: ``all``, ``last``, ``new``, ``last_per_subject`` (needs a filter), ...
-    :param replay_policy: user mode: ``instant`` or ``original``.
-    :param max_ack_pending: user mode: messages in flight before sourcing waits (default 1000).
     :param domain: the origin's JetStream domain, if not the connection's.
     :param api_prefix: or the origin's JetStream API prefix (e.g. ``$JS.edge.API`` or an imported prefix).
     :param num_replicas: replicas of ``stream``, 1-5 (templated). Unset: a new stream gets 3 on a cluster
@@ -57,13 +68,17 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
     :param allow_shared_origin: let a WorkQueue/Interest origin that already feeds another stream feed this one
         too (every message is then copied into both); refused by default with ``origin_already_sourced``.
     :param placement: where ``stream``'s replicas go, ``{"cluster": ..., "tags": [...]}`` (templated; unset: kept).
-    :param create_consumer: user mode: False to use a consumer someone else created (it is checked).
     :param health_timeout: seconds to wait for the source to become healthy.
-    :param nats_conn_id: the ``nats`` connection to use.
+    :param nats_conn_id: the ``nats`` connection to use (templated).
+
+    The signature of the last release (``mode="user"``, ``consumer=``, ``deliver_subject=``,
+    ``deliver_policy=``, ``replay_policy=``, ``max_ack_pending=``, ``create_consumer=`` as keyword
+    arguments) still works this release, with a DeprecationWarning.
     """
 
-    template_fields: Sequence[str] = ("stream", "source", "consumer", "deliver_subject", "filter_subjects",
-                                      "start_seq", "start_time", "domain", "api_prefix", "num_replicas", "placement")
+    template_fields: Sequence[str] = ("stream", "source", "user_managed", "filter_subjects", "start_seq",
+                                      "start_time", "domain", "api_prefix", "num_replicas", "placement", "nats_conn_id")
+    template_fields_renderers = {"user_managed": "json"}
     ui_color = "#27aae1"
 
     def __init__(
@@ -71,41 +86,33 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         *,
         stream: str,
         source: str,
-        mode: str = "server",
-        consumer: str | None = None,
-        deliver_subject: str | None = None,
+        user_managed: dict[str, Any] | bool | None = None,
         mirror: bool = False,
         filter_subjects: list[str] | str | None = None,
         start_seq: int | str | None = None,
         start_time: str | None = None,
-        deliver_policy: str | None = None,
-        replay_policy: str | None = None,
-        max_ack_pending: int | None = None,
         domain: str | None = None,
         api_prefix: str | None = None,
-        create_consumer: bool = True,
         health_timeout: float | str | timedelta = 30.0,
         num_replicas: int | str | None = None,
         placement: dict[str, Any] | None = None,
         allow_shared_origin: bool = False,
         **kwargs: Any,
     ) -> None:
+        old = {name: kwargs.pop(name) for name in ("mode", *USER_MANAGED_OPTIONS) if name in kwargs}
         super().__init__(**kwargs)
+        self.mode = USER_MANAGED if user_managed not in (None, False) else SERVER_MANAGED
+        if old:
+            self.mode, user_managed = _old_signature(old, user_managed)
+        self.user_managed = _user_managed_options({} if user_managed is True else user_managed or None)
         self.stream = stream
         self.source = source
-        self.mode = mode
-        self.consumer = consumer
-        self.deliver_subject = deliver_subject
         self.mirror = mirror
         self.filter_subjects = filter_subjects
         self.start_seq = start_seq
         self.start_time = start_time
-        self.deliver_policy = deliver_policy
-        self.replay_policy = replay_policy
-        self.max_ack_pending = max_ack_pending
         self.domain = domain
         self.api_prefix = api_prefix
-        self.create_consumer = create_consumer
         self.health_timeout = to_seconds(health_timeout, field="health_timeout")
         self.num_replicas = num_replicas
         self.placement = placement
@@ -119,13 +126,15 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         start_seq = self.start_seq
         if isinstance(start_seq, str) and start_seq.strip().isdigit():
             start_seq = int(start_seq)
+        user = self.user_managed or {}
         return DurableSource(
-            stream=self.stream, source=self.source, mode=self.mode, consumer=self.consumer or None,
-            deliver_subject=self.deliver_subject or None, mirror=self.mirror,
+            stream=self.stream, source=self.source, mode=self.mode, consumer=user.get("consumer") or None,
+            deliver_subject=user.get("deliver_subject") or None, mirror=self.mirror,
             filter_subjects=tuple(filters or ()), start_seq=start_seq, start_time=self.start_time or None,
-            deliver_policy=self.deliver_policy, replay_policy=self.replay_policy,
-            max_ack_pending=self.max_ack_pending, domain=self.domain or None, api_prefix=self.api_prefix or None,
-            num_replicas=self.num_replicas, placement=self.placement, allow_shared_origin=self.allow_shared_origin,
+            deliver_policy=user.get("deliver_policy"), replay_policy=user.get("replay_policy"),
+            max_ack_pending=user.get("max_ack_pending"), domain=self.domain or None,
+            api_prefix=self.api_prefix or None, num_replicas=self.num_replicas, placement=self.placement,
+            allow_shared_origin=self.allow_shared_origin,
         ).validated()
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -133,8 +142,9 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         kind = "mirror" if spec.mirror else "source"
         where = spec.where
         self.log.info("Provisioning %s-managed durable %s %s%s -> %s", spec.mode, kind, spec.source, where, spec.stream)
+        create_consumer = (self.user_managed or {}).get("create_consumer", True)
         result = self.hook.run(provision_durable_source, spec, health_timeout=self.health_timeout,
-                               create_consumer=self.create_consumer)
+                               create_consumer=bool(create_consumer))
         if result["action"] == "migrated":
             self.log.info("Migrated the plain source of %s to consumer %s, starting after origin seq %s",
                           spec.source, result["consumer"], result["migrated_after_seq"])
@@ -146,3 +156,29 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
                       result["source_state"].get("lag"), human_duration(active / 1e9) if active else "0 ms",
                       result["consumer_state"].get("num_pending"))
         return result
+
+
+def _user_managed_options(options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``user_managed`` dict, refused at DAG parse time when it names an unknown option."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        raise InvalidRequestError(f"user_managed must be a dict of {', '.join(USER_MANAGED_OPTIONS)}, True or None; "
+                                  f"got {options!r}", reason="invalid_source")
+    unknown = sorted(set(options) - set(USER_MANAGED_OPTIONS))
+    if unknown:
+        raise InvalidRequestError(f"user_managed has unknown option(s) {', '.join(unknown)}; known: "
+                                  f"{', '.join(USER_MANAGED_OPTIONS)}", reason="invalid_source")
+    return dict(options)
+
+
+def _old_signature(old: dict[str, Any], user_managed: Any) -> tuple[str, dict[str, Any]]:
+    """``mode=`` and the user-mode keyword arguments of the last release: (mode, user_managed options)."""
+    if user_managed is not None:
+        raise TypeError(f"JetStreamDurableSourceOperator: give user_managed= only, not also {', '.join(sorted(old))}= "
+                        "(its deprecated form)")
+    deprecated(f"JetStreamDurableSourceOperator: {', '.join(f'{k}=' for k in old)} are deprecated and will be "
+               f"removed in {REMOVED_IN}; a user-managed source takes user_managed={{...}} and a server-managed one "
+               "no user-managed arguments")
+    mode = old.pop("mode", SERVER_MANAGED)
+    return mode, old

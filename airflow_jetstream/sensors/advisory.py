@@ -23,16 +23,19 @@ from airflow_jetstream.client.advisories.types import parse_timestamp
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.renamed import take_renamed
 from airflow_jetstream.sensors.base import _TerminableSensor
 from airflow_jetstream.sensors.consumer import TIMEOUT_BACKSTOP
-from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger
+from airflow_jetstream.triggers.advisory import EXPECT_VALUES, RENAMES, JetStreamAdvisoryTrigger, filter_kwargs
+
+SENSOR_RENAMES = {old: new for old, new in RENAMES.items() if old != "poll_timeout"}
 
 
 class JetStreamAdvisorySensor(_TerminableSensor):
     """Wait for a matching JetStream advisory and return it on XCom, or guard that none appears.
 
     Advisories are read from the capture stream (see ``JetStreamAdvisoryStreamOperator``) starting
-    at ``since`` (default: the run's data interval start, else its logical date), so an advisory
+    at ``start_time`` (default: the run's data interval start, else its logical date), so an advisory
     published before the sensor started is still found, across reschedules and deferral. With
     ``capture_stream=None`` the sensor subscribes live and sees only what is published while it
     listens.
@@ -47,7 +50,7 @@ class JetStreamAdvisorySensor(_TerminableSensor):
         wait_abandoned = JetStreamAdvisorySensor(
             task_id="no_abandoned_batches",
             advisory="batch_abandoned",
-            stream="ORDERS",
+            advisory_stream="ORDERS",
             expect="absent",
             quiet_period=30,          # batches time out after ~10 s on the server
             deferrable=True,
@@ -56,7 +59,7 @@ class JetStreamAdvisorySensor(_TerminableSensor):
         dead_letters = JetStreamAdvisorySensor(
             task_id="poison_message",
             advisory="max_deliveries",
-            stream="ORDERS",
+            advisory_stream="ORDERS",
             consumer="spark_reader",
             match="my_pkg.checks.is_order_message",   # importable predicate(advisory_dict) -> bool
             mode="reschedule",
@@ -65,32 +68,34 @@ class JetStreamAdvisorySensor(_TerminableSensor):
 
     :param advisory: a kind (``batch_abandoned``, ``max_deliveries``, ``msg_terminated``, ... see
         ``airflow_jetstream.client.advisories.types.KINDS``) or an advisory subject (wildcards allowed). Templated.
-    :param stream, consumer, batch, reason: only advisories with these JSON field values. Templated.
+    :param advisory_stream, consumer, batch_id, reason: only advisories whose ``stream``, ``consumer``,
+        ``batch`` and ``reason`` JSON fields have these values. Templated. (Old names ``stream=`` and
+        ``batch=`` still work this release, with a DeprecationWarning.)
     :param match: a dict of further field values, a dotted path to a predicate, or a module-level
         function (stored by its dotted path, as triggers must serialize).
-    :param since: start of the window: datetime or ISO string. Templated.
+    :param start_time: start of the window: datetime or ISO string. Templated. (Old name: ``since``.)
     :param expect: ``"present"`` or ``"absent"``.
     :param capture_stream: the stream capturing ``$JS.EVENT.ADVISORY.>``; None for a live subscription.
     :param quiet_period: guard mode: seconds without a matching advisory before succeeding.
     :param deferrable: wait in the triggerer (``JetStreamAdvisoryTrigger``) instead of a worker slot; default
         ``[operators] default_deferrable``.
-    :param nats_conn_id: the ``nats`` connection to use.
+    :param nats_conn_id: the ``nats`` connection to use. Templated.
     """
 
-    template_fields: Sequence[str] = ("advisory", "stream", "consumer", "batch", "reason", "since",
-                                      "capture_stream")
+    template_fields: Sequence[str] = ("advisory", "advisory_stream", "consumer", "batch_id", "reason", "start_time",
+                                      "capture_stream", "nats_conn_id")
     ui_color = "#27aae1"
 
     def __init__(
         self,
         *,
         advisory: str | None,
-        stream: str | None = None,
+        advisory_stream: str | None = None,
         consumer: str | None = None,
-        batch: str | None = None,
+        batch_id: str | None = None,
         reason: str | None = None,
         match: dict[str, Any] | str | Callable[[dict[str, Any]], bool] | None = None,
-        since: datetime | str | None = None,
+        start_time: datetime | str | None = None,
         expect: str = "present",
         capture_stream: str | None = DEFAULT_CAPTURE_STREAM,
         quiet_period: float | str | timedelta = 60.0,
@@ -98,16 +103,20 @@ class JetStreamAdvisorySensor(_TerminableSensor):
         nats_conn_id: str = JetStreamHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
+        renamed = take_renamed(type(self).__name__, kwargs, SENSOR_RENAMES, {
+            "advisory_stream": advisory_stream, "batch_id": batch_id, "start_time": start_time})
+        advisory_stream = renamed.get("advisory_stream", advisory_stream)
+        batch_id = renamed.get("batch_id", batch_id)
         super().__init__(**kwargs)
         if expect not in EXPECT_VALUES:
             raise ValueError(f"expect must be one of {EXPECT_VALUES}, got {expect!r}")
         self.advisory = advisory
-        self.stream = stream
+        self.advisory_stream = advisory_stream
         self.consumer = consumer
-        self.batch = batch
+        self.batch_id = batch_id
         self.reason = reason
         self.match = predicate_path(match) if callable(match) else match
-        self.since = since
+        self.start_time = renamed.get("start_time", start_time)
         self.expect = expect
         self.capture_stream = capture_stream
         self.quiet_period = to_seconds(quiet_period, field="quiet_period")
@@ -116,7 +125,7 @@ class JetStreamAdvisorySensor(_TerminableSensor):
         self._guard_started: datetime | None = None
         self._gap_reported = False
         self._last_seen = "nothing (no poke finished)"
-        if not any("{{" in str(value) for value in (advisory, stream, consumer, batch, reason) if value):
+        if not any("{{" in str(value) for value in (advisory, advisory_stream, consumer, batch_id, reason) if value):
             self.advisory_filter()  # bad kinds, names and predicates fail when the DAG is parsed
 
     @cached_property
@@ -124,13 +133,13 @@ class JetStreamAdvisorySensor(_TerminableSensor):
         return JetStreamHook(nats_conn_id=self.nats_conn_id)
 
     def advisory_filter(self) -> AdvisoryFilter:
-        return AdvisoryFilter(advisory=self.advisory, stream=self.stream, consumer=self.consumer,
-                              batch=self.batch, reason=self.reason, match=self.match)
+        return AdvisoryFilter(advisory=self.advisory, stream=self.advisory_stream, consumer=self.consumer,
+                              batch=self.batch_id, reason=self.reason, match=self.match)
 
     def resolve_since(self, context: Any) -> datetime:
-        """``since``, else the run's data interval start, logical date or run_after, else now."""
-        if self.since:
-            return parse_time(self.since, field="since")
+        """``start_time``, else the run's data interval start, logical date or run_after, else now."""
+        if self.start_time:
+            return parse_time(self.start_time, field="start_time")
         dag_run = context.get("dag_run")
         for value in (context.get("data_interval_start"), context.get("logical_date"),
                       getattr(dag_run, "run_after", None)):
@@ -163,8 +172,8 @@ class JetStreamAdvisorySensor(_TerminableSensor):
         since = self.resolve_since(context)
         flt = self.advisory_filter()
         trigger = JetStreamAdvisoryTrigger(
-            **flt.to_dict(),
-            since=since.isoformat(),
+            **filter_kwargs(flt),
+            start_time=since.isoformat(),
             expect=self.expect,
             capture_stream=self.capture_stream,
             quiet_until=self._quiet_until(context).isoformat() if self.expect == "absent" else None,

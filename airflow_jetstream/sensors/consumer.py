@@ -127,7 +127,7 @@ class JetStreamSourceCaughtUpSensor(_JetStreamStateSensor):
     :param nats_conn_id: the ``nats`` connection to use.
     """
 
-    template_fields: Sequence[str] = ("stream", "source", "domain", "api_prefix")
+    template_fields: Sequence[str] = ("stream", "source", "domain", "api_prefix", "nats_conn_id")
     what = "source caught up"
 
     def __init__(self, *, stream: str, source: str, domain: str | None = None, api_prefix: str | None = None,
@@ -171,7 +171,7 @@ class JetStreamConsumerDrainedSensor(_JetStreamStateSensor):
     :param nats_conn_id: the ``nats`` connection to use.
     """
 
-    template_fields: Sequence[str] = ("stream", "consumer")
+    template_fields: Sequence[str] = ("stream", "consumer", "nats_conn_id")
     what = "consumer drained"
 
     def __init__(self, *, stream: str, consumer: str, **kwargs: Any) -> None:

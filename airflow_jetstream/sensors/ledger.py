@@ -47,7 +47,7 @@ class JetStreamBatchLedgerSensor(_JetStreamStateSensor):
     :param nats_conn_id: the ``nats`` connection to use.
     """
 
-    template_fields: Sequence[str] = ("run_id", "state", "bucket", "min_batches")
+    template_fields: Sequence[str] = ("run_id", "state", "bucket", "min_batches", "nats_conn_id")
     what = "batch ledger"
 
     def __init__(self, *, run_id: str = "{{ run_id }}", state: str = CONSUMED, bucket: str = DEFAULT_BUCKET,

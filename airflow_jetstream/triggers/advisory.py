@@ -24,18 +24,28 @@ from airflow_jetstream.client.errors import (
     TLSConfigurationError,
 )
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.renamed import take_renamed
 
 EXPECT_VALUES = ("present", "absent")
 #: Errors a busy or restarting server causes (e.g. hundreds of triggers starting at once): retried with backoff.
 TRANSIENT_ERRORS = (RequestTimeoutError, ConnectionFailedError)
 PERMANENT_ERRORS = (AuthenticationError, TLSConfigurationError)
 TRANSIENT_RETRIES = 5
+#: Old argument names of the advisory sensor and trigger (serialized triggers of the last release use them).
+RENAMES = {"stream": "advisory_stream", "batch": "batch_id", "since": "start_time", "poll_timeout": "fetch_timeout"}
+
+
+def filter_kwargs(advisory_filter: AdvisoryFilter) -> dict[str, Any]:
+    """The filter as the trigger's keyword arguments (``advisory_stream``/``batch_id`` for its ``stream``/``batch``)."""
+    data = advisory_filter.to_dict()
+    return {"advisory": data["advisory"], "advisory_stream": data["stream"], "consumer": data["consumer"],
+            "batch_id": data["batch"], "reason": data["reason"], "match": data["match"]}
 
 
 class JetStreamAdvisoryTrigger(BaseTrigger):
     """Fire once a matching advisory is found; in guard mode, also fire when ``quiet_until`` passes.
 
-    Reads the capture stream from ``since`` (so advisories published before the trigger started
+    Reads the capture stream from ``start_time`` (so advisories published before the trigger started
     are found), or subscribes live when ``capture_stream`` is None. All triggers of one connection
     id share one NATS connection per triggerer event loop.
 
@@ -49,33 +59,40 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         self,
         *,
         advisory: str | None = None,
-        stream: str | None = None,
+        advisory_stream: str | None = None,
         consumer: str | None = None,
-        batch: str | None = None,
+        batch_id: str | None = None,
         reason: str | None = None,
         match: dict[str, Any] | str | None = None,
-        since: str | None = None,
+        start_time: str | None = None,
         expect: str = "present",
         capture_stream: str | None = "ADVISORIES",
         quiet_until: str | None = None,
         nats_conn_id: str = JetStreamHook.default_conn_name,
-        poll_timeout: float | str | timedelta = 30.0,
+        fetch_timeout: float | str | timedelta | None = None,
         timeout_at: str | None = None,
         report_gap: bool = True,
+        **old_names: Any,
     ) -> None:
+        renamed = take_renamed(type(self).__name__, old_names, RENAMES, {
+            "advisory_stream": advisory_stream, "batch_id": batch_id, "start_time": start_time,
+            "fetch_timeout": fetch_timeout})
+        if old_names:
+            raise TypeError(f"{type(self).__name__} got unexpected arguments {sorted(old_names)}")
         super().__init__()
         if expect not in EXPECT_VALUES:
             raise ValueError(f"expect must be one of {EXPECT_VALUES}, got {expect!r}")
         if expect == "absent" and not quiet_until:
             raise ValueError("expect='absent' needs quiet_until (when the quiet period ends)")
-        self.advisory_filter = AdvisoryFilter(advisory=advisory, stream=stream, consumer=consumer, batch=batch,
+        self.advisory_filter = AdvisoryFilter(advisory=advisory, stream=renamed.get("advisory_stream", advisory_stream),
+                                              consumer=consumer, batch=renamed.get("batch_id", batch_id),
                                               reason=reason, match=match)
-        self.since = since
+        self.start_time = renamed.get("start_time", start_time)
         self.expect = expect
         self.capture_stream = capture_stream
         self.quiet_until = quiet_until
         self.nats_conn_id = nats_conn_id
-        self.poll_timeout = to_seconds(poll_timeout, field="poll_timeout")
+        self.fetch_timeout = to_seconds(renamed.get("fetch_timeout", fetch_timeout) or 30.0, field="fetch_timeout")
         self.timeout_at = timeout_at
         self.report_gap = report_gap
 
@@ -83,13 +100,13 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
             {
-                **self.advisory_filter.to_dict(),
-                "since": self.since,
+                **filter_kwargs(self.advisory_filter),
+                "start_time": self.start_time,
                 "expect": self.expect,
                 "capture_stream": self.capture_stream,
                 "quiet_until": self.quiet_until,
                 "nats_conn_id": self.nats_conn_id,
-                "poll_timeout": self.poll_timeout,
+                "fetch_timeout": self.fetch_timeout,
                 "timeout_at": self.timeout_at,
                 "report_gap": self.report_gap,
             },
@@ -119,9 +136,10 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         yield TriggerEvent(event)
 
     async def _wait(self, conn: Any) -> dict[str, Any]:
-        since = parse_time(self.since, field="since") if self.since else datetime.now(UTC)
+        since = parse_time(self.start_time, field="start_time") if self.start_time else datetime.now(UTC)
         watcher = watch_advisories(conn, self.advisory_filter, capture_stream=self.capture_stream, since=since,
-                                   poll_timeout=self.poll_timeout, on_gap=self.log.warning if self.report_gap else None)
+                                   poll_timeout=self.fetch_timeout,
+                                   on_gap=self.log.warning if self.report_gap else None)
         self.log.info("Waiting for %s in %s since %s (expect %s)", self.advisory_filter.describe(),
                       self.capture_stream or "live advisories", since.isoformat(), self.expect)
         async with aclosing(watcher):

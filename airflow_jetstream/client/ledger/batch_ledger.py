@@ -46,6 +46,7 @@ Airflow waits with ``await ledger.wait_all(run_id, "consumed")`` (the JetStreamB
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -70,7 +71,6 @@ from airflow_jetstream.client.errors import (
     ClaimLostError,
     InvalidRequestError,
     JetStreamError,
-    LeaderUnavailableError,
     LedgerConflictError,
     LedgerNotFoundError,
     LedgerWaitTimeoutError,
@@ -199,14 +199,16 @@ async def _kv_errors(conn: JetStreamConnection, context: str) -> AsyncIterator[N
             {"code": exc.code, "err_code": exc.err_code, "description": exc.description}, context=context
         ) from None
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
-        await conn.nc.flush(timeout=conn.settings.request_timeout)
+        with contextlib.suppress(TimeoutError, nats.errors.Error):
+            await conn.nc.flush(timeout=conn.settings.request_timeout)
         for _op, subject in conn.permission_violations:
             denied = conn.permission_error(subject)
             if denied:
                 raise denied from None
-        raise LeaderUnavailableError(  # as for API calls: sensors wait, tasks may retry
-            f"{context}: JetStream did not answer in time; the cluster may be electing the bucket's leader, "
-            "else check that JetStream runs and the KV bucket exists"
+        # as for API calls: an election (retried) only on a cluster; on a single server a slow answer
+        raise conn.unanswered(
+            f"{context}: JetStream did not answer within {conn.settings.request_timeout:g}s; check that "
+            "JetStream runs and the KV bucket exists"
         ) from None
     except nats.errors.Error as exc:
         raise JetStreamError(f"{context}: {type(exc).__name__}: {exc}") from None

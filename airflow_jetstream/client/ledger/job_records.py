@@ -17,7 +17,7 @@ import nats.js.errors
 
 from airflow_jetstream.client.admin.streams import replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import LeaderUnavailableError, error_from_api
+from airflow_jetstream.client.errors import error_from_api
 from airflow_jetstream.client.ledger.replication import ensure_bucket_replication, kv_replication
 from airflow_jetstream.client.subjects import validate_name
 
@@ -52,7 +52,7 @@ async def put_job_record(conn: JetStreamConnection, job_id: str, record: dict[st
     payload = json.dumps(record, separators=(",", ":"), default=str).encode()
 
     async def attempt() -> int:
-        async with _kv_errors(job_id, bucket):
+        async with _kv_errors(conn, job_id, bucket):
             kv = await _bucket(conn, bucket, create=True, replication=replication)
             return int(await kv.put(job_id, payload))
 
@@ -65,7 +65,7 @@ async def get_job_record(conn: JetStreamConnection, job_id: str, *,
     validate_name(job_id, what="job id")
 
     async def attempt() -> Any:
-        async with _kv_errors(job_id, bucket):
+        async with _kv_errors(conn, job_id, bucket):
             kv = await _bucket(conn, bucket, create=False)
             return None if kv is None else await kv.get(job_id)
 
@@ -77,13 +77,14 @@ async def get_job_record(conn: JetStreamConnection, job_id: str, *,
 
 
 @asynccontextmanager
-async def _kv_errors(job_id: str, bucket: str) -> AsyncIterator[None]:
-    """No answer is a :class:`LeaderUnavailableError` (retried by the caller); API errors are typed."""
+async def _kv_errors(conn: JetStreamConnection, job_id: str, bucket: str) -> AsyncIterator[None]:
+    """No answer is, on a cluster, a :class:`LeaderUnavailableError` (retried by the caller), on a single
+    server a :class:`RequestTimeoutError`; API errors are typed."""
     try:
         yield
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
-        raise LeaderUnavailableError(f"job record {job_id!r}: the KV bucket {bucket!r} did not answer; the cluster "
-                                     "may be electing its leader") from None
+        raise conn.unanswered(f"job record {job_id!r}: the KV bucket {bucket!r} did not answer within "
+                              f"{conn.settings.request_timeout:g}s") from None
     except nats.js.errors.KeyNotFoundError:
         raise
     except nats.js.errors.APIError as exc:

@@ -45,7 +45,12 @@ class DagRunner:
     """The tests/support/docs_dag_runner.py process: one Airflow import and migration per session."""
 
     def __init__(self, home: Path) -> None:
-        (home / "dags").mkdir(parents=True)
+        self.home = home
+        self._start()
+
+    def _start(self) -> None:
+        home = self.home
+        (home / "dags").mkdir(parents=True, exist_ok=True)
         env = isolated_airflow_env(home, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.docs_dag_runner"], cwd=REPO, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -72,12 +77,18 @@ class DagRunner:
         request = {"source": source, "name": name, "nats_url": nats_url, "conn": nats_conn_json(nats_url)}
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        return self._answer(timeout=120)
+        try:
+            return self._answer(timeout=120)
+        except AssertionError:
+            self.close()  # a DAG that never ends: the next page gets a fresh runner
+            self._start()
+            raise
 
     def close(self) -> None:
+        self.selector.close()
         self.proc.stdin.close()
         try:
-            self.proc.wait(timeout=20)
+            self.proc.wait(timeout=20 if self.proc.poll() is not None else 5)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
@@ -88,6 +99,22 @@ def dag_runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagRunner]:
     runner = DagRunner(tmp_path_factory.mktemp("docs-airflow"))
     yield runner
     runner.close()
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: int, where: str) -> Iterator[None]:
+    """Fail a snippet that does not finish (SIGALRM: pytest runs tests in the main thread)."""
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"{where}: the snippet ran for more than {seconds}s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _where(page: str, block: Block) -> str:
@@ -155,7 +182,8 @@ def test_page_snippets_run_as_written(page: str, tmp_path: Path, monkeypatch: py
                     assert run["state"] == "success", f"{where}: DAG {dag_id} {run}\n{''.join(last_log[-80:])}"
                     outputs.update({task: ti["xcom"] for task, ti in run["tasks"].items()})
             elif block.lang == "python":
-                exec(compile(block.code, where, "exec"), namespace)
+                with _time_limit(120, where):
+                    exec(compile(block.code, where, "exec"), namespace)
             elif block.lang == "json":
                 assert block.marker == "output", f"{where}: a json block needs <!-- output: name --> or a fragment"
                 real = outputs[block.arg] if block.arg in outputs else namespace[block.arg]

@@ -22,7 +22,7 @@ from airflow_jetstream.client.errors import StreamNotFoundError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
 from airflow_jetstream.sensors.advisory import JetStreamAdvisorySensor
-from airflow_jetstream.sensors.consumer import TIMEOUT_BACKSTOP
+from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP
 from airflow_jetstream.triggers.advisory import JetStreamAdvisoryTrigger
 from tests.conftest import set_nats_connection
 from tests.support.triggers import first_event_payload

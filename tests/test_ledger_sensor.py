@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, TaskD
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.sensors.consumer import TIMEOUT_BACKSTOP
+from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP
 from airflow_jetstream.sensors.ledger import JetStreamBatchLedgerSensor, describe_progress
 from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
 from tests.support.triggers import first_event_payload
@@ -88,7 +88,7 @@ def test_dead_consumer_is_reaped_by_the_sensor_and_reported_as_failed(nats_conn)
 def test_run_id_is_templated_and_bad_state_is_refused():
     made = JetStreamBatchLedgerSensor(task_id="ledger")
     assert made.run_id == "{{ run_id }}" and "run_id" in made.template_fields
-    assert set(made.template_fields) == {"run_id", "state", "bucket", "min_batches"}
+    assert set(made.template_fields) == {"run_id", "state", "bucket", "min_batches", "nats_conn_id"}
     with pytest.raises(InvalidRequestError):
         JetStreamBatchLedgerSensor(task_id="ledger", state="failed")
     status = {"run_id": "r", "awaited": "consumed", "reached": 1, "batches": 2, "min_batches": 1,

@@ -24,8 +24,7 @@ from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.renamed import take_renamed
-from airflow_jetstream.sensors.base import _TerminableSensor
-from airflow_jetstream.sensors.consumer import TIMEOUT_BACKSTOP
+from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, _TerminableSensor
 from airflow_jetstream.triggers.advisory import EXPECT_VALUES, RENAMES, JetStreamAdvisoryTrigger, filter_kwargs
 
 SENSOR_RENAMES = {old: new for old, new in RENAMES.items() if old != "poll_timeout"}

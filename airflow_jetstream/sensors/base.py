@@ -8,6 +8,9 @@ from typing import NoReturn
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, AirflowTaskTerminated
 
+#: Airflow's own deferral timeout comes this many seconds after the trigger's (which reports the last state).
+TIMEOUT_BACKSTOP = 60
+
 
 class _TerminableSensor(BaseSensorOperator):
     """Base of the provider's sensors.

@@ -8,14 +8,14 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_jetstream.client.ledger.batch_ledger import CONSUMED, DEFAULT_BUCKET, check_waitable_state, ledger_status
-from airflow_jetstream.sensors.consumer import _JetStreamStateSensor
+from airflow_jetstream.sensors.state import JetStreamStateSensor
 from airflow_jetstream.triggers.describe import describe_progress
 from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
 
 __all__ = ["JetStreamBatchLedgerSensor", "describe_progress"]
 
 
-class JetStreamBatchLedgerSensor(_JetStreamStateSensor):
+class JetStreamBatchLedgerSensor(JetStreamStateSensor):
     """Wait until at least ``min_batches`` batches of ``run_id`` exist in the batch ledger and all of
     them reached ``state`` (``published`` < ``in_progress`` < ``consumed``).
 

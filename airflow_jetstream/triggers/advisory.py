@@ -15,22 +15,12 @@ from airflow_jetstream.client.advisories.capture import find_captured, watch_adv
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter
 from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.errors import (
-    AuthenticationError,
-    ConnectionFailedError,
-    JetStreamError,
-    LeaderUnavailableError,
-    RequestTimeoutError,
-    TLSConfigurationError,
-)
+from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.renamed import take_renamed
+from airflow_jetstream.triggers.base import PERMANENT_ERRORS, TRANSIENT_ERRORS, TRANSIENT_RETRIES
 
 EXPECT_VALUES = ("present", "absent")
-#: Errors a busy or restarting server causes (e.g. hundreds of triggers starting at once): retried with backoff.
-TRANSIENT_ERRORS = (RequestTimeoutError, ConnectionFailedError)
-PERMANENT_ERRORS = (AuthenticationError, TLSConfigurationError)
-TRANSIENT_RETRIES = 5
 #: Old argument names of the advisory sensor and trigger (serialized triggers of the last release use them).
 RENAMES = {"stream": "advisory_stream", "batch": "batch_id", "since": "start_time", "poll_timeout": "fetch_timeout"}
 

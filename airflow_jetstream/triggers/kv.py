@@ -12,7 +12,7 @@ from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.errors import JetStreamError
 from airflow_jetstream.client.kv.watch import KeyCondition, wait_for_key
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.triggers.advisory import PERMANENT_ERRORS, TRANSIENT_ERRORS, TRANSIENT_RETRIES
+from airflow_jetstream.triggers.base import PERMANENT_ERRORS, TRANSIENT_ERRORS, TRANSIENT_RETRIES
 from airflow_jetstream.triggers.deadline import within
 
 

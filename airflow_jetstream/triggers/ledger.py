@@ -6,7 +6,7 @@ from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.ledger.batch_ledger import CONSUMED, DEFAULT_BUCKET, check_waitable_state, ledger_status
-from airflow_jetstream.triggers.consumer import JetStreamPollingTrigger
+from airflow_jetstream.triggers.base import JetStreamPollingTrigger
 from airflow_jetstream.triggers.describe import describe_progress
 
 

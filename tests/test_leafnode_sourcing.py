@@ -9,7 +9,7 @@ import pytest
 
 from airflow_jetstream.client import ConnectionSettings, JetStreamError, ensure_stream, open_connection
 from airflow_jetstream.client.admin.consumers import api_view, find_consumer
-from airflow_jetstream.client.sourcing.provision import source_status
+from airflow_jetstream.client.sourcing.status import source_status
 from airflow_jetstream.embedded.server import EmbeddedNatsServer, free_port
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
 from tests.conftest import set_nats_connection

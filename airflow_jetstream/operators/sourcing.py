@@ -8,12 +8,8 @@ from typing import Any
 
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.sourcing.provision import (
-    SERVER_MANAGED,
-    USER_MANAGED,
-    DurableSource,
-    provision_durable_source,
-)
+from airflow_jetstream.client.sourcing.provision import provision_durable_source
+from airflow_jetstream.client.sourcing.spec import SERVER_MANAGED, USER_MANAGED, DurableSource
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 from airflow_jetstream.renamed import REMOVED_IN, deprecated
 from airflow_jetstream.triggers.describe import human_duration

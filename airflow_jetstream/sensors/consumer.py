@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_jetstream.client.admin.consumers import consumer_status
-from airflow_jetstream.client.sourcing.provision import source_status
+from airflow_jetstream.client.sourcing.status import source_status
 from airflow_jetstream.sensors.state import JetStreamStateSensor
 from airflow_jetstream.triggers.consumer import JetStreamConsumerDrainedTrigger, JetStreamSourceCaughtUpTrigger
 from airflow_jetstream.triggers.describe import describe_consumer, describe_source

@@ -6,7 +6,7 @@ from typing import Any
 
 from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.sourcing.provision import source_status
+from airflow_jetstream.client.sourcing.status import source_status
 from airflow_jetstream.triggers.base import JetStreamPollingTrigger
 from airflow_jetstream.triggers.describe import describe_consumer, describe_source
 

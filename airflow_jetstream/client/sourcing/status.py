@@ -1,0 +1,67 @@
+"""How far a source or mirror is: :func:`source_status` (what the caught-up sensor and trigger poll)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from airflow_jetstream.client import metrics
+from airflow_jetstream.client.admin.consumers import api_view, find_consumer
+from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import StreamConfigError, error_from_api
+from airflow_jetstream.client.sourcing.health import SourceUnhealthyError, server_managed_consumer
+from airflow_jetstream.client.sourcing.spec import DurableSource, entry_filters, find_entry
+
+
+async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
+                        domain: str | None = None, api_prefix: str | None = None) -> dict[str, Any]:
+    """Whether ``stream`` has caught up with its source (or mirror) ``source``.
+
+    ``caught_up`` means: no source ``error``, ``active >= 0``, ``lag`` 0 and, when the durable
+    consumer on the origin is known, nothing pending on it and nothing in flight (``num_ack_pending``
+    0: every delivered message confirmed stored by ``stream``, so a WorkQueue origin has let it go).
+    ``error`` is the source's error as a typed
+    error dict (``reason``, ``message``, ``err_code``) or None.
+    """
+    spec = DurableSource(stream=stream, source=source, domain=domain, api_prefix=api_prefix)
+    info = await stream_info(conn, stream)
+    mirror = info.get("mirror")
+    spec = replace(spec, mirror=bool(mirror and spec.is_same_origin(mirror)))
+    entry = find_entry(info, spec)
+    where = f"stream {stream!r}"
+    if entry is None:
+        raise StreamConfigError(f"{where} does not source or mirror {source!r}"
+                                + spec.where, reason="source_missing")
+    config_entry = find_entry(info["config"], spec) or {}
+    origin_conn = api_view(conn, api_prefix=spec.external_api)
+    consumer_name = (config_entry.get("consumer") or {}).get("name")
+    consumer: dict[str, Any] | None = None
+    if consumer_name:
+        consumer = await find_consumer(origin_conn, source, consumer_name)
+    else:
+        spec = replace(spec, filter_subjects=entry_filters(config_entry))
+        try:
+            consumer = await server_managed_consumer(origin_conn, spec, timeout=0)
+        except SourceUnhealthyError:
+            consumer = None
+    active = int(entry.get("active", -1))
+    lag = int(entry.get("lag", 0))
+    pending = int(consumer.get("num_pending", 0)) if consumer else None
+    in_flight = int(consumer.get("num_ack_pending", 0)) if consumer else None
+    error = error_from_api(entry["error"], context=f"source {source!r} of {where}").to_dict() if entry.get("error") \
+        else None
+    metrics.gauge("sourcing.lag", lag + (pending or 0), tags={"stream": stream, "source": source})
+    return {
+        "stream": stream,
+        "source": source,
+        "domain": domain,
+        "mirror": spec.mirror,
+        "lag": lag,
+        "active": active,
+        "error": error,
+        "consumer": consumer["name"] if consumer else consumer_name,
+        "consumer_num_pending": pending,
+        "consumer_num_ack_pending": in_flight,
+        "caught_up": not error and active >= 0 and lag == 0 and not pending and not in_flight,
+    }

@@ -272,14 +272,32 @@ async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMe
     impossible = f"probe-{uuid.uuid4().hex}"
     semaphore = asyncio.Semaphore(_PROBE_WINDOW)
 
+    async def ask(msg: BatchMessage, headers: dict[str, str]) -> dict[str, Any]:
+        """One probe; an election (a 503 on a stream that exists, or no reply on a cluster) is
+        :class:`LeaderUnavailableError`, which ``retry_leader`` retries (a probe stores nothing)."""
+        context = f"msg id probe {msg.msg_id!r}"
+        try:
+            return await _request(conn, msg.subject, b"", headers, timeout, context)
+        except BatchPublishError as exc:
+            if exc.reason == "no_stream_for_subject" and await streams_for_subject(conn, msg.subject):
+                raise LeaderUnavailableError(f"{context}: the stream capturing {msg.subject!r} has no "
+                                             "leader (503)") from None
+            raise
+        except LeaderUnavailableError:
+            raise
+        except RequestTimeoutError as exc:
+            if conn.nc.is_closed:
+                raise
+            raise conn.unanswered(exc.message) from None
+
     async def probe(msg: BatchMessage) -> int | None:
         if not msg.msg_id:
             return None
         headers = {HEADER_MSG_ID: msg.msg_id, HEADER_EXPECTED_LAST_MSG_ID: impossible}
         async with semaphore:
             try:
-                reply = await _request(conn, msg.subject, b"", headers, timeout, f"msg id probe {msg.msg_id!r}")
-            except BatchPublishError:
+                reply = await conn.retry_leader(f"msg id probe {msg.msg_id!r}", lambda: ask(msg, headers))
+            except (BatchPublishError, LeaderUnavailableError):
                 raise
             except JetStreamError as exc:
                 if exc.err_code is not None:
@@ -341,15 +359,18 @@ async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: 
     """
     semaphore = asyncio.Semaphore(_PROBE_WINDOW)
 
+    async def read(seq: int) -> Any:
+        try:
+            return await conn.js.get_msg(stream, seq)
+        except nats.js.errors.NotFoundError:
+            return None
+        except nats.errors.TimeoutError:  # on a cluster: an election, retried by retry_leader
+            raise conn.unanswered(f"atomic batch {batch_id}: reading back stream {stream!r} seq {seq} "
+                                  f"timed out after {timeout}s") from None
+
     async def stored(seq: int) -> Any:
         async with semaphore:
-            try:
-                return await conn.js.get_msg(stream, seq)
-            except nats.js.errors.NotFoundError:
-                return None
-            except nats.errors.TimeoutError:
-                raise RequestTimeoutError(f"atomic batch {batch_id}: reading back stream {stream!r} seq {seq} "
-                                          f"timed out after {timeout}s") from None
+            return await conn.retry_leader(f"atomic batch {batch_id}: read-back of seq {seq}", lambda: read(seq))
 
     found = await asyncio.gather(*(stored(first_seq + i) for i in range(len(messages))))
     count = len(messages)
@@ -479,9 +500,10 @@ class _ElectionRetry:
 
     Re-sent only when that cannot store it twice: a 503 / no responders (the message reached no stream
     leader, so the batch cannot commit) on a stream that exists; on a cluster, a timeout or a lost
-    (reconnecting) connection before the commit frame was written (the server abandons an uncommitted batch); or after it, when the
-    batch carries msg ids (the server then refuses a stored batch as a duplicate and it is recognised
-    as ``already_committed``). For up to the connection's ``leader_wait`` seconds, 0.25-2 s apart.
+    (reconnecting) connection before the commit frame was written (the server abandons an uncommitted
+    batch); or after it, when the batch carries msg ids (the server then refuses a stored batch as a
+    duplicate and it is recognised as ``already_committed``). For up to the connection's ``leader_wait``
+    seconds, 0.25-2 s apart.
     """
 
     def __init__(self, conn: JetStreamConnection, batch_id: str, has_msg_ids: bool) -> None:

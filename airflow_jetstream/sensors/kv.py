@@ -11,6 +11,7 @@ from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.client.kv.bucket import check_bucket
 from airflow_jetstream.client.kv.keys import validate_key
 from airflow_jetstream.client.kv.watch import KeyCondition, check_key
@@ -96,7 +97,11 @@ class JetStreamKeyValueSensor(_TerminableSensor):
 
     def poke(self, context: Any) -> PokeReturnValue:
         condition = self.condition()
-        entry = self.hook.run(check_key, self.bucket, self.key, condition)
+        try:
+            entry = self.hook.run(check_key, self.bucket, self.key, condition)
+        except LeaderUnavailableError as exc:
+            self.log.info("KV %s/%s: not yet, the cluster is electing a leader (%s)", self.bucket, self.key, exc)
+            return PokeReturnValue(False)
         self.log.info("KV %s/%s %s: %s", self.bucket, self.key, condition.describe(),
                       f"yes (revision {entry['revision']})" if entry else "not yet")
         return PokeReturnValue(entry is not None, entry)

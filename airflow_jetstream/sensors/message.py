@@ -12,6 +12,7 @@ from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_jetstream.client.durations import to_seconds
+from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.client.reading.apply_function import bind_function, function_path, load_function
 from airflow_jetstream.client.reading.await_message import find_message, resolve_start
 from airflow_jetstream.client.subjects import validate_name, validate_subject
@@ -111,8 +112,12 @@ class JetStreamMessageSensor(_TerminableSensor):
 
     def poke(self, context: Any) -> PokeReturnValue:
         match = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
-        first = self._start_seq(context)
-        found = self.hook.run(find_message, self.stream, match, subject=self.subject or None, start_seq=first)
+        try:
+            first = self._start_seq(context)
+            found = self.hook.run(find_message, self.stream, match, subject=self.subject or None, start_seq=first)
+        except LeaderUnavailableError as exc:
+            self.log.info("Stream %s: not yet, the cluster is electing a leader (%s)", self.stream, exc)
+            return PokeReturnValue(False)
         self._next_seq = found["next_seq"]
         message = found["message"]
         self.log.info("Looked at %d message(s) of stream %s from seq %d: %s", found["scanned"], self.stream, first,

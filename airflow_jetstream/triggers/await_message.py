@@ -11,7 +11,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.errors import ConsumerNotFoundError, JetStreamError
+from airflow_jetstream.client.errors import ConsumerNotFoundError, JetStreamError, LeaderUnavailableError
 from airflow_jetstream.client.reading.apply_function import bind_function
 from airflow_jetstream.client.reading.await_message import find_message
 from airflow_jetstream.hooks.jetstream import JetStreamHook
@@ -74,6 +74,9 @@ class JetStreamAwaitMessageTrigger(BaseTrigger):
                                                start_seq=self.start_seq, follow=True, poll=self.fetch_timeout)
                 event = {"status": "matched", **found}
                 break
+            except LeaderUnavailableError as exc:  # an election: keep waiting (bounded by timeout_at)
+                self.log.info("Message wait: the cluster is electing a leader (%s); retrying in 1 s", exc)
+                await asyncio.sleep(1.0)
             except JetStreamError as exc:
                 attempt += 1
                 # a search consumer dropped by the server (e.g. the triggerer stalled past its inactivity limit)

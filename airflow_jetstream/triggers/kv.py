@@ -9,7 +9,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_jetstream.client.connection_pool import shared_connection
-from airflow_jetstream.client.errors import JetStreamError
+from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError
 from airflow_jetstream.client.kv.watch import KeyCondition, wait_for_key
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.base import PERMANENT_ERRORS, TRANSIENT_ERRORS, TRANSIENT_RETRIES
@@ -63,6 +63,9 @@ class JetStreamKeyValueTrigger(BaseTrigger):
                     entry = await wait_for_key(conn, self.bucket, self.key, condition)
                 event = {"status": "matched", "entry": entry}
                 break
+            except LeaderUnavailableError as exc:  # an election: keep waiting (bounded by timeout_at)
+                self.log.info("KV watch: the cluster is electing a leader (%s); retrying in 1 s", exc)
+                await asyncio.sleep(1.0)
             except JetStreamError as exc:
                 attempt += 1
                 transient = isinstance(exc, TRANSIENT_ERRORS) and not isinstance(exc, PERMANENT_ERRORS)

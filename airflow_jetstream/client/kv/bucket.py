@@ -26,7 +26,6 @@ from airflow_jetstream.client.errors import (
     InvalidKeyError,
     InvalidRequestError,
     JetStreamError,
-    RequestTimeoutError,
     error_from_api,
 )
 
@@ -60,8 +59,9 @@ async def kv_errors(conn: JetStreamConnection, context: str) -> AsyncIterator[No
         raise error_from_api({"code": exc.code, "err_code": exc.err_code, "description": exc.description},
                              context=context) from None
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
-        raise RequestTimeoutError(f"{context}: JetStream did not answer in time; check that JetStream runs and "
-                                  "the bucket exists") from None
+        # on a cluster most likely an election (LeaderUnavailableError: sensors wait), else a timeout
+        raise conn.unanswered(f"{context}: JetStream did not answer in time; check that JetStream runs and "
+                              "the bucket exists") from None
     except nats.errors.Error as exc:
         raise JetStreamError(f"{context}: {type(exc).__name__}: {exc}") from None
 

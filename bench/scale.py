@@ -104,7 +104,7 @@ async def make_input(conn: JetStreamConnection, path: str, size: int, workdir: P
                                  attempts=1 if claimed else 0, owner="w1" if claimed else None,
                                  claim_id=f"c{index}" if claimed else None, claimed_at=past if claimed else None,
                                  deadline=past if claimed else None)
-            await conn.nc.publish(f"$KV.{bucket}.{batch_key(RUN, record.batch_id)}", record._encode())
+            await conn.nc.publish(f"$KV.{bucket}.{batch_key(RUN, record.batch_id)}", record.encode())
         await _flush_until(conn, f"KV_{bucket}", size)
         return bucket
     if path == "capture":

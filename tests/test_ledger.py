@@ -362,7 +362,7 @@ def test_any_reaper_applies_the_claimers_limits_and_ledger_status_reports(settin
 def test_records_from_a_newer_version_still_decode(settings):
     async def scenario(ledger: BatchLedger):
         stored = await ledger.record(RUN, "b0", stream="ORDERS", count=1)
-        body = json.loads(stored._encode())
+        body = json.loads(stored.encode())
         body["added_in_a_later_version"] = {"x": 1}
         await ledger.kv.put(batch_key(RUN, "b0"), json.dumps(body).encode())
         await ledger.kv.put(batch_key(RUN, "junk"), b"not json")

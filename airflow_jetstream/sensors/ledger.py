@@ -7,7 +7,9 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_jetstream.client.ledger.batch_ledger import CONSUMED, DEFAULT_BUCKET, check_waitable_state, ledger_status
+from airflow_jetstream.client.ledger.batch_ledger import DEFAULT_BUCKET, ledger_status
+from airflow_jetstream.client.ledger.records import CONSUMED
+from airflow_jetstream.client.ledger.summary import check_waitable_state
 from airflow_jetstream.sensors.state import JetStreamStateSensor
 from airflow_jetstream.triggers.describe import describe_progress
 from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.ledger.batch_ledger import CONSUMED, DEFAULT_BUCKET, check_waitable_state, ledger_status
+from airflow_jetstream.client.ledger.batch_ledger import DEFAULT_BUCKET, ledger_status
+from airflow_jetstream.client.ledger.records import CONSUMED
+from airflow_jetstream.client.ledger.summary import check_waitable_state
 from airflow_jetstream.triggers.base import JetStreamPollingTrigger
 from airflow_jetstream.triggers.describe import describe_progress
 

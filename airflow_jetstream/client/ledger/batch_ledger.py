@@ -53,8 +53,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import nats.errors
@@ -76,113 +76,37 @@ from airflow_jetstream.client.errors import (
     LedgerWaitTimeoutError,
     error_from_api,
 )
-from airflow_jetstream.client.ledger.record_schema import check_record
+from airflow_jetstream.client.ledger.records import (
+    CONSUMED,
+    FAILED,
+    IN_PROGRESS,
+    KEY_SAFE,
+    PUBLISHED,
+    STATES,
+    WAITABLE_STATES,
+    BatchRecord,
+    batch_key,
+    check_id,
+    iso_time,
+    key_token,
+)
 from airflow_jetstream.client.ledger.replication import ensure_bucket_replication, kv_replication
+from airflow_jetstream.client.ledger.summary import (
+    MAX_LISTED,
+    RunTally,
+    check_waitable_state,
+    count_reached,
+    run_reached,
+    summarize,
+)
 from airflow_jetstream.client.reading.range_read import read_latest_per_subject
 from airflow_jetstream.client.subjects import validate_name
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET = "batch_ledger"
-PUBLISHED, IN_PROGRESS, CONSUMED, FAILED = "published", "in_progress", "consumed", "failed"
-STATES = (PUBLISHED, IN_PROGRESS, CONSUMED, FAILED)
-#: States a run can be awaited in; a batch "reached" a state when it is there or further along.
-WAITABLE_STATES = (PUBLISHED, IN_PROGRESS, CONSUMED)
-_RANK = {PUBLISHED: 0, IN_PROGRESS: 1, CONSUMED: 2}
-_KEY_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-_MAX_ID_LENGTH = 256
 _MAX_ERROR_LENGTH = 2000
 _CAS_ATTEMPTS = 25
-#: Failed batches a summary lists, and records a reap returns per outcome (the counts cover all).
-_MAX_LISTED = 100
-
-
-def _encode_token(value: str) -> str:
-    """A KV key token for any id: safe characters kept, others as ``=HH`` per UTF-8 byte (reversible)."""
-    return "".join(ch if ch in _KEY_SAFE else "".join(f"={b:02X}" for b in ch.encode()) for ch in value)
-
-
-def _check_id(value: object, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidRequestError(f"{what} must be a non-empty string, got {value!r}", reason="invalid_id")
-    if len(value) > _MAX_ID_LENGTH:
-        raise InvalidRequestError(f"{what} is longer than {_MAX_ID_LENGTH} characters", reason="invalid_id")
-    return value
-
-
-def batch_key(run_id: str, batch_id: str) -> str:
-    """The KV key of a batch: ``<run>.<batch>``, each token escaped to the KV key alphabet."""
-    return f"{_encode_token(_check_id(run_id, 'run_id'))}.{_encode_token(_check_id(batch_id, 'batch_id'))}"
-
-
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat()
-
-
-def _epoch(iso: str) -> float:
-    return datetime.fromisoformat(iso).timestamp()
-
-
-@dataclass(frozen=True)
-class BatchRecord:
-    """One batch of a run as stored in the ledger; ``revision`` is the KV revision it was read at."""
-
-    run_id: str
-    batch_id: str
-    stream: str
-    count: int
-    first_seq: int | None = None
-    last_seq: int | None = None
-    state: str = PUBLISHED
-    attempts: int = 0
-    max_attempts: int | None = None
-    owner: str | None = None
-    claim_id: str | None = None
-    claimed_at: str | None = None
-    deadline: str | None = None
-    created_at: str = ""
-    updated_at: str = ""
-    consumed_at: str | None = None
-    failed_at: str | None = None
-    last_error: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    revision: int = 0
-    #: Fields another service (or a newer version) stored that this version does not know; kept on update.
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (XCom, logs, Spark commit messages)."""
-        return asdict(self)
-
-    def expired(self, now: float) -> bool:
-        """True when this is a claim whose visibility deadline has passed."""
-        return self.state == IN_PROGRESS and self.deadline is not None and _epoch(self.deadline) <= now
-
-    def _encode(self) -> bytes:
-        body = asdict(self)
-        body.pop("revision")
-        extra = body.pop("extra")
-        body = {**extra, **body}
-        check_record(body, key=batch_key(self.run_id, self.batch_id), when="refused to write it")
-        return json.dumps(body, separators=(",", ":")).encode()
-
-    @classmethod
-    def _decode(cls, data: bytes, revision: int, key: str = "") -> BatchRecord:
-        try:
-            body = json.loads(data)
-        except ValueError as exc:
-            raise LedgerConflictError(
-                f"ledger key {key!r} (revision {revision}) is not a batch record ({type(exc).__name__}); "
-                "the bucket is used by something else: give the ledger its own bucket",
-                reason="ledger_corrupt",
-            ) from None
-        check_record(body, key=key, when=f"read at revision {revision}")
-        known = {name: value for name, value in body.items() if name in _FIELDS}
-        extra = {name: value for name, value in body.items() if name not in _FIELDS}
-        return cls(**known, revision=revision, extra=extra)
-
-
-_FIELDS = frozenset(BatchRecord.__dataclass_fields__) - {"revision", "extra"}
 
 
 @asynccontextmanager
@@ -212,90 +136,6 @@ async def _kv_errors(conn: JetStreamConnection, context: str) -> AsyncIterator[N
         ) from None
     except nats.errors.Error as exc:
         raise JetStreamError(f"{context}: {type(exc).__name__}: {exc}") from None
-
-
-class _RunTally:
-    """A run's summary computed one record at a time (memory independent of the number of batches)."""
-
-    def __init__(self, run_id: str, bucket: str, now: float) -> None:
-        self.run_id, self.bucket, self.now = run_id, bucket, now
-        self.batches = self.attempts = self.expired_claims = 0
-        self.states = dict.fromkeys(STATES, 0)
-        self.messages = dict.fromkeys(STATES, 0)
-        self.streams: set[str] = set()
-        self.failed: list[dict[str, Any]] = []
-
-    def add(self, rec: BatchRecord) -> None:
-        self.batches += 1
-        self.states[rec.state] = self.states.get(rec.state, 0) + 1
-        self.messages[rec.state] = self.messages.get(rec.state, 0) + rec.count
-        self.attempts += rec.attempts
-        self.expired_claims += rec.expired(self.now)
-        self.streams.add(rec.stream)
-        if rec.state == FAILED and len(self.failed) < _MAX_LISTED:
-            self.failed.append({"batch_id": rec.batch_id, "stream": rec.stream, "first_seq": rec.first_seq,
-                                "last_seq": rec.last_seq, "count": rec.count, "attempts": rec.attempts,
-                                "last_error": rec.last_error})
-
-    def result(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "bucket": self.bucket,
-            "batches": self.batches,
-            "states": self.states,
-            "messages": self.messages,
-            "attempts": self.attempts,
-            "expired_claims": self.expired_claims,
-            "streams": sorted(self.streams),
-            "failed": self.failed,
-        }
-
-
-def _summarize(run_id: str, bucket: str, records: Iterable[BatchRecord], now: float) -> dict[str, Any]:
-    """Counts by state; ``failed`` lists the first 100 failed batches (``states`` counts all)."""
-    tally = _RunTally(run_id, bucket, now)
-    for rec in records:
-        tally.add(rec)
-    return tally.result()
-
-
-def check_waitable_state(state: str) -> str:
-    """Validate a state to wait for (``published``, ``in_progress`` or ``consumed``)."""
-    if state not in WAITABLE_STATES:
-        raise InvalidRequestError(
-            f"cannot wait for state {state!r}; use one of {', '.join(WAITABLE_STATES)} "
-            "(failed batches are reported by the wait itself)",
-            reason="invalid_state",
-        )
-    return state
-
-
-def count_reached(summary: dict[str, Any], state: str) -> int:
-    """How many batches of a summary reached ``state`` (are there or further along; never failed ones)."""
-    check_waitable_state(state)
-    return sum(n for name, n in summary["states"].items() if name in _RANK and _RANK[name] >= _RANK[state])
-
-
-def run_reached(summary: dict[str, Any], state: str, *, min_batches: int = 1, fail_on_failed: bool = True) -> bool:
-    """True when at least ``min_batches`` batches exist and all of them reached ``state``.
-
-    A batch reached ``published`` when it is published, in progress or consumed; ``consumed`` only
-    when consumed. Failed batches never reach a state: with ``fail_on_failed`` they raise
-    :class:`BatchesFailedError` listing them (a dead letter must be looked at, not waited for).
-    """
-    check_waitable_state(state)
-    if summary["failed"] and fail_on_failed:
-        ids = ", ".join(item["batch_id"] for item in summary["failed"][:10])
-        failed = summary["states"].get(FAILED) or len(summary["failed"])
-        raise BatchesFailedError(
-            f"run {summary['run_id']!r}: {failed} batch(es) failed after their max attempts "
-            f"({ids}); see each batch's last_error, fix the cause, then requeue them "
-            "(BatchLedger.requeue) or clear the run",
-            failed=summary["failed"],
-        )
-    if summary["batches"] < min_batches:
-        return False
-    return count_reached(summary, state) == summary["batches"]
 
 
 class BatchLedger:
@@ -333,7 +173,7 @@ class BatchLedger:
         bucket gets :func:`default_replicas` (3 on a cluster, else 1) and an existing
         one keeps its own; when given, an existing bucket is changed to them.
         """
-        if not isinstance(bucket, str) or not bucket or set(bucket) - _KEY_SAFE:
+        if not isinstance(bucket, str) or not bucket or set(bucket) - KEY_SAFE:
             raise InvalidRequestError(
                 f"ledger bucket {bucket!r} is not a valid KV bucket name (letters, digits, '_' and '-' only)",
                 reason="invalid_name",
@@ -372,12 +212,12 @@ class BatchLedger:
         entry = await self.conn.retry_leader(context, read)
         if entry is None:
             return None
-        return BatchRecord._decode(entry.value or b"", entry.revision or 0, key)
+        return BatchRecord.decode(entry.value or b"", entry.revision or 0, key)
 
     async def _latest(self, run_id: str | None) -> AsyncIterator[tuple[int, str, BatchRecord | None]]:
         """``(seq, key, record)`` of every key of ``run_id`` (all runs when None), in stream order;
         record None for a deleted, purged or expired key. A key updated during the read comes again."""
-        pattern = f"{_encode_token(_check_id(run_id, 'run_id'))}.*" if run_id is not None else ">"
+        pattern = f"{key_token(check_id(run_id, 'run_id'))}.*" if run_id is not None else ">"
         prefix = f"$KV.{self.bucket}."
         async with _kv_errors(self.conn, f"ledger {self.bucket!r} listing"):
             async for chunk in read_latest_per_subject(self.conn, f"KV_{self.bucket}", [prefix + pattern]):
@@ -386,7 +226,7 @@ class BatchLedger:
                     if headers and (headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers):
                         yield seq, key, None
                     else:
-                        yield seq, key, BatchRecord._decode(data, seq, key)
+                        yield seq, key, BatchRecord.decode(data, seq, key)
 
     async def batches(self, run_id: str | None = None, *, state: str | None = None) -> list[BatchRecord]:
         """Every batch of ``run_id`` (of all runs when None), optionally only those in ``state``, sorted.
@@ -421,7 +261,7 @@ class BatchLedger:
         """
         info = await self.conn.api_request(f"STREAM.INFO.KV_{self.bucket}", context=f"ledger {self.bucket!r}")
         last_seq = int(info["state"].get("last_seq") or 0)
-        tally = _RunTally(run_id, self.bucket, self.clock())
+        tally = RunTally(run_id, self.bucket, self.clock())
         async with aclosing(self._latest(run_id)) as latest:
             async for seq, _, rec in latest:
                 if seq > last_seq:
@@ -431,7 +271,7 @@ class BatchLedger:
             else:
                 return tally.result()
         metrics.incr("ledger.summary_relisted")
-        return _summarize(run_id, self.bucket, await self.batches(run_id), self.clock())
+        return summarize(run_id, self.bucket, await self.batches(run_id), self.clock())
 
     # writing
 
@@ -449,10 +289,10 @@ class BatchLedger:
             raise InvalidRequestError(f"meta of batch {batch_id!r} must be JSON-able (dict of str, numbers, lists)") \
                 from None
         key = batch_key(run_id, batch_id)
-        now = _iso(self.clock())
+        now = iso_time(self.clock())
         rec = BatchRecord(run_id=run_id, batch_id=batch_id, stream=stream, count=count, first_seq=first_seq,
                           last_seq=last_seq, created_at=now, updated_at=now, meta=dict(meta or {}))
-        payload = rec._encode()
+        payload = rec.encode()
         context = f"record batch {batch_id!r} of run {run_id!r}"
 
         async def create() -> int:
@@ -515,7 +355,7 @@ class BatchLedger:
             return replace(
                 rec, state=IN_PROGRESS, attempts=rec.attempts + 1, max_attempts=self.max_attempts, owner=owner,
                 claim_id=uuid.uuid4().hex,
-                claimed_at=_iso(now), deadline=_iso(now + self.visibility_timeout), updated_at=_iso(now),
+                claimed_at=iso_time(now), deadline=iso_time(now + self.visibility_timeout), updated_at=iso_time(now),
             )
 
         rec, changed = await self._cas(run_id, batch_id, take)
@@ -546,7 +386,7 @@ class BatchLedger:
 
         def push(rec: BatchRecord) -> BatchRecord:
             self._require_claim(rec, claim, "extend")
-            return replace(rec, deadline=_iso(now + self.visibility_timeout), updated_at=_iso(now))
+            return replace(rec, deadline=iso_time(now + self.visibility_timeout), updated_at=iso_time(now))
 
         rec, _ = await self._cas(claim.run_id, claim.batch_id, push)
         return rec
@@ -561,7 +401,7 @@ class BatchLedger:
             if rec.state == CONSUMED and rec.claim_id == claim.claim_id:
                 return None
             self._require_claim(rec, claim, "mark consumed")
-            return replace(rec, state=CONSUMED, consumed_at=_iso(now), updated_at=_iso(now), deadline=None)
+            return replace(rec, state=CONSUMED, consumed_at=iso_time(now), updated_at=iso_time(now), deadline=None)
 
         rec, changed = await self._cas(claim.run_id, claim.batch_id, finish)
         if changed:
@@ -602,7 +442,7 @@ class BatchLedger:
                     self._report_transition(rec)
                     outcome = "failed" if rec.state == FAILED else "returned"
                     counts[outcome] += 1
-                    if len(reaped[outcome]) < _MAX_LISTED:
+                    if len(reaped[outcome]) < MAX_LISTED:
                         reaped[outcome].append(rec.to_dict())
         return {**reaped, "returned_count": counts["returned"], "failed_count": counts["failed"]}
 
@@ -624,7 +464,7 @@ class BatchLedger:
             if rec.state not in wanted_states:
                 return None
             return replace(rec, state=PUBLISHED, attempts=0, owner=None, claim_id=None, claimed_at=None,
-                           deadline=None, consumed_at=None, failed_at=None, updated_at=_iso(now))
+                           deadline=None, consumed_at=None, failed_at=None, updated_at=iso_time(now))
 
         requeued = []
         for batch_id in ids:
@@ -671,9 +511,9 @@ class BatchLedger:
             f"visibility deadline {rec.deadline}"
         )
         cleared = {"owner": None, "claim_id": None, "claimed_at": None, "deadline": None,
-                   "updated_at": _iso(now), "last_error": reason}
+                   "updated_at": iso_time(now), "last_error": reason}
         if rec.attempts >= (rec.max_attempts or self.max_attempts):
-            return replace(rec, state=FAILED, failed_at=_iso(now), **cleared)
+            return replace(rec, state=FAILED, failed_at=iso_time(now), **cleared)
         return replace(rec, state=PUBLISHED, **cleared)
 
     def _report_transition(self, rec: BatchRecord) -> None:
@@ -712,7 +552,7 @@ class BatchLedger:
                 return current, False
             async with _kv_errors(self.conn, context):
                 try:
-                    revision = await self.kv.update(key, new._encode(), last=current.revision)
+                    revision = await self.kv.update(key, new.encode(), last=current.revision)
                 except nats.js.errors.KeyWrongLastSequenceError:
                     metrics.incr("ledger.cas_retry")
                     continue
@@ -733,7 +573,7 @@ async def ledger_status(conn: JetStreamConnection, run_id: str, state: str = CON
     try:
         ledger = await BatchLedger.open(conn, bucket, create=False)
     except LedgerNotFoundError:
-        summary = _summarize(run_id, bucket, [], time.time())
+        summary = summarize(run_id, bucket, [], time.time())
     else:
         if reap:
             result = await ledger.reap(run_id)

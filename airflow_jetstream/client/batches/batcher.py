@@ -18,7 +18,14 @@ id, a stream without ``allow_atomic``) is re-sent item by item, so errors stay p
     failed = [r.to_dict() for r in results if not r.ok]
 
 Results come back in submission order (sequence numbers increase in the order items were
-submitted). ``close()`` (or leaving the ``async with``) flushes everything still pending; an item
+submitted, except for items re-sent after a leader election, see below).
+
+Individual publishes ride out a leader election (for the connection's ``leader_wait``): an item
+answered with a 503 / no responders on a stream that exists reached no leader, so it is re-sent;
+on a cluster an unacknowledged item is re-sent only when it has a msg id (the server then answers
+a stored one as a duplicate). Re-sent items may be stored after later items of their group.
+
+``close()`` (or leaving the ``async with``) flushes everything still pending; an item
 whose caller was cancelled after submitting is still published (its result is dropped), so
 cancellation never loses an accepted item.
 """
@@ -36,6 +43,7 @@ from airflow_jetstream.client.batches.atomic import (
     ATOMIC_REFUSED_HEADERS,
     BatchReplies,
     publish_atomic_batch,
+    streams_for_subject,
 )
 from airflow_jetstream.client.batches.fast import FAST_REFUSED_HEADERS
 from airflow_jetstream.client.batches.types import (
@@ -52,6 +60,7 @@ from airflow_jetstream.client.errors import (
     ConnectionFailedError,
     InvalidRequestError,
     JetStreamError,
+    LeaderUnavailableError,
     RequestTimeoutError,
 )
 
@@ -224,12 +233,66 @@ class Batcher:
                 if not batch.already_committed:
                     return [BatchItemResult(stream=batch.stream, seq=batch.first_seq + i)
                             for i in range(len(messages))]
+        results = await self._publish_individually(messages)
+        return await self._ride_out_elections(messages, results)
+
+    async def _publish_individually(self, messages: list[BatchMessage]) -> list[BatchItemResult]:
         if self._replies is None:
             self._replies = await BatchReplies(self.conn, self.timeout, "publish").open()
         first = self._next_reply + 1
         self._next_reply += len(messages)
         return await publish_individually(self.conn, messages, self.timeout, replies=self._replies,
                                           first_reply=first)
+
+    async def _ride_out_elections(self, messages: list[BatchMessage],
+                                  results: list[BatchItemResult]) -> list[BatchItemResult]:
+        """Re-send the items that failed because their stream was electing a leader, for ``leader_wait``.
+
+        Only where a re-send cannot store an item twice: a 503 / no responders on a stream that exists
+        (no leader received the message, so nothing was stored), and on a cluster an unacknowledged item
+        with a msg id (the server answers a re-send of a stored one as a duplicate, with its sequence).
+        Still failing after ``leader_wait``: those items fail with ``leader_unavailable``.
+        """
+        known: dict[str, bool] = {}
+
+        async def retryable(index: int) -> bool:
+            result, msg = results[index], messages[index]
+            if result.error == "no_stream_for_subject":
+                if msg.subject not in known:
+                    try:
+                        known[msg.subject] = bool(await streams_for_subject(self.conn, msg.subject))
+                    except JetStreamError as exc:  # the stream lookup itself found no leader in time
+                        results[index] = BatchItemResult.failed(exc)
+                        return False
+                return known[msg.subject]
+            return (result.error in ("timeout", "leader_unavailable") and bool(msg.msg_id)
+                    and self.conn.clustered and not self.conn.nc.is_closed)
+
+        pending = [i for i in range(len(messages)) if results[i].error and await retryable(i)]
+        if not pending:
+            return results
+        started = False
+
+        async def attempt() -> None:
+            nonlocal pending, started
+            if started:
+                again = await self._publish_individually([messages[i] for i in pending])
+                for index, result in zip(pending, again, strict=True):
+                    results[index] = result
+                pending = [i for i in pending if results[i].error and await retryable(i)]
+            started = True
+            if pending:
+                metrics.incr("batcher.retried", len(pending), tags={"reason": "leader_unavailable"})
+                raise LeaderUnavailableError(
+                    f"publish to {messages[pending[0]].subject!r}: its stream has no leader (503 or no "
+                    "acknowledgement), nothing of the item was stored unless it carries a msg id")
+
+        try:
+            await self.conn.retry_leader(f"batcher: {len(pending)} of {len(messages)} items", attempt)
+        except LeaderUnavailableError as exc:
+            for index in pending:
+                results[index] = BatchItemResult.failed(exc)
+        return results
 
 
 async def publish_individually(conn: JetStreamConnection, messages: list[BatchMessage], timeout: float, *,

@@ -11,7 +11,6 @@ from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
-from airflow_jetstream.client.admin.consumers import parse_time
 from airflow_jetstream.client.advisories.capture import (
     DEFAULT_CAPTURE_STREAM,
     capture_info,
@@ -22,6 +21,7 @@ from airflow_jetstream.client.advisories.filter import AdvisoryFilter, predicate
 from airflow_jetstream.client.advisories.types import parse_timestamp
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import LeaderUnavailableError
+from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.renamed import take_renamed
 from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, _TerminableSensor

@@ -11,14 +11,16 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from airflow_jetstream.client.admin.consumers import parse_time
+from airflow_jetstream.client.admin.streams import check_replicas, normalize_placement
 from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError
 from airflow_jetstream.client.ledger.batch_ledger import DEFAULT_BUCKET
 from airflow_jetstream.client.ledger.job_records import DEFAULT_JOB_BUCKET
 from airflow_jetstream.client.settings import SETTINGS_FIELDS, ConnectionSettings, parse_bool, settings_from_fields
 from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.spark.json_rows import DEFAULT_CORRUPT_RECORD_COLUMN, JSON_MODES
 
 #: Connection fields that may be given as options (``servers`` is a comma-separated list).
@@ -148,9 +150,13 @@ class WriteOptions:
     run_id: str
     job_bucket: str
     inflight: int
+    #: replicas/placement of the ledger and job buckets when the write creates them (None: the default)
+    ledger_replicas: int | None = None
+    ledger_placement: dict[str, Any] | None = None
 
     KEYS = ("stream", "path", "mode", "job_id", "subject", "subject_column", "payload_column",
-            "headers_column", "batch_size", "flow", "ledger_bucket", "run_id", "job_bucket", "inflight")
+            "headers_column", "batch_size", "flow", "ledger_bucket", "run_id", "job_bucket", "inflight",
+            "ledger_replicas", "ledger_placement_cluster", "ledger_placement_tags")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
@@ -186,6 +192,9 @@ class WriteOptions:
             run_id=opts.get("run_id") or job_id,
             job_bucket=job_bucket,
             inflight=_int(opts, "inflight", None, maximum=32) or INFLIGHT_DEFAULTS[mode],
+            ledger_replicas=check_replicas(opts.get("ledger_replicas"), what="option ledger_replicas"),
+            ledger_placement=normalize_placement({"cluster": opts.get("ledger_placement_cluster") or None,
+                                                  "tags": opts.get("ledger_placement_tags") or None}),
         )
 
 

@@ -10,12 +10,12 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_jetstream.client.admin.consumers import parse_time
 from airflow_jetstream.client.advisories.capture import find_captured, watch_advisories
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter
 from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError
+from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.renamed import take_renamed
 from airflow_jetstream.triggers.base import PERMANENT_ERRORS, TRANSIENT_ERRORS, TRANSIENT_RETRIES

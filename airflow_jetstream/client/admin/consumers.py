@@ -10,7 +10,7 @@ domain (a leaf node), wrap the connection with :func:`api_view` first::
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from airflow_jetstream.client import metrics
@@ -26,6 +26,7 @@ from airflow_jetstream.client.errors import (
     ServerAPIError,
 )
 from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.client.times import parse_time, to_rfc3339
 
 #: Consumer configuration fields of the JetStream API (nats-server 2.15), by their JSON names.
 CONSUMER_CONFIG_FIELDS = frozenset({
@@ -87,26 +88,6 @@ def api_view(conn: JetStreamConnection, *, domain: str | None = None,
         return conn
     validate_subject(prefix, what="JetStream API prefix")
     return _ApiView(conn, prefix)  # type: ignore[return-value]
-
-
-def to_rfc3339(value: datetime | str) -> str:
-    """A timestamp as the server wants it (RFC 3339, UTC). Naive datetimes are taken as UTC."""
-    when = parse_time(value)
-    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def parse_time(value: datetime | str, *, field: str = "time") -> datetime:
-    """A timezone-aware datetime from a datetime or an ISO 8601 string (naive means UTC)."""
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value.strip())
-        except ValueError:
-            raise InvalidRequestError(
-                f"{field}: cannot read {value!r} as a time; use ISO 8601 such as '2026-01-31T12:00:00Z'"
-            ) from None
-    if not isinstance(value, datetime):
-        raise InvalidRequestError(f"{field}: expected a datetime or ISO 8601 string, got {type(value).__name__}")
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def normalize_consumer_config(config: dict[str, Any]) -> dict[str, Any]:

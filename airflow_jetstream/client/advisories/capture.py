@@ -24,7 +24,7 @@ from typing import Any
 
 import nats.errors
 
-from airflow_jetstream.client.admin.consumers import delete_consumer, parse_time, to_rfc3339
+from airflow_jetstream.client.admin.consumers import delete_consumer
 from airflow_jetstream.client.admin.streams import (
     default_replicas,
     ensure_stream,
@@ -62,6 +62,7 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
+from airflow_jetstream.client.times import parse_time, to_rfc3339
 
 DEFAULT_CAPTURE_STREAM = "ADVISORIES"
 DEFAULT_CAPTURE_SUBJECTS = (f"{ADVISORY_PREFIX}.>",)

@@ -25,7 +25,7 @@ from contextlib import aclosing
 from datetime import datetime
 from typing import Any
 
-from airflow_jetstream.client.admin.consumers import first_seq_at_or_after, parse_time
+from airflow_jetstream.client.admin.consumers import first_seq_at_or_after
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import ApplyFunctionError, InvalidRequestError, JetStreamError
@@ -34,6 +34,7 @@ from airflow_jetstream.client.reading.messages import ConsumedMessage
 from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.client.times import parse_time
 
 START_WORDS = ("new", "first")
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from typing import Any
 
 import nats.errors
 
-from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer, find_consumer, to_rfc3339
+from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer, find_consumer
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
@@ -56,6 +56,7 @@ from airflow_jetstream.client.reading.messages import ConsumedMessage
 from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.reading.range_read import plan_read, read_method, read_range
 from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.client.times import to_rfc3339
 
 #: Seconds before a failed message is redelivered, by delivery count (the last one repeats).
 DEFAULT_NAK_DELAY: tuple[float, ...] = (1.0, 5.0, 30.0, 60.0)

@@ -21,13 +21,14 @@ from airflow_jetstream.client.batches.atomic import stored_sequences
 from airflow_jetstream.client.batches.batcher import Batcher
 from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.connection import open_connection
-from airflow_jetstream.client.errors import LeaderUnavailableError
+from airflow_jetstream.client.errors import InvalidRequestError, LeaderUnavailableError, PlacementError
 from airflow_jetstream.client.kv.bucket import ensure_bucket
 from airflow_jetstream.client.kv.keys import put_key
 from airflow_jetstream.client.reading.messages import ConsumedMessage
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsCluster
+from airflow_jetstream.embedded.cluster import CLUSTER_NAME
 from airflow_jetstream.sensors.kv import JetStreamKeyValueSensor
 from airflow_jetstream.sensors.message import JetStreamMessageSensor
 from airflow_jetstream.triggers import await_message as await_message_trigger
@@ -200,3 +201,38 @@ def test_message_and_kv_sensors_and_triggers_wait_through_a_leaderless_stream(
     assert published.ok, published.to_dict()
     assert message_event["status"] == "matched" and message_event["message"]["data"] == "ready"
     assert kv_event["status"] == "matched" and kv_event["entry"]["value"] == "ready"
+
+
+def test_spark_writer_creates_its_ledger_and_job_buckets_with_the_replicas_and_placement_it_is_given(
+        nats_cluster_module: EmbeddedNatsCluster) -> None:
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+    from airflow_jetstream.spark.options import WriteOptions
+    from airflow_jetstream.spark.writer import JetStreamWriter
+
+    cluster = nats_cluster_module
+    call(cluster, ensure_stream, {"name": "GAPW", "subjects": ["gapw.>"], "num_replicas": 3, "allow_atomic": True})
+    schema = StructType([StructField("subject", StringType()), StructField("payload", BinaryType())])
+    rows = pa.record_batch([pa.array(["gapw.x"] * 3), pa.array([b"a", b"b", b"c"])], names=["subject", "payload"])
+
+    def options(bucket: str, **extra: str) -> WriteOptions:
+        return WriteOptions.parse({"servers": cluster.servers, "request_timeout": "3", "stream": "GAPW",
+                                   "job_id": bucket, "ledger_bucket": f"{bucket}_ledger",
+                                   "job_bucket": f"{bucket}_jobs", **extra})
+
+    with pytest.raises(InvalidRequestError, match="ledger_replicas must be an integer from 1 to 5"):
+        options("bad", ledger_replicas="7")
+    nowhere = JetStreamWriter(options("nowhere", ledger_placement_cluster="nowhere"), schema)
+    with pytest.raises(PlacementError):  # refused before anything is published
+        nowhere.write(iter([rows]))
+    placed = JetStreamWriter(options("placed", ledger_replicas="1", ledger_placement_cluster=CLUSTER_NAME), schema)
+    placed.commit([placed.write(iter([rows]))])
+
+    async def configs(conn):
+        return ([(await stream_info(conn, f"KV_placed_{kind}"))["config"] for kind in ("ledger", "jobs")],
+                (await stream_info(conn, "GAPW"))["state"]["messages"])
+
+    buckets, stored = call(cluster, configs)
+    assert [(c["num_replicas"], c["placement"]["cluster"]) for c in buckets] == [(1, CLUSTER_NAME)] * 2
+    assert stored == 3  # only the placed write stored its rows

@@ -248,7 +248,8 @@ class JetStreamWriter(DataSourceArrowWriter):
         """The ledger (None when disabled) and the ids of this partition's chunks it already holds."""
         if not self.options.ledger_bucket:
             return None, set()
-        ledger = await BatchLedger.open(conn, self.options.ledger_bucket)
+        ledger = await BatchLedger.open(conn, self.options.ledger_bucket, replicas=self.options.ledger_replicas,
+                                        placement=self.options.ledger_placement)
         prefix = chunk_id(self.options.job_id, partition, 0)[:-1]
         records = ledger.iter_batches(self.options.run_id)
         done = {rec.batch_id async for rec in records if rec.batch_id.startswith(prefix)}
@@ -328,4 +329,5 @@ class JetStreamWriter(DataSourceArrowWriter):
             "reports": reports,
         }
         async with open_connection(opts.settings) as conn:
-            await put_job_record(conn, opts.job_id, record, bucket=opts.job_bucket)
+            await put_job_record(conn, opts.job_id, record, bucket=opts.job_bucket, replicas=opts.ledger_replicas,
+                                 placement=opts.ledger_placement)

@@ -90,7 +90,7 @@ from airflow_jetstream.client.ledger.records import (
     iso_time,
     key_token,
 )
-from airflow_jetstream.client.ledger.replication import ensure_bucket_replication, kv_replication
+from airflow_jetstream.client.ledger.replication import bucket_replicas, create_bucket, ensure_bucket_replication
 from airflow_jetstream.client.ledger.summary import (
     MAX_LISTED,
     RunTally,
@@ -187,12 +187,10 @@ class BatchLedger:
                 if not create:
                     raise
                 ttl_seconds = None if ttl is None else to_seconds(ttl, field="ttl")
-                placed = kv_replication(conn, replication)
-                kv = await conn.js.create_key_value(
-                    bucket=bucket, history=history, ttl=ttl_seconds, description="airflow-jetstream batch ledger",
-                    **placed,
-                )
-                log.info("Created batch ledger bucket %s with %d replica(s)", bucket, placed["replicas"])
+                kv = await create_bucket(conn, replication, bucket=bucket, history=history, ttl=ttl_seconds,
+                                         description="airflow-jetstream batch ledger")
+                log.info("Created batch ledger bucket %s with %d replica(s)", bucket,
+                         bucket_replicas(conn, replication))
         return cls(conn, kv, bucket, visibility_timeout=visibility_timeout, max_attempts=max_attempts, clock=clock)
 
     # reading

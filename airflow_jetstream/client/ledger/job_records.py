@@ -18,7 +18,7 @@ import nats.js.errors
 from airflow_jetstream.client.admin.streams import replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import error_from_api
-from airflow_jetstream.client.ledger.replication import ensure_bucket_replication, kv_replication
+from airflow_jetstream.client.ledger.replication import create_bucket, ensure_bucket_replication
 from airflow_jetstream.client.subjects import validate_name
 
 DEFAULT_JOB_BUCKET = "jetstream_jobs"
@@ -32,8 +32,8 @@ async def _bucket(conn: JetStreamConnection, bucket: str, *, create: bool,
     except nats.js.errors.BucketNotFoundError:
         if not create:
             return None
-        return await conn.js.create_key_value(bucket=bucket, history=5, description="airflow-jetstream job records",
-                                              **kv_replication(conn, replication or {}))
+        return await create_bucket(conn, replication or {}, bucket=bucket, history=5,
+                                   description="airflow-jetstream job records")
     await ensure_bucket_replication(conn, bucket, replication or {})
     return kv
 

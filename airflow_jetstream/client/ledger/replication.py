@@ -7,22 +7,39 @@ existing one as it is; given options change an existing bucket's stream to them.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from nats.js.api import Placement
+from nats.js.api import Placement, StreamConfig
+from nats.js.kv import KeyValue
 
 from airflow_jetstream.client.admin.streams import default_replicas, ensure_stream
 from airflow_jetstream.client.connection import JetStreamConnection
 
 
-def kv_replication(conn: JetStreamConnection, replication: dict[str, Any]) -> dict[str, Any]:
-    """``replicas``/``placement`` keyword arguments for nats-py's ``create_key_value``.
+def bucket_replicas(conn: JetStreamConnection, replication: dict[str, Any]) -> int:
+    """The replicas a new bucket gets: the given ones, else :func:`default_replicas`."""
+    return replication.get("num_replicas") or default_replicas(conn)
+
+
+async def create_bucket(conn: JetStreamConnection, replication: dict[str, Any], **kwargs: Any) -> KeyValue:
+    """nats-py's ``create_key_value(**kwargs)`` with ``replication``'s replicas and placement.
 
     ``replication`` is :func:`~airflow_jetstream.client.admin.streams.replication_config`'s output.
+    nats-py (2.16) builds the bucket's stream config without the placement it is given, so a placement
+    is put into that config here, on a JetStream context of the same connection used only for this call.
     """
+    js = conn.js
     placement = replication.get("placement")
-    return {"replicas": replication.get("num_replicas") or default_replicas(conn),
-            "placement": Placement(**placement) if placement else None}
+    if placement:
+        js = conn.nc.jetstream(prefix=conn.settings.api_subject_prefix, timeout=conn.settings.request_timeout)
+        add_stream = js.add_stream
+
+        async def add_placed(config: StreamConfig, **params: Any) -> Any:
+            return await add_stream(dataclasses.replace(config, placement=Placement(**placement)), **params)
+
+        js.add_stream = add_placed  # type: ignore[method-assign]
+    return await js.create_key_value(replicas=bucket_replicas(conn, replication), **kwargs)
 
 
 async def ensure_bucket_replication(conn: JetStreamConnection, bucket: str, replication: dict[str, Any]) -> bool:

@@ -151,7 +151,14 @@ def test_every_block_is_runnable_or_a_fragment() -> None:
     assert unrunnable == []
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if any(
+def _page_param(page: str) -> Any:
+    """A page whose shell blocks call the airflow CLI is marked like the other CLI tests."""
+    blocks = [b for b in parse_blocks((DOCS / page).read_text()) if b.marker != "fragment"]
+    cli = any(b.lang in ("bash", "shell") and "airflow " in b.code for b in blocks)
+    return pytest.param(page, marks=[pytest.mark.airflow_cli] if cli else [])
+
+
+@pytest.mark.parametrize("page", [_page_param(p) for p in PAGES if any(
     b.marker != "fragment" for b in parse_blocks((DOCS / p).read_text()))])
 def test_page_snippets_run_as_written(page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       request: pytest.FixtureRequest) -> None:

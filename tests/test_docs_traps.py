@@ -116,6 +116,7 @@ def _finish(proc: subprocess.Popen, timeout: float, out: Path) -> int:
         raise AssertionError(f"airflow dags test still running after {timeout}s:\n{out.read_text()[-3000:]}") from None
 
 
+@pytest.mark.airflow_cli
 def test_deferred_sensors_time_out_under_airflow_dags_test(waiting_env, tmp_path):
     """dags test runs triggers inline and ignores the deferral timeout: each trigger ends at its own."""
     out = tmp_path / "dags-test.log"
@@ -128,6 +129,7 @@ def test_deferred_sensors_time_out_under_airflow_dags_test(waiting_env, tmp_path
     assert "coroutine ignored GeneratorExit" not in log
 
 
+@pytest.mark.airflow_cli
 def test_sigterm_stops_a_deferred_sensor_under_airflow_dags_test(waiting_env, tmp_path):
     out = tmp_path / "dags-test.log"
     proc = _dags_test("long_wait", waiting_env, out)

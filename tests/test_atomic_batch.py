@@ -19,7 +19,7 @@ from airflow_jetstream.client import (
     stored_sequences,
     stream_info,
 )
-from airflow_jetstream.client.batches.types import encode_frame, write_frames
+from airflow_jetstream.client.batches.frames import encode_frame, write_frames
 from tests.support.nats_calls import with_streams
 
 ATOM = {"name": "ATOM", "subjects": ["atom.>"], "allow_atomic": True}

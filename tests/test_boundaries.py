@@ -128,7 +128,8 @@ def test_advisory_capture_max_age_and_ledger_ttl_are_seconds(server, settings, m
     from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
 
     set_nats_connection(monkeypatch, "nats_default", server.url)
-    result = JetStreamAdvisoryStreamOperator(task_id="capture", stream="ADV_SECONDS", max_age=86400).execute(context={})
+    capture = JetStreamAdvisoryStreamOperator(task_id="capture", capture_stream="ADV_SECONDS", max_age=86400)
+    result = capture.execute(context={})
     assert result["action"] in ("created", "updated")
 
     async def body(conn):
@@ -283,7 +284,7 @@ def test_json_rows_written_with_rfc3339_times_exact_decimals_and_base64() -> Non
 
 
 def test_publish_operator_sends_a_list_header_as_a_repeated_header() -> None:
-    from airflow_jetstream.client.batches.types import encode_header_lines
+    from airflow_jetstream.client.batches.frames import encode_header_lines
     from airflow_jetstream.operators.publish import to_batch_message
 
     msg = to_batch_message({"subject": "a.b", "data": {"k": 1}, "headers": {"X-Tag": ["a", "b"], "X-N": 1}},

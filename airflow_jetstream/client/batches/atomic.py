@@ -31,6 +31,7 @@ import nats.errors
 import nats.js.errors
 
 from airflow_jetstream.client import metrics, server_features
+from airflow_jetstream.client.batches.frames import message_header_lines, write_frames
 from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
     HEADER_BATCH_COMMIT,
@@ -44,11 +45,9 @@ from airflow_jetstream.client.batches.types import (
     MAX_BATCH_ID_LENGTH,
     BatchMessage,
     BatchResult,
-    message_header_lines,
     new_batch_id,
     validate_batch_id,
     validate_messages,
-    write_frames,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds

@@ -46,13 +46,11 @@ from airflow_jetstream.client.batches.atomic import (
     streams_for_subject,
 )
 from airflow_jetstream.client.batches.fast import FAST_REFUSED_HEADERS
+from airflow_jetstream.client.batches.frames import encode_frame, message_header_lines, write_frames
 from airflow_jetstream.client.batches.types import (
     BatchItemResult,
     BatchMessage,
-    encode_frame,
-    message_header_lines,
     validate_messages,
-    write_frames,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds

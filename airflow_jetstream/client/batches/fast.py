@@ -34,6 +34,7 @@ import nats.errors
 
 from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.batches.atomic import streams_for_subject
+from airflow_jetstream.client.batches.frames import encode_frame, message_header_lines, write_frames
 from airflow_jetstream.client.batches.types import (
     HEADER_BATCH_COMMIT,
     HEADER_BATCH_ID,
@@ -43,11 +44,8 @@ from airflow_jetstream.client.batches.types import (
     MAX_BATCH_ID_LENGTH,
     BatchMessage,
     BatchResult,
-    encode_frame,
-    message_header_lines,
     validate_batch_id,
     validate_messages,
-    write_frames,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds

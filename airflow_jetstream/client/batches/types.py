@@ -1,4 +1,4 @@
-"""Value types, header names, local checks and wire framing shared by the batch publishers.
+"""Value types, header names and local checks shared by the batch publishers (framing: frames.py).
 
 Atomic batches, fast batches and the :class:`~airflow_jetstream.client.batches.batcher.Batcher` take
 :class:`BatchMessage` items and return :class:`BatchResult` / :class:`BatchItemResult` values
@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError
-from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.subjects import validate_subject
 
 HEADER_BATCH_ID = "Nats-Batch-Id"
@@ -162,10 +161,11 @@ def header_size(headers: dict[str, str | list[str]]) -> int:
     if not headers:
         return 0
     return _HEADER_FRAME_OVERHEAD + sum(len(k) + len(v.encode()) + _HEADER_LINE_OVERHEAD
-                                        for k, values in headers.items() for v in _values(values))
+                                        for k, values in headers.items() for v in header_values(values))
 
 
-def _values(value: str | list[str]) -> list[str]:
+def header_values(value: str | list[str]) -> list[str]:
+    """The values of one header: a list (a repeated header) or one string."""
     return [value] if isinstance(value, str) else value
 
 
@@ -261,52 +261,3 @@ def validate_messages(
                 reason="payload_too_large",
             )
     return items
-
-
-# --- wire framing -------------------------------------------------------------------------------
-# The batch publishers encode whole runs of messages as NATS protocol frames and hand them to the
-# connection in one write: per-message ``nc.publish`` calls cost more Python time than the server
-# needs to store a message, which would make the client the bottleneck of every batch.
-
-_HEADER_START = b"NATS/1.0\r\n"
-
-
-def encode_header_lines(headers: dict[str, str | list[str]] | None) -> bytes:
-    """``Key: Value\r\n`` lines for ``headers`` (already validated: no line breaks), one per value of a list."""
-    if not headers:
-        return b""
-    return "".join(f"{k}: {v}\r\n" for k, values in headers.items() for v in _values(values)).encode()
-
-
-_MSG_ID_PREFIX = f"{HEADER_MSG_ID}: ".encode()
-_EXPECTED_SUBJECT_SEQ_PREFIX = f"{HEADER_EXPECTED_LAST_SUBJECT_SEQ}: ".encode()
-
-
-def message_header_lines(msg: BatchMessage) -> bytes:
-    """The user-level header lines of ``msg``: its own headers, then its msg id and per-subject expectation."""
-    lines = encode_header_lines(msg.headers) if msg.headers else b""
-    if msg.msg_id is not None:
-        lines += b"%b%b\r\n" % (_MSG_ID_PREFIX, msg.msg_id.encode())
-    if msg.expected_last_subject_seq is not None:
-        lines += b"%b%d\r\n" % (_EXPECTED_SUBJECT_SEQ_PREFIX, msg.expected_last_subject_seq)
-    return lines
-
-
-def encode_frame(subject: bytes, reply: bytes | None, header_lines: bytes, payload: bytes) -> bytes:
-    """One ``HPUB`` (or ``PUB`` when there are no headers) protocol frame."""
-    if not header_lines:
-        if reply:
-            return b"PUB %b %b %d\r\n%b\r\n" % (subject, reply, len(payload), payload)
-        return b"PUB %b %d\r\n%b\r\n" % (subject, len(payload), payload)
-    hdr_len = len(_HEADER_START) + len(header_lines) + 2
-    total = hdr_len + len(payload)
-    if reply:
-        return b"HPUB %b %b %d %d\r\nNATS/1.0\r\n%b\r\n%b\r\n" % (
-            subject, reply, hdr_len, total, header_lines, payload)
-    return b"HPUB %b %d %d\r\nNATS/1.0\r\n%b\r\n%b\r\n" % (subject, hdr_len, total, header_lines, payload)
-
-
-async def write_frames(nc: Any, frames: bytes) -> None:
-    """Queue already-encoded protocol frames on the nats-py connection and kick its flusher
-    (:func:`~airflow_jetstream.client.natspy_internals.write_raw`: nats-py has no public raw write)."""
-    await write_raw(nc, frames)

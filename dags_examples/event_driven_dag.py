@@ -141,7 +141,7 @@ with DAG(dag_id="handle_abandoned_batches", schedule=[orders_batch_abandoned], s
 
 with DAG(dag_id="publish_orders_guarded", schedule=None, start_date=START, catchup=False,
          tags=["jetstream", "advisories"]):
-    capture = JetStreamAdvisoryStreamOperator(task_id="capture_advisories", stream=CAPTURE_STREAM,
+    capture = JetStreamAdvisoryStreamOperator(task_id="capture_advisories", capture_stream=CAPTURE_STREAM,
                                               max_age=CAPTURE_MAX_AGE)
     orders_stream = JetStreamEnsureStreamOperator(
         task_id="ensure_orders",
@@ -156,7 +156,7 @@ with DAG(dag_id="publish_orders_guarded", schedule=None, start_date=START, catch
     no_abandoned_batch = JetStreamAdvisorySensor(
         task_id="no_abandoned_batch",
         advisory="batch_abandoned",
-        stream=GUARDED_STREAM,
+        advisory_stream=GUARDED_STREAM,
         expect="absent",
         quiet_period=15,  # the server abandons an idle batch after ~10 s
         timeout=600,

@@ -60,11 +60,12 @@ with DAG(
     user_defined_filters={"run_key": run_key},
     tags=["jetstream", "spark", "example"],
 ) as dag:
-    capture = JetStreamAdvisoryStreamOperator(task_id="ensure_advisory_capture", stream=CAPTURE_STREAM, max_age="1d")
+    capture = JetStreamAdvisoryStreamOperator(task_id="ensure_advisory_capture", capture_stream=CAPTURE_STREAM,
+                                              max_age="1d")
     ensure_raw = JetStreamEnsureStreamOperator(task_id="ensure_raw_stream", config=RAW_STREAM_CONFIG)
     ensure_agg = JetStreamEnsureStreamOperator(task_id="ensure_agg_stream", config=AGG_STREAM_CONFIG)
     source = JetStreamDurableSourceOperator(
-        task_id="source_raw_into_agg", stream=AGG_STREAM, source=RAW_STREAM, mode="server"
+        task_id="source_raw_into_agg", stream=AGG_STREAM, source=RAW_STREAM  # server-managed: no consumer options
     )
     produce = JetStreamSparkSubmitOperator(
         task_id="produce_orders",
@@ -86,7 +87,7 @@ with DAG(
         task_id="wait_source_caught_up", stream=AGG_STREAM, source=RAW_STREAM, poke_interval=1, timeout=300
     )
     none_abandoned = JetStreamAdvisorySensor(
-        task_id="no_batch_abandoned", advisory="batch_abandoned", stream=RAW_STREAM, expect="absent",
+        task_id="no_batch_abandoned", advisory="batch_abandoned", advisory_stream=RAW_STREAM, expect="absent",
         capture_stream=CAPTURE_STREAM, quiet_period=2, poke_interval=1, timeout=120,
     )
     consume = JetStreamSparkSubmitOperator(

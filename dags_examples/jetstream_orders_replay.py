@@ -44,8 +44,8 @@ with DAG(
         task_id="reset_report_cursor",
         stream=AGG_STREAM,
         consumer=CURSOR_CONSUMER,
-        seq="{{ params.from_seq if not params.from_time else None }}",
-        time="{{ params.from_time }}",
+        start_seq="{{ params.from_seq if not params.from_time else None }}",
+        start_time="{{ params.from_time }}",
     )
     reconsume = JetStreamSparkSubmitOperator(
         task_id="reconsume_orders",

@@ -13,7 +13,7 @@ import copy
 from datetime import datetime
 from typing import Any
 
-from airflow_jetstream.client import metrics
+from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.config_diff import changed_fields
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
@@ -306,6 +306,7 @@ async def reset_consumer(conn: JetStreamConnection, stream: str, name: str, *, s
         raise InvalidRequestError("give either seq or time for a consumer reset, not both", reason="invalid_reset")
     seq = _reset_seq_arg(seq)
     requested_time = to_rfc3339(time) if time is not None else None
+    server_features.require(conn, server_features.CONSUMER_RESET)
     info = await consumer_info(conn, stream, name)
     config = info["config"]
     policy = config.get("deliver_policy", "all")

@@ -299,7 +299,8 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
         raise StreamConfigError(
             f"origin {spec.source!r} is a Limits stream: for it the server still sources through an ephemeral "
             "consumer, so mode='server' would not be durable. Use mode='user' (a durable consumer created on the "
-            "origin), or plain sourcing if the origin keeps its messages anyway",
+            "origin; user_managed={...} on JetStreamDurableSourceOperator), or plain sourcing if the origin keeps "
+            "its messages anyway",
             reason="origin_not_durable_capable",
         )
     if spec.user_managed and retention == "workqueue" and spec.deliver_policy != "all":

@@ -114,7 +114,8 @@ class DurableSource:
             if given:
                 raise InvalidRequestError(
                     f"{', '.join(given)} only apply to mode='user' (the server picks its own consumer in "
-                    "mode='server'); use mode='user' to control the consumer",
+                    "mode='server'); use mode='user' (user_managed={...} on JetStreamDurableSourceOperator) to "
+                    "control the consumer",
                     reason="invalid_source",
                 )
             return spec

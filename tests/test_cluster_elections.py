@@ -114,7 +114,8 @@ def test_batcher_publishes_and_msg_id_probes_are_retried_while_the_stream_has_no
                     items = asyncio.gather(batcher.publish("gaps.b", b"with-id", msg_id="b1"),
                                            batcher.publish("gaps.b", b"without-id"))
                     probed = asyncio.ensure_future(stored_sequences(conn, probes))
-                    # both met the leaderless stream (a 503) and are retrying
+                    # both met the leaderless stream (a 503) and are retrying (their retry lines, or those
+                    # of the stream lookup that follows a 503, name the subject)
                     await seen.wait("gaps.b", "gaps.p")
             finally:
                 await asyncio.to_thread(restart, cluster, down)

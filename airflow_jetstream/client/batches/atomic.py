@@ -295,7 +295,8 @@ async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMe
         headers = {HEADER_MSG_ID: msg.msg_id, HEADER_EXPECTED_LAST_MSG_ID: impossible}
         async with semaphore:
             try:
-                reply = await conn.retry_leader(f"msg id probe {msg.msg_id!r}", lambda: ask(msg, headers))
+                reply = await conn.retry_leader(f"msg id probe {msg.msg_id!r} on {msg.subject!r}",
+                                                lambda: ask(msg, headers))
             except (BatchPublishError, LeaderUnavailableError):
                 raise
             except JetStreamError as exc:

@@ -286,7 +286,8 @@ class Batcher:
                     "acknowledgement), nothing of the item was stored unless it carries a msg id")
 
         try:
-            await self.conn.retry_leader(f"batcher: {len(pending)} of {len(messages)} items", attempt)
+            what = f"batcher: {len(pending)} of {len(messages)} items (first to {messages[pending[0]].subject!r})"
+            await self.conn.retry_leader(what, attempt)
         except LeaderUnavailableError as exc:
             for index in pending:
                 results[index] = BatchItemResult.failed(exc)

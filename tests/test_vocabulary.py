@@ -110,7 +110,9 @@ def test_durable_source_server_managed_takes_no_user_arguments():
     assert (user.mode, user.consumer, user.max_ack_pending, user.deliver_subject) == (
         "user", "AGG_IN", 50, "_SRC.AGG.ORIGIN")
     defaults = JetStreamDurableSourceOperator(task_id="d", stream="AGG", source="ORIGIN", user_managed=True)
-    assert defaults.spec().consumer == "AGG_SRC_ORIGIN"
+    assert defaults.user_managed == {} and defaults.spec().consumer == "AGG_SRC_ORIGIN"
+    empty = JetStreamDurableSourceOperator(task_id="e", stream="AGG", source="ORIGIN", user_managed={})
+    assert empty.spec().mode == "user"
     with pytest.raises(InvalidRequestError, match=r"unknown option.*consumr"):
         JetStreamDurableSourceOperator(task_id="x", stream="AGG", source="ORIGIN", user_managed={"consumr": "X"})
 

@@ -100,7 +100,8 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         self.mode = USER_MANAGED if user_managed not in (None, False) else SERVER_MANAGED
         if old:
             self.mode, user_managed = _old_signature(old, user_managed)
-        self.user_managed = _user_managed_options({} if user_managed is True else user_managed or None)
+        self.user_managed = _user_managed_options(None if user_managed is None or user_managed is False
+                                                  else {} if user_managed is True else user_managed)
         self.stream = stream
         self.source = source
         self.mirror = mirror

@@ -24,13 +24,13 @@ from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.renamed import take_renamed
-from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, _TerminableSensor
+from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor
 from airflow_jetstream.triggers.advisory import EXPECT_VALUES, RENAMES, JetStreamAdvisoryTrigger, filter_kwargs
 
 SENSOR_RENAMES = {old: new for old, new in RENAMES.items() if old != "poll_timeout"}
 
 
-class JetStreamAdvisorySensor(_TerminableSensor):
+class JetStreamAdvisorySensor(JetStreamBaseSensor):
     """Wait for a matching JetStream advisory and return it on XCom, or guard that none appears.
 
     Advisories are read from the capture stream (see ``JetStreamAdvisoryStreamOperator``) starting

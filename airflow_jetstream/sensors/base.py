@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, A
 TIMEOUT_BACKSTOP = 60
 
 
-class _TerminableSensor(BaseSensorOperator):
+class JetStreamBaseSensor(BaseSensorOperator):
     """Base of the provider's sensors.
 
     Airflow's SIGTERM handler in the task's process only calls ``on_kill()`` and carries on; the

@@ -17,11 +17,11 @@ from airflow_jetstream.client.kv.keys import validate_key
 from airflow_jetstream.client.kv.watch import KeyCondition, check_key
 from airflow_jetstream.client.reading.apply_function import function_path
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.sensors.base import _TerminableSensor, deadline
+from airflow_jetstream.sensors.base import JetStreamBaseSensor, deadline
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
 
 
-class JetStreamKeyValueSensor(_TerminableSensor):
+class JetStreamKeyValueSensor(JetStreamBaseSensor):
     """Wait until ``key`` of the KV ``bucket`` exists, equals ``value``, or satisfies ``apply_function``.
 
     A signal between systems ("model v42 is ready"): poke mode reads the key's current value each

@@ -18,7 +18,7 @@ from airflow_jetstream.client.reading.await_message import find_message, resolve
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.renamed import take_renamed
-from airflow_jetstream.sensors.base import _TerminableSensor, deadline
+from airflow_jetstream.sensors.base import JetStreamBaseSensor, deadline
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
 
 
@@ -26,7 +26,7 @@ def _templated(value: Any) -> bool:
     return isinstance(value, str) and "{{" in value
 
 
-class JetStreamMessageSensor(_TerminableSensor):
+class JetStreamMessageSensor(JetStreamBaseSensor):
     """Wait until a message of ``stream`` (on ``subject``) satisfies ``apply_function``; push it to XCom.
 
     ``apply_function(message, *apply_function_args, **apply_function_kwargs)`` gets a

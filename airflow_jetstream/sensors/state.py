@@ -13,11 +13,11 @@ from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, Airfl
 
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, _TerminableSensor
+from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor
 from airflow_jetstream.triggers.base import JetStreamPollingTrigger
 
 
-class JetStreamStateSensor(_TerminableSensor):
+class JetStreamStateSensor(JetStreamBaseSensor):
     """Base of the sensors that poll a state until it is done: ``status()`` via the hook in poke mode,
     ``trigger()`` (a :class:`~airflow_jetstream.triggers.base.JetStreamPollingTrigger`) when deferred."""
 

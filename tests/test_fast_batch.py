@@ -193,7 +193,7 @@ def test_interrupted_batch_unknown_to_the_leader_is_counted_in_the_stream(settin
         result, stored = run(settings, body)
     assert interrupted == [120]
     assert result.count == 300
-    assert stored == payloads[:120] + [b"other0", b"other1", b"other2"] + payloads[120:]
+    assert stored == [*payloads[:120], b"other0", b"other1", b"other2", *payloads[120:]]
     assert any("120 of 300 messages stored (counted in the stream)" in r.getMessage() for r in caplog.records)
 
 

@@ -292,9 +292,9 @@ def test_sensor_uses_its_connection_id(monkeypatch, nats_server):
 
 def test_trigger_retries_an_unreachable_server_then_reports(monkeypatch):
     from airflow_jetstream.embedded.server import free_port
-    from airflow_jetstream.triggers import advisory as advisory_module
+    from airflow_jetstream.triggers import base as trigger_base
 
-    monkeypatch.setattr(advisory_module, "TRANSIENT_RETRIES", 1)
+    monkeypatch.setattr(trigger_base, "TRANSIENT_RETRIES", 1)
     set_nats_connection(monkeypatch, "nats_default", f"nats://127.0.0.1:{free_port()}", extra={"connect_timeout": 0.3})
     trigger = JetStreamAdvisoryTrigger(advisory="stream_created", start_time=datetime.now(UTC).isoformat())
     event = first_event_payload(trigger)
@@ -302,9 +302,9 @@ def test_trigger_retries_an_unreachable_server_then_reports(monkeypatch):
 
 
 def test_trigger_does_not_retry_refused_credentials(monkeypatch, user_server):
-    from airflow_jetstream.triggers import advisory as advisory_module
+    from airflow_jetstream.triggers import base as trigger_base
 
-    monkeypatch.setattr(advisory_module, "TRANSIENT_RETRIES", 50)  # would take minutes if it retried
+    monkeypatch.setattr(trigger_base, "TRANSIENT_RETRIES", 50)  # would take minutes if it retried
     set_nats_connection(monkeypatch, "nats_default", user_server.url, login="airflow", password="wrong")
     trigger = JetStreamAdvisoryTrigger(advisory="stream_created", start_time=datetime.now(UTC).isoformat())
     event = first_event_payload(trigger, timeout=15)

@@ -14,11 +14,10 @@ from airflow_jetstream.client.advisories.capture import find_captured, watch_adv
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter
 from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError
 from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.renamed import take_renamed
-from airflow_jetstream.triggers.base import PERMANENT_ERRORS, TRANSIENT_ERRORS, TRANSIENT_RETRIES
+from airflow_jetstream.triggers.base import retrying
 
 EXPECT_VALUES = ("present", "absent")
 #: Old argument names of the advisory sensor and trigger (serialized triggers of the last release use them).
@@ -103,27 +102,12 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        attempt = 0
-        while True:
-            try:
-                settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
-                async with shared_connection(settings) as conn:
-                    event = await self._wait(conn)
-                break
-            except LeaderUnavailableError as exc:  # an election: wait for it, whatever it takes (the task's timeout)
-                self.log.info("Advisory wait: the cluster is electing a leader (%s); retrying in 1s", exc)
-                await asyncio.sleep(1.0)
-            except JetStreamError as exc:
-                attempt += 1
-                transient = isinstance(exc, TRANSIENT_ERRORS) and not isinstance(exc, PERMANENT_ERRORS)
-                if not transient or attempt > TRANSIENT_RETRIES:
-                    self.log.error("Advisory wait failed (attempt %d): %s", attempt, exc)
-                    event = {"status": "error", "error": exc.to_dict()}
-                    break
-                delay = min(2.0**attempt, 30.0)
-                self.log.warning("Advisory wait interrupted (%s); retrying in %.0fs", exc, delay)
-                await asyncio.sleep(delay)
-        yield TriggerEvent(event)
+        yield TriggerEvent(await retrying(self.log, "Advisory wait", self._connect_and_wait))
+
+    async def _connect_and_wait(self) -> dict[str, Any]:
+        settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
+        async with shared_connection(settings) as conn:
+            return await self._wait(conn)
 
     async def _wait(self, conn: Any) -> dict[str, Any]:
         since = parse_time(self.start_time, field="start_time") if self.start_time else datetime.now(UTC)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -11,12 +10,12 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.errors import ConsumerNotFoundError, JetStreamError, LeaderUnavailableError
+from airflow_jetstream.client.errors import ConsumerNotFoundError
 from airflow_jetstream.client.reading.apply_function import bind_function
 from airflow_jetstream.client.reading.await_message import find_message
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.renamed import take_renamed
-from airflow_jetstream.triggers.base import PERMANENT_ERRORS, TRANSIENT_ERRORS, TRANSIENT_RETRIES
+from airflow_jetstream.triggers.base import TRANSIENT_ERRORS, retrying
 from airflow_jetstream.triggers.deadline import within
 
 
@@ -62,32 +61,17 @@ class JetStreamAwaitMessageTrigger(BaseTrigger):
         yield TriggerEvent(await within(self.timeout_at, self._wait()))
 
     async def _wait(self) -> dict[str, Any]:
-        attempt = 0
-        while True:
-            try:
-                match = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
-                settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
-                self.log.info("Waiting for a message of stream %s (%s) from seq %d that satisfies %s", self.stream,
-                              self.subject or "all subjects", self.start_seq, self.apply_function)
-                async with shared_connection(settings) as conn:
-                    found = await find_message(conn, self.stream, match, subject=self.subject,
-                                               start_seq=self.start_seq, follow=True, poll=self.fetch_timeout)
-                event = {"status": "matched", **found}
-                break
-            except LeaderUnavailableError as exc:  # an election: keep waiting (bounded by timeout_at)
-                self.log.info("Message wait: the cluster is electing a leader (%s); retrying in 1 s", exc)
-                await asyncio.sleep(1.0)
-            except JetStreamError as exc:
-                attempt += 1
-                # a search consumer dropped by the server (e.g. the triggerer stalled past its inactivity limit)
-                # is made again: the search restarts at start_seq, so nothing is missed
-                transient = isinstance(exc, (*TRANSIENT_ERRORS, ConsumerNotFoundError)) and not isinstance(
-                    exc, PERMANENT_ERRORS)
-                if not transient or attempt > TRANSIENT_RETRIES:
-                    self.log.error("Message wait failed (attempt %d): %s", attempt, exc)
-                    event = {"status": "error", "error": exc.to_dict()}
-                    break
-                delay = min(2.0**attempt, 30.0)
-                self.log.warning("Message wait interrupted (%s); retrying in %.0f s", exc, delay)
-                await asyncio.sleep(delay)
-        return event
+        # a search consumer dropped by the server (e.g. the triggerer stalled past its inactivity limit)
+        # is made again: the search restarts at start_seq, so nothing is missed
+        return await retrying(self.log, "Message wait", self._search,
+                              transient=(*TRANSIENT_ERRORS, ConsumerNotFoundError))
+
+    async def _search(self) -> dict[str, Any]:
+        match = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
+        settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
+        self.log.info("Waiting for a message of stream %s (%s) from seq %d that satisfies %s", self.stream,
+                      self.subject or "all subjects", self.start_seq, self.apply_function)
+        async with shared_connection(settings) as conn:
+            found = await find_message(conn, self.stream, match, subject=self.subject,
+                                       start_seq=self.start_seq, follow=True, poll=self.fetch_timeout)
+        return {"status": "matched", **found}

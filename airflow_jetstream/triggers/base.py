@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,6 +26,28 @@ from airflow_jetstream.hooks.jetstream import JetStreamHook
 TRANSIENT_ERRORS = (RequestTimeoutError, ConnectionFailedError)
 PERMANENT_ERRORS = (AuthenticationError, TLSConfigurationError)
 TRANSIENT_RETRIES = 5
+
+
+async def retrying(log: logging.Logger, what: str, attempt: Callable[[], Awaitable[dict[str, Any]]],
+                   transient: tuple[type[JetStreamError], ...] = TRANSIENT_ERRORS) -> dict[str, Any]:
+    """``await attempt()`` until it returns an event: a leader election is waited out (1 s steps, bounded by
+    the caller's deadline), a ``transient`` error retried with backoff up to ``TRANSIENT_RETRIES`` times;
+    any other error is the event ``{"status": "error", "error": {...}}``."""
+    failures = 0
+    while True:
+        try:
+            return await attempt()
+        except LeaderUnavailableError as exc:
+            log.info("%s: the cluster is electing a leader (%s); retrying in 1 s", what, exc)
+            await asyncio.sleep(1.0)
+        except JetStreamError as exc:
+            failures += 1
+            if not isinstance(exc, transient) or isinstance(exc, PERMANENT_ERRORS) or failures > TRANSIENT_RETRIES:
+                log.error("%s failed (attempt %d): %s", what, failures, exc)
+                return {"status": "error", "error": exc.to_dict()}
+            delay = min(2.0**failures, 30.0)
+            log.warning("%s interrupted (%s); retrying in %.0f s", what, exc, delay)
+            await asyncio.sleep(delay)
 
 
 class JetStreamPollingTrigger(BaseTrigger):

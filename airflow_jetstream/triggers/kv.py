@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_jetstream.client.connection_pool import shared_connection
-from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError
 from airflow_jetstream.client.kv.watch import KeyCondition, wait_for_key
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.triggers.base import PERMANENT_ERRORS, TRANSIENT_ERRORS, TRANSIENT_RETRIES
+from airflow_jetstream.triggers.base import retrying
 from airflow_jetstream.triggers.deadline import within
 
 
@@ -50,30 +48,14 @@ class JetStreamKeyValueTrigger(BaseTrigger):
         yield TriggerEvent(await within(self.timeout_at, self._wait()))
 
     async def _wait(self) -> dict[str, Any]:
-        attempt = 0
-        while True:
-            try:
-                condition = KeyCondition(value=self.value, apply_function=self.apply_function,
-                                         apply_function_args=self.apply_function_args,
-                                         apply_function_kwargs=self.apply_function_kwargs)
-                settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
-                self.log.info("Watching KV key %s in bucket %s until it %s", self.key, self.bucket,
-                              condition.describe())
-                async with shared_connection(settings) as conn:
-                    entry = await wait_for_key(conn, self.bucket, self.key, condition)
-                event = {"status": "matched", "entry": entry}
-                break
-            except LeaderUnavailableError as exc:  # an election: keep waiting (bounded by timeout_at)
-                self.log.info("KV watch: the cluster is electing a leader (%s); retrying in 1 s", exc)
-                await asyncio.sleep(1.0)
-            except JetStreamError as exc:
-                attempt += 1
-                transient = isinstance(exc, TRANSIENT_ERRORS) and not isinstance(exc, PERMANENT_ERRORS)
-                if not transient or attempt > TRANSIENT_RETRIES:
-                    self.log.error("KV watch failed (attempt %d): %s", attempt, exc)
-                    event = {"status": "error", "error": exc.to_dict()}
-                    break
-                delay = min(2.0**attempt, 30.0)
-                self.log.warning("KV watch interrupted (%s); retrying in %.0f s", exc, delay)
-                await asyncio.sleep(delay)
-        return event
+        return await retrying(self.log, "KV watch", self._watch)
+
+    async def _watch(self) -> dict[str, Any]:
+        condition = KeyCondition(value=self.value, apply_function=self.apply_function,
+                                 apply_function_args=self.apply_function_args,
+                                 apply_function_kwargs=self.apply_function_kwargs)
+        settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
+        self.log.info("Watching KV key %s in bucket %s until it %s", self.key, self.bucket, condition.describe())
+        async with shared_connection(settings) as conn:
+            entry = await wait_for_key(conn, self.bucket, self.key, condition)
+        return {"status": "matched", "entry": entry}

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from functools import cached_property
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_jetstream.client.advisories.capture import (
     DEFAULT_CAPTURE_STREAM,
@@ -24,7 +23,7 @@ from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.renamed import take_renamed
-from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor
+from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor, deadline, failure
 from airflow_jetstream.triggers.advisory import EXPECT_VALUES, RENAMES, JetStreamAdvisoryTrigger, filter_kwargs
 
 SENSOR_RENAMES = {old: new for old, new in RENAMES.items() if old != "poll_timeout"}
@@ -84,6 +83,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
     template_fields: Sequence[str] = ("advisory", "advisory_stream", "consumer", "batch_id", "reason", "start_time",
                                       "capture_stream", "nats_conn_id")
     ui_color = "#27aae1"
+    defer_backstop = TIMEOUT_BACKSTOP
 
     def __init__(
         self,
@@ -127,10 +127,6 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         if not any("{{" in str(value) for value in (advisory, advisory_stream, consumer, batch_id, reason) if value):
             self.advisory_filter()  # bad kinds, names and predicates fail when the DAG is parsed
 
-    @cached_property
-    def hook(self) -> JetStreamHook:
-        return JetStreamHook(nats_conn_id=self.nats_conn_id)
-
     def advisory_filter(self) -> AdvisoryFilter:
         return AdvisoryFilter(advisory=self.advisory, stream=self.advisory_stream, consumer=self.consumer,
                               batch=self.batch_id, reason=self.reason, match=self.match)
@@ -154,20 +150,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
             self._guard_started = first or datetime.now(UTC)
         return self._guard_started + timedelta(seconds=self.quiet_period)
 
-    def execute(self, context: Any) -> Any:
-        if not self.deferrable:
-            try:
-                return super().execute(context)
-            except AirflowSensorTimeout as exc:
-                raise AirflowSensorTimeout(f"{exc} Last seen: {self._last_seen}") from None
-        try:
-            done = self.poke(context)
-        except AirflowFailException as exc:
-            if self.soft_fail or self.never_fail:
-                raise AirflowSkipException(f"skipped (soft_fail/never_fail): {exc}") from exc
-            raise
-        if done:
-            return done.xcom_value
+    def deferred_trigger(self, context: Any) -> JetStreamAdvisoryTrigger:
         since = self.resolve_since(context)
         flt = self.advisory_filter()
         trigger = JetStreamAdvisoryTrigger(
@@ -178,12 +161,11 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
             quiet_until=self._quiet_until(context).isoformat() if self.expect == "absent" else None,
             nats_conn_id=self.nats_conn_id,
             # the trigger times out first, saying what it looked for; Airflow's timeout is only a backstop
-            timeout_at=(datetime.now(UTC) + timedelta(seconds=self.timeout)).isoformat(),
-            report_gap=False,  # poke above already said it
+            timeout_at=deadline(self.timeout),
+            report_gap=False,  # the first poke already said it
         )
         self.log.info("Deferring: waiting for %s (expect %s) in the triggerer", flt.describe(), self.expect)
-        self.defer(trigger=trigger, method_name="execute_complete",
-                   timeout=timedelta(seconds=self.timeout + TIMEOUT_BACKSTOP))
+        return trigger
 
     def poke(self, context: Any) -> PokeReturnValue:
         flt = self.advisory_filter()
@@ -244,9 +226,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         status = event.get("status")
         if status == "error":
-            error = event.get("error") or {}
-            raise AirflowException(f"waiting for the advisory failed: {error.get('message')} "
-                                   f"(reason: {error.get('reason')})")
+            raise failure("the advisory", event.get("error") or {})
         if status == "matched":
             advisory = event["advisory"]
             if self.expect == "absent":
@@ -254,10 +234,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
             self.log.info("Found %s", advisory.get("advisory_kind") or advisory.get("type"))
             return advisory
         if status == "timeout":
-            message = f"advisory not found within {self.timeout:.0f} s. Last seen: {event.get('description')}"
-            if self.soft_fail:
-                raise AirflowSkipException(message)
-            raise AirflowSensorTimeout(message)
+            self.timed_out("advisory not found", event.get("description"))
         if status == "quiet" and self.expect == "absent":
             self.log.info("No matching advisory until %s: quiet period over", event.get("checked_until"))
             return {"expect": "absent", "advisory": None, "since": event.get("since"),

@@ -1,19 +1,33 @@
-"""What every JetStream sensor shares: SIGTERM and the timeout end the wait, in every mode."""
+"""What every JetStream sensor shares: the hook, poke-then-defer, the timeout and failure messages, SIGTERM."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import NoReturn
+from functools import cached_property
+from typing import Any, NoReturn
 
 from airflow.sdk import BaseSensorOperator
-from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, AirflowTaskTerminated
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+    AirflowTaskTerminated,
+)
+from airflow.triggers.base import BaseTrigger
+
+from airflow_jetstream.hooks.jetstream import JetStreamHook
 
 #: Airflow's own deferral timeout comes this many seconds after the trigger's (which reports the last state).
 TIMEOUT_BACKSTOP = 60
 
 
 class JetStreamBaseSensor(BaseSensorOperator):
-    """Base of the provider's sensors.
+    """Base of the provider's sensors (each sets ``nats_conn_id`` and ``deferrable``).
+
+    ``execute``: poke (or reschedule) mode is Airflow's; deferred, one poke first, then
+    :meth:`deferred_trigger` waits in the triggerer and ``execute_complete`` gets its event.
+    Sensors that keep ``_last_seen`` (one line of the last state) add it to a poke-mode timeout.
 
     Airflow's SIGTERM handler in the task's process only calls ``on_kill()`` and carries on; the
     default does nothing. Under ``airflow dags test`` a deferred sensor's trigger runs inline in that
@@ -21,15 +35,58 @@ class JetStreamBaseSensor(BaseSensorOperator):
     wait or the inline trigger at once; the task fails as terminated.
     """
 
+    nats_conn_id: str
+    deferrable: bool
+    #: seconds Airflow's deferral timeout adds to ``timeout`` (``TIMEOUT_BACKSTOP`` when the trigger has its own)
+    defer_backstop: float = 0
+    _last_seen: str | None = None
+
+    @cached_property
+    def hook(self) -> JetStreamHook:
+        return JetStreamHook(nats_conn_id=self.nats_conn_id)
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            try:
+                return super().execute(context)
+            except AirflowSensorTimeout as exc:
+                if self._last_seen is None:
+                    raise
+                raise AirflowSensorTimeout(f"{exc} Last seen: {self._last_seen}") from None
+        try:
+            done = self.poke(context)
+        except AirflowFailException as exc:  # as Airflow's poke mode: soft_fail/never_fail skip
+            if self.soft_fail or self.never_fail:
+                raise AirflowSkipException(f"skipped (soft_fail/never_fail): {exc}") from exc
+            raise
+        if done:
+            return done.xcom_value
+        self.defer(trigger=self.deferred_trigger(context), method_name="execute_complete",
+                   timeout=timedelta(seconds=self.timeout + self.defer_backstop))
+
+    def deferred_trigger(self, context: Any) -> BaseTrigger:
+        """The trigger that waits after a first poke found nothing (logs what it waits for)."""
+        raise NotImplementedError
+
     def on_kill(self) -> None:
         raise AirflowTaskTerminated(f"task {self.task_id!r} received SIGTERM while waiting: stopped")
 
-    def timed_out(self, what: str) -> NoReturn:
+    def timed_out(self, what: str, last_seen: str | None = None) -> NoReturn:
         """End a deferred wait whose trigger reported its deadline: skip with ``soft_fail``, else fail."""
         message = f"{what} within {self.timeout:.0f} s"
+        if last_seen is not None:
+            message += f". Last seen: {last_seen}"
         if self.soft_fail:
             raise AirflowSkipException(message)
         raise AirflowSensorTimeout(message)
+
+
+def failure(what: str, error: dict[str, Any]) -> AirflowException:
+    """The exception for waiting for ``what`` that failed with ``error`` (a ``JetStreamError.to_dict()``,
+    a server API error, or the whole event when it carries no error)."""
+    message = error.get("message") or error.get("description") or error
+    return AirflowException(f"waiting for {what} failed: {message} "
+                            f"(reason: {error.get('reason', error.get('err_code'))})")
 
 
 def deadline(timeout: float) -> str:

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import timedelta
-from functools import cached_property
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import PokeReturnValue
-from airflow.sdk.exceptions import AirflowException
 
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.client.kv.bucket import check_bucket
@@ -17,7 +14,7 @@ from airflow_jetstream.client.kv.keys import validate_key
 from airflow_jetstream.client.kv.watch import KeyCondition, check_key
 from airflow_jetstream.client.reading.apply_function import function_path
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.sensors.base import JetStreamBaseSensor, deadline
+from airflow_jetstream.sensors.base import JetStreamBaseSensor, deadline, failure
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
 
 
@@ -86,10 +83,6 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
         self.nats_conn_id = nats_conn_id
         self.condition()  # a bad function fails when the DAG is parsed
 
-    @cached_property
-    def hook(self) -> JetStreamHook:
-        return JetStreamHook(nats_conn_id=self.nats_conn_id)
-
     def condition(self) -> KeyCondition:
         return KeyCondition(value=self.value, apply_function=self.apply_function,
                             apply_function_args=tuple(self.apply_function_args or ()),
@@ -106,19 +99,13 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
                       f"yes (revision {entry['revision']})" if entry else "not yet")
         return PokeReturnValue(entry is not None, entry)
 
-    def execute(self, context: Any) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        done = self.poke(context)
-        if done:
-            return done.xcom_value
-        trigger = JetStreamKeyValueTrigger(bucket=self.bucket, key=self.key, value=self.value,
-                                           apply_function=self.apply_function,
-                                           apply_function_args=self.apply_function_args,
-                                           apply_function_kwargs=self.apply_function_kwargs,
-                                           nats_conn_id=self.nats_conn_id, timeout_at=deadline(self.timeout))
+    def deferred_trigger(self, context: Any) -> JetStreamKeyValueTrigger:
         self.log.info("Deferring: watching KV %s/%s until it %s", self.bucket, self.key, self.condition().describe())
-        self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+        return JetStreamKeyValueTrigger(bucket=self.bucket, key=self.key, value=self.value,
+                                        apply_function=self.apply_function,
+                                        apply_function_args=self.apply_function_args,
+                                        apply_function_kwargs=self.apply_function_kwargs,
+                                        nats_conn_id=self.nats_conn_id, timeout_at=deadline(self.timeout))
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") == "matched":
@@ -127,6 +114,4 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
             return entry
         if event.get("status") == "timeout":
             self.timed_out(f"KV {self.bucket}/{self.key} did not {self.condition().describe()}")
-        error = event.get("error") or {}
-        raise AirflowException(f"waiting for KV {self.bucket}/{self.key} failed: {error.get('message', event)} "
-                               f"(reason: {error.get('reason')})")
+        raise failure(f"KV {self.bucket}/{self.key}", event.get("error") or event)

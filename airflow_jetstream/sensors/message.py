@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from functools import cached_property
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import PokeReturnValue
-from airflow.sdk.exceptions import AirflowException
 
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import LeaderUnavailableError
@@ -18,7 +16,7 @@ from airflow_jetstream.client.reading.await_message import find_message, resolve
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.renamed import take_renamed
-from airflow_jetstream.sensors.base import JetStreamBaseSensor, deadline
+from airflow_jetstream.sensors.base import JetStreamBaseSensor, deadline, failure
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
 
 
@@ -98,10 +96,6 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         self.nats_conn_id = nats_conn_id
         self._next_seq: int | None = None
 
-    @cached_property
-    def hook(self) -> JetStreamHook:
-        return JetStreamHook(nats_conn_id=self.nats_conn_id)
-
     def _start_seq(self, context: Any) -> int:
         if self._next_seq is None:
             start = self.start
@@ -124,12 +118,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
                       f"match at seq {message['seq']}" if message else "no match yet")
         return PokeReturnValue(message is not None, message)
 
-    def execute(self, context: Any) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        done = self.poke(context)
-        if done:
-            return done.xcom_value
+    def deferred_trigger(self, context: Any) -> JetStreamAwaitMessageTrigger:
         trigger = JetStreamAwaitMessageTrigger(
             stream=self.stream, apply_function=self.apply_function, start_seq=self._start_seq(context),
             subject=self.subject or None, apply_function_args=self.apply_function_args,
@@ -137,7 +126,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
             nats_conn_id=self.nats_conn_id, timeout_at=deadline(self.timeout),
         )
         self.log.info("Deferring: waiting for a message of stream %s from seq %d", self.stream, trigger.start_seq)
-        self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+        return trigger
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") == "matched" and event.get("message"):
@@ -146,6 +135,4 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
             return message
         if event.get("status") == "timeout":
             self.timed_out(f"no message of stream {self.stream} matched")
-        error = event.get("error") or {}
-        raise AirflowException(f"waiting for a message failed: {error.get('message', event)} "
-                               f"(reason: {error.get('reason')})")
+        raise failure("a message", event.get("error") or event)

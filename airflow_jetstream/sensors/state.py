@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
-from functools import cached_property
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException
 
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor
+from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor, deadline, failure
 from airflow_jetstream.triggers.base import JetStreamPollingTrigger
 
 
@@ -24,6 +22,7 @@ class JetStreamStateSensor(JetStreamBaseSensor):
     template_fields: Sequence[str] = ("nats_conn_id",)
     ui_color = "#27aae1"
     what = "condition"
+    defer_backstop = TIMEOUT_BACKSTOP  # the trigger reports its own timeout with the last state
     _last_seen = "nothing (no poke finished)"
 
     def __init__(self, *, deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
@@ -32,10 +31,6 @@ class JetStreamStateSensor(JetStreamBaseSensor):
         super().__init__(**kwargs)
         self.deferrable = deferrable
         self.nats_conn_id = nats_conn_id
-
-    @cached_property
-    def hook(self) -> JetStreamHook:
-        return JetStreamHook(nats_conn_id=self.nats_conn_id)
 
     def status(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -53,7 +48,7 @@ class JetStreamStateSensor(JetStreamBaseSensor):
             self.log.info("%s: not yet, the cluster is electing a leader (%s)", self.what, exc)
             return PokeReturnValue(False)
         if status.get("error"):
-            raise AirflowException(self._error_message(status["error"]))
+            raise failure(self.what, status["error"])
         done = self.is_done(status)
         self._last_seen = self.describe(status)
         self.log.info("%s: %s", "Done" if done else "Not yet", self._last_seen)
@@ -63,35 +58,18 @@ class JetStreamStateSensor(JetStreamBaseSensor):
         """The state as one human line (what each poke logs and a timeout reports)."""
         return str(status)
 
-    def execute(self, context: Any) -> Any:
-        if not self.deferrable:
-            try:
-                return super().execute(context)
-            except AirflowSensorTimeout as exc:
-                raise AirflowSensorTimeout(f"{exc} Last seen: {self._last_seen}") from None
-        done = self.poke(context)
-        if done:
-            return done.xcom_value
+    def deferred_trigger(self, context: Any) -> JetStreamPollingTrigger:
         self.log.info("Deferring: waiting for %s in the triggerer", self.what)
         trigger = self.trigger()
-        # the trigger reports its own timeout with the last state; Airflow's (later) is only a backstop
-        trigger.timeout_at = (datetime.now(UTC) + timedelta(seconds=self.timeout)).isoformat()
-        self.defer(trigger=trigger, method_name="execute_complete",
-                   timeout=timedelta(seconds=self.timeout + TIMEOUT_BACKSTOP))
+        trigger.timeout_at = deadline(self.timeout)
+        return trigger
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") == "success":
             self.log.info("Done: %s", self.describe(event["result"]))
             return event["result"]
         if event.get("status") == "error":
-            raise AirflowException(self._error_message(event.get("error") or {}))
+            raise failure(self.what, event.get("error") or {})
         if event.get("status") == "timeout":
-            message = f"{self.what} not reached within {self.timeout:.0f} s. Last seen: {event.get('description')}"
-            if self.soft_fail:
-                raise AirflowSkipException(message)
-            raise AirflowSensorTimeout(message)
+            self.timed_out(f"{self.what} not reached", event.get("description"))
         raise AirflowException(f"unexpected trigger event {event!r}")
-
-    def _error_message(self, error: dict[str, Any]) -> str:
-        message = error.get("message") or error.get("description") or error
-        return f"waiting for {self.what} failed: {message} (reason: {error.get('reason', error.get('err_code'))})"

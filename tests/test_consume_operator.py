@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,7 +20,7 @@ from airflow_jetstream.client.errors import (
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.operators.consume import JetStreamConsumeOperator
-from tests.conftest import set_nats_connection
+from tests.support.servers import default_conn_id, module_server
 
 SEEN: list[int] = []
 BATCHES: list[list[int]] = []
@@ -43,19 +42,13 @@ def parse(message) -> None:
     SEEN.append(message.seq)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
-    srv = EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("consume")).start()
-    yield srv
-    srv.close()
-
-
-@pytest.fixture
-def conn_id(monkeypatch: pytest.MonkeyPatch, server: EmbeddedNatsServer) -> str:
-    set_nats_connection(monkeypatch, "nats_default", server.url)
+def _forget_seen() -> None:
     SEEN.clear()
     BATCHES.clear()
-    return "nats_default"
+
+
+server = module_server("consume")
+conn_id = default_conn_id(before=_forget_seen)
 
 
 def _run(server: EmbeddedNatsServer, coro_fn, *args):

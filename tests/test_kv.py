@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
@@ -24,6 +23,8 @@ from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.operators.kv import JetStreamKeyValueOperator
 from airflow_jetstream.sensors.kv import JetStreamKeyValueSensor
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
+from tests.support.nats_calls import call_on_server
+from tests.support.servers import default_conn_id, module_server
 
 
 def version_at_least(entry: dict, minimum: int) -> bool:
@@ -31,27 +32,13 @@ def version_at_least(entry: dict, minimum: int) -> bool:
     return entry.get("json", {}).get("version", 0) >= minimum
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
-    srv = EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("kv")).start()
-    yield srv
-    srv.close()
-
-
-@pytest.fixture
-def conn_id(monkeypatch: pytest.MonkeyPatch, server: EmbeddedNatsServer) -> str:
-    from tests.conftest import set_nats_connection
-
-    set_nats_connection(monkeypatch, "nats_default", server.url)
-    return "nats_default"
+server = module_server("kv")
+conn_id = default_conn_id()
 
 
 def _call(server: EmbeddedNatsServer, func, *args, **kwargs):
-    async def main():
-        settings = ConnectionSettings(servers=server.url, connect_timeout=2, request_timeout=3)
-        async with open_connection(settings) as conn:
-            return await func(conn, *args, **kwargs)
-    return asyncio.run(main())
+    return call_on_server(ConnectionSettings(servers=server.url, connect_timeout=2, request_timeout=3),
+                          func, *args, **kwargs)
 
 
 def _op(**kwargs) -> JetStreamKeyValueOperator:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -20,6 +19,7 @@ from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.message import JetStreamMessageSensor
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
 from tests.support.polling import async_wait_until
+from tests.support.servers import default_conn_id, module_server
 
 
 def is_order(message, order_id: int) -> bool | dict:
@@ -32,19 +32,8 @@ def explode(message) -> bool:
     raise KeyError("order")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
-    srv = EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("await")).start()
-    yield srv
-    srv.close()
-
-
-@pytest.fixture
-def conn_id(monkeypatch: pytest.MonkeyPatch, server: EmbeddedNatsServer) -> str:
-    from tests.conftest import set_nats_connection
-
-    set_nats_connection(monkeypatch, "nats_default", server.url)
-    return "nats_default"
+server = module_server("await")
+conn_id = default_conn_id()
 
 
 def _settings(server: EmbeddedNatsServer) -> ConnectionSettings:

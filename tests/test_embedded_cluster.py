@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import nats
 import pytest
@@ -11,17 +10,7 @@ import pytest
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from tests.conftest import set_nats_cluster_connection
-
-
-def wait_for(predicate, what: str, limit: float = 60.0):
-    """Poll ``predicate`` (bounded) until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {limit}s waiting for {what}")
+from tests.support.polling import wait_for
 
 
 async def _stream_info(cluster: EmbeddedNatsCluster, name: str, create: bool = False):

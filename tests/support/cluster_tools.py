@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
-from airflow_jetstream.client.connection import JetStreamConnection, open_connection
+from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsCluster
-
-T = TypeVar("T")
+from tests.support.nats_calls import call_on_server
+from tests.support.polling import wait_for
 
 
 def cluster_settings(cluster: EmbeddedNatsCluster) -> ConnectionSettings:
@@ -22,22 +21,7 @@ def cluster_settings(cluster: EmbeddedNatsCluster) -> ConnectionSettings:
 
 def call(cluster: EmbeddedNatsCluster, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``await func(conn, *args, **kwargs)`` on a fresh connection to the cluster."""
-    async def main() -> Any:
-        async with open_connection(cluster_settings(cluster)) as conn:
-            return await func(conn, *args, **kwargs)
-
-    return asyncio.run(main())
-
-
-def wait_for(predicate: Callable[[], T], what: str, limit: float = 60.0) -> T:
-    """Poll ``predicate`` (bounded) until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {limit}s waiting for {what}")
+    return call_on_server(cluster_settings(cluster), func, *args, **kwargs)
 
 
 def move_leader_off(cluster: EmbeddedNatsCluster, stream: str, avoid: str) -> str:

@@ -6,7 +6,22 @@ import asyncio
 import inspect
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], what: str, limit: float = 60.0) -> T:
+    """Poll ``predicate`` every 0.2 s until it returns something truthy, and return that; fail naming ``what``."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {limit}s waiting for {what}")
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 30.0, every: float = 0.05) -> None:

@@ -6,8 +6,6 @@ job buckets the writer creates get three replicas."""
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +17,7 @@ from airflow_jetstream.client.ledger.job_records import get_job_record
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from tests.support.cluster_tools import call, wait_for
+from tests.support.spark_session import local_spark
 
 pytestmark = pytest.mark.spark
 
@@ -26,23 +25,12 @@ pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from airflow_jetstream.spark import register  # noqa: E402
-
 ROWS = 20_000
 
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    session = (SparkSession.builder.master("local[2]").appName("test-jetstream-cluster")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
-    yield session
-    session.stop()
+    yield from local_spark("test-jetstream-cluster")
 
 
 def stored(cluster: EmbeddedNatsCluster, stream: str) -> int:

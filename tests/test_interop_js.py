@@ -11,11 +11,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import logging
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -33,6 +30,7 @@ from airflow_jetstream.client.reading.headers import header_values
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
+from tests.support.spark_session import local_spark
 
 INTEROP = Path(__file__).resolve().parent / "interop"
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "docs/schemas/ledger-record.schema.json").read_text())
@@ -211,18 +209,7 @@ NULLS = dict.fromkeys(ROW)
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
-    from pyspark.sql import SparkSession
-
-    from airflow_jetstream.spark import register
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    session = (SparkSession.builder.master("local[2]").appName("test-interop-js").config("spark.ui.enabled", "false")
-               .config("spark.sql.session.timeZone", "UTC").config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
-    yield session
-    session.stop()
+    yield from local_spark("test-interop-js", conf={"spark.sql.session.timeZone": "UTC"})
 
 
 def as_python(row: Any) -> dict[str, Any]:

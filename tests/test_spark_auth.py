@@ -7,9 +7,6 @@ then a write and a read that give no ``servers`` or credentials as options. One 
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +17,7 @@ from airflow_jetstream.client.errors import AuthenticationError
 from airflow_jetstream.spark.connection import CONF_PREFIX, settings_to_conf
 from tests.conftest import AUTH_PASSWORD, AUTH_TOKEN, AUTH_USER
 from tests.support.nats_calls import call_on_server
+from tests.support.spark_session import local_spark
 
 pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession
@@ -32,13 +30,7 @@ ROWS = 300
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    session = (SparkSession.builder.master("local[2]").appName("test-jetstream-auth")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+    yield from local_spark("test-jetstream-auth", register_source=False)
 
 
 def hand_over(spark: SparkSession, settings: ConnectionSettings) -> None:

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.job_records import get_job_record
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.support.nats_calls import call_on_server
+from tests.support.spark_session import local_spark
 
 pytestmark = pytest.mark.spark
 
@@ -29,7 +27,7 @@ pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from airflow_jetstream.spark import consume, register  # noqa: E402
+from airflow_jetstream.spark import consume  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +38,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsSer
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # py4j logs at INFO from __del__ at interpreter exit, after pytest closed its log stream
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    session = (SparkSession.builder.master("local[2]").appName("test-jetstream-datasource")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
-    yield session
-    session.stop()
+    yield from local_spark("test-jetstream-datasource")
 
 
 def run(server: EmbeddedNatsServer, func: Any, *args: Any, **kwargs: Any) -> Any:

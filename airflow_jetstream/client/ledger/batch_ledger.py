@@ -46,15 +46,14 @@ Airflow waits with ``await ledger.wait_all(run_id, "consumed")`` (the JetStreamB
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import nats.errors
@@ -68,14 +67,12 @@ from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     BatchesFailedError,
     BatchNotFoundError,
-    ClaimLostError,
     InvalidRequestError,
-    JetStreamError,
     LedgerConflictError,
     LedgerNotFoundError,
     LedgerWaitTimeoutError,
-    error_from_api,
 )
+from airflow_jetstream.client.ledger.kv_errors import kv_errors
 from airflow_jetstream.client.ledger.records import (
     CONSUMED,
     FAILED,
@@ -99,43 +96,23 @@ from airflow_jetstream.client.ledger.summary import (
     run_reached,
     summarize,
 )
+from airflow_jetstream.client.ledger.transitions import (
+    check_location,
+    claimed,
+    expired,
+    extended,
+    marked_consumed,
+    released,
+    reopened,
+    report_transition,
+)
 from airflow_jetstream.client.reading.range_read import read_latest_per_subject
 from airflow_jetstream.client.subjects import validate_name
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET = "batch_ledger"
-_MAX_ERROR_LENGTH = 2000
 _CAS_ATTEMPTS = 25
-
-
-@asynccontextmanager
-async def _kv_errors(conn: JetStreamConnection, context: str) -> AsyncIterator[None]:
-    """Turn nats-py KV/JetStream exceptions into the toolkit's typed errors."""
-    try:
-        yield
-    except JetStreamError:
-        raise
-    except nats.js.errors.BucketNotFoundError:
-        raise LedgerNotFoundError(f"{context}: the ledger bucket does not exist; open it with create=True") from None
-    except nats.js.errors.APIError as exc:
-        raise error_from_api(
-            {"code": exc.code, "err_code": exc.err_code, "description": exc.description}, context=context
-        ) from None
-    except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
-        with contextlib.suppress(TimeoutError, nats.errors.Error):
-            await conn.nc.flush(timeout=conn.settings.request_timeout)
-        for _op, subject in conn.permission_violations:
-            denied = conn.permission_error(subject)
-            if denied:
-                raise denied from None
-        # as for API calls: an election (retried) only on a cluster; on a single server a slow answer
-        raise conn.unanswered(
-            f"{context}: JetStream did not answer within {conn.settings.request_timeout:g}s; check that "
-            "JetStream runs and the KV bucket exists"
-        ) from None
-    except nats.errors.Error as exc:
-        raise JetStreamError(f"{context}: {type(exc).__name__}: {exc}") from None
 
 
 class BatchLedger:
@@ -179,7 +156,7 @@ class BatchLedger:
                 reason="invalid_name",
             )
         replication = replication_config(replicas, placement)
-        async with _kv_errors(conn, f"ledger bucket {bucket!r}"):
+        async with kv_errors(conn, f"ledger bucket {bucket!r}"):
             try:
                 kv = await conn.js.key_value(bucket)
                 await ensure_bucket_replication(conn, bucket, replication)
@@ -201,7 +178,7 @@ class BatchLedger:
         context = f"ledger {self.bucket!r} batch {batch_id!r}"
 
         async def read() -> Any:
-            async with _kv_errors(self.conn, context):
+            async with kv_errors(self.conn, context):
                 try:
                     return await self.kv.get(key)
                 except nats.js.errors.KeyNotFoundError:
@@ -217,7 +194,7 @@ class BatchLedger:
         record None for a deleted, purged or expired key. A key updated during the read comes again."""
         pattern = f"{key_token(check_id(run_id, 'run_id'))}.*" if run_id is not None else ">"
         prefix = f"$KV.{self.bucket}."
-        async with _kv_errors(self.conn, f"ledger {self.bucket!r} listing"):
+        async with kv_errors(self.conn, f"ledger {self.bucket!r} listing"):
             async for chunk in read_latest_per_subject(self.conn, f"KV_{self.bucket}", [prefix + pattern]):
                 for subject, seq, _, headers, data in chunk:
                     key = subject[len(prefix):]
@@ -280,7 +257,7 @@ class BatchLedger:
         again returns the stored record unchanged, whatever its state; a different location for an
         existing batch raises :class:`LedgerConflictError`."""
         validate_name(stream, what="stream name")
-        self._check_location(count, first_seq, last_seq)
+        check_location(count, first_seq, last_seq)
         try:
             json.dumps(meta)
         except (TypeError, ValueError):
@@ -295,7 +272,7 @@ class BatchLedger:
 
         async def create() -> int:
             # retried through elections: a create whose answer was lost finds its own record below
-            async with _kv_errors(self.conn, context):
+            async with kv_errors(self.conn, context):
                 try:
                     return int(await self.kv.create(key, payload))
                 except nats.js.errors.KeyWrongLastSequenceError:
@@ -318,50 +295,19 @@ class BatchLedger:
             )
         return existing
 
-    @staticmethod
-    def _check_location(count: object, first_seq: object, last_seq: object) -> None:
-        def is_int(value: object) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
-        if not is_int(count) or count < 0:
-            raise InvalidRequestError(f"count must be an integer >= 0, got {count!r}")
-        for name, value in (("first_seq", first_seq), ("last_seq", last_seq)):
-            if value is not None and (not is_int(value) or value < 1):
-                raise InvalidRequestError(f"{name} must be a stream sequence >= 1 or None, got {value!r}")
-        if first_seq is not None and last_seq is not None:
-            if first_seq > last_seq:
-                raise InvalidRequestError(f"first_seq {first_seq} is after last_seq {last_seq}")
-            if count > last_seq - first_seq + 1:
-                raise InvalidRequestError(
-                    f"count {count} does not fit in the sequence range {first_seq}..{last_seq}"
-                )
-
     async def claim(self, run_id: str, batch_id: str, *, owner: str | None = None) -> BatchRecord | None:
         """Claim a batch for one consume attempt: ``published`` -> ``in_progress`` until the
         visibility deadline. Returns the claimed record (pass it to :meth:`mark_consumed`), or None
         when another attempt holds it, it is consumed or failed. Exactly one of racing claimers wins.
         An expired claim is treated as a dead attempt first (as :meth:`reap` would)."""
-        now = self.clock()
-
-        def take(rec: BatchRecord) -> BatchRecord | None:
-            if rec.expired(now):
-                rec = self._expire(rec, now)
-                if rec.state == FAILED:
-                    return rec  # the expired attempt was the last one: store the dead letter
-            if rec.state != PUBLISHED:
-                return None
-            return replace(
-                rec, state=IN_PROGRESS, attempts=rec.attempts + 1, max_attempts=self.max_attempts, owner=owner,
-                claim_id=uuid.uuid4().hex,
-                claimed_at=iso_time(now), deadline=iso_time(now + self.visibility_timeout), updated_at=iso_time(now),
-            )
-
+        take = partial(claimed, now=self.clock(), owner=owner, visibility_timeout=self.visibility_timeout,
+                       max_attempts=self.max_attempts)
         rec, changed = await self._cas(run_id, batch_id, take)
         if changed and rec.state == IN_PROGRESS:
             metrics.incr("ledger.claimed", tags={"stream": rec.stream})
             return rec
         if changed:
-            self._report_transition(rec)
+            report_transition(rec)  # the expired attempt was the last one: the dead letter is stored
         return None
 
     async def claim_available(self, run_id: str, *, owner: str | None = None,
@@ -380,12 +326,7 @@ class BatchLedger:
 
     async def extend(self, claim: BatchRecord) -> BatchRecord:
         """Push the visibility deadline of a held claim forward (long processing)."""
-        now = self.clock()
-
-        def push(rec: BatchRecord) -> BatchRecord:
-            self._require_claim(rec, claim, "extend")
-            return replace(rec, deadline=iso_time(now + self.visibility_timeout), updated_at=iso_time(now))
-
+        push = partial(extended, claim=claim, now=self.clock(), visibility_timeout=self.visibility_timeout)
         rec, _ = await self._cas(claim.run_id, claim.batch_id, push)
         return rec
 
@@ -393,14 +334,7 @@ class BatchLedger:
         """``in_progress`` -> ``consumed`` for a claim this caller holds. Call it only after the
         output is written. Idempotent for the same claim; :class:`ClaimLostError` if the claim was
         reaped (the batch will be consumed again: keep outputs idempotent per batch)."""
-        now = self.clock()
-
-        def finish(rec: BatchRecord) -> BatchRecord | None:
-            if rec.state == CONSUMED and rec.claim_id == claim.claim_id:
-                return None
-            self._require_claim(rec, claim, "mark consumed")
-            return replace(rec, state=CONSUMED, consumed_at=iso_time(now), updated_at=iso_time(now), deadline=None)
-
+        finish = partial(marked_consumed, claim=claim, now=self.clock())
         rec, changed = await self._cas(claim.run_id, claim.batch_id, finish)
         if changed:
             metrics.incr("ledger.consumed", tags={"stream": rec.stream})
@@ -409,14 +343,9 @@ class BatchLedger:
     async def release(self, claim: BatchRecord, *, error: str) -> BatchRecord:
         """Give up a held claim after a failed attempt: back to ``published`` for the next attempt,
         or ``failed`` when the batch had ``max_attempts`` attempts. ``error`` is kept as last_error."""
-        now = self.clock()
-
-        def give_up(rec: BatchRecord) -> BatchRecord:
-            self._require_claim(rec, claim, "release")
-            return self._expire(rec, now, error=str(error)[:_MAX_ERROR_LENGTH])
-
+        give_up = partial(released, claim=claim, now=self.clock(), error=error, max_attempts=self.max_attempts)
         rec, _ = await self._cas(claim.run_id, claim.batch_id, give_up)
-        self._report_transition(rec)
+        report_transition(rec)
         return rec
 
     async def reap(self, run_id: str | None = None) -> dict[str, Any]:
@@ -433,11 +362,11 @@ class BatchLedger:
                     continue
 
                 def expire(rec: BatchRecord) -> BatchRecord | None:
-                    return self._expire(rec, now) if rec.expired(now) else None
+                    return expired(rec, now, max_attempts=self.max_attempts) if rec.expired(now) else None
 
                 rec, changed = await self._cas(candidate.run_id, candidate.batch_id, expire)
                 if changed:
-                    self._report_transition(rec)
+                    report_transition(rec)
                     outcome = "failed" if rec.state == FAILED else "returned"
                     counts[outcome] += 1
                     if len(reaped[outcome]) < MAX_LISTED:
@@ -456,14 +385,7 @@ class BatchLedger:
             ids = [rec.batch_id for rec in await self.batches(run_id) if rec.state in wanted_states]
         else:
             ids = list(batch_ids)
-        now = self.clock()
-
-        def reopen(rec: BatchRecord) -> BatchRecord | None:
-            if rec.state not in wanted_states:
-                return None
-            return replace(rec, state=PUBLISHED, attempts=0, owner=None, claim_id=None, claimed_at=None,
-                           deadline=None, consumed_at=None, failed_at=None, updated_at=iso_time(now))
-
+        reopen = partial(reopened, now=self.clock(), states=wanted_states)
         requeued = []
         for batch_id in ids:
             rec, changed = await self._cas(run_id, batch_id, reopen)
@@ -499,40 +421,6 @@ class BatchLedger:
 
     # internals
 
-    def _expire(self, rec: BatchRecord, now: float, *, error: str | None = None) -> BatchRecord:
-        """The record after a dead or failed attempt: published again, or failed past max attempts.
-
-        The limit is the one the claimer set (stored with the claim), so any reaper applies it.
-        """
-        reason = error or (
-            f"attempt {rec.attempts} by {rec.owner or 'an unnamed consumer'} did not finish before its "
-            f"visibility deadline {rec.deadline}"
-        )
-        cleared = {"owner": None, "claim_id": None, "claimed_at": None, "deadline": None,
-                   "updated_at": iso_time(now), "last_error": reason}
-        if rec.attempts >= (rec.max_attempts or self.max_attempts):
-            return replace(rec, state=FAILED, failed_at=iso_time(now), **cleared)
-        return replace(rec, state=PUBLISHED, **cleared)
-
-    def _report_transition(self, rec: BatchRecord) -> None:
-        if rec.state == FAILED:
-            metrics.incr("ledger.dead_lettered", tags={"stream": rec.stream})
-            log.warning("Batch %s of run %s failed after %d attempt(s): %s", rec.batch_id, rec.run_id,
-                        rec.attempts, rec.last_error)
-        elif rec.state == PUBLISHED:
-            metrics.incr("ledger.returned", tags={"stream": rec.stream})
-            log.info("Batch %s of run %s returned for another attempt (%d so far): %s", rec.batch_id,
-                     rec.run_id, rec.attempts, rec.last_error)
-
-    @staticmethod
-    def _require_claim(rec: BatchRecord, claim: BatchRecord, action: str) -> None:
-        if claim.claim_id is None or rec.state != IN_PROGRESS or rec.claim_id != claim.claim_id:
-            raise ClaimLostError(
-                f"cannot {action} batch {rec.batch_id!r} of run {rec.run_id!r}: this claim is no longer held "
-                f"(batch is {rec.state}, attempt {rec.attempts}); its visibility timeout expired and it was "
-                "returned for another attempt: raise visibility_timeout or call extend() while working",
-            )
-
     async def _cas(self, run_id: str, batch_id: str,
                    change: Callable[[BatchRecord], BatchRecord | None]) -> tuple[BatchRecord, bool]:
         """Apply ``change`` to the current record with a revision-checked update, re-reading on a race.
@@ -548,7 +436,7 @@ class BatchLedger:
             new = change(current)
             if new is None:
                 return current, False
-            async with _kv_errors(self.conn, context):
+            async with kv_errors(self.conn, context):
                 try:
                     revision = await self.kv.update(key, new.encode(), last=current.revision)
                 except nats.js.errors.KeyWrongLastSequenceError:

@@ -33,7 +33,7 @@ from typing import Any
 import nats.errors
 
 from airflow_jetstream.client import metrics, server_features
-from airflow_jetstream.client.batches.atomic import streams_for_subject
+from airflow_jetstream.client.batches.atomic import stored_sequences, streams_for_subject
 from airflow_jetstream.client.batches.frames import encode_frame, message_header_lines, write_frames
 from airflow_jetstream.client.batches.types import (
     HEADER_BATCH_COMMIT,
@@ -319,10 +319,10 @@ def _matches(item: BatchMessage, stored: tuple[str, int, int, Any, bytes]) -> bo
 
 
 async def _count_in_stream(conn: JetStreamConnection, stream: str, after: int,
-                           items: Sequence[BatchMessage]) -> tuple[int, int]:
-    """How many of ``items`` (an in-order prefix) the stream holds after seq ``after``, and the stream's
-    last sequence read. Messages of other publishers in between are skipped. Waits for a leader
-    (:func:`_settle_wait`)."""
+                           items: Sequence[BatchMessage]) -> tuple[int, int | None, int]:
+    """How many of ``items`` (an in-order prefix) the stream holds after seq ``after``, the sequence of
+    the last of them (None when none), and the stream's last sequence read. Messages of other
+    publishers in between are skipped. Waits for a leader (:func:`_settle_wait`)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _settle_wait(conn)
     pause = _RESUME_PAUSE_FIRST
@@ -337,7 +337,7 @@ async def _count_in_stream(conn: JetStreamConnection, stream: str, after: int,
 
 
 async def _read_and_count(conn: JetStreamConnection, stream: str, after: int,
-                          items: Sequence[BatchMessage]) -> tuple[int, int]:
+                          items: Sequence[BatchMessage]) -> tuple[int, int | None, int]:
     info = await conn.api_request(f"STREAM.INFO.{stream}", context=f"stream {stream!r}")
     retention = info["config"].get("retention", "limits")
     if retention != "limits":
@@ -345,12 +345,14 @@ async def _read_and_count(conn: JetStreamConnection, stream: str, after: int,
                              "they can be counted", reason="stored_unknown")
     last = int(info["state"]["last_seq"])
     found = 0
+    found_last: int | None = None
     via = "direct" if info["config"].get("allow_direct") else "consumer"
     async for chunk in read_range(conn, stream, after + 1, last, via=via):
         for stored in chunk:
             if found < len(items) and _matches(items[found], stored):
                 found += 1
-    return found, last
+                found_last = stored[1]
+    return found, found_last, last
 
 
 def _prepare(messages: list[BatchMessage]) -> list[_Prepared]:
@@ -378,7 +380,10 @@ async def publish_fast_batch(
 
     Not atomic: messages are stored as they arrive, other publishers may interleave (so
     ``first_seq`` is None), and duplicates by msg id are skipped by the server but counted
-    (``count`` is the number of messages the server accepted into the batch). The stream needs
+    (``count`` is the number of messages the server accepted into the batch). ``last_seq`` is where
+    the stream holds the batch's last message: when the server skipped it as a duplicate (an earlier
+    attempt stored it), its msg ids are probed without writing, and ``duplicates`` says how many of
+    the final run's messages were stored before. The stream needs
     ``allow_batched: true``. Validation happens before anything is sent.
 
     :param flow: how many messages the server may persist between flow acks (it starts at
@@ -405,7 +410,8 @@ async def publish_fast_batch(
     stored = 0
     resumes = gap_resumes = 0
     pause = _RESUME_PAUSE_FIRST
-    last_seq = mark
+    own_last: int | None = None  # stream seq of the last of these messages known stored
+    duplicates = 0
     current_id = batch_id
     loop = asyncio.get_running_loop()
     interrupted_since: float | None = None
@@ -417,15 +423,17 @@ async def publish_fast_batch(
             how = "the server's count"
             if stop.settled is not None:
                 accepted, last = stop.settled
-                mark = last_seq = max(mark, last)
+                mark = max(mark, last)
+                own_last = last if accepted and last else own_last
             elif isinstance(stop.cause, ConnectionFailedError):
                 raise _failed(stop.cause, stream, stored, total, unknown_after=mark) from None
             else:
                 how = "counted in the stream"
                 try:
-                    accepted, mark = await _count_in_stream(conn, stream, mark, items[stored:])
+                    accepted, found_last, mark = await _count_in_stream(conn, stream, mark, items[stored:])
                 except JetStreamError as exc:
                     raise _failed(exc, stream, stored, total, unknown_after=mark) from None
+                own_last = found_last or own_last
             stored += accepted
             now = loop.time()
             interrupted_since = now if accepted or interrupted_since is None else interrupted_since
@@ -439,9 +447,15 @@ async def publish_fast_batch(
             if "error" in ack:
                 raise _failed(error_from_api(ack["error"], context=run.context), stream, stored, total)
             stream = str(ack.get("stream", stream))
-            last_seq = int(ack.get("seq") or last_seq)
-            mark = max(mark, last_seq)
-            stored += int(ack.get("count") or 0)
+            count = int(ack.get("count") or 0)
+            if int(ack.get("seq") or 0):
+                own_last = int(ack["seq"])
+            elif count:
+                # the last message was a duplicate (the ack's seq is 0): find where the stream holds them
+                run_dups, own_last = await _duplicates(conn, stream, items[stored:stored + count], mark)
+                duplicates += run_dups
+            mark = max(mark, own_last or 0)
+            stored += count
             interrupted_since = None
             errors = run.state.errors
             if run.state.gaps:
@@ -468,7 +482,23 @@ async def publish_fast_batch(
     metrics.incr("fast_batch.committed")
     metrics.incr("fast_batch.messages", stored)
     metrics.timing("fast_batch.commit_ms", (time.monotonic() - started) * 1000.0)
-    return BatchResult(stream=stream, batch=batch_id, count=stored, first_seq=None, last_seq=max(last_seq, mark))
+    if own_last is None:
+        raise _failed(JetStreamError(f"fast batch {batch_id}: the server did not say where its messages are stored",
+                                     reason="stored_unknown"), stream, stored, total, unknown_after=mark)
+    return BatchResult(stream=stream, batch=batch_id, count=stored, first_seq=None, last_seq=own_last,
+                       duplicates=duplicates)
+
+
+async def _duplicates(conn: JetStreamConnection, stream: str, run: Sequence[BatchMessage],
+                      mark: int) -> tuple[int, int | None]:
+    """For a run whose last message the server skipped as a duplicate: how many of its messages were
+    stored before seq ``mark`` (by msg id, probed without writing) and the sequence of its last one
+    (None when its msg id is not in the duplicate window any more)."""
+    seqs = await stored_sequences(conn, run)
+    earlier = sum(1 for seq in seqs if seq is not None and seq <= mark)
+    log.info("fast batch on stream %s: %d of %d message(s) were already stored (msg ids), the last at seq %s",
+             stream, earlier, len(run), seqs[-1] if seqs else None)
+    return earlier, seqs[-1] if seqs else None
 
 
 async def _stream_and_last_seq(conn: JetStreamConnection, subject: str, batch_id: str) -> tuple[str, int]:

@@ -19,6 +19,7 @@ sequence (a consumer reset), after which the server drops what no consumer still
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -223,16 +224,61 @@ async def read_latest_per_subject(conn: JetStreamConnection, stream: str, subjec
     in sequence order; updates stored while reading come after (a later one for a subject replaces
     the earlier). Ends when the consumer reports nothing pending, so it never stops early the way
     a KV watch's "initial values done" marker can (nats-py sends it when a consumer info answer
-    overtakes the deliveries)."""
-    async for chunk in _read_with_consumer(conn, stream, {"deliver_policy": "last_per_subject"}, sys.maxsize,
-                                           subjects, batch):
-        yield chunk
+    overtakes the deliveries).
+
+    On a cluster the read consumer must sit on the stream leader or on a current replica: one placed
+    on a replica still catching up (just restarted) would list only the keys it has so far, and a
+    short listing cannot be told from a complete one. Such a consumer is dropped and placed again,
+    backing off 0.25-2 s, for up to the connection's ``leader_wait``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + conn.settings.leader_wait
+    pause = 0.25
+    while True:
+        reader = _read_with_consumer(conn, stream, {"deliver_policy": "last_per_subject"}, sys.maxsize, subjects,
+                                     batch, current_host=True)
+        try:
+            first = await anext(reader)  # a lagging host is refused before anything is yielded
+        except StopAsyncIteration:
+            return
+        except LeaderUnavailableError as exc:
+            await reader.aclose()
+            if loop.time() >= deadline:
+                raise
+            log.warning("stream %s: listing not started (%s); placing the read consumer again in %.2f s",
+                        stream, exc.message, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+            continue
+        yield first
+        async for chunk in reader:
+            yield chunk
+        return
+
+
+async def _check_current_host(conn: JetStreamConnection, stream: str, name: str, created: dict[str, Any]) -> None:
+    """Raise :class:`LeaderUnavailableError` (after deleting consumer ``name``) unless the server hosting
+    it is the stream leader or a replica that is current (no lag), per the leader's stream info."""
+    host = (created.get("cluster") or {}).get("leader")
+    if not conn.clustered or not host:
+        return
+    cluster = (await stream_info(conn, stream)).get("cluster") or {}
+    if host == cluster.get("leader"):
+        return
+    replica = next((r for r in cluster.get("replicas") or [] if r.get("name") == host), {})
+    if replica.get("current") and not replica.get("lag"):
+        return
+    with contextlib.suppress(JetStreamError):
+        await conn.api_request(f"CONSUMER.DELETE.{stream}.{name}", context="delete read consumer", retry=False)
+    raise LeaderUnavailableError(f"stream {stream!r}: the read consumer was placed on {host}, a replica still "
+                                 f"catching up (lag {replica.get('lag', 'unknown')})")
 
 
 async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dict[str, Any], last: int,
-                              subjects: Sequence[str], batch: int) -> AsyncIterator[list[StoredMessage]]:
+                              subjects: Sequence[str], batch: int, *,
+                              current_host: bool = False) -> AsyncIterator[list[StoredMessage]]:
     """Read with an ephemeral ``ack_policy: none`` consumer from ``start`` (its deliver policy) up to
-    seq ``last`` or until nothing is pending; the consumer is deleted after a complete read."""
+    seq ``last`` or until nothing is pending; the consumer is deleted after a complete read. With
+    ``current_host`` a consumer placed on a lagging replica is refused (:func:`_check_current_host`)."""
     config: dict[str, Any] = {
         "name": f"read-{uuid.uuid4().hex[:16]}",
         **start,
@@ -249,8 +295,10 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
     name = config["name"]
     # Not retried here: a create that gets no answer may have been placed on a server that is down;
     # the caller's retry (_resuming) creates one under a new name, which may be placed elsewhere.
-    await conn.api_request(f"CONSUMER.CREATE.{stream}.{name}", {"stream_name": stream, "config": config},
-                           context=f"read consumer on stream {stream!r}", retry=False)
+    created = await conn.api_request(f"CONSUMER.CREATE.{stream}.{name}", {"stream_name": stream, "config": config},
+                                     context=f"read consumer on stream {stream!r}", retry=False)
+    if current_host:
+        await _check_current_host(conn, stream, name, created)
     inbox = conn.nc.new_inbox()
     queue: asyncio.Queue[list[StoredMessage] | int] = asyncio.Queue()
     chunk: list[StoredMessage] = []

@@ -19,6 +19,8 @@ async def _stream_info(cluster: EmbeddedNatsCluster, name: str, create: bool = F
         js = nc.jetstream(timeout=10)
         if create:
             await js.add_stream(name=name, subjects=[f"{name.lower()}.>"], num_replicas=3)
+            # A new R3 stream answers publishes once its first leader is elected.
+            wait_for(lambda: cluster.stream_leader(name), f"a first leader of {name}")
             for i in range(5):
                 await js.publish(f"{name.lower()}.x", str(i).encode())
         return await js.stream_info(name)

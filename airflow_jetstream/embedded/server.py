@@ -90,8 +90,10 @@ class EmbeddedNatsServer:
         startup_timeout: float = 15.0,
     ) -> None:
         self.binary = find_nats_server_binary()
+        self._chosen_port = port is None
         self.port = port or free_port()
         self.monitor_port = free_port()
+        self._ever_healthy = False
         self._own_dir = store_dir is None
         self.base_dir = Path(store_dir or tempfile.mkdtemp(prefix="nats-embedded-"))
         self.config = dict(config or {})
@@ -130,9 +132,31 @@ class EmbeddedNatsServer:
         return self.config_path
 
     def start(self) -> EmbeddedNatsServer:
+        """Start the process and wait until JetStream is healthy.
+
+        The free ports are picked before the server binds them, so another process can take one in
+        between: a bind failure then picks new free ports (the client port only while it was chosen
+        here and never served) and tries again, at most three times.
+        """
         if self.process is not None and self.process.poll() is None:
             return self
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, 4):
+            self._spawn()
+            try:
+                self.wait_healthy()
+                break
+            except EmbeddedServerError as exc:
+                exited = self.process is not None and self.process.poll() is not None
+                if attempt == 3 or not exited or "address already in use" not in str(exc):
+                    raise
+                self.monitor_port = free_port()
+                if self._chosen_port and not self._ever_healthy:
+                    self.port = free_port()
+        self._ever_healthy = True
+        return self
+
+    def _spawn(self) -> None:
         self.write_config()
         log = open(self.log_path, "ab")  # noqa: SIM115 - the process owns it until stop()
         self.process = subprocess.Popen(
@@ -142,8 +166,6 @@ class EmbeddedNatsServer:
             start_new_session=True,
         )
         log.close()
-        self.wait_healthy()
-        return self
 
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 CONSTRAINTS ?= constraints/constraints-$(PYVER).txt
 
-.PHONY: install demo demo-cluster up test lint docs bench clean compat constraints constraints-lowest
+.PHONY: install demo demo-cluster up test test-fast test-e2e lint docs bench clean compat constraints constraints-lowest
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ up: install
 test: install
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not e2e" $(PYTEST_ARGS)
+
+test-e2e: install
+	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -189,3 +190,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             report.outcome = "skipped"
             report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {refused.message}")
     return report
+
+
+#: The end-to-end tier: a 3-node cluster, Spark (local[2] or standalone), the airflow CLI or a real
+#: deployment, a browser, nats.js, built wheels. Everything else is the unit and real-server tier.
+E2E_FILES = re.compile(
+    r"test_(cluster_\w+|embedded_cluster|airflow_deployment|spark_\w+|example_dags|interop_js|docs_snippets|"
+    r"docs_traps|kafka_style_dag|connection_form_browser|packaging|provider_cli|compat_install|"
+    r"leafnode_sourcing|\w+_dag)\.py$"
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the end-to-end tier (``-m e2e``; ``-m "not e2e"`` is the fast unit and real-server tier)."""
+    for item in items:
+        slow = item.get_closest_marker("spark") or item.get_closest_marker("airflow_cli")
+        if slow or E2E_FILES.search(item.path.name):
+            item.add_marker(pytest.mark.e2e)

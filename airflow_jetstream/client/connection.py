@@ -88,6 +88,8 @@ class JetStreamConnection:
         )
         self.permission_violations: list[tuple[str, str]] = []
         self._denial_waiters: dict[str, list[asyncio.Future[None]]] = {}
+        #: Called with each subject the server refuses (lowercased); KV calls end at once on their bucket's.
+        self.denial_listeners: list[Callable[[str], None]] = []
 
     @property
     def api_prefix(self) -> str:
@@ -117,6 +119,8 @@ class JetStreamConnection:
             for waiter in self._denial_waiters.pop(match.group(2).lower(), []):
                 if not waiter.done():
                     waiter.set_result(None)
+            for listener in list(self.denial_listeners):
+                listener(match.group(2))
 
     def permission_error(self, subject: str) -> PermissionDeniedError | None:
         """The permission error recorded for ``subject``, if the server reported one."""

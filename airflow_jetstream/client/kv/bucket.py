@@ -8,8 +8,6 @@ their current values on an existing bucket (a re-run never changes replicas it w
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -21,13 +19,8 @@ from nats.js.kv import KeyValue
 from airflow_jetstream.client.admin.streams import check_replicas, default_replicas, ensure_stream
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.errors import (
-    BucketNotFoundError,
-    InvalidKeyError,
-    InvalidRequestError,
-    JetStreamError,
-    error_from_api,
-)
+from airflow_jetstream.client.errors import InvalidKeyError, InvalidRequestError
+from airflow_jetstream.client.kv.errors import kv_errors
 
 _BUCKET = re.compile(r"^[a-zA-Z0-9_-]+$")
 MAX_HISTORY = 64
@@ -45,31 +38,10 @@ def check_bucket(bucket: Any) -> str:
     return bucket
 
 
-@asynccontextmanager
-async def kv_errors(conn: JetStreamConnection, context: str) -> AsyncIterator[None]:
-    """Turn nats-py KV exceptions into the toolkit's typed errors."""
-    try:
-        yield
-    except JetStreamError:
-        raise
-    except nats.js.errors.BucketNotFoundError:
-        raise BucketNotFoundError(f"{context}: the bucket does not exist; create it first (the KV operator "
-                                  "ensures it, or ensure_bucket)") from None
-    except nats.js.errors.APIError as exc:
-        raise error_from_api({"code": exc.code, "err_code": exc.err_code, "description": exc.description},
-                             context=context) from None
-    except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
-        # on a cluster most likely an election (LeaderUnavailableError: sensors wait), else a timeout
-        raise conn.unanswered(f"{context}: JetStream did not answer in time; check that JetStream runs and "
-                              "the bucket exists") from None
-    except nats.errors.Error as exc:
-        raise JetStreamError(f"{context}: {type(exc).__name__}: {exc}") from None
-
-
 async def open_bucket(conn: JetStreamConnection, bucket: str) -> KeyValue:
     """nats-py's ``KeyValue`` of an existing bucket, or :class:`BucketNotFoundError`."""
     check_bucket(bucket)
-    async with kv_errors(conn, f"KV bucket {bucket!r}"):
+    async with kv_errors(conn, bucket, f"KV bucket {bucket!r}"):
         return await conn.js.key_value(bucket)
 
 
@@ -103,7 +75,7 @@ async def ensure_bucket(conn: JetStreamConnection, bucket: str, *, history: int 
               "max_msg_size": max_value_size, "max_bytes": max_bytes, "storage": storage, "description": description}
     wanted = {k: v for k, v in wanted.items() if v is not None}
     context = f"KV bucket {bucket!r}"
-    async with kv_errors(conn, context):
+    async with kv_errors(conn, bucket, context):
         try:
             await conn.js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:

@@ -18,7 +18,8 @@ import nats.js.errors
 
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidKeyError, InvalidRequestError, KeyRevisionError
-from airflow_jetstream.client.kv.bucket import kv_errors, open_bucket
+from airflow_jetstream.client.kv.bucket import open_bucket
+from airflow_jetstream.client.kv.errors import kv_errors
 
 _KEY = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
 
@@ -75,7 +76,7 @@ async def get_key(conn: JetStreamConnection, bucket: str, key: str) -> dict[str,
     """The key's current entry, or None when it does not exist (never written, deleted or purged)."""
     validate_key(key)
     kv = await open_bucket(conn, bucket)
-    async with kv_errors(conn, f"KV bucket {bucket!r} key {key!r}"):
+    async with kv_errors(conn, bucket, f"KV bucket {bucket!r} key {key!r}"):
         try:
             entry = await kv.get(key)
         except nats.js.errors.KeyNotFoundError:
@@ -88,7 +89,7 @@ async def put_key(conn: JetStreamConnection, bucket: str, key: str, value: Any) 
     validate_key(key)
     data = encode_value(value)
     kv = await open_bucket(conn, bucket)
-    async with kv_errors(conn, f"KV bucket {bucket!r} key {key!r}"):
+    async with kv_errors(conn, bucket, f"KV bucket {bucket!r} key {key!r}"):
         revision = await kv.put(key, data)
     return {"bucket": bucket, "key": key, "operation": "put", "revision": revision}
 
@@ -98,7 +99,7 @@ async def create_key(conn: JetStreamConnection, bucket: str, key: str, value: An
     validate_key(key)
     data = encode_value(value)
     kv = await open_bucket(conn, bucket)
-    async with kv_errors(conn, f"KV bucket {bucket!r} key {key!r}"):
+    async with kv_errors(conn, bucket, f"KV bucket {bucket!r} key {key!r}"):
         try:
             revision = await kv.create(key, data)
         except nats.js.errors.KeyWrongLastSequenceError:
@@ -123,7 +124,7 @@ async def update_key(conn: JetStreamConnection, bucket: str, key: str, value: An
     revision = _check_revision(revision)
     data = encode_value(value)
     kv = await open_bucket(conn, bucket)
-    async with kv_errors(conn, f"KV bucket {bucket!r} key {key!r}"):
+    async with kv_errors(conn, bucket, f"KV bucket {bucket!r} key {key!r}"):
         try:
             new_revision = await kv.update(key, data, last=revision)
         except nats.js.errors.KeyWrongLastSequenceError:
@@ -145,7 +146,7 @@ async def delete_key(conn: JetStreamConnection, bucket: str, key: str, *, revisi
             raise InvalidRequestError("purge cannot be combined with revision; delete at the revision, or purge "
                                       "without one", reason="invalid_option")
     kv = await open_bucket(conn, bucket)
-    async with kv_errors(conn, f"KV bucket {bucket!r} key {key!r}"):
+    async with kv_errors(conn, bucket, f"KV bucket {bucket!r} key {key!r}"):
         try:
             if purge:
                 await kv.purge(key)

@@ -10,7 +10,8 @@ from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.kv.bucket import kv_errors, open_bucket
+from airflow_jetstream.client.kv.bucket import open_bucket
+from airflow_jetstream.client.kv.errors import kv_errors
 from airflow_jetstream.client.kv.keys import entry_dict, get_key, validate_key
 from airflow_jetstream.client.reading.apply_function import FunctionSpec, bind_function, call_function
 
@@ -87,7 +88,7 @@ async def wait_for_key(conn: JetStreamConnection, bucket: str, key: str, conditi
     """
     validate_key(key)
     kv = await open_bucket(conn, bucket)
-    async with kv_errors(conn, f"KV bucket {bucket!r} key {key!r}"):
+    async with kv_errors(conn, bucket, f"KV bucket {bucket!r} key {key!r}"):
         watcher = await kv.watch(key)
     try:
         async for update in watcher:

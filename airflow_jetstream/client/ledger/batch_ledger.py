@@ -156,7 +156,7 @@ class BatchLedger:
                 reason="invalid_name",
             )
         replication = replication_config(replicas, placement)
-        async with kv_errors(conn, f"ledger bucket {bucket!r}"):
+        async with kv_errors(conn, bucket, f"ledger bucket {bucket!r}"):
             try:
                 kv = await conn.js.key_value(bucket)
                 await ensure_bucket_replication(conn, bucket, replication)
@@ -178,7 +178,7 @@ class BatchLedger:
         context = f"ledger {self.bucket!r} batch {batch_id!r}"
 
         async def read() -> Any:
-            async with kv_errors(self.conn, context):
+            async with kv_errors(self.conn, self.bucket, context):
                 try:
                     return await self.kv.get(key)
                 except nats.js.errors.KeyNotFoundError:
@@ -194,7 +194,7 @@ class BatchLedger:
         record None for a deleted, purged or expired key. A key updated during the read comes again."""
         pattern = f"{key_token(check_id(run_id, 'run_id'))}.*" if run_id is not None else ">"
         prefix = f"$KV.{self.bucket}."
-        async with kv_errors(self.conn, f"ledger {self.bucket!r} listing"):
+        async with kv_errors(self.conn, self.bucket, f"ledger {self.bucket!r} listing", fail_fast=False):
             async for chunk in read_latest_per_subject(self.conn, f"KV_{self.bucket}", [prefix + pattern]):
                 for subject, seq, _, headers, data in chunk:
                     key = subject[len(prefix):]
@@ -272,7 +272,7 @@ class BatchLedger:
 
         async def create() -> int:
             # retried through elections: a create whose answer was lost finds its own record below
-            async with kv_errors(self.conn, context):
+            async with kv_errors(self.conn, self.bucket, context):
                 try:
                     return int(await self.kv.create(key, payload))
                 except nats.js.errors.KeyWrongLastSequenceError:
@@ -436,7 +436,7 @@ class BatchLedger:
             new = change(current)
             if new is None:
                 return current, False
-            async with kv_errors(self.conn, context):
+            async with kv_errors(self.conn, self.bucket, context):
                 try:
                     revision = await self.kv.update(key, new.encode(), last=current.revision)
                 except nats.js.errors.KeyWrongLastSequenceError:

@@ -8,8 +8,7 @@ run can read it: ``await get_job_record(conn, job_id)``.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import nats.errors
@@ -17,7 +16,7 @@ import nats.js.errors
 
 from airflow_jetstream.client.admin.streams import replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import error_from_api
+from airflow_jetstream.client.kv.errors import kv_errors
 from airflow_jetstream.client.ledger.replication import create_bucket, ensure_bucket_replication
 from airflow_jetstream.client.subjects import validate_name
 
@@ -76,17 +75,9 @@ async def get_job_record(conn: JetStreamConnection, job_id: str, *,
     return None if entry is None else json.loads(entry.value or b"{}")
 
 
-@asynccontextmanager
-async def _kv_errors(conn: JetStreamConnection, job_id: str, bucket: str) -> AsyncIterator[None]:
-    """No answer is, on a cluster, a :class:`LeaderUnavailableError` (retried by the caller), on a single
-    server a :class:`RequestTimeoutError`; API errors are typed."""
-    try:
-        yield
-    except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
-        raise conn.unanswered(f"job record {job_id!r}: the KV bucket {bucket!r} did not answer within "
-                              f"{conn.settings.request_timeout:g}s") from None
-    except nats.js.errors.KeyNotFoundError:
-        raise
-    except nats.js.errors.APIError as exc:
-        raise error_from_api({"code": exc.code, "err_code": exc.err_code, "description": exc.description},
-                             context=f"job record {job_id!r} in bucket {bucket!r}") from None
+def _kv_errors(conn: JetStreamConnection, job_id: str, bucket: str) -> AbstractAsyncContextManager[None]:
+    """The KV wing's one error mapping: no answer is, on a cluster, a :class:`LeaderUnavailableError`
+    (retried by the caller), on a single server a :class:`RequestTimeoutError`; a permission refusal is
+    ``permission_denied`` at once; API errors are typed; a missing key is left to the caller."""
+    return kv_errors(conn, bucket, f"job record {job_id!r} in bucket {bucket!r}",
+                     keep=(nats.js.errors.KeyNotFoundError,))

@@ -5,6 +5,7 @@ job buckets the writer creates get three replicas."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.job_records import get_job_record
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.embedded import EmbeddedNatsCluster
@@ -43,6 +45,27 @@ async def _payloads(conn: Any, stream: str) -> list[int]:
     async for chunk in read_range(conn, stream, 1, last):
         out.extend(int(data) for _, _, _, _, data in chunk)
     return out
+
+
+async def _misrecorded(conn: Any, stream: str, run_id: str) -> tuple[int, list[str]]:
+    """Ledger records of ``run_id`` whose range does not hold their own chunk ("counts are facts"): the
+    message at ``last_seq`` (and ``first_seq``) must be the chunk's last (first) row, and there are ``count``
+    of them. Row ``r`` of partition ``p`` is id ``p * ROWS / 2 + r`` (spark.range splits evenly). Returns
+    (records checked, the wrong ones)."""
+    async def payload(seq: int) -> int:
+        reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": seq})
+        return int(base64.b64decode(reply["message"]["data"]))
+
+    wrong, checked = [], 0
+    async for rec in (await BatchLedger.open(conn, create=False)).iter_batches(run_id):
+        checked += 1
+        first_id = rec.meta["partition"] * (ROWS // 2) + rec.meta["first_row"]
+        holds = rec.last_seq is not None and await payload(rec.last_seq) == first_id + rec.count - 1
+        if rec.first_seq is not None:
+            holds = holds and rec.last_seq - rec.first_seq + 1 == rec.count and await payload(rec.first_seq) == first_id
+        if not holds:
+            wrong.append(f"{rec.batch_id}: {rec.count} at {rec.first_seq}..{rec.last_seq}")
+    return checked, wrong
 
 
 def during_leader_kill(cluster: EmbeddedNatsCluster, stream: str, job: Any, started: Any) -> BaseException | None:
@@ -99,6 +122,7 @@ def test_write_through_a_leader_kill_and_rerun_leave_the_stream_exact(
     payloads = call(cluster, _payloads, stream)
     assert len(payloads) == ROWS and set(payloads) == set(range(ROWS))  # nothing lost, nothing twice
     assert call(cluster, get_job_record, f"cw-{mode}")["state"] == "committed"
+    assert call(cluster, _misrecorded, stream, f"cw-{mode}") == (ROWS // 500, [])  # one record per chunk
     for bucket in ("KV_batch_ledger", "KV_jetstream_jobs"):  # created by the writer, unasked, as R3
         assert call(cluster, stream_info, bucket)["config"]["num_replicas"] == 3
 

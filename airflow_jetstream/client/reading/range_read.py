@@ -236,23 +236,23 @@ async def read_latest_per_subject(conn: JetStreamConnection, stream: str, subjec
     while True:
         reader = _read_with_consumer(conn, stream, {"deliver_policy": "last_per_subject"}, sys.maxsize, subjects,
                                      batch, current_host=True)
-        try:
-            first = await anext(reader)  # a lagging host is refused before anything is yielded
-        except StopAsyncIteration:
+        async with contextlib.aclosing(reader):
+            try:
+                first = await anext(reader)  # a lagging host is refused before anything is yielded
+            except StopAsyncIteration:
+                return
+            except LeaderUnavailableError as exc:
+                if loop.time() >= deadline:
+                    raise
+                log.warning("stream %s: listing not started (%s); placing the read consumer again in %.2f s",
+                            stream, exc.message, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+                continue
+            yield first
+            async for chunk in reader:
+                yield chunk
             return
-        except LeaderUnavailableError as exc:
-            await reader.aclose()
-            if loop.time() >= deadline:
-                raise
-            log.warning("stream %s: listing not started (%s); placing the read consumer again in %.2f s",
-                        stream, exc.message, pause)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 2.0)
-            continue
-        yield first
-        async for chunk in reader:
-            yield chunk
-        return
 
 
 async def _check_current_host(conn: JetStreamConnection, stream: str, name: str, created: dict[str, Any]) -> None:

@@ -131,6 +131,7 @@ def test_advisory_capture_max_age_and_ledger_ttl_are_seconds(server, settings, m
     capture = JetStreamAdvisoryStreamOperator(task_id="capture", capture_stream="ADV_SECONDS", max_age=86400)
     result = capture.execute(context={})
     assert result["action"] in ("created", "updated")
+    assert result["max_age"] == 86400  # the XCom speaks seconds too
 
     async def body(conn):
         await BatchLedger.open(conn, "ttl_ledger", ttl=3600, visibility_timeout=600)

@@ -68,9 +68,15 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
             "changed": result["changed"],
             "stream": self.capture_stream,
             "subjects": info["config"].get("subjects"),
-            "max_age": info["config"].get("max_age"),
+            "max_age": _seconds(info["config"].get("max_age", 0)),
             "max_bytes": info["config"].get("max_bytes"),
             "num_replicas": replicas,
             "placement": info["config"].get("placement"),
             "messages": info.get("state", {}).get("messages", 0),
         }
+
+
+def _seconds(nanos: int) -> int | float:
+    """A server duration (nanoseconds) as the seconds the operator takes: XCom speaks seconds too."""
+    seconds = nanos / 1e9
+    return int(seconds) if seconds.is_integer() else seconds

@@ -315,6 +315,8 @@ _API_ERRORS: dict[int, tuple[type[JetStreamError], str, str]] = {
     10071: (BatchPublishError, "wrong_last_sequence", "re-read the stream's last sequence and retry"),
     10164: (BatchPublishError, "wrong_last_sequence", "re-read the stream's last sequence and retry"),
     10201: (BatchPublishError, "duplicate_msg_id", "the batch (or part of it) is already stored"),
+    10158: (BatchPublishError, "msg_id_in_process",
+            "a message with this msg id is being stored right now; asking again shortly is safe"),
     10177: (BatchPublishError, "unsupported_header", "remove headers atomic batches refuse"),
     10185: (BatchPublishError, "api_level_too_high", "upgrade the server"),
     10054: (ServerAPIError, "message_too_large", "the message is over the stream's max_msg_size"),

@@ -281,6 +281,8 @@ async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMe
             if exc.reason == "no_stream_for_subject" and await streams_for_subject(conn, msg.subject):
                 raise LeaderUnavailableError(f"{context}: the stream capturing {msg.subject!r} has no "
                                              "leader (503)") from None
+            if exc.reason == "msg_id_in_process":  # 10158: not yet known whether it is stored; ask again
+                raise LeaderUnavailableError(exc.message, reason="msg_id_in_process") from None
             raise
         except LeaderUnavailableError:
             raise

@@ -248,7 +248,8 @@ class Batcher:
 
         Only where a re-send cannot store an item twice: a 503 / no responders on a stream that exists
         (no leader received the message, so nothing was stored), and on a cluster an unacknowledged item
-        with a msg id (the server answers a re-send of a stored one as a duplicate, with its sequence).
+        with a msg id (the server answers a re-send of a stored one as a duplicate, with its sequence),
+        or one the server refused with 10158 because the same msg id was still being stored.
         Still failing after ``leader_wait``: those items fail with ``leader_unavailable``.
         """
         known: dict[str, bool] = {}
@@ -263,6 +264,8 @@ class Batcher:
                         results[index] = BatchItemResult.failed(exc)
                         return False
                 return known[msg.subject]
+            if result.error == "msg_id_in_process":  # 10158: the same msg id is being stored right now
+                return bool(msg.msg_id) and not self.conn.nc.is_closed
             return (result.error in ("timeout", "leader_unavailable") and bool(msg.msg_id)
                     and self.conn.clustered and not self.conn.nc.is_closed)
 

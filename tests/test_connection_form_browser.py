@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect, sync_playwright
 
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.get_provider_info import CONN_FIELDS
@@ -128,8 +129,6 @@ def airflow_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def page(chromium: Path, airflow_ui: str, tmp_path_factory: pytest.TempPathFactory):
-    from playwright.sync_api import sync_playwright
-
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
@@ -183,11 +182,12 @@ def test_connection_form_save_and_test(page, airflow_ui: str, token_server: Embe
     dialog = page.get_by_role("dialog")
 
     # standard fields: relabelled, placeholders from the provider info, schema hidden
-    placeholder = dialog.get_by_label("Servers").get_attribute("placeholder")
-    assert placeholder == "nats1.example.com:4222,nats2.example.com:4222"
-    assert dialog.get_by_label("User").get_attribute("name") == "login"
-    assert dialog.get_by_label("Password").get_attribute("type") == "password"
-    assert dialog.locator("input[name=schema]").count() == 0
+    # (expect() re-checks until the React form has settled, so a slow render is not a failure)
+    expect(dialog.get_by_label("Servers")).to_have_attribute("placeholder",
+                                                             "nats1.example.com:4222,nats2.example.com:4222")
+    expect(dialog.get_by_label("User")).to_have_attribute("name", "login")
+    expect(dialog.get_by_label("Password")).to_have_attribute("type", "password")
+    expect(dialog.locator("input[name=schema]")).to_have_count(0)
     dialog.get_by_label("Servers").fill(host)
     dialog.get_by_label("Port").fill(port)
 
@@ -196,10 +196,10 @@ def test_connection_form_save_and_test(page, airflow_ui: str, token_server: Embe
     for key, field in CONN_FIELDS.items():
         widget = dialog.locator(f"[name=element_{key}]")
         root = dialog.locator("[data-part=root][role=group]").filter(has=page.locator(f"[name=element_{key}]"))
-        assert root.locator("label[data-part=label]").first.inner_text().strip() == field["label"], key
-        assert root.locator("[data-part=helper-text]").inner_text().strip() == field["description"], key
+        expect(root.locator("label[data-part=label]").first).to_have_text(field["label"], use_inner_text=True)
+        expect(root.locator("[data-part=helper-text]")).to_have_text(field["description"], use_inner_text=True)
         if field["schema"].get("format") == "password":
-            assert widget.get_attribute("type") == "password", f"{key} must be masked"
+            expect(widget, f"{key} must be masked").to_have_attribute("type", "password")
 
     dialog.locator("[name=element_token]").fill(TOKEN)
     dialog.locator("[name=element_connect_timeout]").fill("2")

@@ -28,7 +28,7 @@ def test_a_fully_stored_batch_sent_again_reports_its_own_range(settings):
     assert (tail.count, tail.last_seq, tail.duplicates) == (10, 20, 10)
 
 
-def test_a_partly_stored_batch_sent_again_ends_at_its_new_last_message(settings):
+def test_a_partly_stored_batch_sent_again_ends_at_its_new_last_message_and_counts_its_duplicates(settings):
     async def body(conn):
         await publish_fast_batch(conn, batch(1, 10))
         await conn.js.publish("resend.other", b"interleaved")
@@ -37,3 +37,4 @@ def test_a_partly_stored_batch_sent_again_ends_at_its_new_last_message(settings)
     result, state = with_streams(settings, body, [STREAM])
     assert (state["messages"], state["last_seq"]) == (16, 16)
     assert (result.count, result.last_seq) == (15, 16)
+    assert result.duplicates == 10  # the stream grew by 5 of the 15 accepted: the msg ids tell which

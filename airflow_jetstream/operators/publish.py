@@ -124,7 +124,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
 
     Returns a summary of constant size: ``{"stream", "mode", "batch", "batch_prefix", "chunks",
     "count", "first_seq", "last_seq", "already_committed", "already_committed_chunks",
-    "stored_exact", "msg_id_prefix"}``; atomic chunk ``n`` is stored with the batch id
+    "duplicates", "stored_exact", "msg_id_prefix"}``; atomic chunk ``n`` is stored with the batch id
     ``<batch_prefix>-<n>`` in its headers, and each chunk is logged::
 
         publish = JetStreamAtomicBatchPublishOperator(

@@ -381,9 +381,10 @@ async def publish_fast_batch(
     Not atomic: messages are stored as they arrive, other publishers may interleave (so
     ``first_seq`` is None), and duplicates by msg id are skipped by the server but counted
     (``count`` is the number of messages the server accepted into the batch). ``last_seq`` is where
-    the stream holds the batch's last message: when the server skipped it as a duplicate (an earlier
-    attempt stored it), its msg ids are probed without writing, and ``duplicates`` says how many of
-    the final run's messages were stored before. The stream needs
+    the stream holds the batch's last message. ``duplicates`` says how many were stored before: the
+    msg ids are probed without writing when the last message was such a duplicate (the server acks
+    seq 0) or when the stream grew by fewer messages than ``count``; so it can only miss duplicates
+    when other publishers wrote to the stream during the batch. The stream needs
     ``allow_batched: true``. Validation happens before anything is sent.
 
     :param flow: how many messages the server may persist between flow acks (it starts at
@@ -450,6 +451,11 @@ async def publish_fast_batch(
             count = int(ack.get("count") or 0)
             if int(ack.get("seq") or 0):
                 own_last = int(ack["seq"])
+                run_items = items[stored:stored + count]
+                if count > own_last - mark and any(m.msg_id for m in run_items):
+                    # the stream grew by fewer messages than the server accepted: some were duplicates
+                    run_dups, _ = await _duplicates(conn, stream, run_items, mark)
+                    duplicates += run_dups
             elif count:
                 # the last message was a duplicate (the ack's seq is 0): find where the stream holds them
                 run_dups, own_last = await _duplicates(conn, stream, items[stored:stored + count], mark)
@@ -491,9 +497,9 @@ async def publish_fast_batch(
 
 async def _duplicates(conn: JetStreamConnection, stream: str, run: Sequence[BatchMessage],
                       mark: int) -> tuple[int, int | None]:
-    """For a run whose last message the server skipped as a duplicate: how many of its messages were
-    stored before seq ``mark`` (by msg id, probed without writing) and the sequence of its last one
-    (None when its msg id is not in the duplicate window any more)."""
+    """For a run the server skipped some messages of as duplicates: how many of its messages were
+    stored at or before seq ``mark`` (by msg id, probed without writing) and the sequence of its last
+    one (None when its msg id is not in the duplicate window any more)."""
     seqs = await stored_sequences(conn, run)
     earlier = sum(1 for seq in seqs if seq is not None and seq <= mark)
     log.info("fast batch on stream %s: %d of %d message(s) were already stored (msg ids), the last at seq %s",

@@ -126,7 +126,9 @@ class ChunksSummary:
     """Counts over every published chunk (constant size, JSON-able via :meth:`to_dict`).
 
     ``count`` is what the server accepted; for fast batches it includes messages the server skipped
-    as duplicates of stored msg ids (it does not say how many), so ``stored_exact`` is False there.
+    as duplicates of stored msg ids, and ``duplicates`` counts those the client could establish
+    (all of them unless other publishers wrote to the stream meanwhile), so ``stored_exact`` is
+    False there.
     ``first_seq``/``last_seq`` bound the sequences of this publish (other publishers may interleave).
     """
 
@@ -136,6 +138,7 @@ class ChunksSummary:
     chunks: int = 0
     count: int = 0
     already_committed_chunks: int = 0
+    duplicates: int = 0
     first_seq: int | None = None
     last_seq: int | None = None
 
@@ -145,6 +148,7 @@ class ChunksSummary:
         self.chunks += 1
         self.count += result.count
         self.already_committed_chunks += int(result.already_committed)
+        self.duplicates += result.duplicates
         if result.first_seq is not None and self.first_seq is None:
             self.first_seq = result.first_seq
         self.last_seq = result.last_seq
@@ -160,6 +164,7 @@ class ChunksSummary:
             "last_seq": self.last_seq,
             "already_committed": self.chunks > 0 and self.already_committed_chunks == self.chunks,
             "already_committed_chunks": self.already_committed_chunks,
+            "duplicates": self.duplicates,
             "stored_exact": self.mode == "atomic",
         }
 

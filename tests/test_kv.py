@@ -10,16 +10,20 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_jetstream.assets.jetstream import InvalidAssetURIError, parse_asset_uri
 from airflow_jetstream.assets.kv import kv_asset
+from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import (
     BucketNotFoundError,
     InvalidKeyError,
     InvalidRequestError,
     KeyRevisionError,
+    PlacementError,
+    StreamNotFoundError,
 )
-from airflow_jetstream.client.kv import get_key, put_key
+from airflow_jetstream.client.kv import ensure_bucket, get_key, put_key
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
+from airflow_jetstream.embedded.cluster import CLUSTER_NAME
 from airflow_jetstream.operators.kv import JetStreamKeyValueOperator
 from airflow_jetstream.sensors.kv import JetStreamKeyValueSensor
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
@@ -155,6 +159,22 @@ def test_on_a_cluster_a_new_bucket_is_replicated_and_the_watch_sees_the_key(monk
         async with open_connection(settings) as conn:
             return (await conn.js.stream_info("KV_KV_cluster")).config.num_replicas
     assert asyncio.run(replicas()) == 3, "a bucket created unasked on a cluster is R3"
+
+    placed = {"num_replicas": 3, "placement": {"cluster": CLUSTER_NAME}}
+    JetStreamKeyValueOperator(task_id="kv", bucket="KV_placed", key="k", value="v", bucket_config=placed).execute({})
+    with pytest.raises(PlacementError) as impossible:
+        JetStreamKeyValueOperator(task_id="kv", bucket="KV_nowhere", key="k", value="v",
+                                  bucket_config={"placement": {"cluster": "no-such-cluster"}}).execute({})
+    assert impossible.value.reason == "placement_failed"
+
+    async def placements() -> dict:
+        settings = ConnectionSettings(servers=nats_cluster.servers, connect_timeout=2, request_timeout=5)
+        async with open_connection(settings) as conn:
+            with pytest.raises(StreamNotFoundError):  # an impossible placement creates nothing
+                await stream_info(conn, "KV_KV_nowhere")
+            return await ensure_bucket(conn, "KV_placed", **placed)
+    again = asyncio.run(placements())
+    assert (again["action"], again["num_replicas"], again["placement"]) == ("unchanged", 3, {"cluster": CLUSTER_NAME})
     trigger = JetStreamKeyValueTrigger(bucket="KV_cluster", key="model.status", value="ready")
     event = asyncio.run(asyncio.wait_for(anext(trigger.run()), 30)).payload
     assert event["status"] == "matched" and event["entry"]["value"] == "ready"

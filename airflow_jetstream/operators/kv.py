@@ -14,7 +14,8 @@ from airflow_jetstream.operators.base import JetStreamBaseOperator
 
 OPERATIONS = ("put", "create", "update", "delete", "purge")
 #: Bucket settings the operator passes to ``ensure_bucket``.
-BUCKET_CONFIG_KEYS = ("history", "ttl", "num_replicas", "max_value_size", "max_bytes", "storage", "description")
+BUCKET_CONFIG_KEYS = ("history", "ttl", "num_replicas", "placement", "max_value_size", "max_bytes", "storage",
+                      "description")
 
 
 async def write_key(conn: JetStreamConnection, bucket: str, key: str, operation: str, value: Any,
@@ -59,8 +60,9 @@ class JetStreamKeyValueOperator(JetStreamBaseOperator):
     :param value: the value for put/create/update (templated).
     :param operation: ``put``, ``create``, ``update``, ``delete`` or ``purge``.
     :param revision: the expected current revision for update (required) and delete (templated).
-    :param bucket_config: ``history``, ``ttl`` (seconds or "7d"), ``num_replicas``, ``max_value_size``,
-        ``max_bytes``, ``storage``, ``description``; ``{}`` ensures the bucket with defaults.
+    :param bucket_config: ``history``, ``ttl`` (seconds or "7d"), ``num_replicas``, ``placement``
+        (``{"cluster": ..., "tags": [...]}``), ``max_value_size``, ``max_bytes``, ``storage``,
+        ``description``; ``{}`` ensures the bucket with defaults.
     :param nats_conn_id: the ``nats`` connection to use (templated).
     """
 

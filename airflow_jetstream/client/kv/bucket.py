@@ -16,11 +16,12 @@ import nats.js.errors
 from nats.js.api import StorageType
 from nats.js.kv import KeyValue
 
-from airflow_jetstream.client.admin.streams import check_replicas, default_replicas, ensure_stream
+from airflow_jetstream.client.admin.streams import ensure_stream, replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidKeyError, InvalidRequestError
 from airflow_jetstream.client.kv.errors import kv_errors
+from airflow_jetstream.client.kv.replication import create_bucket
 
 _BUCKET = re.compile(r"^[a-zA-Z0-9_-]+$")
 MAX_HISTORY = 64
@@ -57,31 +58,32 @@ def _check_history(history: Any) -> int | None:
 async def ensure_bucket(conn: JetStreamConnection, bucket: str, *, history: int | None = None,
                         ttl: float | str | timedelta | None = None, num_replicas: int | None = None,
                         max_value_size: int | None = None, max_bytes: int | None = None, storage: str | None = None,
-                        description: str | None = None) -> dict[str, Any]:
+                        description: str | None = None, placement: dict[str, Any] | None = None) -> dict[str, Any]:
     """Create the bucket, update the given fields where they differ, or leave it alone.
 
     ``ttl`` is seconds (or a timedelta, or a string like ``"7d"``) after which values expire. A new
     bucket without ``num_replicas`` gets 3 replicas on a cluster, else 1 (``default_replicas``).
+    ``placement`` (``{"cluster": ..., "tags": [...]}``) puts its replicas on matching servers; one
+    the cluster cannot meet is :class:`~airflow_jetstream.client.errors.PlacementError`, nothing created.
     Returns ``{"bucket", "action": "created" | "updated" | "unchanged", "changed", "history", "ttl",
-    "num_replicas", "storage", "values"}``.
+    "num_replicas", "placement", "storage", "values"}``.
     """
     check_bucket(bucket)
     history = _check_history(history)
-    num_replicas = check_replicas(num_replicas)
+    replication = replication_config(num_replicas, placement)
     if storage is not None and storage not in ("file", "memory"):
         raise InvalidRequestError(f"storage must be 'file' or 'memory', got {storage!r}", reason="invalid_option")
     ttl_seconds = None if ttl is None else to_seconds(ttl, field="ttl")
-    wanted = {"max_msgs_per_subject": history, "max_age": ttl_seconds, "num_replicas": num_replicas,
-              "max_msg_size": max_value_size, "max_bytes": max_bytes, "storage": storage, "description": description}
+    wanted = {"max_msgs_per_subject": history, "max_age": ttl_seconds, "max_msg_size": max_value_size,
+              "max_bytes": max_bytes, "storage": storage, "description": description, **replication}
     wanted = {k: v for k, v in wanted.items() if v is not None}
     context = f"KV bucket {bucket!r}"
     async with kv_errors(conn, bucket, context):
         try:
             await conn.js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
-            await conn.js.create_key_value(
-                bucket=bucket, history=history or 1, ttl=ttl_seconds or None,
-                replicas=num_replicas or default_replicas(conn),
+            await create_bucket(
+                conn, replication, bucket=bucket, history=history or 1, ttl=ttl_seconds or None,
                 max_value_size=max_value_size, max_bytes=max_bytes, description=description,
                 storage=StorageType(storage) if storage else None,
             )
@@ -93,4 +95,13 @@ async def ensure_bucket(conn: JetStreamConnection, bucket: str, *, history: int 
     cfg = status.config
     return {"bucket": bucket, "action": action, "changed": changed, "history": cfg.max_msgs_per_subject,
             "ttl": cfg.max_age or None, "num_replicas": cfg.num_replicas,
+            "placement": _placement_dict(cfg.placement),
             "storage": str(getattr(cfg.storage, "value", cfg.storage)), "values": status.state.messages}
+
+
+def _placement_dict(placement: Any) -> dict[str, Any] | None:
+    """The bucket stream's placement as JSON-able ``{"cluster", "tags"}`` (set keys only), or None."""
+    if placement is None:
+        return None
+    out = {"cluster": placement.cluster, "tags": list(placement.tags or [])}
+    return {k: v for k, v in out.items() if v} or None

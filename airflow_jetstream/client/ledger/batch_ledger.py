@@ -72,6 +72,7 @@ from airflow_jetstream.client.errors import (
     LedgerNotFoundError,
     LedgerWaitTimeoutError,
 )
+from airflow_jetstream.client.kv.replication import bucket_replicas, create_bucket, ensure_bucket_replication
 from airflow_jetstream.client.ledger.kv_errors import kv_errors
 from airflow_jetstream.client.ledger.records import (
     CONSUMED,
@@ -87,7 +88,6 @@ from airflow_jetstream.client.ledger.records import (
     iso_time,
     key_token,
 )
-from airflow_jetstream.client.ledger.replication import bucket_replicas, create_bucket, ensure_bucket_replication
 from airflow_jetstream.client.ledger.summary import (
     MAX_LISTED,
     RunTally,

@@ -1,4 +1,4 @@
-"""Replicas and placement of the provider's KV buckets (the batch ledger and the job records).
+"""Replicas and placement of KV buckets (the user's, the batch ledger's and the job records').
 
 A bucket is the stream ``KV_<bucket>``. Unset options give a new bucket
 :func:`~airflow_jetstream.client.admin.streams.default_replicas` (3 on a cluster) and leave an

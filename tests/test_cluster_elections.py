@@ -133,6 +133,30 @@ def test_batcher_publishes_and_msg_id_probes_are_retried_while_the_stream_has_no
     assert sorted(stored) == [b"1", b"2", b"3", b"with-id", b"without-id"]  # each once
 
 
+def test_msg_id_probes_leave_a_replicated_stream_writable(nats_cluster_module: EmbeddedNatsCluster) -> None:
+    """nats-server 2.14/2.15 stop storing into a replicated stream after a publish whose
+    Nats-Expected-Last-Msg-Id mismatches (checked when the message is applied): probes of ids that
+    were never stored must not carry it there, and may be repeated (2.12 answered a repeat 10158)."""
+    cluster = nats_cluster_module
+    call(cluster, ensure_stream, {"name": "PROBED", "subjects": ["probed.>"], "num_replicas": 3})
+    call(cluster, publish_numbered, "probed.p", 1, 3)  # msg ids m1..m3 at seqs 1..3
+    settings = ConnectionSettings(servers=cluster.servers, connect_timeout=2, request_timeout=3, leader_wait=10)
+
+    def probes(*ids: str) -> list[BatchMessage]:
+        return [BatchMessage("probed.p", b"", msg_id=i) for i in ids]
+
+    async def main():
+        async with open_connection(settings) as conn:
+            first = await stored_sequences(conn, probes("m2", "never-a", "never-b"))
+            again = await stored_sequences(conn, probes("never-a", "m3", "never-b"))
+            ack = await conn.js.publish("probed.p", b"after the probes", timeout=5)
+            return first, again, ack.seq, (await stream_info(conn, "PROBED"))["state"]["messages"]
+
+    first, again, seq, messages = asyncio.run(main())
+    assert (first, again) == ([2, None, None], [None, 3, None])
+    assert (seq, messages) == (4, 4), "the probes stored nothing and left the stream writable"
+
+
 def test_message_and_kv_sensors_and_triggers_wait_through_a_leaderless_stream(
         nats_cluster_module: EmbeddedNatsCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = nats_cluster_module

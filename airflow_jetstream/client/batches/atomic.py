@@ -81,6 +81,10 @@ DEFAULT_RETRIES = 5
 _BACKOFF_BASE = 0.05
 _BACKOFF_MAX = 2.0
 _PROBE_WINDOW = 256
+#: A last sequence no stream reaches (2^53 - 1): the expectation of a msg-id probe on a replicated stream.
+_UNREACHABLE_SEQ = 2**53 - 1
+#: The refusals of a probe's expectation (wrong last msg id, wrong last sequence): the id is not stored.
+_PROBE_REFUSED = frozenset({10070, 10071})
 log = logging.getLogger(__name__)
 
 
@@ -263,13 +267,20 @@ async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMe
                            timeout: float | None = None) -> list[int | None]:
     """For each message's msg id, the stream sequence that already holds it, or None. Writes nothing.
 
-    Each probe is a publish carrying the msg id and a ``Nats-Expected-Last-Msg-Id`` that cannot
-    match: the server answers a duplicate ack (with the stored sequence) when the id is within the
-    stream's duplicate window, and otherwise refuses the probe on the expectation, storing nothing.
+    Each probe is a publish carrying the msg id and an expectation that cannot be met, one the
+    server checks only after its duplicate check: it answers a duplicate ack (with the stored
+    sequence) when the id is within the stream's duplicate window, and otherwise refuses the probe,
+    storing nothing. Which expectation depends on the stream (see :func:`probe_expectation`).
     """
     timeout = timeout or conn.settings.request_timeout
-    impossible = f"probe-{uuid.uuid4().hex}"
     semaphore = asyncio.Semaphore(_PROBE_WINDOW)
+    expectations: dict[str, asyncio.Task[dict[str, str]]] = {}
+
+    def expectation(subject: str) -> asyncio.Task[dict[str, str]]:
+        """One lookup per subject, shared by its probes."""
+        if subject not in expectations:
+            expectations[subject] = asyncio.ensure_future(probe_expectation(conn, subject))
+        return expectations[subject]
 
     async def ask(msg: BatchMessage, headers: dict[str, str]) -> dict[str, Any]:
         """One probe; an election (a 503 on a stream that exists, or no reply on a cluster) is
@@ -294,15 +305,13 @@ async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMe
     async def probe(msg: BatchMessage) -> int | None:
         if not msg.msg_id:
             return None
-        headers = {HEADER_MSG_ID: msg.msg_id, HEADER_EXPECTED_LAST_MSG_ID: impossible}
         async with semaphore:
+            headers = {HEADER_MSG_ID: msg.msg_id, **await expectation(msg.subject)}
             try:
                 reply = await conn.retry_leader(f"msg id probe {msg.msg_id!r} on {msg.subject!r}",
                                                 lambda: ask(msg, headers))
-            except (BatchPublishError, LeaderUnavailableError):
-                raise
             except JetStreamError as exc:
-                if exc.err_code is not None:
+                if exc.err_code in _PROBE_REFUSED:  # the expectation, checked after the duplicate check
                     return None
                 raise
         if reply.get("duplicate") and int(reply.get("seq") or 0) > 0:
@@ -310,7 +319,28 @@ async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMe
         raise BatchPublishError(f"msg id probe {msg.msg_id!r}: the server stored the probe; this server does "
                                 "not check msg ids before expectations", reason="probe_unsupported")
 
-    return list(await asyncio.gather(*(probe(m) for m in messages)))
+    try:
+        return list(await asyncio.gather(*(probe(m) for m in messages)))
+    finally:
+        for lookup in expectations.values():
+            lookup.cancel()
+
+
+async def probe_expectation(conn: JetStreamConnection, subject: str) -> dict[str, str]:
+    """The header that makes a msg-id probe on ``subject`` fail after the server's duplicate check.
+
+    A stream without replicas checks expectations in message order after the duplicate check, so a
+    ``Nats-Expected-Last-Msg-Id`` no message has is refused there. A replicated stream checks that
+    header only when it applies the message, and on nats-server 2.15 a mismatch there stops the
+    stream from storing anything; it checks ``Nats-Expected-Last-Sequence`` before proposing, after
+    the duplicate check, so an unreachable sequence is the probe there.
+    """
+    streams = await streams_for_subject(conn, subject)
+    if streams:
+        info = await conn.api_request(f"STREAM.INFO.{streams[0]}", context=f"stream {streams[0]!r}")
+        if int((info.get("config") or {}).get("num_replicas") or 1) > 1:
+            return {HEADER_EXPECTED_LAST_SEQ: str(_UNREACHABLE_SEQ)}
+    return {HEADER_EXPECTED_LAST_MSG_ID: f"probe-{uuid.uuid4().hex}"}
 
 
 async def _already_committed(conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str,

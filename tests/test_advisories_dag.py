@@ -37,15 +37,15 @@ def report(found: dict, quiet: dict):
 with DAG("advisory_e2e", start_date=pendulum.datetime(2026, 1, 1), schedule=None):
     capture = JetStreamAdvisoryStreamOperator(task_id="capture", max_age="1h")
     created = create_stream("ORDERS")
-    found = JetStreamAdvisorySensor(task_id="found", advisory="stream_created", stream="ORDERS",
-                                    since="{{ dag_run.start_date }}", deferrable=True, timeout=60)
-    quiet = JetStreamAdvisorySensor(task_id="quiet", advisory="batch_abandoned", stream="ORDERS",
-                                    since="{{ dag_run.start_date }}", expect="absent", quiet_period=1,
+    found = JetStreamAdvisorySensor(task_id="found", advisory="stream_created", advisory_stream="ORDERS",
+                                    start_time="{{ dag_run.start_date }}", deferrable=True, timeout=60)
+    quiet = JetStreamAdvisorySensor(task_id="quiet", advisory="batch_abandoned", advisory_stream="ORDERS",
+                                    start_time="{{ dag_run.start_date }}", expect="absent", quiet_period=1,
                                     deferrable=True, timeout=60)
     capture >> created >> [found, quiet]
     report(found.output, quiet.output)
-    guard = JetStreamAdvisorySensor(task_id="guard", advisory="stream_created", stream="ORDERS",
-                                    since="{{ dag_run.start_date }}", expect="absent", quiet_period=30,
+    guard = JetStreamAdvisorySensor(task_id="guard", advisory="stream_created", advisory_stream="ORDERS",
+                                    start_time="{{ dag_run.start_date }}", expect="absent", quiet_period=30,
                                     mode="reschedule", poke_interval=1, timeout=60)
     created >> guard
 '''

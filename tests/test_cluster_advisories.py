@@ -48,8 +48,8 @@ def test_sensor_finds_stream_leader_elected_after_a_leader_kill(cluster: Embedde
     since = datetime.now(UTC)
     cluster.kill(victim)
     try:
-        sensor = JetStreamAdvisorySensor(task_id="elected", advisory="stream_leader_elected", stream="ELECT",
-                                         since=since, poke_interval=0.5, timeout=60, deferrable=False)
+        sensor = JetStreamAdvisorySensor(task_id="elected", advisory="stream_leader_elected", advisory_stream="ELECT",
+                                         start_time=since, poke_interval=0.5, timeout=60, deferrable=False)
         found = sensor.execute(context={})
     finally:
         cluster.restart(victim)
@@ -64,7 +64,8 @@ def test_sensor_waits_through_the_capture_streams_election(cluster: EmbeddedNats
     victim = wait_for(lambda: cluster.stream_leader("ADVISORIES"), "a leader of ADVISORIES")
     since = datetime.now(UTC)
     outcome: dict = {}
-    sensor = JetStreamAdvisorySensor(task_id="late", advisory="stream_created", stream="LATE", since=since,
+    sensor = JetStreamAdvisorySensor(task_id="late", advisory="stream_created", advisory_stream="LATE",
+                                     start_time=since,
                                      poke_interval=0.2, timeout=90, deferrable=False)
 
     def wait() -> None:

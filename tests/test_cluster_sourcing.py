@@ -125,7 +125,7 @@ def test_consumer_reset_during_the_consumers_leader_election(cluster_conn: Embed
     cluster.kill(victim)
     try:
         result = JetStreamConsumerResetOperator(task_id="replay", stream="RST", consumer="READER",
-                                                seq=10).execute(context={})
+                                                start_seq=10).execute(context={})
     finally:
         cluster.restart(victim)
     assert result["reset_seq"] == 10 and result["num_pending"] == 91

@@ -29,7 +29,7 @@ def _reset(**kwargs) -> dict:
 
 def test_backward_reset_while_sourcing_duplicates_nothing(nats_conn, settings):
     run(settings, _setup)
-    result = _reset(seq=40)
+    result = _reset(start_seq=40)
     assert result["reset_seq"] == 40 and result["num_pending"] >= 1
 
     async def after(conn):
@@ -55,7 +55,7 @@ def test_forward_reset_skips_the_range(nats_conn, settings):
         await publish(conn, "o", 100, start=100)  # origin seqs 101..200, not sourced while paused
 
     run(settings, paused_publish)
-    result = _reset(seq=151)
+    result = _reset(start_seq=151)
     assert result["reset_seq"] == 151 and result["num_pending"] == 50
 
     async def resume(conn):

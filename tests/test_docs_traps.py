@@ -39,8 +39,8 @@ def test_second_durable_source_on_a_workqueue_origin_is_refused_naming_the_first
 def test_shared_workqueue_origin_with_the_opt_in_feeds_both(nats_conn, settings):
     run(settings, ensure_stream, {"name": "ORIG", "subjects": ["orig.>"], "retention": "workqueue"})
     JetStreamDurableSourceOperator(task_id="a", stream="AGG", source="ORIG").execute(context={})
-    shared = JetStreamDurableSourceOperator(task_id="b", stream="AGG2", source="ORIG", mode="user", consumer="AGG2_SRC",
-                                            deliver_subject="_SRC.AGG2", allow_shared_origin=True)
+    shared = JetStreamDurableSourceOperator(task_id="b", stream="AGG2", source="ORIG", allow_shared_origin=True,
+                                            user_managed={"consumer": "AGG2_SRC", "deliver_subject": "_SRC.AGG2"})
     assert shared.execute(context={})["action"] == "created"
 
 

@@ -115,7 +115,7 @@ def test_origin_reached_through_an_api_prefix(hub_and_leaf, monkeypatch):
     leaf_settings = ConnectionSettings(servers=leaf.url, connect_timeout=2, request_timeout=3)
     run(leaf_settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "workqueue"})
     set_nats_connection(monkeypatch, "nats_hub", hub.url)
-    result = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", mode="user",
+    result = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", user_managed=True,
                                             api_prefix="$JS.edge.API", nats_conn_id="nats_hub").execute(context={})
     assert result["api_prefix"] == "$JS.edge.API" and result["domain"] is None
 

@@ -467,7 +467,7 @@ def test_unwatched_capture_stream_message_is_not_naked_into_a_feedback_loop(sett
     async def scenario() -> tuple[bool, dict]:
         producer = JetStreamSharedStreamProducer(
             nats_conn_id="nats_default", stream="ADVISORIES", consumer="airflow_adv", fetch_timeout=0.5,
-            consumer_config={"deliver_policy": "new", "ack_policy": "explicit", "ack_wait": 60_000_000_000})
+            consumer_config={"deliver_policy": "new", "ack_policy": "explicit", "ack_wait": 60})
         events = producer.open_stream()
         first = asyncio.ensure_future(anext(events))
         await async_wait_until(lambda: asyncio.to_thread(_has_consumer, settings, "ADVISORIES", "airflow_adv"),

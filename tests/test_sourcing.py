@@ -91,21 +91,18 @@ def assert_exactly_once(seen: Counter, prefix: str, count: int, start: int = 0) 
 
 
 @pytest.mark.parametrize(("kwargs", "reason"), [
-    ({"mode": "both"}, "invalid_mode"),
-    ({"mode": "server", "consumer": "C"}, "invalid_source"),
-    ({"mode": "server", "deliver_policy": "last"}, "invalid_source"),
     ({"start_seq": 0}, "invalid_start"),
     ({"start_seq": 5, "start_time": "2026-01-01T00:00:00Z"}, "invalid_start"),
     ({"start_time": "yesterday"}, "invalid_request"),
     ({"filter_subjects": ("o.>", "o.1")}, "invalid_filter"),
     ({"filter_subjects": ("o..x",)}, "invalid_subject"),
-    ({"mode": "user", "deliver_subject": "deliver.*"}, "invalid_source_consumer"),
-    ({"mode": "user", "consumer": "bad.name"}, "invalid_source_consumer"),
-    ({"mode": "user", "max_ack_pending": -1}, "max_ack_pending_required"),
-    ({"mode": "user", "deliver_policy": "last_per_subject"}, "invalid_field"),
-    ({"mode": "user", "start_seq": 3, "deliver_policy": "last"}, "invalid_field"),
-    ({"mode": "user", "deliver_policy": "by_start_sequence"}, "invalid_field"),
-    ({"mode": "user", "replay_policy": "fast"}, "invalid_field"),
+    ({"user_managed": {"deliver_subject": "deliver.*"}}, "invalid_source_consumer"),
+    ({"user_managed": {"consumer": "bad.name"}}, "invalid_source_consumer"),
+    ({"user_managed": {"max_ack_pending": -1}}, "max_ack_pending_required"),
+    ({"user_managed": {"deliver_policy": "last_per_subject"}}, "invalid_field"),
+    ({"start_seq": 3, "user_managed": {"deliver_policy": "last"}}, "invalid_field"),
+    ({"user_managed": {"deliver_policy": "by_start_sequence"}}, "invalid_field"),
+    ({"user_managed": {"replay_policy": "fast"}}, "invalid_field"),
 ])
 def test_bad_input_is_refused_before_any_call(kwargs, reason, nats_conn, settings):
     op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", **kwargs)
@@ -115,18 +112,32 @@ def test_bad_input_is_refused_before_any_call(kwargs, reason, nats_conn, setting
     assert run(settings, find_stream, "AGG") is None
 
 
+@pytest.mark.parametrize(("kwargs", "reason"), [
+    ({"mode": "both"}, "invalid_mode"),
+    ({"mode": "server", "consumer": "C"}, "invalid_source"),
+    ({"mode": "server", "deliver_policy": "last"}, "invalid_source"),
+])
+def test_the_deprecated_signature_is_still_validated(kwargs, reason, nats_conn, settings):
+    with pytest.deprecated_call(match="user_managed"):
+        op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", **kwargs)
+    with pytest.raises((InvalidRequestError, ConsumerConfigError)) as info:
+        op.execute(context={})
+    assert info.value.reason == reason, str(info.value)
+    assert run(settings, find_stream, "AGG") is None
+
+
 def test_limits_origin_refused_in_server_mode_naming_user_mode(nats_conn, settings):
     run(settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"]})
-    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", mode="server")
+    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN")
     with pytest.raises(StreamConfigError) as info:
         op.execute(context={})
     assert info.value.reason == "origin_not_durable_capable"
-    assert "mode='user'" in str(info.value)
+    assert "user_managed={...}" in str(info.value)
     assert run(settings, find_stream, "AGG") is None
 
 
 def test_missing_origin_is_a_clear_error(nats_conn):
-    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="NOPE", mode="user")
+    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="NOPE", user_managed=True)
     with pytest.raises(Exception) as info:
         op.execute(context={})
     assert "origin stream 'NOPE' does not exist" in str(info.value)
@@ -140,7 +151,7 @@ def test_server_managed_source_is_durable_and_idempotent(retention, nats_conn, s
     run(settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"], "retention": retention})
     run(settings, ensure_stream, {"name": "OTHER", "subjects": ["x.>"]})
     run(settings, ensure_stream, {"name": "AGG", "subjects": ["agg.>"], "sources": [{"name": "OTHER"}]})
-    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", mode="server")
+    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN")
     first = op.execute(context={})
     json.dumps(first)
     assert first["mode"] == "server" and first["action"] == "updated"
@@ -173,19 +184,20 @@ def test_server_managed_mirror_with_filter(nats_conn, settings):
 def test_user_managed_mirror_of_a_workqueue(nats_conn, settings):
     run(settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "workqueue"})
     run(settings, publish, "o", 30)
-    op = JetStreamDurableSourceOperator(task_id="m", stream="MIR", source="ORIGIN", mode="user", mirror=True)
+    op = JetStreamDurableSourceOperator(task_id="m", stream="MIR", source="ORIGIN", user_managed=True, mirror=True)
     result = op.execute(context={})
     assert result["mirror"] is True and result["consumer"] == "MIR_SRC_ORIGIN"
     assert run(settings, stream_info, "MIR")["config"]["mirror"]["consumer"]["name"] == "MIR_SRC_ORIGIN"
     assert run(settings, _poll, lambda c: _count_is(c, "MIR", 30))
     assert run(settings, _poll, lambda c: _count_is(c, "ORIGIN", 0))
     assert op.execute(context={})["action"] == "unchanged"
-    narrowed = JetStreamDurableSourceOperator(task_id="m", stream="MIR", source="ORIGIN", mode="user", mirror=True,
-                                              filter_subjects=["o.1"]).execute(context={})
+    narrowed = JetStreamDurableSourceOperator(task_id="m", stream="MIR", source="ORIGIN", user_managed=True,
+                                              mirror=True, filter_subjects=["o.1"]).execute(context={})
     assert narrowed["action"] == "updated"  # the filter lives on the consumer, which can change
     assert run(settings, find_consumer, "ORIGIN", "MIR_SRC_ORIGIN")["config"]["filter_subject"] == "o.1"
     with pytest.raises(StreamConfigError) as info:
-        JetStreamDurableSourceOperator(task_id="s", stream="MIR", source="ORIGIN", mode="user").execute(context={})
+        JetStreamDurableSourceOperator(task_id="s", stream="MIR", source="ORIGIN",
+                                       user_managed=True).execute(context={})
     assert "is a mirror" in str(info.value)
 
 
@@ -201,10 +213,9 @@ def test_user_managed_source_creates_flow_control_consumer(nats_conn, settings):
     run(settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "interest"})
     run(settings, ensure_stream, {"name": "OTHER", "subjects": ["x.>"]})
     run(settings, ensure_stream, {"name": "AGG", "sources": [{"name": "OTHER"}]})
-    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", mode="user",
-                                        consumer="AGG_IN", deliver_subject="deliver.agg",
-                                        filter_subjects=["o.1", "o.2"], replay_policy="instant",
-                                        max_ack_pending=500)
+    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", filter_subjects=["o.1", "o.2"],
+                                        user_managed={"consumer": "AGG_IN", "deliver_subject": "deliver.agg",
+                                                      "replay_policy": "instant", "max_ack_pending": 500})
     result = op.execute(context={})
     json.dumps(result)
     assert result["consumer"] == "AGG_IN" and result["deliver_subject"] == "deliver.agg"
@@ -226,10 +237,10 @@ def test_user_managed_source_creates_flow_control_consumer(nats_conn, settings):
 def test_user_managed_start_and_last_per_subject(nats_conn, settings):
     run(settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"]})
     run(settings, publish, "o", 40)  # o.0 .. o.9, four times each
-    by_seq = JetStreamDurableSourceOperator(task_id="a", stream="FROM_SEQ", source="ORIGIN", mode="user",
+    by_seq = JetStreamDurableSourceOperator(task_id="a", stream="FROM_SEQ", source="ORIGIN", user_managed=True,
                                             start_seq="31").execute(context={})
-    last = JetStreamDurableSourceOperator(task_id="b", stream="LAST", source="ORIGIN", mode="user",
-                                          deliver_policy="last_per_subject", filter_subjects="o.>").execute(context={})
+    last = JetStreamDurableSourceOperator(task_id="b", stream="LAST", source="ORIGIN", filter_subjects="o.>",
+                                          user_managed={"deliver_policy": "last_per_subject"}).execute(context={})
     assert by_seq["consumer"] == "FROM_SEQ_SRC_ORIGIN" and last["consumer"] == "LAST_SRC_ORIGIN"
     assert run(settings, _poll, lambda c: _count_is(c, "FROM_SEQ", 10))
     assert run(settings, _poll, lambda c: _count_is(c, "LAST", 10))
@@ -244,12 +255,13 @@ async def _count_is(conn, stream: str, count: int) -> bool:
 def test_existing_non_flow_control_consumer_is_refused_naming_the_fix(nats_conn, settings):
     run(settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"]})
     run(settings, ensure_consumer, "ORIGIN", {"name": "PLAIN", "ack_policy": "explicit", "deliver_subject": "d.p"})
-    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", mode="user", consumer="PLAIN")
+    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN",
+                                        user_managed={"consumer": "PLAIN"})
     with pytest.raises(ConsumerConfigError) as info:
         op.execute(context={})
     assert info.value.reason == "immutable_field" and "ack_policy" in str(info.value)
-    existing = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", mode="user",
-                                              consumer="PLAIN", create_consumer=False)
+    existing = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN",
+                                              user_managed={"consumer": "PLAIN", "create_consumer": False})
     with pytest.raises(ConsumerConfigError) as info:
         existing.execute(context={})
     assert info.value.reason == "consumer_not_flow_control" and "'flow_control'" in str(info.value)
@@ -258,7 +270,7 @@ def test_existing_non_flow_control_consumer_is_refused_naming_the_fix(nats_conn,
 
 def test_workqueue_origin_needs_deliver_all(nats_conn, settings):
     run(settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "workqueue"})
-    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", mode="user", start_seq=5)
+    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", user_managed=True, start_seq=5)
     with pytest.raises(ConsumerConfigError) as info:
         op.execute(context={})
     assert info.value.reason == "workqueue_needs_deliver_all"
@@ -267,8 +279,8 @@ def test_workqueue_origin_needs_deliver_all(nats_conn, settings):
 
 def test_deliver_subject_overlapping_a_stream_is_refused(nats_conn, settings):
     run(settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"]})
-    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", mode="user",
-                                        deliver_subject="o.deliver")
+    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN",
+                                        user_managed={"deliver_subject": "o.deliver"})
     with pytest.raises(ConsumerConfigError) as info:
         op.execute(context={})
     assert "overlaps subject 'o.>'" in str(info.value)
@@ -311,8 +323,8 @@ def test_health_check_names_a_missing_consumer(settings):
 
 def test_create_consumer_false_with_missing_consumer_fails_before_touching_the_stream(nats_conn, settings):
     run(settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "workqueue"})
-    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", mode="user",
-                                        consumer="PRECREATED", create_consumer=False)
+    op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN",
+                                        user_managed={"consumer": "PRECREATED", "create_consumer": False})
     with pytest.raises(ConsumerNotFoundError) as info:
         op.execute(context={})
     assert info.value.reason == "source_consumer_missing"
@@ -362,7 +374,7 @@ async def _consumer_names(conn, stream: str) -> list[str]:
 
 def test_user_to_server_mode_is_refused(nats_conn, settings):
     run(settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "workqueue"})
-    JetStreamDurableSourceOperator(task_id="u", stream="AGG", source="ORIGIN", mode="user").execute(context={})
+    JetStreamDurableSourceOperator(task_id="u", stream="AGG", source="ORIGIN", user_managed=True).execute(context={})
     with pytest.raises(StreamConfigError) as info:
         JetStreamDurableSourceOperator(task_id="s", stream="AGG", source="ORIGIN").execute(context={})
     assert "deliver messages twice" in str(info.value)

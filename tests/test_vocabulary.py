@@ -53,9 +53,12 @@ def test_a_templated_conn_id_is_rendered_and_used(monkeypatch, nats_server):
 
 
 def test_advisory_sensor_old_names_warn_and_map_to_the_new_ones():
-    with pytest.warns(DeprecationWarning, match=r"stream= is deprecated.*use advisory_stream=") as warned:
+    with pytest.warns(DeprecationWarning) as warned:
         sensor = JetStreamAdvisorySensor(task_id="w", advisory="batch_abandoned", stream="ORDERS", batch="b1",
                                          since=SINCE)
+    said = " | ".join(str(w.message) for w in warned)
+    for old, new in (("stream", "advisory_stream"), ("batch", "batch_id"), ("since", "start_time")):
+        assert f"{old}= is deprecated and will be removed in 2.0; use {new}=" in said
     assert (sensor.advisory_stream, sensor.batch_id, sensor.start_time) == ("ORDERS", "b1", SINCE)
     assert {w.filename for w in warned} == {__file__}  # points at the DAG's line, not at Airflow's internals
     flt = sensor.advisory_filter()
@@ -68,8 +71,11 @@ def test_advisory_trigger_loads_old_serialized_kwargs_and_writes_new_ones():
     old = {"advisory": "batch_abandoned", "stream": "ORDERS", "consumer": None, "batch": "b1", "reason": None,
            "match": None, "since": SINCE, "expect": "present", "capture_stream": "ADVISORIES", "quiet_until": None,
            "nats_conn_id": "nats_default", "poll_timeout": 2.0, "timeout_at": None, "report_gap": True}
-    with pytest.warns(DeprecationWarning, match="poll_timeout= is deprecated"):
+    with pytest.warns(DeprecationWarning) as warned:
         trigger = JetStreamAdvisoryTrigger(**old)
+    said = " | ".join(str(w.message) for w in warned)
+    for name in ("poll_timeout", "stream", "batch", "since"):
+        assert f"{name}= is deprecated" in said
     _, kwargs = trigger.serialize()
     assert {k: kwargs[k] for k in ("advisory_stream", "batch_id", "start_time", "fetch_timeout")} == {
         "advisory_stream": "ORDERS", "batch_id": "b1", "start_time": SINCE, "fetch_timeout": 2.0}

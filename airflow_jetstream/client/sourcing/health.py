@@ -11,7 +11,7 @@ from airflow_jetstream.client.admin.consumers import api_view, find_consumer, li
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import ConsumerNotFoundError, JetStreamError, StreamConfigError, error_from_api
-from airflow_jetstream.client.sourcing.spec import DurableSource, find_entry
+from airflow_jetstream.client.sourcing.spec import USER_MANAGED_HINT, DurableSource, find_entry
 
 _POLL_SECONDS = 0.1
 
@@ -54,8 +54,8 @@ async def wait_source_healthy(conn: JetStreamConnection, spec: DurableSource, *,
     if spec.consumer and await find_consumer(origin_conn, spec.source, spec.consumer) is None:
         raise ConsumerNotFoundError(
             f"{where} uses consumer {spec.consumer!r}, which does not exist on {spec.source!r}{spec.where} (the "
-            "server only shows active -1). Create it (mode='user' with create_consumer=True does) or fix the "
-            "consumer name / domain",
+            f"server only shows active -1). Create it ({USER_MANAGED_HINT} with create_consumer=True does) or "
+            "fix the consumer name / domain",
             reason="source_consumer_missing",
         )
     raise SourceUnhealthyError(
@@ -85,7 +85,7 @@ async def server_managed_consumer(origin_conn: JetStreamConnection, spec: Durabl
             raise SourceUnhealthyError(
                 f"the server made no durable {prefix}* consumer on {spec.source!r} for stream {spec.stream!r} "
                 f"within {timeout}s: the origin may not be a WorkQueue/Interest stream, or the server is older "
-                "than 2.14; use mode='user'",
+                f"than 2.14; use {USER_MANAGED_HINT}",
                 reason="server_consumer_missing",
             )
         await asyncio.sleep(_POLL_SECONDS)

@@ -53,7 +53,13 @@ from airflow_jetstream.client.sourcing.health import (
     wait_messages_flow,
     wait_source_healthy,
 )
-from airflow_jetstream.client.sourcing.spec import DurableSource, entry_filters, find_entry, subjects_overlap
+from airflow_jetstream.client.sourcing.spec import (
+    USER_MANAGED_HINT,
+    DurableSource,
+    entry_filters,
+    find_entry,
+    subjects_overlap,
+)
 
 #: Header the server puts on every sourced message: ``<origin>[:<suffix>] <origin seq> ...``.
 SOURCE_HEADER = "Nats-Stream-Source"
@@ -329,7 +335,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
             if spec.mirror:
                 raise StreamConfigError(
                     f"stream {spec.stream!r} mirrors {spec.source!r} without a durable consumer and a mirror "
-                    "cannot be changed; create a new mirror stream in mode='user' and move readers to it",
+                    f"cannot be changed; create a new mirror stream as {USER_MANAGED_HINT} and move readers to it",
                     reason="immutable_field")
             if spec.start_seq is not None or spec.start_time is not None or spec.deliver_policy != "all":
                 raise InvalidRequestError(
@@ -365,8 +371,9 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
         if current is not None and current.get("consumer"):
             raise StreamConfigError(
                 f"stream {spec.stream!r} sources {spec.source!r} through the user-managed consumer "
-                f"{current['consumer'].get('name')!r}; switching to mode='server' would deliver messages twice. "
-                "Keep mode='user'", reason="invalid_source")
+                f"{current['consumer'].get('name')!r}; switching to a server-managed source (mode='server'; no "
+                "user_managed on the operator) would deliver messages twice. Keep it user-managed",
+                reason="invalid_source")
         action = await _apply_entry(conn, spec, target, current, wanted)
     if action == "unchanged" and replicas_changed:
         action = "updated"

@@ -24,6 +24,9 @@ FLOW_CONTROL_CONSUMER = {
 }
 DEFAULT_MAX_ACK_PENDING = 1000
 
+#: How error messages name a user-managed durable source, in the client's and the operator's terms.
+USER_MANAGED_HINT = "a user-managed source (mode='user'; user_managed={...} on JetStreamDurableSourceOperator)"
+
 
 @dataclass(frozen=True)
 class DurableSource:
@@ -113,9 +116,8 @@ class DurableSource:
                      if getattr(spec, k) is not None]
             if given:
                 raise InvalidRequestError(
-                    f"{', '.join(given)} only apply to mode='user' (the server picks its own consumer in "
-                    "mode='server'); use mode='user' (user_managed={...} on JetStreamDurableSourceOperator) to "
-                    "control the consumer",
+                    f"{', '.join(given)} only apply to {USER_MANAGED_HINT} (the server picks its own consumer "
+                    "in mode='server'); use one to control the consumer",
                     reason="invalid_source",
                 )
             return spec

@@ -89,12 +89,14 @@ def test_per_item_errors_do_not_fail_the_other_items(settings, atomic):
                 batcher.publish("atom.b", b"4", headers={"Nats-Batch-Id": "x"}),
                 batcher.publish("atom.c", b"5", msg_id="dup"),
                 batcher.publish("atom.d", b"6"),
+                batcher.publish("atom.e", b"7", headers={"Nats-Expected-Last-Msg-Id": "m"}),  # see docs/cluster.md
             )
             again = await batcher.publish("atom.c", b"5", msg_id="dup")
         return results, again, (await stream_info(conn, "ATOM"))["state"]
 
     results, again, state = run(settings, body)
-    assert [r.error for r in results] == ["", "invalid_subject", "wrong_last_sequence", "unsupported_header", "", ""]
+    assert [r.error for r in results] == ["", "invalid_subject", "wrong_last_sequence", "unsupported_header", "", "",
+                                          "unsupported_header"]
     assert results[2].err_code is not None and results[2].to_dict()["error"] == "wrong_last_sequence"
     assert again.ok and again.duplicate and again.seq == results[4].seq
     assert state["messages"] == 4

@@ -76,6 +76,7 @@ def test_stream_without_allow_batched(settings):
         ([BatchMessage("fast.x", b"")], {"flow": 0}, "invalid_request"),
         ([BatchMessage("fast.>", b"")], {}, "invalid_subject"),
         ([BatchMessage("fast.x", b"", headers={"Nats-Batch-Id": "x"})], {}, "unsupported_header"),
+        ([BatchMessage("fast.x", b"", headers={"Nats-Expected-Last-Msg-Id": "m1"})], {}, "unsupported_header"),
     ],
 )
 def test_invalid_input_sends_nothing(settings, nats_server, messages, kwargs, reason):

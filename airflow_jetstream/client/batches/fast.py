@@ -39,6 +39,7 @@ from airflow_jetstream.client.batches.types import (
     HEADER_BATCH_COMMIT,
     HEADER_BATCH_ID,
     HEADER_BATCH_SEQUENCE,
+    HEADER_EXPECTED_LAST_MSG_ID,
     HEADER_MSG_ID,
     HEADER_STATUS,
     MAX_BATCH_ID_LENGTH,
@@ -65,6 +66,8 @@ FAST_REFUSED_HEADERS = {
     HEADER_BATCH_ID.lower(): "batch headers belong to atomic batches; the fast batch protocol uses reply subjects",
     HEADER_BATCH_SEQUENCE.lower(): "batch headers belong to atomic batches",
     HEADER_BATCH_COMMIT.lower(): "batch headers belong to atomic batches",
+    HEADER_EXPECTED_LAST_MSG_ID.lower(): "nats-server 2.14/2.15 stop storing into a replicated stream after a "
+    "mismatched one (see docs/cluster.md); use expected_last_subject_seq",
 }
 OP_START, OP_APPEND, OP_COMMIT, OP_PING = 0, 1, 2, 4
 _ERR_BATCH_UNKNOWN = 10208

@@ -29,48 +29,38 @@ def test_10158_is_a_typed_msg_id_in_process_error() -> None:
     assert "asking again shortly is safe" in err.message
 
 
-async def _answer_in_process_first(nc, subject: str, seq: int, calls: list[str]):
-    """Answer each msg id's first request with 10158, every later one with a duplicate ack at ``seq``."""
-
-    async def answer(msg) -> None:
-        msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
-        first = msg_id not in calls
-        calls.append(msg_id)
-        reply = IN_PROCESS if first else {"stream": "S", "seq": seq, "duplicate": True}
-        await nc.publish(msg.reply, json.dumps(reply).encode())
-
-    return await nc.subscribe(subject, cb=answer)
-
-
-def test_msg_id_probe_asks_again_after_10158(nats_server: EmbeddedNatsServer) -> None:
-    settings = ConnectionSettings(servers=nats_server.url, connect_timeout=2, request_timeout=3, leader_wait=30)
+def _with_in_process_responder(server: EmbeddedNatsServer, subject: str, seq: int, body):
+    """Run ``body(conn)`` while a responder on ``subject`` answers each msg id's first request with
+    10158 and every later one with a duplicate ack at ``seq``; returns (body's result, msg ids asked)."""
+    settings = ConnectionSettings(servers=server.url, connect_timeout=2, request_timeout=3, leader_wait=30)
+    calls: list[str] = []
 
     async def main():
         async with open_connection(settings) as conn:
-            calls: list[str] = []
-            await _answer_in_process_first(conn.nc, "inproc.p", 7, calls)
-            seqs = await stored_sequences(conn, [BatchMessage("inproc.p", b"", msg_id="m1")])
-            return seqs, calls
+            async def answer(msg) -> None:
+                msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
+                reply = IN_PROCESS if msg_id not in calls else {"stream": "S", "seq": seq, "duplicate": True}
+                calls.append(msg_id)
+                await conn.nc.publish(msg.reply, json.dumps(reply).encode())
 
-    seqs, calls = asyncio.run(main())
+            await conn.nc.subscribe(subject, cb=answer)
+            return await body(conn)
+
+    return asyncio.run(main()), calls
+
+
+def test_msg_id_probe_asks_again_after_10158(nats_server: EmbeddedNatsServer) -> None:
+    seqs, calls = _with_in_process_responder(
+        nats_server, "inproc.p", 7, lambda conn: stored_sequences(conn, [BatchMessage("inproc.p", b"", msg_id="m1")]))
     assert seqs == [7], "a 10158 must not be read as 'not stored'"
     assert calls == ["m1", "m1"]
 
 
 def test_batcher_re_sends_an_item_refused_with_10158(nats_server: EmbeddedNatsServer) -> None:
-    settings = ConnectionSettings(servers=nats_server.url, connect_timeout=2, request_timeout=3, leader_wait=30)
+    async def publish(conn):
+        async with Batcher(conn, max_batch=1, flush_interval=60) as batcher:
+            return await batcher.publish("inproc.b", b"x", msg_id="b1")
 
-    async def main():
-        async with open_connection(settings) as conn:
-            calls: list[str] = []
-            await _answer_in_process_first(conn.nc, "inproc.b", 11, calls)
-            batcher = Batcher(conn, max_batch=1, flush_interval=60)
-            try:
-                result = await batcher.publish("inproc.b", b"x", msg_id="b1")
-            finally:
-                await batcher.close()
-            return result, calls
-
-    result, calls = asyncio.run(main())
+    result, calls = _with_in_process_responder(nats_server, "inproc.b", 11, publish)
     assert (result.error, result.seq, result.duplicate) == ("", 11, True)
     assert calls == ["b1", "b1"]

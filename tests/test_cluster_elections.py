@@ -17,11 +17,16 @@ from contextlib import contextmanager
 import pytest
 
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
-from airflow_jetstream.client.batches.atomic import stored_sequences
+from airflow_jetstream.client.batches.atomic import publish_atomic_batch, stored_sequences
 from airflow_jetstream.client.batches.batcher import Batcher
 from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.connection import open_connection
-from airflow_jetstream.client.errors import InvalidRequestError, LeaderUnavailableError, PlacementError
+from airflow_jetstream.client.errors import (
+    BatchPublishError,
+    InvalidRequestError,
+    LeaderUnavailableError,
+    PlacementError,
+)
 from airflow_jetstream.client.kv.bucket import ensure_bucket
 from airflow_jetstream.client.kv.keys import put_key
 from airflow_jetstream.client.reading.messages import ConsumedMessage
@@ -138,7 +143,7 @@ def test_msg_id_probes_leave_a_replicated_stream_writable(nats_cluster_module: E
     Nats-Expected-Last-Msg-Id mismatches (checked when the message is applied): probes of ids that
     were never stored must not carry it there, and may be repeated (2.12 answered a repeat 10158)."""
     cluster = nats_cluster_module
-    call(cluster, ensure_stream, {"name": "PROBED", "subjects": ["probed.>"], "num_replicas": 3})
+    call(cluster, ensure_stream, {"name": "PROBED", "subjects": ["probed.>"], "num_replicas": 3, "allow_atomic": True})
     call(cluster, publish_numbered, "probed.p", 1, 3)  # msg ids m1..m3 at seqs 1..3
     settings = ConnectionSettings(servers=cluster.servers, connect_timeout=2, request_timeout=3, leader_wait=10)
 
@@ -149,11 +154,14 @@ def test_msg_id_probes_leave_a_replicated_stream_writable(nats_cluster_module: E
         async with open_connection(settings) as conn:
             first = await stored_sequences(conn, probes("m2", "never-a", "never-b"))
             again = await stored_sequences(conn, probes("never-a", "m3", "never-b"))
+            # an atomic batch re-using a stored id beside a new one: refused whole, recognised by probes
+            with pytest.raises(BatchPublishError) as reused:
+                await publish_atomic_batch(conn, probes("m1", "never-c"))
             ack = await conn.js.publish("probed.p", b"after the probes", timeout=5)
-            return first, again, ack.seq, (await stream_info(conn, "PROBED"))["state"]["messages"]
+            return first, again, reused.value.reason, ack.seq, (await stream_info(conn, "PROBED"))["state"]["messages"]
 
-    first, again, seq, messages = asyncio.run(main())
-    assert (first, again) == ([2, None, None], [None, 3, None])
+    first, again, reused, seq, messages = asyncio.run(main())
+    assert (first, again, reused) == ([2, None, None], [None, 3, None], "duplicate_msg_id")
     assert (seq, messages) == (4, 4), "the probes stored nothing and left the stream writable"
 
 

@@ -264,23 +264,25 @@ async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batc
 
 
 async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMessage],
-                           timeout: float | None = None) -> list[int | None]:
+                           timeout: float | None = None, *, stream: str | None = None) -> list[int | None]:
     """For each message's msg id, the stream sequence that already holds it, or None. Writes nothing.
 
     Each probe is a publish carrying the msg id and an expectation that cannot be met, one the
     server checks only after its duplicate check: it answers a duplicate ack (with the stored
     sequence) when the id is within the stream's duplicate window, and otherwise refuses the probe,
-    storing nothing. Which expectation depends on the stream (see :func:`probe_expectation`).
+    storing nothing. Which expectation depends on the stream (see :func:`probe_expectation`): give
+    ``stream`` when every message goes to it, else it is looked up once per subject.
     """
     timeout = timeout or conn.settings.request_timeout
     semaphore = asyncio.Semaphore(_PROBE_WINDOW)
     expectations: dict[str, asyncio.Task[dict[str, str]]] = {}
 
     def expectation(subject: str) -> asyncio.Task[dict[str, str]]:
-        """One lookup per subject, shared by its probes."""
-        if subject not in expectations:
-            expectations[subject] = asyncio.ensure_future(probe_expectation(conn, subject))
-        return expectations[subject]
+        """One lookup per stream (or per subject when the stream is not given), shared by its probes."""
+        key = stream or subject
+        if key not in expectations:
+            expectations[key] = asyncio.ensure_future(probe_expectation(conn, subject, stream=stream))
+        return expectations[key]
 
     async def ask(msg: BatchMessage, headers: dict[str, str]) -> dict[str, Any]:
         """One probe; an election (a 503 on a stream that exists, or no reply on a cluster) is
@@ -326,8 +328,9 @@ async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMe
             lookup.cancel()
 
 
-async def probe_expectation(conn: JetStreamConnection, subject: str) -> dict[str, str]:
-    """The header that makes a msg-id probe on ``subject`` fail after the server's duplicate check.
+async def probe_expectation(conn: JetStreamConnection, subject: str, *, stream: str | None = None) -> dict[str, str]:
+    """The header that makes a msg-id probe on ``subject`` (in ``stream``, looked up when not given) fail
+    after the server's duplicate check.
 
     A stream without replicas checks expectations in message order after the duplicate check, so a
     ``Nats-Expected-Last-Msg-Id`` no message has is refused there. A replicated stream checks that
@@ -335,7 +338,7 @@ async def probe_expectation(conn: JetStreamConnection, subject: str) -> dict[str
     stream from storing anything; it checks ``Nats-Expected-Last-Sequence`` before proposing, after
     the duplicate check, so an unreachable sequence is the probe there.
     """
-    streams = await streams_for_subject(conn, subject)
+    streams = [stream] if stream else await streams_for_subject(conn, subject)
     if streams:
         info = await conn.api_request(f"STREAM.INFO.{streams[0]}", context=f"stream {streams[0]!r}")
         if int((info.get("config") or {}).get("num_replicas") or 1) > 1:
@@ -353,7 +356,8 @@ async def _already_committed(conn: JetStreamConnection, messages: list[BatchMess
     with_ids = [(index, msg) for index, msg in enumerate(messages) if msg.msg_id]
     if not with_ids:
         raise error
-    seqs = await stored_sequences(conn, [msg for _, msg in with_ids], timeout)
+    streams = await streams_for_subject(conn, messages[0].subject)  # a batch goes to one stream
+    seqs = await stored_sequences(conn, [msg for _, msg in with_ids], timeout, stream=streams[0] if streams else None)
     missing = [index for (index, _), seq in zip(with_ids, seqs, strict=True) if seq is None]
     if missing:
         raise BatchPublishError(

@@ -503,7 +503,7 @@ async def _duplicates(conn: JetStreamConnection, stream: str, run: Sequence[Batc
     """For a run the server skipped some messages of as duplicates: how many of its messages were
     stored at or before seq ``mark`` (by msg id, probed without writing) and the sequence of its last
     one (None when its msg id is not in the duplicate window any more)."""
-    seqs = await stored_sequences(conn, run)
+    seqs = await stored_sequences(conn, run, stream=stream)
     earlier = sum(1 for seq in seqs if seq is not None and seq <= mark)
     log.info("fast batch on stream %s: %d of %d message(s) were already stored (msg ids), the last at seq %s",
              stream, earlier, len(run), seqs[-1] if seqs else None)

@@ -6,7 +6,9 @@ One embedded nats-server; for each path three sizes a factor of 4 apart:
   ~100-byte messages (``split=True``, validating pass then sending pass);
 - ``ledger_list`` / ``ledger_summary`` / ``ledger_reap``: a batch ledger run with N batches
   (a tenth of them expired claims): the streaming listing, the sensor's summary, the reaper;
-  ``ledger_batches``, the sorted listing that holds every record, is the contrast;
+  ``ledger_batches``, the sorted listing that holds every record, is the contrast; ``ledger_watch``, the
+  baseline, is nats-py's own KV watcher reading the latest value of every key (the server's
+  last-per-subject delivery, with no ledger work): how the listing grows when the server is the bound;
 - ``capture``: the advisory capture reader scanning N captured advisories (``find_captured``);
 - ``cursor``: a bounded read of an N-message stream through its cursor consumer
   (``plan_read`` + ``read_range`` + ``acknowledge_read``), counting what it reads;
@@ -50,7 +52,8 @@ from airflow_jetstream.client.reading.consume import ConsumeOptions, consume
 from airflow_jetstream.client.reading.range_read import acknowledge_read, plan_read, read_range
 from airflow_jetstream.embedded import EmbeddedNatsServer
 
-PATHS = ("operator", "ledger_list", "ledger_batches", "ledger_summary", "ledger_reap", "capture", "cursor", "consume")
+PATHS = ("operator", "ledger_list", "ledger_batches", "ledger_watch", "ledger_summary", "ledger_reap", "capture",
+         "cursor", "consume")
 #: Input sizes per path at --base 1: (smallest size, warm-up size).
 SIZES = {"operator": (25_000, 2_000), "ledger": (6_250, 500), "capture": (25_000, 2_000), "cursor": (25_000, 2_000),
          "consume": (6_250, 500)}
@@ -146,6 +149,8 @@ async def run_async(settings: ConnectionSettings, path: str, target: str) -> int
                 return count
             if path == "ledger_batches":
                 return len(await ledger.batches(RUN))
+            if path == "ledger_watch":
+                return await _watch_all(conn, target)
             if path == "ledger_summary":
                 return (await ledger.summary(RUN))["batches"]
             reaped = await ledger.reap(RUN)
@@ -163,6 +168,20 @@ async def run_async(settings: ConnectionSettings, path: str, target: str) -> int
             count += len(chunk)
         await acknowledge_read(conn, plan)
         return count
+
+
+async def _watch_all(conn: JetStreamConnection, bucket: str) -> int:
+    """The baseline of ``ledger_list``: every key's latest value through nats-py's KV watcher."""
+    watcher = await (await conn.js.key_value(bucket)).watchall()
+    count = 0
+    try:
+        async for entry in watcher:
+            if entry is None:  # nats-py's marker: every key's latest value was delivered
+                return count
+            count += 1
+    finally:
+        await watcher.stop()
+    return count
 
 
 def child(path: str, url: str, warm: str, target: str) -> None:

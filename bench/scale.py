@@ -242,6 +242,12 @@ def run_path(path: str, url: str, workdir: Path, base: float, steps: int) -> lis
         verdict = "ok" if time_ratio <= FACTOR * 1.3 and peak_ratio < 1.3 else "MISSED"
         print(f"{'':<15} x{FACTOR} input: time x{time_ratio:.2f}, peak RSS x{peak_ratio:.2f} "
               f"(growth {small['growth_mb']:.1f} -> {big['growth_mb']:.1f} MB) {verdict}", flush=True)
+    if len(results) > 2:  # over the whole span: the smallest step's fixed costs and timer noise weigh less
+        span = results[-1]["seconds"] / results[0]["seconds"]
+        per_step = span ** (1 / (len(results) - 1))
+        verdict = "ok" if per_step <= FACTOR * 1.3 else "MISSED"
+        print(f"{'':<15} x{FACTOR ** (len(results) - 1)} input overall: time x{span:.2f}, "
+              f"x{per_step:.2f} per x{FACTOR} {verdict}", flush=True)
     return results
 
 

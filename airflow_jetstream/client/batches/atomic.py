@@ -334,7 +334,7 @@ async def probe_expectation(conn: JetStreamConnection, subject: str, *, stream: 
 
     A stream without replicas checks expectations in message order after the duplicate check, so a
     ``Nats-Expected-Last-Msg-Id`` no message has is refused there. A replicated stream checks that
-    header only when it applies the message, and on nats-server 2.15 a mismatch there stops the
+    header only when it applies the message, and on nats-server 2.14/2.15 a mismatch there stops the
     stream from storing anything; it checks ``Nats-Expected-Last-Sequence`` before proposing, after
     the duplicate check, so an unreachable sequence is the probe there.
     """

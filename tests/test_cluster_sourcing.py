@@ -84,8 +84,8 @@ def test_20k_sourced_in_both_modes_through_a_leader_kill(cluster_conn: EmbeddedN
     for mode, (origin, subject, agg) in modes.items():
         call(cluster, ensure_stream, workqueue(origin, subject))
         call(cluster, publish_numbered, subject, 1, HALF)
-        result = JetStreamDurableSourceOperator(task_id=f"src_{mode}", stream=agg, source=origin, mode=mode,
-                                                num_replicas=3).execute(context={})
+        result = JetStreamDurableSourceOperator(task_id=f"src_{mode}", stream=agg, source=origin, num_replicas=3,
+                                                user_managed=mode == "user").execute(context={})
         assert result["num_replicas"] == 3 and result["mode"] == mode
     victim = wait_for(lambda: cluster.stream_leader("AGGS"), "a leader of AGGS")
     for origin, _, _ in modes.values():

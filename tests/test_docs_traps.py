@@ -20,14 +20,14 @@ from tests.support.polling import wait_until
 def test_second_durable_source_on_a_workqueue_origin_is_refused_naming_the_first(first_mode, second_mode, nats_conn,
                                                                                  settings):
     run(settings, ensure_stream, {"name": "ORIG", "subjects": ["orig.>"], "retention": "workqueue"})
-    first = JetStreamDurableSourceOperator(task_id="a", stream="AGG", source="ORIG", mode=first_mode,
-                                           consumer="AGG_SRC" if first_mode == "user" else None,
-                                           deliver_subject="_SRC.AGG" if first_mode == "user" else None)
+    first = JetStreamDurableSourceOperator(
+        task_id="a", stream="AGG", source="ORIG",
+        user_managed={"consumer": "AGG_SRC", "deliver_subject": "_SRC.AGG"} if first_mode == "user" else None)
     fed = first.execute(context={})
     assert first.execute(context={})["action"] == "unchanged"  # a re-run of the same source is not "a second"
-    second = JetStreamDurableSourceOperator(task_id="b", stream="AGG2", source="ORIG", mode=second_mode,
-                                            consumer="AGG2_SRC" if second_mode == "user" else None,
-                                            deliver_subject="_SRC.AGG2" if second_mode == "user" else None)
+    second = JetStreamDurableSourceOperator(
+        task_id="b", stream="AGG2", source="ORIG",
+        user_managed={"consumer": "AGG2_SRC", "deliver_subject": "_SRC.AGG2"} if second_mode == "user" else None)
     with pytest.raises(StreamConfigError) as refused:
         second.execute(context={})
     assert refused.value.reason == "origin_already_sourced"

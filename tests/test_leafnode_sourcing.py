@@ -68,8 +68,8 @@ def test_leaf_crash_while_publishing_loses_and_duplicates_nothing(mode, hub_and_
     leaf_settings = ConnectionSettings(servers=leaf.url, connect_timeout=2, request_timeout=3)
     run(leaf_settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "workqueue"})
     set_nats_connection(monkeypatch, "nats_hub", hub.url)
-    result = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", mode=mode, domain="edge",
-                                            nats_conn_id="nats_hub").execute(context={})
+    result = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", domain="edge",
+                                            user_managed=mode == "user", nats_conn_id="nats_hub").execute(context={})
     assert result["domain"] == "edge" and result["source_state"]["active"] >= 0
     if mode == "user":
         consumer = run(hub_settings, lambda c: find_consumer(api_view(c, domain="edge"), "ORIGIN", "AGG_SRC_ORIGIN"))

@@ -167,6 +167,8 @@ def _save(page, conn_id: str) -> None:
     page.get_by_role("button", name="Save").click()
     page.get_by_text("Connection has been successfully created").wait_for()
     page.get_by_role("row").filter(has_text=conn_id).wait_for()
+    # the form, with what was typed into it, leaves the DOM only when its closing animation ends
+    expect(page.locator("[name^=element_]")).to_have_count(0)
 
 
 def _press_test(page, conn_id: str):

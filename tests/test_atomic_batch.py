@@ -185,6 +185,7 @@ def test_retry_of_committed_batch_is_idempotent(settings):
     assert probe == [*list(range(1, 21)), None]
     assert st_probe["messages"] == 20 and st_probe["last_seq"] == 20, "probing must not write"
     assert partial.reason == "duplicate_msg_id" and "3 of 4" in str(partial)
+    assert "'order-0' (seq 1), 'order-1' (seq 2), 'order-2' (seq 3)" in str(partial), "names the stored ids"
     assert st["messages"] == 20
 
 

@@ -112,3 +112,36 @@ def test_connection_page_examples_are_valid_connections() -> None:
             continue
         settings = settings_from_connection(conn)
         assert all(server.startswith("nats://") for server in settings.servers), name
+
+
+def _table_runs(text: str) -> list[tuple[int, list[str]]]:
+    """Each run of consecutive table lines (``|...``) outside code fences, with its first line number."""
+    runs: list[tuple[int, list[str]]] = []
+    fenced = False
+    current: list[str] = []
+    start = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        is_row = not fenced and line.startswith("|")
+        if is_row and not current:
+            start = number
+        if is_row:
+            current.append(line)
+        elif current:
+            runs.append((start, current))
+            current = []
+    if current:
+        runs.append((start, current))
+    return runs
+
+
+def test_every_table_has_a_header_and_is_not_split() -> None:
+    """Rows cut off from their table by a paragraph render as plain text: every run of table lines
+    must start with a header row and its ``|---|`` separator."""
+    separator = re.compile(r"^\|(\s*:?-+:?\s*\|)+\s*$")
+    broken = [f"docs/{page.relative_to(DOCS).as_posix()}:{start}"
+              for page in sorted(DOCS.rglob("*.md"))
+              for start, rows in _table_runs(page.read_text())
+              if len(rows) < 2 or not separator.match(rows[1])]
+    assert broken == []

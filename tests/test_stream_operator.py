@@ -102,5 +102,11 @@ def test_config_is_templated(nats_conn):
 def test_overlapping_subjects_is_a_clear_error(nats_conn):
     _run(CONFIG)
     with pytest.raises(StreamConfigError) as info:
-        _run({"name": "OTHER", "subjects": ["orders.new"]})
+        _run({"name": "OTHER", "subjects": ["orders.new", "other.x"]})
     assert info.value.reason == "subjects_overlap"
+    assert "'orders.new' overlaps stream(s) 'ORDERS'" in str(info.value), "names the stream that captures it"
+    assert "other.x" not in str(info.value)
+    _run({"name": "OTHER", "subjects": ["other.x"]})
+    with pytest.raises(StreamConfigError) as update:
+        _run({"name": "OTHER", "subjects": ["other.x", "orders.>"]})
+    assert update.value.reason == "subjects_overlap" and "'orders.>' overlaps stream(s) 'ORDERS'" in str(update.value)

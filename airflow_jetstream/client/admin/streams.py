@@ -153,6 +153,34 @@ def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+async def overlapping_streams(conn: JetStreamConnection, subjects: list[str], *,
+                              exclude: str | None = None) -> dict[str, list[str]]:
+    """For each of ``subjects``, the other streams whose subjects overlap it (the server's own matching)."""
+    found: dict[str, list[str]] = {}
+    for subject in subjects:
+        reply = await conn.api_request("STREAM.NAMES", {"subject": subject}, context=f"streams for {subject!r}")
+        others = [stream for stream in reply.get("streams") or [] if stream != exclude]
+        if others:
+            found[subject] = others
+    return found
+
+
+async def _name_overlapping_streams(conn: JetStreamConnection, exc: StreamConfigError, name: str,
+                                    cfg: dict[str, Any]) -> StreamConfigError:
+    """``exc`` with the streams that already capture the subjects named, when the server refused an overlap."""
+    if exc.reason != "subjects_overlap":
+        return exc
+    overlaps = await overlapping_streams(conn, list(cfg.get("subjects") or []), exclude=name)
+    if not overlaps:
+        return exc
+    named = "; ".join(f"{subject!r} overlaps stream(s) {', '.join(map(repr, streams))}"
+                      for subject, streams in overlaps.items())
+    return StreamConfigError(
+        f"stream {name!r}: {named}. A subject can be captured by one stream only: narrow the subjects, "
+        "or use the existing stream", reason=exc.reason, code=exc.code, err_code=exc.err_code,
+        description=exc.description)
+
+
 async def stream_info(conn: JetStreamConnection, name: str) -> dict[str, Any]:
     """Stream info (config + state), or :class:`StreamNotFoundError`."""
     validate_name(name, what="stream name")
@@ -181,7 +209,10 @@ async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
     current = await find_stream(conn, name)
     if current is None:
         cfg = {**normalize_stream_config({"name": name, **(create_defaults or {})}), **cfg}
-        info = await conn.api_request(f"STREAM.CREATE.{name}", cfg, context=f"create stream {name!r}")
+        try:
+            info = await conn.api_request(f"STREAM.CREATE.{name}", cfg, context=f"create stream {name!r}")
+        except StreamConfigError as exc:
+            raise await _name_overlapping_streams(conn, exc, name, cfg) from None
         dropped = server_features.dropped_fields(cfg, info.get("config", {}))
         if dropped:  # an old server that ignores unknown fields: remove what it made of the request
             await delete_stream(conn, name)
@@ -203,6 +234,7 @@ async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
     try:
         info = await conn.api_request(f"STREAM.UPDATE.{name}", merged, context=f"update stream {name!r}")
     except StreamConfigError as exc:
+        exc = await _name_overlapping_streams(conn, exc, name, cfg)
         raise StreamConfigError(
             f"{exc.message} (changing {', '.join(changed)})",
             reason=exc.reason, code=exc.code, err_code=exc.err_code, description=exc.description,

@@ -360,10 +360,13 @@ async def _already_committed(conn: JetStreamConnection, messages: list[BatchMess
     seqs = await stored_sequences(conn, [msg for _, msg in with_ids], timeout, stream=streams[0] if streams else None)
     missing = [index for (index, _), seq in zip(with_ids, seqs, strict=True) if seq is None]
     if missing:
+        stored = [(msg.msg_id, seq) for (_, msg), seq in zip(with_ids, seqs, strict=True) if seq is not None]
+        shown = ", ".join(f"{msg_id!r} (seq {seq})" for msg_id, seq in stored[:5])
+        more = f" and {len(stored) - 5} more" if len(stored) > 5 else ""
         raise BatchPublishError(
-            f"atomic batch {batch_id}: {len(with_ids) - len(missing)} of {len(with_ids)} msg ids are already "
-            f"stored (first new one: message {missing[0]}); the batch was refused whole. Remove the stored "
-            "messages from the batch or give the new ones fresh msg ids",
+            f"atomic batch {batch_id}: {len(stored)} of {len(with_ids)} msg ids are already stored: "
+            f"{shown}{more}; the batch was refused whole. Remove the stored messages from the batch or give "
+            "them fresh msg ids",
             reason="duplicate_msg_id", code=error.code, err_code=error.err_code, description=error.description,
         )
     starts = {seq - index for (index, _), seq in zip(with_ids, seqs, strict=True)}

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 CONSTRAINTS ?= constraints/constraints-$(PYVER).txt
 
-.PHONY: install demo demo-cluster up test test-fast test-e2e lint docs bench clean compat constraints constraints-lowest
+.PHONY: install wheel demo demo-cluster up test test-fast test-e2e lint docs bench clean compat constraints constraints-lowest
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ $(NODE_STAMP): tests/interop/package.json tests/interop/package-lock.json
 	touch $(NODE_STAMP)
 
 install: $(STAMP) $(NODE_STAMP)
+
+# The release artefact: dist/airflow_jetstream-<version>-py3-none-any.whl (install it where Airflow runs).
+wheel: install
+	$(PY) -m build --wheel --outdir dist .
 
 demo: install
 	$(PY) dags_examples/run_demo.py

@@ -265,6 +265,12 @@ class AirflowFeatureError(JetStreamError):
     default_reason = "airflow_too_old"
 
 
+class SparkInstallError(JetStreamError):
+    """The installed pyspark packages do not fit together (airflow_jetstream/spark/versions.py)."""
+
+    default_reason = "spark_version_mismatch"
+
+
 class KeyValueError(JetStreamError):
     """Base class of the key-value errors (client/kv/)."""
 

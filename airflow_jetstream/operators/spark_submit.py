@@ -76,6 +76,9 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         self.ship_package = ship_package
 
     def execute(self, context: Mapping[str, Any]) -> None:
+        from airflow_jetstream.spark.versions import check_pyspark_install
+
+        check_pyspark_install()  # spark-submit comes from the installed pyspark
         settings = JetStreamHook(nats_conn_id=self.nats_conn_id).get_settings()  # registers secrets for masking
         self._refuse_conf_overrides()
         given_properties, given_py_files = self.properties_file, self.py_files

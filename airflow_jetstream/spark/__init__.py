@@ -22,6 +22,7 @@ from typing import Any
 from airflow_jetstream.spark.connection import session_connection_fields
 from airflow_jetstream.spark.reader import Consumption, consume
 from airflow_jetstream.spark.source import JetStreamDataSource
+from airflow_jetstream.spark.versions import check_pyspark_install
 
 
 def register(spark: Any) -> None:
@@ -31,6 +32,7 @@ def register(spark: Any) -> None:
     :class:`~airflow_jetstream.operators.spark_submit.JetStreamSparkSubmitOperator`), its fields
     become the format's defaults: ``servers`` and credentials need not be given as options.
     """
+    check_pyspark_install()
     defaults = session_connection_fields(spark)
     source = JetStreamDataSource
     if defaults:

@@ -16,9 +16,9 @@ from airflow_jetstream.client import (
     metrics,
     publish_atomic_batch,
     publish_atomic_batches,
-    stored_sequences,
     stream_info,
 )
+from airflow_jetstream.client.batches.atomic import stored_sequences
 from airflow_jetstream.client.batches.frames import encode_frame, write_frames
 from tests.support.nats_calls import with_streams
 

@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import ssl
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -42,6 +43,8 @@ T = TypeVar("T")
 #: First pause between retries while a leader is elected; doubles up to ``_RETRY_MAX`` seconds.
 _RETRY_FIRST, _RETRY_MAX = 0.25, 2.0
 
+#: Unreported permission violations kept per connection (a pooled connection lives for the whole process).
+_VIOLATIONS_KEPT = 64
 _PERMISSION = re.compile(r'permissions violation for (publish|subscription) to "?([^"\s]+)"?', re.I)
 
 
@@ -86,7 +89,8 @@ class JetStreamConnection:
         self.js: JetStreamContext = nc.jetstream(
             prefix=settings.api_subject_prefix, timeout=settings.request_timeout
         )
-        self.permission_violations: list[tuple[str, str]] = []
+        #: (operation, subject) of permission violations the server reported and no error has reported yet.
+        self.permission_violations: deque[tuple[str, str]] = deque(maxlen=_VIOLATIONS_KEPT)
         self._denial_waiters: dict[str, list[asyncio.Future[None]]] = {}
         #: Called with each subject the server refuses (lowercased); KV calls end at once on their bucket's.
         self.denial_listeners: list[Callable[[str], None]] = []
@@ -122,16 +126,28 @@ class JetStreamConnection:
             for listener in list(self.denial_listeners):
                 listener(match.group(2))
 
-    def permission_error(self, subject: str) -> PermissionDeniedError | None:
-        """The permission error recorded for ``subject``, if the server reported one."""
-        for op, denied in self.permission_violations:
-            if denied.lower() == subject.lower():
-                return PermissionDeniedError(
-                    f"permission denied: this NATS user may not {op} to {subject!r}; grant it in the "
-                    "server's authorization config or use another user",
-                    subject=subject,
-                )
+    def take_violation(self, concerns: Callable[[str], bool]) -> tuple[str, str] | None:
+        """Remove and return the oldest unreported violation whose subject ``concerns`` accepts.
+
+        Each violation the server reports is the answer to one message, so it explains one failure:
+        once taken, a later timeout on the same subject (permissions fixed since) is a timeout again.
+        """
+        for violation in self.permission_violations:
+            if concerns(violation[1]):
+                self.permission_violations.remove(violation)
+                return violation
         return None
+
+    def permission_error(self, subject: str) -> PermissionDeniedError | None:
+        """The permission error for ``subject`` if the server reported one not reported yet (then taken)."""
+        taken = self.take_violation(lambda denied: denied.lower() == subject.lower())
+        if taken is None:
+            return None
+        return PermissionDeniedError(
+            f"permission denied: this NATS user may not {taken[0]} to {subject!r}; grant it in the "
+            "server's authorization config or use another user",
+            subject=subject,
+        )
 
     async def raise_if_denied(self, subject: str) -> None:
         """Round-trip to the server, then raise if ``subject`` was refused by permissions.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -180,10 +181,24 @@ class ConnectionSettings:
         values = [v for v in (self.password, self.token, self.nkey_seed) if v]
         if self.creds_file:
             with open(self.creds_file, encoding="utf-8") as fh:
-                values.extend(
-                    line.strip() for line in fh if line.strip() and not line.lstrip().startswith(("-", "*"))
-                )
+                values.extend(creds_file_secrets(fh.read()))
         return values
+
+
+#: A decorated block of a ``.creds`` file: ``-----BEGIN NATS USER JWT-----`` ... ``------END NATS USER JWT------``.
+_CREDS_BLOCK = re.compile(r"^[ \t]*-{3,}[^\n]*BEGIN[^\n]*-{3,}[ \t]*\r?\n(.*?)^[ \t]*-{3,}[^\n]*END", re.M | re.S)
+
+
+def creds_file_secrets(text: str) -> list[str]:
+    """The key material of a ``.creds`` file (its user JWT and nkey seed), not its boilerplate.
+
+    The lines inside each BEGIN/END block are secret; the markers, the ``IMPORTANT`` banner and the
+    explanation around them are the same in every file and are not. A file without blocks holds only
+    key material (every non-blank line of it is secret).
+    """
+    blocks = _CREDS_BLOCK.findall(text)
+    lines = [line for block in blocks for line in block.splitlines()] if blocks else text.splitlines()
+    return [line.strip() for line in lines if line.strip()]
 
 
 @dataclass(frozen=True)

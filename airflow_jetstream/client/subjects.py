@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from airflow_jetstream.client.errors import InvalidSubjectError
 
 _FORBIDDEN = frozenset(" \t\r\n\f\v")
@@ -29,6 +31,21 @@ def validate_subject(subject: object, *, allow_wildcards: bool = False, what: st
             if token == ">" and index != len(tokens) - 1:
                 raise InvalidSubjectError(f"{what} {subject!r}: '>' may only be the last token")
     return subject
+
+
+def validate_subjects(subjects: object, *, allow_wildcards: bool = True, what: str = "subjects") -> list[str]:
+    """Return ``subjects`` (a list, tuple or other iterable of subjects) as a list, each checked by
+    :func:`validate_subject`.
+
+    A single string is refused with a message saying to wrap it in a list (iterating ``"orders.>"``
+    would otherwise check each character and report an empty token).
+    """
+    if isinstance(subjects, (str, bytes)):
+        raise InvalidSubjectError(f"{what} must be a list of subjects, got the string {subjects!r}; "
+                                  f"write [{subjects!r}]")
+    if not isinstance(subjects, Iterable):
+        raise InvalidSubjectError(f"{what} must be a list of subjects, got {type(subjects).__name__}")
+    return [validate_subject(s, allow_wildcards=allow_wildcards, what=what.removesuffix("s")) for s in subjects]
 
 
 def validate_name(name: object, *, what: str = "name") -> str:

@@ -25,7 +25,7 @@ from airflow_jetstream.client.errors import (
     LeaderUnavailableError,
     ServerAPIError,
 )
-from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.client.subjects import validate_name, validate_subject, validate_subjects
 from airflow_jetstream.client.times import parse_time, to_rfc3339
 
 #: Consumer configuration fields of the JetStream API (nats-server 2.15), by their JSON names.
@@ -116,8 +116,7 @@ def normalize_consumer_config(config: dict[str, Any]) -> dict[str, Any]:
             cfg["opt_start_time"] = to_rfc3339(cfg["opt_start_time"])
         if "filter_subject" in cfg:
             validate_subject(cfg["filter_subject"], allow_wildcards=True, what="filter subject")
-        for subject in cfg.get("filter_subjects") or []:
-            validate_subject(subject, allow_wildcards=True, what="filter subject")
+        validate_subjects(cfg.get("filter_subjects") or [], what="filter subjects")
         if "deliver_subject" in cfg:
             validate_subject(cfg["deliver_subject"], what="deliver subject")
     except InvalidRequestError as exc:

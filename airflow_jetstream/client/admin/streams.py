@@ -14,7 +14,7 @@ from airflow_jetstream.client.errors import (
     StreamConfigError,
     StreamNotFoundError,
 )
-from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.client.subjects import validate_name, validate_subject, validate_subjects
 
 #: Stream configuration fields of the JetStream API (nats-server 2.15), by their JSON names.
 STREAM_CONFIG_FIELDS = frozenset({
@@ -128,8 +128,7 @@ def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
         raise StreamConfigError("a stream config needs a 'name'", reason="missing_name")
     try:
         validate_name(cfg["name"], what="stream name")
-        for subject in cfg.get("subjects") or []:
-            validate_subject(subject, allow_wildcards=True, what="stream subject")
+        validate_subjects(cfg.get("subjects") or [], what="stream subjects")
         for key in DURATION_FIELDS:
             if key in cfg and cfg[key] is not None:
                 cfg[key] = to_nanos(cfg[key], field=key)

@@ -52,7 +52,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     TooManySubjectsError,
 )
-from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.client.subjects import validate_name, validate_subjects
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +93,9 @@ def normalize_subjects(subjects: Iterable[str], *, max_subjects: int = DEFAULT_M
     Empty lists, more than ``max_subjects`` subjects and overlapping filters (``orders.*`` with
     ``orders.eu``, which the server refuses) raise typed errors naming the problem.
     """
-    if isinstance(subjects, str):
-        raise InvalidSubjectError(f"{consumer}: subjects must be a list of subjects, not the string {subjects!r}")
     if not isinstance(max_subjects, int) or isinstance(max_subjects, bool) or max_subjects < 1:
         raise InvalidRequestError(f"max_subjects must be an integer >= 1, got {max_subjects!r}")
-    unique = sorted({validate_subject(s, allow_wildcards=True, what="filter subject") for s in subjects})
+    unique = sorted(set(validate_subjects(subjects, what=f"{consumer}: filter subjects")))
     if not unique:
         raise InvalidRequestError(
             f"{consumer}: no subjects assigned; a worker consumer without filters would receive the whole "

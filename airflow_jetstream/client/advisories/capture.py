@@ -61,7 +61,7 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
 )
 from airflow_jetstream.client.reading.pull import PullSubscription
-from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
+from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subjects
 from airflow_jetstream.client.times import parse_time, to_rfc3339
 
 DEFAULT_CAPTURE_STREAM = "ADVISORIES"
@@ -110,8 +110,7 @@ def capture_stream_config(name: str = DEFAULT_CAPTURE_STREAM, *, max_age: Any = 
 
 
 def _capture_subjects(subjects: list[str] | tuple[str, ...]) -> list[str]:
-    for subject in subjects:
-        validate_subject(subject, allow_wildcards=True, what="capture subject")
+    for subject in validate_subjects(subjects, what="capture subjects"):
         if not subject.startswith(f"{EVENT_PREFIX}."):
             raise InvalidRequestError(f"capture subject {subject!r} is not an advisory subject ({EVENT_PREFIX}.>)")
     return list(subjects)

@@ -81,6 +81,7 @@ async def kv_errors(conn: JetStreamConnection, bucket: str, context: str, *,
         if refused:
             if isinstance(exc, asyncio.CancelledError) and task is not None and task.uncancel() > 0:
                 raise  # cancelled from outside as well
+            conn.take_violation(refused[0].__eq__)  # reported here, so no later failure reads it as its own
             raise _denied(conn, refused[0], bucket) from None
         if isinstance(exc, (JetStreamError, *keep)) or not isinstance(exc, nats.errors.Error):
             raise
@@ -100,9 +101,9 @@ async def _typed(conn: JetStreamConnection, bucket: str, context: str, exc: nats
                         nats.js.errors.NoStreamResponseError)):
         with contextlib.suppress(TimeoutError, nats.errors.Error):
             await conn.nc.flush(timeout=conn.settings.request_timeout)  # a late -ERR is read before this returns
-        for _op, subject in conn.permission_violations:
-            if _concerns(subject, bucket):
-                return _denied(conn, subject, bucket)
+        taken = conn.take_violation(lambda subject: _concerns(subject, bucket))
+        if taken is not None:
+            return _denied(conn, taken[1], bucket)
         return conn.unanswered(f"{context}: JetStream did not answer within {conn.settings.request_timeout:g}s; "
                                "check that JetStream runs and the bucket exists")
     return JetStreamError(f"{context}: {type(exc).__name__}: {exc}")

@@ -55,7 +55,7 @@ from airflow_jetstream.client.reading.apply_function import call_function
 from airflow_jetstream.client.reading.messages import ConsumedMessage
 from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.reading.range_read import plan_read, read_method, read_range
-from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.client.subjects import validate_name, validate_subjects
 from airflow_jetstream.client.times import to_rfc3339
 
 #: Seconds before a failed message is redelivered, by delivery count (the last one repeats).
@@ -146,7 +146,7 @@ async def consume(conn: JetStreamConnection, stream: str, apply: Callable[[Any],
     """
     options = options or ConsumeOptions()
     validate_name(stream, what="stream name")
-    subjects = [validate_subject(s, allow_wildcards=True, what="filter subject") for s in subjects]
+    subjects = validate_subjects(subjects, what="filter subjects")
     if start_seq is not None and start_time is not None:
         raise InvalidRequestError("give either start_seq or start_time, not both", reason="invalid_option")
     if start_seq is not None and (isinstance(start_seq, bool) or not isinstance(start_seq, int) or start_seq < 1):

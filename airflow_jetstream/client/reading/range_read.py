@@ -47,7 +47,7 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.natspy_internals import install_header_parser
 from airflow_jetstream.client.reading.headers import without
-from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.client.subjects import validate_name, validate_subjects
 
 #: Headers the server adds to a direct-get reply; they are metadata, not the message's own headers.
 _DIRECT_GET_HEADERS = frozenset({
@@ -129,8 +129,7 @@ async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequenc
     :func:`acknowledge_read` moves it past what a successful job read.
     """
     validate_name(stream, what="stream name")
-    for subject in subjects:
-        validate_subject(subject, allow_wildcards=True, what="filter subject")
+    validate_subjects(subjects, what="filter subjects")
     if start_seq is not None and start_time is not None:
         raise InvalidRequestError("give either start_seq or start_time, not both", reason="invalid_option")
     info = await stream_info(conn, stream)

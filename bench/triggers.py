@@ -73,8 +73,8 @@ async def measure(server: EmbeddedNatsServer, count: int, shared: bool) -> dict[
         advisory_triggers.shared_connection = own_connection
     try:
         since = datetime.now(UTC).isoformat()
-        triggers = [advisory_triggers.JetStreamAdvisoryTrigger(advisory="stream_deleted", stream=f"S{i}",
-                                                               since=since, poll_timeout=30)
+        triggers = [advisory_triggers.JetStreamAdvisoryTrigger(advisory="stream_deleted", advisory_stream=f"S{i}",
+                                                               start_time=since, fetch_timeout=30)
                     for i in range(count)]
         gc.collect()
         heap_before, rss_before = tracemalloc.get_traced_memory()[0], rss_bytes()

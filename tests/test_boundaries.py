@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import warnings
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -109,10 +108,10 @@ def test_durations_are_seconds_timedeltas_or_strings() -> None:
     assert to_nanos(86400) == to_nanos("1d") == to_nanos(timedelta(days=1)) == to_nanos("86400") == 86400 * 10**9
     assert to_nanos(0.25) == to_nanos("250ms") == 250_000_000
     assert to_seconds("1h30m") == 5400.0 and to_seconds(1.5) == 1.5
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert to_nanos(60_000_000_000, field="ack_wait") == 60_000_000_000  # the old nanoseconds, deprecated
-    assert caught and issubclass(caught[0].category, DeprecationWarning) and "ack_wait" in str(caught[0].message)
+    assert to_nanos(10**9) == 10**18  # a large int is seconds too (no nanoseconds reading)
+    with pytest.raises(InvalidRequestError, match=r"ack_wait: .* longer than the server can store") as info:
+        to_nanos(60_000_000_000, field="ack_wait")  # nanoseconds given by mistake: over 292 years as seconds
+    assert info.value.reason == "invalid_duration"
     from airflow_jetstream.client.admin.streams import normalize_stream_config
 
     once = normalize_stream_config({"name": "S", "duplicate_window": "500ms", "max_age": 3600})

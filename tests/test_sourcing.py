@@ -112,20 +112,6 @@ def test_bad_input_is_refused_before_any_call(kwargs, reason, nats_conn, setting
     assert run(settings, find_stream, "AGG") is None
 
 
-@pytest.mark.parametrize(("kwargs", "reason"), [
-    ({"mode": "both"}, "invalid_mode"),
-    ({"mode": "server", "consumer": "C"}, "invalid_source"),
-    ({"mode": "server", "deliver_policy": "last"}, "invalid_source"),
-])
-def test_the_deprecated_signature_is_still_validated(kwargs, reason, nats_conn, settings):
-    with pytest.deprecated_call(match="user_managed"):
-        op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN", **kwargs)
-    with pytest.raises((InvalidRequestError, ConsumerConfigError)) as info:
-        op.execute(context={})
-    assert info.value.reason == reason, str(info.value)
-    assert run(settings, find_stream, "AGG") is None
-
-
 def test_limits_origin_refused_in_server_mode_naming_user_mode(nats_conn, settings):
     run(settings, ensure_stream, {"name": "ORIGIN", "subjects": ["o.>"]})
     op = JetStreamDurableSourceOperator(task_id="src", stream="AGG", source="ORIGIN")

@@ -1,4 +1,4 @@
-"""One name per concept (docs/api.md): new names work, old ones warn and still work, conn ids are templated."""
+"""One name per concept (docs/api.md): the names work, names never released are refused, conn ids are templated."""
 
 from __future__ import annotations
 
@@ -52,60 +52,36 @@ def test_a_templated_conn_id_is_rendered_and_used(monkeypatch, nats_server):
     assert op.execute(context={})["action"] == "created"  # reached the server through the rendered connection
 
 
-def test_advisory_sensor_old_names_warn_and_map_to_the_new_ones():
-    with pytest.warns(DeprecationWarning) as warned:
-        sensor = JetStreamAdvisorySensor(task_id="w", advisory="batch_abandoned", stream="ORDERS", batch="b1",
-                                         since=SINCE)
-    said = " | ".join(str(w.message) for w in warned)
-    for old, new in (("stream", "advisory_stream"), ("batch", "batch_id"), ("since", "start_time")):
-        assert f"{old}= is deprecated and will be removed in 2.0; use {new}=" in said
-    assert (sensor.advisory_stream, sensor.batch_id, sensor.start_time) == ("ORDERS", "b1", SINCE)
-    assert {w.filename for w in warned} == {__file__}  # points at the DAG's line, not at Airflow's internals
-    flt = sensor.advisory_filter()
-    assert (flt.stream, flt.batch) == ("ORDERS", "b1")
-    with pytest.raises(TypeError, match="give advisory_stream= only"):
-        JetStreamAdvisorySensor(task_id="w", advisory="batch_abandoned", stream="A", advisory_stream="B")
+# 0.1.0 is the first release: names that were never released are refused, not translated.
+@pytest.mark.parametrize(("make", "old"), [
+    (lambda: JetStreamAdvisorySensor(task_id="w", advisory="batch_abandoned", stream="ORDERS"), "stream"),
+    (lambda: JetStreamAdvisorySensor(task_id="w", advisory="batch_abandoned", batch="b1"), "batch"),
+    (lambda: JetStreamAdvisorySensor(task_id="w", advisory="batch_abandoned", since=SINCE), "since"),
+    (lambda: JetStreamMessageSensor(task_id="m", stream="S", apply_function=len, poll_timeout=3), "poll_timeout"),
+    (lambda: JetStreamConsumerResetOperator(task_id="r", stream="S", consumer="C", seq=5), "seq"),
+    (lambda: JetStreamConsumerResetOperator(task_id="r", stream="S", consumer="C", time=SINCE), "time"),
+    (lambda: JetStreamAdvisoryStreamOperator(task_id="c", stream="CAPTURED"), "stream"),
+    (lambda: JetStreamDurableSourceOperator(task_id="o", stream="A", source="O", mode="user"), "mode"),
+    (lambda: JetStreamDurableSourceOperator(task_id="o", stream="A", source="O", consumer="IN"), "consumer"),
+    (lambda: JetStreamAdvisoryTrigger(advisory="batch_abandoned", poll_timeout=2.0), "poll_timeout"),
+    (lambda: JetStreamAdvisoryTrigger(advisory="batch_abandoned", since=SINCE), "since"),
+    (lambda: JetStreamAwaitMessageTrigger(stream="S", apply_function="builtins.len", start_seq=1, poll_timeout=4),
+     "poll_timeout"),
+], ids=lambda value: value if isinstance(value, str) else "")
+def test_names_that_were_never_released_are_refused(make, old):
+    with pytest.raises(TypeError, match=old):
+        make()
 
 
-def test_advisory_trigger_loads_old_serialized_kwargs_and_writes_new_ones():
-    old = {"advisory": "batch_abandoned", "stream": "ORDERS", "consumer": None, "batch": "b1", "reason": None,
-           "match": None, "since": SINCE, "expect": "present", "capture_stream": "ADVISORIES", "quiet_until": None,
-           "nats_conn_id": "nats_default", "poll_timeout": 2.0, "timeout_at": None, "report_gap": True}
-    with pytest.warns(DeprecationWarning) as warned:
-        trigger = JetStreamAdvisoryTrigger(**old)
-    said = " | ".join(str(w.message) for w in warned)
-    for name in ("poll_timeout", "stream", "batch", "since"):
-        assert f"{name}= is deprecated" in said
-    _, kwargs = trigger.serialize()
+def test_triggers_serialize_the_one_vocabulary():
+    kwargs = JetStreamAdvisoryTrigger(advisory="batch_abandoned", advisory_stream="ORDERS", batch_id="b1",
+                                      start_time=SINCE, fetch_timeout="2s").serialize()[1]
     assert {k: kwargs[k] for k in ("advisory_stream", "batch_id", "start_time", "fetch_timeout")} == {
         "advisory_stream": "ORDERS", "batch_id": "b1", "start_time": SINCE, "fetch_timeout": 2.0}
-    assert not {"stream", "batch", "since", "poll_timeout"} & set(kwargs)
     assert JetStreamAdvisoryTrigger(**kwargs).serialize()[1] == kwargs
-    with pytest.raises(TypeError, match="unexpected arguments"):
-        JetStreamAdvisoryTrigger(advisory="batch_abandoned", polltimeout=1)
-
-
-def test_message_sensor_and_trigger_fetch_timeout():
-    with pytest.warns(DeprecationWarning, match="poll_timeout= is deprecated"):
-        sensor = JetStreamMessageSensor(task_id="m", stream="S", apply_function=len, poll_timeout="3s")
-    assert sensor.fetch_timeout == 3.0
-    old = {"stream": "S", "apply_function": "builtins.len", "start_seq": 1, "poll_timeout": 4.0}
-    with pytest.warns(DeprecationWarning):
-        _, kwargs = JetStreamAwaitMessageTrigger(**old).serialize()
-    assert kwargs["fetch_timeout"] == 4.0 and "poll_timeout" not in kwargs
+    _, kwargs = JetStreamAwaitMessageTrigger(stream="S", apply_function="builtins.len", start_seq=1,
+                                             fetch_timeout=4.0).serialize()
     assert JetStreamAwaitMessageTrigger(**kwargs).fetch_timeout == 4.0
-
-
-def test_consumer_reset_and_capture_stream_old_names():
-    with pytest.warns(DeprecationWarning, match="seq= is deprecated"):
-        reset = JetStreamConsumerResetOperator(task_id="r", stream="S", consumer="C", seq=5)
-    assert reset.start_seq == 5 and "start_seq" in reset.template_fields
-    with pytest.warns(DeprecationWarning, match="time= is deprecated"):
-        assert JetStreamConsumerResetOperator(task_id="r", stream="S", consumer="C", time=SINCE).start_time == SINCE
-    with pytest.warns(DeprecationWarning, match="use capture_stream="):
-        capture = JetStreamAdvisoryStreamOperator(task_id="c", stream="CAPTURED")
-    assert capture.capture_stream == "CAPTURED"
-    assert JetStreamAdvisoryStreamOperator(task_id="c").capture_stream == "ADVISORIES"
 
 
 def test_durable_source_server_managed_takes_no_user_arguments():
@@ -121,16 +97,3 @@ def test_durable_source_server_managed_takes_no_user_arguments():
     assert empty.spec().mode == "user"
     with pytest.raises(InvalidRequestError, match=r"unknown option.*consumr"):
         JetStreamDurableSourceOperator(task_id="x", stream="AGG", source="ORIGIN", user_managed={"consumr": "X"})
-
-
-def test_durable_source_old_signature_warns_and_still_works():
-    with pytest.warns(DeprecationWarning, match="mode=, consumer= are deprecated"):
-        op = JetStreamDurableSourceOperator(task_id="o", stream="AGG", source="ORIGIN", mode="user", consumer="IN")
-    assert op.user_managed == {"consumer": "IN"} and op.spec().consumer == "IN"
-    with pytest.warns(DeprecationWarning):
-        stray = JetStreamDurableSourceOperator(task_id="o", stream="AGG", source="ORIGIN", consumer="IN")
-    with pytest.raises(InvalidRequestError) as info:  # as before: user arguments on a server-managed source
-        stray.spec()
-    assert info.value.reason == "invalid_source"
-    with pytest.raises(TypeError, match="give user_managed= only"):
-        JetStreamDurableSourceOperator(task_id="o", stream="AGG", source="ORIGIN", user_managed={}, mode="user")

@@ -4,17 +4,13 @@ Every duration a user passes (operator, sensor and trigger arguments, Spark opti
 functions, and the duration fields of stream/consumer config dicts such as ``max_age`` or
 ``ack_wait``) is read by :func:`to_seconds` / :func:`to_nanos`: an int or float is **seconds**, as in
 Airflow, nats-py's ``StreamConfig`` and the Kafka provider; a string of digits (a Spark option) is
-seconds too. Nanoseconds appear only inside the JSON sent to the server.
-
-Deprecated, until the next minor release: before this rule a bare int meant nanoseconds. A whole
-number of at least ``10**9`` (over 31 years as seconds, so nobody means it as seconds) is still
-read as nanoseconds, with a :class:`DeprecationWarning` naming the field.
+seconds too. Nanoseconds appear only inside the JSON sent to the server, which holds them in a
+signed 64-bit integer: a longer duration is refused.
 """
 
 from __future__ import annotations
 
 import re
-import warnings
 from datetime import timedelta
 
 from airflow_jetstream.client.errors import InvalidRequestError
@@ -24,8 +20,8 @@ _UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": _NANOS_PER_SECOND, "m": 60
           "h": 3_600 * _NANOS_PER_SECOND, "d": 86_400 * _NANOS_PER_SECOND}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|ms|s|m|h|d)")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
-#: Whole numbers from here up are taken as the old nanoseconds (deprecated).
-LEGACY_NANOS_FROM = 10**9
+#: The longest duration the server stores (nanoseconds in an int64, about 292 years).
+MAX_NANOS = 2**63 - 1
 
 
 class Nanos(int):
@@ -49,13 +45,6 @@ def _nanos(value: int | float | str | timedelta, field: str) -> int:
         nanos = (value.days * 86_400 + value.seconds) * _NANOS_PER_SECOND + value.microseconds * 1_000
         return _not_negative(nanos, value, field)
     if isinstance(value, int):
-        if value >= LEGACY_NANOS_FROM:
-            warnings.warn(
-                f"{field}={value}: a bare int of nanoseconds is deprecated; durations are seconds "
-                f"(or a timedelta, or a string like '90s'): pass {value / _NANOS_PER_SECOND:g}",
-                DeprecationWarning, stacklevel=4,
-            )
-            return value
         return _not_negative(value * _NANOS_PER_SECOND, value, field)
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
@@ -91,4 +80,8 @@ def to_seconds(value: int | float | str | timedelta, *, field: str = "duration")
 def _not_negative(nanos: int, value: object, field: str) -> int:
     if nanos < 0:
         raise InvalidRequestError(f"{field}: a duration cannot be negative ({value!r})", reason="invalid_duration")
+    if nanos > MAX_NANOS:
+        raise InvalidRequestError(f"{field}: {value!r} is longer than the server can store (about 292 years); "
+                                  "durations are seconds, a timedelta or a string like '90s'",
+                                  reason="invalid_duration")
     return nanos

@@ -7,7 +7,6 @@ from typing import Any
 
 from airflow_jetstream.client.advisories.capture import DEFAULT_CAPTURE_STREAM, ensure_capture_stream
 from airflow_jetstream.operators.base import JetStreamBaseOperator
-from airflow_jetstream.renamed import take_renamed
 
 
 class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
@@ -26,8 +25,7 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
     Options left unset (None) take a default when the stream is created and keep what an existing
     stream has: a re-run never turns an R3 capture stream into R1 or shortens its ``max_age``.
 
-    :param capture_stream: the capture stream's name (default ``ADVISORIES``). Templated. (Old name:
-        ``stream=``, deprecated.)
+    :param capture_stream: the capture stream's name (default ``ADVISORIES``). Templated.
     :param max_age: how long advisories are kept (``"7d"``, seconds or a timedelta; new stream: 7 days). Templated.
     :param max_bytes: optional size cap; the oldest advisories are dropped first.
     :param subjects: subjects to capture (new stream: ``$JS.EVENT.ADVISORY.>``).
@@ -43,10 +41,8 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
     def __init__(self, *, capture_stream: str | None = None, max_age: Any = None, max_bytes: int | None = None,
                  subjects: Sequence[str] | None = None, storage: str | None = None, num_replicas: int | None = None,
                  placement: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        renamed = take_renamed(type(self).__name__, kwargs, {"stream": "capture_stream"},
-                               {"capture_stream": capture_stream})
         super().__init__(**kwargs)
-        self.capture_stream = renamed.get("capture_stream", capture_stream) or DEFAULT_CAPTURE_STREAM
+        self.capture_stream = capture_stream or DEFAULT_CAPTURE_STREAM
         self.max_age = max_age
         self.max_bytes = max_bytes
         self.subjects = None if subjects is None else list(subjects)

@@ -9,9 +9,6 @@ from typing import Any
 from airflow_jetstream.client.admin.consumers import reset_consumer
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.operators.base import JetStreamBaseOperator
-from airflow_jetstream.renamed import take_renamed
-
-RENAMES = {"seq": "start_seq", "time": "start_time"}
 
 
 class JetStreamConsumerResetOperator(JetStreamBaseOperator):
@@ -21,8 +18,6 @@ class JetStreamConsumerResetOperator(JetStreamBaseOperator):
     - ``start_seq``: the next message delivered is the first with stream sequence >= ``start_seq``
       (backward replays or forward skips; needs deliver policy all, by_start_sequence or by_start_time);
     - ``start_time``: the same from the first message stored at or after it (ISO 8601, naive = UTC).
-
-    The old names ``seq=`` and ``time=`` still work this release, with a DeprecationWarning.
 
     An unknown stream or consumer fails at once (the server itself would never answer), and resets
     the consumer's deliver policy or start forbid fail with the reason. Returns
@@ -47,13 +42,11 @@ class JetStreamConsumerResetOperator(JetStreamBaseOperator):
 
     def __init__(self, *, stream: str, consumer: str, start_seq: int | str | None = None,
                  start_time: str | datetime | None = None, **kwargs: Any) -> None:
-        renamed = take_renamed(type(self).__name__, kwargs, RENAMES,
-                               {"start_seq": start_seq, "start_time": start_time})
         super().__init__(**kwargs)
         self.stream = stream
         self.consumer = consumer
-        self.start_seq = renamed.get("start_seq", start_seq)
-        self.start_time = renamed.get("start_time", start_time)
+        self.start_seq = start_seq
+        self.start_time = start_time
 
     def _seq(self) -> int | None:
         seq = self.start_seq

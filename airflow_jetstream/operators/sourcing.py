@@ -11,7 +11,6 @@ from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.sourcing.provision import provision_durable_source
 from airflow_jetstream.client.sourcing.spec import SERVER_MANAGED, USER_MANAGED, DurableSource
 from airflow_jetstream.operators.base import JetStreamBaseOperator
-from airflow_jetstream.renamed import REMOVED_IN, deprecated
 from airflow_jetstream.triggers.describe import human_duration
 
 USER_MANAGED_OPTIONS = ("consumer", "deliver_subject", "deliver_policy", "replay_policy", "max_ack_pending",
@@ -66,10 +65,6 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
     :param placement: where ``stream``'s replicas go, ``{"cluster": ..., "tags": [...]}`` (templated; unset: kept).
     :param health_timeout: seconds to wait for the source to become healthy.
     :param nats_conn_id: the ``nats`` connection to use (templated).
-
-    The signature of the last release (``mode="user"``, ``consumer=``, ``deliver_subject=``,
-    ``deliver_policy=``, ``replay_policy=``, ``max_ack_pending=``, ``create_consumer=`` as keyword
-    arguments) still works this release, with a DeprecationWarning.
     """
 
     template_fields: Sequence[str] = ("stream", "source", "user_managed", "filter_subjects", "start_seq",
@@ -95,11 +90,8 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         allow_shared_origin: bool = False,
         **kwargs: Any,
     ) -> None:
-        old = {name: kwargs.pop(name) for name in ("mode", *USER_MANAGED_OPTIONS) if name in kwargs}
         super().__init__(**kwargs)
         self.mode = USER_MANAGED if user_managed not in (None, False) else SERVER_MANAGED
-        if old:
-            self.mode, user_managed = _old_signature(old, user_managed)
         self.user_managed = _user_managed_options(None if user_managed is None or user_managed is False
                                                   else {} if user_managed is True else user_managed)
         self.stream = stream
@@ -168,14 +160,3 @@ def _user_managed_options(options: dict[str, Any] | None) -> dict[str, Any] | No
                                   f"{', '.join(USER_MANAGED_OPTIONS)}", reason="invalid_source")
     return dict(options)
 
-
-def _old_signature(old: dict[str, Any], user_managed: Any) -> tuple[str, dict[str, Any]]:
-    """``mode=`` and the user-mode keyword arguments of the last release: (mode, user_managed options)."""
-    if user_managed is not None:
-        raise TypeError(f"JetStreamDurableSourceOperator: give user_managed= only, not also {', '.join(sorted(old))}= "
-                        "(its deprecated form)")
-    deprecated(f"JetStreamDurableSourceOperator: {', '.join(f'{k}=' for k in old)} are deprecated and will be "
-               f"removed in {REMOVED_IN}; a user-managed source takes user_managed={{...}} and a server-managed one "
-               "no user-managed arguments")
-    mode = old.pop("mode", SERVER_MANAGED)
-    return mode, old

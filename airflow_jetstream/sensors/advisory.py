@@ -22,11 +22,8 @@ from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.renamed import take_renamed
 from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor, deadline, failure
-from airflow_jetstream.triggers.advisory import EXPECT_VALUES, RENAMES, JetStreamAdvisoryTrigger, filter_kwargs
-
-SENSOR_RENAMES = {old: new for old, new in RENAMES.items() if old != "poll_timeout"}
+from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger, filter_kwargs
 
 
 class JetStreamAdvisorySensor(JetStreamBaseSensor):
@@ -67,11 +64,10 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
     :param advisory: a kind (``batch_abandoned``, ``max_deliveries``, ``msg_terminated``, ... see
         ``airflow_jetstream.client.advisories.types.KINDS``) or an advisory subject (wildcards allowed). Templated.
     :param advisory_stream, consumer, batch_id, reason: only advisories whose ``stream``, ``consumer``,
-        ``batch`` and ``reason`` JSON fields have these values. Templated. (Old names ``stream=`` and
-        ``batch=`` still work this release, with a DeprecationWarning.)
+        ``batch`` and ``reason`` JSON fields have these values. Templated.
     :param match: a dict of further field values, a dotted path to a predicate, or a module-level
         function (stored by its dotted path, as triggers must serialize).
-    :param start_time: start of the window: datetime or ISO string. Templated. (Old name: ``since``.)
+    :param start_time: start of the window: datetime or ISO string. Templated.
     :param expect: ``"present"`` or ``"absent"``.
     :param capture_stream: the stream capturing ``$JS.EVENT.ADVISORY.>``; None for a live subscription.
     :param quiet_period: guard mode: seconds without a matching advisory before succeeding.
@@ -102,10 +98,6 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         nats_conn_id: str = JetStreamHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
-        renamed = take_renamed(type(self).__name__, kwargs, SENSOR_RENAMES, {
-            "advisory_stream": advisory_stream, "batch_id": batch_id, "start_time": start_time})
-        advisory_stream = renamed.get("advisory_stream", advisory_stream)
-        batch_id = renamed.get("batch_id", batch_id)
         super().__init__(**kwargs)
         if expect not in EXPECT_VALUES:
             raise ValueError(f"expect must be one of {EXPECT_VALUES}, got {expect!r}")
@@ -115,7 +107,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         self.batch_id = batch_id
         self.reason = reason
         self.match = predicate_path(match) if callable(match) else match
-        self.start_time = renamed.get("start_time", start_time)
+        self.start_time = start_time
         self.expect = expect
         self.capture_stream = capture_stream
         self.quiet_period = to_seconds(quiet_period, field="quiet_period")

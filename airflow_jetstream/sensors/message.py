@@ -15,7 +15,6 @@ from airflow_jetstream.client.reading.apply_function import bind_function, funct
 from airflow_jetstream.client.reading.await_message import find_message, resolve_start
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.renamed import take_renamed
 from airflow_jetstream.sensors.base import JetStreamBaseSensor, deadline, failure
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
 
@@ -53,8 +52,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
     :param apply_function_args, apply_function_kwargs: extra arguments (templated).
     :param subject: only messages on this subject (wildcards allowed; templated).
     :param start: where to start looking (templated).
-    :param fetch_timeout: seconds each pull request waits on the server while deferred (old name:
-        ``poll_timeout``, deprecated).
+    :param fetch_timeout: seconds each pull request waits on the server while deferred.
     :param deferrable: wait in the triggerer; default ``[operators] default_deferrable``.
     :param nats_conn_id: the ``nats`` connection to use (templated).
     """
@@ -77,8 +75,6 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         nats_conn_id: str = JetStreamHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
-        fetch_timeout = take_renamed(type(self).__name__, kwargs, {"poll_timeout": "fetch_timeout"},
-                                     {"fetch_timeout": fetch_timeout}).get("fetch_timeout", fetch_timeout)
         super().__init__(**kwargs)
         self.deferrable = deferrable
         self.apply_function = function_path(apply_function) if deferrable else apply_function

@@ -16,12 +16,9 @@ from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.renamed import take_renamed
 from airflow_jetstream.triggers.base import retrying
 
 EXPECT_VALUES = ("present", "absent")
-#: Old argument names of the advisory sensor and trigger (serialized triggers of the last release use them).
-RENAMES = {"stream": "advisory_stream", "batch": "batch_id", "since": "start_time", "poll_timeout": "fetch_timeout"}
 
 
 def filter_kwargs(advisory_filter: AdvisoryFilter) -> dict[str, Any]:
@@ -61,27 +58,21 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         fetch_timeout: float | str | timedelta | None = None,
         timeout_at: str | None = None,
         report_gap: bool = True,
-        **old_names: Any,
     ) -> None:
-        renamed = take_renamed(type(self).__name__, old_names, RENAMES, {
-            "advisory_stream": advisory_stream, "batch_id": batch_id, "start_time": start_time,
-            "fetch_timeout": fetch_timeout})
-        if old_names:
-            raise TypeError(f"{type(self).__name__} got unexpected arguments {sorted(old_names)}")
         super().__init__()
         if expect not in EXPECT_VALUES:
             raise ValueError(f"expect must be one of {EXPECT_VALUES}, got {expect!r}")
         if expect == "absent" and not quiet_until:
             raise ValueError("expect='absent' needs quiet_until (when the quiet period ends)")
-        self.advisory_filter = AdvisoryFilter(advisory=advisory, stream=renamed.get("advisory_stream", advisory_stream),
-                                              consumer=consumer, batch=renamed.get("batch_id", batch_id),
+        self.advisory_filter = AdvisoryFilter(advisory=advisory, stream=advisory_stream,
+                                              consumer=consumer, batch=batch_id,
                                               reason=reason, match=match)
-        self.start_time = renamed.get("start_time", start_time)
+        self.start_time = start_time
         self.expect = expect
         self.capture_stream = capture_stream
         self.quiet_until = quiet_until
         self.nats_conn_id = nats_conn_id
-        self.fetch_timeout = to_seconds(renamed.get("fetch_timeout", fetch_timeout) or 30.0, field="fetch_timeout")
+        self.fetch_timeout = to_seconds(fetch_timeout or 30.0, field="fetch_timeout")
         self.timeout_at = timeout_at
         self.report_gap = report_gap
 

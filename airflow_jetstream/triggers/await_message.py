@@ -14,7 +14,6 @@ from airflow_jetstream.client.errors import ConsumerNotFoundError
 from airflow_jetstream.client.reading.apply_function import bind_function
 from airflow_jetstream.client.reading.await_message import find_message
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.renamed import take_renamed
 from airflow_jetstream.triggers.base import TRANSIENT_ERRORS, retrying
 from airflow_jetstream.triggers.deadline import within
 
@@ -33,7 +32,6 @@ class JetStreamAwaitMessageTrigger(BaseTrigger):
     def __init__(self, *, stream: str, apply_function: str, start_seq: int, subject: str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
                  fetch_timeout: float | str | timedelta | None = None,
-                 poll_timeout: float | str | timedelta | None = None,
                  nats_conn_id: str = JetStreamHook.default_conn_name, timeout_at: str | None = None) -> None:
         super().__init__()
         self.timeout_at = timeout_at
@@ -43,9 +41,6 @@ class JetStreamAwaitMessageTrigger(BaseTrigger):
         self.subject = subject
         self.apply_function_args = list(apply_function_args or [])
         self.apply_function_kwargs = dict(apply_function_kwargs or {})
-        old = {"poll_timeout": poll_timeout} if poll_timeout is not None else {}
-        fetch_timeout = take_renamed(type(self).__name__, old, {"poll_timeout": "fetch_timeout"},
-                                     {"fetch_timeout": fetch_timeout}).get("fetch_timeout", fetch_timeout)
         self.fetch_timeout = to_seconds(5.0 if fetch_timeout is None else fetch_timeout, field="fetch_timeout")
         self.nats_conn_id = nats_conn_id
 

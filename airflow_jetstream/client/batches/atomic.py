@@ -525,13 +525,29 @@ async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage
                     raise
             metrics.incr("batch.failed", tags={"reason": exc.reason})
             raise
-    count = int(ack.get("count") or len(items))
-    last_seq = int(ack["seq"])
+    count, last_seq = _checked_commit_ack(ack, batch_id, len(items))
     metrics.incr("batch.committed")
     metrics.incr("batch.messages", count)
     metrics.timing("batch.commit_ms", (time.monotonic() - started) * 1000.0)
-    return BatchResult(stream=str(ack.get("stream", "")), batch=str(ack.get("batch") or batch_id), count=count,
+    return BatchResult(stream=str(ack.get("stream", "")), batch=batch_id, count=count,
                        first_seq=last_seq - count + 1, last_seq=last_seq)
+
+
+def _checked_commit_ack(ack: dict[str, Any], batch_id: str, sent: int) -> tuple[int, int]:
+    """``(count, seq)`` of a commit's PubAck, which must name this batch and every message sent.
+
+    Anything else (another batch's ack, a count that differs, no sequence) is not proof that this
+    batch is stored: ``invalid_batch_ack``, and the result is not reported.
+    """
+    count, seq = ack.get("count"), ack.get("seq")
+    if ack.get("batch") != batch_id or count != sent or not isinstance(seq, int) or seq < sent:
+        metrics.incr("batch.failed", tags={"reason": "invalid_batch_ack"})
+        raise BatchPublishError(
+            f"atomic batch {batch_id}: the commit was answered with an ack for batch {ack.get('batch')!r} with "
+            f"count {count!r} and seq {seq!r}, not for this batch of {sent} messages; whether it is stored is "
+            "unknown: read the stream (or re-send with msg ids, which makes a re-send safe)",
+            reason="invalid_batch_ack")
+    return count, seq
 
 
 class _ElectionRetry:

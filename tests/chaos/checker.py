@@ -1,0 +1,250 @@
+"""The invariant checker: reads every stream back with plain nats-py and judges each reported outcome.
+
+Counted per run:
+
+- ``lost``: messages of operations reported stored that no stream holds;
+- ``duplicated``: extra copies of a message (a unique payload stored more than once);
+- ``partial``: atomic batches of which some but not all messages are stored;
+- ``misreported``: operations whose report is false: reported ok but absent, a definite failure
+  (the error says nothing was written) but present, or a wrong count, sequence or range;
+- ``misleading``: failures blaming the cluster (no leader, quorum) while no fault was active
+  (nor in the ``GRACE`` seconds after one healed), and untyped errors;
+- ``unknown``: failures that say their outcome is unknown (allowed: stored once or absent);
+- the slowest operation, and ``late``: operations longer than ``leader_wait`` + 15 s.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from tests.chaos.history import History, Op, key_of
+from tests.chaos.nemesis import Nemesis
+from tests.chaos.workloads import AGGREGATE, ATOMIC, BATCHED, FAST, LEDGER_BUCKET, LEDGER_DATA
+
+GRACE = 15.0
+LATE_MARGIN = 15.0
+BLAMES_CLUSTER = re.compile(r"quorum|no leader|has no leader|leader_unavailable", re.IGNORECASE)
+ATOMIC_WORKLOADS = ("atomic-ids", "atomic-noid", "ledger")
+READ_STREAMS = (ATOMIC, FAST, BATCHED, AGGREGATE, LEDGER_DATA)
+
+
+@dataclass
+class Stored:
+    """Where each key is stored: key -> [(stream, seq)]."""
+
+    places: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))
+
+    def of(self, key: str) -> list[tuple[str, int]]:
+        return self.places.get(key, [])
+
+
+async def read_back(servers: list[str]) -> tuple[Stored, dict[str, dict[str, Any]]]:
+    """Every message of the workload streams, and the ledger's records by batch id (plain nats-py)."""
+    nc = await nats.connect(servers=servers, connect_timeout=5, max_reconnect_attempts=5)
+    try:
+        js = nc.jetstream(timeout=10)
+        stored = Stored()
+        for stream in READ_STREAMS:
+            await _read_stream(js, stream, stored)
+        kv = await js.key_value(LEDGER_BUCKET)
+        records = {}
+        try:
+            keys = await kv.keys()
+        except nats.js.errors.NoKeysError:
+            keys = []
+        for key in keys:
+            entry = await kv.get(key)
+            if entry.value:
+                record = json.loads(entry.value)
+                records[record["batch_id"]] = record
+        return stored, records
+    finally:
+        await nc.close()
+
+
+async def _read_stream(js: Any, stream: str, stored: Stored) -> None:
+    total = (await js.stream_info(stream)).state.messages
+    config = ConsumerConfig(ack_policy=AckPolicy.NONE, mem_storage=True, num_replicas=1, inactive_threshold=60)
+    sub = await js.pull_subscribe(">", stream=stream, config=config)
+    seen = 0
+    try:
+        for _ in range(total // 200 + 20):  # bounded: a few empty fetches are tolerated
+            if seen >= total:
+                break
+            try:
+                msgs = await sub.fetch(500, timeout=3)
+            except nats.errors.TimeoutError:
+                continue
+            for msg in msgs:
+                seen += 1
+                key = key_of(msg.data)
+                if key is not None:
+                    stored.places[key].append((stream, msg.metadata.sequence.stream))
+    finally:
+        await sub.unsubscribe()
+    if seen < total:
+        raise RuntimeError(f"read {seen} of {total} messages of stream {stream}")
+
+
+@dataclass
+class Report:
+    ops: int = 0
+    messages: int = 0
+    faults: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    partial: int = 0
+    misreported: int = 0
+    misleading: int = 0
+    unknown: int = 0
+    late: int = 0
+    slowest: float = 0.0
+    slowest_op: str = ""
+    details: list[str] = field(default_factory=list)
+
+    def add(self, counter: str, detail: str, amount: int = 1) -> None:
+        setattr(self, counter, getattr(self, counter) + amount)
+        self.details.append(f"{counter}: {detail}")
+
+    @property
+    def violations(self) -> int:
+        return self.lost + self.duplicated + self.partial + self.misreported
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def check(history: History, stored: Stored, records: dict[str, dict[str, Any]], nemesis: Nemesis,
+          leader_wait: float) -> Report:
+    report = Report(ops=len(history.ops), faults=len(nemesis.done))
+    for op in history.ops:
+        report.messages += len(op.keys)
+        if op.duration > report.slowest:
+            report.slowest, report.slowest_op = op.duration, op.brief()
+        if op.duration > leader_wait + LATE_MARGIN:
+            report.add("late", op.brief())
+        _check_copies(op, stored, report)
+        if op.workload in ATOMIC_WORKLOADS:
+            _check_atomic(op, stored, report)
+        elif op.workload == "fast":
+            _check_fast(op, stored, report)
+        elif op.workload.startswith("batcher"):
+            _check_item(op, stored, report)
+        elif op.workload == "reset":
+            _check_reset(op, report)
+        if op.workload == "ledger":
+            _check_ledger(op, stored, records.get(op.id), report)
+        if not op.ok:
+            _check_error(op, nemesis, report)
+    return report
+
+
+def _check_copies(op: Op, stored: Stored, report: Report) -> None:
+    for key in op.keys:
+        extra = len(stored.of(key)) - 1
+        if extra > 0:
+            report.add("duplicated", f"{key} stored {extra + 1} times at {stored.of(key)} ({op.brief()})", extra)
+
+
+def _absent(op: Op, stored: Stored) -> list[str]:
+    return [k for k in op.keys if not stored.of(k)]
+
+
+def _reported_ok_but_absent(op: Op, absent: list[str], report: Report) -> None:
+    report.add("lost", f"{len(absent)} of {op.brief()} absent, first {absent[0]}", len(absent))
+    report.add("misreported", f"reported ok but {len(absent)} messages absent: {op.brief()}")
+
+
+def _check_atomic(op: Op, stored: Stored, report: Report) -> None:
+    absent = _absent(op, stored)
+    if 0 < len(absent) < len(op.keys):
+        report.add("partial", f"{len(op.keys) - len(absent)} of {len(op.keys)} stored: {op.brief()}")
+    batch = op.result.get("published", op.result)
+    reported_ok = op.ok or "count" in batch
+    if reported_ok:
+        if absent:
+            _reported_ok_but_absent(op, absent, report)
+            return
+        seqs = sorted(stored.of(k)[0][1] for k in op.keys)
+        wanted = list(range(batch["first_seq"], batch["last_seq"] + 1))
+        if seqs != wanted or batch["count"] != len(op.keys):
+            report.add("misreported", f"{op.brief()} reported {batch['count']} at {batch['first_seq']}.."
+                                      f"{batch['last_seq']}, stored at {seqs[0]}..{seqs[-1]} ({len(seqs)})")
+    elif op.definite and len(absent) < len(op.keys):
+        report.add("misreported", f"definite failure but stored: {op.brief()}: {op.message}")
+    elif not op.definite:
+        report.unknown += 1
+
+
+def _check_fast(op: Op, stored: Stored, report: Report) -> None:
+    absent = _absent(op, stored)
+    present = len(op.keys) - len(absent)
+    if op.ok:
+        if absent:
+            _reported_ok_but_absent(op, absent, report)
+            return
+        last = stored.of(op.keys[-1])[0][1]
+        if op.result["count"] != len(op.keys) or op.result["last_seq"] != last:
+            report.add("misreported", f"{op.brief()} reported count {op.result['count']} last_seq "
+                                      f"{op.result['last_seq']}, stored {present} with the last at {last}")
+        return
+    said = op.result.get("stored")
+    if said is not None:
+        if present != said or any(stored.of(k) for k in op.keys[said:]):
+            report.add("misreported", f"{op.brief()} said {said} stored, {present} are: {op.message}")
+    elif op.definite and present:
+        report.add("misreported", f"definite failure but {present} stored: {op.brief()}: {op.message}")
+    else:
+        report.unknown += 1
+
+
+def _check_item(op: Op, stored: Stored, report: Report) -> None:
+    places = stored.of(op.keys[0])
+    if op.ok:
+        if not places:
+            _reported_ok_but_absent(op, op.keys, report)
+        elif op.workload == "batcher" and places[0][1] != op.result.get("seq"):
+            report.add("misreported", f"{op.brief()} reported seq {op.result.get('seq')}, stored at {places}")
+    elif op.definite and places:
+        report.add("misreported", f"definite failure but stored: {op.brief()}: {op.message}")
+    elif not op.definite:
+        report.unknown += 1
+
+
+def _check_reset(op: Op, report: Report) -> None:
+    if not op.ok:
+        report.unknown += not op.definite
+        return
+    wanted, answered, delivered = op.result["wanted"], op.result["reset_seq"], op.result["delivered"]
+    if answered != wanted or delivered != wanted:
+        report.add("misreported", f"{op.brief()}: reset to {wanted} answered {answered}, delivered {delivered}")
+
+
+def _check_ledger(op: Op, stored: Stored, record: dict[str, Any] | None, report: Report) -> None:
+    if op.ok and record is None:
+        report.add("misreported", f"{op.brief()} recorded, but the ledger has no record")
+        return
+    if record is None or _absent(op, stored):
+        return
+    seqs = sorted(stored.of(k)[0][1] for k in op.keys)
+    facts = (len(seqs), seqs[0], seqs[-1])
+    said = (record.get("count"), record.get("first_seq"), record.get("last_seq"))
+    if said != facts:
+        report.add("misreported", f"ledger record of {op.id} says (count, first, last) {said}, stream holds {facts}")
+    if op.ok and record.get("state") != op.result.get("state"):
+        report.add("misreported", f"ledger record of {op.id} is {record.get('state')}, reported "
+                                  f"{op.result.get('state')}")
+
+
+def _check_error(op: Op, nemesis: Nemesis, report: Report) -> None:
+    if op.reason == "untyped":
+        report.add("misleading", f"untyped error: {op.brief()}: {op.message}")
+    elif BLAMES_CLUSTER.search(op.message) and not nemesis.active_during(op.start, op.end, GRACE):
+        report.add("misleading", f"blames the cluster while no fault was active: {op.brief()}: {op.message[:200]}")

@@ -1,0 +1,219 @@
+"""Workloads: each drives the provider's client on its own long-lived connection while the nemesis runs.
+
+Every operation is recorded in the :class:`History` with the keys it wrote (unique payloads) and
+what the client reported; nothing here judges, the checker does. Each loop ends when the run is
+told to stop or after ``MAX_OPS`` operations, and each operation is bounded by ``op_limit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import nats.errors
+
+from airflow_jetstream.client import (
+    Batcher,
+    BatchMessage,
+    ConnectionSettings,
+    connect,
+    ensure_stream,
+    publish_atomic_batch,
+    publish_fast_batch,
+)
+from airflow_jetstream.client.admin.consumers import ensure_consumer, reset_consumer
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import FastBatchError, JetStreamError
+from airflow_jetstream.client.ledger import BatchLedger
+from airflow_jetstream.client.sourcing import DurableSource, provision_durable_source
+from tests.chaos.history import History, Op, payload
+
+MAX_OPS = 5000
+ATOMIC, FAST, BATCHED, WORKQUEUE, AGGREGATE, RESET, LEDGER_DATA = "CHA", "CHF", "CHB", "CHW", "CHAGG", "CHR", "CHL"
+LEDGER_BUCKET, LEDGER_RUN = "chaos_ledger", "chaos-run"
+RESET_CONSUMER, RESET_SIZE = "reader", 30
+#: Streams whose leaders the nemesis may kill or cut off.
+FAULT_STREAMS = [ATOMIC, WORKQUEUE, BATCHED, FAST]
+
+
+def _stream(name: str, subject: str, **extra: object) -> dict[str, object]:
+    return {"name": name, "subjects": [subject], "num_replicas": 3, "storage": "file", **extra}
+
+
+STREAMS = [
+    _stream(ATOMIC, "cha.>", allow_atomic=True),
+    _stream(FAST, "chf.>", allow_batched=True),
+    _stream(BATCHED, "chb.>"),
+    _stream(WORKQUEUE, "chw.>", retention="workqueue"),
+    _stream(RESET, "chr.>"),
+    _stream(LEDGER_DATA, "chl.>", allow_atomic=True),
+]
+
+
+async def setup(conn: JetStreamConnection) -> None:
+    """Create the streams, the durable source, the reset consumer and the ledger bucket (idempotent)."""
+    for config in STREAMS:
+        await ensure_stream(conn, config)
+    await provision_durable_source(conn, DurableSource(AGGREGATE, WORKQUEUE, num_replicas=3))
+    info = await conn.js.stream_info(RESET)
+    for n in range(info.state.messages, RESET_SIZE):
+        await conn.js.publish("chr.x", payload(f"reset-{n}"))
+    await ensure_consumer(conn, RESET, {"durable_name": RESET_CONSUMER, "ack_policy": "explicit",
+                                        "deliver_policy": "all"})
+    await BatchLedger.open(conn, LEDGER_BUCKET, replicas=3)
+
+
+@dataclass
+class Context:
+    settings: ConnectionSettings
+    history: History
+    stop: asyncio.Event
+    rng: random.Random
+    op_limit: float
+
+
+async def _bounded(ctx: Context, op: Op, body: Callable[[], Awaitable[None]]) -> None:
+    """Run one operation; a typed error is its reported failure, going past ``op_limit`` is ``hung``."""
+    try:
+        await asyncio.wait_for(body(), ctx.op_limit)
+    except TimeoutError:
+        op.fail("hung", f"no outcome after {ctx.op_limit:.0f}s")
+    except FastBatchError as exc:
+        op.fail_with(exc, stored=exc.stored)
+    except JetStreamError as exc:
+        op.fail_with(exc)
+    except (nats.errors.Error, OSError) as exc:  # an untyped error is a defect: outcome unknown
+        op.fail("untyped", f"{type(exc).__name__}: {exc}")
+        op.definite = False
+
+
+async def _pause(ctx: Context) -> None:
+    await asyncio.sleep(ctx.rng.uniform(0.02, 0.15))
+
+
+def _messages(subject: str, op: Op, *, ids: bool) -> list[BatchMessage]:
+    return [BatchMessage(subject, payload(k), msg_id=k if ids else None) for k in op.keys]
+
+
+async def atomic(ctx: Context, conn: JetStreamConnection, *, ids: bool) -> None:
+    name = "atomic-ids" if ids else "atomic-noid"
+    for _ in range(MAX_OPS):
+        if ctx.stop.is_set():
+            return
+        op = ctx.history.begin(name, ctx.rng.randint(2, 20))
+
+        async def body(op: Op = op) -> None:
+            result = await publish_atomic_batch(conn, _messages(f"cha.{name}", op, ids=ids), batch_id=op.id)
+            op.succeed(**result.to_dict())
+
+        await _bounded(ctx, op, body)
+        await _pause(ctx)
+
+
+async def fast(ctx: Context, conn: JetStreamConnection) -> None:
+    for _ in range(MAX_OPS):
+        if ctx.stop.is_set():
+            return
+        op = ctx.history.begin("fast", ctx.rng.randint(10, 60))
+
+        async def body(op: Op = op) -> None:
+            result = await publish_fast_batch(conn, _messages("chf.x", op, ids=True), batch_id=op.id)
+            op.succeed(**result.to_dict())
+
+        await _bounded(ctx, op, body)
+        await _pause(ctx)
+
+
+async def batcher(ctx: Context, conn: JetStreamConnection, *, workqueue: bool) -> None:
+    """Rounds of 5-20 concurrent single publishes (with msg ids) through one long-lived Batcher."""
+    name, subject = ("batcher-wq", "chw.x") if workqueue else ("batcher", "chb.x")
+    async with Batcher(conn) as coalescer:
+        for _ in range(MAX_OPS):
+            if ctx.stop.is_set():
+                return
+            ops = [ctx.history.begin(name, 1) for _ in range(ctx.rng.randint(5, 20))]
+
+            async def item(op: Op) -> None:
+                async def body() -> None:
+                    result = await coalescer.publish(subject, payload(op.keys[0]), msg_id=op.keys[0])
+                    if result.ok:
+                        op.succeed(**result.to_dict())
+                    else:
+                        op.fail(result.error, result.message)
+
+                await _bounded(ctx, op, body)
+
+            await asyncio.gather(*(item(op) for op in ops))
+            await _pause(ctx)
+
+
+async def consumer_reset(ctx: Context, conn: JetStreamConnection) -> None:
+    """Reset the durable to a random sequence and check inline that the next delivery starts there."""
+    for _ in range(MAX_OPS):
+        if ctx.stop.is_set():
+            return
+        op = ctx.history.begin("reset")
+        wanted = ctx.rng.randint(1, RESET_SIZE)
+
+        async def body(op: Op = op, wanted: int = wanted) -> None:
+            reply = await reset_consumer(conn, RESET, RESET_CONSUMER, seq=wanted)
+            sub = await conn.js.pull_subscribe("chr.x", durable=RESET_CONSUMER, stream=RESET)
+            try:
+                msgs = await sub.fetch(1, timeout=conn.settings.request_timeout)
+            except (TimeoutError, nats.errors.TimeoutError):
+                op.fail("timeout", f"reset to {wanted} answered {reply.get('reset_seq')}, then no delivery",
+                        wanted=wanted, reset_seq=reply.get("reset_seq"))
+                return
+            finally:
+                await sub.unsubscribe()
+            delivered = msgs[0].metadata.sequence.stream
+            await msgs[0].ack()
+            op.succeed(wanted=wanted, reset_seq=reply.get("reset_seq"), delivered=delivered)
+
+        await _bounded(ctx, op, body)
+        await asyncio.sleep(ctx.rng.uniform(0.2, 0.5))
+
+
+async def ledger(ctx: Context, conn: JetStreamConnection) -> None:
+    """Atomic batches (with msg ids) recorded in the batch ledger, then claimed and marked consumed."""
+    book = await BatchLedger.open(conn, LEDGER_BUCKET, create=False)
+    for _ in range(MAX_OPS):
+        if ctx.stop.is_set():
+            return
+        op = ctx.history.begin("ledger", ctx.rng.randint(2, 10))
+
+        async def body(op: Op = op) -> None:
+            result = await publish_atomic_batch(conn, _messages("chl.x", op, ids=True), batch_id=op.id)
+            op.result.update(published=result.to_dict())
+            await book.record(LEDGER_RUN, op.id, stream=LEDGER_DATA, count=result.count,
+                              first_seq=result.first_seq, last_seq=result.last_seq)
+            claim = await book.claim(LEDGER_RUN, op.id)
+            state = "published"
+            if claim is not None:
+                state = (await book.mark_consumed(claim)).state
+            op.succeed(**result.to_dict(), state=state)
+
+        await _bounded(ctx, op, body)
+        await _pause(ctx)
+
+
+WORKLOADS: dict[str, Callable[[Context, JetStreamConnection], Awaitable[None]]] = {
+    "atomic-ids": lambda ctx, conn: atomic(ctx, conn, ids=True),
+    "atomic-noid": lambda ctx, conn: atomic(ctx, conn, ids=False),
+    "fast": fast,
+    "batcher": lambda ctx, conn: batcher(ctx, conn, workqueue=False),
+    "batcher-wq": lambda ctx, conn: batcher(ctx, conn, workqueue=True),
+    "reset": consumer_reset,
+    "ledger": ledger,
+}
+
+
+async def run_workload(name: str, ctx: Context) -> None:
+    """One workload on its own connection (opened before the faults start, closed at the end)."""
+    conn = await connect(ctx.settings)
+    try:
+        await WORKLOADS[name](ctx, conn)
+    finally:
+        await conn.close()

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 CONSTRAINTS ?= constraints/constraints-$(PYVER).txt
 
-.PHONY: install wheel demo demo-cluster up test test-fast test-e2e lint docs bench clean compat constraints constraints-lowest
+.PHONY: install wheel demo demo-cluster up test test-fast test-e2e lint docs bench clean compat constraints constraints-lowest chaos
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ bench: install
 	$(PY) bench/spark_io.py
 	$(PY) bench/triggers.py
 	$(PY) bench/scale.py
+
+# The chaos suite (tests/chaos, docs/reliability.md): 3 seeds of 15 faults against a 3-node cluster in network
+# namespaces it creates and removes (needs root; otherwise loopback, where partitions become SIGSTOP). CHAOS_ARGS adds options.
+chaos: install
+	$(PY) -m tests.chaos --seeds 1 2 3 --faults 15 $(CHAOS_ARGS)
 
 # The compatibility matrix: lowest supported Airflow/nats-py/pyspark and nats-server 2.11-2.15 (.ci/compat).
 compat: install

@@ -195,7 +195,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 #: The end-to-end tier: a 3-node cluster, Spark (local[2] or standalone), the airflow CLI or a real
 #: deployment, a browser, nats.js, built wheels. Everything else is the unit and real-server tier.
 E2E_FILES = re.compile(
-    r"test_(cluster_\w+|embedded_cluster|airflow_deployment|spark_\w+|example_dags|interop_js|docs_snippets|"
+    r"test_(cluster_\w+|chaos\w*|embedded_cluster|airflow_deployment|spark_\w+|example_dags|interop_js|docs_snippets|"
     r"docs_traps|kafka_style_dag|connection_form_browser|packaging|provider_cli|compat_install|"
     r"leafnode_sourcing|\w+_dag)\.py$"
 )

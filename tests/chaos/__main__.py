@@ -36,7 +36,7 @@ def table(results: list[RunResult]) -> str:
 def describe(result: RunResult) -> str:
     r = result.report
     lines = [f"seed {result.config.seed} on {result.network}; workloads {', '.join(result.config.workloads)}",
-             "  faults: " + "; ".join(f.describe() for f in result.faults),
+             "  faults: " + "; ".join(f.describe(result.t0) for f in result.faults),
              f"  slowest op: {r.slowest_op}"]
     lines += [f"  {d}" for d in r.details[:SHOWN_DETAILS]]
     if len(r.details) > SHOWN_DETAILS:
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as out:
             json.dump([{"seed": r.config.seed, "network": r.network, "seconds": r.seconds,
-                        "faults": [f.describe() for f in r.faults], **r.report.to_dict()} for r in results], out)
+                        "faults": [f.describe(r.t0) for f in r.faults], **r.report.to_dict()} for r in results], out)
     bad = [r for r in results if r.report.violations or r.report.late]
     return 1 if bad else 0
 

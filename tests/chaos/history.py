@@ -26,6 +26,7 @@ class Op:
     id: str
     workload: str
     start: float
+    t0: float = 0.0  # when the run started, for readable offsets
     keys: list[str] = field(default_factory=list)
     end: float = 0.0
     ok: bool = False
@@ -53,20 +54,22 @@ class Op:
 
     def brief(self) -> str:
         outcome = "ok" if self.ok else f"failed {self.reason}"
-        return f"{self.id} ({self.workload}, {len(self.keys)} msgs, {outcome}, {self.duration:.1f}s)"
+        return (f"{self.id} ({self.workload}, {len(self.keys)} msgs, {outcome}, {self.duration:.1f}s "
+                f"from +{self.start - self.t0:.0f}s)")
 
 
 class History:
     """All operations of one run."""
 
     def __init__(self) -> None:
+        self.t0 = time.monotonic()
         self.ops: list[Op] = []
         self._counters: dict[str, int] = {}
 
     def begin(self, workload: str, size: int = 0) -> Op:
         number = self._counters.get(workload, 0) + 1
         self._counters[workload] = number
-        op = Op(f"{workload}-{number}", workload, time.monotonic())
+        op = Op(f"{workload}-{number}", workload, time.monotonic(), self.t0)
         op.keys = [f"{op.id}-{i}" for i in range(size)]
         self.ops.append(op)
         return op

@@ -41,8 +41,9 @@ class Fault:
     end: float = 0.0
     note: str = ""
 
-    def describe(self) -> str:
-        return f"{self.kind} {','.join(self.targets) or '-'} {self.duration:.1f}s{(' ' + self.note) if self.note else ''}"
+    def describe(self, t0: float) -> str:
+        note = f" {self.note}" if self.note else ""
+        return f"+{self.start - t0:.0f}s {self.kind} {','.join(self.targets) or '-'} {self.duration:.1f}s{note}"
 
 
 def schedule(seed: int, count: int, kinds: tuple[str, ...]) -> list[Fault]:

@@ -45,6 +45,7 @@ class RunResult:
     report: checker.Report
     faults: list[Fault] = field(default_factory=list)
     seconds: float = 0.0
+    t0: float = 0.0  # when the workloads started (fault and op offsets count from here)
 
 
 def _open_network(config: RunConfig) -> tuple[Topology | None, str]:
@@ -71,8 +72,9 @@ def run(config: RunConfig) -> RunResult:
             cluster = EmbeddedNatsCluster(3, store_dir=store / "cluster", startup_timeout=60)
         cluster.start()
         nemesis = Nemesis(cluster, topology, workloads.FAULT_STREAMS)
-        report = asyncio.run(_drive(config, cluster, nemesis))
-        return RunResult(config, network, report, nemesis.done, time.monotonic() - started)
+        history = History()
+        report = asyncio.run(_drive(config, cluster, nemesis, history))
+        return RunResult(config, network, report, nemesis.done, time.monotonic() - started, history.t0)
     finally:
         if cluster is not None:
             resume_all(cluster)
@@ -90,11 +92,12 @@ def _leave_namespace(home: int) -> None:
         os.close(home)
 
 
-async def _drive(config: RunConfig, cluster: EmbeddedNatsCluster, nemesis: Nemesis) -> checker.Report:
+async def _drive(config: RunConfig, cluster: EmbeddedNatsCluster, nemesis: Nemesis,
+                 history: History) -> checker.Report:
     settings = ConnectionSettings(servers=cluster.servers, connect_timeout=2, request_timeout=5,
                                   leader_wait=config.leader_wait)
     await _setup(settings)
-    history = History()
+    history.t0 = time.monotonic()
     stop = asyncio.Event()
     rng = random.Random(config.seed)
     contexts = [workloads.Context(settings, history, stop, random.Random(rng.random()), config.leader_wait + 60)

@@ -41,6 +41,7 @@ up: install
 
 test: install
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench
+	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
@@ -51,6 +52,7 @@ test-e2e: install
 
 lint: install
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench
+	$(VENV)/bin/mypy
 
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

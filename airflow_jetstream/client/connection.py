@@ -15,11 +15,12 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from airflow_jetstream.client import server_features
@@ -158,7 +159,7 @@ class JetStreamConnection:
         """
         try:
             for _ in range(2):
-                await self.nc.flush(timeout=self.settings.request_timeout)
+                await self.nc.flush(timeout=self.settings.request_timeout)  # type: ignore[arg-type]  # float s work
         except (TimeoutError, nats.errors.TimeoutError):
             pass
         denied = self.permission_error(subject)
@@ -166,7 +167,7 @@ class JetStreamConnection:
             raise denied
 
     async def request(self, subject: str, payload: bytes = b"", *, timeout: float | None = None,
-                      headers: dict[str, str] | None = None) -> nats.aio.msg.Msg:
+                      headers: dict[str, str] | None = None) -> Msg:
         """A core request with typed timeout and permission errors.
 
         A permission violation for ``subject`` (the server's ``-ERR``, reported to the error
@@ -178,7 +179,7 @@ class JetStreamConnection:
         waiters.append(denied)
         ask = asyncio.ensure_future(self.nc.request(subject, payload, timeout=timeout, headers=headers))
         try:
-            await asyncio.wait({ask, denied}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({ask, cast("asyncio.Future[Any]", denied)}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if denied in waiters:
                 waiters.remove(denied)
@@ -230,7 +231,7 @@ class JetStreamConnection:
             if isinstance(reply, dict) and "error" in reply:
                 refusal = server_features.unknown_field_refusal(self, reply["error"], what)
                 raise refusal or error_from_api(reply["error"], context=what)
-            return reply
+            return cast(dict[str, Any], reply)
 
         return await self.retry_leader(what, once) if retry else await once()
 
@@ -275,7 +276,7 @@ class JetStreamConnection:
             return
         try:
             if self.nc.is_connected:
-                await self.nc.flush(timeout=self.settings.request_timeout)
+                await self.nc.flush(timeout=self.settings.request_timeout)  # type: ignore[arg-type]  # float s work
         except (TimeoutError, nats.errors.Error):
             pass
         finally:
@@ -307,7 +308,8 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
     )
     budget = settings.connect_timeout * max(1, len(settings.servers)) + 1.0
     task = asyncio.ensure_future(nc.connect(**kwargs))
-    done, _ = await asyncio.wait({task, fatal}, timeout=budget, return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait({task, cast("asyncio.Future[Any]", fatal)}, timeout=budget,
+                                 return_when=asyncio.FIRST_COMPLETED)
     if task in done and task.exception() is None:
         fatal.cancel()
         conn = JetStreamConnection(nc, settings)
@@ -316,8 +318,7 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
     error: JetStreamError
     if fatal.done() and not fatal.cancelled():
         error = fatal.result()
-    elif task.done() and task.exception() is not None:
-        exc = task.exception()
+    elif task.done() and (exc := task.exception()) is not None:
         error = _classify_connect_error(exc) or _unreachable(settings, last_error or [exc])
     else:
         error = _unreachable(settings, last_error)

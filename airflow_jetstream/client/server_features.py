@@ -102,12 +102,13 @@ def unknown_field_refusal(conn: Any, error: dict[str, Any], context: str) -> Ser
     """A server's 10025 ``unknown field`` answer for a field newer servers know, as the error naming the
     release it needs (None for any other error: a misspelt field stays the server's own message)."""
     match = _UNKNOWN_FIELD.search(str(error.get("description", "")))
-    feature = NEWER_FIELDS.get(match[1]) if match and error.get("err_code") == 10025 else None
+    field = match[1] if match and error.get("err_code") == 10025 else None
+    feature = NEWER_FIELDS.get(field) if field else None
     if feature is None:
         return None
     version = ".".join(map(str, server_version(conn) or ())) or "unknown"
     return ServerFeatureError(
-        f"{context}: nats-server {version} does not know the field {match[1]!r}; {feature.name} needs "
+        f"{context}: nats-server {version} does not know the field {field!r}; {feature.name} needs "
         f"nats-server {feature.since_text} or newer",
         reason="server_too_old", code=error.get("code"), err_code=10025, description=error.get("description"),
     )

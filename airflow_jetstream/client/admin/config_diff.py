@@ -30,7 +30,7 @@ def config_value_matches(wanted: Any, current: Any) -> bool:
         if all(not isinstance(x, (dict, list)) for x in wanted):
             return sorted(map(str, wanted)) == sorted(map(str, current))
         return all(config_value_matches(w, c) for w, c in zip(wanted, current, strict=True))
-    return wanted == current
+    return bool(wanted == current)
 
 
 def changed_fields(wanted: Mapping[str, Any], current: Mapping[str, Any], *,

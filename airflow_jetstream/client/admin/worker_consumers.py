@@ -129,7 +129,8 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, JetStreamError) and exc.code == 503
 
 
-def _worker_config(name: str, subjects: list[str], inactive_threshold: Any, config: dict[str, Any] | None) -> dict:
+def _worker_config(name: str, subjects: list[str], inactive_threshold: Any,
+                   config: dict[str, Any] | None) -> dict[str, Any]:
     extra = dict(config or {})
     owned = sorted(set(extra) & set(_OWNED_FIELDS))
     if owned:

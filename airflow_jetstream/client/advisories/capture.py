@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -240,13 +240,19 @@ class CaptureReader:
                 log.warning("could not delete reader consumer %s (the server drops it after %ss idle): %s",
                             self.name, self.inactive_threshold, exc)
 
+    def _require_open(self) -> PullSubscription:
+        if self._pull is None:
+            raise InvalidRequestError("the capture reader is not open: use it as `async with CaptureReader(...)`",
+                                      reason="reader_not_open")
+        return self._pull
+
     async def next_batch(self, timeout: float) -> list[Advisory]:
         """Advisories delivered within ``timeout`` seconds (all of them, matching or not)."""
         return (await self._fetch(timeout))[1]
 
     async def _fetch(self, timeout: float) -> tuple[int, list[Advisory]]:
         try:
-            msgs = await self._pull.next_messages(timeout)
+            msgs = await self._require_open().next_messages(timeout)
         except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError) as exc:
             raise ConnectionFailedError(
                 f"the NATS connection closed while reading advisories from {self.capture_stream!r} "
@@ -261,7 +267,7 @@ class CaptureReader:
                 out.append(advisory)
         return len(msgs), out
 
-    async def read_available(self, fetch_timeout: float = 2.0) -> AsyncIterator[Advisory]:
+    async def read_available(self, fetch_timeout: float = 2.0) -> AsyncGenerator[Advisory, None]:
         """Yield every advisory stored now (from ``since``), then stop."""
         misses = 0
         while self.pending > 0 and misses < 2:
@@ -289,7 +295,7 @@ async def find_captured(conn: JetStreamConnection, capture_stream: str, *, since
 async def watch_advisories(conn: JetStreamConnection, advisory_filter: AdvisoryFilter, *,
                            capture_stream: str | None, since: datetime | str | None = None,
                            poll_timeout: float = 5.0,
-                           on_gap: Callable[[str], None] | None = None) -> AsyncIterator[Advisory]:
+                           on_gap: Callable[[str], None] | None = None) -> AsyncGenerator[Advisory, None]:
     """Yield matching advisories forever: from the capture stream starting at ``since``, or live.
 
     With ``capture_stream=None`` this subscribes to the advisory subject and sees only what is
@@ -308,7 +314,7 @@ async def watch_advisories(conn: JetStreamConnection, advisory_filter: AdvisoryF
                     yield advisory
 
 
-async def _watch_live(conn: JetStreamConnection, advisory_filter: AdvisoryFilter) -> AsyncIterator[Advisory]:
+async def _watch_live(conn: JetStreamConnection, advisory_filter: AdvisoryFilter) -> AsyncGenerator[Advisory, None]:
     queue: asyncio.Queue[Any] = asyncio.Queue()
     subject = advisory_filter.subject()
 

@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from airflow_jetstream.client.advisories.types import (
     ADVISORY_PREFIX,
@@ -50,7 +50,7 @@ def load_predicate(path: str) -> Callable[[dict[str, Any]], bool]:
         target = getattr(target, part, None)
     if not callable(target):
         raise AdvisoryPredicateError(f"predicate {path!r} does not name a callable in module {module_name!r}")
-    return target
+    return cast(Callable[[dict[str, Any]], bool], target)
 
 
 def predicate_path(func: Callable[..., Any]) -> str:

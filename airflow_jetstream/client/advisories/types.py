@@ -207,7 +207,8 @@ class Advisory:
             if f.name in cls._base_fields or not f.init:
                 continue
             json_name = _JSON_NAMES.get(f.name, f.name)
-            extra[f.name] = _COERCE.get(f.name, _as_str)(data.get(json_name))
+            coerce: Callable[[Any], Any] = _COERCE.get(f.name, _as_str)
+            extra[f.name] = coerce(data.get(json_name))
         return cls(**common, **extra)
 
 

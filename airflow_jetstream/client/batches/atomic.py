@@ -369,7 +369,7 @@ async def _already_committed(conn: JetStreamConnection, messages: list[BatchMess
             "them fresh msg ids",
             reason="duplicate_msg_id", code=error.code, err_code=error.err_code, description=error.description,
         )
-    starts = {seq - index for (index, _), seq in zip(with_ids, seqs, strict=True)}
+    starts = {seq - index for (index, _), seq in zip(with_ids, seqs, strict=True) if seq is not None}
     if len(starts) != 1:
         raise BatchPublishError(
             f"atomic batch {batch_id}: its msg ids are all stored, but not as one earlier commit of this batch "
@@ -600,7 +600,7 @@ class _ElectionRetry:
                     self.batch_id, why, self.retries, delay, self.deadline - now)
         metrics.incr("batch.retried", tags={"reason": "leader_unavailable"})
         with contextlib.suppress(TimeoutError, nats.errors.Error):
-            await self.conn.nc.flush(timeout=self.conn.settings.request_timeout)
+            await self.conn.nc.flush(timeout=self.conn.settings.request_timeout)  # type: ignore[arg-type]  # float s work
         await asyncio.sleep(delay)
         self.pause = min(self.pause * 2, _BACKOFF_MAX)
         return True

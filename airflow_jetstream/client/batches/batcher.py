@@ -134,7 +134,7 @@ class Batcher:
         subject: str,
         data: bytes,
         *,
-        headers: dict[str, str] | None = None,
+        headers: dict[str, str] | dict[str, str | list[str]] | None = None,
         msg_id: str | None = None,
         expected_last_subject_seq: int | None = None,
     ) -> BatchItemResult:
@@ -228,7 +228,7 @@ class Batcher:
                     self.atomic = False
                 metrics.incr("batcher.resent_individually", tags={"reason": exc.reason})
             else:
-                if not batch.already_committed:
+                if not batch.already_committed and batch.first_seq is not None:
                     return [BatchItemResult(stream=batch.stream, seq=batch.first_seq + i)
                             for i in range(len(messages))]
         results = await self._publish_individually(messages)

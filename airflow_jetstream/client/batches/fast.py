@@ -266,7 +266,7 @@ class _FastBatchRun:
             state.errors.clear()
             state.changed.clear()
             try:
-                await nc.flush(timeout=self.timeout)
+                await nc.flush(timeout=self.timeout)  # type: ignore[arg-type]  # float s work
                 await write_frames(nc, ping)
                 async with asyncio.timeout(self.timeout):
                     while not (state.done.done() or state.unavailable or state.errors):

@@ -7,6 +7,7 @@ needs to store a message, which would make the client the bottleneck of every ba
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from airflow_jetstream.client.batches.types import (
@@ -20,7 +21,7 @@ from airflow_jetstream.client.natspy_internals import write_raw
 _HEADER_START = b"NATS/1.0\r\n"
 
 
-def encode_header_lines(headers: dict[str, str | list[str]] | None) -> bytes:
+def encode_header_lines(headers: Mapping[str, str | list[str]] | None) -> bytes:
     """``Key: Value\r\n`` lines for ``headers`` (already validated: no line breaks), one per value of a list."""
     if not headers:
         return b""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +57,7 @@ class BatchMessage:
 
     subject: str
     data: bytes
-    headers: dict[str, str | list[str]] | None = None
+    headers: dict[str, str] | dict[str, str | list[str]] | None = None
     msg_id: str | None = None
     expected_last_subject_seq: int | None = None
 
@@ -156,7 +156,7 @@ def validate_batch_id(batch_id: str | None) -> str:
     return batch_id
 
 
-def header_size(headers: dict[str, str | list[str]]) -> int:
+def header_size(headers: Mapping[str, str | list[str]]) -> int:
     """Bytes the headers take on the wire (a list value is one line per value)."""
     if not headers:
         return 0

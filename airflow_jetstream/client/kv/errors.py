@@ -100,7 +100,7 @@ async def _typed(conn: JetStreamConnection, bucket: str, context: str, exc: nats
     if isinstance(exc, (nats.errors.TimeoutError, nats.errors.NoRespondersError,
                         nats.js.errors.NoStreamResponseError)):
         with contextlib.suppress(TimeoutError, nats.errors.Error):
-            await conn.nc.flush(timeout=conn.settings.request_timeout)  # a late -ERR is read before this returns
+            await conn.nc.flush(timeout=conn.settings.request_timeout)  # type: ignore[arg-type]  # float s work  # a late -ERR is read before this returns
         taken = conn.take_violation(lambda subject: _concerns(subject, bucket))
         if taken is not None:
             return _denied(conn, taken[1], bucket)

@@ -48,7 +48,7 @@ def encode_value(value: Any) -> bytes:
                                   "a str or JSON-able data", reason="invalid_value") from None
 
 
-def entry_dict(bucket: str, key: str, revision: int, data: bytes | None, *, operation: str | None = None,
+def entry_dict(bucket: str, key: str, revision: int | None, data: bytes | None, *, operation: str | None = None,
                created: Any = None) -> dict[str, Any]:
     """The JSON-able form of a KV entry."""
     data = data or b""
@@ -67,7 +67,8 @@ def entry_dict(bucket: str, key: str, revision: int, data: bytes | None, *, oper
 
 async def _current_revision(kv: Any, key: str) -> int | None:
     try:
-        return (await kv.get(key)).revision
+        revision: int | None = (await kv.get(key)).revision
+        return revision
     except nats.js.errors.KeyNotFoundError:
         return None
 

@@ -38,7 +38,7 @@ async def create_bucket(conn: JetStreamConnection, replication: dict[str, Any], 
         async def add_placed(config: StreamConfig, **params: Any) -> Any:
             return await add_stream(dataclasses.replace(config, placement=Placement(**placement)), **params)
 
-        js.add_stream = add_placed  # type: ignore[method-assign]
+        js.add_stream = add_placed  # type: ignore[method-assign,assignment]
     return await js.create_key_value(replicas=bucket_replicas(conn, replication), **kwargs)
 
 
@@ -47,4 +47,4 @@ async def ensure_bucket_replication(conn: JetStreamConnection, bucket: str, repl
     if not replication:
         return False
     result = await ensure_stream(conn, {"name": f"KV_{bucket}", **replication})
-    return result["action"] == "updated"
+    return bool(result["action"] == "updated")

@@ -6,7 +6,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError
@@ -51,7 +51,8 @@ class KeyCondition:
     async def holds(self, entry: dict[str, Any]) -> Any:
         """Truthy when ``entry`` satisfies the condition (the function's own result in function mode)."""
         if self.expect == "function":
-            func = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
+            func = bind_function(cast(FunctionSpec, self.apply_function), self.apply_function_args,
+                                 self.apply_function_kwargs)
             return await call_function(func, entry)
         if self.expect == "equals":
             if isinstance(self.value, (bytes, bytearray)):
@@ -102,5 +103,5 @@ async def wait_for_key(conn: JetStreamConnection, bucket: str, key: str, conditi
             log.info("KV %s/%s at revision %d does not %s yet", bucket, key, update.revision, condition.describe())
     finally:
         if not conn.nc.is_closed:
-            await watcher.stop()
+            await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it unannotated
     raise AssertionError("unreachable: a KV watch ends only when stopped")

@@ -49,7 +49,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import replace
 from datetime import timedelta
@@ -189,7 +189,7 @@ class BatchLedger:
             return None
         return BatchRecord.decode(entry.value or b"", entry.revision or 0, key)
 
-    async def _latest(self, run_id: str | None) -> AsyncIterator[tuple[int, str, BatchRecord | None]]:
+    async def _latest(self, run_id: str | None) -> AsyncGenerator[tuple[int, str, BatchRecord | None], None]:
         """``(seq, key, record)`` of every key of ``run_id`` (all runs when None), in stream order;
         record None for a deleted, purged or expired key. A key updated during the read comes again."""
         pattern = f"{key_token(check_id(run_id, 'run_id'))}.*" if run_id is not None else ">"
@@ -217,7 +217,8 @@ class BatchLedger:
         records = (r for r in latest.values() if state is None or r.state == state)
         return sorted(records, key=lambda r: (r.run_id, r.batch_id))
 
-    async def iter_batches(self, run_id: str | None = None, *, state: str | None = None) -> AsyncIterator[BatchRecord]:
+    async def iter_batches(self, run_id: str | None = None, *,
+                           state: str | None = None) -> AsyncGenerator[BatchRecord, None]:
         """Stream the batches of ``run_id`` (all runs when None) in stream order, holding one read chunk.
 
         A batch updated while the listing runs can come twice, its newer state last.

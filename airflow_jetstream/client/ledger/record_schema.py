@@ -10,7 +10,7 @@ integers without a fraction, as every JSON encoder does for whole numbers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from airflow_jetstream.client.errors import LedgerRecordError
 
@@ -99,4 +99,4 @@ def check_record(body: Any, *, key: str, when: str) -> dict[str, Any]:
             f"ledger key {key!r}: {problem} ({when}); see docs/schemas/ledger-record.schema.json for the "
             "value schema, and fix the service that wrote it",
         )
-    return body
+    return cast(dict[str, Any], body)  # record_problem checked it is an object

@@ -93,4 +93,4 @@ def run_reached(summary: dict[str, Any], state: str, *, min_batches: int = 1, fa
         )
     if summary["batches"] < min_batches:
         return False
-    return count_reached(summary, state) == summary["batches"]
+    return bool(count_reached(summary, state) == summary["batches"])

@@ -10,6 +10,7 @@ import logging
 import uuid
 from collections.abc import Collection
 from dataclasses import replace
+from typing import Any
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.errors import ClaimLostError, InvalidRequestError
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 MAX_ERROR_LENGTH = 2000
 
 
-def check_location(count: object, first_seq: object, last_seq: object) -> None:
+def check_location(count: int, first_seq: int | None, last_seq: int | None) -> None:
     """Raise :class:`InvalidRequestError` unless ``count`` messages fit in ``first_seq..last_seq``."""
     def is_int(value: object) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
@@ -85,7 +86,7 @@ def expired(rec: BatchRecord, now: float, *, max_attempts: int, error: str | Non
         f"attempt {rec.attempts} by {rec.owner or 'an unnamed consumer'} did not finish before its "
         f"visibility deadline {rec.deadline}"
     )
-    cleared = {"owner": None, "claim_id": None, "claimed_at": None, "deadline": None,
+    cleared: dict[str, Any] = {"owner": None, "claim_id": None, "claimed_at": None, "deadline": None,
                "updated_at": iso_time(now), "last_error": reason}
     if rec.attempts >= (rec.max_attempts or max_attempts):
         return replace(rec, state=FAILED, failed_at=iso_time(now), **cleared)

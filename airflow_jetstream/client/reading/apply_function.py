@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from airflow_jetstream.client.errors import InvalidFunctionError
 
@@ -35,7 +35,7 @@ def load_function(spec: FunctionSpec, *, what: str = "apply_function") -> Callab
         target = getattr(target, part, None)
     if not callable(target):
         raise InvalidFunctionError(f"{what} {spec!r} does not name a callable in module {module_name!r}")
-    return target
+    return cast(Callable[..., Any], target)
 
 
 def function_path(spec: FunctionSpec, *, what: str = "apply_function") -> str:

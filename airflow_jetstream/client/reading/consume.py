@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import nats.errors
 
@@ -89,7 +89,7 @@ class ConsumeOptions:
         self.wait_seconds = to_seconds(self.wait, field="wait")
         if self.wait_seconds <= 0:
             raise InvalidRequestError("wait must be more than 0 seconds", reason="invalid_option")
-        delays = self.nak_delay if isinstance(self.nak_delay, (list, tuple)) else [self.nak_delay]
+        delays = self.nak_delay if isinstance(self.nak_delay, (list, tuple)) else [cast(Duration, self.nak_delay)]
         self.nak_delays = tuple(to_seconds(d, field="nak_delay") for d in delays) or (0.0,)
         if not all(isinstance(t, type) and issubclass(t, BaseException) for t in self.term_on):
             raise InvalidRequestError(f"term_on must hold exception classes, got {self.term_on!r}",
@@ -246,7 +246,7 @@ async def _release(messages: list[Any], conn: JetStreamConnection) -> None:
     with contextlib.suppress(Exception):
         for msg in messages:
             await msg.nak()
-        await conn.nc.flush(timeout=conn.settings.request_timeout)
+        await conn.nc.flush(timeout=conn.settings.request_timeout)  # type: ignore[arg-type]  # float s work
 
 
 async def _process(conn: JetStreamConnection, group: list[Any], apply: Callable[[Any], Any],

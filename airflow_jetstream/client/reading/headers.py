@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 _HEADER_LINE = re.compile(r"^[ \t]*([!-9;-~]+)[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.M)
 
 
-class Headers(dict):
+class Headers(dict[str, str]):
     """``dict[str, str]`` of a message's headers (last value per name), plus ``repeated``:
     every value, in order, of the names the message carries more than once."""
 
@@ -30,7 +31,7 @@ class Headers(dict):
                 self.repeated.setdefault(name, []).append(value)
             self.repeated = {name: values for name, values in self.repeated.items() if len(values) > 1}
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (list(self.items()), self.repeated))
 
 

@@ -140,8 +140,9 @@ class PullSubscription:
             sub, self._sub = self._sub, None
             if not self.conn.nc.is_closed:
                 await sub.unsubscribe()
-        for msg in held:
-            await leftover(msg)
+        if leftover is not None:
+            for msg in held:
+                await leftover(msg)
 
     async def _until_request_ends(self) -> list[Any]:
         """Every message queued or still arriving until the open request ends."""

@@ -25,7 +25,7 @@ import json
 import logging
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -211,14 +211,14 @@ def _ts_nanos(rfc3339: str) -> int:
 
 
 async def _read_via_consumer(conn: JetStreamConnection, stream: str, first: int, last: int,
-                             subjects: Sequence[str], batch: int) -> AsyncIterator[list[StoredMessage]]:
+                             subjects: Sequence[str], batch: int) -> AsyncGenerator[list[StoredMessage], None]:
     start = {"deliver_policy": "by_start_sequence", "opt_start_seq": first}
     async for chunk in _read_with_consumer(conn, stream, start, last, subjects, batch):
         yield chunk
 
 
 async def read_latest_per_subject(conn: JetStreamConnection, stream: str, subjects: Sequence[str], *,
-                                  batch: int = 1000) -> AsyncIterator[list[StoredMessage]]:
+                                  batch: int = 1000) -> AsyncGenerator[list[StoredMessage], None]:
     """Yield the last message of every subject matching ``subjects`` (a KV bucket's current values),
     in sequence order; updates stored while reading come after (a later one for a subject replaces
     the earlier). Ends when the consumer reports nothing pending, so it never stops early the way
@@ -263,7 +263,7 @@ async def _check_current_host(conn: JetStreamConnection, stream: str, name: str,
     cluster = (await stream_info(conn, stream)).get("cluster") or {}
     if host == cluster.get("leader"):
         return
-    replica = next((r for r in cluster.get("replicas") or [] if r.get("name") == host), {})
+    replica: dict[str, Any] = next((r for r in cluster.get("replicas") or [] if r.get("name") == host), {})
     if replica.get("current") and not replica.get("lag"):
         return
     with contextlib.suppress(JetStreamError):
@@ -274,7 +274,7 @@ async def _check_current_host(conn: JetStreamConnection, stream: str, name: str,
 
 async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dict[str, Any], last: int,
                               subjects: Sequence[str], batch: int, *,
-                              current_host: bool = False) -> AsyncIterator[list[StoredMessage]]:
+                              current_host: bool = False) -> AsyncGenerator[list[StoredMessage], None]:
     """Read with an ephemeral ``ack_policy: none`` consumer from ``start`` (its deliver policy) up to
     seq ``last`` or until nothing is pending; the consumer is deleted after a complete read. With
     ``current_host`` a consumer placed on a lagging replica is refused (:func:`_check_current_host`)."""
@@ -364,11 +364,11 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
 
 
 async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, last: int,
-                           subjects: Sequence[str], batch: int) -> AsyncIterator[list[StoredMessage]]:
+                           subjects: Sequence[str], batch: int) -> AsyncGenerator[list[StoredMessage], None]:
     if len(subjects) > 1:
         for subject in subjects:
-            async for chunk in _read_via_direct(conn, stream, first, last, (subject,), batch):
-                yield chunk
+            async for part in _read_via_direct(conn, stream, first, last, (subject,), batch):
+                yield part
         return
     inbox = conn.nc.new_inbox()
     sub = await conn.nc.subscribe(inbox, pending_msgs_limit=batch * 4, pending_bytes_limit=256 * 1024 * 1024)
@@ -417,7 +417,7 @@ async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, l
 
 async def read_range(conn: JetStreamConnection, stream: str, first: int, last: int, *,
                      subjects: Sequence[str] = (), via: str = "consumer",
-                     batch: int = 5000) -> AsyncIterator[list[StoredMessage]]:
+                     batch: int = 5000) -> AsyncGenerator[list[StoredMessage], None]:
     """Yield the messages with ``first <= seq <= last`` (matching ``subjects``) in chunks, in order."""
     if last < first:
         return
@@ -441,7 +441,7 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
 
 async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
                     read_from: Callable[[int], AsyncIterator[list[StoredMessage]]],
-                    ) -> AsyncIterator[list[StoredMessage]]:
+                    ) -> AsyncGenerator[list[StoredMessage], None]:
     """Yield ``read_from(first)``; after a :class:`LeaderUnavailableError` (a node restart or leader
     election) read again from the sequence after the last one yielded, backing off 0.25-2 s, for up to
     the connection's ``leader_wait`` seconds without progress. Nothing is yielded twice.

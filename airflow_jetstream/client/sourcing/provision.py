@@ -162,7 +162,7 @@ async def _check_shared_origin(origin_conn: JetStreamConnection, spec: DurableSo
         return
     cfg = (target or {}).get("config") or {}
     entries = [*(cfg.get("sources") or []), *([cfg["mirror"]] if cfg.get("mirror") else [])]
-    own = {(e.get("consumer") or {}).get("name") for e in entries if spec.is_same_origin(e)} - {None}
+    own = {name for e in entries if spec.is_same_origin(e) and (name := (e.get("consumer") or {}).get("name"))}
     ours = spec.filter_subjects or (">",)
     for info in await list_consumers(origin_conn, spec.source):
         feeding = _feeds_other_stream(info, spec, own)

@@ -169,23 +169,29 @@ def _record_server_feature_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server_features, "require", recording_require)
 
 
-def _server_too_old(exc: BaseException | None) -> ServerFeatureError | None:
-    """A ServerFeatureError (``server_too_old``) in ``exc``'s chain, e.g. a server's 10025 for a newer field."""
+def _server_too_old(exc: BaseException | None, refused: list[ServerFeatureError]) -> ServerFeatureError | None:
+    """The refusal a failure is: a ServerFeatureError (``server_too_old``) in ``exc``'s chain (the client's
+    feature detection, or a server's 10025 for a newer field), or one of ``refused`` whose message the
+    failure carries (a refusal that travelled as text, e.g. in a trigger's error event). None otherwise."""
     while exc is not None:
         if isinstance(exc, ServerFeatureError) and exc.reason == "server_too_old":
             return exc
+        carried = next((r for r in refused if r.message in str(exc)), None)
+        if carried is not None:
+            return carried
         exc = exc.__cause__ or exc.__context__
     return None
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """In the compatibility matrix (.ci/compat sets COMPAT_SKIP_SERVER_TOO_OLD=1), a test that failed after
-    the client's own feature detection refused something (the server lacks it) is a skip naming the feature:
-    feature detection, never a version list in the tests. `make test` never sets it."""
+    """In the compatibility matrix (.ci/compat sets COMPAT_SKIP_SERVER_TOO_OLD=1), a test that failed *because*
+    the client's feature detection refused what it tests (the server lacks it) is a skip naming the feature:
+    feature detection, never a version list in the tests. A failure with another cause stays a failure, also
+    after a refusal the test expected and caught. `make test` never sets it."""
     report = yield
     if COMPAT_SKIPS and report.failed and call.excinfo is not None:
-        refused = _refused[0] if _refused else _server_too_old(call.excinfo.value)
+        refused = _server_too_old(call.excinfo.value, _refused)
         if refused is not None:
             report.outcome = "skipped"
             report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {refused.message}")

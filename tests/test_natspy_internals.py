@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 
 import nats.errors
 import pytest
@@ -58,6 +57,13 @@ def test_why_the_remaining_api_calls_stay_raw() -> None:
     assert "start_time" not in inspect.signature(JetStreamManager.get_msg).parameters
     from nats.js import api
 
-    # consumer info as a dataclass drops fields nats-py does not model
+    # consumer info as a dataclass drops fields nats-py does not model: the server's priority-group state
     assert "priority_groups" not in api.ConsumerInfo.__dataclass_fields__
-    json.dumps(sorted(api.ConsumerInfo.__dataclass_fields__))
+    reply = {"stream_name": "S", "name": "c", "created": "2026-01-01T00:00:00Z",
+             "config": {"durable_name": "c", "ack_policy": "explicit"},
+             "delivered": {"consumer_seq": 0, "stream_seq": 0}, "ack_floor": {"consumer_seq": 0, "stream_seq": 0},
+             "num_ack_pending": 0, "num_redelivered": 0, "num_waiting": 0, "num_pending": 0,
+             "priority_groups": [{"group": "jobs", "pinned_client_id": "abc"}]}
+    parsed = api.ConsumerInfo.from_response(dict(reply))
+    assert parsed.name == "c" and parsed.num_pending == 0
+    assert "priority_groups" not in vars(parsed), "nats-py models priority groups now: consider its consumer_info"

@@ -22,7 +22,8 @@ $(NODE_STAMP): tests/interop/package.json tests/interop/package-lock.json
 	cd tests/interop && npm ci --no-audit --no-fund
 	touch $(NODE_STAMP)
 
-install: $(STAMP) $(NODE_STAMP)
+# node is needed only by the interop tests: install, demo and up run without it.
+install: $(STAMP)
 
 # The release artefact: dist/airflow_jetstream-<version>-py3-none-any.whl (install it where Airflow runs).
 wheel: install
@@ -35,19 +36,20 @@ demo: install
 demo-cluster: install
 	$(PY) dags_examples/run_demo.py --cluster
 
-# A local Airflow (api-server, scheduler, dag-processor, triggerer) + nats-server with the examples; Ctrl-C stops it.
+# A local Airflow (api-server, scheduler, dag-processor, triggerer) on PostgreSQL (Debian's package, installed with
+# apt-get where missing; SQLite as a fallback) + nats-server with the examples; Ctrl-C stops it.
 up: install
 	$(PY) -m airflow_jetstream.embedded.airflow_local
 
-test: install
+test: install $(NODE_STAMP)
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: install
+test-fast: install $(NODE_STAMP)
 	$(PY) -m pytest -m "not e2e" $(PYTEST_ARGS)
 
-test-e2e: install
+test-e2e: install $(NODE_STAMP)
 	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
 lint: install

@@ -12,13 +12,16 @@ The UI test (headless Chromium) logs in, triggers the pipeline and opens a senso
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -34,6 +37,7 @@ from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.errors import ConsumerNotFoundError
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.embedded.airflow_local import LocalAirflow
+from airflow_jetstream.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
 from tests.support.nats_calls import call_on_server
 from tests.support.polling import wait_until
 
@@ -327,23 +331,54 @@ def _processes_of(home: Path) -> list[int]:
     return pids
 
 
-def test_make_up_starts_everything_with_the_test_button_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    """What `make up` runs: one command, the UI address and login printed, Ctrl-C stops every process."""
+def _start_up(up_home: Path, password: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """Run what `make up` runs until it printed the login; returns the process and its output so far."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__"))}
-    env.update(UP_HOME=str(tmp_path / "up"), AIRFLOW_UP_PASSWORD="up-pa55word")
+    env.update(UP_HOME=str(up_home), AIRFLOW_UP_PASSWORD=password)
     proc = subprocess.Popen([sys.executable, "-m", "airflow_jetstream.embedded.airflow_local"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return proc, _read_until(proc, "Ctrl-C stops everything")
+
+
+def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float = 300) -> list[str]:
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not any(marker in line for line in lines):
+        line = proc.stdout.readline()
+        assert line and time.monotonic() < deadline, "".join(lines)
+        lines.append(line)
+    return lines
+
+
+def _ctrl_c(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends
+    assert proc.wait(timeout=120) == 0
+    return proc.stdout.read()
+
+
+def _component_pid(home: Path, command: str) -> int | None:
+    """The PID of the process running ``airflow <command>`` in this deployment, if one runs."""
+    for pid in _processes_of(home):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[2:3] == [command.encode()]:
+                return pid
+    return None
+
+
+def test_make_up_on_postgres_restarts_a_crashed_component_and_runs_again(tmp_path: Path) -> None:
+    """What `make up` runs: PostgreSQL said at start, the UI address and login printed, a killed scheduler
+    restarted (and said so), Ctrl-C stops every process; a second run on the same directory takes the new
+    password and points nats_default at the new nats-server."""
+    up_home = Path(tempfile.mkdtemp(prefix="make-up-"))  # under /tmp: the postgres user must reach the cluster
+    up_home.chmod(0o711)
+    home = up_home / "airflow"
+    proc = None
     try:
-        lines: list[str] = []
-        deadline = time.monotonic() + 300
-        while not any("Ctrl-C stops everything" in line for line in lines):
-            line = proc.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(lines)
-            lines.append(line)
+        proc, lines = _start_up(up_home, "up-pa55word")
         text = "".join(lines)
+        assert re.search(r"metadata database: PostgreSQL \d+ on 127\.0\.0\.1:\d+", text), text
         url = re.search(r"Airflow UI: (http://127\.0\.0\.1:\d+)", text).group(1)
         assert "login: admin / up-pa55word" in text
-        home = tmp_path / "up" / "airflow"
         components = _processes_of(home)
         assert len(components) >= 4, components
 
@@ -354,13 +389,31 @@ def test_make_up_starts_everything_with_the_test_button_and_stops_on_ctrl_c(tmp_
         tested = api.call("POST", "/api/v2/connections/test", nats_default)
         assert tested["status"] is True and "JetStream enabled" in tested["message"], tested  # Test button on
 
-        proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends
-        assert proc.wait(timeout=120) == 0
-        assert "stopped" in proc.stdout.read()
+        scheduler = _component_pid(home, "scheduler")
+        assert scheduler is not None
+        os.kill(scheduler, signal.SIGKILL)  # a crash: the others keep running, the scheduler comes back
+        restarted = "".join(_read_until(proc, "scheduler exited with code -9; restarting it", timeout=60))
+        wait_until(lambda: _component_pid(home, "scheduler") not in (None, scheduler),
+                   "the scheduler to be started again", timeout=60, every=0.5)
+        assert "Its log ends:" in restarted
+        assert "stopped" in _ctrl_c(proc)
         assert _processes_of(home) == [], "every component stopped"
+
+        proc, lines = _start_up(up_home, "second-pa55word")  # the same clone, a second `make up`
+        text = "".join(lines)
+        url = re.search(r"Airflow UI: (http://127\.0\.0\.1:\d+)", text).group(1)
+        nats_port = int(re.search(r"nats-server \(JetStream\) at nats://127\.0\.0\.1:(\d+)", text).group(1))
+        api = Api(SimpleNamespace(url=url, user="admin", password="second-pa55word"))  # 401 before the fix
+        conns = {c["connection_id"]: c for c in api.call("GET", "/api/v2/connections")["connections"]}
+        assert conns["nats_default"]["port"] == nats_port, "nats_default points at this run's nats-server"
+        assert "stopped" in _ctrl_c(proc)
+        assert _processes_of(home) == []
     finally:
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-        for pid in _processes_of(tmp_path / "up" / "airflow"):
+        for pid in _processes_of(home):
             os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(EmbeddedPostgresError):
+            EmbeddedPostgres(up_home / "postgres").stop()
+        shutil.rmtree(up_home, ignore_errors=True)

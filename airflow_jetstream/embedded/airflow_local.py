@@ -1,8 +1,10 @@
 """A local Airflow deployment on loopback: api-server, scheduler, dag-processor and triggerer.
 
-Every component is a separate ``airflow`` process (LocalExecutor, sqlite in one Airflow home), bound
-to 127.0.0.1, with log servers skipped (``--skip-serve-logs``: the api-server reads the local log
-files). ``make up`` runs :func:`main`; the deployment tests drive :class:`LocalAirflow` directly::
+Every component is a separate ``airflow`` process (LocalExecutor, one Airflow home; the metadata
+database is sqlite in the home or ``database_url``, e.g. an :class:`EmbeddedPostgres`), bound to
+127.0.0.1, with log servers skipped (``--skip-serve-logs``: the api-server reads the local log
+files). ``make up`` runs :func:`main` (PostgreSQL in ``.up/postgres``); the deployment tests drive
+:class:`LocalAirflow` directly::
 
     with EmbeddedNatsServer() as nats, LocalAirflow(home, nats_url=nats.url, dags_folder=dags) as af:
         af.start()                     # all four components, waits until the api-server is healthy
@@ -17,6 +19,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,11 +29,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from airflow_jetstream.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
 from airflow_jetstream.embedded.server import free_port
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+#: A component that exits this many times within CRASH_LOOP_WINDOW seconds is not restarted again.
+CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW = 5, 300.0
 SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+
+
+def component_hostname() -> str:
+    """``[core] hostname_callable`` of a triggerer here: the host name and the component's key
+    (``host/triggerer-2``), stored in its job row."""
+    return f"{socket.getfqdn()}/{os.environ.get('LOCAL_AIRFLOW_COMPONENT', 'airflow')}"
 
 
 class LocalAirflowError(RuntimeError):
@@ -47,9 +59,10 @@ def nats_connection(url: str) -> dict[str, Any]:
 
 
 class LocalAirflow:
-    """Airflow's four components as subprocesses sharing one home and sqlite database.
+    """Airflow's four components as subprocesses sharing one home and metadata database.
 
-    :param home: the Airflow home (created; holds ``airflow.db``, ``logs/`` and one log per component).
+    :param home: the Airflow home (created; holds ``logs/``, one log per component and, by default,
+        the sqlite database ``airflow.db``).
     :param nats_url: the nats-server the ``nats_default`` connection points at.
     :param dags_folder: the DAGs to load.
     :param port: the api-server port on 127.0.0.1 (default: a free one).
@@ -57,14 +70,16 @@ class LocalAirflow:
     :param connections_in_db: store ``nats_default``/``spark_default`` in the database (visible and
         testable in the UI) instead of ``AIRFLOW_CONN_*`` variables.
     :param extra_env: more environment (``AIRFLOW__SECTION__KEY`` settings, ``JETSTREAM_*``).
+    :param database_url: the metadata database (``[database] sql_alchemy_conn``); default sqlite in ``home``.
     """
 
     user = "admin"
 
     def __init__(self, home: Path, *, nats_url: str, dags_folder: Path, port: int | None = None,
                  password: str | None = None, connections_in_db: bool = False,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, database_url: str | None = None) -> None:
         self.home = Path(home).resolve()
+        self.database_url = database_url or f"sqlite:///{self.home / 'airflow.db'}"
         self.nats_url = nats_url
         self.dags_folder = Path(dags_folder).resolve()
         self.port = port or free_port()
@@ -72,6 +87,8 @@ class LocalAirflow:
         self.connections_in_db = connections_in_db
         self.extra_env = dict(extra_env or {})
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._component_of: dict[str, str] = {}  # key ("triggerer-2") -> component ("triggerer")
+        self._exits: dict[str, list[float]] = {}  # key -> monotonic times it exited on its own
         self._jwt_secret = secrets.token_urlsafe(32)  # shared by the components, in their environment only
         self._session_key = secrets.token_urlsafe(32)
 
@@ -95,7 +112,7 @@ class LocalAirflow:
             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=f"{self.user}:admin",
             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(self.home / "passwords.json"),
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{self.url}/execution/",
-            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{self.home / 'airflow.db'}",
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=self.database_url,
             AIRFLOW__API__BASE_URL=self.url,
             AIRFLOW__API__HOST="127.0.0.1",
             AIRFLOW__API__PORT=str(self.port),
@@ -127,7 +144,8 @@ class LocalAirflow:
         return proc
 
     def prepare(self) -> None:
-        """Create the home, the password file and the database; store the connections when asked."""
+        """Create the home, (re)write the password file, create or upgrade the database and store the
+        connections when asked: run on every start, so a restart refreshes the login and connections."""
         self.home.mkdir(parents=True, exist_ok=True)
         passwords = self.home / "passwords.json"
         passwords.write_text(json.dumps({self.user: self.password}))
@@ -142,9 +160,8 @@ class LocalAirflow:
             self.cli("connections", "import", "--overwrite", str(conns))
 
     def start(self, components: tuple[str, ...] = COMPONENTS, *, timeout: float = 240) -> LocalAirflow:
-        """Prepare (once), start ``components`` and wait until the api-server is healthy."""
-        if not (self.home / "airflow.db").exists():
-            self.prepare()
+        """Prepare, start ``components`` and wait until the api-server is healthy."""
+        self.prepare()
         for name in components:
             self.start_component(name)
         if "api-server" in components:
@@ -163,11 +180,43 @@ class LocalAirflow:
             command += ["--skip-serve-logs"]
         log_dir = self.home / "components"
         log_dir.mkdir(parents=True, exist_ok=True)
+        env = self.env()
+        if name == "triggerer":  # its job row names it, so one can tell which triggerer runs a trigger
+            env.update(LOCAL_AIRFLOW_COMPONENT=key,
+                       AIRFLOW__CORE__HOSTNAME_CALLABLE=f"{__name__}.component_hostname")
         with (log_dir / f"{key}.log").open("ab") as out:
-            proc = subprocess.Popen(command, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         self.processes[key] = proc
+        self._component_of[key] = name
         return proc
+
+    def restart_exited(self) -> list[str]:
+        """Start again each component that exited on its own (not through :meth:`stop`); returns their keys.
+
+        Each restart is one line on stderr with the exit code and the last lines of the component's log.
+        A component exiting ``CRASH_LOOP_RESTARTS`` times within ``CRASH_LOOP_WINDOW`` seconds raises
+        :class:`LocalAirflowError` instead (it would only crash again).
+        """
+        restarted = []
+        now = time.monotonic()
+        for key, proc in list(self.processes.items()):
+            if proc.poll() is None:
+                continue
+            exits = [t for t in self._exits.get(key, []) if now - t < CRASH_LOOP_WINDOW] + [now]
+            self._exits[key] = exits
+            self._reap_group(proc.pid)
+            if len(exits) > CRASH_LOOP_RESTARTS:
+                raise LocalAirflowError(f"{key} exited {len(exits)} times within {CRASH_LOOP_WINDOW:.0f} s (last exit "
+                                        f"code {proc.returncode}); not restarting it:\n{self.log_tail(key)}")
+            last_lines = "\n    ".join(self.log_tail(key, chars=800).splitlines()[-5:])
+            print(f"{time.strftime('%H:%M:%S')} {key} exited with code {proc.returncode}; restarting it "
+                  f"({len(exits)} exit(s) within {CRASH_LOOP_WINDOW:.0f} s). Its log ends:\n    {last_lines}",
+                  file=sys.stderr, flush=True)
+            del self.processes[key]
+            self.start_component(self._component_of[key], key)
+            restarted.append(key)
+        return restarted
 
     def log_tail(self, key: str, chars: int = 3000) -> str:
         path = self.home / "components" / f"{key}.log"
@@ -232,8 +281,27 @@ class LocalAirflow:
         self.close()
 
 
+def metadata_database(home: Path) -> tuple[EmbeddedPostgres | None, str | None, str]:
+    """``make up``'s database: PostgreSQL in ``home/postgres`` from the machine's binaries (installed from
+    Debian's packages where missing), else sqlite; returns the cluster, its URL and the line saying which."""
+    if os.environ.get("UP_DATABASE", "postgres") == "sqlite":
+        return None, None, "metadata database: SQLite (UP_DATABASE=sqlite)"
+    try:
+        import psycopg2  # noqa: F401  Airflow's PostgreSQL driver
+
+        pg = EmbeddedPostgres(home / "postgres").start()
+    except (ImportError, EmbeddedPostgresError) as exc:
+        return None, None, f"metadata database: SQLite, as a fallback: PostgreSQL is not available ({exc})"
+    return pg, pg.sqlalchemy_url, (f"metadata database: PostgreSQL {pg.bin_dir.parent.name} on 127.0.0.1:{pg.port} "
+                                   f"(cluster in {pg.root})")
+
+
 def main() -> int:
-    """``make up``: an embedded nats-server plus a local Airflow with the example DAGs, until Ctrl-C."""
+    """``make up``: an embedded nats-server, PostgreSQL and a local Airflow with the example DAGs, until Ctrl-C.
+
+    Run again on the same directory it reuses the database and refreshes the login and the connections.
+    A component that exits is restarted (one line on stderr each time).
+    """
     from airflow_jetstream.embedded.server import EmbeddedNatsServer
 
     repo = Path(__file__).resolve().parents[2]
@@ -247,28 +315,32 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    with EmbeddedNatsServer(store_dir=home / "nats") as nats:
-        print(f"nats-server (JetStream) at {nats.url}", flush=True)
-        airflow = LocalAirflow(home / "airflow", nats_url=nats.url, dags_folder=repo / "dags_examples",
-                               port=int(os.environ.get("UP_PORT", "0")) or None, connections_in_db=True)
-        try:
-            print("preparing Airflow (db migrate, connections) ...", flush=True)
-            airflow.start()
-            print(f"\nAirflow UI: {airflow.url}\n  login: {airflow.user} / {airflow.password}"
-                  f"   (set AIRFLOW_UP_PASSWORD to choose it)\n  component logs: {airflow.home / 'components'}\n"
-                  "Ctrl-C stops everything.", flush=True)
-            while not stop_requested:
-                for key, proc in airflow.processes.items():
-                    if proc.poll() is not None:
-                        print(f"{key} exited with {proc.returncode}:\n{airflow.log_tail(key)}", file=sys.stderr)
-                        return 1
-                time.sleep(1)
-        except LocalAirflowError as exc:
-            print(f"up FAILED: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            print("stopping Airflow and nats-server ...", flush=True)
-            airflow.close()
+    pg, database_url, database_line = metadata_database(home)
+    print(database_line, flush=True)
+    try:
+        with EmbeddedNatsServer(store_dir=home / "nats") as nats:
+            print(f"nats-server (JetStream) at {nats.url}", flush=True)
+            airflow = LocalAirflow(home / "airflow", nats_url=nats.url, dags_folder=repo / "dags_examples",
+                                   port=int(os.environ.get("UP_PORT", "0")) or None, connections_in_db=True,
+                                   database_url=database_url)
+            try:
+                print("preparing Airflow (db migrate, login, connections) ...", flush=True)
+                airflow.start()
+                print(f"\nAirflow UI: {airflow.url}\n  login: {airflow.user} / {airflow.password}"
+                      f"   (set AIRFLOW_UP_PASSWORD to choose it)\n  component logs: {airflow.home / 'components'}\n"
+                      "Ctrl-C stops everything.", flush=True)
+                while not stop_requested:
+                    airflow.restart_exited()
+                    time.sleep(1)
+            except LocalAirflowError as exc:
+                print(f"up FAILED: {exc}", file=sys.stderr)
+                return 1
+            finally:
+                print("stopping Airflow and nats-server ...", flush=True)
+                airflow.close()
+    finally:
+        if pg is not None:
+            pg.stop()
     print("stopped", flush=True)
     return 0
 

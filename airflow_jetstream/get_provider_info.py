@@ -97,6 +97,8 @@ def get_provider_info() -> dict[str, Any]:
                 "conn-fields": CONN_FIELDS,
             }
         ],
+        "plugins": [{"name": "jetstream", "plugin-class": "airflow_jetstream.ui.plugin.JetStreamViewPlugin"}],
+        "extra-links": ["airflow_jetstream.ui.links.JetStreamViewLink"],
         "queues": ["airflow_jetstream.queues.jetstream.JetStreamMessageQueueProvider"],
         "asset-uris": [
             {

@@ -21,13 +21,16 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import DAG, Param, task
 from orders_pipeline_common import (
+    AGG_ASSET,
     AGG_STREAM,
     AGG_STREAM_CONFIG,
     CAPTURE_STREAM,
     CURSOR_CONSUMER,
+    LEDGER_ASSET,
     LEDGER_BUCKET,
     NATS_CONN_ID,
     OUTPUT_DIR,
+    RAW_ASSET,
     RAW_STREAM,
     RAW_STREAM_CONFIG,
     SPARK_APPS,
@@ -79,12 +82,16 @@ with DAG(
         conf=SPARK_CONF,
         conn_id="spark_default",
         name="produce-orders",
+        outlets=[RAW_ASSET, LEDGER_ASSET],
     )
     published = JetStreamBatchLedgerSensor(
-        task_id="wait_batches_published", state="published", bucket=LEDGER_BUCKET, poke_interval=2, timeout=300
+        task_id="wait_batches_published", state="published", bucket=LEDGER_BUCKET, poke_interval=2, timeout=300,
+        inlets=[LEDGER_ASSET],
     )
+    # the server moves the data: the source's caught-up sensor is where ORDERS_AGG holds the run's orders
     caught_up = JetStreamSourceCaughtUpSensor(
-        task_id="wait_source_caught_up", stream=AGG_STREAM, source=RAW_STREAM, poke_interval=1, timeout=300
+        task_id="wait_source_caught_up", stream=AGG_STREAM, source=RAW_STREAM, poke_interval=1, timeout=300,
+        inlets=[RAW_ASSET], outlets=[AGG_ASSET],
     )
     none_abandoned = JetStreamAdvisorySensor(
         task_id="no_batch_abandoned", advisory="batch_abandoned", advisory_stream=RAW_STREAM, expect="absent",
@@ -103,9 +110,12 @@ with DAG(
         conf=SPARK_CONF,
         conn_id="spark_default",
         name="consume-orders",
+        inlets=[AGG_ASSET],
+        outlets=[LEDGER_ASSET],
     )
     consumed = JetStreamBatchLedgerSensor(
-        task_id="wait_batches_consumed", state="consumed", bucket=LEDGER_BUCKET, poke_interval=2, timeout=300
+        task_id="wait_batches_consumed", state="consumed", bucket=LEDGER_BUCKET, poke_interval=2, timeout=300,
+        inlets=[LEDGER_ASSET],
     )
 
     @task

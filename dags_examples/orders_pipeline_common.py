@@ -6,6 +6,9 @@ import hashlib
 import os
 from pathlib import Path
 
+from airflow_jetstream.assets import jetstream_asset
+from airflow_jetstream.assets.kv import kv_asset
+
 RAW_STREAM = "ORDERS_RAW"
 AGG_STREAM = "ORDERS_AGG"
 CAPTURE_STREAM = "ADVISORIES"
@@ -35,6 +38,13 @@ AGG_STREAM_CONFIG = {
     "allow_direct": True,
     "num_replicas": REPLICAS,
 }
+#: ``host:port`` of the NATS server in the asset URIs (``make up`` sets it to its server).
+NATS_SERVER = os.environ.get("JETSTREAM_DEMO_SERVER", "127.0.0.1:4222")
+#: The pipeline's data as assets: tasks declare them as inlets/outlets, so Airflow's Assets view
+#: draws the graph producer -> ORDERS_RAW -> (sourcing) -> ORDERS_AGG -> consumer, beside the ledger.
+RAW_ASSET = jetstream_asset(NATS_SERVER, RAW_STREAM)
+AGG_ASSET = jetstream_asset(NATS_SERVER, AGG_STREAM)
+LEDGER_ASSET = kv_asset(NATS_SERVER, LEDGER_BUCKET)
 #: The nats connection every task uses; JetStreamSparkSubmitOperator hands it to the Spark jobs.
 NATS_CONN_ID = "nats_default"
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}

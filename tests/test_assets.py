@@ -208,3 +208,26 @@ def test_report_helpers_for_operator_authors(monkeypatch: pytest.MonkeyPatch) ->
     assert [(o.asset.uri, o.count) for o in lineage.outputs] == [(out.uri, 2)]
     assert [i.asset.uri for i in lineage.inputs] == [inp.uri]
     assert all(i.context is task for i in lineage.inputs + lineage.outputs)
+
+
+def test_orders_pipeline_declares_its_streams_so_assets_show_the_graph(monkeypatch) -> None:
+    """producer -> ORDERS_RAW -> (source caught up) -> ORDERS_AGG -> consumer, the ledger beside them."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    examples = Path(__file__).resolve().parents[1] / "dags_examples"
+    monkeypatch.syspath_prepend(str(examples))
+    monkeypatch.setenv("JETSTREAM_DEMO_SERVER", "nats.example.com:4333")
+    monkeypatch.delitem(sys.modules, "orders_pipeline_common", raising=False)  # read the server again
+    bag = DagBag(dag_folder=str(examples / "jetstream_orders_pipeline.py"))
+    assert bag.import_errors == {}
+    dag = bag.dags["jetstream_orders_pipeline"]
+    server = "jetstream://nats.example.com:4333"
+    raw, agg, ledger = f"{server}/ORDERS_RAW", f"{server}/ORDERS_AGG", f"{server}/KV_batch_ledger"
+
+    def uris(task_id: str, attribute: str) -> set[str]:
+        return {asset.uri for asset in getattr(dag.get_task(task_id), attribute)}
+
+    assert uris("produce_orders", "outlets") == {raw, ledger}
+    assert (uris("wait_source_caught_up", "inlets"), uris("wait_source_caught_up", "outlets")) == ({raw}, {agg})
+    assert (uris("consume_orders", "inlets"), uris("consume_orders", "outlets")) == ({agg}, {ledger})
+    assert uris("wait_batches_consumed", "inlets") == {ledger}

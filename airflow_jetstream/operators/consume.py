@@ -10,6 +10,7 @@ from airflow_jetstream.client.errors import InvalidFunctionError, InvalidRequest
 from airflow_jetstream.client.reading.apply_function import bind_function, load_function
 from airflow_jetstream.client.reading.consume import DEFAULT_ACK_WAIT, DEFAULT_NAK_DELAY, ConsumeOptions, consume
 from airflow_jetstream.operators.base import JetStreamBaseOperator
+from airflow_jetstream.ui.links import JetStreamViewLink
 
 Duration = float | int | str | timedelta
 
@@ -77,6 +78,7 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
     template_fields: Sequence[str] = ("stream", "consumer", "subjects", "start_seq", "start_time", "end_seq",
                                       "apply_function_args", "apply_function_kwargs", "nats_conn_id")
     ui_color = "#27aae1"
+    operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ from typing import Any
 from airflow_jetstream.client.admin.consumers import reset_consumer
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.operators.base import JetStreamBaseOperator
+from airflow_jetstream.ui.links import JetStreamViewLink
 
 
 class JetStreamConsumerResetOperator(JetStreamBaseOperator):
@@ -39,6 +40,7 @@ class JetStreamConsumerResetOperator(JetStreamBaseOperator):
 
     template_fields: Sequence[str] = ("stream", "consumer", "start_seq", "start_time", "nats_conn_id")
     ui_color = "#27aae1"
+    operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(self, *, stream: str, consumer: str, start_seq: int | str | None = None,
                  start_time: str | datetime | None = None, **kwargs: Any) -> None:

@@ -21,6 +21,7 @@ from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, Batch
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.operators.base import JetStreamBaseOperator
+from airflow_jetstream.ui.links import JetStreamViewLink
 
 MESSAGE_KEYS = frozenset({"subject", "data", "headers", "msg_id"})
 
@@ -158,6 +159,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
     )
     template_fields_renderers = {"messages": "json", "producer_function_kwargs": "json"}
     ui_color = "#27aae1"
+    operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ from airflow_jetstream.client.sourcing.provision import provision_durable_source
 from airflow_jetstream.client.sourcing.spec import SERVER_MANAGED, USER_MANAGED, DurableSource
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 from airflow_jetstream.triggers.describe import human_duration
+from airflow_jetstream.ui.links import JetStreamViewLink
 
 USER_MANAGED_OPTIONS = ("consumer", "deliver_subject", "deliver_policy", "replay_policy", "max_ack_pending",
                         "create_consumer")
@@ -71,6 +72,7 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
                                       "start_time", "domain", "api_prefix", "num_replicas", "placement", "nats_conn_id")
     template_fields_renderers = {"user_managed": "json"}
     ui_color = "#27aae1"
+    operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(
         self,

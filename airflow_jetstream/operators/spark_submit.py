@@ -15,6 +15,7 @@ from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.spark.connection import CONF_PREFIX, settings_to_conf
 from airflow_jetstream.spark.package import build_py_files
+from airflow_jetstream.ui.links import JetStreamViewLink
 
 PROPERTIES_NAME = "jetstream-spark.properties"
 PACKAGE_NAME = "airflow_jetstream_spark.zip"
@@ -68,6 +69,7 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "nats_conn_id")
+    operator_extra_links = (*SparkSubmitOperator.operator_extra_links, JetStreamViewLink())
 
     def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, ship_package: bool = False,
                  **kwargs: Any) -> None:

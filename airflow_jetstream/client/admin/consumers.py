@@ -179,6 +179,12 @@ async def list_consumers(conn: JetStreamConnection, stream: str) -> list[dict[st
             return found
 
 
+def consumer_filters(info: dict[str, Any]) -> list[str]:
+    """A consumer's filter subjects (``filter_subjects`` or the single ``filter_subject``), sorted."""
+    config = info.get("config") or {}
+    return sorted(config.get("filter_subjects") or ([config["filter_subject"]] if config.get("filter_subject") else []))
+
+
 async def consumer_status(conn: JetStreamConnection, stream: str, name: str) -> dict[str, Any]:
     """A consumer's progress; ``drained`` when nothing is pending or awaiting an ack."""
     info = await consumer_info(conn, stream, name)

@@ -41,7 +41,7 @@ from typing import Any
 import nats.errors
 
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.admin.consumers import consumer_info, delete_consumer, ensure_consumer
+from airflow_jetstream.client.admin.consumers import consumer_filters, consumer_info, delete_consumer, ensure_consumer
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
     ConnectionFailedError,
@@ -145,11 +145,6 @@ def _worker_config(name: str, subjects: list[str], inactive_threshold: Any,
     return cfg
 
 
-def _filters_of(info: dict[str, Any]) -> list[str]:
-    config = info.get("config") or {}
-    return sorted(config.get("filter_subjects") or ([config["filter_subject"]] if config.get("filter_subject") else []))
-
-
 async def _confirm_filters(conn: JetStreamConnection, stream: str, name: str, wanted: list[str]) -> dict[str, Any]:
     """Re-read the consumer when the update reply shows other filters.
 
@@ -157,10 +152,10 @@ async def _confirm_filters(conn: JetStreamConnection, stream: str, name: str, wa
     update (while applying it), so the reply alone cannot be trusted there.
     """
     info = await consumer_info(conn, stream, name)
-    if _filters_of(info) != wanted:
+    if consumer_filters(info) != wanted:
         raise ConsumerConfigError(
             f"worker consumer {name!r} on {stream!r}: the server accepted the update but still filters "
-            f"{_filters_of(info)[:5]}...; another process may be updating the same consumer (worker ids must "
+            f"{consumer_filters(info)[:5]}...; another process may be updating the same consumer (worker ids must "
             "be unique)",
             reason="update_not_applied",
         )
@@ -213,7 +208,7 @@ async def ensure_worker_consumer(
             log.info("Worker consumer %s on %s: attempt %d failed (%s); retrying in %.2fs",
                      name, stream, attempt, exc, delay)
             await asyncio.sleep(delay)
-    if _filters_of(result["info"]) != wanted:
+    if consumer_filters(result["info"]) != wanted:
         result["info"] = await _confirm_filters(conn, stream, name, wanted)
     metrics.timing("worker_consumer.update", (time.monotonic() - started) * 1000, tags={"stream": stream})
     metrics.gauge("worker_consumer.subjects", len(wanted), tags={"stream": stream, "consumer": name})

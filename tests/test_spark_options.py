@@ -9,7 +9,7 @@ import pytest
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError
 from airflow_jetstream.client.reading.headers import parse_header_lines
 from airflow_jetstream.client.reading.range_read import split_range
-from airflow_jetstream.spark.options import ReadOptions, WriteOptions
+from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions, WriteOptions
 from airflow_jetstream.spark.writer import chunk_id, message_id
 
 SERVER = {"servers": "nats://127.0.0.1:4222"}
@@ -112,3 +112,40 @@ def test_json_decoding_errors_are_typed() -> None:
     with pytest.raises(InvalidRequestError) as err:
         columns.batch([("a", 4, 0, None, b'{"n": "x"}')])
     assert err.value.reason == "invalid_json" and "column 'n'" in str(err.value)
+
+
+def test_stream_read_options() -> None:
+    opts = StreamReadOptions.parse({**SERVER, "stream": "ORDERS", "start": "NEW", "max_messages_per_trigger": "500",
+                                    "max_bytes_per_trigger": "1048576", "num_partitions": "2"})
+    assert (opts.start, opts.max_messages_per_trigger, opts.max_bytes_per_trigger) == ("new", 500, 1048576)
+    assert opts.read.stream == "ORDERS" and opts.read.num_partitions == 2
+    assert StreamReadOptions.parse({**SERVER, "stream": "S"}).start == "first"
+    assert StreamReadOptions.parse({**SERVER, "stream": "S", "start": "2026-01-31T12:00:00Z"}).start.startswith("2026")
+    for bad, fragment in [({"start": "new", "start_seq": "3"}, "one start position"),
+                          ({"start": "soon"}, "ISO 8601"),
+                          ({"end_seq": "10"}, "batch read"),
+                          ({"max_messages_per_trigger": "0"}, "max_messages_per_trigger"),
+                          ({"maxoffsetspertrigger": "10"}, "unknown streaming read option")]:
+        with pytest.raises(InvalidRequestError, match=fragment):
+            StreamReadOptions.parse({**SERVER, "stream": "S", **bad})
+
+
+def test_streaming_features_missing_from_older_pyspark_are_refused_naming_the_version(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_jetstream.spark import stream_reader, stream_writer
+
+    limited = StreamReadOptions.parse({**SERVER, "stream": "S", "max_bytes_per_trigger": "1000"})
+    stream_reader.check_streaming_read_support(limited, "4.2.0")
+    monkeypatch.setattr(stream_reader, "READ_LIMITS", False)
+    stream_reader.check_streaming_read_support(StreamReadOptions.parse({**SERVER, "stream": "S"}), "4.1.1")
+    with pytest.raises(InvalidRequestError, match=r"need pyspark 4\.2 or later.*this is pyspark 4\.1\.1") as err:
+        stream_reader.check_streaming_read_support(limited, "4.1.1")
+    assert err.value.reason == "pyspark_too_old" and "max_bytes_per_trigger" in str(err.value)
+
+    with pytest.raises(InvalidRequestError, match="query id"):
+        stream_writer.check_streaming_write_support({"job_id": "mine"}, "4.2.0")
+    monkeypatch.setattr(stream_writer, "ARROW_STREAM_WRITER", False)
+    with pytest.raises(InvalidRequestError, match=r"needs pyspark 4\.1 or later.*this is pyspark 4\.0\.0"):
+        stream_writer.check_streaming_write_support({}, "4.0.0")
+    assert stream_writer.micro_batch_job_id("0b6f1c2e-aaaa-bbbb-cccc-0123456789ab", 7) == \
+        "0b6f1c2eaaaabbbbcccc0123456789ab-7"

@@ -256,3 +256,51 @@ class ReadOptions:
             json_mode=_choice(opts, "json_mode", JSON_MODES, "failfast"),
             corrupt_record_column=opts.get("corrupt_record_column") or DEFAULT_CORRUPT_RECORD_COLUMN,
         )
+
+
+@dataclass(frozen=True)
+class StreamReadOptions:
+    """Parsed options of ``spark.readStream.format("jetstream")``: the batch read's options (``read``)
+    plus where a new query starts and how much one micro-batch may take.
+
+    ``start`` is ``"first"`` (the stream's first message, the default, as for the batch read),
+    ``"new"`` (messages stored after the query started), a stream sequence or a time; the batch
+    read's ``start_seq``/``start_time`` are accepted too (one of the three at most).
+    """
+
+    read: ReadOptions
+    start: str = "first"
+    max_messages_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+
+    KEYS = ("start", "max_messages_per_trigger", "max_bytes_per_trigger")
+    #: Batch read options that have no meaning for an unbounded read.
+    BATCH_ONLY = ("end_seq", "worker_subjects", "worker_prefix")
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> StreamReadOptions:
+        opts = lowered(options)
+        _check_known(opts, ReadOptions.KEYS + cls.KEYS + CONNECTION_OPTIONS, "streaming read")
+        batch_only = sorted(k for k in cls.BATCH_ONLY if opts.get(k))
+        if batch_only:
+            raise InvalidRequestError(
+                f"option(s) {', '.join(batch_only)} belong to the batch read (spark.read); a streaming read "
+                "runs until stopped (use Trigger.AvailableNow to stop at the end of what is stored)",
+                reason="invalid_option",
+            )
+        start = (opts.pop("start", "") or "").strip()
+        if start.lower() in ("first", "new"):
+            start = start.lower()
+        given = [k for k in ("start_seq", "start_time") if opts.get(k)] + (["start"] if start else [])
+        if len(given) > 1:
+            raise InvalidRequestError(f"give one start position, not {' and '.join(given)}", reason="invalid_option")
+        if start and start not in ("first", "new") and not start.isdigit():
+            parse_time(start, field="option start")
+        if start.isdigit() and int(start) < 1:
+            raise _bad("start", start, "a stream sequence is >= 1")
+        max_messages = _int(opts, "max_messages_per_trigger", None)
+        max_bytes = _int(opts, "max_bytes_per_trigger", None)
+        for key in cls.KEYS:
+            opts.pop(key, None)
+        return cls(read=ReadOptions.parse(opts), start=start or "first", max_messages_per_trigger=max_messages,
+                   max_bytes_per_trigger=max_bytes)

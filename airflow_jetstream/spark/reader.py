@@ -19,7 +19,7 @@ import dataclasses
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -253,18 +253,23 @@ class JetStreamReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         first, last, subjects = partition.value
-        if last < first:
-            return
-        columns = _Columns(self.schema, self.options)
-        loop = asyncio.new_event_loop()
-        agen = _partition_chunks(self.options.settings, self.plan.stream, first, last, tuple(subjects), self.via,
-                                 self.options.fetch_batch)
-        try:
-            for chunk in _drive(agen, loop):
-                yield columns.batch(chunk)
-        finally:
-            loop.run_until_complete(agen.aclose())
-            loop.close()
+        yield from read_batches(self.options, self.schema, self.plan.stream, self.via, first, last, subjects)
+
+
+def read_batches(options: ReadOptions, schema: StructType, stream: str, via: str, first: int, last: int,
+                 subjects: Sequence[str]) -> Iterator[Any]:
+    """One task's share of a read: Arrow record batches of ``stream``'s messages ``first..last``."""
+    if last < first:
+        return
+    columns = _Columns(schema, options)
+    loop = asyncio.new_event_loop()
+    agen = _partition_chunks(options.settings, stream, first, last, tuple(subjects), via, options.fetch_batch)
+    try:
+        for chunk in _drive(agen, loop):
+            yield columns.batch(chunk)
+    finally:
+        loop.run_until_complete(agen.aclose())
+        loop.close()
 
 
 class Consumption:

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter
+import pyspark
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
 from pyspark.sql.types import StructType
 
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.spark.connection import with_connection_defaults
-from airflow_jetstream.spark.options import DECODINGS, ReadOptions, WriteOptions, lowered
+from airflow_jetstream.spark.options import DECODINGS, ReadOptions, StreamReadOptions, WriteOptions, lowered
 from airflow_jetstream.spark.reader import JetStreamReader, default_schema
+from airflow_jetstream.spark.stream_reader import JetStreamStreamReader, check_streaming_read_support
+from airflow_jetstream.spark.stream_writer import JetStreamStreamWriter, check_streaming_write_support
 from airflow_jetstream.spark.writer import JetStreamWriter
 
 
 class JetStreamDataSource(DataSource):
-    """``spark.read.format("jetstream")`` and ``df.write.format("jetstream")``.
+    """``spark.read``/``spark.readStream.format("jetstream")`` and ``df.write``/``df.writeStream.format("jetstream")``.
 
     Options are validated when the reader or writer is built, on the driver: unknown or invalid
     options fail the job before anything is read or published. ``connection_defaults`` are the
@@ -40,10 +49,25 @@ class JetStreamDataSource(DataSource):
         return JetStreamReader(ReadOptions.parse(self._options()), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        if overwrite:
-            raise InvalidRequestError(
-                "the jetstream data source only appends (a stream keeps what it stored); use "
-                "df.write.format('jetstream').mode('append')",
-                reason="overwrite_not_supported",
-            )
+        _refuse_overwrite(overwrite, "df.write.format('jetstream').mode('append')")
         return JetStreamWriter(WriteOptions.parse(self._options()), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        options = StreamReadOptions.parse(self._options())
+        check_streaming_read_support(options, pyspark.__version__)
+        return JetStreamStreamReader(options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        _refuse_overwrite(overwrite, "df.writeStream.format('jetstream').outputMode('append')")
+        # Spark hands the query's own checkpointLocation option to the sink too
+        options = {k: v for k, v in self._options().items() if k != "checkpointlocation"}
+        check_streaming_write_support(options, pyspark.__version__)
+        return JetStreamStreamWriter(WriteOptions.parse(options), schema)
+
+
+def _refuse_overwrite(overwrite: bool, instead: str) -> None:
+    if overwrite:
+        raise InvalidRequestError(
+            f"the jetstream data source only appends (a stream keeps what it stored); use {instead}",
+            reason="overwrite_not_supported",
+        )

@@ -20,9 +20,10 @@ driver's ``commit()``/``abort()`` store what every partition reported as the job
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,6 +54,8 @@ class PartitionReport(WriterCommitMessage):
 
     partition: int
     attempt: int
+    #: The job (a streaming micro-batch's own job id) the rows were written for.
+    job_id: str = ""
     rows: int = 0
     batches: int = 0
     stored: int = 0
@@ -182,6 +185,12 @@ class JetStreamWriter(DataSourceArrowWriter):
         check_write_schema(schema, options)
         asyncio.run(self._check_stream())
 
+    def for_job(self, job_id: str) -> JetStreamWriter:
+        """This writer for job ``job_id`` (also its run in the ledger), without checking the stream again."""
+        other = copy.copy(self)
+        other.options = replace(self.options, job_id=job_id, job_id_given=True, run_id=job_id)
+        return other
+
     async def _check_stream(self) -> None:
         async with open_connection(self.options.settings) as conn:
             feature = server_features.ATOMIC_BATCH if self.options.mode == "atomic" else server_features.FAST_BATCH
@@ -203,7 +212,7 @@ class JetStreamWriter(DataSourceArrowWriter):
 
     async def _write(self, partition: int, attempt: int, iterator: Any) -> PartitionReport:
         opts = self.options
-        report = PartitionReport(partition=partition, attempt=attempt)
+        report = PartitionReport(partition=partition, attempt=attempt, job_id=opts.job_id)
         started = time.monotonic()
         encoder = RowEncoder(opts)
         pending: list[tuple[str, bytes, dict[str, str] | None]] = []

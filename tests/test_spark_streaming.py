@@ -1,0 +1,197 @@
+"""Structured Streaming with the ``jetstream`` source and sink against a real nats-server and Spark ``local[2]``.
+
+Each query reads stream ``<X>_SRC`` with ``spark.readStream.format("jetstream")`` and writes the
+payloads to ``<X>_DST`` with ``df.writeStream.format("jetstream")``, so ``<X>_DST`` holding every
+payload of ``<X>_SRC`` exactly once shows that both the source and the sink delivered exactly once.
+One SparkSession and one nats-server for the module; every test uses its own streams and checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, stream_info
+from airflow_jetstream.client.ledger.job_records import DEFAULT_JOB_BUCKET, get_job_record
+from airflow_jetstream.embedded import EmbeddedNatsServer
+from tests.support.nats_calls import call_on_server
+from tests.support.spark_session import local_spark
+
+pytestmark = pytest.mark.spark
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from airflow_jetstream.spark.stream_writer import micro_batch_job_id  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
+    with EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("nats")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    yield from local_spark("test-jetstream-streaming")
+
+
+def run(server: EmbeddedNatsServer, func: Any, *args: Any, **kwargs: Any) -> Any:
+    return call_on_server(ConnectionSettings(servers=server.url, request_timeout=10), func, *args, **kwargs)
+
+
+async def _publish(conn: Any, subjects_and_numbers: list[tuple[str, int]]) -> None:
+    for subject, number in subjects_and_numbers:
+        await conn.js.publish(subject, f'{{"n":{number}}}'.encode())
+
+
+def publish(server: EmbeddedNatsServer, prefix: str, numbers: range, subject: str = "a") -> None:
+    run(server, _publish, [(f"{prefix}.src.{subject}", n) for n in numbers])
+
+
+async def _payloads(conn: Any, stream: str) -> list[bytes]:
+    from airflow_jetstream.client.reading.range_read import read_range
+
+    state = (await stream_info(conn, stream))["state"]
+    out: list[bytes] = []
+    async for chunk in read_range(conn, stream, max(1, state["first_seq"]), state["last_seq"]):
+        out.extend(bytes(m[4]) for m in chunk)
+    return out
+
+
+def assert_exactly_once(server: EmbeddedNatsServer, stream: str, numbers: range) -> None:
+    stored = Counter(run(server, _payloads, stream))
+    expected = Counter(f'{{"n":{n}}}'.encode() for n in numbers)
+    assert stored == expected, (f"missing {sorted((expected - stored).elements())[:5]}, "
+                                f"twice {sorted((stored - expected).elements())[:5]}")
+
+
+def make_streams(server: EmbeddedNatsServer, prefix: str, dst_subjects: list[str], **dst: Any) -> None:
+    run(server, ensure_stream, {"name": f"{prefix}_SRC", "subjects": [f"{prefix}.src.>"]})
+    run(server, ensure_stream, {"name": f"{prefix}_DST", "subjects": dst_subjects, "allow_atomic": True, **dst})
+
+
+def start_query(spark: SparkSession, server: EmbeddedNatsServer, prefix: str, checkpoint: Path,
+                **read_options: str) -> Any:
+    """Copy ``<prefix>_SRC`` to ``<prefix>_DST`` (subject ``<prefix>.dst.<last token>``) until AvailableNow ends."""
+    source = (spark.readStream.format("jetstream")
+              .options(servers=server.url, stream=f"{prefix}_SRC", **read_options).load())
+    out = source.select(
+        F.concat(F.lit(f"{prefix}.dst."), F.substring_index("subject", ".", -1)).alias("subject"), "payload")
+    return (out.writeStream.format("jetstream").options(servers=server.url, stream=f"{prefix}_DST")
+            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+
+
+def run_query(spark: SparkSession, server: EmbeddedNatsServer, prefix: str, checkpoint: Path,
+              **read_options: str) -> list[dict[str, Any]]:
+    query = start_query(spark, server, prefix, checkpoint, **read_options)
+    query.awaitTermination()
+    return [p for p in query.recentProgress if p["numInputRows"]]
+
+
+def ends(progress: list[dict[str, Any]]) -> list[tuple[int, int, int]]:
+    """(batch id, rows, end seq) of each micro-batch that ran."""
+    import json
+
+    return [(p["batchId"], p["numInputRows"], json.loads(p["sources"][0]["endOffset"])["seq"]) for p in progress]
+
+
+def job_state(server: EmbeddedNatsServer, job_id: str) -> str | None:
+    record = run(server, get_job_record, job_id)
+    return None if record is None else record["state"]
+
+
+def test_available_now_runs_read_what_arrived_since_the_last(server: EmbeddedNatsServer, spark: SparkSession,
+                                                             tmp_path: Path) -> None:
+    make_streams(server, "an", ["an.dst.>"])
+    publish(server, "an", range(250))
+    first = run_query(spark, server, "an", tmp_path, max_messages_per_trigger="100")
+    # read limits: three micro-batches of at most 100 messages, up to what was stored at the start
+    assert ends(first) == [(0, 100, 100), (1, 100, 200), (2, 50, 250)]
+    # the latest offset the source reported (the progress's lag)
+    assert '"seq": 250' in first[0]["sources"][0]["latestOffset"]
+    assert_exactly_once(server, "an_DST", range(250))
+
+    publish(server, "an", range(250, 330))
+    second = run_query(spark, server, "an", tmp_path, max_messages_per_trigger="100")
+    assert ends(second) == [(3, 80, 330)]
+    assert_exactly_once(server, "an_DST", range(330))
+    # nothing new: a third run plans no micro-batch and stores nothing
+    assert ends(run_query(spark, server, "an", tmp_path, max_messages_per_trigger="100")) == []
+    assert_exactly_once(server, "an_DST", range(330))
+
+
+def test_query_failing_mid_batch_then_restarted_stores_every_message_once(
+        server: EmbeddedNatsServer, spark: SparkSession, tmp_path: Path) -> None:
+    # micro-batch 1 (seq 101..200) reads seq 101..150 (subject a) in one task and 151..200 (subject b)
+    # in the other: the sink's stream takes no b subject yet, so that task fails and the query dies
+    make_streams(server, "kr", ["kr.dst.a"])
+    publish(server, "kr", range(150), "a")
+    publish(server, "kr", range(150, 200), "b")
+    publish(server, "kr", range(200, 300), "a")
+    options = {"max_messages_per_trigger": "100", "num_partitions": "2"}
+    query = start_query(spark, server, "kr", tmp_path, **options)
+    with pytest.raises(pyspark.errors.StreamingQueryException, match=r"kr\.dst\.b"):
+        query.awaitTermination()
+    query_id = query.id
+    assert job_state(server, micro_batch_job_id(query_id, 0)) == "committed"
+    assert job_state(server, micro_batch_job_id(query_id, 1)) == "aborted"
+
+    run(server, ensure_stream, {"name": "kr_DST", "subjects": ["kr.dst.a", "kr.dst.b"]})
+    progress = run_query(spark, server, "kr", tmp_path, **options)
+    # the restart runs micro-batch 1 again, same bounds, then goes on
+    assert ends(progress) == [(1, 100, 200), (2, 100, 300)]
+    assert job_state(server, micro_batch_job_id(query_id, 1)) == "committed"
+    assert_exactly_once(server, "kr_DST", range(300))
+
+
+async def _await_window_passed(conn: Any, stream: str) -> int:
+    """Publish one msg id until the server stores it again: the duplicate window has passed (bounded)."""
+    for attempt in range(200):
+        ack = await conn.js.publish(f"{stream.lower()}.probe", b"probe", headers={"Nats-Msg-Id": "probe"})
+        if attempt and not ack.duplicate:
+            return attempt
+        await asyncio.sleep(0.05)
+    raise AssertionError("the duplicate window never passed")
+
+
+async def _delete_job_record(conn: Any, job_id: str) -> None:
+    kv = await conn.js.key_value(DEFAULT_JOB_BUCKET)
+    await kv.purge(job_id)
+
+
+def test_last_micro_batch_replayed_after_the_duplicate_window_stores_nothing_twice(
+        server: EmbeddedNatsServer, spark: SparkSession, tmp_path: Path) -> None:
+    make_streams(server, "rp", ["rp.dst.>"], duplicate_window=1)
+    run(server, ensure_stream, {"name": "RP_PROBE", "subjects": ["rp_probe.probe"], "duplicate_window": 1})
+    publish(server, "rp", range(200))
+    checkpoint = tmp_path / "checkpoint"
+    first = run_query(spark, server, "rp", checkpoint, max_messages_per_trigger="100")
+    assert ends(first) == [(0, 100, 100), (1, 100, 200)]
+    job_id = micro_batch_job_id(first[0]["id"], 1)
+
+    def forget_commit() -> None:
+        (checkpoint / "commits" / "1").unlink()
+        (checkpoint / "commits" / ".1.crc").unlink(missing_ok=True)
+
+    # the sink's tasks stored micro-batch 1 but the query died before Spark wrote its commit and
+    # before the driver wrote the job record: only the batch ledger knows what was stored
+    forget_commit()
+    run(server, _delete_job_record, job_id)
+    assert run(server, _await_window_passed, "RP_PROBE") >= 1
+    replay = run_query(spark, server, "rp", checkpoint, max_messages_per_trigger="100")
+    assert ends(replay) == [(1, 100, 200)]
+    assert_exactly_once(server, "rp_DST", range(200))
+    assert job_state(server, job_id) == "committed"
+
+    # the commit lost again, the job record kept: the tasks skip the committed micro-batch whole
+    forget_commit()
+    replay = run_query(spark, server, "rp", checkpoint, max_messages_per_trigger="100")
+    assert ends(replay) == [(1, 100, 200)]
+    assert_exactly_once(server, "rp_DST", range(200))

@@ -92,3 +92,14 @@ def test_explicit_options_win_over_the_handed_over_connection(spark, user_server
         spark.read.format("jetstream").options(stream="OPTIONS_WIN", token="not-the-token").load().count()
     assert AuthenticationError.__name__ in str(err.value) or "Authorization" in str(err.value)
     assert "not-the-token" not in str(err.value)
+
+
+def test_settings_given_to_register_win_and_travel_in_the_source_not_in_conf(spark, user_server) -> None:
+    settings = ConnectionSettings(servers=user_server.url, user=AUTH_USER, password=AUTH_PASSWORD)
+    hand_over(spark, settings.with_overrides(password="wrong-password"))
+    conf_before = {k: v for k, v in spark.conf.getAll.items() if k.startswith(CONF_PREFIX)}
+    register(spark, settings, ship_package=True)  # classic: the zip through SparkContext.addPyFile
+    assert write_then_read(spark, settings, "REGISTERED") == ROWS
+    assert {k: v for k, v in spark.conf.getAll.items() if k.startswith(CONF_PREFIX)} == conf_before
+    assert AUTH_PASSWORD not in str(conf_before)
+    assert any(f.endswith("airflow_jetstream_spark.zip") for f in spark.sparkContext.listFiles)

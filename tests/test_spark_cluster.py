@@ -22,28 +22,11 @@ import pytest
 
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.embedded.spark_cluster import EmbeddedSparkCluster
+from tests.support.bare_python import make_bare_python
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = 2000
 PASSWORD = f"pw-{secrets.token_hex(12)}"
-
-#: Executors' sitecustomize: the project's packages only from a shipped zip, never from the venv.
-BLOCKER = '''
-import importlib.machinery, sys
-GUARDED = ("airflow_jetstream", "nats", "airflow")
-
-class ShippedOnly:
-    def find_spec(self, name, path=None, target=None):
-        if path is not None or name.split(".")[0] not in GUARDED:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, [p for p in sys.path if p.endswith(".zip")])
-        if spec is None:
-            raise ModuleNotFoundError(f"{name} is not installed for this Python (test sitecustomize)", name=name)
-        print(f"shipped import: {name} from {spec.origin}", file=sys.stderr, flush=True)
-        return spec
-
-sys.meta_path.insert(0, ShippedOnly())
-'''
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +35,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     from run_demo import nats_connection, run_pipeline
 
     home = tmp_path_factory.mktemp("cluster-run")
-    bare = home / "bare-python"
-    bare.mkdir()
-    (bare / "sitecustomize.py").write_text(BLOCKER)
-    executor_python = bare / "python"
-    executor_python.write_text(f'#!/bin/sh\nPYTHONPATH="{bare}" exec "{sys.executable}" "$@"\n')
-    executor_python.chmod(0o755)
+    executor_python = make_bare_python(home / "bare-python")
     wrappers = home / "bin"
     wrappers.mkdir()
     argv_log = home / "spark-submit-argv.txt"

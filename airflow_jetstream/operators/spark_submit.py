@@ -14,11 +14,10 @@ from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.spark.connection import CONF_PREFIX, settings_to_conf
-from airflow_jetstream.spark.package import build_py_files
+from airflow_jetstream.spark.package import PACKAGE_ZIP, build_py_files
 from airflow_jetstream.ui.links import JetStreamViewLink
 
 PROPERTIES_NAME = "jetstream-spark.properties"
-PACKAGE_NAME = "airflow_jetstream_spark.zip"
 
 
 def _escape(text: str) -> str:
@@ -87,7 +86,7 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         with tempfile.TemporaryDirectory(prefix="jetstream-spark-") as tmp:
             self.properties_file = str(write_properties_file(Path(tmp, PROPERTIES_NAME), settings, given_properties))
             if self.ship_package:
-                shipped = str(build_py_files(Path(tmp, PACKAGE_NAME)))
+                shipped = str(build_py_files(Path(tmp, PACKAGE_ZIP)))
                 self.py_files = f"{given_py_files},{shipped}" if given_py_files else shipped
             self.log.info("nats connection %r handed to the Spark job: %d server(s), auth %s, via --properties-file%s",
                           self.nats_conn_id, len(settings.servers), _auth_kind(settings),

@@ -19,26 +19,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_jetstream.spark.connection import session_connection_fields
+from airflow_jetstream.client.settings import ConnectionSettings, settings_to_fields
+from airflow_jetstream.spark.connection import connected_source, session_connection_fields
+from airflow_jetstream.spark.package import add_package_to_session
 from airflow_jetstream.spark.reader import Consumption, consume
 from airflow_jetstream.spark.source import JetStreamDataSource
 from airflow_jetstream.spark.versions import check_pyspark_install
 
 
-def register(spark: Any) -> None:
-    """Register the ``jetstream`` format with a SparkSession.
+def register(spark: Any, settings: ConnectionSettings | None = None, *, ship_package: bool = False) -> None:
+    """Register the ``jetstream`` format with a SparkSession, classic or Spark Connect.
 
-    When the job was submitted with a ``nats`` connection (``spark.jetstream.*`` conf, see
-    :class:`~airflow_jetstream.operators.spark_submit.JetStreamSparkSubmitOperator`), its fields
-    become the format's defaults: ``servers`` and credentials need not be given as options.
+    :param settings: the NATS connection (e.g. ``JetStreamHook("nats_default").settings``): its fields
+        become the format's defaults, carried inside the registered data source (pickled into the
+        tasks and, on Spark Connect, into the registration), never in Spark conf. Without it, the
+        fields of a job submitted by
+        :class:`~airflow_jetstream.operators.spark_submit.JetStreamSparkSubmitOperator`
+        (``spark.jetstream.*`` conf) are the defaults, if any.
+    :param ship_package: first add this package (client + spark, and nats-py) to the session, so
+        Python workers that lack it can run the data source: ``spark.addArtifacts(zip, pyfile=True)``
+        on Spark Connect, ``SparkContext.addPyFile`` on a classic session. Calling register again
+        (with or without it) is safe.
     """
     check_pyspark_install()
-    defaults = session_connection_fields(spark)
-    source = JetStreamDataSource
-    if defaults:
-        # A class built here is pickled by value, defaults included, to Spark's Python workers.
-        source = type("JetStreamConnectedDataSource", (JetStreamDataSource,), {"connection_defaults": defaults})
-    spark.dataSource.register(source)
+    if ship_package:
+        add_package_to_session(spark)
+    defaults = session_connection_fields(spark) if settings is None else settings_to_fields(settings)
+    spark.dataSource.register(connected_source(JetStreamDataSource, defaults) if defaults else JetStreamDataSource)
 
 
 __all__ = ["Consumption", "JetStreamDataSource", "consume", "register"]

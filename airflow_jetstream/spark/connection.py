@@ -1,15 +1,19 @@
-"""The ``nats`` connection handed to a Spark job as Spark conf (``spark.jetstream.*``).
+"""How the ``nats`` connection reaches the data source: inside the registered class, from Spark conf.
 
-:class:`~airflow_jetstream.operators.spark_submit.JetStreamSparkSubmitOperator` writes the
-connection's fields into a private properties file; :func:`airflow_jetstream.spark.register` reads
-them from the session's conf and makes them the data source's defaults. Secret fields live under
-``spark.jetstream.secret.*``, which Spark's default ``spark.redaction.regex`` redacts in its UI,
-event log and ``--verbose`` output.
+:func:`airflow_jetstream.spark.register` makes the connection's fields the data source's defaults
+by registering a class built for them (:func:`connected_source`): Spark pickles it by value into
+the tasks (and, on Spark Connect, into the registration sent to the server), so the fields never
+pass through Spark conf. They come either from ``register(spark, settings)`` or from the conf that
+:class:`~airflow_jetstream.operators.spark_submit.JetStreamSparkSubmitOperator` writes into a
+private properties file (``spark.jetstream.*``; secret fields under ``spark.jetstream.secret.*``,
+which Spark's default ``spark.redaction.regex`` redacts in its UI, event log and ``--verbose``
+output, and which Spark Connect hides from its clients: conf cannot carry them over Connect).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from airflow_jetstream.client.errors import InvalidSettingsError
 from airflow_jetstream.client.settings import SECRET_FIELDS, SETTINGS_FIELDS, ConnectionSettings, settings_to_fields
@@ -18,6 +22,7 @@ CONF_PREFIX = "spark.jetstream."
 SECRET_CONF_PREFIX = "spark.jetstream.secret."
 #: Fields that pick the authentication: options naming any of them replace all of the conf's.
 AUTH_FIELDS = ("user", "password", "token", "nkey_seed", "creds_file")
+Source = TypeVar("Source", bound=type)
 
 
 def conf_key(name: str) -> str:
@@ -56,3 +61,12 @@ def with_connection_defaults(defaults: Mapping[str, str], options: Mapping[str, 
 def session_connection_fields(spark: object) -> dict[str, str]:
     """The connection fields in a SparkSession's conf (empty when the job got none)."""
     return fields_from_conf(spark.conf.getAll.items())  # type: ignore[attr-defined]
+
+
+def connected_source(base: Source, fields: Mapping[str, str]) -> Source:
+    """A subclass of the data source ``base`` whose ``connection_defaults`` are ``fields``.
+
+    Built per registration and importable from no module, so cloudpickle sends it by value, the
+    fields with it; ``base`` travels by reference (the Python workers import the package).
+    """
+    return type(f"Connected{base.__name__}", (base,), {"connection_defaults": dict(fields)})  # type: ignore[return-value]

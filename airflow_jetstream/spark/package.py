@@ -1,4 +1,5 @@
-"""Ship the data source to executors that do not have it installed: a zip for ``--py-files``.
+"""Ship the data source to Python workers that do not have it installed: a zip for ``--py-files``,
+``SparkContext.addPyFile`` or, on Spark Connect, a session artifact.
 
 The zip holds what a Spark job needs and nothing of Airflow: ``airflow_jetstream`` (package root,
 ``client`` and ``spark``) and nats-py. nkey and creds authentication also need ``nkeys`` with its
@@ -8,9 +9,12 @@ or ship a packed environment with ``spark.archives`` (see docs/spark.md).
 
 from __future__ import annotations
 
+import functools
+import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 
@@ -18,6 +22,8 @@ import airflow_jetstream
 
 #: Parts of airflow_jetstream that executors need (the rest imports Airflow).
 SHIPPED_PARTS = ("__init__.py", "version.py", "client", "spark")
+#: The zip's file name (Spark keys added files and artifacts by name).
+PACKAGE_ZIP = "airflow_jetstream_spark.zip"
 _FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 
 
@@ -43,3 +49,27 @@ def build_py_files(target: str | Path) -> Path:
                 info.compress_type = zipfile.ZIP_DEFLATED
                 archive.writestr(info, path.read_bytes())
     return target
+
+
+@functools.cache
+def process_zip() -> Path:
+    """The zip, built once per process (the same path for every session: adding it again is a no-op)."""
+    return build_py_files(Path(tempfile.mkdtemp(prefix="airflow-jetstream-spark-")) / PACKAGE_ZIP)
+
+
+def is_connect_session(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext, artifacts instead of addPyFile)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect.")
+
+
+def add_package_to_session(spark: Any) -> None:
+    """Put the zip on the ``sys.path`` of the session's Python workers (and of a classic driver).
+
+    Spark Connect: ``spark.addArtifacts(zip, pyfile=True)``, which a data source registered
+    afterwards sees (register() calls this first). Classic: ``SparkContext.addPyFile``.
+    """
+    path = str(process_zip())
+    if is_connect_session(spark):
+        spark.addArtifacts(path, pyfile=True)
+    else:
+        spark.sparkContext.addPyFile(path)

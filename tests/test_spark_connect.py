@@ -1,0 +1,94 @@
+"""The data source over Spark Connect: one registration carrying the connection, and the shipped package.
+
+One Spark Connect server for the module, started from pyspark's own distribution on 127.0.0.1
+(``EmbeddedSparkConnectServer``), whose Python workers cannot import ``airflow_jetstream`` or
+nats-py from the venv (a ``sitecustomize`` refuses them unless they come from a shipped zip), with
+an uncompressed event log (what the history server and the UI's SQL tab show). The NATS server
+requires a user and password; the password is given only as ``register(spark, settings)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, stream_info
+from airflow_jetstream.embedded.spark_connect import EmbeddedSparkConnectServer
+from tests.conftest import AUTH_PASSWORD, AUTH_USER
+from tests.support.bare_python import make_bare_python
+from tests.support.nats_calls import call_on_server
+
+pytest.importorskip("pyspark")
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from airflow_jetstream.spark import register
+
+ROWS = 200
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSparkConnectServer]:
+    home = tmp_path_factory.mktemp("spark-connect")
+    events = home / "events"
+    events.mkdir()
+    conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}",
+            "spark.eventLog.compress": "false", "spark.sql.shuffle.partitions": "2"}
+    env = {"PYSPARK_PYTHON": str(make_bare_python(home / "bare-python"))}
+    with EmbeddedSparkConnectServer(conf=conf, env=env, base_dir=home / "server") as server:
+        yield server
+
+
+@pytest.fixture
+def session(connect_server: EmbeddedSparkConnectServer) -> Iterator[SparkSession]:
+    """A new Connect session (its own artifacts and registrations) per test."""
+    spark = SparkSession.builder.remote(connect_server.url).create()
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture
+def nats_settings(user_server) -> ConnectionSettings:
+    return ConnectionSettings(servers=user_server.url, user=AUTH_USER, password=AUTH_PASSWORD, connect_timeout=2)
+
+
+def orders(spark: SparkSession, stream: str):
+    return spark.range(0, ROWS, numPartitions=2).select(
+        F.concat(F.lit(f"{stream.lower()}."), (F.col("id") % 3).cast("string")).alias("subject"),
+        F.col("id").cast("string").alias("payload"),
+    )
+
+
+def test_without_the_shipped_package_the_workers_cannot_load_the_source(session, nats_settings) -> None:
+    register(session, nats_settings)
+    with pytest.raises(Exception, match="airflow_jetstream is not installed for this Python") as err:
+        session.read.format("jetstream").options(stream="NONE").load().count()
+    assert AUTH_PASSWORD not in str(err.value)
+
+
+def test_read_write_round_trip_with_the_shipped_package_and_the_connection_in_the_source(
+        session, nats_settings) -> None:
+    call_on_server(nats_settings, ensure_stream, {"name": "CONNECT", "subjects": ["connect.>"], "allow_atomic": True})
+    register(session, nats_settings, ship_package=True)
+    register(session, nats_settings, ship_package=True)  # again: adding the same artifact is a no-op
+    orders(session, "CONNECT").write.format("jetstream").mode("append").options(
+        stream="CONNECT", job_id="connect-1").save()
+    assert call_on_server(nats_settings, stream_info, "CONNECT")["state"]["messages"] == ROWS
+    read = session.read.format("jetstream").options(stream="CONNECT", decode="utf-8").load()
+    assert read.select(F.col("payload").cast("int")).distinct().count() == ROWS
+    assert not [key for key in session.conf.getAll if key.startswith("spark.jetstream")]
+
+
+def test_the_password_is_in_no_server_log_or_event_log(connect_server) -> None:
+    """Runs last: stops the server so the event log is complete, then scans every file it wrote."""
+    connect_server.close()
+    files = [p for p in connect_server.base_dir.parent.rglob("*") if p.is_file()]
+    texts = {str(p): p.read_text(errors="replace") for p in files}
+    events = "\n".join(text for name, text in texts.items() if "/events/" in name)
+    # the history server and the UI show the SQL plans and each Connect statement; the registration's
+    # pickled data source (which holds the settings) is shown truncated to its first bytes
+    assert "SparkListenerSQLExecutionStart" in events and 'format: \\"jetstream\\"' in events
+    assert "register_data_source" in events and "[truncated(size=" in events
+    assert "shipped import: airflow_jetstream from " in connect_server.log()
+    assert [name for name, text in texts.items() if AUTH_PASSWORD in text] == []

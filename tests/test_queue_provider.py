@@ -328,7 +328,7 @@ def test_missing_consumer_is_waited_out_with_one_line_per_back_off(orders, monke
     lines = waits()
     assert all(r.exc_info is None for r in lines), "a back-off line carries no traceback"
     assert "consumer_not_found" in lines[0].getMessage()
-    delays = [float(r.getMessage().rsplit("again in ", 1)[1].split(" s")[0]) for r in lines[:3]]
+    delays = [float(r.getMessage().rsplit("; retry ", 1)[1].split(" in ")[1].split(" s")[0]) for r in lines[:3]]
     assert delays == sorted(delays) and delays[0] < delays[2], delays
 
 

@@ -8,6 +8,7 @@ within ``connect_timeout`` per server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -36,13 +37,18 @@ from airflow_jetstream.client.errors import (
     TLSConfigurationError,
     error_from_api,
 )
-from airflow_jetstream.client.natspy_internals import install_header_parser
+from airflow_jetstream.client.natspy_internals import install_header_parser, install_pong_guard
+from airflow_jetstream.client.retry import is_leader_unavailable, retry
 from airflow_jetstream.client.settings import ConnectionSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-#: First pause between retries while a leader is elected; doubles up to ``_RETRY_MAX`` seconds.
-_RETRY_FIRST, _RETRY_MAX = 0.25, 2.0
+#: A server that answers no PING for ``PING_INTERVAL * (MAX_OUTSTANDING_PINGS + 1)`` seconds (a stalled or
+#: partitioned server) is given up and the client reconnects, to another server of the cluster if there is one.
+#: nats-py's defaults (120 s, 2) left a stalled connection for up to 6 minutes.
+PING_INTERVAL, MAX_OUTSTANDING_PINGS = 10, 2
+#: What to check when a leader stays unavailable for the whole ``leader_wait``.
+QUORUM_ADVICE = "check that a quorum of the cluster's servers runs, then re-run"
 
 #: Unreported permission violations kept per connection (a pooled connection lives for the whole process).
 _VIOLATIONS_KEPT = 64
@@ -236,34 +242,16 @@ class JetStreamConnection:
         return await self.retry_leader(what, once) if retry else await once()
 
     async def retry_leader(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
-        """Run ``attempt``; while it raises :class:`LeaderUnavailableError`, retry with back-off.
+        """Run ``attempt``; while it raises :class:`LeaderUnavailableError`, retry it for
+        ``settings.leader_wait`` seconds (the client's one retry rule, :func:`~airflow_jetstream.client.retry.retry`:
+        0.25 s doubling up to 2 s, one log line per retry), then raise the last error saying how long it waited."""
+        return await retry(what, attempt, transient=is_leader_unavailable, budget=self.settings.leader_wait,
+                           advice=QUORUM_ADVICE, logger=log)
 
-        Pauses start at 0.25 s and double up to 2 s; after ``settings.leader_wait`` seconds the last
-        error is raised, saying how long it waited. One log line per retry.
-        """
-        loop = asyncio.get_running_loop()
-        deadline: float | None = None
-        pause = _RETRY_FIRST
-        retries = 0
-        while True:
-            try:
-                return await attempt()
-            except LeaderUnavailableError as exc:
-                now = loop.time()
-                deadline = deadline if deadline is not None else now + self.settings.leader_wait
-                if now >= deadline:
-                    if retries:
-                        exc.message = (f"{exc.message}; still no leader after {retries} retries over "
-                                       f"{self.settings.leader_wait:g}s (leader_wait): check that a quorum "
-                                       "of the cluster's servers runs, then re-run")
-                        exc.args = (exc.message,)
-                    raise
-                delay = min(pause, deadline - now)
-                retries += 1
-                log.warning("%s: leader unavailable (%s); retry %d in %.2f s, %.1f s of leader_wait left",
-                            what, exc.reason, retries, delay, deadline - now)
-                await asyncio.sleep(delay)
-                pause = min(pause * 2, _RETRY_MAX)
+    async def round_trip(self) -> None:
+        """One PING/PONG within ``request_timeout``, ignoring a timeout (before a retry: what was sent is read)."""
+        with contextlib.suppress(TimeoutError, nats.errors.Error):
+            await self.nc.flush(timeout=self.settings.request_timeout)
 
     async def close(self) -> None:
         """Flush what was published (the server has it once the PONG is back), then close.
@@ -304,8 +292,11 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
         error_cb=error_cb,
         max_reconnect_attempts=options.pop("max_reconnect_attempts", 60),
         reconnect_time_wait=options.pop("reconnect_time_wait", 0.5),
+        ping_interval=options.pop("ping_interval", PING_INTERVAL),
+        max_outstanding_pings=options.pop("max_outstanding_pings", MAX_OUTSTANDING_PINGS),
         **options,
     )
+    install_pong_guard(nc)  # before connecting: a stall can come at any time
     budget = settings.connect_timeout * max(1, len(settings.servers)) + 1.0
     task = asyncio.ensure_future(nc.connect(**kwargs))
     done, _ = await asyncio.wait({task, cast("asyncio.Future[Any]", fatal)}, timeout=budget,

@@ -13,6 +13,12 @@ checks each one exists and behaves as used here, so an upgrade fails there first
 - ``Client._parse_header_lines`` (a static method, per connection overridable): nats-py keeps one
   value per header name and scans each header character by character; the toolkit's parser keeps
   repeated names (``X-Multi: a`` + ``X-Multi: b``) and is ~2x faster on reads with headers.
+- ``Client._process_pong`` / ``Client._pongs`` (per connection): nats-py 2.16 cancels the future of a
+  ``flush(timeout=...)`` that timed out but leaves it in its queue of PINGs awaiting a PONG; when the
+  late PONG comes (a stalled server resumes), setting its result raises ``InvalidStateError``, which
+  ends nats-py's read loop while the connection still says "connected": nothing is read again and
+  nothing reconnects. The replacement answers the oldest PING as before and skips a future that is
+  already done.
 
 JetStream API calls go through :meth:`JetStreamConnection.api_request
 <airflow_jetstream.client.connection.JetStreamConnection.api_request>` (raw ``$JS.API`` JSON), not
@@ -38,13 +44,27 @@ from airflow_jetstream.client.reading.headers import parse_header_lines
 
 #: The private attributes of ``nats.aio.client.Client`` used here (the guard test checks each).
 CLIENT_ATTRIBUTES = ("_send_command", "_flush_pending", "_pending_data_size", "_max_pending_size",
-                     "_parse_header_lines")
+                     "_parse_header_lines", "_process_pong", "_pongs", "_pongs_received", "_pings_outstanding")
 
 
 def install_header_parser(nc: Any) -> None:
     """Make ``nc`` parse headers with :func:`~airflow_jetstream.client.reading.headers.parse_header_lines`."""
     if getattr(type(nc), "_parse_header_lines", None) is not None:
         nc._parse_header_lines = parse_header_lines
+
+
+def install_pong_guard(nc: Any) -> None:
+    """Make a late PONG for a timed-out ``nc.flush(timeout=...)`` harmless instead of ending ``nc``'s read loop."""
+
+    async def process_pong() -> None:
+        if nc._pongs:
+            future = nc._pongs.pop(0)  # each PONG answers the oldest PING, also one whose flush gave up
+            if not future.done():
+                future.set_result(True)
+            nc._pongs_received += 1
+            nc._pings_outstanding = 0
+
+    nc._process_pong = process_pong
 
 
 async def write_raw(nc: Any, frames: bytes) -> None:

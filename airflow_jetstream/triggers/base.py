@@ -10,7 +10,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_jetstream.client.connection import JetStreamConnection, open_connection
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     AuthenticationError,
@@ -20,34 +21,36 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     TLSConfigurationError,
 )
+from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 
-#: Errors a busy or restarting server causes (e.g. hundreds of triggers starting at once): retried with backoff.
+#: Errors a busy or restarting server causes (e.g. hundreds of triggers starting at once, a leader election).
 TRANSIENT_ERRORS = (RequestTimeoutError, ConnectionFailedError)
 PERMANENT_ERRORS = (AuthenticationError, TLSConfigurationError)
+#: The triggers' one policy: a transient error is retried up to ``TRANSIENT_RETRIES`` times, 1 s doubling up to 30 s.
 TRANSIENT_RETRIES = 5
+TRIGGER_BACKOFF = Backoff(1.0, 30.0)
 
 
 async def retrying(log: logging.Logger, what: str, attempt: Callable[[], Awaitable[dict[str, Any]]],
                    transient: tuple[type[JetStreamError], ...] = TRANSIENT_ERRORS) -> dict[str, Any]:
-    """``await attempt()`` until it returns an event: a leader election is waited out (1 s steps, bounded by
-    the caller's deadline), a ``transient`` error retried with backoff up to ``TRANSIENT_RETRIES`` times;
-    any other error is the event ``{"status": "error", "error": {...}}``."""
-    failures = 0
-    while True:
-        try:
-            return await attempt()
-        except LeaderUnavailableError as exc:
-            log.info("%s: the cluster is electing a leader (%s); retrying in 1 s", what, exc)
-            await asyncio.sleep(1.0)
-        except JetStreamError as exc:
-            failures += 1
-            if not isinstance(exc, transient) or isinstance(exc, PERMANENT_ERRORS) or failures > TRANSIENT_RETRIES:
-                log.error("%s failed (attempt %d): %s", what, failures, exc)
-                return {"status": "error", "error": exc.to_dict()}
-            delay = min(2.0**failures, 30.0)
-            log.warning("%s interrupted (%s); retrying in %.0f s", what, exc, delay)
-            await asyncio.sleep(delay)
+    """``await attempt()`` until it returns an event, with the client's retry rule
+    (:func:`~airflow_jetstream.client.retry.retry`): a ``transient`` error (a leader election included) is
+    retried up to ``TRANSIENT_RETRIES`` times, 1 s doubling up to 30 s, within the caller's deadline; any other
+    error, or the last one, is the event ``{"status": "error", "error": {...}}``. Each attempt borrows the
+    loop's pooled connection (``shared_connection``), so a retry after a lost connection gets a new one."""
+
+    def why(exc: JetStreamError) -> str | None:
+        if isinstance(exc, PERMANENT_ERRORS) or not isinstance(exc, transient):
+            return None
+        return "the cluster is electing a leader" if isinstance(exc, LeaderUnavailableError) else "interrupted"
+
+    try:
+        return await retry(what, attempt, transient=why, budget=None, budget_name="retries",
+                           max_retries=TRANSIENT_RETRIES, backoff=TRIGGER_BACKOFF, logger=log)
+    except JetStreamError as exc:
+        log.error("%s failed: %s", what, exc)
+        return {"status": "error", "error": exc.to_dict()}
 
 
 class JetStreamPollingTrigger(BaseTrigger):
@@ -93,24 +96,18 @@ class JetStreamPollingTrigger(BaseTrigger):
         yield TriggerEvent(await self._wait())
 
     async def _wait(self) -> dict[str, Any]:
-        try:
-            settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
-            async with open_connection(settings) as conn:
-                while True:
-                    try:
-                        status = await self.status(conn)
-                    except LeaderUnavailableError as exc:
-                        self.log.info("Waiting for %s: the cluster is electing a leader (%s)", self.what, exc)
-                        await asyncio.sleep(self.poll_interval)
-                        continue
-                    if status.get("error") and isinstance(status["error"], dict):
-                        return {"status": "error", "error": {**status["error"], "state": status}}
-                    if self.is_done(status):
-                        return {"status": "success", "result": status}
-                    if self._timed_out():
-                        return {"status": "timeout", "last": status, "description": self.describe(status)}
-                    self.log.info("Waiting for %s: %s", self.what, self.describe(status))
-                    await asyncio.sleep(self.poll_interval)
-        except JetStreamError as exc:
-            self.log.error("Waiting for %s failed: %s", self.what, exc)
-            return {"status": "error", "error": exc.to_dict()}
+        return await retrying(self.log, f"Waiting for {self.what}", self._poll)
+
+    async def _poll(self) -> dict[str, Any]:
+        settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
+        async with shared_connection(settings) as conn:
+            while True:
+                status = await self.status(conn)
+                if status.get("error") and isinstance(status["error"], dict):
+                    return {"status": "error", "error": {**status["error"], "state": status}}
+                if self.is_done(status):
+                    return {"status": "success", "result": status}
+                if self._timed_out():
+                    return {"status": "timeout", "last": status, "description": self.describe(status)}
+                self.log.info("Waiting for %s: %s", self.what, self.describe(status))
+                await asyncio.sleep(self.poll_interval)

@@ -49,11 +49,13 @@ from airflow_jetstream.client.errors import (
     ConnectionFailedError,
     ConsumerConfigError,
     ConsumerNotFoundError,
+    JetStreamError,
     RequestTimeoutError,
     StreamNotFoundError,
 )
 from airflow_jetstream.client.reading.headers import headers_json
 from airflow_jetstream.client.reading.pull import PullSubscription
+from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
@@ -153,19 +155,19 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
 
     async def _open_consumer(self) -> tuple[JetStreamConnection, dict[str, Any]]:
         """Connect and check the consumer; a missing stream/consumer or an unreachable server is waited out
-        with a growing back-off (one log line each), not raised (Airflow would restart the watcher every 2 s)."""
-        delay = BACKOFF_FIRST
-        while True:
-            try:
-                self._conn = conn = self._conn or await POOL.acquire(self._settings)
-                return conn, await self._check_consumer(conn)
-            except WAITED_OUT_ERRORS as exc:
-                if isinstance(exc, AuthenticationError):
-                    raise
-                log.warning("Watcher on %s/%s not started: %s. Checking again in %.1f s.",
-                            self.stream, self.consumer, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, BACKOFF_MAX)
+        with the client's retry rule and no time limit (a growing back-off, one log line each), not raised
+        (Airflow would restart the watcher every 2 s)."""
+
+        async def attempt() -> tuple[JetStreamConnection, dict[str, Any]]:
+            self._conn = conn = self._conn or await POOL.acquire(self._settings)
+            return conn, await self._check_consumer(conn)
+
+        def why(exc: JetStreamError) -> str | None:
+            waited_out = isinstance(exc, WAITED_OUT_ERRORS) and not isinstance(exc, AuthenticationError)
+            return exc.message if waited_out else None
+
+        return await retry(f"Watcher on {self.stream}/{self.consumer} not started", attempt, transient=why,
+                           budget=None, backoff=Backoff(BACKOFF_FIRST, BACKOFF_MAX), logger=log)
 
     async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], int]]:
         self._settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()

@@ -17,13 +17,11 @@ window at one entry per batch instead of one per message.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -49,7 +47,7 @@ from airflow_jetstream.client.batches.types import (
     validate_batch_id,
     validate_messages,
 )
-from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     BatchPublishError,
@@ -60,6 +58,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     error_from_api,
 )
+from airflow_jetstream.client.retry import retry
 
 #: Headers an atomic batch must not carry, with what to use instead.
 ATOMIC_REFUSED_HEADERS = {
@@ -78,8 +77,6 @@ _BATCH_HEADER_BYTES = (
 )
 DEFAULT_FLOW_EVERY = 200
 DEFAULT_RETRIES = 5
-_BACKOFF_BASE = 0.05
-_BACKOFF_MAX = 2.0
 _PROBE_WINDOW = 256
 #: A last sequence no stream reaches (2^53 - 1): the expectation of a msg-id probe on a replicated stream.
 _UNREACHABLE_SEQ = 2**53 - 1
@@ -499,32 +496,26 @@ async def publish_atomic_batch(
 async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage], batch_id: str,
                              expected_last_seq: int | None, flow_every: int, timeout: float,
                              retries: int) -> BatchResult:
-    """Send an already validated batch, retrying ``too_many_inflight``; see :func:`publish_atomic_batch`."""
+    """Send an already validated batch with the retries of :class:`_BatchRetry`; see :func:`publish_atomic_batch`."""
     server_features.require(conn, server_features.ATOMIC_BATCH)
     started = time.monotonic()
-    attempt = 0
-    election = _ElectionRetry(conn, batch_id, any(m.msg_id for m in items))
-    while True:
-        progress: dict[str, bool] = {}
-        try:
-            ack = await _send_batch(conn, items, batch_id, expected_last_seq, flow_every, timeout, progress)
-            break
-        except JetStreamError as exc:
-            if await election.should_retry(exc, items[0].subject, progress.get("commit_written", False)):
-                continue
-            if exc.reason == "too_many_inflight" and attempt < retries:
-                attempt += 1
-                metrics.incr("batch.retried", tags={"reason": exc.reason})
-                await asyncio.sleep(min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** attempt) * (0.5 + random.random()))
-                continue
-            if isinstance(exc, BatchPublishError) and exc.reason == "duplicate_msg_id":
-                try:
-                    return await _already_committed(conn, items, batch_id, timeout, exc)
-                except JetStreamError as final:
-                    metrics.incr("batch.failed", tags={"reason": final.reason})
-                    raise
-            metrics.incr("batch.failed", tags={"reason": exc.reason})
-            raise
+    rule = _BatchRetry(conn, batch_id, items, retries,
+                       lambda progress: _send_batch(conn, items, batch_id, expected_last_seq, flow_every, timeout,
+                                                    progress))
+    try:
+        ack = await retry(f"atomic batch {batch_id}", rule.send, transient=rule.transient,
+                          budget=conn.settings.leader_wait, advice=rule.advice, logger=log,
+                          before_retry=conn.round_trip)
+    except JetStreamError as exc:
+        if isinstance(exc, BatchPublishError) and exc.reason == "duplicate_msg_id":
+            try:
+                return await _already_committed(conn, items, batch_id, timeout, exc)
+            except JetStreamError as final:
+                metrics.incr("batch.failed", tags={"reason": final.reason})
+                raise
+        final = rule.final_error(exc)
+        metrics.incr("batch.failed", tags={"reason": final.reason})
+        raise final from None
     count, last_seq = _checked_commit_ack(ack, batch_id, len(items))
     metrics.incr("batch.committed")
     metrics.incr("batch.messages", count)
@@ -550,60 +541,87 @@ def _checked_commit_ack(ack: dict[str, Any], batch_id: str, sent: int) -> tuple[
     return count, seq
 
 
-class _ElectionRetry:
-    """Decides whether a failed send of one atomic batch is re-sent while the stream elects a leader.
+class _BatchRetry:
+    """Which failed sends of one atomic batch are re-sent (for the connection's ``leader_wait``), and how it ends.
 
-    Re-sent only when that cannot store it twice: a 503 / no responders (the message reached no stream
-    leader, so the batch cannot commit) on a stream that exists; on a cluster, a timeout or a lost
-    (reconnecting) connection before the commit frame was written (the server abandons an uncommitted
-    batch); or after it, when the batch carries msg ids (the server then refuses a stored batch as a
-    duplicate and it is recognised as ``already_committed``). For up to the connection's ``leader_wait``
-    seconds, 0.25-2 s apart.
+    Re-sent only when that cannot store the batch twice:
+
+    - a 503 / no responders on a stream that exists: no leader received the batch, so it cannot commit;
+    - on a cluster, no reply or a lost (reconnecting) connection before the commit frame was written
+      (the server abandons an uncommitted batch); after it only when the batch carries msg ids (the
+      server then refuses a stored batch as a duplicate and it is reported ``already_committed``);
+    - ``msg_id_in_process`` (10158): a re-send met its own earlier attempt still being stored; asking
+      again gives a duplicate (stored) or stores it once (the earlier attempt failed);
+    - ``batch_incomplete`` (10176) on a cluster: the leader lost part of the batch (it changed during
+      the send); nothing of it was stored;
+    - ``too_many_inflight``: refused before anything was staged, up to ``retries`` times.
+
+    A batch still failing for one of these reasons at the deadline ends in one error,
+    :class:`LeaderUnavailableError` (``leader_unavailable``), saying whether it may have been stored.
     """
 
-    def __init__(self, conn: JetStreamConnection, batch_id: str, has_msg_ids: bool) -> None:
+    def __init__(self, conn: JetStreamConnection, batch_id: str, items: list[BatchMessage], retries: int,
+                 send_batch: Callable[[dict[str, bool]], Awaitable[dict[str, Any]]]) -> None:
         self.conn = conn
         self.batch_id = batch_id
-        self.has_msg_ids = has_msg_ids
-        self.deadline: float | None = None
-        self.pause = 0.25
-        self.retries = 0
+        self.subject = items[0].subject
+        self.has_msg_ids = any(m.msg_id for m in items)
+        self.inflight_left = retries
+        self.send_batch = send_batch
+        self.progress: dict[str, bool] = {}
+        self.maybe_stored = False  # an attempt wrote the commit and got no answer
+        self.retried: set[int] = set()
+        self.advice = QUORUM_ADVICE
 
-    async def should_retry(self, exc: JetStreamError, subject: str, commit_written: bool) -> bool:
-        if exc.reason == "no_stream_for_subject":
-            if not await streams_for_subject(self.conn, subject):
-                return False
-            safe, why = True, "no stream leader answered (503)"
-        elif (isinstance(exc, RequestTimeoutError) or exc.reason == "connection_lost") and self.conn.clustered \
-                and not self.conn.nc.is_closed:
-            # on a cluster an unanswered batch is most likely an election (nats-py reconnects meanwhile)
-            safe = not commit_written or self.has_msg_ids
-            why = "no reply" if not commit_written else "no reply to the commit (msg ids make a re-send safe)"
-        else:
-            return False
-        if not safe:
-            return False
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        self.deadline = now + self.conn.settings.leader_wait if self.deadline is None else self.deadline
-        if now >= self.deadline:
-            if exc.reason == "no_stream_for_subject":
+    async def send(self) -> dict[str, Any]:
+        """One attempt; a 503 on a stream that exists is :class:`LeaderUnavailableError`."""
+        self.progress = {}
+        try:
+            return await self.send_batch(self.progress)
+        except BatchPublishError as exc:
+            if exc.reason == "no_stream_for_subject" and await streams_for_subject(self.conn, self.subject):
                 raise LeaderUnavailableError(
-                    f"atomic batch {self.batch_id}: the stream capturing {subject!r} has no leader (503) after "
-                    f"{self.retries} retries over {self.conn.settings.leader_wait:g}s (leader_wait); nothing of "
-                    "the batch was stored. Check that a quorum of the cluster's servers runs, then re-run"
+                    f"atomic batch {self.batch_id}: the stream capturing {self.subject!r} has no leader (503)"
                 ) from None
-            return False
-        self.retries += 1
-        delay = min(self.pause, self.deadline - now)
-        log.warning("atomic batch %s: %s; re-sending it (retry %d) in %.2f s, %.1f s of leader_wait left",
-                    self.batch_id, why, self.retries, delay, self.deadline - now)
-        metrics.incr("batch.retried", tags={"reason": "leader_unavailable"})
-        with contextlib.suppress(TimeoutError, nats.errors.Error):
-            await self.conn.nc.flush(timeout=self.conn.settings.request_timeout)  # type: ignore[arg-type]  # float s work
-        await asyncio.sleep(delay)
-        self.pause = min(self.pause * 2, _BACKOFF_MAX)
-        return True
+            raise
+
+    def transient(self, exc: JetStreamError) -> str | None:
+        why = self._why(exc)
+        if why is not None:
+            self.retried.add(id(exc))
+            metrics.incr("batch.retried", tags={"reason": exc.reason})
+        return why
+
+    def _why(self, exc: JetStreamError) -> str | None:
+        cluster = self.conn.clustered and not self.conn.nc.is_closed
+        if isinstance(exc, LeaderUnavailableError):
+            return "no stream leader answered; re-sending it"
+        if exc.reason == "too_many_inflight":
+            if self.inflight_left <= 0:
+                return None
+            self.inflight_left -= 1
+            return "the stream has too many batches in flight; re-sending it"
+        if exc.reason == "msg_id_in_process":
+            return "its msg id is still being stored by an earlier attempt; asking again"
+        if exc.reason == "batch_incomplete" and cluster:
+            return "the stream leader lost part of the batch (nothing stored); re-sending it"
+        if (isinstance(exc, RequestTimeoutError) or exc.reason == "connection_lost") and cluster:
+            if not self.progress.get("commit_written", False):
+                return "no reply before the commit (the server abandons an uncommitted batch); re-sending it"
+            if self.has_msg_ids:
+                self.maybe_stored = True
+                return "no reply to the commit (msg ids make a re-send safe); re-sending it"
+        return None
+
+    def final_error(self, exc: JetStreamError) -> JetStreamError:
+        """The error to raise: ``exc``, or, when it was still retryable at the deadline, one
+        :class:`LeaderUnavailableError` saying what may be stored."""
+        if id(exc) not in self.retried or exc.reason == "too_many_inflight":
+            return exc
+        stored = ("it may have been stored once: re-sending it with the same msg ids is safe"
+                  if self.maybe_stored else "nothing of the batch was stored")
+        return LeaderUnavailableError(f"{exc.message}; {stored}", code=exc.code, err_code=exc.err_code,
+                                      description=exc.description)
 
 
 async def publish_atomic_batches(

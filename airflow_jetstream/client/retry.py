@@ -1,0 +1,114 @@
+"""The one retry rule of the client: re-run an attempt while its failure is transient, until one deadline.
+
+Every back-off loop of the provider (API requests, atomic batches, the Batcher, the triggers) is a
+call of :func:`retry`. The caller says which failures are safe to retry (``transient`` returns why,
+or None to raise at once); the helper owns the rest, the same everywhere:
+
+- pauses start at ``Backoff.first`` seconds and double up to ``Backoff.most`` (optionally jittered);
+- one deadline: ``budget`` seconds from the first failure (or an absolute ``deadline`` on the loop's
+  clock, for work that has its own, like a Batcher item); the last pause is cut to end at it;
+- one log line per retry, with what is retried, why, the pause and the time left;
+- at the deadline (or after ``max_retries``) the last error is raised, its message saying how many
+  retries over how long, naming the setting that bounds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Pauses between retries: ``first`` seconds, doubling up to ``most``; ``jitter`` spreads each over 0.5-1.5x."""
+
+    first: float = 0.25
+    most: float = 2.0
+    jitter: bool = False
+
+    def pause(self, retry: int) -> float:
+        """The pause before retry number ``retry`` (1-based)."""
+        pause = min(self.most, self.first * 2 ** (retry - 1))
+        return pause * (0.5 + random.random()) if self.jitter else pause
+
+
+#: While a clustered stream elects a leader (5-6 s after a node dies): 0.25 s doubling up to 2 s.
+ELECTION = Backoff(0.25, 2.0)
+
+
+class Deadline:
+    """An absolute time on the running loop's clock by which a piece of work must end."""
+
+    def __init__(self, seconds: float) -> None:
+        self.at = asyncio.get_running_loop().time() + seconds
+
+    def left(self) -> float:
+        """Seconds until the deadline (0 when passed)."""
+        return max(0.0, self.at - asyncio.get_running_loop().time())
+
+
+async def retry(
+    what: str,
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    transient: Callable[[JetStreamError], str | None],
+    budget: float | None,
+    budget_name: str = "leader_wait",
+    deadline: Deadline | None = None,
+    max_retries: int | None = None,
+    backoff: Backoff = ELECTION,
+    advice: str = "",
+    logger: logging.Logger = log,
+    before_retry: Callable[[], Awaitable[None]] | None = None,
+) -> T:
+    """``await attempt()``, re-running it while it raises a :class:`JetStreamError` that ``transient`` names.
+
+    :param transient: returns why the error is safe to retry (for the log line), or None to raise it now.
+    :param budget: seconds to keep retrying, counted from the first failure; None: no time limit
+        (then ``deadline`` or ``max_retries`` must bound it, or the caller's own deadline does).
+    :param budget_name: the setting ``budget`` comes from, named in the give-up message.
+    :param deadline: an absolute deadline (wins over ``budget`` when both are given).
+    :param max_retries: give up after this many retries even before the deadline.
+    :param advice: appended to the give-up message (what the user should check).
+    :param before_retry: awaited before each pause (e.g. a round trip that proves the connection).
+    """
+    retries = 0
+    while True:
+        try:
+            return await attempt()
+        except JetStreamError as exc:
+            why = transient(exc)
+            if why is None:
+                raise
+            if deadline is None and budget is not None:
+                deadline = Deadline(budget)
+            left = deadline.left() if deadline is not None else float("inf")
+            if left <= 0 or (max_retries is not None and retries >= max_retries):
+                if retries:
+                    bound = f"{budget:g}s ({budget_name})" if budget is not None else f"{retries} retries"
+                    exc.message = f"{exc.message}; still failing after {retries} retries over {bound}" + (
+                        f": {advice}" if advice else "")
+                    exc.args = (exc.message,)
+                raise
+            retries += 1
+            pause = min(backoff.pause(retries), left)
+            logger.warning("%s: %s (%s); retry %d in %.2f s%s", what, why, exc.reason, retries, pause,
+                           f", {left:.1f} s of {budget_name} left" if left != float("inf") else "")
+            if before_retry is not None:
+                await before_retry()
+            await asyncio.sleep(pause)
+
+
+def is_leader_unavailable(exc: JetStreamError) -> str | None:
+    """``transient`` for waiting out a leader election: a :class:`LeaderUnavailableError` (no leader answered,
+    or the leader asked to be asked again)."""
+    return "leader unavailable" if isinstance(exc, LeaderUnavailableError) else None

@@ -1,0 +1,70 @@
+"""Faults beyond a crash on a 3-node cluster: a stalled server (SIGSTOP/SIGCONT) under the client.
+
+The module shares one cluster; a test that stops a node resumes it and waits until the cluster is healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+from airflow_jetstream.client.admin.streams import ensure_stream
+from airflow_jetstream.client.batches.atomic import publish_atomic_batch
+from airflow_jetstream.client.batches.types import BatchMessage
+from airflow_jetstream.client.connection import JetStreamConnection, open_connection
+from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError
+from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.embedded import EmbeddedNatsCluster
+
+
+def connected_node(cluster: EmbeddedNatsCluster, conn: JetStreamConnection) -> str:
+    port = conn.nc.connected_url.port
+    return next(node.name for node in cluster.nodes if node.url.endswith(f":{port}"))
+
+
+def batch(tag: str, n: int = 3) -> list[BatchMessage]:
+    return [BatchMessage("stall.x", b"%s-%d" % (tag.encode(), i), msg_id=f"{tag}-{i}") for i in range(n)]
+
+
+def test_a_stall_of_the_connected_server_leaves_the_connection_working(
+        nats_cluster_module: EmbeddedNatsCluster) -> None:
+    """An atomic batch meets a stall of the connected node; once it resumes the same connection works
+    again within 20 s (before the fix nats-py's read loop had ended on a late PONG: every call timed out)."""
+    cluster = nats_cluster_module
+    settings = ConnectionSettings(servers=cluster.servers, connect_timeout=2, request_timeout=2, leader_wait=4)
+
+    async def main() -> tuple[str, list, float]:
+        async with open_connection(settings) as conn:
+            await ensure_stream(conn, {"name": "STALL", "subjects": ["stall.>"], "num_replicas": 3,
+                                       "allow_atomic": True})
+            await publish_atomic_batch(conn, batch("before"))
+            pid = cluster.node(connected_node(cluster, conn)).process.pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                during = await asyncio.gather(publish_atomic_batch(conn, batch("during")), return_exceptions=True)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            loop = asyncio.get_running_loop()
+            resumed = loop.time()
+            after = None
+            for attempt in range(4):  # bounded: each try waits at most leader_wait plus a request timeout
+                try:
+                    after = await publish_atomic_batch(conn, batch(f"after{attempt}"))
+                    break
+                except JetStreamError as exc:
+                    during.append(exc)
+            took = loop.time() - resumed
+            assert after is not None, f"the connection never worked again: {during}"
+            return during[0], conn.nc.stats["reconnects"], took
+
+    try:
+        during, reconnects, took = asyncio.run(main())
+    finally:
+        cluster.wait_healthy()
+    # the stalled node answers nothing: the batch was re-sent for leader_wait, then ended in the one documented error
+    assert isinstance(during, LeaderUnavailableError), during
+    assert "re-sending it with the same msg ids is safe" in str(during)
+    # the same connection, not a reconnect after nats-py found it stale (its read loop used to end on a late PONG)
+    assert reconnects == 0
+    assert took < 20, f"the connection worked again only {took:.1f}s after the server resumed"

@@ -1,0 +1,84 @@
+"""The client's one retry rule (client/retry.py) and the atomic batch retries built on it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
+from airflow_jetstream.client.batches import atomic
+from airflow_jetstream.client.batches.types import BatchMessage
+from airflow_jetstream.client.connection import open_connection
+from airflow_jetstream.client.errors import (
+    BatchPublishError,
+    LeaderUnavailableError,
+    RequestTimeoutError,
+    StreamNotFoundError,
+)
+from airflow_jetstream.client.retry import Backoff, is_leader_unavailable, retry
+
+
+def test_retry_stops_at_the_deadline_with_the_last_error_saying_how_long():
+    calls = []
+
+    async def attempt():
+        calls.append(asyncio.get_running_loop().time())
+        raise LeaderUnavailableError("no leader")
+
+    async def main():
+        return await retry("probe", attempt, transient=is_leader_unavailable, budget=0.3,
+                           backoff=Backoff(0.05, 0.1))
+
+    with pytest.raises(LeaderUnavailableError) as err:
+        asyncio.run(main())
+    assert 3 <= len(calls) <= 10
+    assert calls[-1] - calls[0] <= 0.3 + 0.1  # the last pause is cut to end at the deadline
+    assert f"still failing after {len(calls) - 1} retries over 0.3s (leader_wait)" in str(err.value)
+
+
+def test_retry_raises_what_is_not_transient_at_once_and_honours_max_retries():
+    async def refused():
+        raise StreamNotFoundError("gone")
+
+    flaky = []
+
+    async def timeout():
+        flaky.append(1)
+        raise RequestTimeoutError("slow")
+
+    async def main():
+        with pytest.raises(StreamNotFoundError):
+            await retry("refused", refused, transient=lambda exc: "no" if exc.reason == "timeout" else None,
+                        budget=5)
+        with pytest.raises(RequestTimeoutError):
+            await retry("slow", timeout, transient=lambda exc: "slow", budget=None, max_retries=2,
+                        backoff=Backoff(0.01, 0.01))
+
+    asyncio.run(main())
+    assert len(flaky) == 3
+
+
+def test_an_atomic_resend_meeting_its_own_first_attempt_is_asked_again(settings, monkeypatch):
+    """10158 (the same msg id is still being stored) is retried within leader_wait, not raised: it cannot
+    be produced on demand, so the first send answers it and later ones go to the real server."""
+    real_send = atomic._send_batch
+    answered = []
+
+    async def first_in_process(*args, **kwargs):
+        if not answered:
+            answered.append(1)
+            raise BatchPublishError("duplicate message id is in process", reason="msg_id_in_process",
+                                    code=409, err_code=10158)
+        return await real_send(*args, **kwargs)
+
+    monkeypatch.setattr(atomic, "_send_batch", first_in_process)
+
+    async def main():
+        async with open_connection(settings) as conn:
+            await ensure_stream(conn, {"name": "INPROC", "subjects": ["inproc.>"], "allow_atomic": True})
+            result = await atomic.publish_atomic_batch(conn, [BatchMessage("inproc.a", b"1", msg_id="i-1")])
+            return result, (await stream_info(conn, "INPROC"))["state"]["messages"]
+
+    result, stored = asyncio.run(main())
+    assert answered and result.count == 1 and stored == 1

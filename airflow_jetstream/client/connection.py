@@ -251,7 +251,7 @@ class JetStreamConnection:
     async def round_trip(self) -> None:
         """One PING/PONG within ``request_timeout``, ignoring a timeout (before a retry: what was sent is read)."""
         with contextlib.suppress(TimeoutError, nats.errors.Error):
-            await self.nc.flush(timeout=self.settings.request_timeout)
+            await self.nc.flush(timeout=self.settings.request_timeout)  # type: ignore[arg-type]  # float s work
 
     async def close(self) -> None:
         """Flush what was published (the server has it once the PONG is back), then close.

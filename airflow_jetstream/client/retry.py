@@ -37,7 +37,7 @@ class Backoff:
 
     def pause(self, retry: int) -> float:
         """The pause before retry number ``retry`` (1-based)."""
-        pause = min(self.most, self.first * 2 ** (retry - 1))
+        pause = min(self.most, self.first * 2.0 ** (retry - 1))
         return pause * (0.5 + random.random()) if self.jitter else pause
 
 

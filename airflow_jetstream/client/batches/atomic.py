@@ -513,9 +513,9 @@ async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage
             except JetStreamError as final:
                 metrics.incr("batch.failed", tags={"reason": final.reason})
                 raise
-        final = rule.final_error(exc)
-        metrics.incr("batch.failed", tags={"reason": final.reason})
-        raise final from None
+        ended = rule.final_error(exc)
+        metrics.incr("batch.failed", tags={"reason": ended.reason})
+        raise ended from None
     count, last_seq = _checked_commit_ack(ack, batch_id, len(items))
     metrics.incr("batch.committed")
     metrics.incr("batch.messages", count)

@@ -1,7 +1,9 @@
 """Every fenced block in docs/ runs as written (docs/index.md, "Docs snippets", has the convention).
 
-Per page: one fresh nats-server (URL in NATS_URL and ``nats_default``), a fresh namespace, blocks in
-page order. Python blocks are executed (later blocks may use names from earlier ones of the same
+Every page runs against ONE nats-server, pages in the order of the site's navigation, as a reader
+who follows the docs on one server would (URL in NATS_URL and ``nats_default``): a page that collides
+with an earlier one (a stream name, overlapping subjects, a msg id) fails. Per page: a fresh
+namespace, blocks in page order. Python blocks are executed (later blocks may use names from earlier ones of the same
 page); a block that defines a DAG is run with ``dag.test()`` in one shared Airflow process; json/text
 blocks are compared with the real XCom/log; the page's shell blocks run as one bash script at the
 end. Only blocks marked ``<!-- fragment: <reason> -->`` are skipped.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -37,7 +40,16 @@ from tests.support.docs_snippets import (
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
-PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+
+
+def _nav_order() -> list[str]:
+    """Every page, in the order of mkdocs.yml's navigation (pages outside it last, sorted)."""
+    listed = re.findall(r"([\w/.-]+\.md)\s*$", (REPO / "mkdocs.yml").read_text(), flags=re.M)
+    pages = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+    return [p for p in dict.fromkeys(listed) if p in pages] + [p for p in pages if p not in listed]
+
+
+PAGES = _nav_order()
 RUNNABLE = {"python", "json", "bash", "shell", "text"}
 
 
@@ -92,6 +104,13 @@ class DagRunner:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def docs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
+    """The one server every page runs against, in navigation order."""
+    with EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("docs-nats")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +180,7 @@ def _page_param(page: str) -> Any:
 @pytest.mark.parametrize("page", [_page_param(p) for p in PAGES if any(
     b.marker != "fragment" for b in parse_blocks((DOCS / p).read_text()))])
 def test_page_snippets_run_as_written(page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                      request: pytest.FixtureRequest) -> None:
+                                      request: pytest.FixtureRequest, docs_server: EmbeddedNatsServer) -> None:
     blocks = [b for b in parse_blocks((DOCS / page).read_text()) if b.marker != "fragment"]
     workdir = tmp_path / "work"
     workdir.mkdir()
@@ -170,36 +189,36 @@ def test_page_snippets_run_as_written(page: str, tmp_path: Path, monkeypatch: py
     outputs: dict[str, Any] = {}
     last_log: list[str] = []
     shell: list[str] = []
-    with EmbeddedNatsServer(store_dir=tmp_path / "nats") as server:
-        monkeypatch.setenv("NATS_URL", server.url)
-        monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_conn_json(server.url))
-        for block in blocks:
-            where = _where(page, block)
-            if block.marker == "file":
-                target = workdir / block.arg
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(block.code)
-            elif block.lang in ("bash", "shell"):
-                shell.append(f"# {where}\n{block.code}")
-            elif block.is_dag:
-                runner: DagRunner = request.getfixturevalue("dag_runner")
-                answer, last_log = runner.run(block.code, f"doc_{block.line}", server.url)
-                assert "runs" in answer, f"{where}: {answer}\n{''.join(last_log[-60:])}"
-                for dag_id, run in answer["runs"].items():
-                    assert run["state"] == "success", f"{where}: DAG {dag_id} {run}\n{''.join(last_log[-80:])}"
-                    outputs.update({task: ti["xcom"] for task, ti in run["tasks"].items()})
-            elif block.lang == "python":
-                with _time_limit(120, where):
-                    exec(compile(block.code, where, "exec"), namespace)
-            elif block.lang == "json":
-                assert block.marker == "output", f"{where}: a json block needs <!-- output: name --> or a fragment"
-                real = outputs[block.arg] if block.arg in outputs else namespace[block.arg]
-                assert_matches(json.loads(block.code), real, block.varies, where)
-            elif block.lang == "text":
-                assert block.marker == "log", f"{where}: a text block needs <!-- log: task -->, or a fragment"
-                seen = [normalise_log_line(line) for line in last_log]
-                for shown in block.code.strip().splitlines():
-                    wanted = normalise_log_line(shown)
-                    assert any(wanted in line for line in seen), f"{where}: not in the real log: {shown}"
-        if shell:
-            _run_shell(page, "\n".join(shell), workdir)
+    server = docs_server  # shared by every page: a collision with an earlier page fails here
+    monkeypatch.setenv("NATS_URL", server.url)
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_conn_json(server.url))
+    for block in blocks:
+        where = _where(page, block)
+        if block.marker == "file":
+            target = workdir / block.arg
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(block.code)
+        elif block.lang in ("bash", "shell"):
+            shell.append(f"# {where}\n{block.code}")
+        elif block.is_dag:
+            runner: DagRunner = request.getfixturevalue("dag_runner")
+            answer, last_log = runner.run(block.code, f"doc_{block.line}", server.url)
+            assert "runs" in answer, f"{where}: {answer}\n{''.join(last_log[-60:])}"
+            for dag_id, run in answer["runs"].items():
+                assert run["state"] == "success", f"{where}: DAG {dag_id} {run}\n{''.join(last_log[-80:])}"
+                outputs.update({task: ti["xcom"] for task, ti in run["tasks"].items()})
+        elif block.lang == "python":
+            with _time_limit(120, where):
+                exec(compile(block.code, where, "exec"), namespace)
+        elif block.lang == "json":
+            assert block.marker == "output", f"{where}: a json block needs <!-- output: name --> or a fragment"
+            real = outputs[block.arg] if block.arg in outputs else namespace[block.arg]
+            assert_matches(json.loads(block.code), real, block.varies, where)
+        elif block.lang == "text":
+            assert block.marker == "log", f"{where}: a text block needs <!-- log: task -->, or a fragment"
+            seen = [normalise_log_line(line) for line in last_log]
+            for shown in block.code.strip().splitlines():
+                wanted = normalise_log_line(shown)
+                assert any(wanted in line for line in seen), f"{where}: not in the real log: {shown}"
+    if shell:
+        _run_shell(page, "\n".join(shell), workdir)

@@ -8,11 +8,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow.exceptions import AirflowException
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.operators.spark_failure import SparkFailureCause
 from airflow_jetstream.spark.connection import CONF_PREFIX, settings_to_conf
 from airflow_jetstream.spark.package import PACKAGE_ZIP, build_py_files
 from airflow_jetstream.ui.links import JetStreamViewLink
@@ -92,10 +95,22 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
                           self.nats_conn_id, len(settings.servers), _auth_kind(settings),
                           " (package shipped with --py-files)" if self.ship_package else "")
             self._hook = None
+            self._failure = SparkFailureCause()
             try:
                 super().execute(context)  # type: ignore[arg-type]
+            except AirflowException as exc:
+                if self._failure.cause is None:
+                    raise
+                raise AirflowException(f"the Spark job failed: {self._failure.cause}") from exc
             finally:
                 self.properties_file, self.py_files = given_properties, given_py_files
+
+    def _get_hook(self) -> SparkSubmitHook:
+        """The provider's hook, reading spark-submit's output for the failure's cause as it logs it."""
+        hook = super()._get_hook()
+        process_log = hook._process_spark_submit_log
+        hook._process_spark_submit_log = lambda lines: process_log(self._failure.watch(lines))  # type: ignore[method-assign]
+        return hook
 
     def _refuse_conf_overrides(self) -> None:
         clashing = sorted(k for k in (self.conf or {}) if str(k).startswith(CONF_PREFIX))

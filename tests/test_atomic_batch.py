@@ -130,6 +130,22 @@ def test_no_stream_for_subject(settings):
     assert run(settings, body).reason == "no_stream_for_subject"
 
 
+def test_a_later_subject_without_a_stream_is_named_and_never_read_as_an_election(settings, caplog):
+    """Only the 2nd subject lacks a stream: refused at once naming it, no re-send, nothing stored."""
+    async def body(conn):
+        with pytest.raises(BatchPublishError) as info:
+            await publish_atomic_batch(conn, [BatchMessage("atom.x", b"1"), BatchMessage("nowhere.y", b"2")],
+                                       timeout=2)
+        return info.value, (await stream_info(conn, "ATOM"))["state"]["messages"]
+
+    with caplog.at_level("INFO", logger="airflow_jetstream"):
+        refused, stored = run(settings, body)
+    assert refused.reason == "no_stream_for_subject" and "no stream captures 'nowhere.y'" in str(refused)
+    assert "'atom.x'" not in str(refused)
+    assert stored == 0
+    assert not [r for r in caplog.records if "re-sending" in r.getMessage()], "not retried as an election"
+
+
 def test_server_max_msgs_is_batch_too_large(nats_server_factory):
     from airflow_jetstream.client import ConnectionSettings
 

@@ -564,7 +564,7 @@ class _BatchRetry:
                  send_batch: Callable[[dict[str, bool]], Awaitable[dict[str, Any]]]) -> None:
         self.conn = conn
         self.batch_id = batch_id
-        self.subject = items[0].subject
+        self.subjects = list(dict.fromkeys(m.subject for m in items))
         self.has_msg_ids = any(m.msg_id for m in items)
         self.inflight_left = retries
         self.send_batch = send_batch
@@ -574,16 +574,34 @@ class _BatchRetry:
         self.advice = QUORUM_ADVICE
 
     async def send(self) -> dict[str, Any]:
-        """One attempt; a 503 on a stream that exists is :class:`LeaderUnavailableError`."""
+        """One attempt; a 503 when every subject of the batch has a stream is :class:`LeaderUnavailableError`."""
         self.progress = {}
         try:
             return await self.send_batch(self.progress)
         except BatchPublishError as exc:
-            if exc.reason == "no_stream_for_subject" and await streams_for_subject(self.conn, self.subject):
-                raise LeaderUnavailableError(
-                    f"atomic batch {self.batch_id}: the stream capturing {self.subject!r} has no leader (503)"
-                ) from None
-            raise
+            if exc.reason != "no_stream_for_subject":
+                raise
+            uncaptured = await self._uncaptured_subjects()
+            if uncaptured:
+                raise BatchPublishError(
+                    f"atomic batch {self.batch_id}: no stream captures {', '.join(map(repr, uncaptured))}, so the "
+                    "batch was refused whole and nothing of it was stored; create a stream for these subjects "
+                    "(JetStreamEnsureStreamOperator) or correct them", reason="no_stream_for_subject",
+                    code=exc.code, err_code=exc.err_code, description=exc.description) from None
+            raise LeaderUnavailableError(
+                f"atomic batch {self.batch_id}: the stream capturing {self.subjects[0]!r} has no leader (503)"
+            ) from None
+
+    async def _uncaptured_subjects(self, most: int = 5) -> list[str]:
+        """Up to ``most`` subjects of the batch that no stream captures (every subject is checked, not only
+        the first: a 503 on a later message is no election)."""
+        uncaptured: list[str] = []
+        for subject in self.subjects:
+            if not await streams_for_subject(self.conn, subject):
+                uncaptured.append(subject)
+                if len(uncaptured) == most:
+                    break
+        return uncaptured
 
     def transient(self, exc: JetStreamError) -> str | None:
         why = self._why(exc)

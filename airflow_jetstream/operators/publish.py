@@ -26,6 +26,15 @@ from airflow_jetstream.ui.links import JetStreamViewLink
 MESSAGE_KEYS = frozenset({"subject", "data", "headers", "msg_id"})
 
 
+def messages_summary(messages: Any) -> str:
+    """What the ``messages`` field shows in the DAG and in rendered templates instead of the payloads."""
+    if isinstance(messages, (list, tuple)):
+        return f"{len(messages)} message(s); payloads are not kept in rendered fields"
+    if isinstance(messages, str):
+        return f"{len(messages)} characters of JSON; payloads are not kept in rendered fields"
+    return f"a {type(messages).__name__}; payloads are not kept in rendered fields"
+
+
 def to_batch_message(item: Any, index: int, default_subject: str | None, dedupe_key: str | None) -> BatchMessage:
     """One message dict (``subject``, ``data``, ``headers``, ``msg_id``) as a :class:`BatchMessage`.
 
@@ -179,7 +188,10 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.messages = messages
+        # The payloads live in _payloads; ``messages`` (the template field, stored in the serialized DAG
+        # and in rendered fields) shows a summary.
+        self._payloads: Any = messages if isinstance(messages, (list, tuple)) else None
+        self.messages = messages_summary(messages) if self._payloads is not None else messages
         self.messages_file = messages_file
         self.producer_function = producer_function
         self.producer_function_args = producer_function_args
@@ -191,6 +203,15 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         self.max_msgs = max_msgs
         self.dedupe_key = dedupe_key
         self.mode = mode
+
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        """Render the templated fields, ``messages`` included, keeping its payloads for :meth:`execute`:
+        the field itself then shows a summary, so payloads stay out of rendered fields and the UI."""
+        super().render_template_fields(context, jinja_env)
+        if self._payloads is not None:  # a list given in the DAG file
+            self._payloads = self.render_template(self._payloads, context, jinja_env)
+        elif self.messages is not None:  # an XComArg or a string (a JSON list, an XCom pull)
+            self._payloads, self.messages = self.messages, messages_summary(self.messages)
 
     def _check_sources(self) -> None:
         given = [self.messages is not None, bool(self.messages_file), self.producer_function is not None]
@@ -206,7 +227,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
             return read_messages_file(self.messages_file, parquet_batch_rows=self.max_msgs)
         if self.producer_function is not None:
             return self._produce()
-        messages = self.messages
+        messages = self._payloads if self._payloads is not None else self.messages
         if isinstance(messages, str):
             try:
                 messages = json.loads(messages)

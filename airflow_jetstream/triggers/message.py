@@ -17,10 +17,7 @@ publishes a ``msg_terminated`` advisory); a watcher failed or nobody was listeni
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
 import itertools
-import json
 import logging
 from collections.abc import AsyncIterator, Hashable, Sequence
 from datetime import timedelta
@@ -40,7 +37,7 @@ except ImportError:
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter
-from airflow_jetstream.client.advisories.types import decode_advisory
+from airflow_jetstream.client.advisories.types import parse_advisory
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.connection_pool import POOL
 from airflow_jetstream.client.durations import to_seconds
@@ -54,6 +51,7 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
 )
 from airflow_jetstream.client.reading.headers import headers_json
+from airflow_jetstream.client.reading.messages import body_fields
 from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.client.settings import ConnectionSettings
@@ -74,10 +72,6 @@ _ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "advisory_
 def message_payload(msg: Any) -> dict[str, Any]:
     """A JetStream message as a JSON-able dict (what each asset event carries)."""
     meta = msg.metadata
-    try:
-        text: str | None = msg.data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
     payload: dict[str, Any] = {
         "stream": meta.stream,
         "consumer": meta.consumer,
@@ -87,12 +81,9 @@ def message_payload(msg: Any) -> dict[str, Any]:
         "delivered": meta.num_delivered,
         "published": meta.timestamp.isoformat() if meta.timestamp else None,
         "headers": headers_json(msg.headers),  # a list of strings for a repeated name
-        "data": text if text is not None else base64.b64encode(msg.data).decode("ascii"),
-        "encoding": "utf-8" if text is not None else "base64",
+        # the body once: "json" when it is JSON, else "data"; cut at EVENT_BODY_LIMIT with a "truncated" note
+        **body_fields(msg.data or b"", where=f"stream {meta.stream!r} at sequence {meta.sequence.stream}"),
     }
-    if text:
-        with contextlib.suppress(ValueError):  # not JSON: "data" carries the text
-            payload["json"] = json.loads(text)
     return payload
 
 
@@ -357,11 +348,13 @@ class JetStreamMessageTrigger(BaseEventTrigger):
             return None
         payload = dict(message)
         if self.advisory_filter is not None:
-            advisory = decode_advisory(message["data"].encode() if message["encoding"] == "utf-8" else b"",
-                                       subject=message["subject"], capture_seq=message["stream_seq"])
+            body = message.get("json")
+            advisory = parse_advisory(body, subject=message["subject"], capture_seq=message["stream_seq"]) \
+                if isinstance(body, dict) else None
             if advisory is None or not self.advisory_filter.matches(advisory):
                 return None
-            payload["advisory"] = advisory.to_dict()
+            payload["advisory"] = advisory.to_dict()  # the body's fields and more: it replaces "json"
+            del payload["json"]
         return TriggerEvent(payload)
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:

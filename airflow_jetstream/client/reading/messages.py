@@ -8,6 +8,52 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+#: Bytes of a message body an asset event carries at most: Airflow keeps every event in its metadata DB.
+EVENT_BODY_LIMIT = 64 * 1024
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN / Infinity: Python reads them, a JSON column does not
+
+
+def body_fields(data: bytes, *, limit: int = EVENT_BODY_LIMIT, where: str = "the stream") -> dict[str, Any]:
+    """A message body for a JSON document, carried once: ``json`` (the parsed value, ``encoding: "json"``) when
+    it is JSON, else ``data``: the UTF-8 text (``encoding: "utf-8"``) or base64 (``encoding: "base64"``).
+
+    ``size`` is the body's length in bytes. A body longer than ``limit`` bytes keeps only its first ``limit``
+    bytes, as ``data`` (text or base64), and ``truncated`` says so and where the whole message is (``where``).
+    """
+    fields: dict[str, Any] = {"size": len(data)}
+    kept = data if len(data) <= limit else data[:limit]
+    text: str | None
+    try:
+        text = kept.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        cut_char = len(kept) < len(data) and exc.start >= len(kept) - 3 and _is_utf8(data)
+        text = kept[:exc.start].decode("utf-8") if cut_char else None
+    if len(kept) < len(data):
+        fields["truncated"] = (f"the body is {len(data)} bytes; only its first {len(kept)} are kept here "
+                               f"(event payload limit): read the whole message from {where}")
+    elif text:
+        try:
+            fields.update(json=json.loads(text, parse_constant=_refuse_constant), encoding="json")
+            return fields
+        except ValueError:
+            pass
+    if text is None:
+        fields.update(data=base64.b64encode(kept).decode("ascii"), encoding="base64")
+    else:
+        fields.update(data=text, encoding="utf-8")
+    return fields
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
 
 @dataclass(frozen=True)
 class ConsumedMessage:

@@ -125,7 +125,7 @@ async def source_rows(conn: JetStreamConnection, stream_infos: list[dict[str, An
                       limit: int = MAX_SOURCES) -> dict[str, Any]:
     """Status (:func:`source_status`: lag, active, error, consumer pending) of the first ``limit`` sources
     and mirrors of ``stream_infos``; a source whose status cannot be read shows its typed error."""
-    wanted = []
+    wanted: list[tuple[Any, Any]] = []  # (stream name, source entry) from server JSON
     for info in stream_infos:
         name = (info.get("config") or {}).get("name")
         entries = list(info.get("sources") or []) + ([info["mirror"]] if info.get("mirror") else [])

@@ -100,6 +100,17 @@ def test_unreachable_server_fails_within_timeout(nats_server_factory):
     assert url in str(err)
 
 
+def test_servers_that_all_refuse_fail_at_once_not_after_the_connect_timeout(nats_server_factory):
+    stopped = [nats_server_factory() for _ in range(2)]
+    urls = [server.url for server in stopped]
+    for server in stopped:
+        server.stop()
+    err = _connect_error(ConnectionSettings(servers=",".join(urls), connect_timeout=120))
+    assert type(err) is ConnectionFailedError and err.reason == "server_unreachable"
+    assert "every server refused the connection" in str(err), "the refusal ends the wait, not the 120 s timeout"
+    assert all(url in str(err) for url in urls)
+
+
 def test_second_server_in_list_is_used(nats_server_factory):
     alive = nats_server_factory()
     dead = nats_server_factory()

@@ -284,6 +284,8 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
             return
         last_error.append(exc)
         typed = _classify_connect_error(exc)
+        if typed is None and len(last_error) >= len(settings.servers) and all(map(_refused, last_error)):
+            typed = _refused_by_all(settings)
         if typed is not None and not fatal.done():
             fatal.set_result(typed)
 
@@ -318,6 +320,20 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
     await asyncio.gather(task, return_exceptions=True)
     await nc.close()
     raise error
+
+
+def _refused(exc: BaseException) -> bool:
+    """Nothing listens there: the address answered the TCP connect with a refusal."""
+    return isinstance(exc, ConnectionRefusedError) or (isinstance(exc, OSError) and "[Errno 111]" in str(exc))
+
+
+def _refused_by_all(settings: ConnectionSettings) -> ConnectionFailedError:
+    """Every server refused the TCP connection: fail at once instead of waiting the connect timeout."""
+    return ConnectionFailedError(
+        f"could not connect to NATS at {', '.join(settings.servers)}: every server refused the connection "
+        "(nothing listens at that host and port); check that the server runs and the connection's host/port "
+        "are right"
+    )
 
 
 def _unreachable(settings: ConnectionSettings, errors: list[BaseException]) -> ConnectionFailedError:

@@ -54,6 +54,7 @@ from airflow_jetstream.client.errors import (
     ConnectionFailedError,
     InvalidRequestError,
     JetStreamError,
+    JetStreamNotEnabledError,
     LeaderUnavailableError,
     RequestTimeoutError,
     error_from_api,
@@ -451,9 +452,31 @@ def _timeout(conn: JetStreamConnection, timeout: float | str | timedelta | None)
 
 
 async def streams_for_subject(conn: JetStreamConnection, subject: str) -> list[str]:
-    """Names of the streams that capture ``subject`` (at most one for a valid setup)."""
-    reply = await conn.api_request("STREAM.NAMES", {"subject": subject}, context=f"streams for {subject!r}")
-    return list(reply.get("streams") or [])
+    """The stream that captures ``subject`` as a list (empty when none; streams cannot overlap).
+
+    nats-py's ``find_stream_name_by_subject``, with the toolkit's errors: the server's API errors typed,
+    no responder as :class:`JetStreamNotEnabledError`, no reply as a permission error or a leader election
+    (retried for ``leader_wait`` on a cluster).
+    """
+    context = f"streams for {subject!r}"
+
+    async def once() -> list[str]:
+        try:
+            return [await conn.js.find_stream_name_by_subject(subject)]
+        except nats.js.errors.NotFoundError:
+            return []
+        except nats.js.errors.ServiceUnavailableError as exc:
+            if exc.code is None and exc.err_code is None:  # nats-py's stand-in for "no responders"
+                raise JetStreamNotEnabledError(f"{context}: no responder: JetStream is not enabled for this "
+                                               "account, or the domain / API prefix is wrong") from None
+            raise error_from_api(vars(exc), context=context) from None
+        except nats.js.errors.APIError as exc:
+            raise error_from_api(vars(exc), context=context) from None
+        except nats.errors.TimeoutError:
+            denied = conn.permission_error(f"{conn.api_prefix}.STREAM.NAMES")
+            raise denied or conn.unanswered(f"{context}: no reply within {conn.settings.request_timeout:g}s") from None
+
+    return await conn.retry_leader(context, once)
 
 
 async def publish_atomic_batch(

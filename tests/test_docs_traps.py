@@ -64,7 +64,7 @@ def test_caught_up_means_nothing_in_flight_either(nats_conn, settings):
 
 
 WAITING_DAGS = '''
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
@@ -80,6 +80,11 @@ with DAG(dag_id="never_true", start_date=datetime(2026, 1, 1), schedule=None):
 
 with DAG(dag_id="long_wait", start_date=datetime(2026, 1, 1), schedule=None):
     JetStreamBatchLedgerSensor(task_id="ledger", deferrable=True, poke_interval=2, timeout=3600)
+
+with DAG(dag_id="execution_timeout", start_date=datetime(2026, 1, 1), schedule=None):
+    JetStreamMessageSensor(task_id="message", stream="EVENTS", apply_function="builtins.bool", deferrable=False,
+                           poke_interval=0.5, timeout=3600, execution_timeout=timedelta(seconds=3), retries=1,
+                           retry_delay=timedelta(seconds=0))
 '''
 
 
@@ -141,3 +146,14 @@ def test_sigterm_stops_a_deferred_sensor_under_airflow_dags_test(waiting_env, tm
             proc.send_signal(signal.SIGTERM)
     code = _finish(proc, 60, out)
     assert code != 0 and "received SIGTERM while waiting" in out.read_text()
+
+
+@pytest.mark.airflow_cli
+def test_execution_timeout_of_a_poke_sensor_stays_a_timeout_and_is_retried(waiting_env, tmp_path):
+    """Airflow calls on_kill() while it handles execution_timeout: that must not turn into 'received SIGTERM'."""
+    out = tmp_path / "dags-test.log"
+    code = _finish(_dags_test("execution_timeout", waiting_env, out), 240, out)
+    log = out.read_text()
+    assert code != 0 and "DagRun failed" in log
+    assert "received SIGTERM" not in log and "AirflowTaskTerminated" not in log
+    assert log.count("AirflowTaskTimeout") >= 2  # the first try timed out and was retried, the retry timed out

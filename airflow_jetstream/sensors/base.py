@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any, NoReturn
@@ -13,6 +14,7 @@ from airflow.sdk.exceptions import (
     AirflowSensorTimeout,
     AirflowSkipException,
     AirflowTaskTerminated,
+    AirflowTaskTimeout,
 )
 from airflow.triggers.base import BaseTrigger
 
@@ -33,6 +35,9 @@ class JetStreamBaseSensor(BaseSensorOperator):
     default does nothing. Under ``airflow dags test`` a deferred sensor's trigger runs inline in that
     same process, so SIGTERM was ignored until SIGKILL. Raising here ends the poke, the reschedule
     wait or the inline trigger at once; the task fails as terminated.
+
+    Airflow also calls ``on_kill()`` while it handles an ``execution_timeout`` (the timeout has already
+    ended the wait): then it returns, so the task fails with ``AirflowTaskTimeout`` and its retries apply.
     """
 
     nats_conn_id: str
@@ -69,6 +74,8 @@ class JetStreamBaseSensor(BaseSensorOperator):
         raise NotImplementedError
 
     def on_kill(self) -> None:
+        if isinstance(sys.exception(), AirflowTaskTimeout):
+            return  # called by Airflow's execution_timeout handling: the timeout stands (and is retried)
         raise AirflowTaskTerminated(f"task {self.task_id!r} received SIGTERM while waiting: stopped")
 
     def timed_out(self, what: str, last_seen: str | None = None) -> NoReturn:

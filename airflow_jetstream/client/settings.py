@@ -232,6 +232,21 @@ CONNECTION_FIELDS: dict[str, FieldSpec] = {
     "domain": FieldSpec(str, "JetStream domain", "JetStream domain (e.g. a leaf node's), if any."),
     "api_prefix": FieldSpec(str, "JetStream API prefix", "Custom API prefix (instead of a domain), if any."),
 }
+_FORM_TYPES = {str: "string", bool: "boolean", float: "number"}
+
+
+def form_fields() -> dict[str, dict[str, Any]]:
+    """The extra fields of Airflow's connection form (label, description, JSON schema), from the table above.
+
+    ``get_provider_info`` holds a copy as a plain literal (Airflow reads it in every process, so it
+    imports nothing); a test keeps the two equal.
+    """
+    return {name: {"label": spec.label, "description": spec.description, "schema": {
+        "type": [_FORM_TYPES[spec.kind], "null"],
+        **({"format": "password"} if spec.secret else {}),
+        **({"default": True} if spec.kind is bool else {})}} for name, spec in CONNECTION_FIELDS.items()}
+
+
 #: Every field :func:`settings_from_fields` accepts.
 SETTINGS_FIELDS = ("servers", "user", "password", *CONNECTION_FIELDS)
 TRUE_WORDS = frozenset({"true", "1", "yes", "on"})

@@ -1,4 +1,8 @@
-"""JetStreamSparkSubmitOperator: spark-submit with the ``nats`` connection handed to the job."""
+"""JetStreamSparkSubmitOperator: spark-submit with the ``nats`` connection handed to the job.
+
+A DAG file that imports this module pays for Airflow's ``SparkSubmitOperator`` only: the Spark side
+of the provider (``airflow_jetstream.spark``, which imports pyspark) is imported when the task runs.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +20,6 @@ from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.operators.spark_failure import SparkFailureCause
-from airflow_jetstream.spark.connection import CONF_PREFIX, settings_to_conf
-from airflow_jetstream.spark.package import PACKAGE_ZIP, build_py_files
 from airflow_jetstream.ui.links import JetStreamViewLink
 
 PROPERTIES_NAME = "jetstream-spark.properties"
@@ -40,6 +42,8 @@ def default_properties_file() -> Path | None:
 def write_properties_file(path: str | Path, settings: ConnectionSettings, base: str | Path | None = None) -> Path:
     """Write ``base`` (a properties file, or spark-defaults.conf) plus the connection's ``spark.jetstream.*``
     entries to a new file readable by its owner only; return its path."""
+    from airflow_jetstream.spark.connection import settings_to_conf
+
     path = Path(path)
     base = Path(base) if base else default_properties_file()
     lines = [base.read_text(encoding="utf-8").rstrip("\n")] if base else []
@@ -80,6 +84,7 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         self.ship_package = ship_package
 
     def execute(self, context: Mapping[str, Any]) -> None:
+        from airflow_jetstream.spark.package import PACKAGE_ZIP, build_py_files
         from airflow_jetstream.spark.versions import check_pyspark_install
 
         check_pyspark_install()  # spark-submit comes from the installed pyspark
@@ -113,6 +118,8 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         return hook
 
     def _refuse_conf_overrides(self) -> None:
+        from airflow_jetstream.spark.connection import CONF_PREFIX
+
         clashing = sorted(k for k in (self.conf or {}) if str(k).startswith(CONF_PREFIX))
         if clashing:
             raise InvalidRequestError(

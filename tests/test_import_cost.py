@@ -1,0 +1,74 @@
+"""What importing the provider costs: Airflow reads the provider info in every process, DAG files import
+the operators and sensors. The provider info imports nothing heavy; no DAG-file import pulls in pyspark."""
+
+from __future__ import annotations
+
+import ast
+import json
+import pprint
+import subprocess
+import sys
+from pathlib import Path
+
+import airflow_jetstream
+from airflow_jetstream.client.settings import form_fields
+from airflow_jetstream.get_provider_info import CONN_FIELDS, get_provider_info
+
+PACKAGE = Path(airflow_jetstream.__file__).parent
+TASK_PACKAGES = ("operators", "sensors")
+
+
+def _classes(path: Path) -> list[ast.ClassDef]:
+    return [node for node in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(node, ast.ClassDef)]
+
+
+def _modules_with_public_classes(package: str) -> list[str]:
+    """Modules defining a public operator/sensor/trigger that nothing else builds on, read from the source."""
+    paths = list((PACKAGE / package).glob("*.py"))
+    bases = {base.id for path in paths for cls in _classes(path) for base in cls.bases if isinstance(base, ast.Name)}
+    return sorted(f"airflow_jetstream.{package}.{path.stem}" for path in paths if any(
+        not cls.name.startswith("_") and cls.name not in bases and cls.name.endswith(("Operator", "Sensor", "Trigger"))
+        for cls in _classes(path)))
+
+
+def test_connection_form_in_the_provider_info_is_the_field_table():
+    assert form_fields() == CONN_FIELDS, (
+        "client/settings.py CONNECTION_FIELDS changed: set CONN_FIELDS in get_provider_info.py to\n"
+        + pprint.pformat(form_fields(), sort_dicts=False, width=116))
+    assert get_provider_info()["connection-types"][0]["conn-fields"] == CONN_FIELDS
+    get_provider_info()["connection-types"][0]["conn-fields"]["token"]["schema"]["type"].append("x")
+    assert CONN_FIELDS["token"]["schema"]["type"] == ["string", "null"]  # every call gives a new dict
+
+
+def test_provider_info_lists_every_public_operator_sensor_and_trigger_module():
+    info = get_provider_info()
+    for key in ("operators", "sensors", "triggers"):
+        (entry,) = info[key]
+        assert sorted(entry["python-modules"]) == _modules_with_public_classes(key), key
+    assert "airflow_jetstream.operators.spark_submit" in info["operators"][0]["python-modules"]
+
+
+_PROBE = """
+import importlib, json, sys
+heavy = ("nats", "pyspark", "airflow", "airflow_jetstream.client")
+importlib.import_module("airflow_jetstream.get_provider_info").get_provider_info()
+seen = {"provider_info": sorted(m for m in heavy if m in sys.modules)}
+for module in sys.argv[1:]:
+    importlib.import_module(module)
+    seen[module] = "pyspark" in sys.modules
+print(json.dumps(seen))
+"""
+
+
+def test_provider_info_and_dag_file_imports_stay_cheap():
+    """In a fresh interpreter: the provider info imports no nats-py, Airflow, client or pyspark; importing every
+    operator and sensor module (what DAG files do) imports no pyspark (the Spark operator loads it when it runs)."""
+    modules = [m for package in TASK_PACKAGES for m in _modules_with_public_classes(package)]
+    assert "airflow_jetstream.operators.spark_submit" in modules
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *modules], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen.pop("provider_info") == []
+    assert [module for module, pyspark in seen.items() if pyspark] == []
+    assert len(seen) == len(modules)

@@ -9,11 +9,13 @@ import asyncio
 import os
 import signal
 
-from airflow_jetstream.client.admin.streams import ensure_stream
+from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
+from airflow_jetstream.client.advisories.capture import ensure_capture_stream
 from airflow_jetstream.client.batches.atomic import publish_atomic_batch
 from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
-from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError
+from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError, PlacementError
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 
@@ -68,3 +70,62 @@ def test_a_stall_of_the_connected_server_leaves_the_connection_working(
     # the same connection, not a reconnect after nats-py found it stale (its read loop used to end on a late PONG)
     assert reconnects == 0
     assert took < 20, f"the connection worked again only {took:.1f}s after the server resumed"
+
+
+def test_a_cluster_without_advertised_urls_still_gets_r3_by_default(tmp_path) -> None:
+    """``cluster { no_advertise: true }`` hides connect_urls; the default replicas must still be 3 (was 1)."""
+    with EmbeddedNatsCluster(size=3, store_dir=tmp_path / "noadv", cluster={"no_advertise": True}) as cluster:
+        settings = ConnectionSettings(servers=cluster.nodes[0].url, connect_timeout=2, request_timeout=2)
+
+        async def main() -> tuple[list, int, int]:
+            async with open_connection(settings) as conn:
+                urls = conn.nc._server_info.get("connect_urls")
+                capture = await ensure_capture_stream(conn, "NOADV_ADVISORIES")
+                ledger = await BatchLedger.open(conn, "noadv_ledger")
+                bucket = (await stream_info(conn, "KV_noadv_ledger"))["config"]["num_replicas"]
+                assert ledger is not None
+                return urls, capture["info"]["config"]["num_replicas"], bucket
+
+        urls, capture_replicas, ledger_replicas = asyncio.run(main())
+    assert not urls, "no_advertise hides the other servers"
+    assert capture_replicas == 3 and ledger_replicas == 3
+
+
+def test_creating_r3_before_every_known_server_has_joined_waits_for_them(
+        nats_cluster_module: EmbeddedNatsCluster) -> None:
+    """Right after a restart of the cluster the meta leader knows a peer it has not heard from yet: a create is
+    refused with 10005 "no suitable peers for placement, peer offline" and is retried (leader_wait) until the
+    peer joins, instead of failing with advice to lower num_replicas."""
+    cluster = nats_cluster_module
+    late = cluster.nodes[2]
+    for node in cluster.nodes:
+        node.stop()
+    for node in cluster.nodes[:2]:
+        node.start()
+    early = ",".join(node.url for node in cluster.nodes[:2])
+    settings = ConnectionSettings(servers=early, connect_timeout=2, request_timeout=2, leader_wait=60)
+    config = {"name": "PEERS", "subjects": ["peers.>"], "num_replicas": 3}
+
+    async def main() -> tuple[PlacementError | None, dict]:
+        async with open_connection(settings) as conn:
+            refused = None
+            for _ in range(30):  # bounded: until the two servers elected a meta leader, which then refuses
+                try:
+                    await conn.api_request("STREAM.CREATE.PEERS", config, retry=False)
+                except PlacementError as exc:
+                    refused = exc
+                    break
+                except LeaderUnavailableError:
+                    continue
+            creating = asyncio.ensure_future(ensure_stream(conn, config))
+            await asyncio.to_thread(late.start)
+            return refused, await creating
+
+    try:
+        refused, created = asyncio.run(main())
+    finally:
+        for node in cluster.nodes:
+            node.start()
+        cluster.wait_healthy()
+    assert refused is not None and refused.reason == "peers_offline" and "start them" in str(refused)
+    assert created["action"] == "created" and created["info"]["config"]["num_replicas"] == 3

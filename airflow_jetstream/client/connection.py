@@ -38,7 +38,8 @@ from airflow_jetstream.client.errors import (
     error_from_api,
 )
 from airflow_jetstream.client.natspy_internals import install_header_parser, install_pong_guard
-from airflow_jetstream.client.retry import is_leader_unavailable, retry
+from airflow_jetstream.client.retry import is_leader_unavailable
+from airflow_jetstream.client.retry import retry as retry_rule
 from airflow_jetstream.client.settings import ConnectionSettings
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,14 @@ QUORUM_ADVICE = "check that a quorum of the cluster's servers runs, then re-run"
 #: Unreported permission violations kept per connection (a pooled connection lives for the whole process).
 _VIOLATIONS_KEPT = 64
 _PERMISSION = re.compile(r'permissions violation for (publish|subscription) to "?([^"\s]+)"?', re.I)
+
+
+def _api_transient(exc: JetStreamError) -> str | None:
+    """What an API call retries: no leader (an election), and a placement refused only because servers of the
+    cluster are offline (right after startup they join within seconds; a failed placement created nothing)."""
+    if exc.reason == "peers_offline":
+        return "servers of the cluster are offline or still joining"
+    return is_leader_unavailable(exc)
 
 
 def _classify_connect_error(exc: BaseException) -> JetStreamError | None:
@@ -239,14 +248,17 @@ class JetStreamConnection:
                 raise refusal or error_from_api(reply["error"], context=what)
             return cast(dict[str, Any], reply)
 
-        return await self.retry_leader(what, once) if retry else await once()
+        if not retry:
+            return await once()
+        return await retry_rule(what, once, transient=_api_transient, budget=self.settings.leader_wait,
+                                advice=QUORUM_ADVICE, logger=log)
 
     async def retry_leader(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
         """Run ``attempt``; while it raises :class:`LeaderUnavailableError`, retry it for
         ``settings.leader_wait`` seconds (the client's one retry rule, :func:`~airflow_jetstream.client.retry.retry`:
         0.25 s doubling up to 2 s, one log line per retry), then raise the last error saying how long it waited."""
-        return await retry(what, attempt, transient=is_leader_unavailable, budget=self.settings.leader_wait,
-                           advice=QUORUM_ADVICE, logger=log)
+        return await retry_rule(what, attempt, transient=is_leader_unavailable, budget=self.settings.leader_wait,
+                                advice=QUORUM_ADVICE, logger=log)
 
     async def round_trip(self) -> None:
         """One PING/PONG within ``request_timeout``, ignoring a timeout (before a retry: what was sent is read)."""

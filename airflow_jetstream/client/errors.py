@@ -362,8 +362,24 @@ def error_from_api(error: dict[str, Any], *, context: str = "") -> JetStreamErro
     err_code = error.get("err_code")
     description = str(error.get("description") or "unknown error")
     cls, reason, hint = _API_ERRORS.get(err_code or -1, (ServerAPIError, "api_error", ""))
+    if err_code == 10005:
+        reason, hint = _placement_cause(description)
     if cls is ServerAPIError and code == 404:
         cls, reason = ServerAPIError, "not_found"
     where = f"{context}: " if context else ""
     message = f"{where}{description}" + (f"; {hint}" if hint else "")
     return cls(message, reason=reason, code=code, err_code=err_code, description=description)
+
+
+def _placement_cause(description: str) -> tuple[str, str]:
+    """Reason and advice for 10005 from the causes the server lists after "no suitable peers for placement"."""
+    causes = {c.strip() for c in description.split(",")[1:] if c.strip()}
+    # "peer offline": no news from a known server yet; "miscellaneous issue": a known server not heard of since
+    # the meta leader started (or one at its max_ha_assets). Both are what a cluster looks like while it starts.
+    if causes and causes <= {"peer offline", "miscellaneous issue"}:
+        return ("peers_offline", "servers of the cluster are offline or have not joined it yet: start them; lower "
+                "num_replicas only if the cluster has fewer JetStream servers than that")
+    if not causes:
+        return ("placement_failed", "lower num_replicas to at most the number of JetStream servers in the cluster, "
+                "or fix placement.cluster if it names no cluster")
+    return "placement_failed", "fix the placement (cluster, tags) or the servers' storage; see the causes listed"

@@ -35,7 +35,8 @@ class EmbeddedNatsCluster:
     """``size`` JetStream servers named ``n1``..``nN`` with full-mesh routes on 127.0.0.1.
 
     Each node keeps its JetStream store in ``<store_dir>/<name>``; ``config`` is merged into every
-    node's server config and ``jetstream`` into its ``jetstream`` block. Leader lookups read the
+    node's server config, ``jetstream`` into its ``jetstream`` block and ``cluster`` into its ``cluster``
+    block (e.g. ``{"no_advertise": True}``). Leader lookups read the
     monitoring endpoint ``/jsz`` of the live nodes.
     """
 
@@ -46,6 +47,7 @@ class EmbeddedNatsCluster:
         store_dir: str | Path | None = None,
         config: dict[str, Any] | None = None,
         jetstream: dict[str, Any] | None = None,
+        cluster: dict[str, Any] | None = None,
         startup_timeout: float = 30.0,
     ) -> None:
         if size < 1:
@@ -61,7 +63,7 @@ class EmbeddedNatsCluster:
             node_config = {
                 "server_name": name,
                 "cluster": {"name": CLUSTER_NAME, "host": "127.0.0.1", "port": route_ports[name],
-                            "routes": routes},
+                            "routes": routes, **(cluster or {})},
                 **(config or {}),
             }
             node = ClusterNode(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import logging
+import weakref
 from typing import Any
 
 from airflow_jetstream.client import server_features
@@ -11,6 +13,7 @@ from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
+    PlacementError,
     StreamConfigError,
     StreamNotFoundError,
 )
@@ -41,6 +44,9 @@ MAX_REPLICAS = 5
 #: Replicas of what the provider creates on a cluster when not told otherwise.
 CLUSTER_REPLICAS = 3
 _PLACEMENT_KEYS = ("cluster", "tags")
+log = logging.getLogger(__name__)
+#: Connections whose server names a cluster but refused replicas (JetStream runs unclustered there).
+_UNCLUSTERED: weakref.WeakSet[JetStreamConnection] = weakref.WeakSet()
 
 
 def check_replicas(value: Any, *, what: str = "num_replicas") -> int | None:
@@ -97,16 +103,41 @@ def replication_config(num_replicas: Any = None, placement: Any = None) -> dict[
 
 def default_replicas(conn: JetStreamConnection) -> int:
     """Replicas for something the provider creates unasked: 3 when the connected server is part of a
-    cluster (its INFO names the cluster and other servers), else 1. An existing stream keeps its own.
+    cluster, else 1. An existing stream keeps its own. The choice is logged.
 
-    Live servers are not counted: with one of three nodes down a new stream is still meant to be R3
-    (the server refuses it until the node is back: :class:`PlacementError`). A cluster of fewer than
-    3 JetStream servers needs ``num_replicas`` set explicitly.
+    A cluster is recognised by the ``cluster`` name in the server's INFO, which every clustered server
+    sends, also with ``cluster { no_advertise: true }`` (that only hides the other servers' addresses,
+    ``connect_urls``). Live servers are not counted: with one of three nodes down a new stream is still
+    meant to be R3 (creating it is retried while the node is offline, for ``leader_wait``). A lone server
+    with a ``cluster`` block runs JetStream unclustered and refuses R3 (10074); :func:`create_stream`
+    then creates with 1 replica and this connection defaults to 1 from then on.
     """
     info: dict[str, Any] = getattr(conn.nc, "_server_info", None) or {}
-    if info.get("cluster") and len(info.get("connect_urls") or ()) >= 2:
+    cluster = info.get("cluster")
+    if cluster and conn not in _UNCLUSTERED:
+        log.info("new streams get %d replicas by default: the server %s is part of cluster %r",
+                 CLUSTER_REPLICAS, info.get("server_name") or "", cluster)
         return CLUSTER_REPLICAS
     return 1
+
+
+async def create_stream(conn: JetStreamConnection, cfg: dict[str, Any], *, replicas_defaulted: bool) -> dict[str, Any]:
+    """``STREAM.CREATE`` with ``cfg``; logs the replicas it got. When the replicas were defaulted
+    (:func:`default_replicas`) and the server turns out to run JetStream unclustered, it is created with 1."""
+    name = cfg["name"]
+    try:
+        info = await conn.api_request(f"STREAM.CREATE.{name}", cfg, context=f"create stream {name!r}")
+    except PlacementError as exc:
+        if not replicas_defaulted or exc.reason != "replicas_need_cluster":
+            raise
+        _UNCLUSTERED.add(conn)
+        log.warning("stream %s: the server names a cluster but runs JetStream unclustered (%s); creating it "
+                    "with 1 replica", name, exc.description)
+        info = await conn.api_request(f"STREAM.CREATE.{name}", {**cfg, "num_replicas": 1},
+                                      context=f"create stream {name!r}")
+    log.info("created stream %s with %s replica(s)%s", name, (info.get("config") or {}).get("num_replicas", 1),
+             " (the default)" if replicas_defaulted else "")
+    return info
 
 
 def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -207,9 +238,10 @@ async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
     server_features.check_stream_config(conn, cfg)
     current = await find_stream(conn, name)
     if current is None:
+        defaulted = "num_replicas" not in cfg and "num_replicas" in (create_defaults or {})
         cfg = {**normalize_stream_config({"name": name, **(create_defaults or {})}), **cfg}
         try:
-            info = await conn.api_request(f"STREAM.CREATE.{name}", cfg, context=f"create stream {name!r}")
+            info = await create_stream(conn, cfg, replicas_defaulted=defaulted)
         except StreamConfigError as exc:
             raise await _name_overlapping_streams(conn, exc, name, cfg) from None
         dropped = server_features.dropped_fields(cfg, info.get("config", {}))

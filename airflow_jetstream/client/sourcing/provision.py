@@ -32,6 +32,7 @@ from airflow_jetstream.client.admin.consumers import (
     list_consumers,
 )
 from airflow_jetstream.client.admin.streams import (
+    create_stream,
     default_replicas,
     ensure_stream,
     find_stream,
@@ -182,9 +183,10 @@ async def _update_entries(conn: JetStreamConnection, spec: DurableSource, target
     """Create A or put ``entry`` in place of A's entry for this origin (None removes it); others stay."""
     if target is None:
         key = "mirror" if spec.mirror else "sources"
+        given = replication_config(spec.num_replicas, spec.placement)
         body = {"name": spec.stream, key: entry if spec.mirror else [entry], "num_replicas": default_replicas(conn),
-                **replication_config(spec.num_replicas, spec.placement)}
-        return await conn.api_request(f"STREAM.CREATE.{spec.stream}", body, context=f"create stream {spec.stream!r}")
+                **given}
+        return await create_stream(conn, body, replicas_defaulted="num_replicas" not in given)
     cfg = dict(target["config"])
     sources = [e for e in cfg.get("sources") or [] if not spec.is_same_origin(e)]
     if entry is not None:

@@ -82,3 +82,31 @@ def test_an_atomic_resend_meeting_its_own_first_attempt_is_asked_again(settings,
 
     result, stored = asyncio.run(main())
     assert answered and result.count == 1 and stored == 1
+
+
+def test_a_ledger_record_whose_create_reread_lags_is_asked_again(settings, monkeypatch):
+    """nats-py's KeyValue.create re-reads a key the stream refused as existing; a lagging replica answers
+    "not found" (KeyNotFoundError, an APIError without a code): the record is asked again, never an
+    AttributeError (seen by the chaos suite during elections)."""
+    import nats.js.errors
+    from nats.js.kv import KeyValue
+
+    from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+
+    real_create = KeyValue.create
+    lagged = []
+
+    async def lagging_create(self, key, value, *args, **kwargs):
+        if not lagged:
+            lagged.append(key)
+            raise nats.js.errors.KeyNotFoundError()
+        return await real_create(self, key, value, *args, **kwargs)
+
+    async def main():
+        async with open_connection(settings) as conn:
+            ledger = await BatchLedger.open(conn, "lagging_ledger")
+            monkeypatch.setattr(KeyValue, "create", lagging_create)
+            return await ledger.record("run-1", "b-1", stream="S", count=2, first_seq=1, last_seq=2)
+
+    record = asyncio.run(main())
+    assert lagged and record.revision and (record.first_seq, record.last_seq) == (1, 2)

@@ -95,8 +95,9 @@ async def _typed(conn: JetStreamConnection, bucket: str, context: str, exc: nats
     if isinstance(exc, nats.js.errors.BucketNotFoundError):
         return missing(context)
     if isinstance(exc, nats.js.errors.APIError):
-        return error_from_api({"code": exc.code, "err_code": exc.err_code, "description": exc.description},
-                              context=context)
+        # nats-py's APIError subclasses (KeyNotFoundError, ...) may leave code/err_code/description unset
+        return error_from_api({"code": getattr(exc, "code", None), "err_code": getattr(exc, "err_code", None),
+                               "description": getattr(exc, "description", None) or str(exc)}, context=context)
     if isinstance(exc, (nats.errors.TimeoutError, nats.errors.NoRespondersError,
                         nats.js.errors.NoStreamResponseError)):
         with contextlib.suppress(TimeoutError, nats.errors.Error):

@@ -68,6 +68,7 @@ from airflow_jetstream.client.errors import (
     BatchesFailedError,
     BatchNotFoundError,
     InvalidRequestError,
+    LeaderUnavailableError,
     LedgerConflictError,
     LedgerNotFoundError,
     LedgerWaitTimeoutError,
@@ -278,6 +279,11 @@ class BatchLedger:
                     return int(await self.kv.create(key, payload))
                 except nats.js.errors.KeyWrongLastSequenceError:
                     return 0
+                except nats.js.errors.KeyNotFoundError:
+                    # nats-py's create re-reads a key the stream refused as existing; a replica that has not
+                    # caught up yet answers "not found": ask again (an existing record is found by a later try)
+                    raise LeaderUnavailableError(f"{context}: the record exists but the replica that answered "
+                                                 "the read has not caught up yet") from None
 
         revision = await self.conn.retry_leader(context, create)
         if revision:

@@ -8,11 +8,14 @@ payloads, 2 partitions) for every write:
   of 10,000), default options;
 * read baseline: one process, a nats-py pull consumer fetching 500 at a time and acking every message
   (the plain loop); also shown: the same loop on an ``ack_policy: none`` consumer;
-* data source read of the same stream (all columns materialised by an aggregate).
+* data source read of the same stream (all columns materialised by an aggregate);
+* streaming, median of 3 interleaved rounds: the same read as a streaming query (Trigger.AvailableNow,
+  the aggregate in ``foreachBatch``) against the batch read, and a copy of the stream into a new one
+  as a streaming query (source and sink) against the same copy as a batch job (batch writer).
 
 Prints rows/s (with the nats-server process's CPU microseconds per row, from ``/proc``, to show how
 much of the shared 2 cores the server itself needs) and the ratios against the targets (atomic >= 8x,
-bulk >= 15x, read >= 2x).
+bulk >= 15x, read >= 2x, streaming read and streaming sink >= 0.8x their batch counterparts).
 Run: ``.venv/bin/python bench/spark_io.py [--rows 200000]``.
 
 ``--standalone`` instead compares the data source on ``local[2]`` with the same writes and read on a
@@ -26,7 +29,9 @@ import argparse
 import asyncio
 import os
 import platform
+import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -41,7 +46,7 @@ from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_con
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.spark import register
 
-TARGETS = {"atomic": 8.0, "bulk": 15.0, "read": 2.0}
+TARGETS = {"atomic": 8.0, "bulk": 15.0, "read": 2.0, "stream_read": 0.8, "stream_sink": 0.8}
 
 
 def make_frame(spark: SparkSession, rows: int) -> Any:
@@ -113,6 +118,58 @@ def read_stream(spark: SparkSession, sink: dict[str, str], stream: str, rows: in
         raise SystemExit(f"read {got['n']} rows, expected {rows}")
 
 
+def stream_read(spark: SparkSession, sink: dict[str, str], stream: str, rows: int) -> None:
+    """The same read as :func:`read_stream` as a streaming query: Trigger.AvailableNow, a new
+    checkpoint, the same aggregate on the micro-batch (foreachBatch)."""
+    counted: list[int] = []
+
+    def materialise(batch: Any, _batch_id: int) -> None:
+        counted.append(batch.agg(F.count("*").alias("n"), F.sum(F.length("payload")), F.max(F.size("headers")),
+                                 F.max("timestamp"), F.max("subject")).collect()[0]["n"])
+
+    query = (spark.readStream.format("jetstream").options(**sink, stream=stream, num_partitions="2").load()
+             .writeStream.foreachBatch(materialise).option("checkpointLocation", tempfile.mkdtemp())
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    if sum(counted) != rows:
+        raise SystemExit(f"streaming read {sum(counted)} rows, expected {rows}")
+
+
+def copy_stream(spark: SparkSession, sink: dict[str, str], source: str, target: str, *, streaming: bool) -> None:
+    """Copy ``source`` into ``target`` (atomic mode) with a batch job, or a streaming query (AvailableNow)."""
+    if streaming:
+        frame = spark.readStream.format("jetstream").options(**sink, stream=source, num_partitions="2").load()
+    else:
+        frame = spark.read.format("jetstream").options(**sink, stream=source, num_partitions="2").load()
+    out = frame.select(F.concat(F.lit(f"{target.lower()}."), "subject").alias("subject"), "payload")
+    if not streaming:
+        out.write.format("jetstream").mode("append").options(**sink, stream=target, job_id=target.lower()).save()
+        return
+    query = (out.writeStream.format("jetstream").options(**sink, stream=target)
+             .option("checkpointLocation", tempfile.mkdtemp()).trigger(availableNow=True).start())
+    query.awaitTermination()
+
+
+def streaming_rates(spark: SparkSession, settings: ConnectionSettings, source: str, rows: int, pid: int,
+                    rounds: int = 3) -> dict[str, float]:
+    """Streaming read vs the batch read and streaming copy vs batch copy of ``source``, interleaved rounds."""
+    sink = {"servers": settings.servers[0]}
+    rates: dict[str, list[float]] = {"read": [], "stream_read": [], "copy": [], "stream_copy": []}
+    for round_ in range(rounds):
+        rates["read"].append(timed("batch read", rows, lambda: read_stream(spark, sink, source, rows), pid))
+        rates["stream_read"].append(timed("streaming read (AvailableNow, foreachBatch)", rows,
+                                          lambda: stream_read(spark, sink, source, rows), pid))
+        for kind, streaming in (("copy", False), ("stream_copy", True)):
+            target = f"{kind.upper()}{round_}"
+            asyncio.run(make_stream(settings, target, target.lower(), allow_atomic=True))
+            rates[kind].append(timed(f"{'streaming' if streaming else 'batch'} copy read + write mode=atomic", rows,
+                                     lambda t=target, s=streaming: copy_stream(spark, sink, source, t, streaming=s),
+                                     pid))
+            if asyncio.run(stored(settings, target)) != rows:
+                raise SystemExit(f"stream {target} does not hold {rows} messages")
+    return {key: statistics.median(values) for key, values in rates.items()}
+
+
 def timed(label: str, rows: int, action: Any, server_pid: int) -> float:
     server_before = process_cpu_seconds(server_pid)
     started = time.perf_counter()
@@ -175,14 +232,38 @@ def standalone_vs_local(rows: int) -> int:
     return 0
 
 
+def streaming_only(rows: int) -> int:
+    """Only the streaming comparisons (``--streaming``), on a stream the atomic writer fills first."""
+    print(f"spark_io --streaming: {rows:,} rows, local[2], {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    with EmbeddedNatsServer() as server:
+        settings = ConnectionSettings(servers=server.url, request_timeout=30)
+        spark = session("local[2]")
+        asyncio.run(make_stream(settings, "SOURCE", "source", allow_atomic=True))
+        make_frame(spark, rows).withColumn("subject", F.concat(F.lit("source."), "subject")).write \
+            .format("jetstream").mode("append").options(servers=server.url, stream="SOURCE").save()
+        streaming_rates(spark, settings, "SOURCE", max(1, rows // 10), server.process.pid, rounds=1)  # warm up
+        streaming = streaming_rates(spark, settings, "SOURCE", rows, server.process.pid)
+        spark.stop()
+    print("medians")
+    for key in streaming:
+        print(f"  {key:<12} {streaming[key]:>10,.0f} rows/s")
+    for key, (value, base) in {"stream_read": ("stream_read", "read"), "stream_sink": ("stream_copy", "copy")}.items():
+        ratio = streaming[value] / streaming[base]
+        print(f"  {key:<12} {ratio:6.2f}x  (>= {TARGETS[key]:g}x) {'met' if ratio >= TARGETS[key] else 'NOT met'}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--standalone", action="store_true", help="compare local[2] with a standalone cluster")
+    parser.add_argument("--streaming", action="store_true", help="only the streaming read and sink comparisons")
     args = parser.parse_args()
     rows = args.rows
     if args.standalone:
         return standalone_vs_local(rows)
+    if args.streaming:
+        return streaming_only(rows)
     print(f"spark_io: {rows:,} rows, local[2], {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}")
     with EmbeddedNatsServer() as server:
@@ -229,16 +310,20 @@ def main() -> int:
         print(f"  {'(pull fetch(500), ack_policy none)':<44} {no_ack:>10,.0f} rows/s")
         read_rate = max(timed("data source read, 2 partitions", rows,
                               lambda: read_stream(spark, sink, "ATOMIC", rows), pid) for _ in range(2))
+        print("streaming (stream ATOMIC, median of 3 interleaved rounds)")
+        streaming = streaming_rates(spark, settings, "ATOMIC", rows, pid)
         spark.stop()
 
-    ratios = {"atomic": atomic / naive, "bulk": bulk / naive, "read": read_rate / baseline}
+    ratios = {"atomic": atomic / naive, "bulk": bulk / naive, "read": read_rate / baseline,
+              "stream_read": streaming["stream_read"] / streaming["read"],
+              "stream_sink": streaming["stream_copy"] / streaming["copy"]}
     print(f"read vs the ack_policy none loop: {read_rate / no_ack:.1f}x")
     print("ratios (target)")
     ok = True
     for key, ratio in ratios.items():
         met = ratio >= TARGETS[key]
         ok = ok and met
-        print(f"  {key:<8} {ratio:6.1f}x  (>= {TARGETS[key]:.0f}x) {'met' if met else 'NOT met'}")
+        print(f"  {key:<11} {ratio:6.2f}x  (>= {TARGETS[key]:g}x) {'met' if met else 'NOT met'}")
     return 0 if ok else 2
 
 

@@ -19,7 +19,7 @@ def test_all_example_dags_import_without_errors(monkeypatch):
 
     bag = DagBag(dag_folder=str(EXAMPLES))
     assert bag.import_errors == {}
-    assert {"jetstream_orders_pipeline", "jetstream_orders_replay"} <= set(bag.dag_ids)
+    assert {"jetstream_orders_pipeline", "jetstream_orders_replay", "jetstream_orders_incremental"} <= set(bag.dag_ids)
 
 
 @pytest.mark.spark

@@ -120,10 +120,14 @@ def test_stream_read_options() -> None:
     assert (opts.start, opts.max_messages_per_trigger, opts.max_bytes_per_trigger) == ("new", 500, 1048576)
     assert opts.read.stream == "ORDERS" and opts.read.num_partitions == 2
     assert StreamReadOptions.parse({**SERVER, "stream": "S"}).start == "first"
+    bounded = StreamReadOptions.parse({**SERVER, "stream": "S", "end_time": "2026-01-31T12:00:00Z", "start_seq": "5"})
+    assert (bounded.end_time, bounded.read.start_seq, bounded.read.end_seq) == ("2026-01-31T12:00:00Z", 5, None)
     assert StreamReadOptions.parse({**SERVER, "stream": "S", "start": "2026-01-31T12:00:00Z"}).start.startswith("2026")
     for bad, fragment in [({"start": "new", "start_seq": "3"}, "one start position"),
                           ({"start": "soon"}, "ISO 8601"),
-                          ({"end_seq": "10"}, "batch read"),
+                          ({"worker_subjects": "a.>;b.>"}, "batch read"),
+                          ({"end_seq": "10", "end_time": "2026-01-31T12:00:00Z"}, "end_seq or end_time"),
+                          ({"end_time": "tomorrow"}, "ISO 8601"),
                           ({"max_messages_per_trigger": "0"}, "max_messages_per_trigger"),
                           ({"maxoffsetspertrigger": "10"}, "unknown streaming read option")]:
         with pytest.raises(InvalidRequestError, match=fragment):

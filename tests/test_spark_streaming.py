@@ -9,6 +9,7 @@ One SparkSession and one nats-server for the module; every test uses its own str
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,7 +49,7 @@ def run(server: EmbeddedNatsServer, func: Any, *args: Any, **kwargs: Any) -> Any
 
 async def _publish(conn: Any, subjects_and_numbers: list[tuple[str, int]]) -> None:
     for subject, number in subjects_and_numbers:
-        await conn.js.publish(subject, f'{{"n":{number}}}'.encode())
+        await conn.js.publish(subject, payload(number))
 
 
 def publish(server: EmbeddedNatsServer, prefix: str, numbers: range, subject: str = "a") -> None:
@@ -65,9 +66,13 @@ async def _payloads(conn: Any, stream: str) -> list[bytes]:
     return out
 
 
+def payload(number: int) -> bytes:
+    return f'{{"n":{number},"amount":{number}}}'.encode()
+
+
 def assert_exactly_once(server: EmbeddedNatsServer, stream: str, numbers: range) -> None:
     stored = Counter(run(server, _payloads, stream))
-    expected = Counter(f'{{"n":{n}}}'.encode() for n in numbers)
+    expected = Counter(payload(n) for n in numbers)
     assert stored == expected, (f"missing {sorted((expected - stored).elements())[:5]}, "
                                 f"twice {sorted((stored - expected).elements())[:5]}")
 
@@ -97,8 +102,6 @@ def run_query(spark: SparkSession, server: EmbeddedNatsServer, prefix: str, chec
 
 def ends(progress: list[dict[str, Any]]) -> list[tuple[int, int, int]]:
     """(batch id, rows, end seq) of each micro-batch that ran."""
-    import json
-
     return [(p["batchId"], p["numInputRows"], json.loads(p["sources"][0]["endOffset"])["seq"]) for p in progress]
 
 
@@ -195,3 +198,42 @@ def test_last_micro_batch_replayed_after_the_duplicate_window_stores_nothing_twi
     replay = run_query(spark, server, "rp", checkpoint, max_messages_per_trigger="100")
     assert ends(replay) == [(1, 100, 200)]
     assert_exactly_once(server, "rp_DST", range(200))
+
+
+async def _stored_time(conn: Any, stream: str, seq: int) -> str:
+    """The time the server stored message ``seq`` (RFC 3339, cut to microseconds)."""
+    reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": seq}, context="test")
+    stamp = reply["message"]["time"].rstrip("Z")
+    base, _, fraction = stamp.partition(".")
+    return f"{base}.{(fraction + '000000')[:6]}+00:00"
+
+
+def test_scheduled_available_now_steps_read_each_interval_once_and_a_cleared_run_stores_nothing_twice(
+        server: EmbeddedNatsServer, spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example DAG's Spark step (dags_examples/spark_apps/stream_orders.py), run per interval."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "dags_examples" / "spark_apps"))
+    from stream_orders import run_step
+
+    run(server, ensure_stream, {"name": "IN_AGG", "subjects": ["orders.raw.*"]})
+    run(server, ensure_stream, {"name": "IN_LARGE", "subjects": ["orders.large.*"], "allow_atomic": True})
+    orders = [(f"orders.raw.{'emea' if n % 2 else 'apac'}", n) for n in range(150)]
+    run(server, _publish, orders)
+    # interval 1 ends when order 100 (seq 101) was stored; interval 2 when seq 141 was stored
+    t0, t1, t2 = "2026-01-01T00:00:00+00:00", run(server, _stored_time, "IN_AGG", 101), \
+        run(server, _stored_time, "IN_AGG", 141)
+    checkpoints = tmp_path / "checkpoints"
+
+    def step(start: str, end: str) -> int:
+        return run_step(spark, checkpoints, start, end, from_stream="IN_AGG", to_stream="IN_LARGE", min_amount=0,
+                        max_messages_per_trigger="60", connection={"servers": server.url})
+
+    assert step(t0, t1) == 100
+    assert step(t1, t2) == 40
+    assert_exactly_once(server, "IN_LARGE", range(140))
+    # run 1 cleared and run again (after run 2): the same micro-batches again, nothing stored twice
+    assert step(t0, t1) == 100
+    assert_exactly_once(server, "IN_LARGE", range(140))
+    assert step(t2, "2100-01-01T00:00:00+00:00") == 10
+    assert_exactly_once(server, "IN_LARGE", range(150))
+
+

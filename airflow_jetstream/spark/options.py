@@ -272,10 +272,13 @@ class StreamReadOptions:
     start: str = "first"
     max_messages_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
+    #: A stop position: the query never reads messages stored at or after this time (``read.end_seq``:
+    #: after this sequence), so a scheduled run with Trigger.AvailableNow covers a fixed interval.
+    end_time: str | None = None
 
-    KEYS = ("start", "max_messages_per_trigger", "max_bytes_per_trigger")
+    KEYS = ("start", "max_messages_per_trigger", "max_bytes_per_trigger", "end_time")
     #: Batch read options that have no meaning for an unbounded read.
-    BATCH_ONLY = ("end_seq", "worker_subjects", "worker_prefix")
+    BATCH_ONLY = ("worker_subjects", "worker_prefix")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StreamReadOptions:
@@ -300,7 +303,12 @@ class StreamReadOptions:
             raise _bad("start", start, "a stream sequence is >= 1")
         max_messages = _int(opts, "max_messages_per_trigger", None)
         max_bytes = _int(opts, "max_bytes_per_trigger", None)
+        end_time = opts.get("end_time") or None
+        if end_time:
+            parse_time(end_time, field="option end_time")
+            if opts.get("end_seq"):
+                raise InvalidRequestError("give either end_seq or end_time, not both", reason="invalid_option")
         for key in cls.KEYS:
             opts.pop(key, None)
         return cls(read=ReadOptions.parse(opts), start=start or "first", max_messages_per_trigger=max_messages,
-                   max_bytes_per_trigger=max_bytes)
+                   max_bytes_per_trigger=max_bytes, end_time=end_time)

@@ -12,7 +12,9 @@ Read limits (pyspark 4.2+): ``max_messages_per_trigger`` caps the sequences one 
 (with subject filters a micro-batch may hold fewer matching messages); ``max_bytes_per_trigger``
 is a soft cap, turned into sequences with the stream's average stored message size. Under
 ``Trigger.AvailableNow`` the query reads, in micro-batches within the limits, up to the last
-sequence stored when it started, then stops.
+sequence stored when it started, then stops. A stop position, ``end_seq`` or ``end_time`` (nothing
+stored at or after that time), bounds every micro-batch: a scheduled run that sets ``end_time`` to its
+data interval's end reads a fixed range however late it runs (docs/streaming.md).
 
 With ``consume=true`` what a micro-batch read is acknowledged (WorkQueue: purged; Interest and
 Limits: the ``consumer`` cursor moved past it) when Spark commits the micro-batch's end offset on
@@ -30,6 +32,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from airflow_jetstream.client.admin.consumers import first_seq_at_or_after
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
@@ -98,9 +101,17 @@ async def _start_seq(options: StreamReadOptions) -> int:
     return plan.first_seq
 
 
-async def _stream_state(options: StreamReadOptions) -> dict[str, Any]:
-    async with open_connection(options.read.settings) as conn:
-        return (await stream_info(conn, options.read.stream))["state"]
+async def _stream_state(options: StreamReadOptions) -> tuple[dict[str, Any], int]:
+    """The stream's state and the last sequence the query may read (``end_seq``/``end_time`` applied)."""
+    read = options.read
+    async with open_connection(read.settings) as conn:
+        state = (await stream_info(conn, read.stream))["state"]
+        last = int(state.get("last_seq") or 0)
+        if read.end_seq is not None:
+            last = min(last, read.end_seq)
+        if options.end_time is not None:
+            last = min(last, await first_seq_at_or_after(conn, read.stream, options.end_time) - 1)
+    return state, last
 
 
 async def _acknowledge(options: StreamReadOptions, last: int) -> int:
@@ -131,9 +142,9 @@ class JetStreamStreamReader(*_BASES):  # type: ignore[misc]
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         """The end of the next micro-batch: the stream's last sequence (at most the AvailableNow target),
         capped by the read limit. pyspark 4.0/4.1 call it without arguments (no read limits there)."""
-        state = asyncio.run(_stream_state(self.options))
+        state, end = asyncio.run(_stream_state(self.options))
         self.latest = int(state.get("last_seq") or 0)
-        end = self.latest if self.target is None else min(self.latest, self.target)
+        end = end if self.target is None else min(end, self.target)
         if start is None:
             return _offset(self.stream, end)
         begin = _seq(start, self.stream)
@@ -162,7 +173,7 @@ class JetStreamStreamReader(*_BASES):  # type: ignore[misc]
         return None if self.latest is None else _offset(self.stream, self.latest)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = int(asyncio.run(_stream_state(self.options)).get("last_seq") or 0)
+        self.target = asyncio.run(_stream_state(self.options))[1]
         progress(f"stream read of {self.stream}: Trigger.AvailableNow reads up to seq {self.target}")
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:

@@ -12,6 +12,7 @@ import signal
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
 from airflow_jetstream.client.advisories.capture import ensure_capture_stream
 from airflow_jetstream.client.batches.atomic import publish_atomic_batch
+from airflow_jetstream.client.batches.batcher import Batcher
 from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
 from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError, PlacementError
@@ -70,6 +71,43 @@ def test_a_stall_of_the_connected_server_leaves_the_connection_working(
     # the same connection, not a reconnect after nats-py found it stale (its read loop used to end on a late PONG)
     assert reconnects == 0
     assert took < 20, f"the connection worked again only {took:.1f}s after the server resumed"
+
+
+def test_batcher_items_wait_no_longer_than_their_own_deadline(nats_cluster_module: EmbeddedNatsCluster) -> None:
+    """The stream loses its quorum for longer than leader_wait: every item ends with leader_unavailable about
+    leader_wait after it was submitted. Before, each group's retries held the queue, so the k-th group's items
+    waited k times leader_wait."""
+    cluster = nats_cluster_module
+    leader_wait, timeout = 5.0, 1.0
+    settings = ConnectionSettings(servers=cluster.servers, connect_timeout=2, request_timeout=timeout,
+                                  leader_wait=leader_wait)
+
+    async def main() -> list[tuple[str, float]]:
+        async with open_connection(settings) as conn:
+            await ensure_stream(conn, {"name": "NOQUORUM", "subjects": ["noquorum.>"], "num_replicas": 3})
+            survivor = connected_node(cluster, conn)
+            for node in cluster.nodes:
+                if node.name != survivor:
+                    await asyncio.to_thread(cluster.kill, node.name)
+            loop = asyncio.get_running_loop()
+
+            async def one(batcher: Batcher, i: int) -> tuple[str, float]:
+                started = loop.time()
+                result = await batcher.publish("noquorum.x", b"%d" % i, msg_id=f"nq-{i}")
+                return result.error, loop.time() - started
+
+            async with Batcher(conn, max_batch=1, timeout=timeout) as batcher:  # one group per item
+                return await asyncio.gather(*(one(batcher, i) for i in range(4)))
+
+    try:
+        outcomes = asyncio.run(main())
+    finally:
+        for node in cluster.nodes:
+            node.start()
+        cluster.wait_healthy()
+    assert [error for error, _ in outcomes] == ["leader_unavailable"] * 4
+    slowest = max(took for _, took in outcomes)
+    assert slowest < leader_wait + 4 * timeout, outcomes  # 4 groups of retries in a row took over 4 x leader_wait
 
 
 def test_a_cluster_without_advertised_urls_still_gets_r3_by_default(tmp_path) -> None:

@@ -59,7 +59,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     error_from_api,
 )
-from airflow_jetstream.client.retry import retry
+from airflow_jetstream.client.retry import Deadline, is_leader_unavailable, retry
 
 #: Headers an atomic batch must not carry, with what to use instead.
 ATOMIC_REFUSED_HEADERS = {
@@ -451,12 +451,13 @@ def _timeout(conn: JetStreamConnection, timeout: float | str | timedelta | None)
     return to_seconds(timeout, field="timeout") if timeout else conn.settings.request_timeout
 
 
-async def streams_for_subject(conn: JetStreamConnection, subject: str) -> list[str]:
+async def streams_for_subject(conn: JetStreamConnection, subject: str, *,
+                              deadline: Deadline | None = None) -> list[str]:
     """The stream that captures ``subject`` as a list (empty when none; streams cannot overlap).
 
     nats-py's ``find_stream_name_by_subject``, with the toolkit's errors: the server's API errors typed,
     no responder as :class:`JetStreamNotEnabledError`, no reply as a permission error or a leader election
-    (retried for ``leader_wait`` on a cluster).
+    (retried for ``leader_wait`` on a cluster, or until ``deadline``).
     """
     context = f"streams for {subject!r}"
 
@@ -476,7 +477,8 @@ async def streams_for_subject(conn: JetStreamConnection, subject: str) -> list[s
             denied = conn.permission_error(f"{conn.api_prefix}.STREAM.NAMES")
             raise denied or conn.unanswered(f"{context}: no reply within {conn.settings.request_timeout:g}s") from None
 
-    return await conn.retry_leader(context, once)
+    return await retry(context, once, transient=is_leader_unavailable, budget=conn.settings.leader_wait,
+                       deadline=deadline, advice=QUORUM_ADVICE, logger=log)
 
 
 async def publish_atomic_batch(
@@ -489,6 +491,7 @@ async def publish_atomic_batch(
     flow_every: int = DEFAULT_FLOW_EVERY,
     timeout: float | None = None,
     retries: int = DEFAULT_RETRIES,
+    deadline: Deadline | None = None,
 ) -> BatchResult:
     """Publish ``messages`` as one atomic batch and return where it was stored.
 
@@ -503,6 +506,7 @@ async def publish_atomic_batch(
     :param max_msgs: the server's per-batch limit (``jetstream.limits.batch.max_msgs``).
     :param flow_every: every N-th message is a request, bounding how far the client runs ahead (0: never).
     :param timeout: seconds to wait for each server reply (default: the connection's request timeout).
+    :param deadline: retry until then (default: for ``leader_wait`` from the first failure).
     """
     items = validate_messages(messages, max_msgs=max_msgs, max_payload=conn.max_payload,
                               refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=_BATCH_HEADER_BYTES)
@@ -513,21 +517,21 @@ async def publish_atomic_batch(
     if not isinstance(flow_every, int) or flow_every < 0:
         raise InvalidRequestError(f"flow_every must be an int >= 0, got {flow_every!r}", reason="invalid_request")
     return await _publish_validated(conn, items, batch_id, expected_last_seq, flow_every,
-                                    _timeout(conn, timeout), retries)
+                                    _timeout(conn, timeout), retries, deadline)
 
 
 async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage], batch_id: str,
                              expected_last_seq: int | None, flow_every: int, timeout: float,
-                             retries: int) -> BatchResult:
+                             retries: int, deadline: Deadline | None = None) -> BatchResult:
     """Send an already validated batch with the retries of :class:`_BatchRetry`; see :func:`publish_atomic_batch`."""
     server_features.require(conn, server_features.ATOMIC_BATCH)
     started = time.monotonic()
-    rule = _BatchRetry(conn, batch_id, items, retries,
+    rule = _BatchRetry(conn, batch_id, items, retries, deadline,
                        lambda progress: _send_batch(conn, items, batch_id, expected_last_seq, flow_every, timeout,
                                                     progress))
     try:
         ack = await retry(f"atomic batch {batch_id}", rule.send, transient=rule.transient,
-                          budget=conn.settings.leader_wait, advice=rule.advice, logger=log,
+                          budget=conn.settings.leader_wait, deadline=deadline, advice=rule.advice, logger=log,
                           before_retry=conn.round_trip)
     except JetStreamError as exc:
         if isinstance(exc, BatchPublishError) and exc.reason == "duplicate_msg_id":
@@ -584,12 +588,13 @@ class _BatchRetry:
     """
 
     def __init__(self, conn: JetStreamConnection, batch_id: str, items: list[BatchMessage], retries: int,
-                 send_batch: Callable[[dict[str, bool]], Awaitable[dict[str, Any]]]) -> None:
+                 deadline: Deadline | None, send_batch: Callable[[dict[str, bool]], Awaitable[dict[str, Any]]]) -> None:
         self.conn = conn
         self.batch_id = batch_id
         self.subjects = list(dict.fromkeys(m.subject for m in items))
         self.has_msg_ids = any(m.msg_id for m in items)
         self.inflight_left = retries
+        self.deadline = deadline
         self.send_batch = send_batch
         self.progress: dict[str, bool] = {}
         self.maybe_stored = False  # an attempt wrote the commit and got no answer
@@ -620,7 +625,7 @@ class _BatchRetry:
         the first: a 503 on a later message is no election)."""
         uncaptured: list[str] = []
         for subject in self.subjects:
-            if not await streams_for_subject(self.conn, subject):
+            if not await streams_for_subject(self.conn, subject, deadline=self.deadline):
                 uncaptured.append(subject)
                 if len(uncaptured) == most:
                     break

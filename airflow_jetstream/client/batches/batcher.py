@@ -24,6 +24,9 @@ Individual publishes ride out a leader election (for the connection's ``leader_w
 answered with a 503 / no responders on a stream that exists reached no leader, so it is re-sent;
 on a cluster an unacknowledged item is re-sent only when it has a msg id (the server then answers
 a stored one as a duplicate). Re-sent items may be stored after later items of their group.
+Every item has its own deadline, ``leader_wait`` after it was submitted: retries of a group end at
+its oldest item's, so an item waits at most about ``leader_wait`` plus two request timeouts, however
+long the groups before it kept failing.
 
 ``close()`` (or leaving the ``async with``) flushes everything still pending; an item
 whose caller was cancelled after submitting is still published (its result is dropped), so
@@ -35,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +56,7 @@ from airflow_jetstream.client.batches.types import (
     BatchMessage,
     validate_messages,
 )
-from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     ConnectionFailedError,
@@ -61,7 +65,9 @@ from airflow_jetstream.client.errors import (
     LeaderUnavailableError,
     RequestTimeoutError,
 )
+from airflow_jetstream.client.retry import Deadline, is_leader_unavailable, retry
 
+log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH = 256
 DEFAULT_FLUSH_INTERVAL = 0.0
 DEFAULT_MAX_PENDING = 10_000
@@ -73,6 +79,8 @@ _OUTCOME_UNKNOWN = (RequestTimeoutError, ConnectionFailedError)
 class _Item:
     message: BatchMessage
     future: asyncio.Future[BatchItemResult]
+    #: Retries of this item end by then (``leader_wait`` after it was submitted), however long it queued.
+    deadline: Deadline
 
 
 class Batcher:
@@ -121,6 +129,8 @@ class Batcher:
         # One reply inbox for every group: a subscription per group would cost a SUB/UNSUB and a
         # nats-py reader task each time, which dominates small groups.
         self._replies: BatchReplies | None = None
+        #: Set while the last group gave up on a leaderless stream: what queued items past their deadline get.
+        self._leaderless: LeaderUnavailableError | None = None
         self._next_reply = 0
 
     async def __aenter__(self) -> Batcher:
@@ -159,7 +169,7 @@ class Batcher:
             raise InvalidRequestError("the batcher is closed; open a new one", reason="batcher_closed")
         await self._slots.acquire()
         future: asyncio.Future[BatchItemResult] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Item(message, future))
+        self._queue.append(_Item(message, future, Deadline(self.conn.settings.leader_wait)))
         self._has_items.set()
         if len(self._queue) >= self.max_batch:
             self._batch_full.set()
@@ -203,22 +213,38 @@ class Batcher:
 
     async def _publish_group(self, group: list[_Item]) -> None:
         metrics.gauge("batcher.batch_size", len(group))
+        if self._leaderless is not None:  # the group before gave up: items already past their deadline are not sent
+            expired = [item for item in group if item.deadline.left() <= 0]
+            if expired:
+                self._answer(expired, [BatchItemResult.failed(self._leaderless)] * len(expired))
+                group = [item for item in group if item.deadline.left() > 0]
+                if not group:
+                    return
         try:
-            results = await self._send(group)
+            results = await self._send(group, min((item.deadline for item in group), key=lambda d: d.at))
         except JetStreamError as exc:
             results = [BatchItemResult.failed(exc)] * len(group)
+        gave_up = next((r for r in results if r.error == "leader_unavailable"), None)
+        self._leaderless = None if gave_up is None or any(r.ok for r in results) else LeaderUnavailableError(
+            f"not sent: its stream had no leader for the item's whole leader_wait "
+            f"({self.conn.settings.leader_wait:g}s since it was submitted; the items before it failed with: "
+            f"{gave_up.message}); nothing of it was stored")
+        self._answer(group, results)
+
+    def _answer(self, group: list[_Item], results: list[BatchItemResult]) -> None:
         for item, result in zip(group, results, strict=True):
             # A caller cancelled while waiting has a cancelled future: its item was still published.
             if not item.future.done():
                 item.future.set_result(result)
             self._slots.release()
 
-    async def _send(self, group: list[_Item]) -> list[BatchItemResult]:
+    async def _send(self, group: list[_Item], deadline: Deadline) -> list[BatchItemResult]:
+        """Publish ``group``, retrying until ``deadline`` (its oldest item's), so no item waits past its own."""
         messages = [item.message for item in group]
         if self.atomic and len(messages) > 1:
             try:
                 batch = await publish_atomic_batch(self.conn, messages, max_msgs=len(messages),
-                                                   timeout=self.timeout)
+                                                   timeout=self.timeout, deadline=deadline)
             except _OUTCOME_UNKNOWN:
                 if not all(m.msg_id for m in messages):
                     raise
@@ -232,7 +258,7 @@ class Batcher:
                     return [BatchItemResult(stream=batch.stream, seq=batch.first_seq + i)
                             for i in range(len(messages))]
         results = await self._publish_individually(messages)
-        return await self._ride_out_elections(messages, results)
+        return await self._ride_out_elections(messages, results, deadline)
 
     async def _publish_individually(self, messages: list[BatchMessage]) -> list[BatchItemResult]:
         if self._replies is None:
@@ -242,15 +268,17 @@ class Batcher:
         return await publish_individually(self.conn, messages, self.timeout, replies=self._replies,
                                           first_reply=first)
 
-    async def _ride_out_elections(self, messages: list[BatchMessage],
-                                  results: list[BatchItemResult]) -> list[BatchItemResult]:
-        """Re-send the items that failed because their stream was electing a leader, for ``leader_wait``.
+    async def _ride_out_elections(self, messages: list[BatchMessage], results: list[BatchItemResult],
+                                  deadline: Deadline) -> list[BatchItemResult]:
+        """Re-send the items that failed because their stream was electing a leader, until ``deadline``.
 
         Only where a re-send cannot store an item twice: a 503 / no responders on a stream that exists
         (no leader received the message, so nothing was stored), and on a cluster an unacknowledged item
         with a msg id (the server answers a re-send of a stored one as a duplicate, with its sequence),
         or one the server refused with 10158 because the same msg id was still being stored.
-        Still failing after ``leader_wait``: those items fail with ``leader_unavailable``.
+        Still failing at the deadline (``leader_wait`` after the group's oldest item was submitted, so one
+        group's retries never make the items queued behind it wait past their own): those items fail with
+        ``leader_unavailable``.
         """
         known: dict[str, bool] = {}
 
@@ -259,7 +287,8 @@ class Batcher:
             if result.error == "no_stream_for_subject":
                 if msg.subject not in known:
                     try:
-                        known[msg.subject] = bool(await streams_for_subject(self.conn, msg.subject))
+                        known[msg.subject] = bool(await streams_for_subject(self.conn, msg.subject,
+                                                                            deadline=deadline))
                     except JetStreamError as exc:  # the stream lookup itself found no leader in time
                         results[index] = BatchItemResult.failed(exc)
                         return False
@@ -290,7 +319,8 @@ class Batcher:
 
         try:
             what = f"batcher: {len(pending)} of {len(messages)} items (first to {messages[pending[0]].subject!r})"
-            await self.conn.retry_leader(what, attempt)
+            await retry(what, attempt, transient=is_leader_unavailable, budget=self.conn.settings.leader_wait,
+                        deadline=deadline, advice=QUORUM_ADVICE, logger=log)
         except LeaderUnavailableError as exc:
             for index in pending:
                 results[index] = BatchItemResult.failed(exc)

@@ -37,7 +37,8 @@ def describe(result: RunResult) -> str:
     r = result.report
     lines = [f"seed {result.config.seed} on {result.network}; workloads {', '.join(result.config.workloads)}",
              "  faults: " + "; ".join(f.describe(result.t0) for f in result.faults),
-             f"  slowest op: {r.slowest_op}"]
+             f"  slowest op: {r.slowest_op}",
+             "  failures: " + (", ".join(f"{k} x{v}" for k, v in sorted(r.failures.items())) or "none")]
     lines += [f"  {d}" for d in r.details[:SHOWN_DETAILS]]
     if len(r.details) > SHOWN_DETAILS:
         lines.append(f"  ... and {len(r.details) - SHOWN_DETAILS} more")

@@ -7,8 +7,8 @@ Counted per run:
 - ``partial``: atomic batches of which some but not all messages are stored;
 - ``misreported``: operations whose report is false: reported ok but absent, a definite failure
   (the error says nothing was written) but present, or a wrong count, sequence or range;
-- ``misleading``: failures blaming the cluster (no leader, quorum) while no fault was active
-  (nor in the ``GRACE`` seconds after one healed), and untyped errors;
+- ``misleading``: failures blaming the cluster (no leader, quorum) when they were raised while no
+  fault was active nor healed in the ``GRACE`` seconds before, and untyped errors;
 - ``unknown``: failures that say their outcome is unknown (allowed: stored once or absent);
 - the slowest operation, and ``late``: operations longer than ``leader_wait`` + 15 s.
 """
@@ -107,6 +107,7 @@ class Report:
     late: int = 0
     slowest: float = 0.0
     slowest_op: str = ""
+    failures: dict[str, int] = field(default_factory=dict)  # "workload: reason" -> count
     details: list[str] = field(default_factory=list)
 
     def add(self, counter: str, detail: str, amount: int = 1) -> None:
@@ -142,6 +143,8 @@ def check(history: History, stored: Stored, records: dict[str, dict[str, Any]], 
         if op.workload == "ledger":
             _check_ledger(op, stored, records.get(op.id), report)
         if not op.ok:
+            what = f"{op.workload}: {op.reason}"
+            report.failures[what] = report.failures.get(what, 0) + 1
             _check_error(op, nemesis, report)
     return report
 
@@ -246,5 +249,6 @@ def _check_ledger(op: Op, stored: Stored, record: dict[str, Any] | None, report:
 def _check_error(op: Op, nemesis: Nemesis, report: Report) -> None:
     if op.reason == "untyped":
         report.add("misleading", f"untyped error: {op.brief()}: {op.message}")
-    elif BLAMES_CLUSTER.search(op.message) and not nemesis.active_during(op.start, op.end, GRACE):
-        report.add("misleading", f"blames the cluster while no fault was active: {op.brief()}: {op.message[:200]}")
+    elif BLAMES_CLUSTER.search(op.message) and not nemesis.active_during(op.end, op.end, GRACE):
+        report.add("misleading", f"blames the cluster {GRACE:.0f}+ s after the last fault healed: {op.brief()}: "
+                                 f"{op.message[:200]}")

@@ -9,11 +9,13 @@ from typing import Any
 
 from airflow_jetstream.client.errors import JetStreamError
 
+#: A workload's own check (plain nats-py) failed after the client's call succeeded: no verdict on the client.
+PROBE_FAILED = "probe_failed"
 #: Reasons after which the client does not know whether the write happened (a re-send may or may not
 #: have landed): the checker accepts "stored once" and "absent" for these, never "partial" or "twice".
 UNKNOWN_OUTCOME = frozenset({
     "timeout", "leader_unavailable", "connection_lost", "server_unreachable", "connection_closed",
-    "msg_id_in_process", "hung", "batch_abandoned",
+    "msg_id_in_process", "hung", "batch_abandoned", PROBE_FAILED,
 })
 #: Phrases with which an error says that nothing was written, making an outcome definite.
 NOTHING_STORED = ("nothing of the batch was stored", "nothing was stored", "nothing of it was stored")

@@ -17,7 +17,7 @@ from tests.chaos.nemesis import KINDS
 from tests.chaos.runner import RunConfig, RunResult, run
 
 COLUMNS = ("seed", "faults", "ops", "msgs", "lost", "dup", "partial", "misrep", "mislead", "unknown",
-           "slowest s", "late", "run s")
+           "slowest s", "late", "diverged", "run s")
 SHOWN_DETAILS = 12
 
 
@@ -25,7 +25,7 @@ def _row(result: RunResult) -> list[str]:
     r = result.report
     return [str(result.config.seed), str(r.faults), str(r.ops), str(r.messages), str(r.lost), str(r.duplicated),
             str(r.partial), str(r.misreported), str(r.misleading), str(r.unknown), f"{r.slowest:.1f}",
-            str(r.late), f"{result.seconds:.0f}"]
+            str(r.late), str(r.diverged), f"{result.seconds:.0f}"]
 
 
 def table(results: list[RunResult]) -> str:

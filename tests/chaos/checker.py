@@ -10,7 +10,8 @@ Counted per run:
 - ``misleading``: failures blaming the cluster (no leader, quorum) when they were raised while no
   fault was active nor healed in the ``GRACE`` seconds before, and untyped errors;
 - ``unknown``: failures that say their outcome is unknown (allowed: stored once or absent);
-- the slowest operation, and ``late``: operations longer than ``leader_wait`` + 15 s.
+- the slowest operation, and ``late``: operations longer than ``leader_wait`` + 15 s;
+- ``diverged``: streams whose replicas on the servers still differ after the run.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class Report:
     misleading: int = 0
     unknown: int = 0
     late: int = 0
+    diverged: int = 0  # streams whose replicas differ after the run (a server defect, reported, not judged)
     slowest: float = 0.0
     slowest_op: str = ""
     failures: dict[str, int] = field(default_factory=dict)  # "workload: reason" -> count

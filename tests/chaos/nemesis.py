@@ -4,7 +4,8 @@ Faults (``KINDS``):
 
 - ``kill``: SIGKILL a random node, restart it after 2-8 s (same ports and store);
 - ``stop``: SIGSTOP a random node for 5-15 s, then SIGCONT (a stalled server: GC pause, frozen VM);
-- ``leader-kill``: SIGKILL the leader of one of the workload streams, restart it after 2-8 s;
+- ``leader-kill``: SIGKILL the leader of one of the workload streams, restart it after 2-8 s, then
+  hand the stream's leadership back to it (a restarted leader rebuilds its state from its store);
 - ``partition``: cut a random node off everyone (clients and peers) for 5-15 s;
 - ``routes``: cut the stream leader's routes to its peers for 5-15 s while clients still reach it;
 - ``kill-two``: SIGKILL two nodes at once (the cluster loses its quorum), restart both after 2-8 s.
@@ -16,10 +17,15 @@ the output). After each fault the cluster must be healthy again (bounded) before
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import random
 import signal
 import time
 from dataclasses import dataclass, field
+
+import nats
+import nats.errors
 
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from tests.chaos.cluster import signal_node
@@ -66,18 +72,46 @@ class Nemesis:
         self.streams = streams
         self.done: list[Fault] = []
         self.current: Fault | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def _node(self, fault: Fault, among: list[str] | None = None) -> str:
         names = among or [n.name for n in self.cluster.nodes]
         return names[int(fault.pick * len(names))]
 
+    def _stream(self, fault: Fault) -> str:
+        return self.streams[int(fault.pick * len(self.streams))]
+
     def _leader(self, fault: Fault) -> str:
-        stream = self.streams[int(fault.pick * len(self.streams))]
+        stream = self._stream(fault)
         leader = self.cluster.stream_leader(stream)
         fault.note = f"(leader of {stream})"
         return leader or self._node(fault)
 
+    def _lead_again(self, fault: Fault) -> None:
+        """Hand the stream's leadership back to the restarted node (bounded; noted when it fails)."""
+        stream, name = self._stream(fault), fault.targets[0]
+        assert self.loop is not None
+        for _ in range(5):
+            self.cluster.wait_healthy(HEAL_TIMEOUT)
+            if self.cluster.stream_leader(stream) == name:
+                fault.note = f"(leader of {stream}, leads again)"
+                return
+            asyncio.run_coroutine_threadsafe(self._step_down(stream, name), self.loop).result(30)
+            time.sleep(1)
+        fault.note = f"(leader of {stream}, did not lead again)"
+
+    async def _step_down(self, stream: str, preferred: str) -> None:
+        body = json.dumps({"placement": {"preferred": preferred}}).encode()
+        with contextlib.suppress(nats.errors.Error, OSError):  # the next round looks at the leader again
+            nc = await nats.connect(servers=[n.url for n in self.cluster.nodes], connect_timeout=2,
+                                    max_reconnect_attempts=2)
+            try:
+                await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", body, timeout=5)
+            finally:
+                await nc.close()
+
     async def run(self, faults: list[Fault], stop: asyncio.Event | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
         for fault in faults:
             if stop is not None and stop.is_set():
                 return
@@ -117,6 +151,8 @@ class Nemesis:
         time.sleep(fault.duration)
         for name in fault.targets:
             self.cluster.node(name).start()
+        if kind == "leader-kill":
+            self._lead_again(fault)
 
     def _stop(self, fault: Fault) -> None:
         fault.targets = [self._node(fault)]

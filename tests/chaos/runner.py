@@ -120,7 +120,10 @@ async def _drive(config: RunConfig, cluster: EmbeddedNatsCluster, nemesis: Nemes
     await asyncio.to_thread(_heal, cluster, nemesis)
     await _settle(settings)
     stored, records = await checker.read_back(cluster.urls)
-    return checker.check(history, stored, records, nemesis, config.leader_wait)
+    report = checker.check(history, stored, records, nemesis, config.leader_wait)
+    for stream, states in (await asyncio.to_thread(_diverged_replicas, cluster)).items():
+        report.add("diverged", f"{stream}: (messages, first_seq, last_seq) per server {states}")
+    return report
 
 
 async def _setup(settings: ConnectionSettings) -> None:
@@ -162,3 +165,27 @@ async def _settle(settings: ConnectionSettings) -> None:
             await asyncio.sleep(0.5)
     finally:
         await conn.close()
+
+
+def _replica_states(cluster: EmbeddedNatsCluster) -> dict[str, dict[str, tuple[int, int, int]]]:
+    """Each workload stream's (messages, first_seq, last_seq) as every server's own replica holds it."""
+    states: dict[str, dict[str, tuple[int, int, int]]] = {}
+    for node in cluster.nodes:
+        jsz = node.monitor("jsz?accounts=true&streams=true")
+        for account in jsz.get("account_details") or []:
+            for detail in account.get("stream_detail") or []:
+                state = detail.get("state") or {}
+                states.setdefault(detail["name"], {})[node.name] = (
+                    state.get("messages", 0), state.get("first_seq", 0), state.get("last_seq", 0))
+    return states
+
+
+def _diverged_replicas(cluster: EmbeddedNatsCluster) -> dict[str, dict[str, tuple[int, int, int]]]:
+    """Streams whose replicas still differ after ``SETTLE_TIMEOUT`` s (replicas catch up after a heal)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while True:
+        diverged = {name: per_node for name, per_node in _replica_states(cluster).items()
+                    if name in workloads.CHECKED_REPLICAS and len(set(per_node.values())) > 1}
+        if not diverged or time.monotonic() > deadline:
+            return diverged
+        time.sleep(1)

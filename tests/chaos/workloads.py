@@ -34,6 +34,8 @@ MAX_OPS = 5000
 ATOMIC, FAST, BATCHED, WORKQUEUE, AGGREGATE, RESET, LEDGER_DATA = "CHA", "CHF", "CHB", "CHW", "CHAGG", "CHR", "CHL"
 LEDGER_BUCKET, LEDGER_RUN = "chaos_ledger", "chaos-run"
 RESET_CONSUMER, RESET_SIZE = "reader", 30
+#: Streams whose replicas must agree after the run (the WorkQueue origin and the reset stream change on reads).
+CHECKED_REPLICAS = (ATOMIC, FAST, BATCHED, AGGREGATE, LEDGER_DATA)
 #: Streams whose leaders the nemesis may kill or cut off.
 FAULT_STREAMS = [ATOMIC, WORKQUEUE, BATCHED, FAST]
 

@@ -86,7 +86,7 @@ async def _bounded(ctx: Context, op: Op, body: Callable[[], Awaitable[None]]) ->
         op.fail_with(exc, stored=exc.stored)
     except JetStreamError as exc:
         op.fail_with(exc)
-    except (nats.errors.Error, OSError) as exc:  # an untyped error is a defect: outcome unknown
+    except Exception as exc:  # an untyped error is a client defect (counted as misleading): outcome unknown
         op.fail("untyped", f"{type(exc).__name__}: {exc}")
         op.definite = False
 

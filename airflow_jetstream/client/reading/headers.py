@@ -10,11 +10,10 @@ a repeated name; :func:`header_values` and :func:`headers_json` give them to rea
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
-_HEADER_LINE = re.compile(r"^[ \t]*([!-9;-~]+)[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.M)
+from airflow_jetstream.client.natspy_internals import natspy_header_pairs, natspy_parse_header_lines
 
 
 class Headers(dict[str, str]):
@@ -23,10 +22,10 @@ class Headers(dict[str, str]):
 
     __slots__ = ("repeated",)
 
-    def __init__(self, pairs: list[tuple[str, str]] | None = None) -> None:
+    def __init__(self, pairs: list[tuple[str, str]] | dict[str, str] | None = None) -> None:
         super().__init__(pairs or ())
         self.repeated: dict[str, list[str]] = {}
-        if pairs and len(self) != len(pairs):
+        if isinstance(pairs, list) and len(self) != len(pairs):  # a dict has no repeated names
             for name, value in pairs:
                 self.repeated.setdefault(name, []).append(value)
             self.repeated = {name: values for name, values in self.repeated.items() if len(values) > 1}
@@ -44,11 +43,15 @@ def _rebuild(items: list[tuple[str, str]], repeated: dict[str, list[str]]) -> He
 def parse_header_lines(raw: bytes) -> Headers:
     """Header lines (``Name: Value`` separated by CRLF) as :class:`Headers`.
 
-    Same names and values as nats-py's parser for valid headers (lines whose name has white space
-    or non-ASCII characters are skipped, as there; values are UTF-8 with invalid bytes replaced),
-    without its per-character scan, which costs more than the rest of receiving a message.
+    The dict is nats-py's own ``Client._parse_header_lines(raw)``, so nats-py's users of a toolkit
+    connection (its KV, JetStream contexts, plain subscriptions) read exactly what nats-py gives them;
+    ``repeated`` adds every value of a repeated name (a block with more lines than names is read again
+    line by line, by the same nats-py parser).
     """
-    return Headers(_HEADER_LINE.findall(raw.decode("utf-8", "replace")))
+    parsed = natspy_parse_header_lines(raw)
+    if raw.rstrip(b"\r\n").count(b"\r\n") < len(parsed):  # as many lines as names: none repeated
+        return Headers(parsed)
+    return Headers(natspy_header_pairs(raw))  # the same dict, and every value of a repeated name
 
 
 def without(headers: Mapping[str, str], names: frozenset[str]) -> Headers | None:

@@ -98,7 +98,7 @@ class ReadPlan:
 
 
 def use_fast_header_parser(conn: JetStreamConnection) -> None:
-    """Make sure ``conn`` parses headers with the toolkit's parser (~2x faster, keeps repeated names)."""
+    """Make sure ``conn`` parses headers with the toolkit's parser (nats-py's, keeping repeated names)."""
     install_header_parser(conn.nc)
 
 

@@ -121,12 +121,17 @@ def _finish(proc: subprocess.Popen, timeout: float, out: Path) -> int:
         raise AssertionError(f"airflow dags test still running after {timeout}s:\n{out.read_text()[-3000:]}") from None
 
 
+def _run_to_the_end(dag_id: str, env: dict, tmp_path: Path) -> tuple[int, str]:
+    """``airflow dags test dag_id``: its exit code and output."""
+    out = tmp_path / "dags-test.log"
+    code = _finish(_dags_test(dag_id, env, out), 240, out)
+    return code, out.read_text()
+
+
 @pytest.mark.airflow_cli
 def test_deferred_sensors_time_out_under_airflow_dags_test(waiting_env, tmp_path):
     """dags test runs triggers inline and ignores the deferral timeout: each trigger ends at its own."""
-    out = tmp_path / "dags-test.log"
-    code = _finish(_dags_test("never_true", waiting_env, out), 240, out)
-    log = out.read_text()
+    code, log = _run_to_the_end("never_true", waiting_env, tmp_path)
     assert code != 0 and "DagRun failed" in log
     assert "batch ledger not reached within 6 s" in log
     assert "KV models/churn did not" in log and "no message of stream EVENTS matched within 6 s" in log
@@ -151,9 +156,8 @@ def test_sigterm_stops_a_deferred_sensor_under_airflow_dags_test(waiting_env, tm
 @pytest.mark.airflow_cli
 def test_execution_timeout_of_a_poke_sensor_stays_a_timeout_and_is_retried(waiting_env, tmp_path):
     """Airflow calls on_kill() while it handles execution_timeout: that must not turn into 'received SIGTERM'."""
-    out = tmp_path / "dags-test.log"
-    code = _finish(_dags_test("execution_timeout", waiting_env, out), 240, out)
-    log = out.read_text()
+    code, log = _run_to_the_end("execution_timeout", waiting_env, tmp_path)
     assert code != 0 and "DagRun failed" in log
     assert "received SIGTERM" not in log and "AirflowTaskTerminated" not in log
-    assert log.count("AirflowTaskTimeout") >= 2  # the first try timed out and was retried, the retry timed out
+    assert "new_state=up_for_retry" in log  # the first try timed out and was retried (retries=1)
+    assert log.count("AirflowTaskTimeout: Timeout") == 2  # both tries ended as timeouts

@@ -59,6 +59,7 @@ def test_wheel_holds_the_package_and_nothing_else(dist: Path) -> None:
     missing = sorted((source & tracked) - set(names))
     assert not missing, f"package modules missing from the wheel: {missing}"
     assert f"{dist_info}licenses/LICENSE" in names
+    assert "airflow_jetstream/py.typed" in names  # the type hints are part of the API (PEP 561)
 
 
 def test_wheel_metadata(dist: Path) -> None:

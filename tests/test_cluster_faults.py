@@ -18,6 +18,8 @@ from airflow_jetstream.client.connection import JetStreamConnection, open_connec
 from airflow_jetstream.client.errors import JetStreamError, LeaderUnavailableError, PlacementError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.client.sourcing.provision import provision_durable_source
+from airflow_jetstream.client.sourcing.spec import DurableSource
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 
 
@@ -108,6 +110,47 @@ def test_batcher_items_wait_no_longer_than_their_own_deadline(nats_cluster_modul
     assert [error for error, _ in outcomes] == ["leader_unavailable"] * 4
     slowest = max(took for _, took in outcomes)
     assert slowest < leader_wait + 4 * timeout, outcomes  # 4 groups of retries in a row took over 4 x leader_wait
+
+
+def test_an_aggregate_drops_what_its_workqueue_origin_stored_twice(nats_cluster_module: EmbeddedNatsCluster) -> None:
+    """A WorkQueue origin forgets the msg ids of consumed messages when it loses its dedupe state (a leader
+    restarted from its store; here: its short window ran out), so a re-send is stored again. The aggregate the
+    provider creates has a duplicate window (the server gives a stream with sources none), so it keeps one copy."""
+    cluster = nats_cluster_module
+    settings = ConnectionSettings(servers=cluster.servers, connect_timeout=2, request_timeout=2)
+
+    async def main() -> tuple[list[bool], list[str]]:
+        async with open_connection(settings) as conn:
+            await ensure_stream(conn, {"name": "WQ_ORIGIN", "subjects": ["wqo.>"], "retention": "workqueue",
+                                       "num_replicas": 3, "duplicate_window": 0.5})
+            await provision_durable_source(conn, DurableSource(stream="WQ_AGG", source="WQ_ORIGIN"))
+
+            async def drained() -> None:
+                for _ in range(200):  # bounded: the aggregate's server sources and acks what the origin holds
+                    if (await stream_info(conn, "WQ_ORIGIN"))["state"]["messages"] == 0:
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError("the origin was never drained into the aggregate")
+
+            async with Batcher(conn) as batcher:
+                for i in range(5):
+                    await batcher.publish("wqo.x", b"%d" % i, msg_id=f"wq-{i}")
+                await drained()
+                resent = await batcher.publish("wqo.x", b"0", msg_id="wq-0")
+                for _ in range(100):  # bounded: until the origin has forgotten the id (its window ran out)
+                    if not resent.duplicate:
+                        break
+                    await asyncio.sleep(0.05)
+                    resent = await batcher.publish("wqo.x", b"0", msg_id="wq-0")
+                again = [await batcher.publish("wqo.x", b"%d" % i, msg_id=f"wq-{i}") for i in range(1, 5)]
+                await drained()
+            stored = (await stream_info(conn, "WQ_AGG"))["state"]["last_seq"]
+            ids = [(await conn.js.get_msg("WQ_AGG", seq)).headers["Nats-Msg-Id"] for seq in range(1, stored + 1)]
+            return [resent.duplicate] + [r.duplicate for r in again], ids
+
+    duplicate_answers, ids = asyncio.run(main())
+    assert duplicate_answers == [False] * 5, "the origin stored the re-sends again (it had forgotten the ids)"
+    assert sorted(ids) == [f"wq-{i}" for i in range(5)], ids
 
 
 def test_a_cluster_without_advertised_urls_still_gets_r3_by_default(tmp_path) -> None:

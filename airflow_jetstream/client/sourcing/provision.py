@@ -178,6 +178,12 @@ async def _check_shared_origin(origin_conn: JetStreamConnection, spec: DurableSo
                 f"in both", reason="origin_already_sourced")
 
 
+#: The duplicate window of an aggregate the provider creates: the server's default for streams without
+#: sources. Without it a re-send the origin stored again (its dedupe state lost, see docs/sourcing.md) is
+#: copied into the aggregate twice; with it the aggregate drops the copy (the msg id travels with it).
+AGGREGATE_DUPLICATE_WINDOW_NS = 120 * 10**9
+
+
 async def _update_entries(conn: JetStreamConnection, spec: DurableSource, target: dict[str, Any] | None,
                           entry: dict[str, Any] | None) -> dict[str, Any]:
     """Create A or put ``entry`` in place of A's entry for this origin (None removes it); others stay."""
@@ -186,6 +192,8 @@ async def _update_entries(conn: JetStreamConnection, spec: DurableSource, target
         given = replication_config(spec.num_replicas, spec.placement)
         body = {"name": spec.stream, key: entry if spec.mirror else [entry], "num_replicas": default_replicas(conn),
                 **given}
+        if not spec.mirror:  # the server gives a stream with sources no duplicate window (a mirror cannot have one)
+            body["duplicate_window"] = AGGREGATE_DUPLICATE_WINDOW_NS
         return await create_stream(conn, body, replicas_defaulted="num_replicas" not in given)
     cfg = dict(target["config"])
     sources = [e for e in cfg.get("sources") or [] if not spec.is_same_origin(e)]

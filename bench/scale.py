@@ -157,7 +157,8 @@ async def run_async(settings: ConnectionSettings, path: str, target: str) -> int
             return reaped["returned_count"] + reaped["failed_count"]
         if path == "capture":
             flt = AdvisoryFilter(advisory="batch_abandoned", stream=target, batch="never")
-            return (await find_captured(conn, target, since="1970-01-01T00:00:00Z", advisory_filter=flt))["scanned"]
+            found = await find_captured(conn, target, start_time="1970-01-01T00:00:00Z", advisory_filter=flt)
+            return found["scanned"]
         if path == "consume":
             stored = (await conn.js.stream_info(target)).state.messages
             options = ConsumeOptions(per_batch=True, batch_size=1000, max_messages=stored)

@@ -224,13 +224,13 @@ def test_capture_stream_finds_advisory_published_before_reading(settings):
             since = datetime.now(UTC)
             await ensure_stream(conn, {"name": "ORDERS", "subjects": ["orders.>"]})
             await ensure_stream(conn, {"name": "OTHER", "subjects": ["other.>"]})
-            created = await find_captured(conn, "ADVISORIES", since=since,
+            created = await find_captured(conn, "ADVISORIES", start_time=since,
                                           advisory_filter=AdvisoryFilter(advisory="stream_created", stream="OTHER"))
-            missing = await find_captured(conn, "ADVISORIES", since=since,
+            missing = await find_captured(conn, "ADVISORIES", start_time=since,
                                           advisory_filter=AdvisoryFilter(advisory="stream_deleted"))
-            later = await find_captured(conn, "ADVISORIES", since=datetime.now(UTC) + timedelta(hours=1),
+            later = await find_captured(conn, "ADVISORIES", start_time=datetime.now(UTC) + timedelta(hours=1),
                                         advisory_filter=AdvisoryFilter(advisory="stream_created"))
-            too_early = await find_captured(conn, "ADVISORIES", since=since - timedelta(hours=1),
+            too_early = await find_captured(conn, "ADVISORIES", start_time=since - timedelta(hours=1),
                                             advisory_filter=AdvisoryFilter(advisory="stream_created", stream="ORDERS"))
             return created, missing, later, too_early
 
@@ -245,7 +245,7 @@ def test_capture_stream_finds_advisory_published_before_reading(settings):
 def test_reader_reports_missing_capture_stream(settings):
     async def scenario():
         async with open_connection(settings) as conn:
-            await find_captured(conn, "ADVISORIES", since=datetime.now(UTC), advisory_filter=AdvisoryFilter())
+            await find_captured(conn, "ADVISORIES", start_time=datetime.now(UTC), advisory_filter=AdvisoryFilter())
 
     with pytest.raises(StreamNotFoundError) as err:
         asyncio.run(scenario())
@@ -256,7 +256,7 @@ def test_reader_refuses_subject_outside_the_capture_stream(settings):
     async def scenario():
         async with open_connection(settings) as conn:
             await ensure_stream(conn, capture_stream_config("ADVISORIES", subjects=["$JS.EVENT.ADVISORY.STREAM.>"]))
-            await find_captured(conn, "ADVISORIES", since=datetime.now(UTC),
+            await find_captured(conn, "ADVISORIES", start_time=datetime.now(UTC),
                                 advisory_filter=AdvisoryFilter(advisory="max_deliveries"))
 
     with pytest.raises(InvalidRequestError) as err:
@@ -282,11 +282,11 @@ def test_real_batch_abandoned_and_max_deliveries_are_captured(nats_server_factor
             sub = await conn.js.pull_subscribe_bind(consumer="C", stream="ATOM")
             await sub.fetch(1)  # never acked: max_deliver 1 is hit after ack_wait
             abandoned = watch_advisories(conn, AdvisoryFilter(advisory="batch_abandoned", stream="ATOM"),
-                                         capture_stream="ADVISORIES", since=since, poll_timeout=1)
+                                         capture_stream="ADVISORIES", start_time=since, fetch_timeout=1)
             first = await asyncio.wait_for(anext(abandoned), 20)
             await abandoned.aclose()
             poison = watch_advisories(conn, AdvisoryFilter(advisory="max_deliveries", stream="ATOM", consumer="C"),
-                                      capture_stream="ADVISORIES", since=since, poll_timeout=1)
+                                      capture_stream="ADVISORIES", start_time=since, fetch_timeout=1)
             second = await asyncio.wait_for(anext(poison), 20)
             await poison.aclose()
             return first, second

@@ -166,7 +166,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         checked_at = datetime.now(UTC)
         if self.capture_stream:
             try:
-                found = self.hook.run(find_captured, self.capture_stream, since=since, advisory_filter=flt)
+                found = self.hook.run(find_captured, self.capture_stream, start_time=since, advisory_filter=flt)
             except LeaderUnavailableError as exc:
                 self.log.info("%s: not yet, the cluster is electing a leader (%s)", flt.describe(), exc)
                 return PokeReturnValue(False)

@@ -102,8 +102,8 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
 
     async def _wait(self, conn: Any) -> dict[str, Any]:
         since = parse_time(self.start_time, field="start_time") if self.start_time else datetime.now(UTC)
-        watcher = watch_advisories(conn, self.advisory_filter, capture_stream=self.capture_stream, since=since,
-                                   poll_timeout=self.fetch_timeout,
+        watcher = watch_advisories(conn, self.advisory_filter, capture_stream=self.capture_stream, start_time=since,
+                                   fetch_timeout=self.fetch_timeout,
                                    on_gap=self.log.warning if self.report_gap else None)
         self.log.info("Waiting for %s in %s since %s (expect %s)", self.advisory_filter.describe(),
                       self.capture_stream or "live advisories", since.isoformat(), self.expect)
@@ -133,7 +133,8 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         """At the end of the quiet period, scan the whole window once more (nothing stored is skipped)."""
         checked_until = datetime.now(UTC)
         if self.capture_stream:
-            found = await find_captured(conn, self.capture_stream, since=since, advisory_filter=self.advisory_filter)
+            found = await find_captured(conn, self.capture_stream, start_time=since,
+                                        advisory_filter=self.advisory_filter)
             if found["advisory"] is not None:
                 return {"status": "matched", "advisory": found["advisory"]}
         return {"status": "quiet", "since": since.isoformat(), "checked_until": checked_until.isoformat()}

@@ -6,7 +6,7 @@ reads that stream from a start time (:func:`find_captured`, :func:`watch_advisor
 
     await ensure_stream(conn, capture_stream_config("ADVISORIES", max_age="7d"))
     flt = AdvisoryFilter(advisory="batch_abandoned", stream="ORDERS")
-    found = await find_captured(conn, "ADVISORIES", since=run_start, advisory_filter=flt)
+    found = await find_captured(conn, "ADVISORIES", start_time=run_start, advisory_filter=flt)
 
 This module is also the public entry point for advisories: it re-exports the typed advisories
 (:mod:`~airflow_jetstream.client.advisories.types`) and the filter
@@ -180,18 +180,18 @@ async def capture_info(conn: JetStreamConnection, capture_stream: str) -> dict[s
 class CaptureReader:
     """Read advisories from the capture stream, starting at a time, through an ephemeral consumer.
 
-    ``async with CaptureReader(conn, "ADVISORIES", since, flt) as reader``: :meth:`read_available`
+    ``async with CaptureReader(conn, "ADVISORIES", start_time, flt) as reader``: :meth:`read_available`
     returns what is stored now; :meth:`next_batch` waits for more. The consumer filters on the
     narrowest subject for ``flt``, uses no acks and is deleted on exit (and by the server after
     ``inactive_threshold`` if the process dies).
     """
 
-    def __init__(self, conn: JetStreamConnection, capture_stream: str, since: datetime | str,
+    def __init__(self, conn: JetStreamConnection, capture_stream: str, start_time: datetime | str,
                  advisory_filter: AdvisoryFilter, *, batch: int = 256, inactive_threshold: float = 120.0) -> None:
         validate_name(capture_stream, what="capture stream name")
         self.conn = conn
         self.capture_stream = capture_stream
-        self.since = parse_time(since, field="since")
+        self.start_time = parse_time(start_time, field="start_time")
         self.filter = advisory_filter
         self.batch = batch
         self.inactive_threshold = inactive_threshold
@@ -202,7 +202,7 @@ class CaptureReader:
 
     async def __aenter__(self) -> CaptureReader:
         info = await capture_info(self.conn, self.capture_stream)
-        self.gap = capture_gap(info, self.since)
+        self.gap = capture_gap(info, self.start_time)
         subject = self.filter.subject()
         covered = info["config"].get("subjects") or []
         if not any(subject_matches(s, subject) or subject_matches(subject, s) for s in covered):
@@ -212,7 +212,7 @@ class CaptureReader:
                 reason="subject_not_captured",
             )
         config = {
-            "name": self.name, "deliver_policy": "by_start_time", "opt_start_time": to_rfc3339(self.since),
+            "name": self.name, "deliver_policy": "by_start_time", "opt_start_time": to_rfc3339(self.start_time),
             "ack_policy": "none", "replay_policy": "instant", "mem_storage": True, "num_replicas": 1,
             "inactive_threshold": int(self.inactive_threshold * 1e9), "max_waiting": 4,
         }
@@ -268,7 +268,7 @@ class CaptureReader:
         return len(msgs), out
 
     async def read_available(self, fetch_timeout: float = 2.0) -> AsyncGenerator[Advisory, None]:
-        """Yield every advisory stored now (from ``since``), then stop."""
+        """Yield every advisory stored now (from ``start_time``), then stop."""
         misses = 0
         while self.pending > 0 and misses < 2:
             fetched, advisories = await self._fetch(fetch_timeout)
@@ -277,13 +277,13 @@ class CaptureReader:
                 yield advisory
 
 
-async def find_captured(conn: JetStreamConnection, capture_stream: str, *, since: datetime | str,
+async def find_captured(conn: JetStreamConnection, capture_stream: str, *, start_time: datetime | str,
                         advisory_filter: AdvisoryFilter) -> dict[str, Any]:
-    """Look in the capture stream for the first advisory matching ``advisory_filter`` since ``since``.
+    """Look in the capture stream for the first advisory matching ``advisory_filter`` from ``start_time`` on.
 
     Returns ``{"advisory": dict | None, "scanned": n, "gap": warning | None}``.
     """
-    async with CaptureReader(conn, capture_stream, since, advisory_filter) as reader:
+    async with CaptureReader(conn, capture_stream, start_time, advisory_filter) as reader:
         scanned = 0
         async for advisory in reader.read_available():
             scanned += 1
@@ -293,10 +293,10 @@ async def find_captured(conn: JetStreamConnection, capture_stream: str, *, since
 
 
 async def watch_advisories(conn: JetStreamConnection, advisory_filter: AdvisoryFilter, *,
-                           capture_stream: str | None, since: datetime | str | None = None,
-                           poll_timeout: float = 5.0,
+                           capture_stream: str | None, start_time: datetime | str | None = None,
+                           fetch_timeout: float = 5.0,
                            on_gap: Callable[[str], None] | None = None) -> AsyncGenerator[Advisory, None]:
-    """Yield matching advisories forever: from the capture stream starting at ``since``, or live.
+    """Yield matching advisories forever: from the capture stream starting at ``start_time``, or live.
 
     With ``capture_stream=None`` this subscribes to the advisory subject and sees only what is
     published from now on.
@@ -305,11 +305,11 @@ async def watch_advisories(conn: JetStreamConnection, advisory_filter: AdvisoryF
         async for advisory in _watch_live(conn, advisory_filter):
             yield advisory
         return
-    async with CaptureReader(conn, capture_stream, since or datetime.now(UTC), advisory_filter) as reader:
+    async with CaptureReader(conn, capture_stream, start_time or datetime.now(UTC), advisory_filter) as reader:
         if reader.gap and on_gap is not None:
             on_gap(reader.gap)
         while True:
-            for advisory in await reader.next_batch(poll_timeout):
+            for advisory in await reader.next_batch(fetch_timeout):
                 if advisory_filter.matches(advisory):
                     yield advisory
 

@@ -6,8 +6,6 @@ The module shares one cluster; a test that stops a node resumes it and waits unt
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
 from airflow_jetstream.client.advisories.capture import ensure_capture_stream
@@ -21,6 +19,7 @@ from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.sourcing.provision import provision_durable_source
 from airflow_jetstream.client.sourcing.spec import DurableSource
 from airflow_jetstream.embedded import EmbeddedNatsCluster
+from tests.support.stall import resume, stop
 
 
 def connected_node(cluster: EmbeddedNatsCluster, conn: JetStreamConnection) -> str:
@@ -45,11 +44,11 @@ def test_a_stall_of_the_connected_server_leaves_the_connection_working(
                                        "allow_atomic": True})
             await publish_atomic_batch(conn, batch("before"))
             pid = cluster.node(connected_node(cluster, conn)).process.pid
-            os.kill(pid, signal.SIGSTOP)
+            stop(pid)
             try:
                 during = await asyncio.gather(publish_atomic_batch(conn, batch("during")), return_exceptions=True)
             finally:
-                os.kill(pid, signal.SIGCONT)
+                resume(pid)
             loop = asyncio.get_running_loop()
             resumed = loop.time()
             after = None

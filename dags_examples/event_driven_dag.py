@@ -5,7 +5,8 @@
 * ``process_ready_orders`` runs for messages on ``orders.ready`` (durable consumer
   ``airflow_orders_ready``, created by its watcher; the watcher waits, logging one line per
   growing back-off, until ``publish_ready_orders`` created the stream). It processes each stream
-  sequence once: a message can repeat after a triggerer crash (see docs/event-driven.md).
+  sequence once (``process_each_once``): a message can repeat after a triggerer crash, and it also
+  processes the events Airflow stored without starting a run for them (see docs/event-driven.md).
 * ``handle_abandoned_batches`` runs once per ``batch_abandoned`` advisory of ``ORDERS_GUARDED``,
   read from the advisory capture stream ``ADVISORIES`` (created by ``publish_orders_guarded`` or
   the orders pipeline).
@@ -34,6 +35,7 @@ NATS_SERVER = os.environ.get("JETSTREAM_DEMO_SERVER", "127.0.0.1:4222")
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 READY_STREAM_CONFIG = {"name": "ORDERS_READY", "subjects": ["orders.ready"], "max_age": "7d"}
 READY_CONSUMER = "airflow_orders_ready"
+READY_ACK_WAIT = os.environ.get("JETSTREAM_DEMO_ACK_WAIT", "30s")
 PROCESSED_BUCKET = "orders_ready_processed"  # one key per processed stream sequence
 GUARDED_STREAM = "ORDERS_GUARDED"
 CAPTURE_STREAM, CAPTURE_MAX_AGE = "ADVISORIES", "1d"  # the same settings as the orders pipeline's capture task
@@ -49,7 +51,7 @@ orders_ready = Asset(
                 stream="ORDERS_READY",
                 consumer=READY_CONSUMER,
                 # ack_wait: how soon a message held by a crashed triggerer comes again (a live one keeps it)
-                consumer_config={"filter_subject": "orders.ready", "max_ack_pending": 1000, "ack_wait": "30s"},
+                consumer_config={"filter_subject": "orders.ready", "max_ack_pending": 1000, "ack_wait": READY_ACK_WAIT},
             ),
         )
     ],
@@ -96,30 +98,17 @@ with DAG(dag_id="publish_ready_orders", schedule=None, start_date=START, catchup
 with DAG(dag_id="process_ready_orders", schedule=[orders_ready], start_date=START, catchup=False,
          tags=["jetstream", "event-driven"]):
 
-    @task
-    def process(triggering_asset_events=None) -> dict[str, list[int]]:
-        """Process each message once, keyed by its stream sequence: a repeat is logged and skipped."""
-        from airflow_jetstream.client.errors import KeyRevisionError
-        from airflow_jetstream.client.kv import create_key, ensure_bucket
-        from airflow_jetstream.hooks.jetstream import JetStreamHook
+    @task(inlets=[orders_ready])
+    def process(triggering_asset_events=None, inlet_events=None) -> dict[str, list[int]]:
+        """Process each message once, by its stream sequence: a repeat is logged and skipped. Events Airflow
+        stored without a run of their own (docs/event-driven.md, "Stranded events") are processed here too."""
+        from airflow_jetstream.message_events import asset_messages, process_each_once
 
-        async def process_once(conn, messages: list[dict]) -> dict[str, list[int]]:
-            await ensure_bucket(conn, PROCESSED_BUCKET, ttl="7d")
-            done: dict[str, list[int]] = {"processed": [], "repeated": []}
-            for message in messages:
-                seq = message["stream_seq"]
-                try:  # the claim is the record of the work: the first run to create the key does it
-                    await create_key(conn, PROCESSED_BUCKET, f"seq.{seq}", {"order": message.get("json")})
-                except KeyRevisionError:
-                    print(f"order message {seq} was already processed (delivered {message['delivered']}x): skipped")
-                    done["repeated"].append(seq)
-                    continue
-                print(f"order message {seq} on {message['subject']}: {message.get('json')}")
-                done["processed"].append(seq)
-            return done
+        def handle(message: dict) -> None:
+            print(f"order message {message['stream_seq']} on {message['subject']}: {message.get('json')}")
 
-        messages = [event.extra["payload"] for event in triggering_asset_events[orders_ready]]
-        return JetStreamHook().run(process_once, messages)
+        messages = asset_messages(orders_ready, triggering_asset_events, inlet_events)
+        return process_each_once(messages, handle, bucket=PROCESSED_BUCKET)
 
     process()
 

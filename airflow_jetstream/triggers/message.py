@@ -6,7 +6,9 @@ stream and consumer) shares one pull subscription in the triggerer. The
 ``TriggerEvent`` derived from it was persisted in Airflow's database (the shared-stream ack
 channel), so a triggerer crash loses nothing: unacked messages are redelivered after the
 consumer's ``ack_wait``. While a message waits for persistence the producer keeps it "in
-progress" so that the server does not hand it to another triggerer replica in the meantime.
+progress" (``+WPI``, each confirmed by the server) so that the server does not hand it to another
+triggerer replica in the meantime. A delivery held past its ``ack_wait`` (a stalled triggerer)
+is not fired: the server redelivered it or will (:class:`~airflow_jetstream.client.reading.lease.DeliveryLease`).
 
 Outcomes per message: accepted by every watcher -> ``ack`` (confirmed by the server);
 refused by a watcher (``reject_shared_stream_event``) -> ``term`` (no redelivery; the server
@@ -23,7 +25,6 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from datetime import timedelta
 from typing import Any
 
-import nats.errors
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from airflow_jetstream.airflow_compat import SHARED_STREAMS, require_airflow
@@ -51,6 +52,7 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
 )
 from airflow_jetstream.client.reading.headers import headers_json
+from airflow_jetstream.client.reading.lease import DeliveryLease
 from airflow_jetstream.client.reading.messages import body_fields
 from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.retry import Backoff, retry
@@ -87,6 +89,22 @@ def message_payload(msg: Any) -> dict[str, Any]:
     return payload
 
 
+class DeliveredMessage(dict):
+    """A message payload (:func:`message_payload`) with its delivery's lease, as the watchers receive it; the
+    events they fire carry only the dict."""
+
+    __slots__ = ("lease",)
+
+    def __init__(self, payload: dict[str, Any], lease: DeliveryLease) -> None:
+        super().__init__(payload)
+        self.lease = lease
+
+
+def _log_expired(where: str, lease: DeliveryLease) -> None:
+    log.warning("%s: message %d held %.1f s, past ack_wait %.0f s (the triggerer was stalled): not fired; the "
+                "server redelivers it", where, lease.msg.metadata.sequence.stream, lease.held_for(), lease.ack_wait)
+
+
 class JetStreamSharedStreamProducer(SharedStreamProducer):
     """Broker side of a shared JetStream stream: one pull subscription, acks gated on persistence.
 
@@ -114,7 +132,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         self._settings: ConnectionSettings | None = None
         self._conn: JetStreamConnection | None = None
         self._pull: PullSubscription | None = None
-        self._outstanding: dict[int, Any] = {}
+        self._outstanding: dict[int, DeliveryLease] = {}
         self._tokens = itertools.count()
         self._progress_task: asyncio.Task[None] | None = None
         self._yielded: set[int] = set()  # handed to the watchers, not advanced yet
@@ -172,37 +190,52 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         self._progress_task = asyncio.create_task(self._keep_in_progress(interval))
         while True:
             msgs = await self._pull.next_messages(self.fetch_timeout)
+            since = self._pull.request_sent_at
             # All of them outstanding before the first yield: if the caller stops in between, aclose naks the rest.
             tokens = [next(self._tokens) for _ in msgs]
-            self._outstanding.update(zip(tokens, msgs, strict=True))
             for token, msg in zip(tokens, msgs, strict=True):
+                self._outstanding[token] = DeliveryLease(msg, ack_wait=ack_wait, since=since)
+            for token in tokens:
                 if self._paused.is_set():
                     await asyncio.Future()  # stopping: the rest stays outstanding and aclose naks it
+                lease = self._outstanding[token]
+                if lease.expired():  # stalled since the pull: the server gave it to another reader or will
+                    del self._outstanding[token]
+                    _log_expired(f"Watcher on {self.stream}/{self.consumer}", lease)
+                    metrics.incr("queue.expired", tags={"stream": self.stream, "consumer": self.consumer})
+                    continue
                 metrics.incr("queue.delivered", tags={"stream": self.stream, "consumer": self.consumer})
                 self._yielded.add(token)
-                yield message_payload(msg), token
+                yield DeliveredMessage(message_payload(lease.msg), lease), token
 
     async def _keep_in_progress(self, interval: float) -> None:
-        """Tell the server we still work on every message awaiting persistence (+WPI)."""
+        """Tell the server we still work on every message awaiting persistence (+WPI, each one confirmed)."""
         while True:
             await asyncio.sleep(interval)
-            try:
-                for msg in list(self._outstanding.values()):
-                    await msg.in_progress()
-            except (nats.errors.Error, OSError) as exc:
-                log.warning("could not extend the ack deadline of %d message(s) on %s/%s: %s; they may be "
-                            "redelivered after ack_wait", len(self._outstanding), self.stream, self.consumer, exc)
+            leases = [lease for lease in self._outstanding.values() if not lease.expired()]
+            if not leases or self._conn is None:
+                continue
+            timeout = self._settings.request_timeout if self._settings else 5.0
+            extended = await asyncio.gather(*(lease.extend(self._conn.nc, timeout) for lease in leases))
+            if not all(extended):
+                log.warning("could not extend the ack deadline of %d of %d message(s) on %s/%s; they may be "
+                            "redelivered after ack_wait", extended.count(False), len(leases), self.stream,
+                            self.consumer)
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         acks = []
         for item in batch:
             self._yielded.discard(item.broker_payload)
-            msg = self._outstanding.pop(item.broker_payload, None)
-            if msg is None:
+            lease = self._outstanding.pop(item.broker_payload, None)
+            if lease is None:
                 raise RuntimeError(f"no outstanding message for token {item.broker_payload}; cannot ack it")
-            outcome = item.outcome
+            msg, outcome = lease.msg, item.outcome
             nobody_listened = outcome.acked == outcome.failed == outcome.rejected == 0
-            if nobody_listened:
+            if lease.dropped or (lease.expired() and (outcome.failed or outcome.rejected)):
+                # Not fired, or not to be given back: another reader may hold it now, and a nak or term would
+                # act on its delivery. (One fired past ack_wait is still acked: no later reader fires it then.)
+                metrics.incr("queue.expired", tags={"stream": self.stream, "consumer": self.consumer})
+            elif nobody_listened:
                 # No watcher was subscribed: leave it unacknowledged, the server redelivers it after ack_wait.
                 # Not a nak: every nak raises a MSG_NAKED advisory, which on a watched advisory capture stream
                 # would come back as a new message, be naked again, and so on without end.
@@ -233,8 +266,9 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             if not conn.nc.is_closed:
                 if self._pull is not None:  # first: what is naked while its pull request is open comes back to it
                     await self._pull.close(leftover=lambda msg: msg.nak())
-                for msg in self._outstanding.values():
-                    await msg.nak()
+                for lease in self._outstanding.values():
+                    if not lease.expired():  # an expired delivery may be another reader's now
+                        await lease.msg.nak()
         finally:
             self._outstanding.clear()
             await POOL.release(self._settings)
@@ -359,6 +393,11 @@ class JetStreamMessageTrigger(BaseEventTrigger):
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         async for message in shared_stream:
+            lease = getattr(message, "lease", None)
+            if lease is not None and lease.expired():  # waited past ack_wait in the triggerer: not ours any more
+                lease.dropped = True
+                _log_expired(f"Watcher on {self.stream}/{self.consumer}", lease)
+                continue
             event = self.event_for(message)
             if event is not None:
                 yield event

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -52,6 +53,9 @@ class PullSubscription:
         self._received = 0  # messages of the open request so far
         self._request_deadline = 0.0
         self._pause_until = 0.0
+        #: When the latest pull request was sent (``time.monotonic()``): no message it brings was delivered
+        #: earlier, so a delivery's ``ack_wait`` on the server ends no sooner than this plus ``ack_wait``.
+        self.request_sent_at = 0.0
 
     async def start(self) -> None:
         self._inbox = self.conn.nc.new_inbox()
@@ -66,6 +70,7 @@ class PullSubscription:
         self._open, self._received = True, 0
         # The server ends the request with a status after `expires`; past this, its answer was lost (reconnect).
         self._request_deadline = loop.time() + self.expires + self.conn.settings.request_timeout
+        self.request_sent_at = time.monotonic()
         body = {"batch": self.batch, "expires": int(self.expires * 1e9)}
         try:
             await self.conn.nc.publish(f"{self.conn.api_prefix}.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}",

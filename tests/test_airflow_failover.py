@@ -170,25 +170,18 @@ def test_once_per_message_through_sigterm_sigkill_and_a_stalled_triggerer(airflo
     wait_events(db, settings, expected, "the events with two triggerers")
     table["two triggerers"] = (len(published), repeats(db, published))
 
-    # SIGTERM of the watcher's triggerer mid-burst, started again: the clean stop acks what was stored
-    def sigterm(key: str) -> None:
-        assert airflow.stop(key, signal.SIGTERM) == 0
-        airflow.start_component("triggerer", key=key)
+    # SIGTERM of the watcher's triggerer mid-burst (the clean stop acks what was stored), then SIGKILL (its unacked
+    # messages come back after ack_wait); each time it is started again
+    for sig, what in ((signal.SIGTERM, "a clean stop"), (signal.SIGKILL, "a crash")):
+        def stop_and_restart(key: str, sig: signal.Signals = sig) -> None:
+            code = airflow.stop(key, sig)
+            assert sig == signal.SIGKILL or code == 0
+            airflow.start_component("triggerer", key=key)
 
-    _, published = burst_then(airflow, db, settings, sigterm)
-    expected |= set(published)
-    wait_events(db, settings, expected, "the events after a clean stop")
-    table["SIGTERM"] = (len(published), repeats(db, published))
-
-    # SIGKILL of the watcher's triggerer mid-burst, started again: its unacked messages come back after ack_wait
-    def sigkill(key: str) -> None:
-        airflow.stop(key, signal.SIGKILL)
-        airflow.start_component("triggerer", key=key)
-
-    _, published = burst_then(airflow, db, settings, sigkill)
-    expected |= set(published)
-    wait_events(db, settings, expected, "the events after a crash")
-    table["SIGKILL"] = (len(published), repeats(db, published))
+        _, published = burst_then(airflow, db, settings, stop_and_restart)
+        expected |= set(published)
+        wait_events(db, settings, expected, f"the events after {what}")
+        table[sig.name] = (len(published), repeats(db, published))
 
     # SIGSTOP of the watcher's triggerer mid-burst: the other one takes the watcher over after the health check
     # threshold, gets the stalled one's messages after ack_wait; the stalled one resumes and must not fire them

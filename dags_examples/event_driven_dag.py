@@ -98,7 +98,8 @@ with DAG(dag_id="publish_ready_orders", schedule=None, start_date=START, catchup
 with DAG(dag_id="process_ready_orders", schedule=[orders_ready], start_date=START, catchup=False,
          tags=["jetstream", "event-driven"]):
 
-    @task(inlets=[orders_ready])
+    # retries: a failure before the work (e.g. the api-server busy) leaves no claim, so a retry processes the messages
+    @task(inlets=[orders_ready], retries=3, retry_delay=pendulum.duration(seconds=10))
     def process(triggering_asset_events=None, inlet_events=None) -> dict[str, list[int]]:
         """Process each message once, by its stream sequence: a repeat is logged and skipped. Events Airflow
         stored without a run of their own (docs/event-driven.md, "Stranded events") are processed here too."""

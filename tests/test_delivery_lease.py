@@ -17,6 +17,7 @@ from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
 from airflow_jetstream.client.admin.consumers import consumer_info
+from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.reading.lease import DeliveryLease
 from airflow_jetstream.triggers.message import JetStreamMessageTrigger
 from tests.support.nats_calls import call_on_server
@@ -112,3 +113,30 @@ def test_lease_extends_only_with_a_confirmed_progress_signal_in_time(leased: Con
     assert extended and moved > 0
     assert late is False
     assert delivered == 2, "the server redelivered the expired delivery"
+
+
+def test_max_unconfirmed_holds_back_messages_until_airflow_confirms(leased: ConnectionSettings) -> None:
+    trigger = JetStreamMessageTrigger(stream=STREAM, consumer=CONSUMER, fetch_timeout=0.5, max_unconfirmed=2,
+                                      consumer_config={"filter_subject": "leased.>"})
+    producer = JetStreamMessageTrigger.create_shared_stream_producer(trigger.serialize()[1])
+
+    async def go() -> tuple[list[int], bool, int]:
+        await _publish(leased, 4)
+        stream = producer.open_stream()
+        try:
+            handed = [await stream.__anext__() for _ in range(2)]
+            third = asyncio.ensure_future(stream.__anext__())
+            done, _ = await asyncio.wait([third], timeout=1.0)  # two unconfirmed: nothing more is handed out
+            held_back = not done
+            await producer.advance([AdvanceItem(broker_payload=handed[0][1],
+                                                outcome=AdvanceOutcome(acked=1, failed=0))])
+            payload, _ = await asyncio.wait_for(third, timeout=30)
+            return [p["stream_seq"] for p, _ in handed], held_back, payload["stream_seq"]
+        finally:
+            await stream.aclose()
+            await producer.aclose()
+
+    first_two, held_back, third = asyncio.run(go())
+    assert first_two == [1, 2] and held_back and third == 3
+    with pytest.raises(InvalidRequestError, match="max_unconfirmed must be a positive int"):
+        JetStreamMessageTrigger(stream=STREAM, consumer=CONSUMER, max_unconfirmed=0)

@@ -47,6 +47,7 @@ from airflow_jetstream.client.errors import (
     ConnectionFailedError,
     ConsumerConfigError,
     ConsumerNotFoundError,
+    InvalidRequestError,
     JetStreamError,
     RequestTimeoutError,
     StreamNotFoundError,
@@ -113,6 +114,9 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
     :param consumer_config: when given, the consumer is created or updated with it first
         (``ensure_consumer``); otherwise it must exist.
     :param batch_size: messages per pull request.
+    :param max_unconfirmed: hand out no more messages while this many wait for Airflow's confirmation
+        (None: no limit). It bounds the repeats after a stalled or killed triggerer, at the cost of at most
+        this many events per state sync of the triggerer (about a second).
     :param fetch_timeout: seconds a pull request waits on the server.
     :param progress_interval: seconds between "in progress" signals for messages awaiting
         persistence; default a third of the consumer's ``ack_wait``.
@@ -120,6 +124,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
 
     def __init__(self, *, nats_conn_id: str, stream: str, consumer: str, consumer_config: dict[str, Any] | None = None,
                  batch_size: int = 64, fetch_timeout: float | str | timedelta = 5.0,
+                 max_unconfirmed: int | None = None,
                  progress_interval: float | str | timedelta | None = None) -> None:
         self.nats_conn_id = nats_conn_id
         self.stream = stream
@@ -127,6 +132,8 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         self.consumer_config = consumer_config
         self.batch_size = batch_size
         self.fetch_timeout = to_seconds(fetch_timeout, field="fetch_timeout")
+        self.max_unconfirmed = max_unconfirmed
+        self._confirmed = asyncio.Event()  # set by advance: maybe room for another unconfirmed message
         self.progress_interval = None if progress_interval is None else to_seconds(
             progress_interval, field="progress_interval")
         self._settings: ConnectionSettings | None = None
@@ -196,6 +203,9 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             for token, msg in zip(tokens, msgs, strict=True):
                 self._outstanding[token] = DeliveryLease(msg, ack_wait=ack_wait, since=since)
             for token in tokens:
+                while self.max_unconfirmed is not None and len(self._yielded) >= self.max_unconfirmed:
+                    self._confirmed.clear()
+                    await self._confirmed.wait()
                 if self._paused.is_set():
                     await asyncio.Future()  # stopping: the rest stays outstanding and aclose naks it
                 lease = self._outstanding[token]
@@ -224,6 +234,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         acks = []
+        self._confirmed.set()
         for item in batch:
             self._yielded.discard(item.broker_payload)
             lease = self._outstanding.pop(item.broker_payload, None)
@@ -302,6 +313,8 @@ class JetStreamMessageTrigger(BaseEventTrigger):
     :param consumer_config: create/update the durable consumer with this config first
         (JetStream JSON names; default ack_wait 10 minutes). Leave None to require an existing consumer.
     :param batch_size, fetch_timeout: pull request size and server-side wait (seconds).
+    :param max_unconfirmed: at most this many messages handed to Airflow and not yet confirmed stored
+        (None: no limit); bounds the repeat events after a stalled or killed triggerer.
     """
 
     def __init__(
@@ -320,6 +333,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
         consumer_config: dict[str, Any] | None = None,
         batch_size: int = 64,
         fetch_timeout: float | str | timedelta = 5.0,
+        max_unconfirmed: int | None = None,
     ) -> None:
         super().__init__()
         self.stream = validate_name(stream, what="stream name")
@@ -336,6 +350,11 @@ class JetStreamMessageTrigger(BaseEventTrigger):
         self.consumer_config = consumer_config
         self.batch_size = batch_size
         self.fetch_timeout = to_seconds(fetch_timeout, field="fetch_timeout")
+        if max_unconfirmed is not None and (isinstance(max_unconfirmed, bool) or not isinstance(max_unconfirmed, int)
+                                            or max_unconfirmed < 1):
+            raise InvalidRequestError(f"max_unconfirmed must be a positive int or None, got {max_unconfirmed!r}",
+                                      reason="invalid_option")
+        self.max_unconfirmed = max_unconfirmed
 
     def _advisory_filter(self) -> AdvisoryFilter | None:
         if all(getattr(self, key) is None for key in _ADVISORY_KEYS):
@@ -355,6 +374,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
                 "consumer_config": self.consumer_config,
                 "batch_size": self.batch_size,
                 "fetch_timeout": self.fetch_timeout,
+                "max_unconfirmed": self.max_unconfirmed,
             },
         )
 
@@ -374,6 +394,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
             consumer_config=config,
             batch_size=int(kwargs.get("batch_size") or 64),
             fetch_timeout=kwargs.get("fetch_timeout") or 5.0,
+            max_unconfirmed=kwargs.get("max_unconfirmed"),
         )
 
     def event_for(self, message: dict[str, Any]) -> TriggerEvent | None:

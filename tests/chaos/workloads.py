@@ -8,6 +8,7 @@ told to stop or after ``MAX_OPS`` operations, and each operation is bounded by `
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from airflow_jetstream.client.errors import FastBatchError, JetStreamError
 from airflow_jetstream.client.ledger import BatchLedger
 from airflow_jetstream.client.sourcing import DurableSource, provision_durable_source
 from tests.chaos.history import PROBE_FAILED, History, Op, payload
+
+log = logging.getLogger(__name__)
 
 MAX_OPS = 5000
 ATOMIC, FAST, BATCHED, WORKQUEUE, AGGREGATE, RESET, LEDGER_DATA = "CHA", "CHF", "CHB", "CHW", "CHAGG", "CHR", "CHL"
@@ -87,6 +90,7 @@ async def _bounded(ctx: Context, op: Op, body: Callable[[], Awaitable[None]]) ->
     except JetStreamError as exc:
         op.fail_with(exc)
     except Exception as exc:  # an untyped error is a client defect (counted as misleading): outcome unknown
+        log.error("%s: untyped error", op.id, exc_info=exc)
         op.fail("untyped", f"{type(exc).__name__}: {exc}")
         op.definite = False
 

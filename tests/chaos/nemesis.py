@@ -21,6 +21,7 @@ import contextlib
 import json
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -34,6 +35,10 @@ from tests.chaos.network import Topology
 KINDS = ("kill", "stop", "leader-kill", "partition", "routes", "kill-two")
 NEEDS_NAMESPACES = ("partition", "routes")
 HEAL_TIMEOUT = 90.0
+
+
+class FaultHalted(Exception):
+    """The run is being cleaned up while a fault was held."""
 
 
 @dataclass
@@ -73,6 +78,15 @@ class Nemesis:
         self.done: list[Fault] = []
         self.current: Fault | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.halted = threading.Event()
+
+    def halt(self) -> None:
+        """Stop at once (the run is being cleaned up): no fault is started or healed by restarting after this."""
+        self.halted.set()
+
+    def _hold(self, seconds: float) -> None:
+        if self.halted.wait(seconds):
+            raise FaultHalted
 
     def _node(self, fault: Fault, among: list[str] | None = None) -> str:
         names = among or [n.name for n in self.cluster.nodes]
@@ -92,12 +106,13 @@ class Nemesis:
         stream, name = self._stream(fault), fault.targets[0]
         assert self.loop is not None
         for _ in range(5):
+            self._hold(0)
             self.cluster.wait_healthy(HEAL_TIMEOUT)
             if self.cluster.stream_leader(stream) == name:
                 fault.note = f"(leader of {stream}, leads again)"
                 return
             asyncio.run_coroutine_threadsafe(self._step_down(stream, name), self.loop).result(30)
-            time.sleep(1)
+            self._hold(1)
         fault.note = f"(leader of {stream}, did not lead again)"
 
     async def _step_down(self, stream: str, preferred: str) -> None:
@@ -148,7 +163,7 @@ class Nemesis:
             fault.targets = [self._leader(fault) if kind == "leader-kill" else self._node(fault)]
         for name in fault.targets:
             self.cluster.kill(name)
-        time.sleep(fault.duration)
+        self._hold(fault.duration)
         for name in fault.targets:
             self.cluster.node(name).start()
         if kind == "leader-kill":
@@ -158,7 +173,7 @@ class Nemesis:
         fault.targets = [self._node(fault)]
         signal_node(self.cluster, fault.targets[0], signal.SIGSTOP)
         try:
-            time.sleep(fault.duration)
+            self._hold(fault.duration)
         finally:
             signal_node(self.cluster, fault.targets[0], signal.SIGCONT)
 
@@ -167,7 +182,7 @@ class Nemesis:
         fault.targets = [self._leader(fault) if routes_only else self._node(fault)]
         self.topology.cut(fault.targets[0], routes_only=routes_only)
         try:
-            time.sleep(fault.duration)
+            self._hold(fault.duration)
         finally:
             self.topology.heal(fault.targets[0])
 

@@ -64,6 +64,7 @@ def run(config: RunConfig) -> RunResult:
     topology, network = _open_network(config)
     home = os.open("/proc/self/ns/net", os.O_RDONLY)
     cluster: EmbeddedNatsCluster | None = None
+    nemesis: Nemesis | None = None
     try:
         if topology is not None:
             enter_namespace(topology.client)
@@ -76,6 +77,8 @@ def run(config: RunConfig) -> RunResult:
         report = asyncio.run(_drive(config, cluster, nemesis, history))
         return RunResult(config, network, report, nemesis.done, time.monotonic() - started, history.t0)
     finally:
+        if nemesis is not None:
+            nemesis.halt()
         if cluster is not None:
             resume_all(cluster)
             cluster.close()

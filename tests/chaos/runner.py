@@ -72,7 +72,7 @@ def run(config: RunConfig) -> RunResult:
         else:
             cluster = EmbeddedNatsCluster(3, store_dir=store / "cluster", startup_timeout=60)
         cluster.start()
-        nemesis = Nemesis(cluster, topology, workloads.FAULT_STREAMS)
+        nemesis = Nemesis(cluster, topology, workloads.fault_streams(config.workloads))
         history = History()
         report = asyncio.run(_drive(config, cluster, nemesis, history))
         return RunResult(config, network, report, nemesis.done, time.monotonic() - started, history.t0)

@@ -39,8 +39,14 @@ LEDGER_BUCKET, LEDGER_RUN = "chaos_ledger", "chaos-run"
 RESET_CONSUMER, RESET_SIZE = "reader", 30
 #: Streams whose replicas must agree after the run (the WorkQueue origin and the reset stream change on reads).
 CHECKED_REPLICAS = (ATOMIC, FAST, BATCHED, AGGREGATE, LEDGER_DATA)
-#: Streams whose leaders the nemesis may kill or cut off.
-FAULT_STREAMS = [ATOMIC, WORKQUEUE, BATCHED, FAST]
+#: The stream each workload writes: the nemesis kills or cuts off the leaders of the running workloads' streams.
+WRITES = {"atomic-ids": ATOMIC, "atomic-noid": ATOMIC, "fast": FAST, "batcher": BATCHED, "batcher-wq": WORKQUEUE,
+          "reset": RESET, "ledger": LEDGER_DATA}
+
+
+def fault_streams(names: tuple[str, ...]) -> list[str]:
+    """The streams of the workloads ``names`` (in a fixed order, so a seed picks the same one)."""
+    return sorted({WRITES[name] for name in names})
 
 
 def _stream(name: str, subject: str, **extra: object) -> dict[str, object]:

@@ -27,6 +27,7 @@ from airflow_jetstream.client import server_features  # noqa: E402
 from airflow_jetstream.client.errors import ServerFeatureError  # noqa: E402
 from airflow_jetstream.client.settings import ConnectionSettings  # noqa: E402
 from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer  # noqa: E402
+from tests.support.airflow_ui import airflow_ui, browser_context, chromium, page, view_server  # noqa: E402,F401
 from tests.support.nkeys_util import new_user_nkey  # noqa: E402
 from tests.support.tls import TLSFiles, make_tls_files  # noqa: E402
 
@@ -202,7 +203,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 #: deployment, a browser, nats.js, built wheels. Everything else is the unit and real-server tier.
 E2E_FILES = re.compile(
     r"test_(cluster_\w+|chaos\w*|embedded_cluster|airflow_deployment|spark_\w+|example_dags|interop_js|docs_snippets|"
-    r"docs_traps|kafka_style_dag|connection_form_browser|packaging|provider_cli|compat_install|"
+    r"docs_traps|kafka_style_dag|\w+_browser|packaging|provider_cli|compat_install|"
     r"leafnode_sourcing|\w+_dag)\.py$"
 )
 

@@ -1,148 +1,31 @@
 """The ``nats`` connection form in Airflow 3's real UI, driven by headless Chromium.
 
-Starts ``airflow api-server`` on loopback (simple auth manager, everyone admin, sqlite in a temp
+Against ``airflow api-server`` on loopback (simple auth manager, everyone admin, sqlite in a temp
 AIRFLOW_HOME), adds a "NATS JetStream" connection through the form, checks our labels, help texts
 and masked secrets, saves it, and presses the Test button against a live nats-server (which requires
 the token typed into the form) and against a dead port. Saves docs/img/connection-form.png.
 
-Chromium is Debian's ``chromium`` package (installed here with apt-get when missing), driven by
-Playwright's Python package with ``executable_path``: no browser download.
+The api-server and Chromium are shared with the other browser tests (tests/support/airflow_ui.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.get_provider_info import CONN_FIELDS
-from tests.support.airflow_cli import AIRFLOW, isolated_airflow_env, run_airflow
+from tests.support.airflow_ui import AirflowUI, free_port
 
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[1]
 SCREENSHOT = REPO / "docs" / "img" / "connection-form.png"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 TOKEN = "form-t0ken-not-for-logs"
-
-
-def _install_chromium() -> str | None:
-    """Install Debian's chromium with apt-get; returns why it could not, or None."""
-    if CHROMIUM.exists():
-        return None
-    if shutil.which("apt-get") is None:
-        return "no /usr/bin/chromium and no apt-get to install Debian's chromium package"
-    if os.geteuid() != 0:
-        return "no /usr/bin/chromium and not root, so apt-get cannot install Debian's chromium package"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (
-        ["apt-get", "update", "-q"],
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium", "chromium-driver"],
-    ):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            return f"{' '.join(cmd)} failed: {proc.stderr.strip()[-500:]}"
-    return None if CHROMIUM.exists() else "apt-get installed chromium but /usr/bin/chromium is missing"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"airflow api-server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=2) as resp:
-                if json.load(resp)["metadatabase"]["status"] == "healthy":
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)  # polling a starting server: the deadline above bounds it
-    raise AssertionError(f"airflow api-server not healthy after {timeout}s:\n{log.read_text()[-3000:]}")
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Path:
-    problem = _install_chromium()
-    if problem:
-        pytest.skip(f"Chromium cannot be installed here: {problem}")
-    return CHROMIUM
-
-
-@pytest.fixture(scope="module")
-def airflow_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Airflow 3's api-server (UI + REST) on a free loopback port with a fresh sqlite database."""
-    home = tmp_path_factory.mktemp("airflow-ui-home")
-    env = isolated_airflow_env(
-        home,
-        AIRFLOW__CORE__AUTH_MANAGER="airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
-        AIRFLOW__CORE__TEST_CONNECTION="Enabled",
-    )
-    migrate = run_airflow(["db", "migrate"], env)
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
-    port = _free_port()
-    log = home / "api-server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def page(chromium: Path, airflow_ui: str, tmp_path_factory: pytest.TempPathFactory):
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(profile),
-            executable_path=str(chromium),
-            args=CHROMIUM_FLAGS,  # the new empty profile dir above is Chromium's --user-data-dir
-            headless=True,
-            viewport={"width": 1280, "height": 1900},
-        )
-        context.set_default_timeout(30_000)
-        try:
-            yield context.new_page()
-        finally:
-            context.close()
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +37,8 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedN
     server.close()
 
 
-def _open_add_form(page, airflow_ui: str, conn_id: str) -> None:
-    page.goto(f"{airflow_ui}/connections", wait_until="networkidle")
+def _open_add_form(page, airflow_ui: AirflowUI, conn_id: str) -> None:
+    page.goto(f"{airflow_ui.url}/connections", wait_until="networkidle")
     page.get_by_role("button", name="Add Connection").click()
     page.get_by_label("Connection ID").fill(conn_id)
     page.get_by_role("combobox").fill("NATS JetStream")
@@ -178,7 +61,7 @@ def _press_test(page, conn_id: str):
     return response.value.json()
 
 
-def test_connection_form_save_and_test(page, airflow_ui: str, token_server: EmbeddedNatsServer) -> None:
+def test_connection_form_save_and_test(page, airflow_ui: AirflowUI, token_server: EmbeddedNatsServer) -> None:
     host, port = token_server.url.split("://", 1)[1].rsplit(":", 1)
     _open_add_form(page, airflow_ui, "nats_browser")
     dialog = page.get_by_role("dialog")
@@ -212,7 +95,7 @@ def test_connection_form_save_and_test(page, airflow_ui: str, token_server: Embe
     _save(page, "nats_browser")
 
     # stored as typed; the REST API (what the UI reads back) masks the secret
-    stored = page.request.get(f"{airflow_ui}/api/v2/connections/nats_browser").json()
+    stored = page.request.get(f"{airflow_ui.url}/api/v2/connections/nats_browser").json()
     extra = json.loads(stored["extra"])
     assert (stored["conn_type"], stored["host"], stored["port"]) == ("nats", host, int(port))
     assert extra["token"] == "***" and extra["connect_timeout"] == 2
@@ -227,8 +110,8 @@ def test_connection_form_save_and_test(page, airflow_ui: str, token_server: Embe
     assert page.get_by_text(f"Connected to {token_server.url}").first.is_visible()
 
 
-def test_connection_test_reports_a_dead_server(page, airflow_ui: str) -> None:
-    dead_port = str(_free_port())
+def test_connection_test_reports_a_dead_server(page, airflow_ui: AirflowUI) -> None:
+    dead_port = str(free_port())
     _open_add_form(page, airflow_ui, "nats_dead")
     dialog = page.get_by_role("dialog")
     dialog.get_by_label("Servers").fill("127.0.0.1")

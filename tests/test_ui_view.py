@@ -21,6 +21,7 @@ from airflow_jetstream.ui.links import JetStreamViewLink, view_url
 from airflow_jetstream.ui.snapshot import ViewLimits
 from tests.support import jetstream_view as seeded
 from tests.support.airflow_cli import nats_conn_json
+from tests.support.airflow_ui import free_port
 
 TOKEN = "view-t0ken-not-for-pages"
 CONN = "nats_view"
@@ -188,9 +189,7 @@ def test_bad_names_unknown_connection_missing_bucket(admin: TestClient, monkeypa
 
 
 def test_dead_server_is_a_typed_error_not_a_hang(admin: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_connection_form_browser import _free_port
-
-    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEAD", nats_conn_json(f"nats://127.0.0.1:{_free_port()}",
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEAD", nats_conn_json(f"nats://127.0.0.1:{free_port()}",
                                                                 extra={"connect_timeout": 1}))
     reply = admin.get("/jetstream/api/connections/nats_dead")
     assert reply.status_code == 200

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from datetime import UTC, datetime, timedelta
 
 from airflow_jetstream.client.admin.consumers import ensure_consumer, pause_consumer
@@ -24,7 +25,7 @@ BATCHES = 3  # batch-0 consumed after 1 attempt, the others published
 async def _seed(settings: ConnectionSettings) -> None:
     async with open_connection(settings) as conn:
         await ensure_capture_stream(conn)  # first, so it captures the consumer advisories below
-        await ensure_stream(conn, {"name": STREAM, "subjects": ["orders.>"]})
+        await ensure_stream(conn, {"name": STREAM, "subjects": ["orders.>"], "allow_atomic": True})
         await ensure_stream(conn, {"name": AGG, "sources": [{"name": STREAM}]})
         for i in range(MESSAGES):
             await conn.js.publish(f"orders.{i % 2}", b'{"n": %d}' % i)
@@ -44,4 +45,6 @@ async def _seed(settings: ConnectionSettings) -> None:
 
 
 def seed_view_data(settings: ConnectionSettings) -> None:
-    asyncio.run(_seed(settings))
+    """Seed the server (in a thread of its own: Playwright's sync API keeps an event loop running here)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, _seed(settings)).result()

@@ -3,14 +3,17 @@
 Every function here does a fixed amount of work whatever the account holds: one page of the
 stream and consumer listings (the server pages by 256), at most ``limit`` ledger keys and captured
 advisories. What was left out is counted (``total``, ``truncated``) rather than silently dropped.
-Nothing is changed on the server; the ledger and advisory reads use the same short-lived,
-no-ack, in-memory consumers every reader in this package uses, deleted when the read ends.
+Nothing is changed on the server: advisories are read with message gets; the ledger listing uses
+the short-lived, no-ack, in-memory consumer every ledger reader in this package uses, deleted when
+the read ends.
 
 The results are plain dicts (JSON-able) for the Airflow UI view and for scripts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 from collections import Counter
 from contextlib import aclosing
 from typing import Any
@@ -22,7 +25,6 @@ from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import JetStreamError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.records import STATES
-from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.sourcing.status import source_status
 from airflow_jetstream.client.subjects import validate_name
 
@@ -33,6 +35,7 @@ MAX_SOURCES = 20
 MAX_LEDGER_KEYS = 500
 MAX_ADVISORIES = 50
 #: Advisory fields shown besides kind, time and capture sequence (no client details, no request bodies).
+_ERR_NO_MESSAGE = 10037
 _ADVISORY_FIELDS = ("stream", "consumer", "domain", "reason", "batch_id", "leader", "action", "deliveries")
 
 
@@ -187,21 +190,26 @@ def _advisory_row(data: bytes, subject: str, seq: int) -> dict[str, Any] | None:
     return row
 
 
+async def _message(conn: JetStreamConnection, stream: str, seq: int) -> dict[str, Any] | None:
+    try:
+        reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": seq}, context=f"stream {stream!r}")
+    except JetStreamError as exc:
+        if exc.err_code == _ERR_NO_MESSAGE:  # deleted, or expired since the stream info
+            return None
+        raise
+    return reply["message"]
+
+
 async def recent_advisories(conn: JetStreamConnection, capture_stream: str, *,
                             limit: int = MAX_ADVISORIES) -> dict[str, Any]:
-    """The last ``limit`` advisories in the capture stream, newest first, with a few fields each."""
+    """The advisories among the last ``limit`` messages of the capture stream, newest first, with a
+    few fields each. Read with one message get per sequence: no consumer is created."""
     info = await stream_info(conn, capture_stream)
     state = info.get("state") or {}
     last, first = int(state.get("last_seq") or 0), int(state.get("first_seq") or 0)
-    start = max(first, last - limit + 1, 1)
-    via = "direct" if (info.get("config") or {}).get("allow_direct") else "consumer"
-    rows: list[dict[str, Any]] = []
-    async with aclosing(read_range(conn, capture_stream, start, last, via=via, batch=limit)) as chunks:
-        async for chunk in chunks:
-            for subject, seq, _, _, data in chunk:
-                row = _advisory_row(data, subject, seq)
-                if row is not None:
-                    rows.append(row)
-    rows.reverse()
-    return {"capture_stream": capture_stream, "advisories": rows[:limit], "messages": int(state.get("messages") or 0),
-            "truncated": int(state.get("messages") or 0) > len(rows)}
+    seqs = range(last, max(first, last - limit + 1, 1) - 1, -1)
+    messages = await asyncio.gather(*(_message(conn, capture_stream, seq) for seq in seqs))
+    rows = [row for msg in messages if msg is not None
+            and (row := _advisory_row(base64.b64decode(msg.get("data") or ""), msg["subject"], int(msg["seq"])))]
+    stored = int(state.get("messages") or 0)
+    return {"capture_stream": capture_stream, "advisories": rows, "messages": stored, "truncated": stored > len(seqs)}

@@ -1,0 +1,185 @@
+"""One Airflow 3 api-server (UI + REST) and one headless Chromium for every browser test of a session.
+
+Imported by tests/conftest.py, so the connection-form and the JetStream view tests share the
+api-server (simple auth manager with one admin user and a password, sqlite in a temp AIRFLOW_HOME)
+and the browser, which logs in through Airflow's login page once. The api-server knows the ``nats``
+connection ``nats_view`` (AIRFLOW_CONN_NATS_VIEW) to a nats-server seeded with what the view shows
+(tests/support/jetstream_view.py).
+
+Chromium is Debian's ``chromium`` package (installed here with apt-get when missing), driven by
+Playwright's Python package with ``executable_path``: no browser download.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from airflow_jetstream.client.settings import ConnectionSettings
+from airflow_jetstream.embedded import EmbeddedNatsServer
+from tests.support import jetstream_view
+from tests.support.airflow_cli import AIRFLOW, isolated_airflow_env, nats_conn_json, run_airflow
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEW_CONN = "nats_view"
+USER, PASSWORD = "admin", "browser-test-pw"
+
+
+@dataclass(frozen=True)
+class AirflowUI:
+    """The running api-server: its URL and the environment (home, database) the airflow CLI needs."""
+
+    url: str
+    env: dict[str, str]
+    home: Path
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _install_chromium() -> str | None:
+    """Install Debian's chromium with apt-get; returns why it could not, or None."""
+    if CHROMIUM.exists():
+        return None
+    if shutil.which("apt-get") is None:
+        return "no /usr/bin/chromium and no apt-get to install Debian's chromium package"
+    if os.geteuid() != 0:
+        return "no /usr/bin/chromium and not root, so apt-get cannot install Debian's chromium package"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (
+        ["apt-get", "update", "-q"],
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium", "chromium-driver"],
+    ):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            return f"{' '.join(cmd)} failed: {proc.stderr.strip()[-500:]}"
+    return None if CHROMIUM.exists() else "apt-get installed chromium but /usr/bin/chromium is missing"
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"airflow api-server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=2) as resp:
+                if json.load(resp)["metadatabase"]["status"] == "healthy":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)  # polling a starting server: the deadline above bounds it
+    raise AssertionError(f"airflow api-server not healthy after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    problem = _install_chromium()
+    if problem:
+        pytest.skip(f"Chromium cannot be installed here: {problem}")
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def view_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
+    """A nats-server holding streams, consumers, a source, a ledger run and captured advisories."""
+    server = EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("nats-view")).start()
+    jetstream_view.seed_view_data(ConnectionSettings(servers=server.url, connect_timeout=2, request_timeout=5))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def airflow_ui(tmp_path_factory: pytest.TempPathFactory, view_server: EmbeddedNatsServer) -> Iterator[AirflowUI]:
+    """Airflow 3's api-server on a free loopback port with a fresh sqlite database."""
+    home = tmp_path_factory.mktemp("airflow-ui-home")
+    (home / "dags").mkdir()
+    (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
+    env = isolated_airflow_env(
+        home,
+        AIRFLOW__CORE__AUTH_MANAGER="airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=f"{USER}:admin",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
+        AIRFLOW__CORE__TEST_CONNECTION="Enabled",
+        **{f"AIRFLOW_CONN_{VIEW_CONN.upper()}": nats_conn_json(view_server.url)},
+    )
+    migrate = run_airflow(["db", "migrate"], env)
+    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    port = free_port()
+    log = home / "api-server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log)
+        yield AirflowUI(url=url, env=env, home=home)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def browser_context(chromium: Path, airflow_ui: AirflowUI, tmp_path_factory: pytest.TempPathFactory):
+    """The browser, logged in to Airflow through its login page (the UI keeps the token in a cookie)."""
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=str(chromium),
+            args=CHROMIUM_FLAGS,  # the new empty profile dir above is Chromium's --user-data-dir
+            headless=True,
+            viewport={"width": 1280, "height": 1900},
+        )
+        context.set_default_timeout(30_000)
+        try:
+            login = context.new_page()
+            login.goto(f"{airflow_ui.url}/", wait_until="networkidle")  # redirected to the login page
+            login.get_by_label("Username").fill(USER)
+            login.get_by_label("Password").fill(PASSWORD)
+            login.get_by_role("button", name="Sign in").click()
+            login.wait_for_url(f"{airflow_ui.url}/", wait_until="networkidle")
+            assert any(cookie["name"] == "_token" for cookie in context.cookies()), "login set no token cookie"
+            login.close()
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser_context):
+    """A tab of the shared browser, for one test module."""
+    tab = browser_context.new_page()
+    yield tab
+    tab.close()

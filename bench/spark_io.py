@@ -18,6 +18,11 @@ much of the shared 2 cores the server itself needs) and the ratios against the t
 bulk >= 15x, read >= 2x, streaming read and streaming sink >= 0.8x their batch counterparts).
 Run: ``.venv/bin/python bench/spark_io.py [--rows 200000]``.
 
+``--bulk`` instead compares the data source's ``mode=bulk`` with a bare fast batch in the same Spark job
+shape (``mapInArrow``: each of the 2 tasks publishes its rows as fast batches of 10,000 through the
+client's ``publish_chunk`` with the same per-row msg ids; no stream check, ledger or job record),
+in ``--rounds`` interleaved rounds, and prints the median ratio (target >= 0.8x).
+
 ``--standalone`` instead compares the data source on ``local[2]`` with the same writes and read on a
 Spark standalone cluster (master + 2 workers of 1 core each, ``EmbeddedSparkCluster``), same rows,
 same nats-server, in one run: executors are separate JVMs with their own Python workers there.
@@ -211,6 +216,80 @@ def data_source_rates(spark: SparkSession, settings: ConnectionSettings, rows: i
     return rates
 
 
+def bare_fast_batches(url: str, job_id: str, batch_size: int = 10_000) -> Any:
+    """A ``mapInArrow`` function: the task's rows as fast batches with the writer's per-row msg ids."""
+    def publish(batches: Any) -> Any:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from airflow_jetstream.client.batches.publish_chunks import publish_chunk
+        from airflow_jetstream.client.batches.types import BatchMessage
+
+        partition = TaskContext.get().partitionId()
+
+        async def run() -> None:
+            async with open_connection(ConnectionSettings(servers=url, request_timeout=30)) as conn:
+                pending: list[BatchMessage] = []
+                row = chunk = 0
+                for batch in batches:
+                    subjects = batch.column("subject").to_pylist()
+                    payloads = batch.column("payload").cast(pa.binary()).to_pylist()
+                    for subject, payload in zip(subjects, payloads, strict=True):
+                        pending.append(BatchMessage(subject, payload, None, f"{job_id}-{partition}-{row}"))
+                        row += 1
+                    while len(pending) >= batch_size:
+                        await publish_chunk(conn, pending[:batch_size], mode="fast", batch_id=f"{job_id}-{chunk}")
+                        del pending[:batch_size]
+                        chunk += 1
+                if pending:
+                    await publish_chunk(conn, pending, mode="fast", batch_id=f"{job_id}-{chunk}")
+
+        asyncio.run(run())
+        yield from ()
+
+    return publish
+
+
+def bulk_vs_bare(rows: int, rounds: int) -> int:
+    """The data source's bulk write against a bare fast batch with the same ids, interleaved rounds."""
+    import statistics
+
+    print(f"spark_io --bulk: {rows:,} rows, local[2], {rounds} interleaved rounds, {os.cpu_count()} CPUs, "
+          f"Python {platform.python_version()}")
+    with EmbeddedNatsServer() as server:
+        settings = ConnectionSettings(servers=server.url, request_timeout=30)
+        spark = session("local[2]")
+        frame = make_frame(spark, rows)
+        frame.count()
+        pid = server.process.pid
+
+        def bare(name: str) -> None:
+            prefixed = frame.withColumn("subject", F.concat(F.lit(f"{name.lower()}."), "subject"))
+            prefixed.mapInArrow(bare_fast_batches(server.url, name.lower()), "n long").collect()
+
+        def data_source(name: str) -> None:
+            (frame.withColumn("subject", F.concat(F.lit(f"{name.lower()}."), "subject")).write.format("jetstream")
+             .mode("append").options(servers=server.url, stream=name, mode="bulk", job_id=name.lower()).save())
+
+        rates: dict[str, list[float]] = {"bare": [], "bulk": []}
+        for index in range(rounds + 1):  # round 0 warms both paths up and is not counted
+            for kind, action in (("bare", bare), ("bulk", data_source)):
+                name = f"{kind.upper()}{index}"
+                asyncio.run(make_stream(settings, name, name.lower(), allow_batched=True))
+                label = f"round {index}: " + ("bare fast batch (mapInArrow)" if kind == "bare" else "data source bulk")
+                rate = timed(label + (" (warm-up)" if index == 0 else ""), rows, lambda a=action, n=name: a(n), pid)
+                if asyncio.run(stored(settings, name)) != rows:
+                    raise SystemExit(f"stream {name} does not hold {rows} messages")
+                if index:
+                    rates[kind].append(rate)
+        spark.stop()
+    ratios = [bulk / bare_rate for bulk, bare_rate in zip(rates["bulk"], rates["bare"], strict=True)]
+    median = statistics.median(ratios)
+    print(f"bulk / bare per round: {' / '.join(f'{r:.2f}' for r in ratios)}; median {median:.2f}x "
+          f"(>= 0.8x) {'met' if median >= 0.8 else 'NOT met'}")
+    return 0 if median >= 0.8 else 2
+
+
 def standalone_vs_local(rows: int) -> int:
     """The data source on local[2] and on a standalone cluster, same rows and server, one run."""
     from airflow_jetstream.embedded.spark_cluster import EmbeddedSparkCluster
@@ -258,8 +337,12 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--standalone", action="store_true", help="compare local[2] with a standalone cluster")
     parser.add_argument("--streaming", action="store_true", help="only the streaming read and sink comparisons")
+    parser.add_argument("--bulk", action="store_true", help="compare mode=bulk with a bare fast batch")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of --bulk")
     args = parser.parse_args()
     rows = args.rows
+    if args.bulk:
+        return bulk_vs_bare(rows, args.rounds)
     if args.standalone:
         return standalone_vs_local(rows)
     if args.streaming:

@@ -4,7 +4,8 @@ One Spark Connect server for the module, started from pyspark's own distribution
 (``EmbeddedSparkConnectServer``), whose Python workers cannot import ``airflow_jetstream`` or
 nats-py from the venv (a ``sitecustomize`` refuses them unless they come from a shipped zip), with
 an uncompressed event log (what the history server and the UI's SQL tab show). The NATS server
-requires a user and password; the password is given only as ``register(spark, settings)``.
+requires a user and password; the password is given only as ``register(spark, settings)``, the
+settings from a ``nats`` Airflow connection through ``JetStreamHook`` (the ``@task.pyspark`` recipe).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, stream_info
 from airflow_jetstream.embedded.spark_connect import EmbeddedSparkConnectServer
-from tests.conftest import AUTH_PASSWORD, AUTH_USER
+from tests.conftest import AUTH_PASSWORD, AUTH_USER, set_nats_connection
 from tests.support.bare_python import make_bare_python
 from tests.support.nats_calls import call_on_server
 
@@ -49,8 +50,14 @@ def session(connect_server: EmbeddedSparkConnectServer) -> Iterator[SparkSession
 
 
 @pytest.fixture
-def nats_settings(user_server) -> ConnectionSettings:
-    return ConnectionSettings(servers=user_server.url, user=AUTH_USER, password=AUTH_PASSWORD, connect_timeout=2)
+def nats_settings(user_server, monkeypatch) -> ConnectionSettings:
+    """The settings as the ``@task.pyspark`` recipe gets them: from a ``nats`` Airflow connection."""
+    from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+    set_nats_connection(monkeypatch, "nats_connect", user_server.url, login=AUTH_USER, password=AUTH_PASSWORD)
+    settings = JetStreamHook("nats_connect").settings
+    assert settings.password == AUTH_PASSWORD
+    return settings
 
 
 def orders(spark: SparkSession, stream: str):

@@ -1,8 +1,8 @@
 """Spark Declarative Pipelines (pyspark's ``spark-pipelines``) with the jetstream source, and the CLI's exit status.
 
-One pipeline: a materialized view and a streaming table, both fed by the jetstream source (the
-CLI's own local Connect server, whose Python has the package), run by ``spark-pipelines run``.
-The run completes and both tables hold the stream's messages, but pyspark's CLI then fails with
+One pipeline: a materialized view fed by the jetstream source (the CLI's own local Connect server,
+whose Python has the package), run by ``spark-pipelines run``. The run completes and the view
+holds the stream's messages, but pyspark's CLI then fails with
 ``[UNKNOWN_RESPONSE] Unknown response: Plan observed(__python_accumulator__=...)`` and exits 1: its
 Connect client does not expect the Python workers' accumulator updates in a pipeline's event stream
 (``execute_command_as_iterator``). The exit-status check fails as soon as a pyspark release exits 0,
@@ -44,11 +44,6 @@ register(spark, ConnectionSettings(servers=os.environ["PIPELINE_NATS_URL"]))
 @dp.materialized_view
 def orders_snapshot():
     return spark.read.format("jetstream").options(stream="SDP", decode="utf-8").load()
-
-
-@dp.table
-def orders_feed():
-    return spark.readStream.format("jetstream").options(stream="SDP", decode="utf-8").load()
 '''
 
 
@@ -92,7 +87,6 @@ def test_a_pipeline_fed_by_the_jetstream_source_completes_but_the_cli_exits_1(na
     assert "Run is COMPLETED." in output, output[-3000:]
     warehouse = project / "spark-warehouse"
     assert _rows(warehouse / "orders_snapshot") == MESSAGES
-    assert _rows(warehouse / "orders_feed") == MESSAGES
     if run.returncode == 0:
         pytest.fail("spark-pipelines now exits 0 with a Python data source in the pipeline: the pyspark defect is "
                     "fixed; update docs/spark.md (Declarative Pipelines) and this test")

@@ -238,11 +238,12 @@ def bare_fast_batches(url: str, job_id: str, batch_size: int = 10_000) -> Any:
                         pending.append(BatchMessage(subject, payload, None, f"{job_id}-{partition}-{row}"))
                         row += 1
                     while len(pending) >= batch_size:
-                        await publish_chunk(conn, pending[:batch_size], mode="fast", batch_id=f"{job_id}-{chunk}")
+                        await publish_chunk(conn, pending[:batch_size], mode="fast",
+                                            batch_id=f"{job_id}-{partition}-{chunk}")
                         del pending[:batch_size]
                         chunk += 1
                 if pending:
-                    await publish_chunk(conn, pending, mode="fast", batch_id=f"{job_id}-{chunk}")
+                    await publish_chunk(conn, pending, mode="fast", batch_id=f"{job_id}-{partition}-{chunk}")
 
         asyncio.run(run())
         yield from ()

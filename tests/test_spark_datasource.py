@@ -182,6 +182,11 @@ def test_bulk_write_and_bad_input_rejected_before_sending(server: EmbeddedNatsSe
     with pytest.raises(Exception, match=r"unknown_option|numpartitions"):
         frame.write.format("jetstream").mode("append").options(servers=server.url, stream="BULK",
                                                                 numPartitions="2").save()
+    with pytest.raises(Exception, match=r"unknown_option|strem"):  # at load(), before any action
+        spark.read.format("jetstream").options(servers=server.url, stream="BULK", strem="BULK").load()
+    given_schema = spark.read.format("jetstream").schema("payload binary").options(servers=server.url, strem="BULK")
+    with pytest.raises(Exception, match=r"unknown_option|strem"):  # Spark builds it only at the first action
+        given_schema.load().count()
     with pytest.raises(Exception, match="only appends"):
         frame.write.format("jetstream").mode("overwrite").options(servers=server.url, stream="BULK").save()
     with pytest.raises(Exception, match="consumer_required"):

@@ -296,6 +296,20 @@ def metadata_database(home: Path) -> tuple[EmbeddedPostgres | None, str | None, 
                                    f"(cluster in {pg.root})")
 
 
+def up_folders() -> tuple[Path, Path]:
+    """``(home, dags_folder)`` of ``make up``: ``UP_HOME`` and ``UP_DAGS_FOLDER`` when set, else ``.up/`` and
+    ``dags_examples/`` of the repository checkout (the current directory, or the one an editable install
+    points at). Installed from a wheel there is no checkout: :class:`SystemExit` says what to set."""
+    checkout = next((folder for folder in (Path.cwd(), Path(__file__).resolve().parents[2])
+                     if (folder / "dags_examples").is_dir()), Path.cwd())
+    home = Path(os.environ.get("UP_HOME") or checkout / ".up")
+    dags = Path(os.environ.get("UP_DAGS_FOLDER") or checkout / "dags_examples")
+    if not dags.is_dir():
+        raise SystemExit(f"no DAGs folder at {dags}: run this from a checkout of airflow-jetstream (it uses the "
+                         "checkout's dags_examples/), or set UP_DAGS_FOLDER to a folder of DAGs")
+    return home, dags
+
+
 def main() -> int:
     """``make up``: an embedded nats-server, PostgreSQL and a local Airflow with the example DAGs, until Ctrl-C.
 
@@ -304,8 +318,7 @@ def main() -> int:
     """
     from airflow_jetstream.embedded.server import EmbeddedNatsServer
 
-    repo = Path(__file__).resolve().parents[2]
-    home = Path(os.environ.get("UP_HOME", repo / ".up"))
+    home, dags = up_folders()
     home.mkdir(parents=True, exist_ok=True)
     stop_requested = False
 
@@ -320,7 +333,7 @@ def main() -> int:
     try:
         with EmbeddedNatsServer(store_dir=home / "nats") as nats:
             print(f"nats-server (JetStream) at {nats.url}", flush=True)
-            airflow = LocalAirflow(home / "airflow", nats_url=nats.url, dags_folder=repo / "dags_examples",
+            airflow = LocalAirflow(home / "airflow", nats_url=nats.url, dags_folder=dags,
                                    port=int(os.environ.get("UP_PORT", "0")) or None, connections_in_db=True,
                                    database_url=database_url)
             try:

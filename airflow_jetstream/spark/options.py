@@ -312,3 +312,15 @@ class StreamReadOptions:
             opts.pop(key, None)
         return cls(read=ReadOptions.parse(opts), start=start or "first", max_messages_per_trigger=max_messages,
                    max_bytes_per_trigger=max_bytes, end_time=end_time)
+
+
+#: Options Spark itself hands to a source or sink: ``save(path)``/``load(path)`` and a streaming query's checkpoint.
+SPARK_GIVEN_OPTIONS = ("path", "checkpointlocation")
+
+
+def check_option_names(options: Mapping[str, str]) -> None:
+    """Refuse option names that no read, streaming read or write knows, as soon as Spark builds the
+    data source (at ``load()``/``save()``/``start()``, not at the first action)."""
+    known = (*WriteOptions.KEYS, *ReadOptions.KEYS, *StreamReadOptions.KEYS, *CONNECTION_OPTIONS,
+             *SPARK_GIVEN_OPTIONS)
+    _check_known(lowered(options), tuple(dict.fromkeys(known)), "jetstream")

@@ -16,7 +16,14 @@ from pyspark.sql.types import StructType
 
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.spark.connection import with_connection_defaults
-from airflow_jetstream.spark.options import DECODINGS, ReadOptions, StreamReadOptions, WriteOptions, lowered
+from airflow_jetstream.spark.options import (
+    DECODINGS,
+    ReadOptions,
+    StreamReadOptions,
+    WriteOptions,
+    check_option_names,
+    lowered,
+)
 from airflow_jetstream.spark.reader import JetStreamReader, default_schema
 from airflow_jetstream.spark.stream_reader import JetStreamStreamReader, check_streaming_read_support
 from airflow_jetstream.spark.stream_writer import JetStreamStreamWriter, check_streaming_write_support
@@ -33,6 +40,10 @@ class JetStreamDataSource(DataSource):
     """
 
     connection_defaults: Mapping[str, str] = {}
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        check_option_names(self.options)  # a typo fails at load()/save() (with .schema() given, at the first action)
 
     def _options(self) -> dict[str, str]:
         return with_connection_defaults(self.connection_defaults, lowered(self.options))

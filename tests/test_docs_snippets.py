@@ -150,7 +150,7 @@ def _run_shell(page: str, script: str, workdir: Path) -> None:
         proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=workdir, env=env, stdout=sink,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc.wait(timeout=300)  # not its background children (a server the page starts with &)
+            proc.wait(timeout=600)  # not its background children (a server the page starts with &)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)

@@ -87,6 +87,21 @@ def test_read_write_round_trip_with_the_shipped_package_and_the_connection_in_th
     assert not [key for key in session.conf.getAll if key.startswith("spark.jetstream")]
 
 
+def test_streaming_over_connect_needs_the_package_on_the_server(session, nats_settings, tmp_path) -> None:
+    """The server's streaming planner sees no session artifact (docs/spark.md, "Streaming over Spark
+    Connect"): this fails once a pyspark release makes ship_package enough for streaming too."""
+    call_on_server(nats_settings, ensure_stream, {"name": "CONNECT_FEED", "subjects": ["feed.>"]})
+    register(session, nats_settings, ship_package=True)
+    assert session.read.format("jetstream").options(stream="CONNECT_FEED").load().count() == 0  # batch: fine
+    with pytest.raises(Exception, match="airflow_jetstream is not installed for this Python"):
+        query = (session.readStream.format("jetstream").options(stream="CONNECT_FEED").load()
+                 .writeStream.format("memory").queryName("feed").trigger(availableNow=True)
+                 .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
+        query.awaitTermination(120)
+        if query.exception() is not None:
+            raise query.exception()
+
+
 def test_the_password_is_in_no_server_log_or_event_log(connect_server) -> None:
     """Runs last: stops the server so the event log is complete, then scans every file it wrote."""
     connect_server.close()

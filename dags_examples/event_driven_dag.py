@@ -36,6 +36,9 @@ START = pendulum.datetime(2026, 1, 1, tz="UTC")
 READY_STREAM_CONFIG = {"name": "ORDERS_READY", "subjects": ["orders.ready"], "max_age": "7d"}
 READY_CONSUMER = "airflow_orders_ready"
 READY_ACK_WAIT = os.environ.get("JETSTREAM_DEMO_ACK_WAIT", "30s")
+# None: no limit; a number bounds the repeat events after a stalled or killed triggerer (docs/event-driven.md)
+READY_MAX_UNCONFIRMED = int(os.environ["JETSTREAM_DEMO_MAX_UNCONFIRMED"]) if os.environ.get(
+    "JETSTREAM_DEMO_MAX_UNCONFIRMED") else None
 PROCESSED_BUCKET = "orders_ready_processed"  # one key per processed stream sequence
 GUARDED_STREAM = "ORDERS_GUARDED"
 CAPTURE_STREAM, CAPTURE_MAX_AGE = "ADVISORIES", "1d"  # the same settings as the orders pipeline's capture task
@@ -52,6 +55,7 @@ orders_ready = Asset(
                 consumer=READY_CONSUMER,
                 # ack_wait: how soon a message held by a crashed triggerer comes again (a live one keeps it)
                 consumer_config={"filter_subject": "orders.ready", "max_ack_pending": 1000, "ack_wait": READY_ACK_WAIT},
+                max_unconfirmed=READY_MAX_UNCONFIRMED,
             ),
         )
     ],

@@ -234,9 +234,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         acks = []
-        self._confirmed.set()
         for item in batch:
-            self._yielded.discard(item.broker_payload)
             lease = self._outstanding.pop(item.broker_payload, None)
             if lease is None:
                 raise RuntimeError(f"no outstanding message for token {item.broker_payload}; cannot ack it")
@@ -262,6 +260,9 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         if acks:
             await asyncio.gather(*acks)
             metrics.incr("queue.acked", len(acks), tags={"stream": self.stream, "consumer": self.consumer})
+        # settled only now (acks confirmed): max_unconfirmed then also counts the acks still on their way
+        self._yielded.difference_update(item.broker_payload for item in batch)
+        self._confirmed.set()
 
     async def aclose(self) -> None:
         """Give back what was not advanced (nak: redelivered now, not after ack_wait), including what the open

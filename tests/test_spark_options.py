@@ -153,3 +153,13 @@ def test_streaming_features_missing_from_older_pyspark_are_refused_naming_the_ve
         stream_writer.check_streaming_write_support({}, "4.0.0")
     assert stream_writer.micro_batch_job_id("0b6f1c2e-aaaa-bbbb-cccc-0123456789ab", 7) == \
         "0b6f1c2eaaaabbbbcccc0123456789ab-7"
+
+
+def test_bulk_writes_use_the_fast_batch_default_flow() -> None:
+    """One default for one setting: the writer's bulk mode asks the server for flow acks as rarely as
+    the client's fast batch does (it used 500, half of it: twice the acks, 0.76x a bare fast batch)."""
+    from airflow_jetstream.client.batches.fast import DEFAULT_FLOW
+
+    options = WriteOptions.parse({"servers": "nats://127.0.0.1:4222", "stream": "S", "mode": "bulk"})
+    assert options.flow == DEFAULT_FLOW == 1000
+    assert WriteOptions.parse({"servers": "nats://127.0.0.1:4222", "stream": "S", "flow": "200"}).flow == 200

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_jetstream.client.admin.streams import check_replicas, normalize_placement
+from airflow_jetstream.client.batches.fast import DEFAULT_FLOW
 from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError
 from airflow_jetstream.client.ledger.batch_ledger import DEFAULT_BUCKET
@@ -187,7 +188,7 @@ class WriteOptions:
             payload_column=opts.get("payload_column") or "payload",
             headers_column=opts.get("headers_column") or "headers",
             batch_size=_int(opts, "batch_size", None, maximum=100_000) or BATCH_SIZE_DEFAULTS[mode],
-            flow=_int(opts, "flow", 500, maximum=10_000) or 500,
+            flow=_int(opts, "flow", DEFAULT_FLOW, maximum=10_000) or DEFAULT_FLOW,
             ledger_bucket=ledger_bucket,
             run_id=opts.get("run_id") or job_id,
             job_bucket=job_bucket,

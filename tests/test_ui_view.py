@@ -226,4 +226,20 @@ def test_registered_as_a_provider_plugin_and_entry_point() -> None:
     lazy = os.environ.get("AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS", "True").lower() != "false"
     assert ENTRY_POINT_PLUGIN is (JetStreamViewPlugin if lazy else None)
     [fastapi_app] = JetStreamViewPlugin.fastapi_apps
-    assert fastapi_app["url_prefix"] == "/jetstream" and fastapi_app["app"] is view_app.app
+    assert fastapi_app["url_prefix"] == "/jetstream"
+
+
+def test_plugin_mounts_the_view_without_importing_it_until_a_request() -> None:
+    """Task processes load plugins too: the plugin module must not import the FastAPI app."""
+    import subprocess
+    import sys
+
+    code = ("import sys, airflow_jetstream.ui.plugin as p; "
+            "print('airflow_jetstream.ui.app' in sys.modules, 'airflow.api_fastapi.app' in sys.modules)")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert loaded.stdout.splitlines()[-1].split() == ["False", "False"], loaded.stdout[-2000:]
+    from airflow_jetstream.ui.plugin import JetStreamViewPlugin
+
+    parent = FastAPI()
+    parent.mount("/jetstream", JetStreamViewPlugin.fastapi_apps[0]["app"])
+    assert TestClient(parent).get("/jetstream/api/connections/x").status_code == 401  # the real app answered

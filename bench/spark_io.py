@@ -165,7 +165,7 @@ def streaming_rates(spark: SparkSession, settings: ConnectionSettings, source: s
         rates["stream_read"].append(timed("streaming read (AvailableNow, foreachBatch)", rows,
                                           lambda: stream_read(spark, sink, source, rows), pid))
         for kind, streaming in (("copy", False), ("stream_copy", True)):
-            target = f"{kind.upper()}{round_}"
+            target = f"{source}_{kind.upper()}{round_}"
             asyncio.run(make_stream(settings, target, target.lower(), allow_atomic=True))
             rates[kind].append(timed(f"{'streaming' if streaming else 'batch'} copy read + write mode=atomic", rows,
                                      lambda t=target, s=streaming: copy_stream(spark, sink, source, t, streaming=s),
@@ -173,6 +173,12 @@ def streaming_rates(spark: SparkSession, settings: ConnectionSettings, source: s
             if asyncio.run(stored(settings, target)) != rows:
                 raise SystemExit(f"stream {target} does not hold {rows} messages")
     return {key: statistics.median(values) for key, values in rates.items()}
+
+
+def seconds(action: Any) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
 
 
 def timed(label: str, rows: int, action: Any, server_pid: int) -> float:
@@ -351,12 +357,22 @@ def streaming_only(rows: int) -> int:
     with EmbeddedNatsServer() as server:
         settings = ConnectionSettings(servers=server.url, request_timeout=30)
         spark = session("local[2]")
-        asyncio.run(make_stream(settings, "SOURCE", "source", allow_atomic=True))
-        make_frame(spark, rows).withColumn("subject", F.concat(F.lit("source."), "subject")).write \
-            .format("jetstream").mode("append").options(servers=server.url, stream="SOURCE").save()
-        streaming_rates(spark, settings, "SOURCE", max(1, rows // 10), server.process.pid, rounds=1)  # warm up
+        frame = make_frame(spark, rows)
+        for name, count in (("WARM", max(1, rows // 10)), ("SOURCE", rows)):
+            asyncio.run(make_stream(settings, name, name.lower(), allow_atomic=True))
+            frame.limit(count).withColumn("subject", F.concat(F.lit(f"{name.lower()}."), "subject")).write \
+                .format("jetstream").mode("append").options(servers=server.url, stream=name).save()
+        streaming_rates(spark, settings, "WARM", max(1, rows // 10), server.process.pid, rounds=1)  # warm up
         streaming = streaming_rates(spark, settings, "SOURCE", rows, server.process.pid)
+        # the fixed cost of a query: the same reads of a one-message stream
+        asyncio.run(make_stream(settings, "ONE", "one"))
+        frame.limit(1).withColumn("subject", F.concat(F.lit("one."), "subject")).write.format("jetstream") \
+            .mode("append").options(servers=server.url, stream="ONE", ledger_bucket="none").save()
+        sink = {"servers": server.url}
+        fixed = {name: statistics.median(seconds(lambda r=read: r(spark, sink, "ONE", 1)) for _ in range(3))
+                 for name, read in (("batch", read_stream), ("streaming", stream_read))}
         spark.stop()
+    print(f"one-message read (median of 3): batch {fixed['batch']:.2f} s, streaming {fixed['streaming']:.2f} s")
     print("medians")
     for key in streaming:
         print(f"  {key:<12} {streaming[key]:>10,.0f} rows/s")

@@ -158,7 +158,7 @@ def copy_stream(spark: SparkSession, sink: dict[str, str], source: str, target: 
 def streaming_rates(spark: SparkSession, settings: ConnectionSettings, source: str, rows: int, pid: int,
                     rounds: int = 3) -> dict[str, float]:
     """Streaming read vs the batch read and streaming copy vs batch copy of ``source``, interleaved rounds."""
-    sink = {"servers": settings.servers[0]}
+    sink = {"servers": settings.servers[0], "request_timeout": str(settings.request_timeout)}
     rates: dict[str, list[float]] = {"read": [], "stream_read": [], "copy": [], "stream_copy": []}
     for round_ in range(rounds):
         rates["read"].append(timed("batch read", rows, lambda: read_stream(spark, sink, source, rows), pid))
@@ -365,7 +365,7 @@ def streaming_only(rows: int) -> int:
         streaming_rates(spark, settings, "WARM", max(1, rows // 10), server.process.pid, rounds=1)  # warm up
         streaming = streaming_rates(spark, settings, "SOURCE", rows, server.process.pid)
         # the fixed cost of a query: the same reads of a one-message stream
-        asyncio.run(make_stream(settings, "ONE", "one"))
+        asyncio.run(make_stream(settings, "ONE", "one", allow_atomic=True))
         frame.limit(1).withColumn("subject", F.concat(F.lit("one."), "subject")).write.format("jetstream") \
             .mode("append").options(servers=server.url, stream="ONE", ledger_bucket="none").save()
         sink = {"servers": server.url}

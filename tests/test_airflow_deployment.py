@@ -393,6 +393,7 @@ def test_make_up_on_postgres_restarts_a_crashed_component_and_runs_again(tmp_pat
         wait_until(lambda: _component_pid(home, "scheduler") not in (None, scheduler),
                    "the scheduler to be started again", timeout=60, every=0.5)
         assert "Its log ends:" in restarted
+        assert restarted.count("exited with code") == 1, f"only the killed scheduler exited:\n{restarted}"
         assert "stopped" in _ctrl_c(proc)
         assert _processes_of(home) == [], "every component stopped"
 

@@ -183,7 +183,7 @@ class LocalAirflow:
         env = self.env()
         if name == "triggerer":  # its job row names it, so one can tell which triggerer runs a trigger
             env.update(LOCAL_AIRFLOW_COMPONENT=key,
-                       AIRFLOW__CORE__HOSTNAME_CALLABLE=f"{__name__}.component_hostname")
+                       AIRFLOW__CORE__HOSTNAME_CALLABLE="airflow_jetstream.embedded.airflow_local.component_hostname")
         with (log_dir / f"{key}.log").open("ab") as out:
             proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)

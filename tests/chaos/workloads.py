@@ -101,8 +101,19 @@ async def _bounded(ctx: Context, op: Op, body: Callable[[], Awaitable[None]]) ->
         op.definite = False
 
 
-async def _pause(ctx: Context) -> None:
-    await asyncio.sleep(ctx.rng.uniform(0.02, 0.15))
+async def _pause(ctx: Context, low: float = 0.02, high: float = 0.15) -> None:
+    await asyncio.sleep(ctx.rng.uniform(low, high))
+
+
+async def _repeat(ctx: Context, name: str, sizes: tuple[int, int] | None,
+                  run_op: Callable[[Op], Awaitable[None]], *, pause: tuple[float, float] = (0.02, 0.15)) -> None:
+    """Operations of workload ``name``, each writing ``randint(*sizes)`` messages, until the run stops."""
+    for _ in range(MAX_OPS):
+        if ctx.stop.is_set():
+            return
+        op = ctx.history.begin(name, ctx.rng.randint(*sizes) if sizes else 0)
+        await _bounded(ctx, op, lambda op=op: run_op(op))
+        await _pause(ctx, *pause)
 
 
 def _messages(subject: str, op: Op, *, ids: bool) -> list[BatchMessage]:
@@ -111,31 +122,20 @@ def _messages(subject: str, op: Op, *, ids: bool) -> list[BatchMessage]:
 
 async def atomic(ctx: Context, conn: JetStreamConnection, *, ids: bool) -> None:
     name = "atomic-ids" if ids else "atomic-noid"
-    for _ in range(MAX_OPS):
-        if ctx.stop.is_set():
-            return
-        op = ctx.history.begin(name, ctx.rng.randint(2, 20))
 
-        async def body(op: Op = op) -> None:
-            result = await publish_atomic_batch(conn, _messages(f"cha.{name}", op, ids=ids), batch_id=op.id)
-            op.succeed(**result.to_dict())
+    async def one(op: Op) -> None:
+        result = await publish_atomic_batch(conn, _messages(f"cha.{name}", op, ids=ids), batch_id=op.id)
+        op.succeed(**result.to_dict())
 
-        await _bounded(ctx, op, body)
-        await _pause(ctx)
+    await _repeat(ctx, name, (2, 20), one)
 
 
 async def fast(ctx: Context, conn: JetStreamConnection) -> None:
-    for _ in range(MAX_OPS):
-        if ctx.stop.is_set():
-            return
-        op = ctx.history.begin("fast", ctx.rng.randint(10, 60))
+    async def one(op: Op) -> None:
+        result = await publish_fast_batch(conn, _messages("chf.x", op, ids=True), batch_id=op.id)
+        op.succeed(**result.to_dict())
 
-        async def body(op: Op = op) -> None:
-            result = await publish_fast_batch(conn, _messages("chf.x", op, ids=True), batch_id=op.id)
-            op.succeed(**result.to_dict())
-
-        await _bounded(ctx, op, body)
-        await _pause(ctx)
+    await _repeat(ctx, "fast", (10, 60), one)
 
 
 async def batcher(ctx: Context, conn: JetStreamConnection, *, workqueue: bool) -> None:
@@ -163,53 +163,42 @@ async def batcher(ctx: Context, conn: JetStreamConnection, *, workqueue: bool) -
 
 async def consumer_reset(ctx: Context, conn: JetStreamConnection) -> None:
     """Reset the durable to a random sequence and check inline that the next delivery starts there."""
-    for _ in range(MAX_OPS):
-        if ctx.stop.is_set():
-            return
-        op = ctx.history.begin("reset")
+    async def one(op: Op) -> None:
         wanted = ctx.rng.randint(1, RESET_SIZE)
+        reply = await reset_consumer(conn, RESET, RESET_CONSUMER, seq=wanted)
+        op.result.update(wanted=wanted, reset_seq=reply.get("reset_seq"))
+        try:  # the check reads with plain nats-py: its failures are the probe's, not the client's
+            sub = await conn.js.pull_subscribe("chr.x", durable=RESET_CONSUMER, stream=RESET)
+            try:
+                msgs = await sub.fetch(1, timeout=conn.settings.request_timeout)
+                await msgs[0].ack()
+            finally:
+                await sub.unsubscribe()
+        except (TimeoutError, nats.errors.Error) as exc:
+            op.fail(PROBE_FAILED, f"reset to {wanted} answered {reply.get('reset_seq')}; the delivery check "
+                                  f"failed: {type(exc).__name__}: {exc}")
+            return
+        op.succeed(delivered=msgs[0].metadata.sequence.stream)
 
-        async def body(op: Op = op, wanted: int = wanted) -> None:
-            reply = await reset_consumer(conn, RESET, RESET_CONSUMER, seq=wanted)
-            op.result.update(wanted=wanted, reset_seq=reply.get("reset_seq"))
-            try:  # the check reads with plain nats-py: its failures are the probe's, not the client's
-                sub = await conn.js.pull_subscribe("chr.x", durable=RESET_CONSUMER, stream=RESET)
-                try:
-                    msgs = await sub.fetch(1, timeout=conn.settings.request_timeout)
-                    await msgs[0].ack()
-                finally:
-                    await sub.unsubscribe()
-            except (TimeoutError, nats.errors.Error) as exc:
-                op.fail(PROBE_FAILED, f"reset to {wanted} answered {reply.get('reset_seq')}; the delivery check "
-                                      f"failed: {type(exc).__name__}: {exc}")
-                return
-            op.succeed(delivered=msgs[0].metadata.sequence.stream)
-
-        await _bounded(ctx, op, body)
-        await asyncio.sleep(ctx.rng.uniform(0.2, 0.5))
+    await _repeat(ctx, "reset", None, one, pause=(0.2, 0.5))
 
 
 async def ledger(ctx: Context, conn: JetStreamConnection) -> None:
     """Atomic batches (with msg ids) recorded in the batch ledger, then claimed and marked consumed."""
     book = await BatchLedger.open(conn, LEDGER_BUCKET, create=False)
-    for _ in range(MAX_OPS):
-        if ctx.stop.is_set():
-            return
-        op = ctx.history.begin("ledger", ctx.rng.randint(2, 10))
 
-        async def body(op: Op = op) -> None:
-            result = await publish_atomic_batch(conn, _messages("chl.x", op, ids=True), batch_id=op.id)
-            op.result.update(published=result.to_dict())
-            await book.record(LEDGER_RUN, op.id, stream=LEDGER_DATA, count=result.count,
-                              first_seq=result.first_seq, last_seq=result.last_seq)
-            claim = await book.claim(LEDGER_RUN, op.id)
-            state = "published"
-            if claim is not None:
-                state = (await book.mark_consumed(claim)).state
-            op.succeed(**result.to_dict(), state=state)
+    async def one(op: Op) -> None:
+        result = await publish_atomic_batch(conn, _messages("chl.x", op, ids=True), batch_id=op.id)
+        op.result.update(published=result.to_dict())
+        await book.record(LEDGER_RUN, op.id, stream=LEDGER_DATA, count=result.count,
+                          first_seq=result.first_seq, last_seq=result.last_seq)
+        claim = await book.claim(LEDGER_RUN, op.id)
+        state = "published"
+        if claim is not None:
+            state = (await book.mark_consumed(claim)).state
+        op.succeed(**result.to_dict(), state=state)
 
-        await _bounded(ctx, op, body)
-        await _pause(ctx)
+    await _repeat(ctx, "ledger", (2, 10), one)
 
 
 WORKLOADS: dict[str, Callable[[Context, JetStreamConnection], Awaitable[None]]] = {

@@ -149,7 +149,10 @@ def test_recent_advisories_newest_first(snapshot: dict) -> None:
     kinds = {row["kind"] for row in rows}
     assert "consumer_created" in kinds, kinds
     seqs = [row["capture_seq"] for row in rows]
-    assert seqs == sorted(seqs, reverse=True) and len(seqs) == snapshot["advisories"]["messages"]
+    assert seqs == sorted(seqs, reverse=True)
+    skipped = snapshot["advisories"]["api_audit_skipped"]
+    assert skipped > 0 and "api_audit" not in kinds  # one per API call: counted, not listed
+    assert len(seqs) + skipped == snapshot["advisories"]["messages"]
     assert any(row.get("consumer") == seeded.WORKER for row in rows)
 
 
@@ -160,7 +163,7 @@ def test_html_page_has_rows_and_no_secret(admin: TestClient) -> None:
     for row_id in (f"stream-{seeded.STREAM}", f"consumer-{seeded.STREAM}-{seeded.WORKER}",
                    f"source-{seeded.AGG}-{seeded.STREAM}", f"run-{seeded.RUN_ID}"):
         assert f'id="{row_id}"' in html, row_id
-    assert 'data-section="advisories"' in html
+    assert 'data-section="advisories"' in html and "API audit advisories not listed" in html
     assert TOKEN not in html
     assert TOKEN not in json.dumps(admin.get(API).json())
 
@@ -172,7 +175,9 @@ def test_every_section_is_bounded(admin: TestClient, monkeypatch: pytest.MonkeyP
     assert len(snap["consumers"]["consumers"]) <= 1
     assert snap["sources"]["sources"] == [] and snap["sources"]["truncated"] in (True, False)
     assert snap["ledger"]["keys_read"] == 2 and snap["ledger"]["truncated"] is True
-    assert len(snap["advisories"]["advisories"]) == 1 and snap["advisories"]["truncated"] is True
+    advisories = snap["advisories"]
+    assert len(advisories["advisories"]) + advisories["api_audit_skipped"] == 1 == advisories["limit"]
+    assert advisories["truncated"] is True
     assert snap["limits"]["advisories"] == 1
     html = admin.get(PAGE).text
     assert "showing the first 2 of" in html and "read the first 2 ledger keys only" in html

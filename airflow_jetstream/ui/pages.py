@@ -189,7 +189,9 @@ def page(snapshot: dict[str, Any], *, index_href: str) -> str:
     parts.append(_section(f"Recent advisories <code>{_e(snapshot['capture_stream'])}</code>",
                           snapshot.get("advisories"), lambda d: _table(
         "advisories", d["advisories"], _ADVISORY_COLUMNS, lambda r: anchor("advisory", str(r["capture_seq"])))
-        + (f'<p class="note">the last {_num(len(d["advisories"]))} of {_num(d["messages"])} captured</p>'
+        + (f'<p class="note">{_num(d["api_audit_skipped"])} API audit advisories not listed</p>'
+           if d.get("api_audit_skipped") else "")
+        + (f'<p class="note">read the last {_num(d["limit"])} of {_num(d["messages"])} captured</p>'
            if d["truncated"] else "")))
     return _document(f"JetStream: {conn_id}", "".join(parts))
 

@@ -36,6 +36,7 @@ MAX_LEDGER_KEYS = 500
 MAX_ADVISORIES = 50
 #: Advisory fields shown besides kind, time and capture sequence (no client details, no request bodies).
 _ERR_NO_MESSAGE = 10037
+_API_AUDIT = "api_audit"
 _ADVISORY_FIELDS = ("stream", "consumer", "domain", "reason", "batch_id", "leader", "action", "deliveries")
 
 
@@ -203,7 +204,8 @@ async def _message(conn: JetStreamConnection, stream: str, seq: int) -> dict[str
 async def recent_advisories(conn: JetStreamConnection, capture_stream: str, *,
                             limit: int = MAX_ADVISORIES) -> dict[str, Any]:
     """The advisories among the last ``limit`` messages of the capture stream, newest first, with a
-    few fields each. Read with one message get per sequence: no consumer is created."""
+    few fields each; API audit advisories (one per JetStream API call) are counted in
+    ``api_audit_skipped``, not listed. Read with one message get per sequence: no consumer is created."""
     info = await stream_info(conn, capture_stream)
     state = info.get("state") or {}
     last, first = int(state.get("last_seq") or 0), int(state.get("first_seq") or 0)
@@ -211,5 +213,7 @@ async def recent_advisories(conn: JetStreamConnection, capture_stream: str, *,
     messages = await asyncio.gather(*(_message(conn, capture_stream, seq) for seq in seqs))
     rows = [row for msg in messages if msg is not None
             and (row := _advisory_row(base64.b64decode(msg.get("data") or ""), msg["subject"], int(msg["seq"])))]
+    audits = sum(row["kind"] == _API_AUDIT for row in rows)
     stored = int(state.get("messages") or 0)
-    return {"capture_stream": capture_stream, "advisories": rows, "messages": stored, "truncated": stored > len(seqs)}
+    return {"capture_stream": capture_stream, "advisories": [row for row in rows if row["kind"] != _API_AUDIT],
+            "api_audit_skipped": audits, "limit": len(seqs), "messages": stored, "truncated": stored > len(seqs)}

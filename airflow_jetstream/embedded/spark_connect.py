@@ -13,14 +13,13 @@ real server::
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from airflow_jetstream.embedded.server import EmbeddedServerError, free_port
+from airflow_jetstream.embedded.server import EmbeddedServerError, free_port, stop_process_group
 from airflow_jetstream.embedded.spark_cluster import spark_home
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -84,14 +83,8 @@ class EmbeddedSparkConnectServer:
     def close(self) -> None:
         """SIGTERM to the server's process group, SIGKILL after 15 s."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        if process is not None:
+            stop_process_group(process)
 
     def __enter__(self) -> EmbeddedSparkConnectServer:
         return self.start()

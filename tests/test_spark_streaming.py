@@ -70,6 +70,10 @@ def payload(number: int) -> bytes:
     return f'{{"n":{number},"amount":{number}}}'.encode()
 
 
+async def _state(conn: Any, stream: str) -> dict[str, Any]:
+    return (await stream_info(conn, stream))["state"]
+
+
 def assert_exactly_once(server: EmbeddedNatsServer, stream: str, numbers: range) -> None:
     stored = Counter(run(server, _payloads, stream))
     expected = Counter(payload(n) for n in numbers)
@@ -77,8 +81,9 @@ def assert_exactly_once(server: EmbeddedNatsServer, stream: str, numbers: range)
                                 f"twice {sorted((stored - expected).elements())[:5]}")
 
 
-def make_streams(server: EmbeddedNatsServer, prefix: str, dst_subjects: list[str], **dst: Any) -> None:
-    run(server, ensure_stream, {"name": f"{prefix}_SRC", "subjects": [f"{prefix}.src.>"]})
+def make_streams(server: EmbeddedNatsServer, prefix: str, dst_subjects: list[str], src: dict[str, Any] | None = None,
+                 **dst: Any) -> None:
+    run(server, ensure_stream, {"name": f"{prefix}_SRC", "subjects": [f"{prefix}.src.>"], **(src or {})})
     run(server, ensure_stream, {"name": f"{prefix}_DST", "subjects": dst_subjects, "allow_atomic": True, **dst})
 
 
@@ -112,21 +117,26 @@ def job_state(server: EmbeddedNatsServer, job_id: str) -> str | None:
 
 def test_available_now_runs_read_what_arrived_since_the_last(server: EmbeddedNatsServer, spark: SparkSession,
                                                              tmp_path: Path) -> None:
-    make_streams(server, "an", ["an.dst.>"])
+    # a work queue consumed as it is read (read by direct get; purged when Spark commits on the source)
+    make_streams(server, "an", ["an.dst.>"], src={"retention": "workqueue", "allow_direct": True})
+    options = {"max_messages_per_trigger": "100", "consume": "true"}
     publish(server, "an", range(250))
-    first = run_query(spark, server, "an", tmp_path, max_messages_per_trigger="100")
+    first = run_query(spark, server, "an", tmp_path, **options)
     # read limits: three micro-batches of at most 100 messages, up to what was stored at the start
     assert ends(first) == [(0, 100, 100), (1, 100, 200), (2, 50, 250)]
     # the latest offset the source reported (the progress's lag)
     assert '"seq": 250' in first[0]["sources"][0]["latestOffset"]
     assert_exactly_once(server, "an_DST", range(250))
+    # Spark commits a micro-batch on the source when it plans the next one: 201..250 are still there
+    assert run(server, _state, "an_SRC")["first_seq"] == 201
 
     publish(server, "an", range(250, 330))
-    second = run_query(spark, server, "an", tmp_path, max_messages_per_trigger="100")
+    second = run_query(spark, server, "an", tmp_path, **options)
     assert ends(second) == [(3, 80, 330)]
     assert_exactly_once(server, "an_DST", range(330))
+    assert run(server, _state, "an_SRC")["first_seq"] == 251
     # nothing new: a third run plans no micro-batch and stores nothing
-    assert ends(run_query(spark, server, "an", tmp_path, max_messages_per_trigger="100")) == []
+    assert ends(run_query(spark, server, "an", tmp_path, **options)) == []
     assert_exactly_once(server, "an_DST", range(330))
 
 

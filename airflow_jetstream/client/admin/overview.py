@@ -198,7 +198,8 @@ async def _message(conn: JetStreamConnection, stream: str, seq: int) -> dict[str
         if exc.err_code == _ERR_NO_MESSAGE:  # deleted, or expired since the stream info
             return None
         raise
-    return reply["message"]
+    message: dict[str, Any] = reply["message"]
+    return message
 
 
 async def recent_advisories(conn: JetStreamConnection, capture_stream: str, *,

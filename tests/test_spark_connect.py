@@ -42,8 +42,11 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedde
 
 
 @pytest.fixture
-def session(connect_server: EmbeddedSparkConnectServer) -> Iterator[SparkSession]:
+def session(connect_server: EmbeddedSparkConnectServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[SparkSession]:
     """A new Connect session (its own artifacts and registrations) per test."""
+    # pyspark marks the process as Spark Connect (SPARK_CONNECT_MODE_ENABLED) and stop() keeps the mark, so
+    # every later local[2] session in this process would refuse to start: monkeypatch removes it after the test
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
     spark = SparkSession.builder.remote(connect_server.url).create()
     yield spark
     spark.stop()

@@ -1,8 +1,8 @@
-"""One Airflow 3 api-server (UI + REST) and one headless Chromium for every browser test of a session.
+"""One Airflow 3 api-server (UI + REST) for every browser test of a session, and a headless Chromium per module.
 
 Imported by tests/conftest.py, so the connection-form and the JetStream view tests share the
-api-server (simple auth manager with one admin user and a password, sqlite in a temp AIRFLOW_HOME)
-and the browser, which logs in through Airflow's login page once. The api-server knows the ``nats``
+api-server (simple auth manager with one admin user and a password, sqlite in a temp AIRFLOW_HOME);
+each module's browser logs in through Airflow's login page. The api-server knows the ``nats``
 connection ``nats_view`` (AIRFLOW_CONN_NATS_VIEW) to a nats-server seeded with what the view shows
 (tests/support/jetstream_view.py).
 
@@ -148,9 +148,13 @@ def airflow_ui(tmp_path_factory: pytest.TempPathFactory, view_server: EmbeddedNa
             proc.wait(timeout=30)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser_context(chromium: Path, airflow_ui: AirflowUI, tmp_path_factory: pytest.TempPathFactory):
-    """The browser, logged in to Airflow through its login page (the UI keeps the token in a cookie)."""
+    """The browser, logged in to Airflow through its login page (the UI keeps the token in a cookie).
+
+    One per test module: while Playwright's sync API is open it runs an event loop in the main thread,
+    so every later ``asyncio.run()`` of the session (most real-server tests) would fail.
+    """
     from playwright.sync_api import sync_playwright
 
     profile = tmp_path_factory.mktemp("chromium-profile")

@@ -154,7 +154,9 @@ def test_query_failing_mid_batch_then_restarted_stores_every_message_once(
         query.awaitTermination()
     query_id = query.id
     assert job_state(server, micro_batch_job_id(query_id, 0)) == "committed"
-    assert job_state(server, micro_batch_job_id(query_id, 1)) == "aborted"
+    # Spark hands abort() the reports of the tasks that finished; when the failure cancelled the other task
+    # first there is none and so no job id to record under (the replay below is exactly once either way)
+    assert job_state(server, micro_batch_job_id(query_id, 1)) in ("aborted", None)
 
     run(server, ensure_stream, {"name": "kr_DST", "subjects": ["kr.dst.a", "kr.dst.b"]})
     progress = run_query(spark, server, "kr", tmp_path, **options)

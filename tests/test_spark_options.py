@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -154,6 +155,22 @@ def test_streaming_features_missing_from_older_pyspark_are_refused_naming_the_ve
     assert stream_writer.micro_batch_job_id("0b6f1c2e-aaaa-bbbb-cccc-0123456789ab", 7) == \
         "0b6f1c2eaaaabbbbcccc0123456789ab-7"
 
+
+def test_the_driver_reads_the_query_id_from_a_local_checkpoint_only(tmp_path: Path) -> None:
+    pytest.importorskip("pyspark")
+    from airflow_jetstream.spark.stream_writer import checkpoint_query_id
+
+    checkpoint = tmp_path / "check point"
+    checkpoint.mkdir()
+    assert checkpoint_query_id(str(checkpoint)) is None  # no metadata file yet
+    (checkpoint / "metadata").write_text('{"id":"0b6f1c2e-aaaa-bbbb-cccc-0123456789ab"}\n')
+    assert checkpoint_query_id(str(checkpoint)) == "0b6f1c2e-aaaa-bbbb-cccc-0123456789ab"
+    assert checkpoint_query_id(checkpoint.as_uri()) == "0b6f1c2e-aaaa-bbbb-cccc-0123456789ab"
+    # other file systems and relative paths (resolved by the JVM, not here): no query id
+    for location in ("hdfs://nn:8020/checkpoints/q", "s3a://bucket/q", "check point", "", None):
+        assert checkpoint_query_id(location) is None
+    (checkpoint / "metadata").write_text("not json\n")
+    assert checkpoint_query_id(str(checkpoint)) is None
 
 def test_bulk_writes_use_the_fast_batch_default_flow() -> None:
     """One default for one setting: the writer's bulk mode asks the server for flow acks as rarely as

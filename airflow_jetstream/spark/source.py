@@ -26,7 +26,11 @@ from airflow_jetstream.spark.options import (
 )
 from airflow_jetstream.spark.reader import JetStreamReader, default_schema
 from airflow_jetstream.spark.stream_reader import JetStreamStreamReader, check_streaming_read_support
-from airflow_jetstream.spark.stream_writer import JetStreamStreamWriter, check_streaming_write_support
+from airflow_jetstream.spark.stream_writer import (
+    JetStreamStreamWriter,
+    check_streaming_write_support,
+    checkpoint_query_id,
+)
 from airflow_jetstream.spark.writer import JetStreamWriter
 
 
@@ -70,10 +74,12 @@ class JetStreamDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         _refuse_overwrite(overwrite, "df.writeStream.format('jetstream').outputMode('append')")
-        # Spark hands the query's own checkpointLocation option to the sink too
-        options = {k: v for k, v in self._options().items() if k != "checkpointlocation"}
+        # Spark hands the query's own checkpointLocation option to the sink too (its metadata file, which
+        # holds the query id, is written before the sink is built)
+        options = self._options()
+        checkpoint = options.pop("checkpointlocation", None)
         check_streaming_write_support(options, pyspark.__version__)
-        return JetStreamStreamWriter(WriteOptions.parse(options), schema)
+        return JetStreamStreamWriter(WriteOptions.parse(options), schema, checkpoint_query_id(checkpoint))
 
 
 def _refuse_overwrite(overwrite: bool, instead: str) -> None:

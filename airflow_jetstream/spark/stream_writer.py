@@ -11,7 +11,10 @@ so a replay after a failure or restart derives the same msg ids and ledger batch
   record of a micro-batch the driver committed makes its tasks skip it whole.
 
 The driver's ``commit()``/``abort()`` store the micro-batch's job record (state ``committed`` or
-``aborted``); a replay of a committed micro-batch keeps the first record. Replays produce the same
+``aborted``); a replay of a committed micro-batch keeps the first record. The driver takes the query
+id from the tasks' reports or, when no task reported (a failure cancelled the others first), from
+the checkpoint's ``metadata`` file, which Spark writes before it builds the sink; that file is read
+only when the checkpoint location is a local path. Replays produce the same
 rows only from a replayable source that plans the same micro-batch again (the jetstream source,
 Kafka, files); that is Spark's own condition for end-to-end exactly once.
 """
@@ -19,7 +22,11 @@ Kafka, files); that is Spark's own condition for end-to-end exactly once.
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from pyspark.sql.types import StructType
 
@@ -67,6 +74,28 @@ def micro_batch_job_id(query_id: str, batch_id: int) -> str:
     return f"{query_id.replace('-', '')}-{batch_id}"
 
 
+def checkpoint_query_id(checkpoint_location: str | None) -> str | None:
+    """The query id in ``<checkpoint location>/metadata`` (Spark's ``{"id": ...}``), when the location is
+    an absolute local path or a ``file:`` URI and the file is readable; otherwise None."""
+    if not checkpoint_location:
+        return None
+    parsed = urlparse(checkpoint_location)
+    if parsed.scheme == "file":
+        directory = Path(url2pathname(parsed.path))
+    elif not parsed.scheme:
+        directory = Path(checkpoint_location)
+    else:  # hdfs:, s3a:, ...: not readable here
+        return None
+    if not directory.is_absolute():
+        return None
+    try:
+        first_line = (directory / "metadata").read_text(encoding="utf-8").partition("\n")[0]
+        query_id = json.loads(first_line).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return query_id if isinstance(query_id, str) and query_id else None
+
+
 async def _job_state(options: WriteOptions) -> str | None:
     async with open_connection(options.settings) as conn:
         record = await get_job_record(conn, options.job_id, bucket=options.job_bucket)
@@ -74,10 +103,14 @@ async def _job_state(options: WriteOptions) -> str | None:
 
 
 class JetStreamStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc,valid-type]
-    """Built on the driver for every micro-batch (it checks the stream once) and pickled to the tasks."""
+    """Built on the driver for every micro-batch (it checks the stream once) and pickled to the tasks.
 
-    def __init__(self, options: WriteOptions, schema: StructType) -> None:
+    ``query_id`` is the query's id when the driver could read it from the checkpoint: it names the job
+    of a micro-batch none of whose tasks reported."""
+
+    def __init__(self, options: WriteOptions, schema: StructType, query_id: str | None = None) -> None:
         self.writer = JetStreamWriter(options, schema)
+        self.query_id = query_id
 
     def write(self, iterator: Any) -> PartitionReport:
         from pyspark import TaskContext
@@ -118,8 +151,10 @@ class JetStreamStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc,v
 
     def _for(self, messages: list[PartitionReport | None], batch_id: int) -> JetStreamWriter | None:
         job_id = next((m.job_id for m in messages if m is not None and m.job_id), None)
+        if job_id is None and self.query_id:
+            job_id = micro_batch_job_id(self.query_id, batch_id)
         if job_id is None:
             progress(f"stream write {self.writer.options.stream} micro-batch {batch_id}: no task reported "
-                     f"({len(messages)} partition(s)); no job record")
+                     f"({len(messages)} partition(s)) and the checkpoint is not a local path; no job record")
             return None
         return self.writer.for_job(job_id)

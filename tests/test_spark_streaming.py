@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,15 +23,17 @@ from airflow_jetstream.client import ConnectionSettings, ensure_stream, stream_i
 from airflow_jetstream.client.ledger.job_records import DEFAULT_JOB_BUCKET, get_job_record
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.support.nats_calls import call_on_server
+from tests.support.polling import wait_until
+from tests.support.process_tree import kill_process_tree
 from tests.support.spark_session import local_spark
 
 pytestmark = pytest.mark.spark
 
 pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
 
 from airflow_jetstream.spark.stream_writer import micro_batch_job_id  # noqa: E402
+from tests.support.spark_stream_copy import start_copy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -88,18 +92,13 @@ def make_streams(server: EmbeddedNatsServer, prefix: str, dst_subjects: list[str
 
 
 def start_query(spark: SparkSession, server: EmbeddedNatsServer, prefix: str, checkpoint: Path,
-                **read_options: str) -> Any:
+                **read_options: Any) -> Any:
     """Copy ``<prefix>_SRC`` to ``<prefix>_DST`` (subject ``<prefix>.dst.<last token>``) until AvailableNow ends."""
-    source = (spark.readStream.format("jetstream")
-              .options(servers=server.url, stream=f"{prefix}_SRC", **read_options).load())
-    out = source.select(
-        F.concat(F.lit(f"{prefix}.dst."), F.substring_index("subject", ".", -1)).alias("subject"), "payload")
-    return (out.writeStream.format("jetstream").options(servers=server.url, stream=f"{prefix}_DST")
-            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    return start_copy(spark, server.url, prefix, checkpoint, **read_options)
 
 
 def run_query(spark: SparkSession, server: EmbeddedNatsServer, prefix: str, checkpoint: Path,
-              **read_options: str) -> list[dict[str, Any]]:
+              **read_options: Any) -> list[dict[str, Any]]:
     query = start_query(spark, server, prefix, checkpoint, **read_options)
     query.awaitTermination()
     return [p for p in query.recentProgress if p["numInputRows"]]
@@ -164,6 +163,55 @@ def test_query_failing_mid_batch_then_restarted_stores_every_message_once(
     assert job_state(server, micro_batch_job_id(query_id, 1)) == "committed"
     assert_exactly_once(server, "kr_DST", range(300))
 
+
+def test_driver_killed_mid_write_then_restarted_stores_every_message_once(
+        server: EmbeddedNatsServer, spark: SparkSession, tmp_path: Path) -> None:
+    """The driver (python, its JVM and Python workers) is SIGKILLed while micro-batch 1 is half written.
+
+    A separate driver copies seq 1..300 in micro-batches of 100, read by two tasks each. In micro-batch 1
+    the task of seq 101..150 holds at its row with payload 120 (a gate file that never appears), while the
+    task of seq 151..200 stores its 50 rows: the kill lands after micro-batch 0's commit is in the
+    checkpoint, with micro-batch 1 planned and partly stored and its commit not written.
+    """
+    make_streams(server, "kd", ["kd.dst.>"])
+    publish(server, "kd", range(300))
+    checkpoint, gate = tmp_path / "checkpoint", tmp_path / "gate"
+    options = {"max_messages_per_trigger": "100", "num_partitions": "2"}
+    command = [sys.executable, "-m", "tests.support.spark_stream_copy", server.url, "kd", str(checkpoint),
+               "--hold", payload(120).decode(), "--gate", str(gate),
+               *(f"--option={name}={value}" for name, value in options.items())]
+    log = tmp_path / "driver.log"
+    with log.open("wb") as out:
+        driver = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def half_written() -> bool:
+            assert driver.poll() is None, f"the driver exited early:\n{log.read_text()[-3000:]}"
+            return (checkpoint / "commits" / "0").exists() and run(server, _state, "kd_DST")["messages"] >= 150
+
+        wait_until(half_written, "micro-batch 0 committed and half of micro-batch 1 stored", timeout=240,
+                   every=0.2)
+    finally:
+        killed = kill_process_tree(driver.pid)
+    driver.wait(timeout=30)
+    assert len(killed) >= 2  # the driver and at least its JVM
+    assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
+    assert run(server, _state, "kd_DST")["messages"] == 150
+    query_id = json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"]
+    assert job_state(server, micro_batch_job_id(query_id, 0)) == "committed"
+    assert job_state(server, micro_batch_job_id(query_id, 1)) is None  # the driver died before commit/abort
+
+    gate.touch()
+    progress = run_query(spark, server, "kd", checkpoint, hold=payload(120), gate=gate, **options)
+    # the restart runs micro-batch 1 again with the same bounds, then goes on
+    assert ends(progress) == [(1, 100, 200), (2, 100, 300)]
+    assert_exactly_once(server, "kd_DST", range(300))
+    records = {batch: run(server, get_job_record, micro_batch_job_id(query_id, batch)) for batch in range(3)}
+    assert [records[batch]["state"] for batch in range(3)] == ["committed"] * 3
+    # the replayed micro-batch stored only the held task's 50 rows; the other task's chunk was stored before
+    replayed = records[1]
+    assert (replayed["rows"], replayed["stored"]) == (100, 50)
+    assert replayed["skipped_batches"] + replayed["duplicate_batches"] == 1
 
 async def _await_window_passed(conn: Any, stream: str) -> int:
     """Publish one msg id until the server stores it again: the duplicate window has passed (bounded)."""

@@ -17,8 +17,8 @@ import pytest
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, stream_info
 from airflow_jetstream.embedded.spark_connect import EmbeddedSparkConnectServer
 from tests.conftest import AUTH_PASSWORD, AUTH_USER, set_nats_connection
-from tests.support.bare_python import make_bare_python
 from tests.support.nats_calls import call_on_server
+from tests.support.spark_connect import bare_connect_server
 
 pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession
@@ -31,13 +31,7 @@ ROWS = 200
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSparkConnectServer]:
-    home = tmp_path_factory.mktemp("spark-connect")
-    events = home / "events"
-    events.mkdir()
-    conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}",
-            "spark.eventLog.compress": "false", "spark.sql.shuffle.partitions": "2"}
-    env = {"PYSPARK_PYTHON": str(make_bare_python(home / "bare-python"))}
-    with EmbeddedSparkConnectServer(conf=conf, env=env, base_dir=home / "server") as server:
+    with bare_connect_server(tmp_path_factory.mktemp("spark-connect")) as server:
         yield server
 
 

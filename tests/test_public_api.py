@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import json
 import pkgutil
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,6 +61,26 @@ def test_all_exports_every_error_class_and_no_internals() -> None:
     for name in client.__all__:
         assert not name.startswith("_") and getattr(client, name) is not None
     assert "stored_sequences" not in client.__all__
+
+
+_LAZY_PROBE = """
+import json, sys
+from airflow_jetstream.client.settings import ConnectionSettings
+before = sorted(m for m in ("nats", "airflow_jetstream.client.batches.batcher") if m in sys.modules)
+from airflow_jetstream.client import Batcher, open_connection
+import airflow_jetstream.client as client
+hidden = sorted(set(client.__all__) - set(dir(client)))
+print(json.dumps({"before": before, "after": "nats" in sys.modules, "dir": hidden}))
+"""
+
+
+def test_the_client_package_imports_a_name_only_when_it_is_used() -> None:
+    """A Spark worker unpickling the data source, or a DAG file needing ``ConnectionSettings``, does not pay
+    for every client module; ``from airflow_jetstream.client import X`` still works for every name."""
+    probe = subprocess.run([sys.executable, "-c", _LAZY_PROBE], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(probe.stdout) == {"before": [], "after": True, "dir": []}
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        _ = client.not_a_name
 
 
 def test_the_package_is_marked_typed() -> None:

@@ -6,64 +6,150 @@ Spark executors, the Airflow triggerer and plain scripts use it directly::
 
     async with open_connection(ConnectionSettings(servers="127.0.0.1:4222")) as conn:
         await ensure_stream(conn, {"name": "ORDERS", "subjects": ["orders.>"]})
+
+The names below are imported on first use (PEP 562), so ``from airflow_jetstream.client.settings import
+ConnectionSettings`` or a Spark worker unpickling the data source imports only the modules it needs.
 """
 
-from airflow_jetstream.client.admin.streams import (
-    delete_stream,
-    ensure_stream,
-    find_stream,
-    purge_stream,
-    stream_info,
-)
-from airflow_jetstream.client.advisories.filter import AdvisoryPredicateError
-from airflow_jetstream.client.batches.atomic import publish_atomic_batch, publish_atomic_batches
-from airflow_jetstream.client.batches.batcher import Batcher
-from airflow_jetstream.client.batches.fast import publish_fast_batch
-from airflow_jetstream.client.batches.types import BatchItemResult, BatchMessage, BatchResult
-from airflow_jetstream.client.connection import JetStreamConnection, account_info, connect, open_connection
-from airflow_jetstream.client.errors import (
-    AirflowFeatureError,
-    ApplyFunctionError,
-    AuthenticationError,
-    BatchesFailedError,
-    BatchNotFoundError,
-    BatchPublishError,
-    BucketNotFoundError,
-    ClaimLostError,
-    ConnectionFailedError,
-    ConsumerConfigError,
-    ConsumerNotFoundError,
-    ConsumerResetError,
-    FastBatchError,
-    InvalidFunctionError,
-    InvalidKeyError,
-    InvalidRequestError,
-    InvalidSettingsError,
-    InvalidSubjectError,
-    JetStreamError,
-    JetStreamNotEnabledError,
-    KeyNotFoundError,
-    KeyRevisionError,
-    KeyValueError,
-    LeaderUnavailableError,
-    LedgerConflictError,
-    LedgerError,
-    LedgerNotFoundError,
-    LedgerRecordError,
-    LedgerWaitTimeoutError,
-    PermissionDeniedError,
-    PlacementError,
-    RequestTimeoutError,
-    ServerAPIError,
-    ServerFeatureError,
-    SparkInstallError,
-    StreamConfigError,
-    StreamNotFoundError,
-    TLSConfigurationError,
-    TooManySubjectsError,
-)
-from airflow_jetstream.client.settings import ConnectionSettings
-from airflow_jetstream.client.sourcing.health import SourceUnhealthyError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.admin.streams import (
+        delete_stream,
+        ensure_stream,
+        find_stream,
+        purge_stream,
+        stream_info,
+    )
+    from airflow_jetstream.client.advisories.filter import (
+        AdvisoryPredicateError,
+    )
+    from airflow_jetstream.client.batches.atomic import (
+        publish_atomic_batch,
+        publish_atomic_batches,
+    )
+    from airflow_jetstream.client.batches.batcher import (
+        Batcher,
+    )
+    from airflow_jetstream.client.batches.fast import (
+        publish_fast_batch,
+    )
+    from airflow_jetstream.client.batches.types import (
+        BatchItemResult,
+        BatchMessage,
+        BatchResult,
+    )
+    from airflow_jetstream.client.connection import (
+        JetStreamConnection,
+        account_info,
+        connect,
+        open_connection,
+    )
+    from airflow_jetstream.client.errors import (
+        AirflowFeatureError,
+        ApplyFunctionError,
+        AuthenticationError,
+        BatchesFailedError,
+        BatchNotFoundError,
+        BatchPublishError,
+        BucketNotFoundError,
+        ClaimLostError,
+        ConnectionFailedError,
+        ConsumerConfigError,
+        ConsumerNotFoundError,
+        ConsumerResetError,
+        FastBatchError,
+        InvalidFunctionError,
+        InvalidKeyError,
+        InvalidRequestError,
+        InvalidSettingsError,
+        InvalidSubjectError,
+        JetStreamError,
+        JetStreamNotEnabledError,
+        KeyNotFoundError,
+        KeyRevisionError,
+        KeyValueError,
+        LeaderUnavailableError,
+        LedgerConflictError,
+        LedgerError,
+        LedgerNotFoundError,
+        LedgerRecordError,
+        LedgerWaitTimeoutError,
+        PermissionDeniedError,
+        PlacementError,
+        RequestTimeoutError,
+        ServerAPIError,
+        ServerFeatureError,
+        SparkInstallError,
+        StreamConfigError,
+        StreamNotFoundError,
+        TLSConfigurationError,
+        TooManySubjectsError,
+    )
+    from airflow_jetstream.client.settings import (
+        ConnectionSettings,
+    )
+    from airflow_jetstream.client.sourcing.health import (
+        SourceUnhealthyError,
+    )
+
+#: The public names, by the module that defines them (imported on first use).
+_MODULES: dict[str, tuple[str, ...]] = {
+    "admin.streams": ("delete_stream", "ensure_stream", "find_stream", "purge_stream", "stream_info"),
+    "advisories.filter": ("AdvisoryPredicateError",),
+    "batches.atomic": ("publish_atomic_batch", "publish_atomic_batches"),
+    "batches.batcher": ("Batcher",),
+    "batches.fast": ("publish_fast_batch",),
+    "batches.types": ("BatchItemResult", "BatchMessage", "BatchResult"),
+    "connection": ("JetStreamConnection", "account_info", "connect", "open_connection"),
+    "errors": (
+        "AirflowFeatureError",
+        "ApplyFunctionError",
+        "AuthenticationError",
+        "BatchNotFoundError",
+        "BatchPublishError",
+        "BatchesFailedError",
+        "BucketNotFoundError",
+        "ClaimLostError",
+        "ConnectionFailedError",
+        "ConsumerConfigError",
+        "ConsumerNotFoundError",
+        "ConsumerResetError",
+        "FastBatchError",
+        "InvalidFunctionError",
+        "InvalidKeyError",
+        "InvalidRequestError",
+        "InvalidSettingsError",
+        "InvalidSubjectError",
+        "JetStreamError",
+        "JetStreamNotEnabledError",
+        "KeyNotFoundError",
+        "KeyRevisionError",
+        "KeyValueError",
+        "LeaderUnavailableError",
+        "LedgerConflictError",
+        "LedgerError",
+        "LedgerNotFoundError",
+        "LedgerRecordError",
+        "LedgerWaitTimeoutError",
+        "PermissionDeniedError",
+        "PlacementError",
+        "RequestTimeoutError",
+        "ServerAPIError",
+        "ServerFeatureError",
+        "SparkInstallError",
+        "StreamConfigError",
+        "StreamNotFoundError",
+        "TLSConfigurationError",
+        "TooManySubjectsError",
+    ),
+    "settings": ("ConnectionSettings",),
+    "sourcing.health": ("SourceUnhealthyError",),
+}
+_WHERE = {name: f"{__name__}.{module}" for module, names in _MODULES.items() for name in names}
 
 #: The stable names; docs/api.md lists the same ones (tests/test_public_api.py holds them together).
 __all__ = [
@@ -126,3 +212,16 @@ __all__ = [
     "purge_stream",
     "stream_info",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

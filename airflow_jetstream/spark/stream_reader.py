@@ -133,11 +133,15 @@ class JetStreamStreamReader(*_BASES):  # type: ignore[misc]
         self.target: int | None = None
         #: The stream's last sequence at the latest planning (the progress's ``latestOffset``).
         self.latest: int | None = None
+        #: A new query's start, resolved once (Spark asks for it more than once as the query starts).
+        self.initial: dict[str, Any] | None = None
 
     def initialOffset(self) -> dict[str, Any]:
-        first = asyncio.run(_start_seq(self.options))
-        progress(f"stream read of {self.stream}: a new query starts at seq {first} (start={self.options.start})")
-        return _offset(self.stream, first - 1)
+        if self.initial is None:
+            first = asyncio.run(_start_seq(self.options))
+            progress(f"stream read of {self.stream}: a new query starts at seq {first} (start={self.options.start})")
+            self.initial = _offset(self.stream, first - 1)
+        return self.initial
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         """The end of the next micro-batch: the stream's last sequence (at most the AvailableNow target),

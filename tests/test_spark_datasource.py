@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from airflow_jetstream.client import ConnectionSettings, ensure_stream, stream_info
+from airflow_jetstream.client import ensure_stream, stream_info
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.job_records import get_job_record
 from airflow_jetstream.embedded import EmbeddedNatsServer
-from tests.support.nats_calls import call_on_server
-from tests.support.spark_session import local_spark
+from tests.support.nats_calls import call_on
+from tests.support.servers import module_server
+from tests.support.spark_session import module_spark
 
 pytestmark = pytest.mark.spark
 
@@ -29,20 +29,8 @@ from pyspark.sql import functions as F  # noqa: E402
 
 from airflow_jetstream.spark import consume  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
-    with EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("nats")) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    yield from local_spark("test-jetstream-datasource")
-
-
-def run(server: EmbeddedNatsServer, func: Any, *args: Any, **kwargs: Any) -> Any:
-    return call_on_server(ConnectionSettings(servers=server.url, request_timeout=10), func, *args, **kwargs)
+server = module_server("nats")
+spark = module_spark("test-jetstream-datasource")
 
 
 async def _state(conn: Any, name: str) -> dict[str, Any]:
@@ -69,14 +57,14 @@ def orders(spark: SparkSession, rows: int, prefix: str) -> Any:
 
 
 def test_atomic_write_then_parallel_read_round_trip(server: EmbeddedNatsServer, spark: SparkSession) -> None:
-    run(server, ensure_stream, {"name": "RT", "subjects": ["rt.>"], "allow_atomic": True})
+    call_on(server, ensure_stream, {"name": "RT", "subjects": ["rt.>"], "allow_atomic": True})
     rows = 2500
     orders(spark, rows, "rt").write.format("jetstream").mode("append").options(
         servers=server.url, stream="RT", job_id="rt-1", batch_size="400").save()
 
-    state = run(server, _state, "RT")
+    state = call_on(server, _state, "RT")
     assert state["messages"] == rows
-    stored = run(server, _all_messages, "RT")
+    stored = call_on(server, _all_messages, "RT")
     # deterministic chunks: per partition (1250 rows) batches of 400, 400, 400, 50
     batch_ids = {m[3]["Nats-Batch-Id"] for m in stored}
     assert sorted(b.rsplit("-a", 1)[0] for b in batch_ids) == sorted(
@@ -87,10 +75,10 @@ def test_atomic_write_then_parallel_read_round_trip(server: EmbeddedNatsServer, 
     assert {m[3]["Nats-Batch-Sequence"] for m in with_ids} == {"1"}
     assert json.loads(stored[0][4]).keys() == {"order_id", "amount"}
 
-    record = run(server, get_job_record, "rt-1")
+    record = call_on(server, get_job_record, "rt-1")
     assert record["state"] == "committed" and record["stored"] == rows and record["batches"] == 8
     assert sorted(r["partition"] for r in record["reports"]) == [0, 1]
-    ledger_summary = run(server, lambda conn: _ledger_summary(conn, "rt-1"))
+    ledger_summary = call_on(server, lambda conn: _ledger_summary(conn, "rt-1"))
     assert ledger_summary["batches"] == 8 and ledger_summary["messages"]["published"] == rows
 
     df = (spark.read.format("jetstream").schema("subject string, seq long, timestamp timestamp, "
@@ -134,7 +122,7 @@ async def _publish_until_window_passed(conn: Any, subject: str) -> int:
 
 def test_failed_job_rerun_completes_without_duplicates_after_the_window(
         server: EmbeddedNatsServer, spark: SparkSession) -> None:
-    run(server, ensure_stream, {"name": "RERUN", "subjects": ["rerun.>"], "allow_atomic": True,
+    call_on(server, ensure_stream, {"name": "RERUN", "subjects": ["rerun.>"], "allow_atomic": True,
                                 "duplicate_window": "200ms"})
     rows = 1000
 
@@ -151,30 +139,30 @@ def test_failed_job_rerun_completes_without_duplicates_after_the_window(
         frame(bad_row=950).write.format("jetstream").mode("append").options(**options).save()
 
     # what the failed job left: the chunks before the bad one, whole, and recorded in the ledger
-    assert run(server, _state, "RERUN")["messages"] == 900
-    ledger = run(server, lambda conn: _ledger_summary(conn, "rerun-1"))
+    assert call_on(server, _state, "RERUN")["messages"] == 900
+    ledger = call_on(server, lambda conn: _ledger_summary(conn, "rerun-1"))
     assert (ledger["batches"], ledger["messages"]["published"]) == (3, 900)
-    assert run(server, get_job_record, "rerun-1")["state"] == "aborted"
+    assert call_on(server, get_job_record, "rerun-1")["state"] == "aborted"
 
-    probes = run(server, _publish_until_window_passed, "rerun.probe")
+    probes = call_on(server, _publish_until_window_passed, "rerun.probe")
     frame(bad_row=None).write.format("jetstream").mode("append").options(**options).save()
 
-    assert run(server, _state, "RERUN")["messages"] == rows + probes
-    record = run(server, get_job_record, "rerun-1")
+    assert call_on(server, _state, "RERUN")["messages"] == rows + probes
+    record = call_on(server, get_job_record, "rerun-1")
     assert (record["state"], record["skipped_batches"], record["stored"]) == ("committed", 3, 100)
-    payloads = [m[4] for m in run(server, _all_messages, "RERUN") if m[0] == "rerun.orders"]
+    payloads = [m[4] for m in call_on(server, _all_messages, "RERUN") if m[0] == "rerun.orders"]
     assert sorted(int(p) for p in payloads) == list(range(rows))
 
 
 def test_bulk_write_and_bad_input_rejected_before_sending(server: EmbeddedNatsServer, spark: SparkSession) -> None:
-    run(server, ensure_stream, {"name": "BULK", "subjects": ["bulk.>"], "allow_batched": True})
+    call_on(server, ensure_stream, {"name": "BULK", "subjects": ["bulk.>"], "allow_batched": True})
     frame = orders(spark, 3000, "bulk").select("subject", F.col("order_id").cast("string").alias("payload"))
     frame.write.format("jetstream").mode("append").options(servers=server.url, stream="BULK", mode="bulk",
                                                             job_id="bulk-1").save()
-    assert run(server, _state, "BULK")["messages"] == 3000
-    assert run(server, get_job_record, "bulk-1")["stored"] == 3000
+    assert call_on(server, _state, "BULK")["messages"] == 3000
+    assert call_on(server, get_job_record, "bulk-1")["stored"] == 3000
     # bulk chunks can be stored in part, so every message carries its own msg id
-    ids = {m[3]["Nats-Msg-Id"] for m in run(server, _all_messages, "BULK")}
+    ids = {m[3]["Nats-Msg-Id"] for m in call_on(server, _all_messages, "BULK")}
     assert ids == {f"bulk-1-{p}-{r}" for p in (0, 1) for r in range(1500)}
 
     with pytest.raises(Exception, match="allow_atomic"):
@@ -191,7 +179,7 @@ def test_bulk_write_and_bad_input_rejected_before_sending(server: EmbeddedNatsSe
         frame.write.format("jetstream").mode("overwrite").options(servers=server.url, stream="BULK").save()
     with pytest.raises(Exception, match="consumer_required"):
         spark.read.format("jetstream").options(servers=server.url, stream="BULK", consume="true").load().count()
-    assert run(server, _state, "BULK")["messages"] == 3000
+    assert call_on(server, _state, "BULK")["messages"] == 3000
 
 
 @pytest.mark.parametrize("mode", ["atomic", "bulk"])
@@ -200,7 +188,7 @@ def test_rerun_without_ledger_entries_is_deduplicated_by_msg_ids(server: Embedde
     """The narrow case the ledger cannot cover (chunks committed, ledger entries never written):
     within the duplicate window the msg ids make the re-run store nothing twice."""
     name = f"NOLEDGER_{mode.upper()}"
-    run(server, ensure_stream, {"name": name, "subjects": [f"noledger.{mode}.>"], "allow_atomic": True,
+    call_on(server, ensure_stream, {"name": name, "subjects": [f"noledger.{mode}.>"], "allow_atomic": True,
                                 "allow_batched": True, "duplicate_window": "10m"})
     frame = orders(spark, 1000, f"noledger.{mode}").select("subject", F.col("order_id").cast("string").alias("payload"))
     options = {"servers": server.url, "stream": name, "job_id": f"noledger-{mode}", "batch_size": "200",
@@ -208,8 +196,8 @@ def test_rerun_without_ledger_entries_is_deduplicated_by_msg_ids(server: Embedde
     frame.write.format("jetstream").mode("append").options(**options).save()
     frame.write.format("jetstream").mode("append").options(**options).save()
 
-    assert run(server, _state, name)["messages"] == 1000
-    record = run(server, get_job_record, f"noledger-{mode}")
+    assert call_on(server, _state, name)["messages"] == 1000
+    record = call_on(server, get_job_record, f"noledger-{mode}")
     assert record["state"] == "committed"
     # atomic: each refused retry is recognised as the earlier commit of its chunk; bulk: the server
     # skips every message by msg id and the probes find them all stored before
@@ -223,7 +211,7 @@ async def _publish(conn: Any, subject: str, count: int, start: int = 0) -> None:
 
 def test_consume_workqueue_acks_only_after_success(server: EmbeddedNatsServer, spark: SparkSession,
                                                    tmp_path: Path) -> None:
-    run(server, ensure_stream, {"name": "WQ", "subjects": ["wq.>"], "retention": "workqueue",
+    call_on(server, ensure_stream, {"name": "WQ", "subjects": ["wq.>"], "retention": "workqueue",
                                 "allow_direct": True, "allow_atomic": True})
     spark.range(0, 600, numPartitions=2).select(F.lit("wq.jobs").alias("subject"), F.col("id").alias("n")) \
         .write.format("jetstream").mode("append").options(servers=server.url, stream="WQ", job_id="wq-run",
@@ -236,25 +224,25 @@ def test_consume_workqueue_acks_only_after_success(server: EmbeddedNatsServer, s
         df.write.mode("overwrite").parquet(out)
         raise RuntimeError("job died after writing its output")
     assert consumption.removed is None
-    assert run(server, _state, "WQ")["messages"] == 600  # nothing lost
-    ledger = run(server, lambda conn: _ledger_summary(conn, "wq-run"))
+    assert call_on(server, _state, "WQ")["messages"] == 600  # nothing lost
+    ledger = call_on(server, lambda conn: _ledger_summary(conn, "wq-run"))
     assert ledger["states"]["published"] == 4 and ledger["attempts"] == 4  # released for the next attempt
 
     with consume(spark, {**options, "decode": "json"}, schema="seq long, n long",
                  run_id="wq-run") as (df, consumption):
-        run(server, _publish, "wq.jobs", 50, start=600)  # arrives after the bounds were fixed
+        call_on(server, _publish, "wq.jobs", 50, start=600)  # arrives after the bounds were fixed
         df.write.mode("overwrite").parquet(out)
     assert consumption.removed == 600
     result = spark.read.parquet(out).agg(F.count("*").alias("rows"), F.countDistinct("n").alias("distinct"),
                                          F.max("n").alias("max")).collect()[0]
     assert (result["rows"], result["distinct"], result["max"]) == (600, 600, 599)
-    assert run(server, _state, "WQ")["messages"] == 50  # later messages stay for the next run
-    ledger = run(server, lambda conn: _ledger_summary(conn, "wq-run"))
+    assert call_on(server, _state, "WQ")["messages"] == 50  # later messages stay for the next run
+    ledger = call_on(server, lambda conn: _ledger_summary(conn, "wq-run"))
     assert ledger["states"]["consumed"] == 4 and ledger["attempts"] == 8
 
     with consume(spark, options) as (df, consumption):
         assert df.count() == 50
-    assert consumption.removed == 50 and run(server, _state, "WQ")["messages"] == 0
+    assert consumption.removed == 50 and call_on(server, _state, "WQ")["messages"] == 0
 
 
 async def _interest_setup(conn: Any) -> None:
@@ -274,20 +262,20 @@ async def _ack_floor(conn: Any, consumer: str) -> int:
 
 def test_consume_interest_stream_through_its_durable_consumer(server: EmbeddedNatsServer,
                                                                spark: SparkSession) -> None:
-    run(server, _interest_setup)
+    call_on(server, _interest_setup)
     options = {"servers": server.url, "stream": "INT", "consumer": "SPARK", "decode": "json"}
     with pytest.raises(RuntimeError, match="boom"), consume(spark, options, schema="subject string, n long") as (df, _):
         assert df.count() == 300
         raise RuntimeError("boom")
-    assert run(server, _ack_floor, "SPARK") == 0 and run(server, _state, "INT")["messages"] == 400
+    assert call_on(server, _ack_floor, "SPARK") == 0 and call_on(server, _state, "INT")["messages"] == 400
 
     with consume(spark, options, schema="subject string, n long") as (df, consumption):
         got = df.agg(F.count("*").alias("n"), F.countDistinct("n").alias("d"),
                      F.collect_set("subject").alias("subjects")).collect()[0]
     assert (got["n"], got["d"], got["subjects"]) == (300, 300, ["int.a"])
     assert consumption.removed == 300
-    assert run(server, _ack_floor, "SPARK") == consumption.plan.last_seq
-    assert run(server, _state, "INT")["messages"] == 100  # OTHER's messages are kept
+    assert call_on(server, _ack_floor, "SPARK") == consumption.plan.last_seq
+    assert call_on(server, _state, "INT")["messages"] == 100  # OTHER's messages are kept
     with pytest.raises(Exception, match=r"consumer_required|durable consumer"):
         spark.read.format("jetstream").options(servers=server.url, stream="INT", consume="true").load().count()
 
@@ -300,9 +288,9 @@ async def _worker_filters(conn: Any, stream: str, prefix: str) -> dict[str, list
 
 def test_subject_partitioned_consume_with_per_worker_consumers(server: EmbeddedNatsServer,
                                                                spark: SparkSession) -> None:
-    run(server, ensure_stream, {"name": "SUBJ", "subjects": ["subj.>"]})
+    call_on(server, ensure_stream, {"name": "SUBJ", "subjects": ["subj.>"]})
     for subject, count in (("subj.eu", 120), ("subj.uk", 80), ("subj.us", 150), ("subj.other", 30)):
-        run(server, _publish, subject, count)
+        call_on(server, _publish, subject, count)
     options = {"servers": server.url, "stream": "SUBJ", "worker_subjects": "subj.eu,subj.uk;subj.us",
                "worker_prefix": "orders-reader"}
 
@@ -310,16 +298,16 @@ def test_subject_partitioned_consume_with_per_worker_consumers(server: EmbeddedN
         assert df.rdd.getNumPartitions() == 2
         by_subject = {r["subject"]: r["count"] for r in df.groupBy("subject").count().collect()}
     assert by_subject == {"subj.eu": 120, "subj.uk": 80, "subj.us": 150}
-    assert run(server, _worker_filters, "SUBJ", "orders-reader") == {
+    assert call_on(server, _worker_filters, "SUBJ", "orders-reader") == {
         "orders-reader-0": ["subj.eu", "subj.uk"], "orders-reader-1": ["subj.us"]}
     assert [w["first_seq"] for w in consumption.to_dict()["workers"]] == [1, 1]
 
-    run(server, _publish, "subj.us", 10)
-    run(server, _publish, "subj.other", 5)
+    call_on(server, _publish, "subj.us", 10)
+    call_on(server, _publish, "subj.other", 5)
     with consume(spark, options) as (df, consumption):
         rows = df.select("subject", "seq").collect()
     assert {r["subject"] for r in rows} == {"subj.us"} and len(rows) == 10
     assert min(r["seq"] for r in rows) > 380  # each worker's cursor moved past the first consume
-    assert run(server, _state, "SUBJ")["messages"] == 395  # a Limits stream keeps its messages
+    assert call_on(server, _state, "SUBJ")["messages"] == 395  # a Limits stream keeps its messages
     with pytest.raises(Exception, match="worker_subjects sets the partitions"):
         spark.read.format("jetstream").options(**options, num_partitions="3").load().count()

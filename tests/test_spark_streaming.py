@@ -10,22 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from airflow_jetstream.client import ConnectionSettings, ensure_stream, stream_info
+from airflow_jetstream.client import ensure_stream, stream_info
 from airflow_jetstream.client.ledger.job_records import DEFAULT_JOB_BUCKET, get_job_record
 from airflow_jetstream.embedded import EmbeddedNatsServer
-from tests.support.nats_calls import call_on_server
+from tests.support.nats_calls import call_on
 from tests.support.polling import wait_until
 from tests.support.process_tree import kill_process_tree
-from tests.support.spark_session import local_spark
+from tests.support.servers import module_server
+from tests.support.spark_session import module_spark
 
 pytestmark = pytest.mark.spark
 
@@ -35,20 +36,8 @@ from pyspark.sql import SparkSession  # noqa: E402
 from airflow_jetstream.spark.stream_writer import micro_batch_job_id  # noqa: E402
 from tests.support.spark_stream_copy import start_copy  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
-    with EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("nats")) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    yield from local_spark("test-jetstream-streaming")
-
-
-def run(server: EmbeddedNatsServer, func: Any, *args: Any, **kwargs: Any) -> Any:
-    return call_on_server(ConnectionSettings(servers=server.url, request_timeout=10), func, *args, **kwargs)
+server = module_server("nats")
+spark = module_spark("test-jetstream-streaming")
 
 
 async def _publish(conn: Any, subjects_and_numbers: list[tuple[str, int]]) -> None:
@@ -57,7 +46,7 @@ async def _publish(conn: Any, subjects_and_numbers: list[tuple[str, int]]) -> No
 
 
 def publish(server: EmbeddedNatsServer, prefix: str, numbers: range, subject: str = "a") -> None:
-    run(server, _publish, [(f"{prefix}.src.{subject}", n) for n in numbers])
+    call_on(server, _publish, [(f"{prefix}.src.{subject}", n) for n in numbers])
 
 
 async def _payloads(conn: Any, stream: str) -> list[bytes]:
@@ -79,7 +68,7 @@ async def _state(conn: Any, stream: str) -> dict[str, Any]:
 
 
 def assert_exactly_once(server: EmbeddedNatsServer, stream: str, numbers: range) -> None:
-    stored = Counter(run(server, _payloads, stream))
+    stored = Counter(call_on(server, _payloads, stream))
     expected = Counter(payload(n) for n in numbers)
     assert stored == expected, (f"missing {sorted((expected - stored).elements())[:5]}, "
                                 f"twice {sorted((stored - expected).elements())[:5]}")
@@ -87,8 +76,8 @@ def assert_exactly_once(server: EmbeddedNatsServer, stream: str, numbers: range)
 
 def make_streams(server: EmbeddedNatsServer, prefix: str, dst_subjects: list[str], src: dict[str, Any] | None = None,
                  **dst: Any) -> None:
-    run(server, ensure_stream, {"name": f"{prefix}_SRC", "subjects": [f"{prefix}.src.>"], **(src or {})})
-    run(server, ensure_stream, {"name": f"{prefix}_DST", "subjects": dst_subjects, "allow_atomic": True, **dst})
+    call_on(server, ensure_stream, {"name": f"{prefix}_SRC", "subjects": [f"{prefix}.src.>"], **(src or {})})
+    call_on(server, ensure_stream, {"name": f"{prefix}_DST", "subjects": dst_subjects, "allow_atomic": True, **dst})
 
 
 def start_query(spark: SparkSession, server: EmbeddedNatsServer, prefix: str, checkpoint: Path,
@@ -110,7 +99,7 @@ def ends(progress: list[dict[str, Any]]) -> list[tuple[int, int, int]]:
 
 
 def job_state(server: EmbeddedNatsServer, job_id: str) -> str | None:
-    record = run(server, get_job_record, job_id)
+    record = call_on(server, get_job_record, job_id)
     return None if record is None else record["state"]
 
 
@@ -127,13 +116,13 @@ def test_available_now_runs_read_what_arrived_since_the_last(server: EmbeddedNat
     assert '"seq": 250' in first[0]["sources"][0]["latestOffset"]
     assert_exactly_once(server, "an_DST", range(250))
     # Spark commits a micro-batch on the source when it plans the next one: 201..250 are still there
-    assert run(server, _state, "an_SRC")["first_seq"] == 201
+    assert call_on(server, _state, "an_SRC")["first_seq"] == 201
 
     publish(server, "an", range(250, 330))
     second = run_query(spark, server, "an", tmp_path, **options)
     assert ends(second) == [(3, 80, 330)]
     assert_exactly_once(server, "an_DST", range(330))
-    assert run(server, _state, "an_SRC")["first_seq"] == 251
+    assert call_on(server, _state, "an_SRC")["first_seq"] == 251
     # nothing new: a third run plans no micro-batch and stores nothing
     assert ends(run_query(spark, server, "an", tmp_path, **options)) == []
     assert_exactly_once(server, "an_DST", range(330))
@@ -156,7 +145,7 @@ def test_query_failing_mid_batch_then_restarted_stores_every_message_once(
     # no task reported to abort(): the driver names the job from the checkpoint's query id
     assert job_state(server, micro_batch_job_id(query_id, 1)) == "aborted"
 
-    run(server, ensure_stream, {"name": "kr_DST", "subjects": ["kr.dst.a", "kr.dst.b"]})
+    call_on(server, ensure_stream, {"name": "kr_DST", "subjects": ["kr.dst.a", "kr.dst.b"]})
     progress = run_query(spark, server, "kr", tmp_path, **options)
     # the restart runs micro-batch 1 again, same bounds, then goes on
     assert ends(progress) == [(1, 100, 200), (2, 100, 300)]
@@ -187,16 +176,16 @@ def test_driver_killed_mid_write_then_restarted_stores_every_message_once(
     try:
         def half_written() -> bool:
             assert driver.poll() is None, f"the driver exited early:\n{log.read_text()[-3000:]}"
-            return (checkpoint / "commits" / "0").exists() and run(server, _state, "kd_DST")["messages"] >= 150
+            return (checkpoint / "commits" / "0").exists() and call_on(server, _state, "kd_DST")["messages"] >= 150
 
         wait_until(half_written, "micro-batch 0 committed and half of micro-batch 1 stored", timeout=240,
                    every=0.2)
     finally:
-        killed = kill_process_tree(driver.pid)
-    driver.wait(timeout=30)
+        killed = kill_process_tree(driver)
+    assert driver.returncode == -signal.SIGKILL
     assert len(killed) >= 2  # the driver and at least its JVM
     assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
-    assert run(server, _state, "kd_DST")["messages"] == 150
+    assert call_on(server, _state, "kd_DST")["messages"] == 150
     query_id = json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"]
     assert job_state(server, micro_batch_job_id(query_id, 0)) == "committed"
     assert job_state(server, micro_batch_job_id(query_id, 1)) is None  # the driver died before commit/abort
@@ -206,7 +195,7 @@ def test_driver_killed_mid_write_then_restarted_stores_every_message_once(
     # the restart runs micro-batch 1 again with the same bounds
     assert ends(progress) == [(1, 100, 200)]
     assert_exactly_once(server, "kd_DST", range(200))
-    records = {batch: run(server, get_job_record, micro_batch_job_id(query_id, batch)) for batch in range(2)}
+    records = {batch: call_on(server, get_job_record, micro_batch_job_id(query_id, batch)) for batch in range(2)}
     assert [records[batch]["state"] for batch in range(2)] == ["committed"] * 2
     # the replayed micro-batch stored only the held task's 50 rows; the other task's chunk was stored before
     replayed = records[1]
@@ -231,7 +220,7 @@ async def _delete_job_record(conn: Any, job_id: str) -> None:
 def test_last_micro_batch_replayed_after_the_duplicate_window_stores_nothing_twice(
         server: EmbeddedNatsServer, spark: SparkSession, tmp_path: Path) -> None:
     make_streams(server, "rp", ["rp.dst.>"], duplicate_window=1)
-    run(server, ensure_stream, {"name": "RP_PROBE", "subjects": ["rp_probe.probe"], "duplicate_window": 1})
+    call_on(server, ensure_stream, {"name": "RP_PROBE", "subjects": ["rp_probe.probe"], "duplicate_window": 1})
     publish(server, "rp", range(200))
     checkpoint = tmp_path / "checkpoint"
     first = run_query(spark, server, "rp", checkpoint, max_messages_per_trigger="100")
@@ -245,8 +234,8 @@ def test_last_micro_batch_replayed_after_the_duplicate_window_stores_nothing_twi
     # the sink's tasks stored micro-batch 1 but the query died before Spark wrote its commit and
     # before the driver wrote the job record: only the batch ledger knows what was stored
     forget_commit()
-    run(server, _delete_job_record, job_id)
-    assert run(server, _await_window_passed, "RP_PROBE") >= 1
+    call_on(server, _delete_job_record, job_id)
+    assert call_on(server, _await_window_passed, "RP_PROBE") >= 1
     replay = run_query(spark, server, "rp", checkpoint, max_messages_per_trigger="100")
     assert ends(replay) == [(1, 100, 200)]
     assert_exactly_once(server, "rp_DST", range(200))
@@ -273,13 +262,13 @@ def test_scheduled_available_now_steps_read_each_interval_once_and_a_cleared_run
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "dags_examples" / "spark_apps"))
     from stream_orders import run_step
 
-    run(server, ensure_stream, {"name": "IN_AGG", "subjects": ["orders.raw.*"]})
-    run(server, ensure_stream, {"name": "IN_LARGE", "subjects": ["orders.large.*"], "allow_atomic": True})
+    call_on(server, ensure_stream, {"name": "IN_AGG", "subjects": ["orders.raw.*"]})
+    call_on(server, ensure_stream, {"name": "IN_LARGE", "subjects": ["orders.large.*"], "allow_atomic": True})
     orders = [(f"orders.raw.{'emea' if n % 2 else 'apac'}", n) for n in range(150)]
-    run(server, _publish, orders)
+    call_on(server, _publish, orders)
     # interval 1 ends when order 100 (seq 101) was stored; interval 2 when seq 141 was stored
-    t0, t1, t2 = "2026-01-01T00:00:00+00:00", run(server, _stored_time, "IN_AGG", 101), \
-        run(server, _stored_time, "IN_AGG", 141)
+    t0, t1, t2 = "2026-01-01T00:00:00+00:00", call_on(server, _stored_time, "IN_AGG", 101), \
+        call_on(server, _stored_time, "IN_AGG", 141)
     checkpoints = tmp_path / "checkpoints"
 
     def step(start: str, end: str) -> int:

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
+from airflow_jetstream.embedded import EmbeddedNatsServer
 
 
 def call_on_server(settings: ConnectionSettings, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
@@ -17,6 +18,11 @@ def call_on_server(settings: ConnectionSettings, func: Callable[..., Awaitable[A
             return await func(conn, *args, **kwargs)
 
     return asyncio.run(call())
+
+
+def call_on(server: EmbeddedNatsServer, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+    """``await func(conn, *args, **kwargs)`` on a new connection to a test's ``server`` (10 s requests)."""
+    return call_on_server(ConnectionSettings(servers=server.url, request_timeout=10), func, *args, **kwargs)
 
 
 def with_streams(settings: ConnectionSettings, body: Callable[[Any], Awaitable[Any]],

@@ -5,20 +5,22 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 
 import psutil
 
 
-def kill_process_tree(pid: int, timeout: float = 30.0) -> list[int]:
-    """SIGKILL process ``pid`` (a session leader), its process group and every descendant; return their pids.
+def kill_process_tree(leader: subprocess.Popen, timeout: float = 30.0) -> list[int]:
+    """SIGKILL ``leader`` (started with ``start_new_session=True``), its process group and every descendant;
+    reap ``leader`` and return the pids of all of them.
 
     The tree is frozen first (SIGSTOP to the group, then to each descendant, which may have a group of its
     own, as pyspark's worker daemon does), so none of them starts another process in between; then every
     one of them is killed. Fails when one survives ``timeout`` seconds.
     """
-    root = psutil.Process(pid)
+    pid = leader.pid
     os.killpg(pid, signal.SIGSTOP)
-    tree = {root.pid: root}
+    tree: dict[int, psutil.Process] = {pid: psutil.Process(pid)}
     for _ in range(2):  # a child forked before its parent stopped shows up in the second look
         for process in list(tree.values()):
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -29,6 +31,15 @@ def kill_process_tree(pid: int, timeout: float = 30.0) -> list[int]:
     for process in tree.values():
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
-    _, alive = psutil.wait_procs(list(tree.values()), timeout=timeout)
-    assert not alive, f"processes survived SIGKILL: {[p.pid for p in alive]}"
+    leader.wait(timeout)
+    _, alive = psutil.wait_procs([p for p in tree.values() if p.pid != pid], timeout=timeout)
+    running = [p.pid for p in alive if _running(p)]  # a zombie is dead: its new parent may not reap it
+    assert not running, f"processes survived SIGKILL: {running}"
     return sorted(tree)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

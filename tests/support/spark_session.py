@@ -29,3 +29,14 @@ def local_spark(app_name: str, *, register_source: bool = True, conf: dict[str, 
         register(session)
     yield session
     session.stop()
+
+
+def module_spark(app_name: str, **kwargs: Any) -> Any:
+    """A module-scoped fixture named ``spark``: :func:`local_spark` for the module's tests."""
+    import pytest
+
+    @pytest.fixture(scope="module", name="spark")
+    def spark() -> Iterator[Any]:
+        yield from local_spark(app_name, **kwargs)
+
+    return spark

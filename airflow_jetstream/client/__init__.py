@@ -96,7 +96,7 @@ if TYPE_CHECKING:
         SourceUnhealthyError,
     )
 
-#: The public names, by the module that defines them (imported on first use).
+#: The public names other than the error classes of ``client/errors.py``, by the module that defines them.
 _MODULES: dict[str, tuple[str, ...]] = {
     "admin.streams": ("delete_stream", "ensure_stream", "find_stream", "purge_stream", "stream_info"),
     "advisories.filter": ("AdvisoryPredicateError",),
@@ -105,47 +105,6 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "batches.fast": ("publish_fast_batch",),
     "batches.types": ("BatchItemResult", "BatchMessage", "BatchResult"),
     "connection": ("JetStreamConnection", "account_info", "connect", "open_connection"),
-    "errors": (
-        "AirflowFeatureError",
-        "ApplyFunctionError",
-        "AuthenticationError",
-        "BatchNotFoundError",
-        "BatchPublishError",
-        "BatchesFailedError",
-        "BucketNotFoundError",
-        "ClaimLostError",
-        "ConnectionFailedError",
-        "ConsumerConfigError",
-        "ConsumerNotFoundError",
-        "ConsumerResetError",
-        "FastBatchError",
-        "InvalidFunctionError",
-        "InvalidKeyError",
-        "InvalidRequestError",
-        "InvalidSettingsError",
-        "InvalidSubjectError",
-        "JetStreamError",
-        "JetStreamNotEnabledError",
-        "KeyNotFoundError",
-        "KeyRevisionError",
-        "KeyValueError",
-        "LeaderUnavailableError",
-        "LedgerConflictError",
-        "LedgerError",
-        "LedgerNotFoundError",
-        "LedgerRecordError",
-        "LedgerWaitTimeoutError",
-        "PermissionDeniedError",
-        "PlacementError",
-        "RequestTimeoutError",
-        "ServerAPIError",
-        "ServerFeatureError",
-        "SparkInstallError",
-        "StreamConfigError",
-        "StreamNotFoundError",
-        "TLSConfigurationError",
-        "TooManySubjectsError",
-    ),
     "settings": ("ConnectionSettings",),
     "sourcing.health": ("SourceUnhealthyError",),
 }
@@ -215,10 +174,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(_WHERE.get(name, f"{__name__}.errors")), name)
     globals()[name] = value
     return value
 

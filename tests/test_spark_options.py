@@ -172,6 +172,7 @@ def test_the_driver_reads_the_query_id_from_a_local_checkpoint_only(tmp_path: Pa
     (checkpoint / "metadata").write_text("not json\n")
     assert checkpoint_query_id(str(checkpoint)) is None
 
+
 def test_bulk_writes_use_the_fast_batch_default_flow() -> None:
     """One default for one setting: the writer's bulk mode asks the server for flow acks as rarely as
     the client's fast batch does (it used 500, half of it: twice the acks, 0.76x a bare fast batch)."""

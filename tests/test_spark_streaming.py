@@ -80,15 +80,9 @@ def make_streams(server: EmbeddedNatsServer, prefix: str, dst_subjects: list[str
     call_on(server, ensure_stream, {"name": f"{prefix}_DST", "subjects": dst_subjects, "allow_atomic": True, **dst})
 
 
-def start_query(spark: SparkSession, server: EmbeddedNatsServer, prefix: str, checkpoint: Path,
-                **read_options: Any) -> Any:
-    """Copy ``<prefix>_SRC`` to ``<prefix>_DST`` (subject ``<prefix>.dst.<last token>``) until AvailableNow ends."""
-    return start_copy(spark, server.url, prefix, checkpoint, **read_options)
-
-
 def run_query(spark: SparkSession, server: EmbeddedNatsServer, prefix: str, checkpoint: Path,
               **read_options: Any) -> list[dict[str, Any]]:
-    query = start_query(spark, server, prefix, checkpoint, **read_options)
+    query = start_copy(spark, server.url, prefix, checkpoint, **read_options)
     query.awaitTermination()
     return [p for p in query.recentProgress if p["numInputRows"]]
 
@@ -137,7 +131,7 @@ def test_query_failing_mid_batch_then_restarted_stores_every_message_once(
     publish(server, "kr", range(100, 200), "b")
     publish(server, "kr", range(200, 300), "a")
     options = {"max_messages_per_trigger": "100", "num_partitions": "2"}
-    query = start_query(spark, server, "kr", tmp_path, **options)
+    query = start_copy(spark, server.url, "kr", tmp_path, **options)
     with pytest.raises(pyspark.errors.StreamingQueryException, match=r"kr\.dst\.b"):
         query.awaitTermination()
     query_id = query.id
@@ -202,6 +196,7 @@ def test_driver_killed_mid_write_then_restarted_stores_every_message_once(
     replayed = records[1]
     assert (replayed["rows"], replayed["stored"]) == (100, 50)
     assert replayed["skipped_batches"] + replayed["duplicate_batches"] == 1
+
 
 async def _await_window_passed(conn: Any, stream: str) -> int:
     """Publish one msg id until the server stores it again: the duplicate window has passed (bounded)."""

@@ -135,10 +135,11 @@ def stream_read(spark: SparkSession, sink: dict[str, str], stream: str, rows: in
         counted.append(batch.agg(F.count("*").alias("n"), F.sum(F.length("payload")), F.max(F.size("headers")),
                                  F.max("timestamp"), F.max("subject")).collect()[0]["n"])
 
-    query = (spark.readStream.format("jetstream").options(**sink, stream=stream, num_partitions="2").load()
-             .writeStream.foreachBatch(materialise).option("checkpointLocation", tempfile.mkdtemp())
-             .trigger(availableNow=True).start())
-    query.awaitTermination()
+    with tempfile.TemporaryDirectory() as checkpoint:
+        query = (spark.readStream.format("jetstream").options(**sink, stream=stream, num_partitions="2").load()
+                 .writeStream.foreachBatch(materialise).option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
     if sum(counted) != rows:
         raise SystemExit(f"streaming read {sum(counted)} rows, expected {rows}")
     return micro_batch_seconds(query)
@@ -163,9 +164,9 @@ def write_frame(frame: Any, sink: dict[str, str], target: str, *, streaming: boo
     if not streaming:
         out.write.format("jetstream").mode("append").options(**sink, stream=target, job_id=target.lower()).save()
         return
-    query = (out.writeStream.format("jetstream").options(**sink, stream=target)
-             .option("checkpointLocation", tempfile.mkdtemp()).trigger(availableNow=True).start())
-    query.awaitTermination()
+    with tempfile.TemporaryDirectory() as checkpoint:
+        (out.writeStream.format("jetstream").options(**sink, stream=target).option("checkpointLocation", checkpoint)
+         .trigger(availableNow=True).start().awaitTermination())
 
 
 def write_files(spark: SparkSession, sink: dict[str, str], folder: str, target: str, *, streaming: bool) -> None:
@@ -183,30 +184,30 @@ def streaming_rates(spark: SparkSession, settings: ConnectionSettings, source: s
     the streaming sink fed by Spark's parquet file source with the same rows; the batch copy and the
     streaming copy of ``source`` (source and sink)."""
     sink = {"servers": settings.servers[0], "request_timeout": str(settings.request_timeout)}
-    folder = tempfile.mkdtemp()
-    spark.read.format("jetstream").options(**sink, stream=source, num_partitions="2").load() \
-        .select("subject", F.col("payload").cast("string").alias("payload")).write.mode("overwrite").parquet(folder)
-    rates: dict[str, list[float]] = {key: [] for key in (
-        "read", "stream_read", "stream_read_running", "write", "stream_write", "copy", "stream_copy")}
-    for round_ in range(rounds):
-        rates["read"].append(timed("batch read", rows, lambda: read_stream(spark, sink, source, rows), pid))
-        running: list[float] = []
-        rates["stream_read"].append(timed("streaming read (AvailableNow, foreachBatch)", rows,
-                                          lambda r=running: r.append(stream_read(spark, sink, source, rows)), pid))
-        rates["stream_read_running"].append(rows / running[0])
-        print(f"  {'  its micro-batches (start/stop excluded)':<44} {rows / running[0]:>10,.0f} rows/s", flush=True)
-        for kind, streaming, label, action in (
-                ("write", False, "files -> batch writer mode=atomic", write_files),
-                ("stream_write", True, "files -> streaming sink mode=atomic", write_files),
-                ("copy", False, "batch copy read + write mode=atomic", copy_stream),
-                ("stream_copy", True, "streaming copy read + write mode=atomic", copy_stream)):
-            target = f"{source}_{kind.upper()}{round_}"
-            asyncio.run(make_stream(settings, target, target.lower(), allow_atomic=True))
-            origin = folder if action is write_files else source
-            rates[kind].append(timed(label, rows, lambda a=action, o=origin, t=target, s=streaming: a(
-                spark, sink, o, t, streaming=s), pid))
-            if asyncio.run(stored(settings, target)) != rows:
-                raise SystemExit(f"stream {target} does not hold {rows} messages")
+    with tempfile.TemporaryDirectory() as folder:
+        spark.read.format("jetstream").options(**sink, stream=source, num_partitions="2").load() \
+            .select("subject", F.col("payload").cast("string").alias("payload")).write.mode("overwrite").parquet(folder)
+        rates: dict[str, list[float]] = {key: [] for key in (
+            "read", "stream_read", "stream_read_running", "write", "stream_write", "copy", "stream_copy")}
+        for round_ in range(rounds):
+            rates["read"].append(timed("batch read", rows, lambda: read_stream(spark, sink, source, rows), pid))
+            running: list[float] = []
+            rates["stream_read"].append(timed("streaming read (AvailableNow, foreachBatch)", rows,
+                                              lambda r=running: r.append(stream_read(spark, sink, source, rows)), pid))
+            rates["stream_read_running"].append(rows / running[0])
+            print(f"  {'  its micro-batches (start/stop excluded)':<44} {rows / running[0]:>10,.0f} rows/s", flush=True)
+            for kind, streaming, label, action in (
+                    ("write", False, "files -> batch writer mode=atomic", write_files),
+                    ("stream_write", True, "files -> streaming sink mode=atomic", write_files),
+                    ("copy", False, "batch copy read + write mode=atomic", copy_stream),
+                    ("stream_copy", True, "streaming copy read + write mode=atomic", copy_stream)):
+                target = f"{source}_{kind.upper()}{round_}"
+                asyncio.run(make_stream(settings, target, target.lower(), allow_atomic=True))
+                origin = folder if action is write_files else source
+                rates[kind].append(timed(label, rows, lambda a=action, o=origin, t=target, s=streaming: a(
+                    spark, sink, o, t, streaming=s), pid))
+                if asyncio.run(stored(settings, target)) != rows:
+                    raise SystemExit(f"stream {target} does not hold {rows} messages")
     return {key: statistics.median(values) for key, values in rates.items()}
 
 

@@ -84,10 +84,11 @@ def streaming_seconds(frame: Callable[[], DataFrame]) -> float:
                        .awaitTermination())
 
 
-def one_row_frames(spark: SparkSession, jetstream_options: dict[str, str]) -> dict[str, tuple[Any, Any]]:
-    """name -> (batch frame, streaming frame) of one row: Spark's JSON file source, the minimal Python
-    source, and the jetstream source (``jetstream_options`` name a one-message stream)."""
-    folder = tempfile.mkdtemp()
+def one_row_frames(spark: SparkSession, jetstream_options: dict[str, str],
+                   folder: str) -> dict[str, tuple[Any, Any]]:
+    """name -> (batch frame, streaming frame) of one row: Spark's JSON file source (its file written in
+    ``folder``), the minimal Python source, and the jetstream source (``jetstream_options`` name a
+    one-message stream)."""
     with open(f"{folder}/row.json", "w", encoding="utf-8") as file:
         file.write('{"v": "x"}\n')
     register_minimal_source(spark)
@@ -104,13 +105,14 @@ def one_row_frames(spark: SparkSession, jetstream_options: dict[str, str]) -> di
 def fixed_costs(spark: SparkSession, jetstream_options: dict[str, str],
                 rounds: int = 5) -> dict[str, tuple[float, float]]:
     """name -> (median batch seconds, median streaming seconds) of a one-row read, interleaved rounds."""
-    frames = one_row_frames(spark, jetstream_options)
-    for batch, streaming in frames.values():  # warm up
-        batch_seconds(batch)
-        streaming_seconds(streaming)
-    runs: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in frames}
-    for _ in range(rounds):
-        for name, (batch, streaming) in frames.items():
-            runs[name][0].append(batch_seconds(batch))
-            runs[name][1].append(streaming_seconds(streaming))
+    with tempfile.TemporaryDirectory() as folder:
+        frames = one_row_frames(spark, jetstream_options, folder)
+        for batch, streaming in frames.values():  # warm up
+            batch_seconds(batch)
+            streaming_seconds(streaming)
+        runs: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in frames}
+        for _ in range(rounds):
+            for name, (batch, streaming) in frames.items():
+                runs[name][0].append(batch_seconds(batch))
+                runs[name][1].append(streaming_seconds(streaming))
     return {name: (statistics.median(b), statistics.median(s)) for name, (b, s) in runs.items()}

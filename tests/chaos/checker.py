@@ -16,11 +16,13 @@ Counted per run:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig
@@ -34,6 +36,7 @@ LATE_MARGIN = 15.0
 BLAMES_CLUSTER = re.compile(r"quorum|no leader|has no leader|leader_unavailable", re.IGNORECASE)
 ATOMIC_WORKLOADS = ("atomic-ids", "atomic-noid", "ledger")
 READ_STREAMS = (ATOMIC, FAST, BATCHED, AGGREGATE, LEDGER_DATA)
+T = TypeVar("T")
 
 
 @dataclass
@@ -46,6 +49,20 @@ class Stored:
         return self.places.get(key, [])
 
 
+class ShortRead(RuntimeError):
+    """A stream's read-back ended with fewer messages than the stream holds."""
+
+
+#: Reading a stream back is redone whole (fresh consumer) this many times when the cluster cuts it short.
+READ_ATTEMPTS = 6
+#: Pause before a redone read: after a heal, consumer placement and route interest settle within seconds.
+READ_PAUSE = 2.0
+#: What cuts a read short right after a heal: no responders yet for the new consumer's pull requests or
+#: an API request (503), a request timing out, or a read that ended with fewer messages than the stream holds.
+TRANSIENT_READ = (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError, nats.errors.TimeoutError,
+                  ShortRead)
+
+
 async def read_back(servers: list[str]) -> tuple[Stored, dict[str, dict[str, Any]]]:
     """Every message of the workload streams, and the ledger's records by batch id (plain nats-py)."""
     nc = await nats.connect(servers=servers, connect_timeout=5, max_reconnect_attempts=5)
@@ -53,27 +70,47 @@ async def read_back(servers: list[str]) -> tuple[Stored, dict[str, dict[str, Any
         js = nc.jetstream(timeout=10)
         stored = Stored()
         for stream in READ_STREAMS:
-            await _read_stream(js, stream, stored)
-        kv = await js.key_value(LEDGER_BUCKET)
-        records = {}
-        try:
-            keys = await kv.keys()
-        except nats.js.errors.NoKeysError:
-            keys = []
-        for key in keys:
-            entry = await kv.get(key)
-            if entry.value:
-                record = json.loads(entry.value)
-                records[record["batch_id"]] = record
-        return stored, records
+            for key, place in await redone(f"stream {stream}", lambda s=stream: _read_stream_once(js, s)):
+                stored.places[key].append(place)
+        return stored, await redone(f"bucket {LEDGER_BUCKET}", lambda: _read_ledger_once(js))
     finally:
         await nc.close()
 
 
-async def _read_stream(js: Any, stream: str, stored: Stored) -> None:
+async def redone(what: str, read: Callable[[], Awaitable[T]]) -> T:
+    """``read()``, redone whole (it starts afresh each time) while the cluster cuts it short; bounded."""
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            return await read()
+        except TRANSIENT_READ as exc:
+            if attempt == READ_ATTEMPTS:
+                raise
+            print(f"reading {what} back: {type(exc).__name__}: {exc}; read {attempt + 1} of "
+                  f"{READ_ATTEMPTS} in {READ_PAUSE:.0f} s", flush=True)
+            await asyncio.sleep(READ_PAUSE)
+    raise AssertionError("unreachable")
+
+
+async def _read_ledger_once(js: Any) -> dict[str, dict[str, Any]]:
+    kv = await js.key_value(LEDGER_BUCKET)
+    records = {}
+    try:
+        keys = await kv.keys()
+    except nats.js.errors.NoKeysError:
+        keys = []
+    for key in keys:
+        entry = await kv.get(key)
+        if entry.value:
+            record = json.loads(entry.value)
+            records[record["batch_id"]] = record
+    return records
+
+
+async def _read_stream_once(js: Any, stream: str) -> list[tuple[str, tuple[str, int]]]:
     total = (await js.stream_info(stream)).state.messages
     config = ConsumerConfig(ack_policy=AckPolicy.NONE, mem_storage=True, num_replicas=1, inactive_threshold=60)
     sub = await js.pull_subscribe(">", stream=stream, config=config)
+    found: list[tuple[str, tuple[str, int]]] = []
     seen = 0
     try:
         for _ in range(total // 200 + 20):  # bounded: a few empty fetches are tolerated
@@ -87,11 +124,12 @@ async def _read_stream(js: Any, stream: str, stored: Stored) -> None:
                 seen += 1
                 key = key_of(msg.data)
                 if key is not None:
-                    stored.places[key].append((stream, msg.metadata.sequence.stream))
+                    found.append((key, (stream, msg.metadata.sequence.stream)))
     finally:
         await sub.unsubscribe()
     if seen < total:
-        raise RuntimeError(f"read {seen} of {total} messages of stream {stream}")
+        raise ShortRead(f"read {seen} of {total} messages of stream {stream}")
+    return found
 
 
 @dataclass

@@ -1,0 +1,73 @@
+"""The chaos checker's read-back against a real nats-server: a read the server cuts short is redone whole.
+
+Right after a heal, a new consumer's pull requests can find no responders (503) for a moment; the
+read-back then redoes the read with a fresh consumer instead of ending the run without results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+import pytest
+from nats.js.client import JetStreamContext
+
+from airflow_jetstream.embedded import EmbeddedNatsServer
+from tests.chaos import checker
+from tests.chaos.workloads import LEDGER_BUCKET
+
+
+async def _fill(url: str, keys_per_stream: int) -> None:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        for stream in checker.READ_STREAMS:
+            await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
+            for n in range(keys_per_stream):
+                await js.publish(f"{stream.lower()}.x", json.dumps({"k": f"{stream}-{n}"}).encode())
+        kv = await js.create_key_value(bucket=LEDGER_BUCKET)
+        await kv.put("b1", json.dumps({"batch_id": "b1", "state": "committed"}).encode())
+    finally:
+        await nc.close()
+
+
+def test_read_back_redoes_a_read_whose_consumer_vanished(nats_server: EmbeddedNatsServer,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    asyncio.run(_fill(nats_server.url, 300))
+    fetch = JetStreamContext.PullSubscription.fetch
+    vanished: list[str] = []
+
+    async def fetch_after_the_consumer_vanished(self, *args, **kwargs):
+        if not vanished:  # the first pull request of the run finds its consumer gone: a real 503
+            info = await self.consumer_info()
+            await self._js.delete_consumer(info.stream_name, info.name)
+            vanished.append(info.stream_name)
+        return await fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", fetch_after_the_consumer_vanished)
+    stored, records = asyncio.run(checker.read_back([nats_server.url]))
+
+    assert vanished == [checker.READ_STREAMS[0]]
+    for stream in checker.READ_STREAMS:
+        places = [stored.of(f"{stream}-{n}") for n in range(300)]
+        assert places == [[(stream, n + 1)] for n in range(300)], stream
+    assert records == {"b1": {"batch_id": "b1", "state": "committed"}}
+    assert f"reading stream {checker.READ_STREAMS[0]} back: ServiceUnavailableError" in capsys.readouterr().out
+
+
+def test_read_back_gives_up_after_its_attempts(nats_server: EmbeddedNatsServer,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    asyncio.run(_fill(nats_server.url, 1))
+    fetch = JetStreamContext.PullSubscription.fetch
+
+    async def fetch_without_consumer(self, *args, **kwargs):
+        info = await self.consumer_info()
+        await self._js.delete_consumer(info.stream_name, info.name)
+        return await fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", fetch_without_consumer)
+    monkeypatch.setattr(checker, "READ_PAUSE", 0.0)
+    with pytest.raises(nats.js.errors.ServiceUnavailableError):
+        asyncio.run(checker.read_back([nats_server.url]))

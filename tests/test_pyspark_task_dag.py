@@ -45,11 +45,12 @@ def spark_connection(kind: str, request: pytest.FixtureRequest) -> dict:
     return {"conn_type": "spark_connect", "host": "127.0.0.1", "port": server.port}
 
 
-def returned_xcom(home: Path, task_id: str) -> dict:
+def returned_xcom(home: Path, task_id: str) -> tuple[str, dict]:
+    """The run id and the task's returned XCom (the one run ``airflow dags test`` made)."""
     with sqlite3.connect(home / "airflow.db") as db:
-        (value,) = db.execute("SELECT value FROM xcom WHERE dag_id = ? AND task_id = ? AND key = 'return_value'",
-                              (DAG_ID, task_id)).fetchone()
-    return json.loads(value)
+        run_id, value = db.execute("SELECT run_id, value FROM xcom WHERE dag_id = ? AND task_id = ? "
+                                   "AND key = 'return_value'", (DAG_ID, task_id)).fetchone()
+    return run_id, json.loads(value)
 
 
 def order_ids_in_stream(settings: ConnectionSettings) -> tuple[int, list[int]]:
@@ -78,8 +79,8 @@ def test_pyspark_task_example_dag_runs_end_to_end(spark_kind, user_server, tmp_p
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-6000:]
 
-    assert returned_xcom(home, "write_and_read") == {
-        "rows_written": ROWS, "rows_stored": ROWS, "messages_in_stream": ROWS, "orders_in_stream": ROWS}
+    run_id, returned = returned_xcom(home, "write_and_read")
+    assert returned == {"rows_written": ROWS, "rows_stored": ROWS, "messages_in_stream": ROWS, "orders_in_stream": ROWS}
     # in the task log whatever the session kind (over Connect the write's own lines are in the server's log)
     assert f"{ROWS} rows written, {ROWS} stored now" in output, output[-6000:]
     settings = ConnectionSettings(servers=user_server.url, user=AUTH_USER, password=AUTH_PASSWORD, connect_timeout=2)
@@ -92,6 +93,15 @@ def test_pyspark_task_example_dag_runs_end_to_end(spark_kind, user_server, tmp_p
         logs += [p.read_text(errors="replace") for p in server_files if p.is_file()]
     assert "shipped import: airflow_jetstream from " in "\n".join(logs)  # the workers used the shipped zip
     assert [log[:200] for log in logs if AUTH_PASSWORD in log] == []
+
+    if spark_kind == "spark_connect":  # the task run again in the same DAG run (cleared, retried): nothing twice
+        again = run_airflow(["tasks", "test", DAG_ID, "write_and_read", run_id], env)
+        output = again.stdout + again.stderr
+        assert again.returncode == 0, output[-6000:]
+        assert f"{ROWS} rows written, 0 stored now" in output, output[-6000:]
+        messages, ids = order_ids_in_stream(settings)
+        assert messages == ROWS and sorted(ids) == list(range(ROWS))
+        assert AUTH_PASSWORD not in output
 
 
 def test_the_task_renders_for_a_run_without_a_logical_date() -> None:

@@ -1,8 +1,11 @@
-"""The client's one retry rule (client/retry.py) and the atomic batch retries built on it."""
+"""The client's one retry rule (client/retry.py) and the retries built on it: atomic batches, range reads."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import logging
 
 import pytest
 
@@ -16,6 +19,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     StreamNotFoundError,
 )
+from airflow_jetstream.client.reading import range_read
 from airflow_jetstream.client.retry import Backoff, is_leader_unavailable, retry
 
 
@@ -57,6 +61,56 @@ def test_retry_raises_what_is_not_transient_at_once_and_honours_max_retries():
 
     asyncio.run(main())
     assert len(flaky) == 3
+
+
+def test_a_loop_bounded_by_max_retries_names_that_setting_and_jitter_never_exceeds_most():
+    async def timeout():
+        raise RequestTimeoutError("slow")
+
+    async def main():
+        await retry("slow", timeout, transient=lambda exc: "slow", budget=None, budget_name="retries",
+                    max_retries=2, backoff=Backoff(0.01, 0.01))
+
+    with pytest.raises(RequestTimeoutError) as err:
+        asyncio.run(main())
+    assert str(err.value).startswith("slow; still failing after 2 retries (retries=2)")
+    jittered = Backoff(1.0, 4.0, jitter=True)
+    pauses = [jittered.pause(n) for n in (1, 2, 3, 4) for _ in range(50)]
+    assert all(0.5 <= p <= 1.0 for p in pauses[:50]) and all(2.0 <= p <= 4.0 for p in pauses[100:])
+
+
+def test_a_range_read_resumes_after_each_interruption_with_the_budget_counted_since_its_last_chunk(
+        settings, monkeypatch, caplog):
+    """Every reader returns one chunk, then its leader goes away: the read goes on from the sequence after
+    that chunk, each message once, although the pauses together (5 x 0.25 s) outlast leader_wait (1 s):
+    the budget counts from the first failure since the last progress."""
+    real_read = range_read._read_via_consumer
+    starts = []
+
+    async def one_chunk_then_no_leader(conn, stream, first, last, subjects, batch):
+        starts.append(first)
+        async with contextlib.aclosing(real_read(conn, stream, first, last, subjects, batch)) as reader:
+            yield await anext(reader)
+        if first + batch <= last:
+            raise LeaderUnavailableError(f"stream {stream!r}: the read consumer answered status 503")
+
+    monkeypatch.setattr(range_read, "_read_via_consumer", one_chunk_then_no_leader)
+
+    async def main():
+        async with open_connection(dataclasses.replace(settings, leader_wait=1.0)) as conn:
+            await ensure_stream(conn, {"name": "RESUME", "subjects": ["resume.>"]})
+            for i in range(30):
+                await conn.js.publish("resume.x", b"%d" % i)
+            return [m[1] async for chunk in range_read.read_range(conn, "RESUME", 1, 30, batch=5) for m in chunk]
+
+    with caplog.at_level(logging.WARNING, logger=range_read.__name__):
+        seqs = asyncio.run(main())
+    assert seqs == list(range(1, 31))
+    assert starts == [1, 6, 11, 16, 21, 26]
+    retries = [r.getMessage() for r in caplog.records if r.name == range_read.__name__]
+    assert len(retries) == 5
+    assert retries[0] == ("stream RESUME: read interrupted at seq 6 (leader_unavailable); retry 1 in 0.25 s, "
+                          "1.0 s of leader_wait left")
 
 
 def test_an_atomic_resend_meeting_its_own_first_attempt_is_asked_again(settings, monkeypatch):

@@ -19,6 +19,7 @@ from airflow_jetstream.client.admin.worker_consumers import (
     worker_consumer_name,
 )
 from airflow_jetstream.client.errors import (
+    ConnectionFailedError,
     ConsumerConfigError,
     InvalidRequestError,
     InvalidSubjectError,
@@ -210,6 +211,19 @@ def test_exhausted_retries_raise_and_retry_pending_applies_later(nats_server, si
     assert sink.counts["worker_consumer.update_retry"] == 1 and sink.counts["worker_consumer.update_failed"] == 1
     assert applied["action"] == "updated" and _filters(applied["info"]) == ["orders.z"]
     assert manager.subjects == ("orders.z",) and manager.pending is None and nothing is None
+
+
+def test_a_closed_connection_is_retried_then_raised_as_a_typed_error(settings, sink):
+    async def scenario(conn):
+        await conn.nc.close()
+        with pytest.raises(ConnectionFailedError) as lost:
+            await ensure_worker_consumer(conn, "ORDERS", "reader", "w5", ["orders.a"], retries=1, backoff=0.01)
+        return lost.value
+
+    lost = in_server(settings, scenario)
+    assert lost.reason == "connection_lost" and "ConnectionClosedError" in lost.message
+    assert "still failing after 1 retries (retries=1)" in lost.message
+    assert sink.counts["worker_consumer.update_retry"] == 1 and sink.counts["worker_consumer.update_failed"] == 1
 
 
 def test_inactive_threshold_lets_the_server_remove_an_abandoned_worker_consumer(settings):

@@ -1,8 +1,8 @@
 """The one retry rule of the client: re-run an attempt while its failure is transient, until one deadline.
 
-Every back-off loop of the provider (API requests, atomic batches, the Batcher, the triggers) is a
-call of :func:`retry`. The caller says which failures are safe to retry (``transient`` returns why,
-or None to raise at once); the helper owns the rest, the same everywhere:
+The back-off loops of the provider (API requests, atomic batches, the Batcher, range reads and KV
+listings, worker consumer updates, the triggers) are calls of :func:`retry`. The caller says which failures are safe to
+retry (``transient`` returns why, or None to raise at once); the helper owns the rest, the same everywhere:
 
 - pauses start at ``Backoff.first`` seconds and double up to ``Backoff.most`` (optionally jittered);
 - one deadline: ``budget`` seconds from the first failure (or an absolute ``deadline`` on the loop's
@@ -10,6 +10,14 @@ or None to raise at once); the helper owns the rest, the same everywhere:
 - one log line per retry, with what is retried, why, the pause and the time left;
 - at the deadline (or after ``max_retries``) the last error is raised, its message saying how many
   retries over how long, naming the setting that bounds it.
+
+Work that yields results between failures (a range read) calls :func:`retry` once per result: the
+attempt closure keeps the position, so a retry resumes after what was already returned, and the
+budget counts from the first failure since the last progress.
+
+Separate on purpose: the fast batch (client/batches/fast.py) settles and resumes an interrupted batch
+in loops of its own, with the same pauses and a deadline of at least ``leader_wait``: each round
+depends on what the previous one learnt (the count the server stored, a new batch id for the rest).
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Backoff:
-    """Pauses between retries: ``first`` seconds, doubling up to ``most``; ``jitter`` spreads each over 0.5-1.5x."""
+    """Pauses between retries: ``first`` seconds, doubling up to ``most``; ``jitter`` draws each from 0.5-1x of
+    that (spreading clients that failed together; ``most`` stays the longest pause)."""
 
     first: float = 0.25
     most: float = 2.0
@@ -38,7 +47,7 @@ class Backoff:
     def pause(self, retry: int) -> float:
         """The pause before retry number ``retry`` (1-based)."""
         pause = min(self.most, self.first * 2.0 ** (retry - 1))
-        return pause * (0.5 + random.random()) if self.jitter else pause
+        return pause * random.uniform(0.5, 1.0) if self.jitter else pause
 
 
 #: While a clustered stream elects a leader (5-6 s after a node dies): 0.25 s doubling up to 2 s.
@@ -75,7 +84,8 @@ async def retry(
     :param transient: returns why the error is safe to retry (for the log line), or None to raise it now.
     :param budget: seconds to keep retrying, counted from the first failure; None: no time limit
         (then ``deadline`` or ``max_retries`` must bound it, or the caller's own deadline does).
-    :param budget_name: the setting ``budget`` comes from, named in the give-up message.
+    :param budget_name: the setting that bounds the loop (``budget``'s, or ``max_retries``' without a
+        budget), named in the give-up message.
     :param deadline: an absolute deadline (wins over ``budget`` when both are given).
     :param max_retries: give up after this many retries even before the deadline.
     :param advice: appended to the give-up message (what the user should check).
@@ -94,8 +104,11 @@ async def retry(
             left = deadline.left() if deadline is not None else float("inf")
             if left <= 0 or (max_retries is not None and retries >= max_retries):
                 if retries:
-                    bound = f"{budget:g}s ({budget_name})" if budget is not None else f"{retries} retries"
-                    exc.message = f"{exc.message}; still failing after {retries} retries over {bound}" + (
+                    if left > 0:
+                        bound = f" ({budget_name}={max_retries})"
+                    else:
+                        bound = f" over {budget:g}s ({budget_name})" if budget is not None else " (deadline)"
+                    exc.message = f"{exc.message}; still failing after {retries} retries{bound}" + (
                         f": {advice}" if advice else "")
                     exc.args = (exc.message,)
                 raise

@@ -30,9 +30,7 @@ From Airflow, any of these runs through the hook: ``JetStreamHook().run(ensure_w
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
 from collections.abc import Iterable
 from datetime import timedelta
@@ -52,6 +50,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     TooManySubjectsError,
 )
+from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.client.subjects import validate_name, validate_subjects
 
 log = logging.getLogger(__name__)
@@ -121,12 +120,13 @@ def normalize_subjects(subjects: Iterable[str], *, max_subjects: int = DEFAULT_M
     return unique
 
 
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, (RequestTimeoutError, *_TRANSIENT_NATS_ERRORS)):
-        return True
-    if isinstance(exc, ConnectionFailedError):
-        return exc.reason == "server_unreachable"
-    return isinstance(exc, JetStreamError) and exc.code == 503
+def _update_transient(exc: JetStreamError) -> str | None:
+    """What an update retries: no answer, a lost or unreachable server, a 503 (safe: the update is idempotent)."""
+    if isinstance(exc, RequestTimeoutError):
+        return "no answer"
+    if isinstance(exc, ConnectionFailedError) and exc.reason in ("server_unreachable", "connection_lost"):
+        return "no connection"
+    return "server unavailable" if exc.code == 503 else None
 
 
 def _worker_config(name: str, subjects: list[str], inactive_threshold: Any,
@@ -181,8 +181,11 @@ async def ensure_worker_consumer(
 
     Returns ``{"action": "created"|"updated"|"unchanged", "consumer", "stream", "subjects",
     "changed", "attempts", "info"}``. ``config`` adds consumer settings (JetStream JSON names, e.g.
-    ``{"max_deliver": 5, "backoff": ["2s", "5s"]}``). Transient failures are retried ``retries``
-    times with backoff; a failure leaves the consumer's previous config in place and is raised.
+    ``{"max_deliver": 5, "backoff": ["2s", "5s"]}``). Transient failures (no answer, a lost connection,
+    a 503) are retried up to ``retries`` times with the client's retry rule, pausing ``backoff`` seconds
+    doubling up to ``max_backoff``, each jittered to 0.5-1x; a lost connection is raised as
+    :class:`ConnectionFailedError` (``connection_lost``). A failure leaves the consumer's previous config
+    in place and is raised.
     """
     name = worker_consumer_name(prefix, worker_id)
     validate_name(stream, what="stream name")
@@ -191,23 +194,29 @@ async def ensure_worker_consumer(
     if not isinstance(retries, int) or retries < 0:
         raise InvalidRequestError(f"retries must be an integer >= 0, got {retries!r}")
     started = time.monotonic()
-    attempt = 0
-    while True:
-        attempt += 1
+    attempts = 0
+
+    async def update() -> dict[str, Any]:
+        nonlocal attempts
+        attempts += 1
         try:
-            result = await ensure_consumer(conn, stream, cfg)
-            break
-        except (JetStreamError, *_TRANSIENT_NATS_ERRORS) as exc:
-            if not _is_transient(exc) or attempt > retries:
-                metrics.incr("worker_consumer.update_failed", tags={"stream": stream})
-                log.warning("Worker consumer %s on %s: update to %d subject(s) failed after %d attempt(s); the "
-                            "consumer keeps its previous config: %s", name, stream, len(wanted), attempt, exc)
-                raise
-            delay = min(max_backoff, backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-            metrics.incr("worker_consumer.update_retry", tags={"stream": stream})
-            log.info("Worker consumer %s on %s: attempt %d failed (%s); retrying in %.2fs",
-                     name, stream, attempt, exc, delay)
-            await asyncio.sleep(delay)
+            return await ensure_consumer(conn, stream, cfg)
+        except _TRANSIENT_NATS_ERRORS as exc:
+            raise ConnectionFailedError(f"worker consumer {name!r} on {stream!r}: the connection failed "
+                                        f"({type(exc).__name__})", reason="connection_lost") from exc
+
+    async def count_retry() -> None:
+        metrics.incr("worker_consumer.update_retry", tags={"stream": stream})
+
+    try:
+        result = await retry(f"Worker consumer {name} on {stream}: update to {len(wanted)} subject(s)", update,
+                             transient=_update_transient, budget=None, budget_name="retries", max_retries=retries,
+                             backoff=Backoff(backoff, max_backoff, jitter=True), logger=log, before_retry=count_retry)
+    except JetStreamError as exc:
+        metrics.incr("worker_consumer.update_failed", tags={"stream": stream})
+        log.warning("Worker consumer %s on %s: update to %d subject(s) failed after %d attempt(s); the consumer "
+                    "keeps its previous config: %s", name, stream, len(wanted), attempts, exc)
+        raise
     if consumer_filters(result["info"]) != wanted:
         result["info"] = await _confirm_filters(conn, stream, name, wanted)
     metrics.timing("worker_consumer.update", (time.monotonic() - started) * 1000, tags={"stream": stream})
@@ -224,7 +233,7 @@ async def ensure_worker_consumer(
         "stream": stream,
         "subjects": wanted,
         "changed": result["changed"],
-        "attempts": attempt,
+        "attempts": attempts,
         "info": result["info"],
     }
 

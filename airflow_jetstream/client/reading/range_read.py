@@ -25,7 +25,7 @@ import json
 import logging
 import sys
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -39,7 +39,7 @@ from airflow_jetstream.client.admin.consumers import (
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.admin.worker_consumers import ensure_worker_consumer
 from airflow_jetstream.client.batches.types import HEADER_STATUS
-from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
     JetStreamError,
@@ -47,6 +47,7 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.natspy_internals import install_header_parser
 from airflow_jetstream.client.reading.headers import without
+from airflow_jetstream.client.retry import retry
 from airflow_jetstream.client.subjects import validate_name, validate_subjects
 
 #: Headers the server adds to a direct-get reply; they are metadata, not the message's own headers.
@@ -227,31 +228,29 @@ async def read_latest_per_subject(conn: JetStreamConnection, stream: str, subjec
 
     On a cluster the read consumer must sit on the stream leader or on a current replica: one placed
     on a replica still catching up (just restarted) would list only the keys it has so far, and a
-    short listing cannot be told from a complete one. Such a consumer is dropped and placed again,
-    backing off 0.25-2 s, for up to the connection's ``leader_wait``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + conn.settings.leader_wait
-    pause = 0.25
-    while True:
+    short listing cannot be told from a complete one. Such a consumer is dropped and placed again with
+    the client's retry rule (:func:`~airflow_jetstream.client.retry.retry`: 0.25 s doubling up to 2 s) for
+    up to the connection's ``leader_wait``."""
+
+    async def started() -> tuple[AsyncGenerator[list[StoredMessage], None], list[StoredMessage] | None]:
         reader = _read_with_consumer(conn, stream, {"deliver_policy": "last_per_subject"}, sys.maxsize, subjects,
                                      batch, current_host=True)
-        async with contextlib.aclosing(reader):
-            try:
-                first = await anext(reader)  # a lagging host is refused before anything is yielded
-            except StopAsyncIteration:
-                return
-            except LeaderUnavailableError as exc:
-                if loop.time() >= deadline:
-                    raise
-                log.warning("stream %s: listing not started (%s); placing the read consumer again in %.2f s",
-                            stream, exc.message, pause)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 2.0)
-                continue
-            yield first
-            async for chunk in reader:
-                yield chunk
+        try:
+            return reader, await anext(reader)  # a lagging host is refused before anything is yielded
+        except StopAsyncIteration:
+            return reader, None
+
+    def not_started(exc: JetStreamError) -> str | None:
+        return f"listing not started: {exc.message}" if isinstance(exc, LeaderUnavailableError) else None
+
+    reader, first = await retry(f"stream {stream}", started, transient=not_started,
+                                budget=conn.settings.leader_wait, advice=QUORUM_ADVICE, logger=log)
+    async with contextlib.aclosing(reader):
+        if first is None:
             return
+        yield first
+        async for chunk in reader:
+            yield chunk
 
 
 async def _check_current_host(conn: JetStreamConnection, stream: str, name: str, created: dict[str, Any]) -> None:
@@ -440,45 +439,55 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
 
 
 async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
-                    read_from: Callable[[int], AsyncIterator[list[StoredMessage]]],
+                    read_from: Callable[[int], AsyncGenerator[list[StoredMessage], None]],
                     ) -> AsyncGenerator[list[StoredMessage], None]:
     """Yield ``read_from(first)``; after a :class:`LeaderUnavailableError` (a node restart or leader
-    election) read again from the sequence after the last one yielded, backing off 0.25-2 s, for up to
-    the connection's ``leader_wait`` seconds without progress. Nothing is yielded twice.
+    election) read again from the sequence after the last one yielded, with the client's retry rule
+    (:func:`~airflow_jetstream.client.retry.retry`: 0.25 s doubling up to 2 s) for up to the connection's
+    ``leader_wait`` seconds without progress: each chunk is one call of it. Nothing is yielded twice.
 
     A read that ends before ``last`` is checked against the stream leader: a read consumer or a direct
     get answered by a replica that is still catching up (just restarted) sees fewer messages, so when
     the leader holds a matching message at or below ``last`` the read resumes instead of ending short."""
-    loop = asyncio.get_running_loop()
-    deadline: float | None = None
-    pause = 0.25
-    retries = 0
-    while first <= last:
+    reader: AsyncGenerator[list[StoredMessage], None] | None = None
+
+    async def next_chunk() -> list[StoredMessage] | None:
+        """The next chunk from ``first`` on (from a new reader after an interruption), or None at the end."""
+        nonlocal reader
+        if reader is None:
+            if first > last:
+                return None
+            reader = read_from(first)
         try:
-            async for chunk in read_from(first):
-                first = chunk[-1][1] + 1
-                deadline, pause = None, 0.25
-                yield chunk
-            if first <= last:
-                behind = await _next_stored_seq(conn, stream, first, subjects)
-                if behind is not None and behind <= last:
-                    raise LeaderUnavailableError(
-                        f"stream {stream!r}: the read ended before seq {behind}, which the stream leader holds "
-                        "(the server that answered is a replica still catching up)")
-            return
-        except LeaderUnavailableError as exc:
-            now = loop.time()
-            deadline = now + conn.settings.leader_wait if deadline is None else deadline
-            if now >= deadline:
-                exc.message = (f"{exc.message}; reading stream {stream!r} from seq {first} still failed after "
-                               f"{retries} retries over {conn.settings.leader_wait:g}s (leader_wait)")
-                exc.args = (exc.message,)
-                raise
-            retries += 1
-            log.warning("stream %s: read interrupted at seq %d (%s); retry %d in %.2f s, %.1f s of leader_wait "
-                        "left", stream, first, exc.reason, retries, pause, deadline - now)
-            await asyncio.sleep(min(pause, deadline - now))
-            pause = min(pause * 2, 2.0)
+            return await anext(reader)
+        except StopAsyncIteration:
+            reader = None
+        except LeaderUnavailableError:
+            reader = None
+            raise
+        if first <= last:
+            behind = await _next_stored_seq(conn, stream, first, subjects)
+            if behind is not None and behind <= last:
+                raise LeaderUnavailableError(
+                    f"stream {stream!r}: the read ended before seq {behind}, which the stream leader holds "
+                    "(the server that answered is a replica still catching up)")
+        return None
+
+    def interrupted(exc: JetStreamError) -> str | None:
+        return f"read interrupted at seq {first}" if isinstance(exc, LeaderUnavailableError) else None
+
+    try:
+        while True:
+            chunk = await retry(f"stream {stream}", next_chunk, transient=interrupted,
+                                budget=conn.settings.leader_wait, logger=log,
+                                advice=f"read up to seq {first - 1} of {last}; {QUORUM_ADVICE}")
+            if chunk is None:
+                return
+            first = chunk[-1][1] + 1
+            yield chunk
+    finally:
+        if reader is not None:
+            await reader.aclose()
 
 
 async def _next_stored_seq(conn: JetStreamConnection, stream: str, first: int, subjects: Sequence[str]) -> int | None:

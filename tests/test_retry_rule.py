@@ -113,6 +113,35 @@ def test_a_range_read_resumes_after_each_interruption_with_the_budget_counted_si
                           "1.0 s of leader_wait left")
 
 
+def test_a_range_read_that_stays_interrupted_ends_saying_where_it_stopped(settings, monkeypatch):
+    real_read = range_read._read_via_consumer
+
+    async def no_leader_after_the_first_chunk(conn, stream, first, last, subjects, batch):
+        if first == 1:
+            async with contextlib.aclosing(real_read(conn, stream, first, last, subjects, batch)) as reader:
+                yield await anext(reader)
+        raise LeaderUnavailableError(f"stream {stream!r}: the read consumer answered status 503")
+
+    monkeypatch.setattr(range_read, "_read_via_consumer", no_leader_after_the_first_chunk)
+
+    async def main():
+        async with open_connection(dataclasses.replace(settings, leader_wait=0.3)) as conn:
+            await ensure_stream(conn, {"name": "STUCK", "subjects": ["stuck.>"]})
+            for i in range(30):
+                await conn.js.publish("stuck.x", b"%d" % i)
+            returned = []
+            with pytest.raises(LeaderUnavailableError) as gave_up:
+                async for chunk in range_read.read_range(conn, "STUCK", 1, 30, batch=5):
+                    returned.extend(m[1] for m in chunk)
+            return returned, gave_up.value
+
+    returned, gave_up = asyncio.run(main())
+    assert returned == [1, 2, 3, 4, 5]
+    assert "still failing after" in gave_up.message
+    assert gave_up.message.endswith("over 0.3s (leader_wait): the read of seq 1..30 stopped at seq 6; check that a "
+                                    "quorum of the cluster's servers runs, then re-run")
+
+
 def test_an_atomic_resend_meeting_its_own_first_attempt_is_asked_again(settings, monkeypatch):
     """10158 (the same msg id is still being stored) is retried within leader_wait, not raised: it cannot
     be produced on demand, so the first send answers it and later ones go to the real server."""

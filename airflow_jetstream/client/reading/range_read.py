@@ -449,6 +449,7 @@ async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: in
     A read that ends before ``last`` is checked against the stream leader: a read consumer or a direct
     get answered by a replica that is still catching up (just restarted) sees fewer messages, so when
     the leader holds a matching message at or below ``last`` the read resumes instead of ending short."""
+    start = first
     reader: AsyncGenerator[list[StoredMessage], None] | None = None
 
     async def next_chunk() -> list[StoredMessage] | None:
@@ -480,7 +481,7 @@ async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: in
         while True:
             chunk = await retry(f"stream {stream}", next_chunk, transient=interrupted,
                                 budget=conn.settings.leader_wait, logger=log,
-                                advice=f"read up to seq {first - 1} of {last}; {QUORUM_ADVICE}")
+                                advice=f"the read of seq {start}..{last} stopped at seq {first}; {QUORUM_ADVICE}")
             if chunk is None:
                 return
             first = chunk[-1][1] + 1

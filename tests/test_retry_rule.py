@@ -79,67 +79,66 @@ def test_a_loop_bounded_by_max_retries_names_that_setting_and_jitter_never_excee
     assert all(0.5 <= p <= 1.0 for p in pauses[:50]) and all(2.0 <= p <= 4.0 for p in pauses[100:])
 
 
-def test_a_range_read_resumes_after_each_interruption_with_the_budget_counted_since_its_last_chunk(
-        settings, monkeypatch, caplog):
-    """Every reader returns one chunk, then its leader goes away: the read goes on from the sequence after
-    that chunk, each message once, although the pauses together (5 x 0.25 s) outlast leader_wait (1 s):
-    the budget counts from the first failure since the last progress."""
+def interrupt_range_reads(monkeypatch, starts: list[int], *, resume: bool) -> None:
+    """Every range reader (its first sequence noted in ``starts``) returns one chunk, then its leader goes
+    away (503); with ``resume=False`` only the first reader returns a chunk."""
     real_read = range_read._read_via_consumer
-    starts = []
 
     async def one_chunk_then_no_leader(conn, stream, first, last, subjects, batch):
         starts.append(first)
-        async with contextlib.aclosing(real_read(conn, stream, first, last, subjects, batch)) as reader:
-            yield await anext(reader)
+        if resume or first == 1:
+            async with contextlib.aclosing(real_read(conn, stream, first, last, subjects, batch)) as reader:
+                yield await anext(reader)
         if first + batch <= last:
             raise LeaderUnavailableError(f"stream {stream!r}: the read consumer answered status 503")
 
     monkeypatch.setattr(range_read, "_read_via_consumer", one_chunk_then_no_leader)
 
-    async def main():
-        async with open_connection(dataclasses.replace(settings, leader_wait=1.0)) as conn:
-            await ensure_stream(conn, {"name": "RESUME", "subjects": ["resume.>"]})
-            for i in range(30):
-                await conn.js.publish("resume.x", b"%d" % i)
-            return [m[1] async for chunk in range_read.read_range(conn, "RESUME", 1, 30, batch=5) for m in chunk]
 
+def read_30_in_fives(settings, leader_wait: float) -> tuple[list[int], LeaderUnavailableError | None]:
+    """The sequences a read of seq 1..30 of a new stream returns in chunks of 5, and the error that ended it."""
+
+    async def main():
+        returned, error = [], None
+        async with open_connection(dataclasses.replace(settings, leader_wait=leader_wait)) as conn:
+            await ensure_stream(conn, {"name": "RANGE", "subjects": ["range.>"]})
+            for i in range(30):
+                await conn.js.publish("range.x", b"%d" % i)
+            try:
+                async for chunk in range_read.read_range(conn, "RANGE", 1, 30, batch=5):
+                    returned.extend(m[1] for m in chunk)
+            except LeaderUnavailableError as exc:
+                error = exc
+        return returned, error
+
+    return asyncio.run(main())
+
+
+def test_a_range_read_resumes_after_each_interruption_with_the_budget_counted_since_its_last_chunk(
+        settings, monkeypatch, caplog):
+    """The read goes on from the sequence after each chunk, each message once, although the pauses
+    together (5 x 0.25 s) outlast leader_wait (1 s): the budget counts from the first failure since the
+    last progress."""
+    starts: list[int] = []
+    interrupt_range_reads(monkeypatch, starts, resume=True)
     with caplog.at_level(logging.WARNING, logger=range_read.__name__):
-        seqs = asyncio.run(main())
-    assert seqs == list(range(1, 31))
+        seqs, error = read_30_in_fives(settings, leader_wait=1.0)
+    assert seqs == list(range(1, 31)) and error is None
     assert starts == [1, 6, 11, 16, 21, 26]
     retries = [r.getMessage() for r in caplog.records if r.name == range_read.__name__]
     assert len(retries) == 5
-    assert retries[0] == ("stream RESUME: read interrupted at seq 6 (leader_unavailable); retry 1 in 0.25 s, "
+    assert retries[0] == ("stream RANGE: read interrupted at seq 6 (leader_unavailable); retry 1 in 0.25 s, "
                           "1.0 s of leader_wait left")
 
 
 def test_a_range_read_that_stays_interrupted_ends_saying_where_it_stopped(settings, monkeypatch):
-    real_read = range_read._read_via_consumer
-
-    async def no_leader_after_the_first_chunk(conn, stream, first, last, subjects, batch):
-        if first == 1:
-            async with contextlib.aclosing(real_read(conn, stream, first, last, subjects, batch)) as reader:
-                yield await anext(reader)
-        raise LeaderUnavailableError(f"stream {stream!r}: the read consumer answered status 503")
-
-    monkeypatch.setattr(range_read, "_read_via_consumer", no_leader_after_the_first_chunk)
-
-    async def main():
-        async with open_connection(dataclasses.replace(settings, leader_wait=0.3)) as conn:
-            await ensure_stream(conn, {"name": "STUCK", "subjects": ["stuck.>"]})
-            for i in range(30):
-                await conn.js.publish("stuck.x", b"%d" % i)
-            returned = []
-            with pytest.raises(LeaderUnavailableError) as gave_up:
-                async for chunk in range_read.read_range(conn, "STUCK", 1, 30, batch=5):
-                    returned.extend(m[1] for m in chunk)
-            return returned, gave_up.value
-
-    returned, gave_up = asyncio.run(main())
-    assert returned == [1, 2, 3, 4, 5]
-    assert "still failing after" in gave_up.message
-    assert gave_up.message.endswith("over 0.3s (leader_wait): the read of seq 1..30 stopped at seq 6; check that a "
-                                    "quorum of the cluster's servers runs, then re-run")
+    starts: list[int] = []
+    interrupt_range_reads(monkeypatch, starts, resume=False)
+    seqs, error = read_30_in_fives(settings, leader_wait=0.3)
+    assert seqs == [1, 2, 3, 4, 5] and error is not None and set(starts) == {1, 6}
+    assert "still failing after" in error.message
+    assert error.message.endswith("over 0.3s (leader_wait): the read of seq 1..30 stopped at seq 6; check that a "
+                                  "quorum of the cluster's servers runs, then re-run")
 
 
 def test_an_atomic_resend_meeting_its_own_first_attempt_is_asked_again(settings, monkeypatch):

@@ -15,9 +15,11 @@ Work that yields results between failures (a range read) calls :func:`retry` onc
 attempt closure keeps the position, so a retry resumes after what was already returned, and the
 budget counts from the first failure since the last progress.
 
-Separate on purpose: the fast batch (client/batches/fast.py) settles and resumes an interrupted batch
-in loops of its own, with the same pauses and a deadline of at least ``leader_wait``: each round
-depends on what the previous one learnt (the count the server stored, a new batch id for the rest).
+Separate: the fast batch (client/batches/fast.py) settles and resumes an interrupted batch in loops of
+its own with the same pauses. Establishing what it stored (a ping for the server's count, else a count
+read from the stream) waits for a leader at least 30 s whatever ``leader_wait`` says, since that count
+is owed to the caller even when nothing is re-sent; the resume loop sends the rest under a new batch id
+each round, logging how many messages are stored so far.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_jetstream.client.errors import KeyRevisionError
-from airflow_jetstream.client.kv import create_key, delete_key, ensure_bucket
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 
 log = logging.getLogger(__name__)
@@ -75,6 +74,8 @@ def process_each_once(messages: Iterable[dict[str, Any]], work: Callable[[dict[s
     pending = list(messages)
 
     async def claim_and_work(conn: Any) -> dict[str, list[int]]:
+        from airflow_jetstream.client.kv import create_key, delete_key, ensure_bucket
+
         await ensure_bucket(conn, bucket, ttl=ttl)
         done: dict[str, list[int]] = {"processed": [], "repeated": []}
         for message in pending:

@@ -19,7 +19,7 @@ from airflow_jetstream.client.admin.consumers import api_view
 from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.durations import to_nanos, to_seconds
-from airflow_jetstream.client.errors import InvalidRequestError, LedgerRecordError
+from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, LedgerRecordError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key
 from airflow_jetstream.client.ledger.record_schema import LEDGER_RECORD_SCHEMA, record_problem
 from airflow_jetstream.client.natspy_internals import write_raw
@@ -148,13 +148,17 @@ def test_api_view_js_targets_the_other_domain(settings: ConnectionSettings) -> N
         hub = api_view(conn, domain="hub")
         elsewhere = api_view(conn, domain="edge")
         info = await hub.js.account_info()
+        requested = await hub.api_request("INFO")  # the view's own API requests go to its prefix too
+        with pytest.raises(JetStreamError):
+            await elsewhere.api_request("INFO", retry=False)
         with pytest.raises(Exception) as missing:  # nothing answers $JS.edge.API here
             await elsewhere.js.account_info()
-        return hub.js._prefix, elsewhere.js._prefix, info, missing.value
+        return hub.js._prefix, elsewhere.js._prefix, info, requested, missing.value
 
-    hub_prefix, edge_prefix, info, missing = on_server(settings, body)
+    hub_prefix, edge_prefix, info, requested, missing = on_server(settings, body)
     assert (hub_prefix, edge_prefix) == ("$JS.hub.API", "$JS.edge.API")
     assert info.domain == "hub"
+    assert requested["domain"] == "hub"
     assert type(missing).__name__ in ("NoRespondersError", "TimeoutError", "ServiceUnavailableError")
 
 

@@ -27,8 +27,10 @@ from airflow_jetstream.client.errors import (
     LeaderUnavailableError,
     PlacementError,
 )
+from airflow_jetstream.client.kv import watch
 from airflow_jetstream.client.kv.bucket import ensure_bucket
 from airflow_jetstream.client.kv.keys import put_key
+from airflow_jetstream.client.reading import await_message
 from airflow_jetstream.client.reading.messages import ConsumedMessage
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
@@ -36,8 +38,6 @@ from airflow_jetstream.embedded import EmbeddedNatsCluster
 from airflow_jetstream.embedded.cluster import CLUSTER_NAME
 from airflow_jetstream.sensors.kv import JetStreamKeyValueSensor
 from airflow_jetstream.sensors.message import JetStreamMessageSensor
-from airflow_jetstream.triggers import await_message as await_message_trigger
-from airflow_jetstream.triggers import kv as kv_trigger
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
 from tests.conftest import set_nats_cluster_connection
@@ -200,9 +200,6 @@ def test_message_and_kv_sensors_and_triggers_wait_through_a_leaderless_stream(
 
         monkeypatch.setattr(module, name, wrapper)
 
-    spy(await_message_trigger, "find_message", "message")
-    spy(kv_trigger, "wait_for_key", "kv")
-
     async def first_event(trigger):
         async for event in trigger.run():
             return event.payload
@@ -211,6 +208,8 @@ def test_message_and_kv_sensors_and_triggers_wait_through_a_leaderless_stream(
         down = await asyncio.to_thread(quorum_lost, cluster)
         try:
             pokes = [await asyncio.to_thread(sensor.poke, {}) for sensor in (message_sensor, kv_sensor)]
+            spy(await_message, "find_message", "message")  # the triggers import these when they run
+            spy(watch, "wait_for_key", "kv")
             waits = [asyncio.ensure_future(first_event(t)) for t in triggers]
             for _ in range(1200):  # bounded: until each trigger met the election twice (it kept waiting)
                 if min(elections.values()) >= 2 or any(w.done() for w in waits):

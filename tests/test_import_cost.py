@@ -1,10 +1,12 @@
-"""What importing the provider costs: Airflow reads the provider info in every process, DAG files import
-the operators and sensors. The provider info imports nothing heavy; no DAG-file import pulls in pyspark."""
+"""What importing the provider costs: Airflow reads the provider info in every process, DAG files (and the
+dag-processor and triggerer parsing them) import the operators, sensors, triggers, assets and hook. The provider
+info imports nothing heavy; no DAG-file import pulls in nats-py or pyspark (they load when a task or trigger runs)."""
 
 from __future__ import annotations
 
 import ast
 import json
+import pkgutil
 import pprint
 import subprocess
 import sys
@@ -15,7 +17,8 @@ from airflow_jetstream.client.settings import form_fields
 from airflow_jetstream.get_provider_info import CONN_FIELDS, get_provider_info
 
 PACKAGE = Path(airflow_jetstream.__file__).parent
-TASK_PACKAGES = ("operators", "sensors")
+#: What a DAG file, the dag-processor or the triggerer imports when it parses DAGs.
+DAG_FILE_PACKAGES = ("operators", "sensors", "triggers", "assets", "hooks")
 
 
 def _classes(path: Path) -> list[ast.ClassDef]:
@@ -55,20 +58,31 @@ importlib.import_module("airflow_jetstream.get_provider_info").get_provider_info
 seen = {"provider_info": sorted(m for m in heavy if m in sys.modules)}
 for module in sys.argv[1:]:
     importlib.import_module(module)
-    seen[module] = "pyspark" in sys.modules
+    seen[module] = sorted(m for m in ("nats", "pyspark") if m in sys.modules)
 print(json.dumps(seen))
 """
 
 
+def _dag_file_modules() -> list[str]:
+    modules = ["airflow_jetstream.message_events"]
+    for package in DAG_FILE_PACKAGES:
+        modules += sorted(info.name for info in pkgutil.iter_modules([str(PACKAGE / package)],
+                                                                     f"airflow_jetstream.{package}."))
+    return modules
+
+
 def test_provider_info_and_dag_file_imports_stay_cheap():
     """In a fresh interpreter: the provider info imports no nats-py, Airflow, client or pyspark; importing every
-    operator and sensor module (what DAG files do) imports no pyspark (the Spark operator loads it when it runs)."""
-    modules = [m for package in TASK_PACKAGES for m in _modules_with_public_classes(package)]
-    assert "airflow_jetstream.operators.spark_submit" in modules
+    operator, sensor, trigger, asset and hook module imports neither nats-py nor pyspark (the first module that
+    does is named): the client modules that use them are imported when a task or trigger runs."""
+    modules = _dag_file_modules()
+    assert {"airflow_jetstream.operators.spark_submit", "airflow_jetstream.triggers.message",
+            "airflow_jetstream.hooks.jetstream"} <= set(modules)
+    assert set(_modules_with_public_classes("operators")) <= set(modules)
     proc = subprocess.run([sys.executable, "-c", _PROBE, *modules], capture_output=True, text=True, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen.pop("provider_info") == []
-    assert [module for module, pyspark in seen.items() if pyspark] == []
+    assert next(((module, heavy) for module, heavy in seen.items() if heavy), None) is None
     assert len(seen) == len(modules)

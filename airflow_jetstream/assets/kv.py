@@ -20,8 +20,7 @@ from airflow.sdk import Asset
 
 from airflow_jetstream.assets.jetstream import InvalidAssetURIError, jetstream_asset
 from airflow_jetstream.client.errors import InvalidKeyError
-from airflow_jetstream.client.kv.bucket import check_bucket
-from airflow_jetstream.client.kv.keys import validate_key
+from airflow_jetstream.client.kv.names import check_bucket, validate_key
 
 
 def kv_asset(server: str | Sequence[str], bucket: str, key: str | None = None, *,

@@ -13,8 +13,9 @@ ConnectionSettings`` or a Spark worker unpickling the data source imports only t
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from airflow_jetstream.client.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.admin.streams import (
@@ -108,8 +109,6 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "settings": ("ConnectionSettings",),
     "sourcing.health": ("SourceUnhealthyError",),
 }
-_WHERE = {name: f"{__name__}.{module}" for module, names in _MODULES.items() for name in names}
-
 #: The stable names; docs/api.md lists the same ones (tests/test_public_api.py holds them together).
 __all__ = [
     "AdvisoryPredicateError",
@@ -173,13 +172,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE.get(name, f"{__name__}.errors")), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "errors": tuple(name for name in __all__ if not any(name in names for names in _MODULES.values())), **_MODULES})

@@ -7,16 +7,18 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import cached_property
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from airflow.sdk import BaseHook
 
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.connection import JetStreamConnection, account_info, open_connection
 from airflow_jetstream.client.errors import JetStreamError
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.hooks.connection_settings import settings_from_connection
 from airflow_jetstream.stats import install_airflow_stats
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -27,6 +29,8 @@ install_airflow_stats()
 @asynccontextmanager
 async def _counted_connection(settings: ConnectionSettings) -> AsyncIterator[JetStreamConnection]:
     """``open_connection`` that counts connections opened and JetStream errors by reason."""
+    from airflow_jetstream.client.connection import open_connection  # nats-py: not when a DAG file is parsed
+
     try:
         async with open_connection(settings) as conn:
             metrics.incr("connection.opened")
@@ -122,6 +126,8 @@ class JetStreamHook(BaseHook):
 
     def test_connection(self) -> tuple[bool, str]:
         """Used by the UI's Test button and ``airflow connections test``."""
+        from airflow_jetstream.client.connection import account_info
+
         try:
             info = self.run(account_info)
         except JetStreamError as exc:

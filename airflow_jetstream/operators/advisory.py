@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_jetstream.client.advisories.capture import DEFAULT_CAPTURE_STREAM, ensure_capture_stream
+from airflow_jetstream.client.advisories.types import DEFAULT_CAPTURE_STREAM
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 
 
@@ -51,6 +51,8 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
         self.placement = placement
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_jetstream.client.advisories.capture import ensure_capture_stream
+
         max_age = None if self.max_age == "" else self.max_age
         result = self.hook.run(ensure_capture_stream, self.capture_stream, max_age=max_age, max_bytes=self.max_bytes,
                                subjects=self.subjects, storage=self.storage,

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from airflow_jetstream.client.errors import InvalidFunctionError, InvalidRequestError
 from airflow_jetstream.client.reading.apply_function import bind_function, load_function
-from airflow_jetstream.client.reading.consume import DEFAULT_ACK_WAIT, DEFAULT_NAK_DELAY, ConsumeOptions, consume
+from airflow_jetstream.client.reading.consume_options import (
+    DEFAULT_ACK_WAIT,
+    DEFAULT_NAK_DELAY,
+    ConsumeOptions,
+    Duration,
+)
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 from airflow_jetstream.ui.links import JetStreamViewLink
-
-Duration = float | int | str | timedelta
 
 
 def _int_or_none(value: Any, name: str) -> int | None:
@@ -140,6 +143,8 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
         return list(self.subjects)
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_jetstream.client.reading.consume import consume
+
         func = bind_function(self.apply_function if self.apply_function is not None else self.apply_function_batch,
                              self.apply_function_args, self.apply_function_kwargs,
                              what="apply_function" if self.apply_function is not None else "apply_function_batch")

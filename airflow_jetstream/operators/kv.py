@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.assets.jetstream import report_stream_output
-from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.kv.bucket import check_bucket, ensure_bucket, stream_of
-from airflow_jetstream.client.kv.keys import create_key, delete_key, put_key, update_key, validate_key
+from airflow_jetstream.client.kv.names import check_bucket, stream_of, validate_key
 from airflow_jetstream.operators.base import JetStreamBaseOperator
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
 
 OPERATIONS = ("put", "create", "update", "delete", "purge")
 #: Bucket settings the operator passes to ``ensure_bucket``.
@@ -21,6 +22,8 @@ BUCKET_CONFIG_KEYS = ("history", "ttl", "num_replicas", "placement", "max_value_
 async def write_key(conn: JetStreamConnection, bucket: str, key: str, operation: str, value: Any,
                     revision: int | None, bucket_config: dict[str, Any] | None) -> dict[str, Any]:
     """Ensure the bucket (when ``bucket_config`` is not None), then apply ``operation`` to ``key``."""
+    from airflow_jetstream.client.kv import create_key, delete_key, ensure_bucket, put_key, update_key
+
     ensured = await ensure_bucket(conn, bucket, **bucket_config) if bucket_config is not None else None
     if operation == "put":
         result = await put_key(conn, bucket, key, value)

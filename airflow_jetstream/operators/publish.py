@@ -6,22 +6,18 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.module_loading import import_string
 
-from airflow_jetstream.client.batches.publish_chunks import (
-    ChunksSummary,
-    check_mode,
-    check_target_stream,
-    publish_chunks,
-    validate_chunk,
-)
 from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, BatchMessage, new_batch_id
-from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 from airflow_jetstream.ui.links import JetStreamViewLink
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.batches.publish_chunks import ChunksSummary
+    from airflow_jetstream.client.connection import JetStreamConnection
 
 MESSAGE_KEYS = frozenset({"subject", "data", "headers", "msg_id"})
 
@@ -288,6 +284,8 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         return value
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_jetstream.client.batches.publish_chunks import check_mode
+
         self._check_sources()
         check_mode(self.mode)
         expected = self._expected()
@@ -307,6 +305,8 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
 
     async def _publish(self, conn: JetStreamConnection, *, expected: int | None, key: str | None,
                        prefix: str) -> ChunksSummary:
+        from airflow_jetstream.client.batches.publish_chunks import check_target_stream, publish_chunks, validate_chunk
+
         target = await check_target_stream(conn, self.stream, mode=self.mode) if self.stream else None
         delay = self.retry_delay.total_seconds() if self.retries and self.retry_delay else 0.0
         if target is not None and key and delay > target.duplicate_window:

@@ -8,7 +8,6 @@ from typing import Any
 
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.sourcing.provision import provision_durable_source
 from airflow_jetstream.client.sourcing.spec import SERVER_MANAGED, USER_MANAGED, DurableSource
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 from airflow_jetstream.triggers.describe import human_duration
@@ -129,6 +128,8 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
         ).validated()
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_jetstream.client.sourcing.provision import provision_durable_source
+
         spec = self.spec()
         kind = "mirror" if spec.mirror else "source"
         where = spec.where

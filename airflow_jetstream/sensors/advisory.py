@@ -10,14 +10,8 @@ from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_jetstream.client.advisories.capture import (
-    DEFAULT_CAPTURE_STREAM,
-    capture_info,
-    find_captured,
-    listen_live,
-)
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter, predicate_path
-from airflow_jetstream.client.advisories.types import parse_timestamp
+from airflow_jetstream.client.advisories.types import DEFAULT_CAPTURE_STREAM, parse_timestamp
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.client.times import parse_time
@@ -160,6 +154,8 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         return trigger
 
     def poke(self, context: Any) -> PokeReturnValue:
+        from airflow_jetstream.client.advisories.capture import find_captured, listen_live
+
         flt = self.advisory_filter()
         since = self.resolve_since(context)
         quiet_until = self._quiet_until(context) if self.expect == "absent" else None
@@ -190,6 +186,8 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         self._gap_reported = True
         run_start = getattr(context.get("dag_run"), "start_date", None)
         if run_start is not None and self.capture_stream:
+            from airflow_jetstream.client.advisories.capture import capture_info
+
             created = parse_timestamp(self.hook.run(capture_info, self.capture_stream).get("created"))
             if created is not None and created >= parse_time(run_start, field="start_date"):
                 self.log.info("Capture stream %r was created by this DAG run at %s: advisories are read from then on",

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_jetstream.client.admin.consumers import consumer_status
-from airflow_jetstream.client.sourcing.status import source_status
 from airflow_jetstream.sensors.state import JetStreamStateSensor
 from airflow_jetstream.triggers.consumer import JetStreamConsumerDrainedTrigger, JetStreamSourceCaughtUpTrigger
 from airflow_jetstream.triggers.describe import describe_consumer, describe_source
@@ -46,6 +45,8 @@ class JetStreamSourceCaughtUpSensor(JetStreamStateSensor):
         self.api_prefix = api_prefix
 
     def status(self) -> dict[str, Any]:
+        from airflow_jetstream.client.sourcing.status import source_status
+
         return self.hook.run(source_status, self.stream, self.source, domain=self.domain or None,
                              api_prefix=self.api_prefix or None)
 

@@ -9,9 +9,8 @@ from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import PokeReturnValue
 
 from airflow_jetstream.client.errors import LeaderUnavailableError
-from airflow_jetstream.client.kv.bucket import check_bucket
-from airflow_jetstream.client.kv.keys import validate_key
-from airflow_jetstream.client.kv.watch import KeyCondition, check_key
+from airflow_jetstream.client.kv.condition import KeyCondition
+from airflow_jetstream.client.kv.names import check_bucket, validate_key
 from airflow_jetstream.client.reading.apply_function import function_path
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.base import JetStreamBaseSensor, deadline, failure
@@ -89,6 +88,8 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
                             apply_function_kwargs=dict(self.apply_function_kwargs or {}))
 
     def poke(self, context: Any) -> PokeReturnValue:
+        from airflow_jetstream.client.kv.watch import check_key
+
         condition = self.condition()
         try:
             entry = self.hook.run(check_key, self.bucket, self.key, condition)

@@ -7,8 +7,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_jetstream.client.ledger.batch_ledger import DEFAULT_BUCKET, ledger_status
-from airflow_jetstream.client.ledger.records import CONSUMED
+from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET
 from airflow_jetstream.client.ledger.summary import check_waitable_state
 from airflow_jetstream.sensors.state import JetStreamStateSensor
 from airflow_jetstream.triggers.describe import describe_progress
@@ -75,6 +74,8 @@ class JetStreamBatchLedgerSensor(JetStreamStateSensor):
         return value
 
     def status(self) -> dict[str, Any]:
+        from airflow_jetstream.client.ledger.batch_ledger import ledger_status
+
         return self.hook.run(ledger_status, self.run_id, self.state, bucket=self.bucket,
                              min_batches=self._min_batches(), reap=self.reap_expired,
                              fail_on_failed=self.fail_on_failed)

@@ -12,7 +12,6 @@ from airflow.sdk import PokeReturnValue
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.client.reading.apply_function import bind_function, function_path, load_function
-from airflow_jetstream.client.reading.await_message import find_message, resolve_start
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.base import JetStreamBaseSensor, deadline, failure
@@ -97,10 +96,14 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
             start = self.start
             if start == "new" and self.reschedule and context.get("ti") is not None:
                 start = context["ti"].get_first_reschedule_date(context) or start  # the first poke's start
+            from airflow_jetstream.client.reading.await_message import resolve_start
+
             self._next_seq = self.hook.run(resolve_start, self.stream, start)
         return self._next_seq
 
     def poke(self, context: Any) -> PokeReturnValue:
+        from airflow_jetstream.client.reading.await_message import find_message
+
         match = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
         try:
             first = self._start_seq(context)

@@ -10,9 +10,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_jetstream.client.advisories.capture import find_captured, watch_advisories
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter
-from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.hooks.jetstream import JetStreamHook
@@ -96,11 +94,15 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         yield TriggerEvent(await retrying(self.log, "Advisory wait", self._connect_and_wait))
 
     async def _connect_and_wait(self) -> dict[str, Any]:
+        from airflow_jetstream.client.connection_pool import shared_connection
+
         settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
         async with shared_connection(settings) as conn:
             return await self._wait(conn)
 
     async def _wait(self, conn: Any) -> dict[str, Any]:
+        from airflow_jetstream.client.advisories.capture import watch_advisories
+
         since = parse_time(self.start_time, field="start_time") if self.start_time else datetime.now(UTC)
         watcher = watch_advisories(conn, self.advisory_filter, capture_stream=self.capture_stream, start_time=since,
                                    fetch_timeout=self.fetch_timeout,
@@ -131,6 +133,8 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
 
     async def _final_check(self, conn: Any, since: datetime) -> dict[str, Any]:
         """At the end of the quiet period, scan the whole window once more (nothing stored is skipped)."""
+        from airflow_jetstream.client.advisories.capture import find_captured
+
         checked_until = datetime.now(UTC)
         if self.capture_stream:
             found = await find_captured(conn, self.capture_stream, start_time=since,

@@ -8,11 +8,9 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import ConsumerNotFoundError
 from airflow_jetstream.client.reading.apply_function import bind_function
-from airflow_jetstream.client.reading.await_message import find_message
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.base import TRANSIENT_ERRORS, retrying
 from airflow_jetstream.triggers.deadline import within
@@ -62,6 +60,9 @@ class JetStreamAwaitMessageTrigger(BaseTrigger):
                               transient=(*TRANSIENT_ERRORS, ConsumerNotFoundError))
 
     async def _search(self) -> dict[str, Any]:
+        from airflow_jetstream.client.connection_pool import shared_connection
+        from airflow_jetstream.client.reading.await_message import find_message
+
         match = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
         settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
         self.log.info("Waiting for a message of stream %s (%s) from seq %d that satisfies %s", self.stream,

@@ -6,12 +6,10 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     AuthenticationError,
@@ -23,6 +21,9 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
 
 #: Errors a busy or restarting server causes (e.g. hundreds of triggers starting at once, a leader election).
 TRANSIENT_ERRORS = (RequestTimeoutError, ConnectionFailedError)
@@ -99,6 +100,8 @@ class JetStreamPollingTrigger(BaseTrigger):
         return await retrying(self.log, f"Waiting for {self.what}", self._poll)
 
     async def _poll(self) -> dict[str, Any]:
+        from airflow_jetstream.client.connection_pool import shared_connection
+
         settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
         async with shared_connection(settings) as conn:
             while True:

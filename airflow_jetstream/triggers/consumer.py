@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.admin.consumers import consumer_status
-from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.sourcing.status import source_status
 from airflow_jetstream.triggers.base import JetStreamPollingTrigger
 from airflow_jetstream.triggers.describe import describe_consumer, describe_source
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
 
 __all__ = ["JetStreamConsumerDrainedTrigger", "JetStreamPollingTrigger", "JetStreamSourceCaughtUpTrigger"]
 
@@ -31,6 +32,8 @@ class JetStreamSourceCaughtUpTrigger(JetStreamPollingTrigger):
         return {"stream": self.stream, "source": self.source, "domain": self.domain, "api_prefix": self.api_prefix}
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
+        from airflow_jetstream.client.sourcing.status import source_status
+
         return await source_status(conn, self.stream, self.source, domain=self.domain, api_prefix=self.api_prefix)
 
     def is_done(self, status: dict[str, Any]) -> bool:

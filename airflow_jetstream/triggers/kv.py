@@ -7,8 +7,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_jetstream.client.connection_pool import shared_connection
-from airflow_jetstream.client.kv.watch import KeyCondition, wait_for_key
+from airflow_jetstream.client.kv.condition import KeyCondition
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.base import retrying
 from airflow_jetstream.triggers.deadline import within
@@ -51,6 +50,9 @@ class JetStreamKeyValueTrigger(BaseTrigger):
         return await retrying(self.log, "KV watch", self._watch)
 
     async def _watch(self) -> dict[str, Any]:
+        from airflow_jetstream.client.connection_pool import shared_connection
+        from airflow_jetstream.client.kv.watch import wait_for_key
+
         condition = KeyCondition(value=self.value, apply_function=self.apply_function,
                                  apply_function_args=self.apply_function_args,
                                  apply_function_kwargs=self.apply_function_kwargs)

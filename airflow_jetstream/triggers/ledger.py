@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.ledger.batch_ledger import DEFAULT_BUCKET, ledger_status
-from airflow_jetstream.client.ledger.records import CONSUMED
+from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET
 from airflow_jetstream.client.ledger.summary import check_waitable_state
 from airflow_jetstream.triggers.base import JetStreamPollingTrigger
 from airflow_jetstream.triggers.describe import describe_progress
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
 
 
 class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
@@ -38,6 +39,8 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
                 "reap_expired": self.reap_expired, "fail_on_failed": self.fail_on_failed}
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
+        from airflow_jetstream.client.ledger.batch_ledger import ledger_status
+
         return await ledger_status(conn, self.run_id, self.state, bucket=self.bucket, min_batches=self.min_batches,
                                    reap=self.reap_expired, fail_on_failed=self.fail_on_failed)
 

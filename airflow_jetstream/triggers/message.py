@@ -23,7 +23,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Hashable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
@@ -39,8 +39,6 @@ from airflow_jetstream.client import metrics
 from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter
 from airflow_jetstream.client.advisories.types import parse_advisory
-from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.connection_pool import POOL
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     AuthenticationError,
@@ -52,15 +50,17 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     StreamNotFoundError,
 )
-from airflow_jetstream.client.reading.headers import headers_json
-from airflow_jetstream.client.reading.lease import DeliveryLease
 from airflow_jetstream.client.reading.messages import body_fields
-from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.stop_drain import STOP_DRAIN
+
+if TYPE_CHECKING:  # the modules that use nats-py are imported when the trigger runs, not when a DAG file is parsed
+    from airflow_jetstream.client.connection import JetStreamConnection
+    from airflow_jetstream.client.reading.lease import DeliveryLease
+    from airflow_jetstream.client.reading.pull import PullSubscription
 
 #: Longer than Airflow's shared-stream ack timeout (300 s), so a message is not redelivered while it waits.
 DEFAULT_ACK_WAIT = "10m"
@@ -74,6 +74,8 @@ _ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "advisory_
 
 def message_payload(msg: Any) -> dict[str, Any]:
     """A JetStream message as a JSON-able dict (what each asset event carries)."""
+    from airflow_jetstream.client.reading.headers import headers_json
+
     meta = msg.metadata
     payload: dict[str, Any] = {
         "stream": meta.stream,
@@ -174,6 +176,8 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         with the client's retry rule and no time limit (a growing back-off, one log line each), not raised
         (Airflow would restart the watcher every 2 s)."""
 
+        from airflow_jetstream.client.connection_pool import POOL
+
         async def attempt() -> tuple[JetStreamConnection, dict[str, Any]]:
             self._conn = conn = self._conn or await POOL.acquire(self._settings)
             return conn, await self._check_consumer(conn)
@@ -186,6 +190,9 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
                            budget=None, backoff=Backoff(BACKOFF_FIRST, BACKOFF_MAX), logger=log)
 
     async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], int]]:
+        from airflow_jetstream.client.reading.lease import DeliveryLease
+        from airflow_jetstream.client.reading.pull import PullSubscription
+
         self._settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
         STOP_DRAIN.register(self)
         conn, info = await self._open_consumer()
@@ -267,6 +274,8 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
     async def aclose(self) -> None:
         """Give back what was not advanced (nak: redelivered now, not after ack_wait), including what the open
         pull request still delivers (waiting up to ``fetch_timeout`` for its end), and release the connection."""
+        from airflow_jetstream.client.connection_pool import POOL
+
         STOP_DRAIN.unregister(self)
         if self._progress_task is not None:
             self._progress_task.cancel()

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import copy
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.config_diff import changed_fields
-from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
     ConsumerConfigError,
@@ -27,6 +26,9 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.subjects import validate_name, validate_subject, validate_subjects
 from airflow_jetstream.client.times import parse_time, to_rfc3339
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
 
 #: Consumer configuration fields of the JetStream API (nats-server 2.15), by their JSON names.
 CONSUMER_CONFIG_FIELDS = frozenset({
@@ -69,7 +71,11 @@ class _ApiView:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
 
-    api_request = JetStreamConnection.api_request
+    async def api_request(self, api: str, body: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+        """The connection's API request, sent to this view's prefix."""
+        from airflow_jetstream.client.connection import JetStreamConnection
+
+        return await JetStreamConnection.api_request(self, api, body, **kwargs)  # type: ignore[arg-type]
 
 
 def domain_api_prefix(domain: str) -> str:

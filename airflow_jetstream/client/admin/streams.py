@@ -5,11 +5,10 @@ from __future__ import annotations
 import copy
 import logging
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client import server_features
 from airflow_jetstream.client.admin.config_diff import changed_fields
-from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
@@ -18,6 +17,9 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
 )
 from airflow_jetstream.client.subjects import validate_name, validate_subject, validate_subjects
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
 
 #: Stream configuration fields of the JetStream API (nats-server 2.15), by their JSON names.
 STREAM_CONFIG_FIELDS = frozenset({

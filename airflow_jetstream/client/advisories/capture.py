@@ -40,6 +40,8 @@ from airflow_jetstream.client.advisories.filter import (
 )
 from airflow_jetstream.client.advisories.types import (
     ADVISORY_PREFIX,
+    DEFAULT_CAPTURE_STREAM,
+    DEFAULT_CAPTURE_SUBJECTS,
     EVENT_PREFIX,
     KINDS,
     METRIC_PREFIX,
@@ -63,9 +65,6 @@ from airflow_jetstream.client.errors import (
 from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subjects
 from airflow_jetstream.client.times import parse_time, to_rfc3339
-
-DEFAULT_CAPTURE_STREAM = "ADVISORIES"
-DEFAULT_CAPTURE_SUBJECTS = (f"{ADVISORY_PREFIX}.>",)
 
 __all__ = [
     "ADVISORY_PREFIX", "DEFAULT_CAPTURE_STREAM", "DEFAULT_CAPTURE_SUBJECTS", "EVENT_PREFIX", "KINDS", "METRIC_PREFIX",

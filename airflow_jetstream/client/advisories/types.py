@@ -23,6 +23,9 @@ METRIC_PREFIX = "$JS.EVENT.METRIC"
 EVENT_PREFIX = "$JS.EVENT"
 TYPE_PREFIX = "io.nats.jetstream.advisory.v1."
 METRIC_TYPE_PREFIX = "io.nats.jetstream.metric.v1."
+#: The stream that captures advisories (capture.py) unless told otherwise, and what it listens to.
+DEFAULT_CAPTURE_STREAM = "ADVISORIES"
+DEFAULT_CAPTURE_SUBJECTS = (f"{ADVISORY_PREFIX}.>",)
 
 
 # --------------------------------------------------------------------------------------- kinds

@@ -7,7 +7,6 @@ their current values on an existing bucket (a re-run never changes replicas it w
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from typing import Any
 
@@ -19,24 +18,12 @@ from nats.js.kv import KeyValue
 from airflow_jetstream.client.admin.streams import ensure_stream, replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.errors import InvalidKeyError, InvalidRequestError
+from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.kv.errors import kv_errors
+from airflow_jetstream.client.kv.names import check_bucket, stream_of
 from airflow_jetstream.client.kv.replication import create_bucket
 
-_BUCKET = re.compile(r"^[a-zA-Z0-9_-]+$")
 MAX_HISTORY = 64
-
-
-def stream_of(bucket: str) -> str:
-    """The stream behind a bucket: ``KV_<bucket>``."""
-    return f"KV_{check_bucket(bucket)}"
-
-
-def check_bucket(bucket: Any) -> str:
-    if not isinstance(bucket, str) or not _BUCKET.match(bucket):
-        raise InvalidKeyError(f"KV bucket name {bucket!r} is not valid; use letters, digits, '_' and '-' only",
-                              reason="invalid_bucket")
-    return bucket
 
 
 async def open_bucket(conn: JetStreamConnection, bucket: str) -> KeyValue:

@@ -11,25 +11,15 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import re
 from typing import Any
 
 import nats.js.errors
 
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import InvalidKeyError, InvalidRequestError, KeyRevisionError
+from airflow_jetstream.client.errors import InvalidRequestError, KeyRevisionError
 from airflow_jetstream.client.kv.bucket import open_bucket
 from airflow_jetstream.client.kv.errors import kv_errors
-
-_KEY = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
-
-
-def validate_key(key: Any) -> str:
-    """``key`` if nats accepts it as a KV key, else :class:`InvalidKeyError`."""
-    if not isinstance(key, str) or not _KEY.match(key) or key.startswith(".") or key.endswith("."):
-        raise InvalidKeyError(f"KV key {key!r} is not valid: use letters, digits and '-/_=.' (not first or last "
-                              "'.'), no spaces or wildcards")
-    return key
+from airflow_jetstream.client.kv.names import validate_key
 
 
 def encode_value(value: Any) -> bytes:

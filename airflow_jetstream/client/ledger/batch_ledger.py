@@ -77,6 +77,7 @@ from airflow_jetstream.client.kv.replication import bucket_replicas, create_buck
 from airflow_jetstream.client.ledger.kv_errors import kv_errors
 from airflow_jetstream.client.ledger.records import (
     CONSUMED,
+    DEFAULT_BUCKET,
     FAILED,
     IN_PROGRESS,
     KEY_SAFE,
@@ -112,7 +113,6 @@ from airflow_jetstream.client.subjects import validate_name
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BUCKET = "batch_ledger"
 _CAS_ATTEMPTS = 25
 
 

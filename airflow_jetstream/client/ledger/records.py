@@ -11,6 +11,8 @@ from typing import Any
 from airflow_jetstream.client.errors import InvalidRequestError, LedgerConflictError
 from airflow_jetstream.client.ledger.record_schema import check_record
 
+#: The KV bucket of the ledger unless told otherwise.
+DEFAULT_BUCKET = "batch_ledger"
 PUBLISHED, IN_PROGRESS, CONSUMED, FAILED = "published", "in_progress", "consumed", "failed"
 STATES = (PUBLISHED, IN_PROGRESS, CONSUMED, FAILED)
 #: States a run can be awaited in; a batch "reached" a state when it is there or further along.

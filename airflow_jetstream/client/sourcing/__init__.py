@@ -1,9 +1,16 @@
-"""Durable sourcing: provisioning server- and user-managed sources, health and status."""
+"""Durable sourcing: provisioning server- and user-managed sources, health and status.
 
-from airflow_jetstream.client.sourcing.health import SourceUnhealthyError
-from airflow_jetstream.client.sourcing.provision import provision_durable_source
-from airflow_jetstream.client.sourcing.spec import SERVER_MANAGED, USER_MANAGED, DurableSource
-from airflow_jetstream.client.sourcing.status import source_status
+The names below are imported on first use, so describing a source (``spec``) imports no nats-py."""
+
+from typing import TYPE_CHECKING
+
+from airflow_jetstream.client.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.sourcing.health import SourceUnhealthyError
+    from airflow_jetstream.client.sourcing.provision import provision_durable_source
+    from airflow_jetstream.client.sourcing.spec import SERVER_MANAGED, USER_MANAGED, DurableSource
+    from airflow_jetstream.client.sourcing.status import source_status
 
 __all__ = [
     "SERVER_MANAGED",
@@ -13,3 +20,10 @@ __all__ = [
     "provision_durable_source",
     "source_status",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "health": ("SourceUnhealthyError",),
+    "provision": ("provision_durable_source",),
+    "spec": ("SERVER_MANAGED", "USER_MANAGED", "DurableSource"),
+    "status": ("source_status",),
+})

@@ -83,6 +83,19 @@ def test_the_client_package_imports_a_name_only_when_it_is_used() -> None:
         _ = client.not_a_name
 
 
+@pytest.mark.parametrize("package", ["advisories", "kv", "ledger", "sourcing"])
+def test_client_subpackages_resolve_every_exported_name_on_first_use(package: str) -> None:
+    """``from airflow_jetstream.client.kv import put_key`` works for every name of ``__all__``, though importing
+    the subpackage imports none of its modules (so its nats-free modules stay cheap to import)."""
+    module = importlib.import_module(f"airflow_jetstream.client.{package}")
+    assert set(module.__all__) <= set(dir(module))
+    for name in module.__all__:
+        value = getattr(module, name)
+        assert value is not None and getattr(module, name) is value
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        _ = module.not_a_name
+
+
 def test_the_package_is_marked_typed() -> None:
     assert (Path(airflow_jetstream.__file__).parent / "py.typed").is_file()
     pyproject = (REPO / "pyproject.toml").read_text()

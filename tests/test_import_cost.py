@@ -52,13 +52,17 @@ def test_provider_info_lists_every_public_operator_sensor_and_trigger_module():
 
 
 _PROBE = """
-import importlib, json, sys
+import importlib, json, os, runpy, sys
 heavy = ("nats", "pyspark", "airflow", "airflow_jetstream.client")
 importlib.import_module("airflow_jetstream.get_provider_info").get_provider_info()
 seen = {"provider_info": sorted(m for m in heavy if m in sys.modules)}
-for module in sys.argv[1:]:
-    importlib.import_module(module)
-    seen[module] = sorted(m for m in ("nats", "pyspark") if m in sys.modules)
+for target in sys.argv[1:]:
+    if target.endswith(".py"):  # a DAG file, parsed as the dag-processor does: its operators are built too
+        sys.path.insert(0, os.path.dirname(target))
+        runpy.run_path(target, run_name="parsed_dag_file")
+    else:
+        importlib.import_module(target)
+    seen[target] = sorted(m for m in ("nats", "pyspark") if m in sys.modules)
 print(json.dumps(seen))
 """
 
@@ -71,14 +75,21 @@ def _dag_file_modules() -> list[str]:
     return modules
 
 
+def _example_dag_files() -> list[str]:
+    return sorted(str(path) for path in (Path(__file__).resolve().parents[1] / "dags_examples").glob("*.py")
+                  if "DAG(" in path.read_text(encoding="utf-8"))
+
+
 def test_provider_info_and_dag_file_imports_stay_cheap():
     """In a fresh interpreter: the provider info imports no nats-py, Airflow, client or pyspark; importing every
-    operator, sensor, trigger, asset and hook module imports neither nats-py nor pyspark (the first module that
-    does is named): the client modules that use them are imported when a task or trigger runs."""
-    modules = _dag_file_modules()
+    operator, sensor, trigger, asset and hook module, then parsing the example DAGs (which builds their operators,
+    sensors and asset watchers), imports neither nats-py nor pyspark (the first module or file that does is
+    named): the client modules that use them are imported when a task or trigger runs."""
+    modules = _dag_file_modules() + _example_dag_files()
     assert {"airflow_jetstream.operators.spark_submit", "airflow_jetstream.triggers.message",
             "airflow_jetstream.hooks.jetstream"} <= set(modules)
     assert set(_modules_with_public_classes("operators")) <= set(modules)
+    assert len(_example_dag_files()) >= 5
     proc = subprocess.run([sys.executable, "-c", _PROBE, *modules], capture_output=True, text=True, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 
@@ -20,6 +21,7 @@ from airflow_jetstream.client.errors import (
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.operators.consume import JetStreamConsumeOperator
+from tests.support.polling import async_wait_until
 from tests.support.servers import default_conn_id, module_server
 
 SEEN: list[int] = []
@@ -111,6 +113,31 @@ def test_batches_and_max_messages_leave_the_rest_for_the_next_run(conn_id, serve
     second = JetStreamConsumeOperator(**kwargs).execute({})
     assert sorted(seq for batch in BATCHES for seq in batch) == list(range(1, 11))
     assert (second["processed"], second["first_seq"], second["last_seq"]) == (3, 8, 10)
+
+
+def test_a_batch_is_a_whole_pull_request_even_when_its_messages_arrive_one_by_one(conn_id, server) -> None:
+    """Messages published one at a time into an open pull request arrive in separate reads: the batch
+    still holds the request's ``batch_size`` messages (it used to be cut at the first one)."""
+    _run(server, _stream_with, "CONS_TRICKLE", [])
+    _run(server, ensure_consumer, "CONS_TRICKLE", {"durable_name": "trickle", "ack_policy": "explicit"})
+
+    async def publish_into_the_waiting_request(conn) -> None:
+        async def waiting() -> bool:
+            return (await consumer_info(conn, "CONS_TRICKLE", "trickle"))["num_waiting"] >= 1
+        await async_wait_until(waiting, "the operator's pull request")
+        for payload in _orders(3):
+            await conn.js.publish("cons_trickle.0", payload)  # each acked before the next is sent
+
+    publisher = threading.Thread(target=_run, args=(server, publish_into_the_waiting_request))
+    publisher.start()
+    try:
+        summary = JetStreamConsumeOperator(task_id="consume", stream="CONS_TRICKLE", consumer="trickle",
+                                           apply_function_batch=record_batch, batch_size=3, max_messages=3,
+                                           wait=30).execute({})
+    finally:
+        publisher.join(timeout=60)
+    assert BATCHES == [[1, 2, 3]]
+    assert (summary["processed"], summary["stopped"]) == (3, "max_messages")
 
 
 def test_term_on_terminates_bad_messages_and_goes_on(conn_id, server) -> None:

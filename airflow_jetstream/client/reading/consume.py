@@ -183,7 +183,7 @@ async def _consume_durable(conn: JetStreamConnection, stream: str, consumer: str
                 await pull.close(leftover=lambda msg: msg.nak())
                 pull = PullSubscription(conn, stream, consumer, batch=want, expires=options.wait_seconds)
                 await pull.start()
-            delivered = await pull.next_messages(timeout=options.wait_seconds)
+            delivered = await pull.next_messages(timeout=options.wait_seconds, whole_request=options.per_batch)
             if not delivered:
                 log.info("No message from consumer %s within %.1f s: done", consumer, options.wait_seconds)
                 break

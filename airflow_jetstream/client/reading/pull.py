@@ -51,6 +51,7 @@ class PullSubscription:
         self._inbox = ""
         self._open = False  # a pull request the server may still answer
         self._received = 0  # messages of the open request so far
+        self._unreturned: list[Any] = []  # taken by a next_messages() that was cancelled: close() hands them on
         self._request_deadline = 0.0
         self._pause_until = 0.0
         #: When the latest pull request was sent (``time.monotonic()``): no message it brings was delivered
@@ -106,16 +107,21 @@ class PullSubscription:
         # Leadership change, too many waiting requests, ...: pull again, but not at once.
         self._pause_until = asyncio.get_running_loop().time() + _PAUSE_AFTER_REFUSAL
 
-    async def next_messages(self, timeout: float) -> list[Any]:
-        """Messages delivered within ``timeout`` seconds: returns as soon as some arrived ([] if none)."""
+    async def next_messages(self, timeout: float, *, whole_request: bool = False) -> list[Any]:
+        """Messages delivered within ``timeout`` seconds: returns as soon as some arrived ([] if none).
+
+        ``whole_request``: once some arrived, also wait (within ``timeout``) until the open pull request
+        has delivered its ``batch`` or the server ended it, so a batch is not cut where the messages of
+        one request happened to arrive in separate reads. If cancelled while it holds messages, they are
+        kept for :meth:`close`'s ``leftover``."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         out: list[Any] = []
-        while True:  # never awaits while holding messages: a cancellation then cannot lose any
+        while True:  # a cancellation while it holds messages leaves them to close()
             if not self._queue.empty():
                 self._take(self._queue.get_nowait(), out)
                 continue
-            if out or loop.time() >= end:
+            if (out and not (whole_request and self._open)) or loop.time() >= end:
                 return out
             if not self._open:
                 if loop.time() < self._pause_until:
@@ -129,6 +135,9 @@ class PullSubscription:
             except TimeoutError:
                 if loop.time() >= self._request_deadline:
                     self._open = False
+            except asyncio.CancelledError:
+                self._unreturned.extend(out)
+                raise
 
     async def close(self, leftover: Callable[[Any], Awaitable[Any]] | None = None) -> None:
         """Unsubscribe. With ``leftover``: first wait for the open pull request to end (at most
@@ -137,10 +146,10 @@ class PullSubscription:
         request is open would be delivered straight back to it."""
         if self._sub is None:
             return
-        held: list[Any] = []
+        held, self._unreturned = self._unreturned, []
         try:
             if leftover is not None and not self.conn.nc.is_closed:
-                held = await self._until_request_ends()
+                held += await self._until_request_ends()
         finally:
             sub, self._sub = self._sub, None
             if not self.conn.nc.is_closed:

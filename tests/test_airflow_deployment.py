@@ -38,6 +38,7 @@ from airflow_jetstream.client.errors import ConsumerNotFoundError
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.embedded.airflow_local import LocalAirflow
 from airflow_jetstream.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
+from tests.support.airflow_ui import log_in
 from tests.support.nats_calls import call_on_server
 from tests.support.polling import wait_until
 
@@ -244,11 +245,7 @@ def test_event_driven_exactly_once_across_triggerer_stops(airflow: LocalAirflow,
 
 def ui_trigger(page: Any, airflow: LocalAirflow, dag_id: str, rows: int) -> str:
     """Log in as a user does and trigger ``dag_id`` from its page with ``rows`` in the params form."""
-    page.goto(f"{airflow.url}/", wait_until="networkidle")
-    page.get_by_label("Username").fill(airflow.user)
-    page.get_by_label("Password").fill(airflow.password)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_load_state("networkidle")
+    log_in(page, airflow.url, airflow.user, airflow.password)
     page.goto(f"{airflow.url}/dags/{dag_id}", wait_until="networkidle")
     page.get_by_role("button", name="Trigger").first.click()
     dialog = page.get_by_role("dialog")

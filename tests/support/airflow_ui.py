@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,6 +149,17 @@ def airflow_ui(tmp_path_factory: pytest.TempPathFactory, view_server: EmbeddedNa
             proc.wait(timeout=30)
 
 
+def log_in(page: Any, url: str, user: str, password: str) -> None:
+    """Log in through Airflow's login page as a user does; returns once back on ``url/`` with the token cookie
+    (waiting only for the network to go idle after the click can return before the login's redirect)."""
+    page.goto(f"{url}/", wait_until="networkidle")  # redirected to the login page
+    page.get_by_label("Username").fill(user)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"{url}/", wait_until="networkidle")
+    assert any(cookie["name"] == "_token" for cookie in page.context.cookies()), "login set no token cookie"
+
+
 @pytest.fixture(scope="module")
 def browser_context(chromium: Path, airflow_ui: AirflowUI, tmp_path_factory: pytest.TempPathFactory):
     """The browser, logged in to Airflow through its login page (the UI keeps the token in a cookie).
@@ -169,12 +181,7 @@ def browser_context(chromium: Path, airflow_ui: AirflowUI, tmp_path_factory: pyt
         context.set_default_timeout(30_000)
         try:
             login = context.new_page()
-            login.goto(f"{airflow_ui.url}/", wait_until="networkidle")  # redirected to the login page
-            login.get_by_label("Username").fill(USER)
-            login.get_by_label("Password").fill(PASSWORD)
-            login.get_by_role("button", name="Sign in").click()
-            login.wait_for_url(f"{airflow_ui.url}/", wait_until="networkidle")
-            assert any(cookie["name"] == "_token" for cookie in context.cookies()), "login set no token cookie"
+            log_in(login, airflow_ui.url, USER, PASSWORD)
             login.close()
             yield context
         finally:

@@ -58,9 +58,9 @@ READ_ATTEMPTS = 6
 #: Pause before a redone read: after a heal, consumer placement and route interest settle within seconds.
 READ_PAUSE = 2.0
 #: What cuts a read short right after a heal: no responders yet for the new consumer's pull requests or
-#: an API request (503), a request timing out, or a read that ended with fewer messages than the stream holds.
-TRANSIENT_READ = (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError, nats.errors.TimeoutError,
-                  ShortRead)
+#: an API request (503), its consumer gone (409), a request timing out, or a read that ended with fewer
+#: messages than the stream holds. A redone read starts afresh, so redoing it after any of these is safe.
+TRANSIENT_READ = (nats.js.errors.APIError, nats.errors.NoRespondersError, nats.errors.TimeoutError, ShortRead)
 
 
 async def read_back(servers: list[str]) -> tuple[Stored, dict[str, dict[str, Any]]]:

@@ -54,7 +54,7 @@ def test_read_back_redoes_a_read_whose_consumer_vanished(nats_server: EmbeddedNa
         places = [stored.of(f"{stream}-{n}") for n in range(300)]
         assert places == [[(stream, n + 1)] for n in range(300)], stream
     assert records == {"b1": {"batch_id": "b1", "state": "committed"}}
-    assert f"reading stream {checker.READ_STREAMS[0]} back: ServiceUnavailableError" in capsys.readouterr().out
+    assert f"reading stream {checker.READ_STREAMS[0]} back: " in capsys.readouterr().out  # 503, or 409 if deleted late
 
 
 def test_read_back_gives_up_after_its_attempts(nats_server: EmbeddedNatsServer,
@@ -69,5 +69,5 @@ def test_read_back_gives_up_after_its_attempts(nats_server: EmbeddedNatsServer,
 
     monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", fetch_without_consumer)
     monkeypatch.setattr(checker, "READ_PAUSE", 0.0)
-    with pytest.raises(nats.js.errors.ServiceUnavailableError):
+    with pytest.raises(nats.js.errors.APIError):
         asyncio.run(checker.read_back([nats_server.url]))

@@ -39,7 +39,7 @@ demo-cluster: install
 # A local Airflow (api-server, scheduler, dag-processor, triggerer) on PostgreSQL (Debian's package, installed with
 # apt-get where missing; SQLite as a fallback) + nats-server with the examples; Ctrl-C stops it.
 up: install
-	$(PY) -m airflow_jetstream.embedded.airflow_local
+	$(PY) -m tests.infra.airflow_local
 
 test: install $(NODE_STAMP)
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench

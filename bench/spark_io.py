@@ -362,7 +362,7 @@ def bulk_vs_bare(rows: int, rounds: int) -> int:
 
 def standalone_vs_local(rows: int) -> int:
     """The data source on local[2] and on a standalone cluster, same rows and server, one run."""
-    from airflow_jetstream.embedded.spark_cluster import EmbeddedSparkCluster
+    from tests.infra.spark_cluster import EmbeddedSparkCluster
 
     print(f"spark_io --standalone: {rows:,} rows, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     with EmbeddedNatsServer() as server:

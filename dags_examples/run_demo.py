@@ -104,7 +104,7 @@ def start_embedded(stack: ExitStack, home: Path) -> tuple[dict[str, Any], str, d
 def start_clusters(stack: ExitStack, home: Path) -> tuple[dict[str, Any], str, dict[str, str]]:
     """``make demo-cluster``: a 3-node NATS cluster with TLS and a user/password, a Spark standalone cluster."""
     from airflow_jetstream.embedded import EmbeddedNatsCluster
-    from airflow_jetstream.embedded.spark_cluster import EmbeddedSparkCluster
+    from tests.infra.spark_cluster import EmbeddedSparkCluster
     from tests.support.tls import make_tls_files
 
     tls = make_tls_files(home / "nats" / "tls")  # a throw-away CA and a certificate for 127.0.0.1

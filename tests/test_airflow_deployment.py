@@ -1,6 +1,6 @@
 """A real Airflow deployment: api-server, scheduler, dag-processor and triggerer as separate processes.
 
-One deployment for the module (``airflow_jetstream.embedded.airflow_local.LocalAirflow``: LocalExecutor,
+One deployment for the module (``tests.infra.airflow_local.LocalAirflow``: LocalExecutor,
 sqlite, everything on 127.0.0.1, log servers skipped) with the example DAGs against one real
 nats-server. It proves that the orders pipeline runs to success through the scheduler with its
 sensors deferred to the triggerer, that the examples share the server, and that the event-driven
@@ -36,8 +36,8 @@ from airflow_jetstream.client import ConnectionSettings, open_connection
 from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.errors import ConsumerNotFoundError
 from airflow_jetstream.embedded import EmbeddedNatsServer
-from airflow_jetstream.embedded.airflow_local import LocalAirflow
-from airflow_jetstream.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
+from tests.infra.airflow_local import LocalAirflow
+from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError
 from tests.support.airflow_ui import log_in
 from tests.support.nats_calls import call_on_server
 from tests.support.polling import wait_until
@@ -329,7 +329,7 @@ def _start_up(up_home: Path, password: str) -> tuple[subprocess.Popen[str], list
     """Run what `make up` runs until it printed the login; returns the process and its output so far."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__"))}
     env.update(UP_HOME=str(up_home), AIRFLOW_UP_PASSWORD=password)
-    proc = subprocess.Popen([sys.executable, "-m", "airflow_jetstream.embedded.airflow_local"], env=env, cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "tests.infra.airflow_local"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return proc, _read_until(proc, "Ctrl-C stops everything")
 

@@ -32,8 +32,8 @@ from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_con
 from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.errors import ConsumerNotFoundError
 from airflow_jetstream.embedded import EmbeddedNatsServer
-from airflow_jetstream.embedded.airflow_local import LocalAirflow
-from airflow_jetstream.embedded.postgres import EmbeddedPostgres
+from tests.infra.airflow_local import LocalAirflow
+from tests.infra.postgres import EmbeddedPostgres
 from tests.support.nats_calls import call_on_server
 from tests.support.polling import wait_until
 

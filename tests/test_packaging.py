@@ -23,6 +23,9 @@ pytestmark = pytest.mark.packaging
 
 REPO = Path(__file__).resolve().parents[1]
 NOT_SHIPPED = ("tests/", "dags_examples/", "bench/", "docs/", "site/", "conftest.py")
+# What starts PostgreSQL, Airflow or Spark servers (apt-get, initdb, Spark's master/worker/Connect classes).
+DEV_INFRA_MARKS = ("apt-get", "initdb", "pg_ctl", "deploy.master.Master", "deploy.worker.Worker",
+                   "connect.service.SparkConnectServer")
 
 
 def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -59,6 +62,12 @@ def test_wheel_holds_the_package_and_nothing_else(dist: Path) -> None:
     missing = sorted((source & tracked) - set(names))
     assert not missing, f"package modules missing from the wheel: {missing}"
     assert f"{dist_info}licenses/LICENSE" in names
+    # Development infrastructure (PostgreSQL, a local Airflow, Spark clusters for `make up`, the demos and this
+    # suite) lives in tests/infra, not in what every worker installs.
+    wheel = zipfile.ZipFile(_wheel(dist))
+    infra = [n for n in names if n.endswith(".py")
+             and any(mark in wheel.read(n).decode() for mark in DEV_INFRA_MARKS)]
+    assert not infra, f"development infrastructure in the wheel: {infra}"
     assert "airflow_jetstream/py.typed" in names  # the type hints are part of the API (PEP 561)
 
 

@@ -18,8 +18,8 @@ import pytest
 
 from airflow_jetstream.client import ConnectionSettings, open_connection, stream_info
 from airflow_jetstream.client.reading.range_read import read_range
-from airflow_jetstream.embedded.spark_connect import EmbeddedSparkConnectServer
 from tests.conftest import AUTH_PASSWORD, AUTH_USER
+from tests.infra.spark_connect import EmbeddedSparkConnectServer
 from tests.support.airflow_cli import dag_test_env, nats_conn_json, run_airflow
 from tests.support.bare_python import make_bare_python
 from tests.support.spark_connect import bare_connect_server

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from airflow_jetstream.embedded import EmbeddedNatsServer
-from airflow_jetstream.embedded.spark_cluster import EmbeddedSparkCluster
+from tests.infra.spark_cluster import EmbeddedSparkCluster
 from tests.support.bare_python import make_bare_python
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, stream_info
-from airflow_jetstream.embedded.spark_connect import EmbeddedSparkConnectServer
 from tests.conftest import AUTH_PASSWORD, AUTH_USER, set_nats_connection
+from tests.infra.spark_connect import EmbeddedSparkConnectServer
 from tests.support.nats_calls import call_on_server
 from tests.support.spark_connect import bare_connect_server
 

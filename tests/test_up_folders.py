@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_jetstream.embedded.airflow_local import up_folders
+from tests.infra.airflow_local import up_folders
 
 REPO = Path(__file__).resolve().parents[1]
 

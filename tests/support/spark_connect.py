@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow_jetstream.embedded.spark_connect import EmbeddedSparkConnectServer
+from tests.infra.spark_connect import EmbeddedSparkConnectServer
 from tests.support.bare_python import make_bare_python
 
 

@@ -29,8 +29,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from airflow_jetstream.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
 from airflow_jetstream.embedded.server import free_port
+from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -183,7 +183,7 @@ class LocalAirflow:
         env = self.env()
         if name == "triggerer":  # its job row names it, so one can tell which triggerer runs a trigger
             env.update(LOCAL_AIRFLOW_COMPONENT=key,
-                       AIRFLOW__CORE__HOSTNAME_CALLABLE="airflow_jetstream.embedded.airflow_local.component_hostname")
+                       AIRFLOW__CORE__HOSTNAME_CALLABLE="tests.infra.airflow_local.component_hostname")
         with (log_dir / f"{key}.log").open("ab") as out:
             proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from airflow_jetstream.embedded.server import EmbeddedServerError, free_port, stop_process_group
-from airflow_jetstream.embedded.spark_cluster import spark_home
+from tests.infra.spark_cluster import spark_home
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 READY_LINE = "Spark Connect server started at"

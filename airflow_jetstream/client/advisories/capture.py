@@ -47,7 +47,6 @@ from airflow_jetstream.client.advisories.types import (
     METRIC_PREFIX,
     Advisory,
     AdvisoryKind,
-    BatchAbandoned,
     advisory_subject,
     decode_advisory,
     get_kind,
@@ -68,7 +67,7 @@ from airflow_jetstream.client.times import parse_time, to_rfc3339
 
 __all__ = [
     "ADVISORY_PREFIX", "DEFAULT_CAPTURE_STREAM", "DEFAULT_CAPTURE_SUBJECTS", "EVENT_PREFIX", "KINDS", "METRIC_PREFIX",
-    "Advisory", "AdvisoryFilter", "AdvisoryKind", "AdvisoryPredicateError", "BatchAbandoned", "CaptureReader",
+    "Advisory", "AdvisoryFilter", "AdvisoryKind", "AdvisoryPredicateError", "CaptureReader",
     "advisory_subject", "capture_gap", "capture_info", "capture_stream_config", "decode_advisory",
     "ensure_capture_stream", "find_captured",
     "get_kind", "listen_live", "load_predicate", "parse_advisory", "predicate_path", "subject_matches",

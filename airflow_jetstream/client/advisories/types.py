@@ -1,9 +1,10 @@
-"""JetStream advisories as typed values: kinds, subjects and parsing of the server's JSON.
+"""JetStream advisories as values: one table of kinds (subject, JSON type, typed fields) and the parser.
 
-Every advisory (and the consumer ack metric) of nats-server 2.15 has a short name in :data:`KINDS`
-(``"batch_abandoned"``) with its subject and JSON type. :func:`parse_advisory` turns the JSON into
-a typed :class:`Advisory`; unknown types are never an error: they parse into a plain
-:class:`Advisory` whose ``to_dict()`` is the raw JSON.
+Every advisory (and the consumer ack metric) of nats-server 2.15 is one row of :data:`KINDS`, by
+short name (``"batch_abandoned"``). :func:`parse_advisory` turns the server's JSON into an
+:class:`Advisory` whose ``kind`` is that name and whose typed fields (``advisory.batch``,
+``advisory.stream_seq`` ...) are read from the JSON by the row's field list. Unknown types are never
+an error: they parse into an :class:`Advisory` with ``kind`` None whose ``to_dict()`` is the raw JSON.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.subjects import validate_name
@@ -28,16 +29,19 @@ DEFAULT_CAPTURE_STREAM = "ADVISORIES"
 DEFAULT_CAPTURE_SUBJECTS = (f"{ADVISORY_PREFIX}.>",)
 
 
-# --------------------------------------------------------------------------------------- kinds
-
-
 @dataclass(frozen=True)
 class AdvisoryKind:
-    """One advisory the server publishes: its short name, subject template and JSON type."""
+    """One advisory the server publishes: short name, subject template, JSON type and typed fields.
+
+    ``action`` tells kinds apart that share a JSON type (``stream_action`` with ``create`` /
+    ``modify`` / ``delete``).
+    """
 
     name: str
     subject: str  # relative to the prefix; "{stream}" / "{consumer}" tokens
     type: str
+    fields: tuple[str, ...] = ()
+    action: str | None = None
     prefix: str = ADVISORY_PREFIX
 
     @property
@@ -57,42 +61,54 @@ class AdvisoryKind:
         return f"{self.prefix}.{rel}"
 
 
-def _kind(name: str, subject: str, type_suffix: str, prefix: str = ADVISORY_PREFIX,
-          type_prefix: str = TYPE_PREFIX) -> AdvisoryKind:
-    return AdvisoryKind(name, subject, type_prefix + type_suffix, prefix)
+_SEQS = ("consumer_seq", "stream_seq", "deliveries")
+_LEADER = ("leader", "cluster", "replicas")
+_SNAPSHOT = ("start", "end", "bytes", "client", "state")
+_SERVER = ("server", "server_id", "cluster")
+_ROWS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    # name, subject after $JS.EVENT.ADVISORY., JSON type after io.nats.jetstream.advisory.v1. (":action"), fields
+    ("stream_created", "STREAM.CREATED.{stream}", "stream_action:create", ("action",)),
+    ("stream_updated", "STREAM.UPDATED.{stream}", "stream_action:modify", ("action",)),
+    ("stream_deleted", "STREAM.DELETED.{stream}", "stream_action:delete", ("action",)),
+    ("consumer_created", "CONSUMER.CREATED.{stream}.{consumer}", "consumer_action:create", ("action",)),
+    ("consumer_deleted", "CONSUMER.DELETED.{stream}.{consumer}", "consumer_action:delete", ("action",)),
+    ("consumer_pause", "CONSUMER.PAUSE.{stream}.{consumer}", "consumer_pause", ("paused", "pause_until")),
+    ("consumer_pinned", "CONSUMER.PINNED.{stream}.{consumer}", "consumer_group_pinned", ("group", "pinned_id")),
+    ("consumer_unpinned", "CONSUMER.UNPINNED.{stream}.{consumer}", "consumer_group_unpinned", ("group", "reason")),
+    ("max_deliveries", "CONSUMER.MAX_DELIVERIES.{stream}.{consumer}", "max_deliver", ("stream_seq", "deliveries")),
+    ("msg_naked", "CONSUMER.MSG_NAKED.{stream}.{consumer}", "nak", _SEQS),
+    ("msg_terminated", "CONSUMER.MSG_TERMINATED.{stream}.{consumer}", "terminated", (*_SEQS, "reason")),
+    ("batch_abandoned", "STREAM.BATCH_ABANDONED.{stream}", "stream_batch_abandoned", ("batch", "reason")),
+    ("api_audit", "API", "api_audit", ("server", "client", "api_subject", "request", "response")),
+    ("api_limit_reached", "API.LIMIT_REACHED", "api_limit_reached", ("server", "dropped")),
+    ("stream_leader_elected", "STREAM.LEADER_ELECTED.{stream}", "stream_leader_elected", _LEADER),
+    ("stream_quorum_lost", "STREAM.QUORUM_LOST.{stream}", "stream_quorum_lost", ("replicas",)),
+    ("consumer_leader_elected", "CONSUMER.LEADER_ELECTED.{stream}.{consumer}", "consumer_leader_elected", _LEADER),
+    ("consumer_quorum_lost", "CONSUMER.QUORUM_LOST.{stream}.{consumer}", "consumer_quorum_lost", ("replicas",)),
+    ("domain_leader_elected", "DOMAIN.LEADER_ELECTED", "domain_leader_elected", _LEADER),
+    ("snapshot_create", "STREAM.SNAPSHOT_CREATE.{stream}", "snapshot_create", _SNAPSHOT),
+    ("snapshot_complete", "STREAM.SNAPSHOT_COMPLETE.{stream}", "snapshot_complete", _SNAPSHOT),
+    ("restore_create", "STREAM.RESTORE_CREATE.{stream}", "restore_create", _SNAPSHOT),
+    ("restore_complete", "STREAM.RESTORE_COMPLETE.{stream}", "restore_complete", _SNAPSHOT),
+    ("server_out_of_storage", "SERVER.OUT_OF_STORAGE", "server_out_of_space", _SERVER),
+    ("server_removed", "SERVER.REMOVED", "server_removed", _SERVER),
+)
+
+
+def _row(name: str, subject: str, type_action: str, fields: tuple[str, ...]) -> AdvisoryKind:
+    type_suffix, _, action = type_action.partition(":")
+    return AdvisoryKind(name, subject, TYPE_PREFIX + type_suffix, fields, action or None)
 
 
 #: Every advisory (and the consumer ack metric) of nats-server 2.15, by short name.
 KINDS: dict[str, AdvisoryKind] = {k.name: k for k in (
-    _kind("stream_created", "STREAM.CREATED.{stream}", "stream_action"),
-    _kind("stream_updated", "STREAM.UPDATED.{stream}", "stream_action"),
-    _kind("stream_deleted", "STREAM.DELETED.{stream}", "stream_action"),
-    _kind("consumer_created", "CONSUMER.CREATED.{stream}.{consumer}", "consumer_action"),
-    _kind("consumer_deleted", "CONSUMER.DELETED.{stream}.{consumer}", "consumer_action"),
-    _kind("consumer_pause", "CONSUMER.PAUSE.{stream}.{consumer}", "consumer_pause"),
-    _kind("consumer_pinned", "CONSUMER.PINNED.{stream}.{consumer}", "consumer_group_pinned"),
-    _kind("consumer_unpinned", "CONSUMER.UNPINNED.{stream}.{consumer}", "consumer_group_unpinned"),
-    _kind("max_deliveries", "CONSUMER.MAX_DELIVERIES.{stream}.{consumer}", "max_deliver"),
-    _kind("msg_naked", "CONSUMER.MSG_NAKED.{stream}.{consumer}", "nak"),
-    _kind("msg_terminated", "CONSUMER.MSG_TERMINATED.{stream}.{consumer}", "terminated"),
-    _kind("batch_abandoned", "STREAM.BATCH_ABANDONED.{stream}", "stream_batch_abandoned"),
-    _kind("api_audit", "API", "api_audit"),
-    _kind("api_limit_reached", "API.LIMIT_REACHED", "api_limit_reached"),
-    _kind("stream_leader_elected", "STREAM.LEADER_ELECTED.{stream}", "stream_leader_elected"),
-    _kind("stream_quorum_lost", "STREAM.QUORUM_LOST.{stream}", "stream_quorum_lost"),
-    _kind("consumer_leader_elected", "CONSUMER.LEADER_ELECTED.{stream}.{consumer}", "consumer_leader_elected"),
-    _kind("consumer_quorum_lost", "CONSUMER.QUORUM_LOST.{stream}.{consumer}", "consumer_quorum_lost"),
-    _kind("domain_leader_elected", "DOMAIN.LEADER_ELECTED", "domain_leader_elected"),
-    _kind("snapshot_create", "STREAM.SNAPSHOT_CREATE.{stream}", "snapshot_create"),
-    _kind("snapshot_complete", "STREAM.SNAPSHOT_COMPLETE.{stream}", "snapshot_complete"),
-    _kind("restore_create", "STREAM.RESTORE_CREATE.{stream}", "restore_create"),
-    _kind("restore_complete", "STREAM.RESTORE_COMPLETE.{stream}", "restore_complete"),
-    _kind("server_out_of_storage", "SERVER.OUT_OF_STORAGE", "server_out_of_space"),
-    _kind("server_removed", "SERVER.REMOVED", "server_removed"),
-    _kind("consumer_ack", "CONSUMER.ACK.{stream}.{consumer}", "consumer_ack", METRIC_PREFIX, METRIC_TYPE_PREFIX),
+    *(_row(*row) for row in _ROWS),
+    AdvisoryKind("consumer_ack", "CONSUMER.ACK.{stream}.{consumer}", METRIC_TYPE_PREFIX + "consumer_ack",
+                 ("consumer_seq", "stream_seq", "ack_time", "deliveries"), prefix=METRIC_PREFIX),
 )}
-_STREAM_ACTIONS = {"create": "stream_created", "modify": "stream_updated", "delete": "stream_deleted"}
-_CONSUMER_ACTIONS = {"create": "consumer_created", "delete": "consumer_deleted"}
+_BY_TYPE: dict[str, list[AdvisoryKind]] = {}
+for _kind in KINDS.values():
+    _BY_TYPE.setdefault(_kind.type, []).append(_kind)
 
 
 def advisory_subject(kind: str, stream: str | None = None, consumer: str | None = None) -> str:
@@ -153,39 +169,46 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-#: How each known JSON field is coerced; anything unreadable becomes None (never an exception).
+#: How each typed field is read from the JSON; anything unreadable becomes None (never an exception).
 _COERCE: dict[str, Callable[[Any], Any]] = {
     "stream_seq": _as_int, "consumer_seq": _as_int, "deliveries": _as_int, "bytes": _as_int,
     "dropped": _as_int, "ack_time": _as_int, "paused": _as_bool, "pause_until": parse_timestamp,
     "start": parse_timestamp, "end": parse_timestamp, "client": _as_dict, "state": _as_dict,
     "replicas": _as_list,
 }
-_JSON_NAMES = {"api_subject": "subject", "batch": "batch"}
+_JSON_NAMES = {"api_subject": "subject"}  # api_audit's "subject" is the API subject, not the advisory's
+
+
+def _read_field(data: Mapping[str, Any], name: str) -> Any:
+    coerce: Callable[[Any], Any] = _COERCE.get(name, _as_str)
+    return coerce(data.get(_JSON_NAMES.get(name, name)))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Advisory:
-    """An advisory as received. Subclasses add the typed fields of each known type.
+    """An advisory as received.
 
-    ``subject`` is the NATS subject it was published on; ``capture_seq`` its sequence in the
-    capture stream (None when read live); ``raw`` the JSON exactly as sent.
+    ``kind`` is its short name in :data:`KINDS` (None for a type this version does not know);
+    ``subject`` the NATS subject it was published on; ``capture_seq`` its sequence in the capture
+    stream (None when read live); ``raw`` the JSON exactly as sent; ``fields`` the kind's typed
+    fields, also readable as attributes (``advisory.batch``, ``advisory.stream_seq``).
     """
 
     type: str
+    kind: str | None = None
     id: str | None = None
     timestamp: datetime | None = None
     subject: str | None = None
     capture_seq: int | None = None
     domain: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
-    kind_name: ClassVar[str | None] = None
-    _base_fields: ClassVar[frozenset[str]] = frozenset({"type", "id", "timestamp", "subject", "capture_seq",
-                                                        "domain", "raw"})
+    fields: Mapping[str, Any] = field(default_factory=dict)
 
-    @property
-    def kind(self) -> str | None:
-        """The short name (``batch_abandoned``, ``max_deliveries`` ...), None for an unknown type."""
-        return self.kind_name
+    def __getattr__(self, name: str) -> Any:
+        typed = self.__dict__.get("fields", {})
+        if name in typed:
+            return typed[name]
+        raise AttributeError(f"{self.kind or self.type} advisory has no field {name!r}")
 
     @property
     def stream(self) -> str | None:
@@ -203,207 +226,19 @@ class Advisory:
         out["capture_seq"] = self.capture_seq
         return out
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any], **common: Any) -> Advisory:
-        extra = {}
-        for f in fields(cls):
-            if f.name in cls._base_fields or not f.init:
-                continue
-            json_name = _JSON_NAMES.get(f.name, f.name)
-            coerce: Callable[[Any], Any] = _COERCE.get(f.name, _as_str)
-            extra[f.name] = coerce(data.get(json_name))
-        return cls(**common, **extra)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StreamAction(Advisory):
-    """A stream was created, updated or deleted (``action`` create / modify / delete)."""
-
-    action: str | None = None
-
-    @property
-    def kind(self) -> str | None:
-        return _STREAM_ACTIONS.get(self.action or "")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConsumerAction(Advisory):
-    """A consumer was created or deleted."""
-
-    action: str | None = None
-
-    @property
-    def kind(self) -> str | None:
-        return _CONSUMER_ACTIONS.get(self.action or "")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConsumerPause(Advisory):
-    kind_name: ClassVar[str | None] = "consumer_pause"
-    paused: bool | None = None
-    pause_until: datetime | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConsumerGroupPinned(Advisory):
-    kind_name: ClassVar[str | None] = "consumer_pinned"
-    group: str | None = None
-    pinned_id: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConsumerGroupUnpinned(Advisory):
-    kind_name: ClassVar[str | None] = "consumer_unpinned"
-    group: str | None = None
-    reason: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class MaxDeliveries(Advisory):
-    """A message hit the consumer's max_deliver: a candidate for dead-letter handling."""
-
-    kind_name: ClassVar[str | None] = "max_deliveries"
-    stream_seq: int | None = None
-    deliveries: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class MessageNaked(Advisory):
-    kind_name: ClassVar[str | None] = "msg_naked"
-    consumer_seq: int | None = None
-    stream_seq: int | None = None
-    deliveries: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class MessageTerminated(Advisory):
-    kind_name: ClassVar[str | None] = "msg_terminated"
-    consumer_seq: int | None = None
-    stream_seq: int | None = None
-    deliveries: int | None = None
-    reason: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConsumerAckMetric(Advisory):
-    """Sampled ack metric (consumers with ``sample_freq``); published under ``$JS.EVENT.METRIC``."""
-
-    kind_name: ClassVar[str | None] = "consumer_ack"
-    consumer_seq: int | None = None
-    stream_seq: int | None = None
-    ack_time: int | None = None
-    deliveries: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class BatchAbandoned(Advisory):
-    """An atomic batch was abandoned; ``reason`` is timeout, large, incomplete or unsupported."""
-
-    kind_name: ClassVar[str | None] = "batch_abandoned"
-    batch: str | None = None
-    reason: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ApiAudit(Advisory):
-    """A JetStream API call; ``api_subject`` is the API subject (JSON field ``subject``)."""
-
-    kind_name: ClassVar[str | None] = "api_audit"
-    server: str | None = None
-    client: dict[str, Any] | None = field(default=None, repr=False)
-    api_subject: str | None = None
-    request: str | None = field(default=None, repr=False)
-    response: str | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ApiLimitReached(Advisory):
-    kind_name: ClassVar[str | None] = "api_limit_reached"
-    server: str | None = None
-    dropped: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class LeaderElected(Advisory):
-    """A stream, consumer or domain (meta) leader was elected (clustered servers)."""
-
-    leader: str | None = None
-    cluster: str | None = None
-    replicas: list[Any] = field(default_factory=list, repr=False)
-
-    @property
-    def kind(self) -> str | None:
-        return _TYPE_TO_KIND.get(self.type)
-
-
-@dataclass(frozen=True, kw_only=True)
-class QuorumLost(Advisory):
-    """A clustered stream or consumer lost quorum and is stalled."""
-
-    replicas: list[Any] = field(default_factory=list, repr=False)
-
-    @property
-    def kind(self) -> str | None:
-        return _TYPE_TO_KIND.get(self.type)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SnapshotOrRestore(Advisory):
-    """A stream snapshot or restore started or completed."""
-
-    start: datetime | None = None
-    end: datetime | None = None
-    bytes: int | None = None
-    client: dict[str, Any] | None = field(default=None, repr=False)
-    state: dict[str, Any] | None = field(default=None, repr=False)
-
-    @property
-    def kind(self) -> str | None:
-        return _TYPE_TO_KIND.get(self.type)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerEvent(Advisory):
-    """A server ran out of storage (JetStream disabled) or was removed from the cluster."""
-
-    server: str | None = None
-    server_id: str | None = None
-    cluster: str | None = None
-
-    @property
-    def kind(self) -> str | None:
-        return _TYPE_TO_KIND.get(self.type)
-
-
-_TYPE_TO_KIND = {k.type: k.name for k in KINDS.values() if k.type.split(".")[-1] not in
-                 ("stream_action", "consumer_action")}
-_CLASSES: dict[str, type[Advisory]] = {
-    "stream_action": StreamAction, "consumer_action": ConsumerAction, "consumer_pause": ConsumerPause,
-    "consumer_group_pinned": ConsumerGroupPinned, "consumer_group_unpinned": ConsumerGroupUnpinned,
-    "max_deliver": MaxDeliveries, "nak": MessageNaked, "terminated": MessageTerminated,
-    "consumer_ack": ConsumerAckMetric, "stream_batch_abandoned": BatchAbandoned, "api_audit": ApiAudit,
-    "api_limit_reached": ApiLimitReached, "stream_leader_elected": LeaderElected,
-    "consumer_leader_elected": LeaderElected, "domain_leader_elected": LeaderElected,
-    "stream_quorum_lost": QuorumLost, "consumer_quorum_lost": QuorumLost,
-    "snapshot_create": SnapshotOrRestore, "snapshot_complete": SnapshotOrRestore,
-    "restore_create": SnapshotOrRestore, "restore_complete": SnapshotOrRestore,
-    "server_out_of_space": ServerEvent, "server_removed": ServerEvent,
-}
-
 
 def parse_advisory(data: Mapping[str, Any], *, subject: str | None = None,
                    capture_seq: int | None = None) -> Advisory:
-    """Typed advisory from its JSON object. Unknown types give a plain :class:`Advisory`."""
+    """An :class:`Advisory` from its JSON object; an unknown type gives ``kind`` None and no typed fields."""
     type_name = _as_str(data.get("type")) or ""
-    cls: type[Advisory] = Advisory
-    for prefix in (TYPE_PREFIX, METRIC_TYPE_PREFIX):
-        if type_name.startswith(prefix):
-            cls = _CLASSES.get(type_name[len(prefix):], Advisory)
-    common = {
-        "type": type_name, "id": _as_str(data.get("id")), "timestamp": parse_timestamp(data.get("timestamp")),
-        "subject": subject, "capture_seq": capture_seq, "domain": _as_str(data.get("domain")), "raw": dict(data),
-    }
-    return cls.from_json(data, **common)
+    candidates = _BY_TYPE.get(type_name, [])
+    kind = next((k for k in candidates if k.action in (None, data.get("action"))), None)
+    typed = {name: _read_field(data, name) for name in (candidates[0].fields if candidates else ())}
+    return Advisory(
+        type=type_name, kind=kind.name if kind else None, id=_as_str(data.get("id")),
+        timestamp=parse_timestamp(data.get("timestamp")), subject=subject, capture_seq=capture_seq,
+        domain=_as_str(data.get("domain")), raw=dict(data), fields=typed,
+    )
 
 
 def decode_advisory(payload: bytes, *, subject: str | None = None, capture_seq: int | None = None) -> Advisory | None:

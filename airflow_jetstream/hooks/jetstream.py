@@ -9,12 +9,13 @@ from contextlib import asynccontextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from airflow.providers.common.compat.sdk import AirflowNotFoundException
 from airflow.sdk import BaseHook
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.errors import JetStreamError
 from airflow_jetstream.client.settings import ConnectionSettings
-from airflow_jetstream.hooks.connection_settings import settings_from_connection
+from airflow_jetstream.hooks.connection_settings import CONN_TYPE, connection_not_found, settings_from_connection
 from airflow_jetstream.stats import install_airflow_stats
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class JetStreamHook(BaseHook):
 
     conn_name_attr = "nats_conn_id"
     default_conn_name = "nats_default"
-    conn_type = "nats"
+    conn_type = CONN_TYPE
     hook_name = "NATS JetStream"
 
     def __init__(self, nats_conn_id: str = default_conn_name, **settings_overrides: Any) -> None:
@@ -89,13 +90,26 @@ class JetStreamHook(BaseHook):
         return self.get_settings()
 
     def get_settings(self) -> ConnectionSettings:
-        settings = settings_from_connection(self.get_connection(self.nats_conn_id), **self.settings_overrides)
+        """Client settings from the connection.
+
+        :raises ConnectionNotFoundError: no connection has the id.
+        :raises ConnectionTypeError: the connection is not of type ``nats``.
+        :raises InvalidSettingsError: its fields are malformed.
+        """
+        try:
+            conn = self.get_connection(self.nats_conn_id)
+        except AirflowNotFoundException:
+            raise connection_not_found(self.nats_conn_id) from None
+        settings = settings_from_connection(conn, **self.settings_overrides)
         _mask(settings)
         return settings
 
     async def aget_settings(self) -> ConnectionSettings:
         """Async variant for triggers: resolves the connection without blocking the event loop."""
-        conn = await self.aget_connection(self.nats_conn_id)
+        try:
+            conn = await self.aget_connection(self.nats_conn_id)
+        except AirflowNotFoundException:
+            raise connection_not_found(self.nats_conn_id) from None
         settings = settings_from_connection(conn, **self.settings_overrides)
         _mask(settings)
         return settings

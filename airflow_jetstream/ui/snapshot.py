@@ -20,6 +20,7 @@ from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import JetStreamError, RequestTimeoutError
 from airflow_jetstream.client.ledger import DEFAULT_BUCKET
 from airflow_jetstream.client.subjects import validate_name
+from airflow_jetstream.hooks.connection_settings import ConnectionNotFoundError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 
 
@@ -107,6 +108,8 @@ def read_snapshot(connection_id: str, *, ledger_bucket: str = DEFAULT_BUCKET,
                              connect_timeout=min(own.connect_timeout, limits.request_timeout),
                              request_timeout=min(own.request_timeout, limits.request_timeout))
         result.update(hook.run(_collect, ledger_bucket, capture_stream, limits))
+    except ConnectionNotFoundError:
+        raise  # an AirflowNotFoundException: the app answers 404
     except JetStreamError as exc:
         result["error"] = exc.to_dict()
     result["elapsed_ms"] = round((time.monotonic() - started) * 1000)

@@ -145,6 +145,12 @@ class ServerAPIError(JetStreamError):
     default_reason = "api_error"
 
 
+class LimitReachedError(ServerAPIError):
+    """A server or account limit refused the request (``reason`` names it: ``consumer_limit``, ``stream_limit``)."""
+
+    default_reason = "limit_reached"
+
+
 class PlacementError(JetStreamError):
     """The cluster cannot place the stream or bucket: too many replicas, unknown cluster or tags, no room."""
 
@@ -344,6 +350,12 @@ _API_ERRORS: dict[int, tuple[type[JetStreamError], str, str]] = {
     10100: (ConsumerConfigError, "workqueue_filter_not_unique",
             "on a WorkQueue stream a subject may be filtered by one consumer only: remove it from the other first"),
     10138: (ConsumerConfigError, "filter_subjects_overlap", "keep only the wider of the overlapping filters"),
+    10026: (LimitReachedError, "consumer_limit",
+            "the stream's max_consumers is reached (nats-server allows 1,000 consumers on a stream that leaves it "
+            "unset) or the account's consumer limit is: raise max_consumers on the stream (an explicit value lifts "
+            "the default) or delete consumers nobody reads"),
+    10027: (LimitReachedError, "stream_limit",
+            "the account's maximum number of streams is reached: delete unused streams or raise the account limit"),
     10008: (LeaderUnavailableError, "leader_unavailable",
             "the cluster is electing a leader; retry shortly, or check that a quorum of servers runs"),
     10009: (LeaderUnavailableError, "leader_unavailable",

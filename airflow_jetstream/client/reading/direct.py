@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -174,6 +175,38 @@ async def get_messages(conn: JetStreamConnection, stream: str, *, limit: int, st
         last = int((info.get("state") or {}).get("last_seq") or 0)
         return await _gets_by_seq(conn, stream, max(seq, first), last, limit)
     return await _gets_in_order(conn, stream, seq, since, subject, limit)
+
+
+async def read_until(conn: JetStreamConnection, stream: str, last_seq: int, *, start_seq: int = 1,
+                     start_time: datetime | str | None = None, subject: str | None = None,
+                     info: dict[str, Any] | None = None) -> AsyncGenerator[list[StoredMessage], None]:
+    """Every message from ``start_seq`` (or the first stored at or after ``start_time``) up to ``last_seq``
+    (inclusive), only those on ``subject`` when given, page by page.
+
+    Complete up to ``last_seq``: a direct read is answered by any replica, and one still applying the latest
+    writes may end early; then the stream leader is asked (one message get) whether anything up to
+    ``last_seq`` is left, and the rest is read from it.
+    """
+    info = info if info is not None else await _stream_info(conn, stream)
+    state = info.get("state") or {}  # a cached info may predate last_seq: message gets read up to it
+    info = {**info, "state": {**state, "last_seq": max(int(state.get("last_seq") or 0), last_seq)}}
+    leader_only = not direct_allowed(conn, info, batch=True)
+    seq, since, limit = max(start_seq, 1), start_time, BATCH
+    while seq <= last_seq:
+        page = await get_messages(conn, stream, limit=limit, start_seq=None if since is not None else seq,
+                                  start_time=since, subject=subject, info=info)
+        kept = [message for message in page.messages if message.seq <= last_seq]
+        if page.messages:
+            since, seq = None, page.messages[-1].seq + 1
+        if kept:
+            yield kept
+        if len(kept) < len(page.messages) or (page.messages and page.pending != 0):
+            continue
+        if leader_only:
+            return
+        # the read ended below last_seq: the leader reads on (one get if the replica was current)
+        leader_only, limit = True, 16
+        info = {**info, "config": {**info.get("config", {}), "allow_direct": False}}
 
 
 async def _direct_batches(conn: JetStreamConnection, stream: str, seq: int, since: str | None, subject: str | None,

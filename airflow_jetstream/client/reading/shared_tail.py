@@ -1,0 +1,450 @@
+"""One subscription per stream per process, fanned out in process: what thousands of waiting tasks share.
+
+A triggerer runs thousands of deferred sensors on one event loop. If each read the stream it waits on
+(the advisory capture stream, a KV bucket, a ledger bucket) through its own consumer, they would all count
+against the stream's ``max_consumers`` (1,000 when unset: the 1,001st is refused) and every start and end
+would be a consumer created and deleted. Here every waiter of one stream on one connection shares one
+**tail**: a push consumer that delivers the stream's new messages (flow control, idle heartbeats, no acks,
+in memory, one replica, gone ``TAIL_INACTIVE`` seconds after its subscriber). Each waiter registers a subject
+filter and gets the messages matching it, from the sequence after :attr:`TailListener.since` on::
+
+    async with follow(conn, "KV_models", "$KV.models.churn") as listener:
+        current = await get_message(conn, "KV_models", subject="$KV.models.churn")   # up to listener.since
+        while True:
+            for message in await listener.next_batch():                            # after listener.since
+                ...
+
+What a waiter needs from before it joined (up to ``since``) it reads without a consumer
+(:mod:`~airflow_jetstream.client.reading.direct`); nothing between is lost or seen twice.
+
+The tail recovers by itself: a gap in the consumer's sequence, missed heartbeats (a server restart, a dropped
+consumer, a node that died) or a deleted consumer make it subscribe again from the next sequence it has not
+delivered. A stream that must not get a consumer (WorkQueue or Interest retention: one would take messages
+away or keep them) is polled by direct get every ``POLL_INTERVAL`` seconds instead, as is a stream that refused
+the consumer because its consumer limit is reached (a warning names the limit). The last waiter to leave
+deletes the consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_jetstream.client import metrics
+from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.batches.types import HEADER_STATUS
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import (
+    ConnectionFailedError,
+    JetStreamError,
+    LimitReachedError,
+    RequestTimeoutError,
+)
+from airflow_jetstream.client.reading.direct import StoredMessage, direct_allowed, get_messages
+from airflow_jetstream.client.reading.subject_index import SubjectIndex
+from airflow_jetstream.client.retry import Backoff
+from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.client.times import to_rfc3339
+
+#: Seconds between the server's idle heartbeats on a tail; three missed ones mean it stalled.
+TAIL_HEARTBEAT = 2.0
+TAIL_STALLED = 3 * TAIL_HEARTBEAT
+#: Seconds the server keeps a tail's consumer once nobody subscribes to it (a triggerer that died).
+TAIL_INACTIVE = 5.0
+#: Seconds between reads of a stream that is polled instead (each pause drawn from 0.8-1.2x: polls spread out).
+POLL_INTERVAL = 1.0
+#: Pauses between attempts to subscribe again after a transient failure.
+RESUBSCRIBE_BACKOFF = Backoff(0.5, 10.0, jitter=True)
+#: How old the stream info a tail hands out may be (its first sequence moves as old messages expire).
+INFO_MAX_AGE = 60.0
+log = logging.getLogger(__name__)
+
+
+class TailListener:
+    """One waiter's share of a tail: the messages matching ``subject`` with a sequence above ``since``."""
+
+    __slots__ = ("_error", "_items", "_waiter", "since", "subject", "tail")
+
+    def __init__(self, tail: StreamTail, subject: str) -> None:
+        self.tail = tail
+        self.subject = subject
+        self.since = tail.delivered
+        self._items: list[StoredMessage] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: JetStreamError | None = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def push(self, message: StoredMessage) -> None:
+        self._items.append(message)
+        self._wake()
+
+    def fail(self, error: JetStreamError) -> None:
+        self._error = error
+        self._wake()
+
+    async def next_batch(self) -> list[StoredMessage]:
+        """The messages delivered since the last call (waits for at least one); raises the tail's error."""
+        while not self._items:
+            if self._error is not None:
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._items = self._items, []
+        return items
+
+
+@dataclass
+class TailStats:
+    """What a tail is doing, for logs, tests and benchmarks."""
+
+    stream: str
+    filter: str | None
+    mode: str
+    consumer: str | None
+    listeners: int
+    delivered: int
+    resubscribed: int = 0
+    degraded: str | None = field(default=None)
+
+
+class StreamTail:
+    """New messages of ``stream`` (on ``filter_subject``) for every listener on one connection."""
+
+    def __init__(self, conn: JetStreamConnection, stream: str, filter_subject: str | None) -> None:
+        self.conn = conn
+        self.stream = stream
+        self.filter = filter_subject
+        self.index: SubjectIndex[TailListener] = SubjectIndex()
+        self.delivered = 0
+        self.mode = "consumer"
+        self.degraded: str | None = None
+        self.resubscribed = 0
+        self._info: dict[str, Any] = {}
+        self._info_at = 0.0
+        self._generation = 0
+        self._sub: Any = None
+        self._consumer: str | None = None
+        self._expected = 1
+        self._last_activity = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._resubscribing: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------------- life cycle
+
+    async def start(self) -> None:
+        info = await self.info(max_age=0)
+        self.delivered = int(info["state"].get("last_seq") or 0)
+        if info["config"].get("retention", "limits") != "limits":
+            self.mode = "poll"  # a consumer would take messages away (WorkQueue) or keep them (Interest)
+        else:
+            try:
+                await self._subscribe(self.delivered + 1)
+            except LimitReachedError as exc:
+                await self._degrade(exc)
+        self._task = asyncio.create_task(self._poll() if self.mode == "poll" else self._watch())
+
+    async def _degrade(self, exc: JetStreamError) -> None:
+        """Poll instead of a consumer the stream refused for its consumer limit, saying which limit."""
+        try:
+            info = await self.info(max_age=0)
+            limit = int(info["config"].get("max_consumers", -1))
+            exc.message = (f"stream {self.stream!r} holds {info['state'].get('consumer_count')} consumers and allows "
+                           f"{limit if limit > 0 else 'the server default (1,000)'} (max_consumers): {exc.message}")
+        except JetStreamError:
+            pass  # the refusal says enough
+        exc.args = (exc.message,)
+        self.mode, self.degraded = "poll", exc.message
+        log.warning("Consumer refused (%s); the waiters on stream %r read it by direct get every %.0f s instead",
+                    exc, self.stream, POLL_INTERVAL)
+        metrics.incr("tail.degraded", tags={"stream": self.stream})
+
+    async def close(self) -> None:
+        """Stop: no more deliveries, the consumer deleted (else the server drops it after ``TAIL_INACTIVE``)."""
+        self._closed = True
+        self._generation += 1
+        for task in (self._task, self._resubscribing):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        await self._drop_subscription()
+
+    async def info(self, max_age: float = INFO_MAX_AGE) -> dict[str, Any]:
+        """The stream's info, read again when older than ``max_age`` seconds."""
+        now = asyncio.get_running_loop().time()
+        if not self._info or now - self._info_at > max_age:
+            self._info = await stream_info(self.conn, self.stream)
+            self._info_at = now
+        return self._info
+
+    def stats(self) -> TailStats:
+        return TailStats(self.stream, self.filter, self.mode, self._consumer, len(self.index), self.delivered,
+                         self.resubscribed, self.degraded)
+
+    # ------------------------------------------------------------------------------------------- listeners
+
+    def add(self, subject: str) -> TailListener:
+        listener = TailListener(self, subject)
+        self.index.add(subject, listener)
+        return listener
+
+    def remove(self, listener: TailListener) -> None:
+        self.index.remove(listener.subject, listener)
+
+    def _fail(self, error: JetStreamError) -> None:
+        log.error("Shared subscription on stream %r failed: %s", self.stream, error)
+        self._closed = True
+        for listener in self.index.items():
+            listener.fail(error)
+
+    def _dispatch(self, message: StoredMessage) -> None:
+        self.delivered = message.seq
+        for listener in self.index.match(message.subject):
+            listener.push(message)
+
+    # ------------------------------------------------------------------------------------------- consumer mode
+
+    async def _subscribe(self, from_seq: int) -> None:
+        generation = self._generation
+        inbox = self.conn.nc.new_inbox()
+
+        async def on_message(msg: Any) -> None:
+            if generation == self._generation:
+                await self._on_message(msg)
+
+        self._sub = await self.conn.nc.subscribe(inbox, cb=on_message)
+        name = f"ajs_tail_{uuid.uuid4().hex[:12]}"
+        config: dict[str, Any] = {
+            "name": name, "deliver_subject": inbox, "deliver_policy": "by_start_sequence", "opt_start_seq": from_seq,
+            "ack_policy": "none", "flow_control": True, "idle_heartbeat": int(TAIL_HEARTBEAT * 1e9),
+            "mem_storage": True, "num_replicas": 1, "inactive_threshold": int(TAIL_INACTIVE * 1e9),
+            "description": "airflow-jetstream: new messages for the waiting tasks of one process",
+        }
+        if self.filter:
+            config["filter_subject"] = self.filter
+        self._expected = 1
+        self._last_activity = asyncio.get_running_loop().time()
+        try:
+            await self.conn.api_request(f"CONSUMER.CREATE.{self.stream}.{name}",
+                                        {"stream_name": self.stream, "config": config, "action": "create"},
+                                        context=f"shared subscription on stream {self.stream!r}")
+        except JetStreamError:
+            sub, self._sub = self._sub, None
+            if not self.conn.nc.is_closed:
+                await sub.unsubscribe()
+            raise
+        self._consumer = name
+        metrics.incr("tail.subscribed", tags={"stream": self.stream})
+
+    async def _drop_subscription(self) -> None:
+        sub, name, self._sub, self._consumer = self._sub, self._consumer, None, None
+        if self.conn.nc.is_closed:
+            return
+        if sub is not None:
+            await sub.unsubscribe()
+        if name is not None:
+            try:
+                await self.conn.api_request(f"CONSUMER.DELETE.{self.stream}.{name}", retry=False,
+                                            context=f"delete shared subscription {name!r}")
+            except JetStreamError as exc:  # the server drops it TAIL_INACTIVE seconds after the unsubscribe
+                log.info("Shared subscription %s on %s not deleted (%s): the server drops it within %.0f s",
+                         name, self.stream, exc, TAIL_INACTIVE)
+
+    async def _on_message(self, msg: Any) -> None:
+        self._last_activity = asyncio.get_running_loop().time()
+        headers = msg.headers or {}
+        status = headers.get(HEADER_STATUS) if not msg.reply or not msg.reply.startswith("$JS.ACK.") else None
+        if status is not None:
+            await self._on_status(msg, status, headers)
+            return
+        meta = msg.metadata
+        seq, consumer_seq = meta.sequence.stream, meta.sequence.consumer
+        if consumer_seq != self._expected:
+            self._resubscribe(f"consumer sequence {consumer_seq} where {self._expected} was due")
+            return
+        self._expected += 1
+        if seq <= self.delivered:
+            return
+        self._dispatch(StoredMessage(stream=self.stream, subject=msg.subject, seq=seq, data=msg.data or b"",
+                                     headers=headers, time=to_rfc3339(meta.timestamp) if meta.timestamp else None))
+
+    async def _on_status(self, msg: Any, status: str, headers: dict[str, str]) -> None:
+        if status == "100":  # idle heartbeat or flow control request
+            if msg.reply:
+                await self.conn.nc.publish(msg.reply)  # every message before it was handled: ask for more
+            stalled = headers.get("Nats-Consumer-Stalled")
+            if stalled:
+                await self.conn.nc.publish(stalled)
+            last = headers.get("Nats-Last-Consumer")
+            if last is not None and int(last) != self._expected - 1:
+                self._resubscribe(f"heartbeat says consumer sequence {last}, {self._expected - 1} were delivered")
+        elif status == "409":
+            self._resubscribe(f"the server ended the subscription ({headers.get('Description', status)})")
+
+    async def _watch(self) -> None:
+        """Subscribe again when the tail went quiet for longer than three heartbeats."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(TAIL_HEARTBEAT * random.uniform(0.9, 1.1))
+            if self.conn.nc.is_closed:
+                self._fail(ConnectionFailedError(f"the NATS connection closed while waiting on stream "
+                                                 f"{self.stream!r}; the wait can be retried"))
+                return
+            if not self.conn.nc.is_connected:
+                self._last_activity = loop.time()  # reconnecting: nats-py subscribes again by itself
+                continue
+            if self._resubscribing is None and loop.time() - self._last_activity > TAIL_STALLED:
+                self._resubscribe(f"no heartbeat for {TAIL_STALLED:.0f} s")
+
+    def _resubscribe(self, why: str) -> None:
+        if self._resubscribing is None and not self._closed:
+            self._resubscribing = asyncio.create_task(self._subscribe_again(why))
+
+    async def _subscribe_again(self, why: str) -> None:
+        self._generation += 1  # deliveries of the old subscription are ignored from now on
+        self.resubscribed += 1
+        metrics.incr("tail.resubscribed", tags={"stream": self.stream})
+        log.info("Shared subscription on stream %r: %s; subscribing again from seq %d", self.stream, why,
+                 self.delivered + 1)
+        attempt = 0
+        try:
+            await self._drop_subscription()
+            while not self._closed:
+                try:
+                    await self._subscribe(self.delivered + 1)
+                    return
+                except LimitReachedError as exc:
+                    await self._degrade(exc)
+                    watch, self._task = self._task, asyncio.create_task(self._poll())
+                    if watch is not None:
+                        watch.cancel()  # the heartbeat watch of the consumer the polls replace
+                    return
+                except (RequestTimeoutError, ConnectionFailedError) as exc:
+                    attempt += 1
+                    pause = RESUBSCRIBE_BACKOFF.pause(attempt)
+                    log.warning("Shared subscription on stream %r: %s; trying again in %.1f s", self.stream, exc,
+                                pause)
+                    await asyncio.sleep(pause)
+                except JetStreamError as exc:
+                    self._fail(exc)
+                    return
+        finally:
+            self._resubscribing = None
+
+    # ------------------------------------------------------------------------------------------- poll mode
+
+    async def _poll(self) -> None:
+        attempt = 0
+        while not self._closed:
+            await asyncio.sleep(POLL_INTERVAL * random.uniform(0.8, 1.2))
+            try:
+                more = True
+                while more:
+                    info = await self.info()
+                    if not direct_allowed(self.conn, info, batch=True):  # message gets read up to its last_seq
+                        info = await self.info(max_age=0)
+                    page = await get_messages(self.conn, self.stream, limit=256, start_seq=self.delivered + 1,
+                                              subject=self.filter, info=info)
+                    for message in page.messages:
+                        if message.seq > self.delivered:
+                            self._dispatch(message)
+                    more = bool(page.messages) and bool(page.pending)
+                attempt = 0
+            except (RequestTimeoutError, ConnectionFailedError) as exc:
+                attempt += 1
+                if self.conn.nc.is_closed:
+                    self._fail(ConnectionFailedError(f"the NATS connection closed while polling stream "
+                                                     f"{self.stream!r}; the wait can be retried"))
+                    return
+                if attempt == 1 or attempt % 30 == 0:
+                    log.warning("Polling stream %r: %s (%d failed reads in a row)", self.stream, exc, attempt)
+            except JetStreamError as exc:
+                self._fail(exc)
+                return
+
+
+# ----------------------------------------------------------------------------------------------- sharing
+
+
+@dataclass
+class _Entry:
+    tail: StreamTail
+    ready: asyncio.Task[None]
+    users: int = 0
+
+
+_TAILS: weakref.WeakKeyDictionary[JetStreamConnection, dict[tuple[str, str | None], _Entry]] = (
+    weakref.WeakKeyDictionary())
+
+
+async def _join(conn: JetStreamConnection, stream: str, tail_filter: str | None) -> _Entry:
+    tails = _TAILS.setdefault(conn, {})
+    key = (stream, tail_filter)
+    entry = tails.get(key)
+    if entry is None or entry.tail._closed:
+        tail = StreamTail(conn, stream, tail_filter)
+        entry = tails[key] = _Entry(tail, asyncio.ensure_future(tail.start()))
+    entry.users += 1
+    try:
+        await asyncio.shield(entry.ready)
+    except BaseException:
+        await _leave(conn, key, entry)
+        raise
+    return entry
+
+
+async def _leave(conn: JetStreamConnection, key: tuple[str, str | None], entry: _Entry) -> None:
+    entry.users -= 1
+    if entry.users > 0:
+        return
+    tails = _TAILS.get(conn, {})
+    if tails.get(key) is entry:
+        del tails[key]  # before awaiting: a new waiter builds a new tail
+    if entry.ready.done() and not entry.ready.cancelled() and entry.ready.exception() is None:
+        await entry.tail.close()
+    elif not entry.ready.done():
+        entry.ready.cancel()
+        await asyncio.gather(entry.ready, return_exceptions=True)
+        await entry.tail.close()
+
+
+@asynccontextmanager
+async def follow(conn: JetStreamConnection, stream: str, subject: str = ">", *,
+                 tail_filter: str | None = None) -> AsyncIterator[TailListener]:
+    """``async with follow(conn, stream, subject) as listener``: the messages of ``stream`` on ``subject``
+    (wildcards allowed) stored after ``listener.since``, through the tail this connection shares for
+    ``stream`` (and ``tail_filter``, the subject its consumer filters on; None: every subject)."""
+    validate_name(stream, what="stream name")
+    validate_subject(subject, allow_wildcards=True, what="subject")
+    if tail_filter is not None:
+        validate_subject(tail_filter, allow_wildcards=True, what="tail filter")
+    entry = await _join(conn, stream, tail_filter)
+    listener = entry.tail.add(subject)
+    try:
+        yield listener
+    finally:
+        entry.tail.remove(listener)
+        await _leave(conn, (stream, tail_filter), entry)
+
+
+def tail_stats(conn: JetStreamConnection | None = None) -> list[TailStats]:
+    """What every tail (of ``conn``, or of every connection) is doing."""
+    conns = [conn] if conn is not None else list(_TAILS.keys())
+    return [entry.tail.stats() for c in conns for entry in _TAILS.get(c, {}).values()]
+
+
+__all__ = ["POLL_INTERVAL", "TAIL_HEARTBEAT", "TAIL_INACTIVE", "StreamTail", "TailListener", "TailStats", "follow",
+           "tail_stats"]

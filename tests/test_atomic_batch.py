@@ -18,8 +18,8 @@ from airflow_jetstream.client import (
     publish_atomic_batches,
     stream_info,
 )
-from airflow_jetstream.client.batches.atomic import stored_sequences
 from airflow_jetstream.client.batches.frames import encode_frame, write_frames
+from airflow_jetstream.client.batches.msg_id_probe import stored_sequences
 from tests.support.nats_calls import with_streams
 
 ATOM = {"name": "ATOM", "subjects": ["atom.>"], "allow_atomic": True}
@@ -314,11 +314,11 @@ def test_many_batches_with_two_in_flight(settings, nats_server):
 )
 def test_every_batch_error_of_the_server_is_typed(err_code, code, reason):
     """The server's refusals (wire facts table) become BatchPublishErrors with a reason and a hint."""
-    from airflow_jetstream.client.batches.atomic import _parse_reply
+    from airflow_jetstream.client.batches.replies import parse_reply
 
     reply = json.dumps({"error": {"code": code, "err_code": err_code, "description": "server text"},
                         "stream": "ATOM", "seq": 0}).encode()
     with pytest.raises(BatchPublishError) as info:
-        _parse_reply(reply, "atomic batch b1")
+        parse_reply(reply, "atomic batch b1")
     assert (info.value.reason, info.value.code, info.value.err_code) == (reason, code, err_code)
     assert str(info.value).startswith("atomic batch b1: server text; ")

@@ -15,6 +15,8 @@ from airflow_jetstream.client import (
     stream_info,
 )
 from airflow_jetstream.client.batches import fast as fast_batch_module
+from airflow_jetstream.client.batches.fast_run import FastBatchRun
+from airflow_jetstream.client.errors import LeaderUnavailableError
 from tests.support.nats_calls import with_streams
 
 FAST = {"name": "FAST", "subjects": ["fast.>"], "allow_batched": True}
@@ -108,7 +110,7 @@ def test_duplicates_are_skipped_but_counted(settings):
 
 def test_gap_is_healed_by_resuming(settings, monkeypatch):
     """A message lost on the way makes the server end the batch; the rest is re-sent once, in order."""
-    original = fast_batch_module._FastBatchRun.encode
+    original = FastBatchRun.encode
     dropped: list[int] = []
 
     def lossy_encode(self, first, last):
@@ -117,7 +119,7 @@ def test_gap_is_healed_by_resuming(settings, monkeypatch):
             return original(self, first, 149) + original(self, 151, last)
         return original(self, first, last)
 
-    monkeypatch.setattr(fast_batch_module._FastBatchRun, "encode", lossy_encode)
+    monkeypatch.setattr(FastBatchRun, "encode", lossy_encode)
     payloads = [b"%04d" % i for i in range(400)]
 
     async def body(conn):
@@ -164,7 +166,7 @@ def test_interrupted_batch_unknown_to_the_leader_is_counted_in_the_stream(settin
     """When no leader knows an interrupted batch any more (simulated: the ping finds nothing), its messages
     are counted by reading the stream back, skipping another publisher's messages stored in between;
     the resume then stores each message exactly once."""
-    original_send = fast_batch_module._FastBatchRun._send
+    original_send = FastBatchRun._send
     interrupted: list[int] = []
 
     async def send_then_lose_the_leader(self):
@@ -177,13 +179,13 @@ def test_interrupted_batch_unknown_to_the_leader_is_counted_in_the_stream(settin
         interrupted.append(120)
         for i in range(3):
             await self.conn.js.publish("fast.other", b"other%d" % i)
-        raise fast_batch_module.LeaderUnavailableError("simulated: the stream has no leader")
+        raise LeaderUnavailableError("simulated: the stream has no leader")
 
     async def no_leader_knows_the_batch(self):
         return None
 
-    monkeypatch.setattr(fast_batch_module._FastBatchRun, "_send", send_then_lose_the_leader)
-    monkeypatch.setattr(fast_batch_module._FastBatchRun, "_settle", no_leader_knows_the_batch)
+    monkeypatch.setattr(FastBatchRun, "_send", send_then_lose_the_leader)
+    monkeypatch.setattr(FastBatchRun, "_settle", no_leader_knows_the_batch)
     payloads = [b"p%04d" % i for i in range(300)]
 
     async def body(conn):
@@ -201,18 +203,18 @@ def test_interrupted_batch_unknown_to_the_leader_is_counted_in_the_stream(settin
 def test_interrupted_batch_on_a_workqueue_stream_says_the_count_is_unknown(settings, monkeypatch):
     """On a WorkQueue stream messages may be consumed before they are counted: without the server's own
     count the error says stored is unknown (None) instead of guessing, and nothing is resumed."""
-    original_send = fast_batch_module._FastBatchRun._send
+    original_send = FastBatchRun._send
 
     async def send_then_lose_the_leader(self):
         self.messages = self.messages[:50]
         await original_send(self)
-        raise fast_batch_module.LeaderUnavailableError("simulated: the stream has no leader")
+        raise LeaderUnavailableError("simulated: the stream has no leader")
 
     async def no_leader_knows_the_batch(self):
         return None
 
-    monkeypatch.setattr(fast_batch_module._FastBatchRun, "_send", send_then_lose_the_leader)
-    monkeypatch.setattr(fast_batch_module._FastBatchRun, "_settle", no_leader_knows_the_batch)
+    monkeypatch.setattr(FastBatchRun, "_send", send_then_lose_the_leader)
+    monkeypatch.setattr(FastBatchRun, "_settle", no_leader_knows_the_batch)
     stream = {**FAST, "retention": "workqueue"}
 
     async def body(conn):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from airflow_jetstream.client.batches.atomic import stored_sequences
 from airflow_jetstream.client.batches.batcher import Batcher
+from airflow_jetstream.client.batches.msg_id_probe import stored_sequences
 from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import BatchPublishError, error_from_api

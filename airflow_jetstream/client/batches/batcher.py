@@ -43,14 +43,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
-from airflow_jetstream.client.batches.atomic import (
-    ATOMIC_REFUSED_HEADERS,
-    BatchReplies,
-    publish_atomic_batch,
-    streams_for_subject,
-)
+from airflow_jetstream.client.admin.subject_streams import streams_for_subject
+from airflow_jetstream.client.batches.atomic import ATOMIC_REFUSED_HEADERS, publish_atomic_batch
 from airflow_jetstream.client.batches.fast import FAST_REFUSED_HEADERS
 from airflow_jetstream.client.batches.frames import encode_frame, message_header_lines, write_frames
+from airflow_jetstream.client.batches.replies import BatchReplies
 from airflow_jetstream.client.batches.types import (
     BatchItemResult,
     BatchMessage,

@@ -13,12 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.batches.atomic import (
-    _BATCH_HEADER_BYTES,
-    ATOMIC_REFUSED_HEADERS,
-    publish_atomic_batch,
-    streams_for_subject,
-)
+from airflow_jetstream.client.admin.subject_streams import streams_for_subject
+from airflow_jetstream.client.batches.atomic import ATOMIC_REFUSED_HEADERS, BATCH_HEADER_BYTES, publish_atomic_batch
 from airflow_jetstream.client.batches.fast import DEFAULT_FLOW, FAST_REFUSED_HEADERS, publish_fast_batch
 from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
@@ -106,7 +102,7 @@ def validate_chunk(conn: JetStreamConnection, messages: Sequence[BatchMessage], 
     """The local checks :func:`publish_chunk` makes before sending, without sending (for a first pass)."""
     if check_mode(mode) == "atomic":
         return validate_messages(messages, max_msgs=max_msgs, max_payload=conn.max_payload,
-                                 refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=_BATCH_HEADER_BYTES)
+                                 refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=BATCH_HEADER_BYTES)
     return validate_messages(messages, max_msgs=None, max_payload=conn.max_payload,
                              refused_headers=FAST_REFUSED_HEADERS)
 

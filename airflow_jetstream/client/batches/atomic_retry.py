@@ -1,0 +1,238 @@
+"""Which failed sends of an atomic batch are re-sent, and whether a batch refused as a duplicate was
+committed earlier (its msg ids stored as one run, read back and compared)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+
+from airflow_jetstream.client import metrics
+from airflow_jetstream.client.admin.subject_streams import streams_for_subject
+from airflow_jetstream.client.batches.msg_id_probe import PROBE_WINDOW, stored_sequences
+from airflow_jetstream.client.batches.types import (
+    HEADER_BATCH_COMMIT,
+    HEADER_BATCH_ID,
+    HEADER_BATCH_SEQUENCE,
+    HEADER_MSG_ID,
+    BatchMessage,
+    BatchResult,
+)
+from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
+from airflow_jetstream.client.errors import (
+    BatchPublishError,
+    JetStreamError,
+    LeaderUnavailableError,
+    RequestTimeoutError,
+)
+from airflow_jetstream.client.retry import Deadline
+
+log = logging.getLogger(__name__)
+
+
+async def already_committed(conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str,
+                            timeout: float, error: BatchPublishError) -> BatchResult:
+    """The earlier commit of this batch, when that is why the server refused it as a duplicate.
+
+    An atomic batch is stored whole, in one run of sequences, so it is already committed when every
+    message that carries a msg id is stored at ``first_seq + its position`` for one ``first_seq``.
+    """
+    with_ids = [(index, msg) for index, msg in enumerate(messages) if msg.msg_id]
+    if not with_ids:
+        raise error
+    streams = await streams_for_subject(conn, messages[0].subject)  # a batch goes to one stream
+    seqs = await stored_sequences(conn, [msg for _, msg in with_ids], timeout, stream=streams[0] if streams else None)
+    missing = [index for (index, _), seq in zip(with_ids, seqs, strict=True) if seq is None]
+    if missing:
+        stored = [(msg.msg_id, seq) for (_, msg), seq in zip(with_ids, seqs, strict=True) if seq is not None]
+        shown = ", ".join(f"{msg_id!r} (seq {seq})" for msg_id, seq in stored[:5])
+        more = f" and {len(stored) - 5} more" if len(stored) > 5 else ""
+        raise BatchPublishError(
+            f"atomic batch {batch_id}: {len(stored)} of {len(with_ids)} msg ids are already stored: "
+            f"{shown}{more}; the batch was refused whole. Remove the stored messages from the batch or give "
+            "them fresh msg ids",
+            reason="duplicate_msg_id", code=error.code, err_code=error.err_code, description=error.description,
+        )
+    starts = {seq - index for (index, _), seq in zip(with_ids, seqs, strict=True) if seq is not None}
+    if len(starts) != 1:
+        raise BatchPublishError(
+            f"atomic batch {batch_id}: its msg ids are all stored, but not as one earlier commit of this batch "
+            "(not one run of sequences in this order), so they belong to other messages; the batch was refused "
+            "whole. Give its messages fresh msg ids",
+            reason="duplicate_msg_id", code=error.code, err_code=error.err_code, description=error.description,
+        )
+    first_seq = starts.pop()
+    streams = await streams_for_subject(conn, messages[0].subject)
+    stream = streams[0] if streams else ""
+    if stream:
+        await _check_stored_batch(conn, stream, messages, first_seq, batch_id, timeout, error)
+    return BatchResult(stream=stream, batch=batch_id, count=len(messages),
+                       first_seq=first_seq, last_seq=first_seq + len(messages) - 1, already_committed=True)
+
+
+async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: list[BatchMessage],
+                              first_seq: int, batch_id: str, timeout: float, error: BatchPublishError) -> None:
+    """Raise ``msg_id_reused`` unless ``first_seq ..`` holds one committed batch with these messages.
+
+    The stored messages are read back (``get_msg``, nothing is written) and must form one whole batch
+    (one ``Nats-Batch-Id``, ``Nats-Batch-Sequence`` 1..n, ``Nats-Batch-Commit`` on the n-th) whose
+    subjects, payloads, msg ids and headers are this batch's. Messages the stream already removed
+    (work-queue or interest retention, limits) cannot be compared and are skipped; when none is left
+    the msg ids alone vouch for the earlier commit (logged).
+    """
+    semaphore = asyncio.Semaphore(PROBE_WINDOW)
+
+    async def read(seq: int) -> Any:
+        try:
+            return await conn.js.get_msg(stream, seq)
+        except nats.js.errors.NotFoundError:
+            return None
+        except nats.errors.TimeoutError:  # on a cluster: an election, retried by retry_leader
+            raise conn.unanswered(f"atomic batch {batch_id}: reading back stream {stream!r} seq {seq} "
+                                  f"timed out after {timeout}s") from None
+
+    async def stored(seq: int) -> Any:
+        async with semaphore:
+            return await conn.retry_leader(f"atomic batch {batch_id}: read-back of seq {seq}", lambda: read(seq))
+
+    found = await asyncio.gather(*(stored(first_seq + i) for i in range(len(messages))))
+    count = len(messages)
+    problem = None
+    stored_ids = set()
+    for index, (msg, raw) in enumerate(zip(messages, found, strict=True)):
+        if raw is None:
+            continue
+        headers = raw.headers or {}
+        stored_ids.add(headers.get(HEADER_BATCH_ID))
+        if headers.get(HEADER_BATCH_SEQUENCE) != str(index + 1):
+            problem = f"seq {first_seq + index} is not message {index + 1} of one atomic batch"
+        elif index == count - 1 and headers.get(HEADER_BATCH_COMMIT) != "1":
+            problem = f"seq {first_seq + index} is not the last message of a batch of {count}"
+        elif raw.subject != msg.subject or bytes(raw.data or b"") != bytes(msg.data):
+            problem = f"seq {first_seq + index} holds another subject or payload than message {index}"
+        elif msg.msg_id is not None and headers.get(HEADER_MSG_ID) != msg.msg_id:
+            problem = f"seq {first_seq + index} has msg id {headers.get(HEADER_MSG_ID)!r}, not {msg.msg_id!r}"
+        elif any(headers.get(k) != (v if isinstance(v, str) else v[-1]) for k, v in (msg.headers or {}).items()):
+            problem = f"seq {first_seq + index} has other headers than message {index}"
+        if problem:
+            break
+    if problem is None and len(stored_ids) > 1:
+        problem = f"seqs {first_seq}..{first_seq + count - 1} belong to {len(stored_ids)} different batches"
+    if problem is None and stored_ids == set():
+        log.warning("atomic batch %s: its msg ids are stored at %s seq %d..%d, which the stream already removed; "
+                    "taken as committed earlier without comparing contents", batch_id, stream, first_seq,
+                    first_seq + count - 1)
+    if problem:
+        raise BatchPublishError(
+            f"atomic batch {batch_id}: its msg ids are already used by other messages in stream {stream!r} "
+            f"({problem}), so the server refused the batch as a duplicate and nothing of it was written. "
+            "Msg ids must name one batch's content for the stream's duplicate_window: give these messages "
+            "fresh msg ids",
+            reason="msg_id_reused", code=error.code, err_code=error.err_code, description=error.description,
+        )
+
+
+class AtomicBatchRetry:
+    """Which failed sends of one atomic batch are re-sent (for the connection's ``leader_wait``), and how it ends.
+
+    Re-sent only when that cannot store the batch twice:
+
+    - a 503 / no responders on a stream that exists: no leader received the batch, so it cannot commit;
+    - on a cluster, no reply or a lost (reconnecting) connection before the commit frame was written
+      (the server abandons an uncommitted batch); after it only when the batch carries msg ids (the
+      server then refuses a stored batch as a duplicate and it is reported ``already_committed``);
+    - ``msg_id_in_process`` (10158): a re-send met its own earlier attempt still being stored; asking
+      again gives a duplicate (stored) or stores it once (the earlier attempt failed);
+    - ``batch_incomplete`` (10176) on a cluster: the leader lost part of the batch (it changed during
+      the send); nothing of it was stored;
+    - ``too_many_inflight``: refused before anything was staged, up to ``retries`` times.
+
+    A batch still failing for one of these reasons at the deadline ends in one error,
+    :class:`LeaderUnavailableError` (``leader_unavailable``), saying whether it may have been stored.
+    """
+
+    def __init__(self, conn: JetStreamConnection, batch_id: str, items: list[BatchMessage], retries: int,
+                 deadline: Deadline | None, send_batch: Callable[[dict[str, bool]], Awaitable[dict[str, Any]]]) -> None:
+        self.conn = conn
+        self.batch_id = batch_id
+        self.subjects = list(dict.fromkeys(m.subject for m in items))
+        self.has_msg_ids = any(m.msg_id for m in items)
+        self.inflight_left = retries
+        self.deadline = deadline
+        self.send_batch = send_batch
+        self.progress: dict[str, bool] = {}
+        self.maybe_stored = False  # an attempt wrote the commit and got no answer
+        self.retried: set[int] = set()
+        self.advice = QUORUM_ADVICE
+
+    async def send(self) -> dict[str, Any]:
+        """One attempt; a 503 when every subject of the batch has a stream is :class:`LeaderUnavailableError`."""
+        self.progress = {}
+        try:
+            return await self.send_batch(self.progress)
+        except BatchPublishError as exc:
+            if exc.reason != "no_stream_for_subject":
+                raise
+            uncaptured = await self._uncaptured_subjects()
+            if uncaptured:
+                raise BatchPublishError(
+                    f"atomic batch {self.batch_id}: no stream captures {', '.join(map(repr, uncaptured))}, so the "
+                    "batch was refused whole and nothing of it was stored; create a stream for these subjects "
+                    "(JetStreamEnsureStreamOperator) or correct them", reason="no_stream_for_subject",
+                    code=exc.code, err_code=exc.err_code, description=exc.description) from None
+            raise LeaderUnavailableError(
+                f"atomic batch {self.batch_id}: the stream capturing {self.subjects[0]!r} has no leader (503)"
+            ) from None
+
+    async def _uncaptured_subjects(self, most: int = 5) -> list[str]:
+        """Up to ``most`` subjects of the batch that no stream captures (every subject is checked, not only
+        the first: a 503 on a later message is no election)."""
+        uncaptured: list[str] = []
+        for subject in self.subjects:
+            if not await streams_for_subject(self.conn, subject, deadline=self.deadline):
+                uncaptured.append(subject)
+                if len(uncaptured) == most:
+                    break
+        return uncaptured
+
+    def transient(self, exc: JetStreamError) -> str | None:
+        why = self._why(exc)
+        if why is not None:
+            self.retried.add(id(exc))
+            metrics.incr("batch.retried", tags={"reason": exc.reason})
+        return why
+
+    def _why(self, exc: JetStreamError) -> str | None:
+        cluster = self.conn.clustered and not self.conn.nc.is_closed
+        if isinstance(exc, LeaderUnavailableError):
+            return "no stream leader answered; re-sending it"
+        if exc.reason == "too_many_inflight":
+            if self.inflight_left <= 0:
+                return None
+            self.inflight_left -= 1
+            return "the stream has too many batches in flight; re-sending it"
+        if exc.reason == "msg_id_in_process":
+            return "its msg id is still being stored by an earlier attempt; asking again"
+        if exc.reason == "batch_incomplete" and cluster:
+            return "the stream leader lost part of the batch (nothing stored); re-sending it"
+        if (isinstance(exc, RequestTimeoutError) or exc.reason == "connection_lost") and cluster:
+            if not self.progress.get("commit_written", False):
+                return "no reply before the commit (the server abandons an uncommitted batch); re-sending it"
+            if self.has_msg_ids:
+                self.maybe_stored = True
+                return "no reply to the commit (msg ids make a re-send safe); re-sending it"
+        return None
+
+    def final_error(self, exc: JetStreamError) -> JetStreamError:
+        """The error to raise: ``exc``, or, when it was still retryable at the deadline, one
+        :class:`LeaderUnavailableError` saying what may be stored."""
+        if id(exc) not in self.retried or exc.reason == "too_many_inflight":
+            return exc
+        stored = ("it may have been stored once: re-sending it with the same msg ids is safe"
+                  if self.maybe_stored else "nothing of the batch was stored")
+        return LeaderUnavailableError(f"{exc.message}; {stored}", code=exc.code, err_code=exc.err_code,
+                                      description=exc.description)

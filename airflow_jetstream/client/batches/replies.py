@@ -1,0 +1,123 @@
+"""Request/reply plumbing of the batch publishers: the replies to requests inside a batch on one inbox,
+single requests, and the server's answers as typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import nats.errors
+
+from airflow_jetstream.client.batches.types import HEADER_STATUS
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import (
+    BatchPublishError,
+    ConnectionFailedError,
+    RequestTimeoutError,
+    error_from_api,
+)
+
+#: What nats-py raises for a write on a closed, draining or overfull connection.
+CONNECTION_ERRORS = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
+                     nats.errors.OutboundBufferLimitError)
+
+
+def parse_reply(data: bytes, context: str) -> dict[str, Any]:
+    """An empty reply is an intermediate ack ({}); otherwise JSON, raising typed errors."""
+    if not data:
+        return {}
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        raise BatchPublishError(f"{context}: the server answered non-JSON data", reason="bad_reply") from None
+    if not isinstance(reply, dict):
+        raise BatchPublishError(f"{context}: unexpected reply from the server", reason="bad_reply")
+    if "error" in reply:
+        raise error_from_api(reply["error"], context=context)
+    return reply
+
+
+async def request(conn: JetStreamConnection, subject: str, payload: bytes, headers: dict[str, str],
+                  timeout: float, context: str) -> dict[str, Any]:
+    try:
+        msg = await conn.nc.request(subject, payload, timeout=timeout, headers=headers)
+    except nats.errors.NoRespondersError:
+        raise no_stream_error(context, subject) from None
+    except nats.errors.TimeoutError:
+        await conn.raise_if_denied(subject)
+        raise RequestTimeoutError(f"{context}: no reply within {timeout}s") from None
+    except CONNECTION_ERRORS as exc:
+        raise ConnectionFailedError(f"{context}: the connection was lost ({type(exc).__name__})",
+                                    reason="connection_lost") from None
+    return parse_reply(msg.data, context)
+
+
+def no_stream_error(context: str, subject: str) -> BatchPublishError:
+    """A no-responders answer: no stream captures ``subject`` (or, on a cluster, its stream has no leader)."""
+    return BatchPublishError(
+        f"{context}: no stream captures subject {subject!r}; create the stream or fix the subject",
+        reason="no_stream_for_subject",
+    )
+
+
+class BatchReplies:
+    """Replies to the requests inside one batch (first message, flow control, commit) on a private inbox."""
+
+    def __init__(self, conn: JetStreamConnection, timeout: float, context: str) -> None:
+        self.conn = conn
+        self.timeout = timeout
+        self.context = context
+        self.inbox = conn.nc.new_inbox()
+        self.futures: dict[bytes, asyncio.Future[Any]] = {}
+        self.sub: Any = None
+
+    async def open(self) -> BatchReplies:
+        try:
+            self.sub = await self.conn.nc.subscribe(f"{self.inbox}.*", cb=self._on_reply)
+        except CONNECTION_ERRORS as exc:
+            raise ConnectionFailedError(f"{self.context}: the connection is closed ({type(exc).__name__}); "
+                                        "nothing was sent", reason="connection_lost") from None
+        return self
+
+    async def _on_reply(self, msg: Any) -> None:
+        future = self.futures.get(msg.subject.encode())
+        if future is not None and not future.done():
+            future.set_result(msg)
+
+    def expect(self, seq: int) -> bytes:
+        """Register interest in the answer to batch message ``seq``; returns its reply subject."""
+        reply = f"{self.inbox}.{seq}".encode()
+        self.futures[reply] = asyncio.get_running_loop().create_future()
+        return reply
+
+    def forget(self, reply: bytes) -> None:
+        """Stop waiting for ``reply`` (a late answer is then dropped); for inboxes used for many groups."""
+        future = self.futures.pop(reply, None)
+        if future is not None and not future.done():
+            future.cancel()
+
+    async def wait(self, reply: bytes, subject: str, timeout: float | None = None) -> dict[str, Any]:
+        """The parsed answer to ``reply``; waits at most ``timeout`` (default: the batch timeout)."""
+        try:
+            async with asyncio.timeout(self.timeout if timeout is None else timeout):
+                msg = await self.futures[reply]
+        except TimeoutError:
+            await self.conn.raise_if_denied(subject)
+            raise RequestTimeoutError(f"{self.context}: no reply within {self.timeout}s; if this was the "
+                                      "commit its outcome is unknown: retry with msg ids set") from None
+        finally:
+            self.futures.pop(reply, None)
+        return self.parse(msg, subject)
+
+    def parse(self, msg: Any, subject: str) -> dict[str, Any]:
+        """The JSON of a reply message (``{}`` for an empty one), raising typed errors."""
+        if msg.headers and msg.headers.get(HEADER_STATUS) == "503":
+            raise no_stream_error(self.context, subject)
+        return parse_reply(msg.data, self.context)
+
+    async def close(self) -> None:
+        for future in self.futures.values():
+            future.cancel()
+        if self.sub is not None and not self.conn.nc.is_closed:
+            await self.sub.unsubscribe()

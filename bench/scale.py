@@ -49,7 +49,8 @@ from airflow_jetstream.client import ConnectionSettings, JetStreamConnection, en
 from airflow_jetstream.client.advisories import AdvisoryFilter, find_captured
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, BatchRecord, batch_key
 from airflow_jetstream.client.reading.consume import ConsumeOptions, consume
-from airflow_jetstream.client.reading.range_read import acknowledge_read, plan_read, read_range
+from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.read_plan import acknowledge_read, plan_read
 from airflow_jetstream.embedded import EmbeddedNatsServer
 
 PATHS = ("operator", "ledger_list", "ledger_batches", "ledger_watch", "ledger_summary", "ledger_reap", "capture",

@@ -23,7 +23,7 @@ from airflow_jetstream.client.admin.worker_consumers import normalize_subjects
 from airflow_jetstream.client.advisories.capture import capture_stream_config
 from airflow_jetstream.client.errors import ConsumerConfigError, InvalidSubjectError, JetStreamError, StreamConfigError
 from airflow_jetstream.client.reading.consume import consume
-from airflow_jetstream.client.reading.range_read import plan_read
+from airflow_jetstream.client.reading.read_plan import plan_read
 from airflow_jetstream.client.subjects import validate_subjects
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import pytest
 
 from airflow_jetstream.client import InvalidRequestError, ensure_stream, open_connection
 from airflow_jetstream.client.admin.consumers import consumer_info, reset_consumer
-from airflow_jetstream.client.reading.range_read import acknowledge_read, ensure_cursor, plan_read, read_method
+from airflow_jetstream.client.reading.read_plan import acknowledge_read, ensure_cursor, plan_read, read_method
 
 
 def test_cursor_advances_only_when_acknowledged_and_replays_after_reset(settings):

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError
 from airflow_jetstream.client.reading.headers import parse_header_lines
-from airflow_jetstream.client.reading.range_read import split_range
+from airflow_jetstream.client.reading.read_plan import split_range
 from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions, WriteOptions
 from airflow_jetstream.spark.writer import chunk_id, message_id
 

@@ -30,14 +30,13 @@ from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, BatchRecord
 from airflow_jetstream.client.reading.headers import header_values
-from airflow_jetstream.client.reading.range_read import (
+from airflow_jetstream.client.reading.range_read import StoredMessage, read_range
+from airflow_jetstream.client.reading.read_plan import (
     ReadPlan,
-    StoredMessage,
     acknowledge_read,
     plan_read,
     plan_worker_read,
     read_method,
-    read_range,
 )
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.spark.connection import session_connection_fields, with_connection_defaults

@@ -59,7 +59,8 @@ from airflow_jetstream.client.reading.consume_options import (
 )
 from airflow_jetstream.client.reading.messages import ConsumedMessage
 from airflow_jetstream.client.reading.pull import PullSubscription
-from airflow_jetstream.client.reading.range_read import plan_read, read_method, read_range
+from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.read_plan import plan_read, read_method
 from airflow_jetstream.client.subjects import validate_name, validate_subjects
 from airflow_jetstream.client.times import to_rfc3339
 

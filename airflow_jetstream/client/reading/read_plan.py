@@ -1,0 +1,228 @@
+"""Bounded reads planned and acknowledged: which sequences a read covers (fixed once, split into ranges or
+per-worker subject groups), how the stream can be read, and what a consume job removes once it succeeded.
+
+:func:`plan_read` fixes the last sequence at that moment and splits the read into sequence ranges that
+separate processes (Spark partitions) read in parallel with
+:func:`~airflow_jetstream.client.reading.range_read.read_range`. Reading removes nothing:
+:func:`acknowledge_read` removes what a consume job read once its output is safe: from a WorkQueue stream
+by a purge of the read's filters up to the planned last sequence; from an Interest stream by moving the
+job's durable consumer past the planned last sequence (a consumer reset), after which the server drops
+what no consumer still needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from airflow_jetstream.client.admin.consumers import (
+    ensure_consumer,
+    find_consumer,
+    first_seq_at_or_after,
+    reset_consumer,
+)
+from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.admin.worker_consumers import ensure_worker_consumer
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.client.subjects import validate_name, validate_subjects
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What a bounded read covers: ``first_seq .. last_seq`` of ``stream`` (inclusive), fixed at planning."""
+
+    stream: str
+    retention: str
+    first_seq: int
+    last_seq: int
+    subjects: tuple[str, ...] = ()
+    messages: int = 0
+    allow_direct: bool = False
+    ranges: tuple[tuple[int, int], ...] = field(default=())
+    consumer: str | None = None
+    #: Subject-partitioned reads: (worker consumer name, its subjects, first seq to read) per partition.
+    workers: tuple[tuple[str, tuple[str, ...], int], ...] = field(default=())
+
+    @property
+    def empty(self) -> bool:
+        return self.last_seq < self.first_seq
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream, "retention": self.retention, "first_seq": self.first_seq,
+            "last_seq": self.last_seq, "subjects": list(self.subjects), "messages": self.messages,
+            "ranges": [list(r) for r in self.ranges], "consumer": self.consumer,
+            "workers": [{"consumer": name, "subjects": list(subjects), "first_seq": first}
+                        for name, subjects, first in self.workers],
+        }
+
+    def partitions(self) -> list[tuple[int, int, tuple[str, ...]]]:
+        """(first, last, subjects) per partition: sequence ranges, or one per worker consumer."""
+        if self.workers:
+            return [(first, self.last_seq, subjects) for _, subjects, first in self.workers]
+        return [(first, last, self.subjects) for first, last in self.ranges]
+
+
+
+def split_range(first: int, last: int, parts: int) -> tuple[tuple[int, int], ...]:
+    """Split ``first..last`` into at most ``parts`` contiguous, non-empty, inclusive ranges."""
+    if last < first:
+        return ()
+    total = last - first + 1
+    parts = max(1, min(parts, total))
+    size, extra = divmod(total, parts)
+    ranges, start = [], first
+    for index in range(parts):
+        end = start + size - 1 + (1 if index < extra else 0)
+        ranges.append((start, end))
+        start = end + 1
+    return tuple(ranges)
+
+
+async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequence[str] = (),
+                    start_seq: int | None = None, start_time: datetime | str | None = None,
+                    end_seq: int | None = None, partitions: int = 1, consumer: str | None = None) -> ReadPlan:
+    """Fix the bounds of a read: from the start (or the stream's first message) to ``end_seq``
+    (default: the stream's last sequence right now), split into ``partitions`` ranges.
+
+    With ``consumer`` (a durable consumer used as the read's cursor) the read starts after the
+    consumer's ack floor and uses the consumer's filter subjects. A missing cursor is created
+    (pull, ``deliver_policy`` all, explicit acks, filtered to ``subjects``); nothing pulls from it:
+    :func:`acknowledge_read` moves it past what a successful job read.
+    """
+    validate_name(stream, what="stream name")
+    validate_subjects(subjects, what="filter subjects")
+    if start_seq is not None and start_time is not None:
+        raise InvalidRequestError("give either start_seq or start_time, not both", reason="invalid_option")
+    info = await stream_info(conn, stream)
+    state, config = info["state"], info["config"]
+    first = max(int(state.get("first_seq") or 1), 1)
+    if consumer is not None:
+        cinfo = (await ensure_cursor(conn, stream, consumer, subjects=subjects))["info"]
+        ccfg = cinfo["config"]
+        filters = tuple(ccfg.get("filter_subjects") or ([ccfg["filter_subject"]] if ccfg.get("filter_subject") else []))
+        if subjects and tuple(subjects) != filters:
+            raise InvalidRequestError(
+                f"consumer {consumer!r} filters {list(filters) or 'all subjects'}; leave subjects unset "
+                "(the consumer's filters are used) or give the same ones",
+                reason="invalid_option",
+            )
+        subjects = filters
+        first = max(first, int(cinfo.get("ack_floor", {}).get("stream_seq") or 0) + 1)
+    if start_seq is not None:
+        first = max(first, int(start_seq))
+    elif start_time is not None:
+        first = max(first, await first_seq_at_or_after(conn, stream, start_time))
+    last = int(state.get("last_seq") or 0)
+    if end_seq is not None:
+        last = min(last, int(end_seq))
+    return ReadPlan(
+        stream=stream,
+        retention=config.get("retention", "limits"),
+        first_seq=first,
+        last_seq=last,
+        subjects=tuple(subjects),
+        messages=int(state.get("messages") or 0),
+        allow_direct=bool(config.get("allow_direct")),
+        ranges=split_range(first, last, partitions),
+        consumer=consumer,
+    )
+
+
+async def ensure_cursor(conn: JetStreamConnection, stream: str, name: str, *,
+                        subjects: Sequence[str] = ()) -> dict[str, Any]:
+    """The durable consumer that bookmarks a bounded reader's progress; created when missing.
+
+    An existing consumer is left as it is (its filters and position win), so a consumer reset moves
+    the cursor for replays. Returns ``ensure_consumer``'s result, or ``{"action": "existing", ...}``.
+    """
+    existing = await find_consumer(conn, stream, name)
+    if existing is not None:
+        return {"action": "existing", "info": existing}
+    config: dict[str, Any] = {"durable_name": name, "ack_policy": "explicit", "deliver_policy": "all",
+                              "description": "read cursor of airflow-jetstream bounded reads"}
+    if len(subjects) == 1:
+        config["filter_subject"] = subjects[0]
+    elif subjects:
+        config["filter_subjects"] = list(subjects)
+    return await ensure_consumer(conn, stream, config)
+
+
+async def plan_worker_read(conn: JetStreamConnection, plan: ReadPlan, groups: Sequence[Sequence[str]], *,
+                           prefix: str) -> ReadPlan:
+    """Partition ``plan`` by subject groups: group ``i`` is read by worker ``i``, whose durable pull
+    consumer ``<prefix>-<i>`` (per-worker consumer with FilterSubjects, created or updated only when
+    its subjects changed) is the group's cursor: its part starts after the consumer's ack floor and
+    :func:`acknowledge_read` moves it past ``plan.last_seq``."""
+    workers = []
+    for index, group in enumerate(groups):
+        result = await ensure_worker_consumer(conn, plan.stream, prefix, index, list(group),
+                                              inactive_threshold=None, config={"deliver_policy": "all"})
+        floor = int(result["info"].get("ack_floor", {}).get("stream_seq") or 0)
+        workers.append((result["consumer"], tuple(result["subjects"]), max(plan.first_seq, floor + 1)))
+    subjects = tuple(s for _, group, _ in workers for s in group)
+    return dataclasses.replace(plan, workers=tuple(workers), subjects=subjects, ranges=())
+
+
+
+def read_method(plan: ReadPlan, *, consume: bool) -> str:
+    """How to read the plan's stream, or a clear error when the stream cannot be read that way."""
+    if consume and plan.retention in ("limits", "interest") and not (plan.consumer or plan.workers):
+        raise InvalidRequestError(
+            f"stream {plan.stream!r} has {plan.retention} retention: consuming it means advancing a durable "
+            "consumer as a cursor; give the consumer option (a consumer name used only by this job; it is "
+            "created when missing)",
+            reason="consumer_required",
+        )
+    if plan.retention == "limits":
+        return "consumer"
+    if not plan.allow_direct:
+        raise InvalidRequestError(
+            f"stream {plan.stream!r} ({plan.retention} retention) is read without a consumer, by direct "
+            "get, so that nothing is consumed before the job succeeded; set allow_direct: true on the "
+            "stream (JetStreamEnsureStreamOperator / ensure_stream can change it in place)",
+            reason="direct_get_disabled",
+        )
+    return "direct"
+
+
+async def acknowledge_read(conn: JetStreamConnection, plan: ReadPlan) -> int:
+    """Acknowledge everything ``plan`` covered, once the job that read it succeeded.
+
+    WorkQueue: purge the plan's filters (or the whole stream) below ``last_seq + 1``. Interest and
+    Limits: reset the plan's cursor consumer to ``last_seq + 1`` (its ack floor becomes ``last_seq``).
+    Messages that arrived after planning (seq > last_seq) stay for the next run. Returns how many
+    messages the stream lost (WorkQueue: purged; Interest: dropped once no consumer needs them;
+    Limits: none, the cursor only moves).
+    """
+    if plan.empty:
+        return 0
+    if plan.retention == "workqueue":
+        purged = 0
+        for subject in plan.subjects or (None,):
+            body: dict[str, Any] = {"seq": plan.last_seq + 1}
+            if subject:
+                body["filter"] = subject
+            reply = await conn.api_request(f"STREAM.PURGE.{plan.stream}", body,
+                                           context=f"acknowledge read of stream {plan.stream!r}")
+            purged += int(reply.get("purged", 0))
+        return purged
+    if plan.workers:
+        cursors = [name for name, _, first in plan.workers if first <= plan.last_seq]
+    elif plan.retention in ("interest", "limits") and plan.consumer:
+        cursors = [plan.consumer]
+    else:
+        cursors = None
+    if cursors is not None:
+        before = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)
+        for name in cursors:
+            await reset_consumer(conn, plan.stream, name, seq=plan.last_seq + 1)
+        after = int((await stream_info(conn, plan.stream))["state"].get("messages") or 0)
+        return max(0, before - after)
+    raise InvalidRequestError(f"stream {plan.stream!r} ({plan.retention} retention) has nothing to acknowledge",
+                              reason="consume_not_supported")
+

@@ -15,7 +15,8 @@ from airflow_jetstream.client import (
     StreamNotFoundError,
     ensure_stream,
 )
-from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer, reset_consumer
+from airflow_jetstream.client.admin.consumer_reset import reset_consumer
+from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer
 from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
 from tests.test_sourcing import run
 

@@ -8,7 +8,8 @@ import nats.errors
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, JetStreamError, ensure_stream, open_connection
-from airflow_jetstream.client.admin.consumers import api_view, find_consumer
+from airflow_jetstream.client.admin.consumers import find_consumer
+from airflow_jetstream.client.admin.domains import api_view
 from airflow_jetstream.client.sourcing.status import source_status
 from airflow_jetstream.embedded.server import EmbeddedNatsServer, free_port
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator

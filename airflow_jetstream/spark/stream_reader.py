@@ -32,8 +32,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from airflow_jetstream.client.admin.consumers import first_seq_at_or_after
-from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.reading.await_message import resolve_start

@@ -1,10 +1,8 @@
-"""Generic consumer administration: info, idempotent create-or-update, delete, pause, reset.
+"""Consumer administration: config checks, info, listing, status, idempotent create-or-update, delete, pause.
 
-Every function takes a :class:`JetStreamConnection`. To reach a stream in another JetStream
-domain (a leaf node), wrap the connection with :func:`api_view` first::
-
-    leaf = api_view(conn, domain="edge")
-    info = await consumer_info(leaf, "ORIGIN", "AGG_SRC")
+Every function takes a :class:`JetStreamConnection` (for a stream in another JetStream domain, a view
+of it from :func:`~airflow_jetstream.client.admin.domains.api_view`). Resets:
+:mod:`~airflow_jetstream.client.admin.consumer_reset`.
 """
 
 from __future__ import annotations
@@ -13,15 +11,12 @@ import copy
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.config_diff import changed_fields
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
     ConsumerConfigError,
     ConsumerNotFoundError,
-    ConsumerResetError,
     InvalidRequestError,
-    LeaderUnavailableError,
     ServerAPIError,
 )
 from airflow_jetstream.client.subjects import validate_name, validate_subject, validate_subjects
@@ -47,53 +42,7 @@ IMMUTABLE_FIELDS = ("deliver_policy", "opt_start_seq", "opt_start_time", "ack_po
 DELIVER_POLICIES = ("all", "last", "new", "by_start_sequence", "by_start_time", "last_per_subject")
 ACK_POLICIES = ("none", "all", "explicit", "flow_control")
 REPLAY_POLICIES = ("instant", "original")
-#: Deliver policies whose consumers cannot be reset to a given sequence (server error 10204).
-NO_SEQ_RESET_POLICIES = ("last", "new", "last_per_subject")
 _DEFAULTS: dict[str, Any] = {"deliver_policy": "all", "ack_policy": "explicit", "replay_policy": "instant"}
-
-
-class _ApiView:
-    """A connection whose JetStream API requests go to another domain or API prefix.
-
-    Both ways of calling the API are redirected: :meth:`api_request` and ``.js`` (a nats-py
-    JetStream context on the same connection with the view's prefix); the rest is the connection's.
-    """
-
-    def __init__(self, conn: JetStreamConnection, api_prefix: str) -> None:
-        self._conn = conn
-        self._api_prefix = api_prefix
-        self.js = conn.nc.jetstream(prefix=api_prefix, timeout=conn.settings.request_timeout)
-
-    @property
-    def api_prefix(self) -> str:
-        return self._api_prefix
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-    async def api_request(self, api: str, body: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
-        """The connection's API request, sent to this view's prefix."""
-        from airflow_jetstream.client.connection import JetStreamConnection
-
-        return await JetStreamConnection.api_request(self, api, body, **kwargs)  # type: ignore[arg-type]
-
-
-def domain_api_prefix(domain: str) -> str:
-    """``$JS.<domain>.API``: the API prefix of a JetStream domain."""
-    validate_name(domain, what="JetStream domain")
-    return f"$JS.{domain}.API"
-
-
-def api_view(conn: JetStreamConnection, *, domain: str | None = None,
-             api_prefix: str | None = None) -> JetStreamConnection:
-    """``conn`` itself, or a view of it whose API requests go to ``domain`` / ``api_prefix``."""
-    if domain and api_prefix:
-        raise InvalidRequestError("give either a JetStream domain or an API prefix, not both")
-    prefix = domain_api_prefix(domain) if domain else api_prefix
-    if not prefix or prefix == conn.api_prefix:
-        return conn
-    validate_subject(prefix, what="JetStream API prefix")
-    return _ApiView(conn, prefix)  # type: ignore[return-value]
 
 
 def normalize_consumer_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -274,126 +223,13 @@ async def pause_consumer(conn: JetStreamConnection, stream: str, name: str,
                                   context=f"pause consumer {name!r} on stream {stream!r}")
 
 
-async def first_seq_at_or_after(conn: JetStreamConnection, stream: str, when: datetime | str) -> int:
-    """The sequence of the first message stored at or after ``when``; last_seq + 1 if none is."""
-    validate_name(stream, what="stream name")
-    body = {"start_time": to_rfc3339(when)}
-    try:
-        reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", body, context=f"stream {stream!r}")
-    except ServerAPIError as exc:
-        if exc.err_code != 10037:
-            raise
-        info = await conn.api_request(f"STREAM.INFO.{stream}", context=f"stream {stream!r}")
-        return int(info["state"]["last_seq"]) + 1
-    return int(reply["message"]["seq"])
-
-
-def _reset_seq_arg(seq: Any) -> int | None:
-    if seq is None:
-        return None
-    if isinstance(seq, bool) or not isinstance(seq, int):
-        raise InvalidRequestError(f"seq must be a positive stream sequence (int), got {seq!r}", reason="invalid_seq")
-    if seq < 1:
-        raise InvalidRequestError(
-            f"seq must be >= 1, got {seq}; leave it unset to reset to the ack floor", reason="invalid_seq"
-        )
-    return seq
-
-
-async def reset_consumer(conn: JetStreamConnection, stream: str, name: str, *, seq: int | None = None,
-                         time: datetime | str | None = None) -> dict[str, Any]:
-    """Reset a consumer's delivery state.
-
-    - neither ``seq`` nor ``time``: back to the ack floor (redeliver what is pending);
-    - ``seq``: the next message delivered is the first with stream sequence >= ``seq``;
-    - ``time``: same, with the first sequence stored at or after ``time``.
-
-    The consumer is looked up first (the server never answers a reset of an unknown consumer),
-    and resets the deliver policy forbids are refused locally with :class:`ConsumerResetError`.
-    Returns ``{"stream", "consumer", "reset_seq", "delivered", "ack_floor", "num_pending",
-    "num_ack_pending", "requested_seq", "requested_time"}``.
-    """
-    if seq is not None and time is not None:
-        raise InvalidRequestError("give either seq or time for a consumer reset, not both", reason="invalid_reset")
-    seq = _reset_seq_arg(seq)
-    requested_time = to_rfc3339(time) if time is not None else None
-    server_features.require(conn, server_features.CONSUMER_RESET)
-    info = await consumer_info(conn, stream, name)
-    config = info["config"]
-    policy = config.get("deliver_policy", "all")
-    where = f"consumer {name!r} on stream {stream!r}"
-    if (seq is not None or time is not None) and policy in NO_SEQ_RESET_POLICIES:
-        raise ConsumerResetError(
-            f"{where} has deliver_policy {policy!r}: it can only be reset to its ack floor (no seq/time); "
-            "use a consumer with deliver_policy all, by_start_sequence or by_start_time for replays",
-            reason="reset_not_allowed",
-        )
-    if time is not None:
-        if policy == "by_start_time" and parse_time(time) < parse_time(config["opt_start_time"]):
-            raise ConsumerResetError(
-                f"{where} starts at {config['opt_start_time']}: cannot reset to {requested_time}, "
-                "which is before its start time",
-                reason="below_start_time",
-            )
-        seq = await first_seq_at_or_after(conn, stream, time)
-    if seq is not None and policy == "by_start_sequence" and seq < int(config.get("opt_start_seq") or 0):
-        raise ConsumerResetError(
-            f"{where} starts at stream sequence {config['opt_start_seq']}: cannot reset below it (to {seq})",
-            reason="below_start_seq",
-        )
-    try:
-        reply = await conn.api_request(f"CONSUMER.RESET.{stream}.{name}",
-                                       {"seq": seq} if seq is not None else None,
-                                       context=f"reset {where}")
-    except ConsumerResetError as exc:
-        raise ConsumerResetError(
-            f"{exc.message} ({where}, deliver_policy {policy!r})",
-            reason=_reset_reason(exc.description), code=exc.code, err_code=exc.err_code,
-            description=exc.description,
-        ) from None
-    except LeaderUnavailableError:
-        # the server never answers a reset of a missing consumer: one deleted since the lookup
-        # would otherwise look like an endless election
-        if await find_consumer(conn, stream, name) is None:
-            raise ConsumerNotFoundError(f"{where} was deleted during the reset; create it again",
-                                        reason="consumer_not_found") from None
-        raise
-    metrics.incr("consumer.reset", tags={"stream": stream, "consumer": name})
-    return {
-        "stream": stream,
-        "consumer": name,
-        "reset_seq": reply.get("reset_seq"),
-        "delivered": reply.get("delivered", {}),
-        "ack_floor": reply.get("ack_floor", {}),
-        "num_pending": reply.get("num_pending", 0),
-        "num_ack_pending": reply.get("num_ack_pending", 0),
-        "requested_seq": seq,
-        "requested_time": requested_time,
-    }
-
-
-def _reset_reason(description: str | None) -> str:
-    text = (description or "").lower()
-    if "below start seq" in text:
-        return "below_start_seq"
-    if "below start time" in text:
-        return "below_start_time"
-    if "not allowed" in text:
-        return "reset_not_allowed"
-    return "invalid_reset"
-
-
 __all__ = [
-    "api_view",
     "consumer_info",
     "consumer_status",
     "delete_consumer",
-    "domain_api_prefix",
     "ensure_consumer",
     "find_consumer",
-    "first_seq_at_or_after",
     "list_consumers",
     "normalize_consumer_config",
     "pause_consumer",
-    "reset_consumer",
 ]

@@ -1,10 +1,11 @@
-"""Stream administration: idempotent create-or-update, info, delete, purge."""
+"""Stream administration: idempotent create-or-update, info, delete, purge, the first message at a time."""
 
 from __future__ import annotations
 
 import copy
 import logging
 import weakref
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client import server_features
@@ -13,10 +14,12 @@ from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
     PlacementError,
+    ServerAPIError,
     StreamConfigError,
     StreamNotFoundError,
 )
 from airflow_jetstream.client.subjects import validate_name, validate_subject, validate_subjects
+from airflow_jetstream.client.times import to_rfc3339
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
@@ -294,3 +297,17 @@ async def purge_stream(conn: JetStreamConnection, name: str, *, subject: str | N
     body = {"filter": validate_subject(subject, allow_wildcards=True)} if subject else None
     reply = await conn.api_request(f"STREAM.PURGE.{name}", body, context=f"purge stream {name!r}")
     return int(reply.get("purged", 0))
+
+
+async def first_seq_at_or_after(conn: JetStreamConnection, stream: str, when: datetime | str) -> int:
+    """The sequence of the first message stored at or after ``when``; last_seq + 1 if none is."""
+    validate_name(stream, what="stream name")
+    body = {"start_time": to_rfc3339(when)}
+    try:
+        reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", body, context=f"stream {stream!r}")
+    except ServerAPIError as exc:
+        if exc.err_code != 10037:
+            raise
+        info = await conn.api_request(f"STREAM.INFO.{stream}", context=f"stream {stream!r}")
+        return int(info["state"]["last_seq"]) + 1
+    return int(reply["message"]["seq"])

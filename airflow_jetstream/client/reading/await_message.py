@@ -25,8 +25,7 @@ from contextlib import aclosing
 from datetime import datetime
 from typing import Any
 
-from airflow_jetstream.client.admin.consumers import first_seq_at_or_after
-from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import ApplyFunctionError, InvalidRequestError, JetStreamError
 from airflow_jetstream.client.reading.apply_function import call_function

@@ -18,13 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from airflow_jetstream.client.admin.consumers import (
-    ensure_consumer,
-    find_consumer,
-    first_seq_at_or_after,
-    reset_consumer,
-)
-from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.admin.consumer_reset import reset_consumer
+from airflow_jetstream.client.admin.consumers import ensure_consumer, find_consumer
+from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.admin.worker_consumers import ensure_worker_consumer
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError

@@ -7,7 +7,8 @@ import asyncio
 import time
 from typing import Any
 
-from airflow_jetstream.client.admin.consumers import api_view, find_consumer, list_consumers
+from airflow_jetstream.client.admin.consumers import find_consumer, list_consumers
+from airflow_jetstream.client.admin.domains import api_view
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import ConsumerNotFoundError, JetStreamError, StreamConfigError, error_from_api

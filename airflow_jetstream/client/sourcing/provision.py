@@ -24,13 +24,8 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
-from airflow_jetstream.client.admin.consumers import (
-    api_view,
-    delete_consumer,
-    ensure_consumer,
-    find_consumer,
-    list_consumers,
-)
+from airflow_jetstream.client.admin.consumers import delete_consumer, ensure_consumer, find_consumer, list_consumers
+from airflow_jetstream.client.admin.domains import api_view
 from airflow_jetstream.client.admin.streams import (
     create_stream,
     default_replicas,

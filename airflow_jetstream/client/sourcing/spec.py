@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from airflow_jetstream.client.admin.consumers import DELIVER_POLICIES, REPLAY_POLICIES, domain_api_prefix
+from airflow_jetstream.client.admin.consumers import DELIVER_POLICIES, REPLAY_POLICIES
+from airflow_jetstream.client.admin.domains import domain_api_prefix
 from airflow_jetstream.client.admin.streams import check_replicas, normalize_placement
 from airflow_jetstream.client.errors import ConsumerConfigError, InvalidRequestError
 from airflow_jetstream.client.subjects import validate_name, validate_subject

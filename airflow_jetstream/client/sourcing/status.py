@@ -6,7 +6,8 @@ from dataclasses import replace
 from typing import Any
 
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.admin.consumers import api_view, find_consumer
+from airflow_jetstream.client.admin.consumers import find_consumer
+from airflow_jetstream.client.admin.domains import api_view
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import StreamConfigError, error_from_api

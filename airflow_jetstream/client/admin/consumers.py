@@ -8,6 +8,7 @@ of it from :func:`~airflow_jetstream.client.admin.domains.api_view`). Resets:
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -134,10 +135,21 @@ async def list_consumers(conn: JetStreamConnection, stream: str) -> list[dict[st
             return found
 
 
+def filter_config(subjects: Sequence[str]) -> dict[str, Any]:
+    """The config fields that make a consumer (or source) filter on ``subjects``; none for every subject."""
+    if len(subjects) == 1:
+        return {"filter_subject": subjects[0]}
+    return {"filter_subjects": list(subjects)} if subjects else {}
+
+
+def config_filters(config: dict[str, Any]) -> list[str]:
+    """The filter subjects of a consumer config (``filter_subjects`` or the single ``filter_subject``), as given."""
+    return list(config.get("filter_subjects") or ([config["filter_subject"]] if config.get("filter_subject") else []))
+
+
 def consumer_filters(info: dict[str, Any]) -> list[str]:
-    """A consumer's filter subjects (``filter_subjects`` or the single ``filter_subject``), sorted."""
-    config = info.get("config") or {}
-    return sorted(config.get("filter_subjects") or ([config["filter_subject"]] if config.get("filter_subject") else []))
+    """A consumer's filter subjects, sorted."""
+    return sorted(config_filters(info.get("config") or {}))
 
 
 async def consumer_status(conn: JetStreamConnection, stream: str, name: str) -> dict[str, Any]:

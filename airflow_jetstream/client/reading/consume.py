@@ -41,7 +41,13 @@ from typing import Any
 
 import nats.errors
 
-from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer, find_consumer
+from airflow_jetstream.client.admin.consumers import (
+    config_filters,
+    consumer_info,
+    ensure_consumer,
+    filter_config,
+    find_consumer,
+)
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
     ApplyFunctionError,
@@ -146,10 +152,7 @@ async def _bind_consumer(conn: JetStreamConnection, stream: str, name: str, subj
             config.update(deliver_policy="by_start_sequence", opt_start_seq=start_seq)
         elif start_time is not None:
             config.update(deliver_policy="by_start_time", opt_start_time=to_rfc3339(start_time))
-        if len(subjects) == 1:
-            config["filter_subject"] = subjects[0]
-        elif subjects:
-            config["filter_subjects"] = list(subjects)
+        config.update(filter_config(subjects))
         if max_deliver is not None:
             config["max_deliver"] = max_deliver
         await ensure_consumer(conn, stream, config)
@@ -162,7 +165,7 @@ async def _bind_consumer(conn: JetStreamConnection, stream: str, name: str, subj
     if cfg.get("ack_policy") != "explicit":
         raise ConsumerConfigError(f"{where} has ack_policy {cfg.get('ack_policy')!r}: acks after success need "
                                   "'explicit'; use another consumer name", reason="ack_policy_not_explicit")
-    filters = cfg.get("filter_subjects") or ([cfg["filter_subject"]] if cfg.get("filter_subject") else [])
+    filters = config_filters(cfg)
     if subjects and sorted(subjects) != sorted(filters):
         raise InvalidRequestError(f"{where} filters {filters or 'all subjects'}, not {list(subjects)}; leave "
                                   "subjects unset to read it as it is, or use another consumer name",

@@ -23,6 +23,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from airflow_jetstream.client.admin.consumers import filter_config
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.batches.types import HEADER_STATUS
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
@@ -136,10 +137,7 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
         "mem_storage": True,
         "inactive_threshold": 30_000_000_000,
     }
-    if len(subjects) == 1:
-        config["filter_subject"] = subjects[0]
-    elif subjects:
-        config["filter_subjects"] = list(subjects)
+    config.update(filter_config(subjects))
     name = config["name"]
     # Not retried here: a create that gets no answer may have been placed on a server that is down;
     # the caller's retry (_resuming) creates one under a new name, which may be placed elsewhere.

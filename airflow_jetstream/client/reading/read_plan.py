@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from airflow_jetstream.client.admin.consumer_reset import reset_consumer
-from airflow_jetstream.client.admin.consumers import ensure_consumer, find_consumer
+from airflow_jetstream.client.admin.consumers import config_filters, ensure_consumer, filter_config, find_consumer
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.admin.worker_consumers import ensure_worker_consumer
 from airflow_jetstream.client.connection import JetStreamConnection
@@ -99,8 +99,7 @@ async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequenc
     first = max(int(state.get("first_seq") or 1), 1)
     if consumer is not None:
         cinfo = (await ensure_cursor(conn, stream, consumer, subjects=subjects))["info"]
-        ccfg = cinfo["config"]
-        filters = tuple(ccfg.get("filter_subjects") or ([ccfg["filter_subject"]] if ccfg.get("filter_subject") else []))
+        filters = tuple(config_filters(cinfo["config"]))
         if subjects and tuple(subjects) != filters:
             raise InvalidRequestError(
                 f"consumer {consumer!r} filters {list(filters) or 'all subjects'}; leave subjects unset "
@@ -141,11 +140,7 @@ async def ensure_cursor(conn: JetStreamConnection, stream: str, name: str, *,
         return {"action": "existing", "info": existing}
     config: dict[str, Any] = {"durable_name": name, "ack_policy": "explicit", "deliver_policy": "all",
                               "description": "read cursor of airflow-jetstream bounded reads"}
-    if len(subjects) == 1:
-        config["filter_subject"] = subjects[0]
-    elif subjects:
-        config["filter_subjects"] = list(subjects)
-    return await ensure_consumer(conn, stream, config)
+    return await ensure_consumer(conn, stream, {**config, **filter_config(subjects)})
 
 
 async def plan_worker_read(conn: JetStreamConnection, plan: ReadPlan, groups: Sequence[Sequence[str]], *,

@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Any
 
-from airflow_jetstream.client.admin.consumers import find_consumer, list_consumers
+from airflow_jetstream.client.admin.consumers import consumer_filters, find_consumer, list_consumers
 from airflow_jetstream.client.admin.domains import api_view
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
@@ -78,9 +78,7 @@ async def server_managed_consumer(origin_conn: JetStreamConnection, spec: Durabl
             ours = meta.get(owner_key) == spec.stream and cfg.get("sourcing")
             if not (ours and info["name"].startswith(prefix)):
                 continue
-            filters = tuple(cfg.get("filter_subjects") or ())
-            filters = filters or ((cfg["filter_subject"],) if cfg.get("filter_subject") else ())
-            if sorted(filters) == sorted(spec.filter_subjects):
+            if consumer_filters(info) == sorted(spec.filter_subjects):
                 return info
         if time.monotonic() >= deadline:
             raise SourceUnhealthyError(

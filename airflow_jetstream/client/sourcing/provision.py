@@ -24,7 +24,13 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
-from airflow_jetstream.client.admin.consumers import delete_consumer, ensure_consumer, find_consumer, list_consumers
+from airflow_jetstream.client.admin.consumers import (
+    config_filters,
+    delete_consumer,
+    ensure_consumer,
+    find_consumer,
+    list_consumers,
+)
 from airflow_jetstream.client.admin.domains import api_view
 from airflow_jetstream.client.admin.streams import (
     create_stream,
@@ -162,9 +168,7 @@ async def _check_shared_origin(origin_conn: JetStreamConnection, spec: DurableSo
     ours = spec.filter_subjects or (">",)
     for info in await list_consumers(origin_conn, spec.source):
         feeding = _feeds_other_stream(info, spec, own)
-        cfg = info["config"]
-        theirs = tuple(cfg.get("filter_subjects") or ()) or ((cfg["filter_subject"],) if cfg.get("filter_subject")
-                                                             else (">",))
+        theirs = config_filters(info["config"]) or [">"]
         if feeding and any(subjects_overlap(a, b) for a in ours for b in theirs):
             raise StreamConfigError(
                 f"origin {spec.source!r}{spec.where} is a {retention} stream already sourced by the {feeding}: a "

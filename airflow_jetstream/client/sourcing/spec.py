@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from airflow_jetstream.client.admin.consumers import DELIVER_POLICIES, REPLAY_POLICIES
+from airflow_jetstream.client.admin.consumers import DELIVER_POLICIES, REPLAY_POLICIES, filter_config
 from airflow_jetstream.client.admin.domains import domain_api_prefix
 from airflow_jetstream.client.admin.streams import check_replicas, normalize_placement
 from airflow_jetstream.client.errors import ConsumerConfigError, InvalidRequestError
@@ -182,11 +182,7 @@ class DurableSource:
             cfg["opt_start_seq"] = self.start_seq
         if self.start_time is not None:
             cfg["opt_start_time"] = self.start_time
-        if len(self.filter_subjects) == 1:
-            cfg["filter_subject"] = self.filter_subjects[0]
-        elif self.filter_subjects:
-            cfg["filter_subjects"] = list(self.filter_subjects)
-        return cfg
+        return {**cfg, **filter_config(self.filter_subjects)}
 
     def source_entry(self) -> dict[str, Any]:
         """The ``sources[]`` / ``mirror`` entry of stream ``A``."""

@@ -4,7 +4,7 @@ One embedded nats-server, Spark ``local[2]``, the same DataFrame of ``--rows`` r
 payloads, 2 partitions) for every write:
 
 * write baseline: ``foreachPartition`` publishing one awaited ``js.publish`` per row;
-* data source ``mode=atomic`` (atomic batches of 1000, batch ledger on) and ``mode=bulk`` (fast batches
+* data source ``mode=atomic`` (atomic batches of 1000, batch ledger on) and ``mode=fast`` (fast batches
   of 10,000), default options;
 * read baseline: one process, a nats-py pull consumer fetching 500 at a time and acking every message
   (the plain loop); also shown: the same loop on an ``ack_policy: none`` consumer;
@@ -18,7 +18,7 @@ much of the shared 2 cores the server itself needs) and the ratios against the t
 bulk >= 15x, read >= 2x, streaming read and streaming sink >= 0.8x their batch counterparts).
 Run: ``.venv/bin/python bench/spark_io.py [--rows 200000]``.
 
-``--bulk`` instead compares the data source's ``mode=bulk`` with a bare fast batch in the same Spark job
+``--bulk`` instead compares the data source's ``mode=fast`` with a bare fast batch in the same Spark job
 shape (``mapInArrow``: each of the 2 tasks publishes its rows as fast batches of 10,000 through the
 client's ``publish_chunk`` with the same per-row msg ids; no stream check, ledger or job record),
 in ``--rounds`` interleaved rounds, and prints the median ratio (target >= 0.8x).
@@ -52,7 +52,7 @@ from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_con
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.spark import register
 
-TARGETS = {"atomic": 8.0, "bulk": 15.0, "read": 2.0, "stream_read": 0.8, "stream_sink": 0.8}
+TARGETS = {"atomic": 8.0, "fast": 15.0, "read": 2.0, "stream_read": 0.8, "stream_sink": 0.8}
 
 
 def make_frame(spark: SparkSession, rows: int) -> Any:
@@ -236,10 +236,10 @@ def data_source_rates(spark: SparkSession, settings: ConnectionSettings, rows: i
     frame.count()
     asyncio.run(make_stream(settings, f"WARM_{tag}", f"warm{tag}", allow_atomic=True, allow_batched=True))
     warm = frame.withColumn("subject", F.concat(F.lit(f"warm{tag}."), "subject")).limit(20_000)
-    for mode in ("atomic", "bulk"):
+    for mode in ("atomic", "fast"):
         warm.write.format("jetstream").mode("append").options(**sink, stream=f"WARM_{tag}", mode=mode).save()
     rates = {}
-    for mode in ("atomic", "bulk"):
+    for mode in ("atomic", "fast"):
         name = f"{mode.upper()}_{tag}"
         asyncio.run(make_stream(settings, name, name.lower(), allow_atomic=True, allow_batched=True))
         rates[mode] = timed(f"{tag}: data source mode={mode}", rows, lambda m=mode, n=name: (
@@ -306,7 +306,7 @@ def bulk_vs_bare(rows: int, rounds: int) -> int:
 
         def data_source(name: str) -> None:
             (frame.withColumn("subject", F.concat(F.lit(f"{name.lower()}."), "subject")).write.format("jetstream")
-             .mode("append").options(servers=server.url, stream=name, mode="bulk", job_id=name.lower()).save())
+             .mode("append").options(servers=server.url, stream=name, mode="fast", job_id=name.lower()).save())
 
         async def slowest_task(job_id: str) -> float:
             from airflow_jetstream.client.ledger.job_records import get_job_record
@@ -315,27 +315,27 @@ def bulk_vs_bare(rows: int, rounds: int) -> int:
                 record = await get_job_record(conn, job_id)
             return max(report["seconds"] for report in record["reports"])
 
-        rates: dict[str, list[float]] = {"bare": [], "bulk": []}
+        rates: dict[str, list[float]] = {"bare": [], "fast": []}
         for index in range(rounds + 1):  # round 0 warms both paths up and is not counted
-            for kind, action in (("bare", bare), ("bulk", data_source)):
+            for kind, action in (("bare", bare), ("fast", data_source)):
                 name = f"{kind.upper()}{index}"
                 asyncio.run(make_stream(settings, name, name.lower(), allow_batched=True))
                 label = f"round {index}: " + ("bare fast batch (mapInArrow)" if kind == "bare" else "data source bulk")
                 rate = timed(label + (" (warm-up)" if index == 0 else ""), rows, lambda a=action, n=name: a(n), pid)
                 if asyncio.run(stored(settings, name)) != rows:
                     raise SystemExit(f"stream {name} does not hold {rows} messages")
-                if kind == "bulk":
+                if kind == "fast":
                     task = asyncio.run(slowest_task(name.lower()))
                     print(f"    slowest write task {task:.2f} s of a {rows / rate:.2f} s job "
                           f"(the rest: planning, scheduling, commit)", flush=True)
                 if index:
                     rates[kind].append(rate)
         # what a job costs besides its rows: the same two paths writing 2 rows (one per task)
-        fixed: dict[str, list[float]] = {"bare": [], "bulk": []}
+        fixed: dict[str, list[float]] = {"bare": [], "fast": []}
         tiny = frame.limit(2).repartition(2).cache()
         tiny.count()
         for index in range(rounds):
-            for kind in ("bare", "bulk"):
+            for kind in ("bare", "fast"):
                 name = f"FIXED{kind.upper()}{index}"
                 asyncio.run(make_stream(settings, name, name.lower(), allow_batched=True))
                 prefixed = tiny.withColumn("subject", F.concat(F.lit(f"{name.lower()}."), "subject"))
@@ -344,15 +344,15 @@ def bulk_vs_bare(rows: int, rounds: int) -> int:
                     prefixed.mapInArrow(bare_fast_batches(server.url, name.lower()), "n long").collect()
                 else:
                     (prefixed.write.format("jetstream").mode("append")
-                     .options(servers=server.url, stream=name, mode="bulk", job_id=name.lower()).save())
+                     .options(servers=server.url, stream=name, mode="fast", job_id=name.lower()).save())
                 fixed[kind].append(time.perf_counter() - started)
         spark.stop()
-    ratios = [bulk / bare_rate for bulk, bare_rate in zip(rates["bulk"], rates["bare"], strict=True)]
+    ratios = [bulk / bare_rate for bulk, bare_rate in zip(rates["fast"], rates["bare"], strict=True)]
     median = statistics.median(ratios)
-    extra = statistics.median(fixed["bulk"]) - statistics.median(fixed["bare"])
+    extra = statistics.median(fixed["fast"]) - statistics.median(fixed["bare"])
     bare_seconds = rows / statistics.median(rates["bare"])
     print(f"a 2-row job: bare {statistics.median(fixed['bare']):.2f} s, data source "
-          f"{statistics.median(fixed['bulk']):.2f} s (writer check, ledger, job record: {extra:+.2f} s per job)")
+          f"{statistics.median(fixed['fast']):.2f} s (writer check, ledger, job record: {extra:+.2f} s per job)")
     print(f"bound: with the bare per-row rate and that fixed cost, {rows:,} rows could reach "
           f"{bare_seconds / (bare_seconds + extra):.2f}x")
     print(f"bulk / bare per round: {' / '.join(f'{r:.2f}' for r in ratios)}; median {median:.2f}x "
@@ -375,7 +375,7 @@ def standalone_vs_local(rows: int) -> int:
             standalone = data_source_rates(spark, settings, rows, "standalone", server.process.pid)
             spark.stop()
     print("standalone (2 workers x 1 core) vs local[2]")
-    for key in ("atomic", "bulk", "read"):
+    for key in ("atomic", "fast", "read"):
         ratio = standalone[key] / local[key]
         print(f"  {key:<8} {standalone[key]:>10,.0f} vs {local[key]:>10,.0f} rows/s  ({ratio:.2f}x)")
     return 0
@@ -432,7 +432,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--standalone", action="store_true", help="compare local[2] with a standalone cluster")
     parser.add_argument("--streaming", action="store_true", help="only the streaming read and sink comparisons")
-    parser.add_argument("--bulk", action="store_true", help="compare mode=bulk with a bare fast batch")
+    parser.add_argument("--bulk", action="store_true", help="compare mode=fast with a bare fast batch")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of --bulk")
     args = parser.parse_args()
     rows = args.rows
@@ -459,12 +459,12 @@ def main() -> int:
         # warm up (Python workers started, JVM code compiled) as a long-running Spark application would be
         warm = frame.withColumn("subject", F.concat(F.lit("warm."), "subject"))
         warm.limit(2000).foreachPartition(naive_partition(server.url, ""))
-        for mode in ("atomic", "bulk"):
+        for mode in ("atomic", "fast"):
             warm.limit(20_000).write.format("jetstream").mode("append").options(**sink, stream="WARM", mode=mode).save()
         read_stream(spark, sink, "WARM", None)
         asyncio.run(make_stream(settings, "NAIVE", "naive"))
         asyncio.run(make_stream(settings, "ATOMIC", "atomic", allow_atomic=True))
-        asyncio.run(make_stream(settings, "BULK", "bulk", allow_batched=True))
+        asyncio.run(make_stream(settings, "BULK", "fast", allow_batched=True))
 
         print("write")
         naive = timed("baseline foreachPartition, awaited js.publish", rows,
@@ -472,9 +472,9 @@ def main() -> int:
         atomic = timed("data source mode=atomic", rows, lambda: (
             frame.withColumn("subject", F.concat(F.lit("atomic."), "subject")).write.format("jetstream")
             .mode("append").options(**sink, stream="ATOMIC", job_id="bench-atomic").save()), pid)
-        bulk = timed("data source mode=bulk", rows, lambda: (
+        bulk = timed("data source mode=fast", rows, lambda: (
             frame.withColumn("subject", F.concat(F.lit("bulk."), "subject")).write.format("jetstream")
-            .mode("append").options(**sink, stream="BULK", mode="bulk", job_id="bench-bulk").save()), pid)
+            .mode("append").options(**sink, stream="BULK", mode="fast", job_id="bench-bulk").save()), pid)
         for name in ("NAIVE", "ATOMIC", "BULK"):
             count = asyncio.run(stored(settings, name))
             if count != rows:
@@ -496,7 +496,7 @@ def main() -> int:
         fixed = fixed_costs(spark, {**sink, "stream": "ONE"})
         spark.stop()
 
-    ratios = {"atomic": atomic / naive, "bulk": bulk / naive, "read": read_rate / baseline,
+    ratios = {"atomic": atomic / naive, "fast": bulk / naive, "read": read_rate / baseline,
               **streaming_ratios(streaming, fixed, rows)}
     print(f"read vs the ack_policy none loop: {read_rate / no_ack:.1f}x")
     print("ratios (target)")

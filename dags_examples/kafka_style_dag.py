@@ -90,11 +90,11 @@ with DAG(
         task_id="bill_orders",
         stream=STREAM,
         consumer="events_billing",
-        subjects=[SUBJECT],
+        filter_subjects=[SUBJECT],
         apply_function=bill,
         apply_function_kwargs={"currency": "EUR"},
         max_messages=1000,
-        wait=2,
+        fetch_timeout=2,
         retries=2,
     )
     record_run = JetStreamKeyValueOperator(

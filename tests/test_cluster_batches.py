@@ -189,7 +189,7 @@ def test_atomic_operator_batches_whole_and_exactly_once_across_a_leader_kill(
         for t in range(tasks):
             op = JetStreamAtomicBatchPublishOperator(
                 task_id=f"publish_{t}", nats_conn_id="nats_cluster", stream=name, subject=f"{name.lower()}.x",
-                messages=[{"data": f"t{t}-{i}"} for i in range(per_task)], split=True, max_msgs=chunk,
+                messages=[{"data": f"t{t}-{i}"} for i in range(per_task)], split=True, batch_size=chunk,
                 dedupe_key=f"{name}-t{t}", retries=3,
             )
             results.append(run_task_with_retries(op, 3, wait_for_leader))

@@ -99,7 +99,7 @@ def during_leader_kill(cluster: EmbeddedNatsCluster, stream: str, job: Any, star
     return error
 
 
-@pytest.mark.parametrize("mode", ["atomic", "bulk"])
+@pytest.mark.parametrize("mode", ["atomic", "fast"])
 def test_write_through_a_leader_kill_and_rerun_leave_the_stream_exact(
         nats_cluster_module: EmbeddedNatsCluster, spark: SparkSession, mode: str) -> None:
     cluster = nats_cluster_module
@@ -132,7 +132,7 @@ def test_read_through_a_leader_kill(nats_cluster_module: EmbeddedNatsCluster, sp
     call(cluster, ensure_stream, {"name": "SR", "subjects": ["sr.>"], "num_replicas": 3, "allow_batched": True})
     spark.range(0, ROWS, numPartitions=2).select(F.lit("sr.x").alias("subject"),
                                                  F.col("id").cast("string").alias("payload")).write.format(
-        "jetstream").mode("append").options(servers=cluster.servers, stream="SR", mode="bulk", job_id="sr").save()
+        "jetstream").mode("append").options(servers=cluster.servers, stream="SR", mode="fast", job_id="sr").save()
     got: dict[str, Any] = {}
     reading = threading.Event()
 

@@ -75,7 +75,7 @@ def test_retry_after_a_failure_half_way_loses_and_repeats_nothing(conn_id, serve
     _run(server, _stream_with, "CONS_RETRY", _orders(10))
     kwargs = dict(task_id="consume", stream="CONS_RETRY", consumer="billing",
                   apply_function="tests.test_consume_operator.record", apply_function_kwargs={"fail_at": 6},
-                  batch_size=4, wait=0.5, nak_delay=0)
+                  batch_size=4, fetch_timeout=0.5, nak_delay=0)
     with pytest.raises(ApplyFunctionError) as failed:
         JetStreamConsumeOperator(**kwargs).execute({})
     assert failed.value.reason == "apply_function_failed"
@@ -93,7 +93,7 @@ def test_retry_after_a_failure_half_way_loses_and_repeats_nothing(conn_id, serve
 def test_a_failed_message_waits_out_its_back_off_and_stays_pending(conn_id, server) -> None:
     _run(server, _stream_with, "CONS_BACKOFF", _orders(5))
     kwargs = dict(task_id="consume", stream="CONS_BACKOFF", consumer="billing", apply_function=record,
-                  apply_function_kwargs={"fail_at": 3}, wait=0.5, nak_delay=[600])
+                  apply_function_kwargs={"fail_at": 3}, fetch_timeout=0.5, nak_delay=[600])
     with pytest.raises(ApplyFunctionError, match="redelivered after 600 s"):
         JetStreamConsumeOperator(**kwargs).execute({})
     retry = JetStreamConsumeOperator(**kwargs).execute({})
@@ -105,8 +105,8 @@ def test_a_failed_message_waits_out_its_back_off_and_stays_pending(conn_id, serv
 
 def test_batches_and_max_messages_leave_the_rest_for_the_next_run(conn_id, server) -> None:
     _run(server, _stream_with, "CONS_BATCH", _orders(10))
-    kwargs = dict(task_id="consume", stream="CONS_BATCH", consumer="batcher", subjects=["cons_batch.>"],
-                  apply_function_batch=record_batch, batch_size=3, wait=0.5)
+    kwargs = dict(task_id="consume", stream="CONS_BATCH", consumer="batcher", filter_subjects=["cons_batch.>"],
+                  apply_function_batch=record_batch, batch_size=3, fetch_timeout=0.5)
     first = JetStreamConsumeOperator(max_messages=7, **kwargs).execute({})
     assert [len(b) for b in BATCHES] == [3, 3, 1]
     assert (first["processed"], first["stopped"], first["num_pending"]) == (7, "max_messages", 3)
@@ -133,7 +133,7 @@ def test_a_batch_is_a_whole_pull_request_even_when_its_messages_arrive_one_by_on
     try:
         summary = JetStreamConsumeOperator(task_id="consume", stream="CONS_TRICKLE", consumer="trickle",
                                            apply_function_batch=record_batch, batch_size=3, max_messages=3,
-                                           wait=30).execute({})
+                                           fetch_timeout=30).execute({})
     finally:
         publisher.join(timeout=60)
     assert BATCHES == [[1, 2, 3]]
@@ -143,7 +143,8 @@ def test_a_batch_is_a_whole_pull_request_even_when_its_messages_arrive_one_by_on
 def test_term_on_terminates_bad_messages_and_goes_on(conn_id, server) -> None:
     _run(server, _stream_with, "CONS_TERM", [b'{"order": 1}', b"not json", b'{"order": 3}'])
     summary = JetStreamConsumeOperator(task_id="consume", stream="CONS_TERM", consumer="parser",
-                                       apply_function=parse, term_on=["json.JSONDecodeError"], wait=0.5).execute({})
+                                       apply_function=parse, term_on=["json.JSONDecodeError"],
+                                       fetch_timeout=0.5).execute({})
     assert SEEN == [1, 3]
     assert (summary["processed"], summary["terminated"], summary["num_pending"], summary["num_ack_pending"]) == \
         (2, 1, 0, 0)
@@ -152,7 +153,7 @@ def test_term_on_terminates_bad_messages_and_goes_on(conn_id, server) -> None:
 def test_ordered_read_of_a_range_keeps_no_cursor_and_a_retry_rereads_it(conn_id, server) -> None:
     _run(server, _stream_with, "CONS_RANGE", _orders(8))
     kwargs = dict(task_id="replay", stream="CONS_RANGE", start_seq="3", end_seq="6",
-                  apply_function=record, apply_function_kwargs={"fail_at": 5}, wait=0.5)
+                  apply_function=record, apply_function_kwargs={"fail_at": 5}, fetch_timeout=0.5)
     with pytest.raises(ApplyFunctionError, match="reads the range again"):
         JetStreamConsumeOperator(**kwargs).execute({})
     assert SEEN == [3, 4]
@@ -183,6 +184,6 @@ def test_bad_input_is_a_typed_error_naming_the_fix(conn_id, server) -> None:
     _run(server, push_consumer)
     with pytest.raises(ConsumerConfigError, match="pull consumer") as push:
         JetStreamConsumeOperator(task_id="t", stream="CONS_PUSH", consumer="pushy", apply_function=record,
-                                 wait=0.5).execute({})
+                                 fetch_timeout=0.5).execute({})
     assert push.value.reason == "not_pull_consumer"
     assert SEEN == []

@@ -67,7 +67,7 @@ def test_jsonl_file_split_into_chunks_with_chained_expectation(nats_server, nats
     path = tmp_path / "orders.jsonl"
     path.write_text("\n".join(json.dumps({"data": {"n": i}}) for i in range(7)) + "\n\n")
     op = JetStreamAtomicBatchPublishOperator(task_id="publish", messages_file=str(path), subject="orders.f",
-                                             split=True, max_msgs=3, expected_last_seq="0")
+                                             split=True, batch_size=3, expected_last_seq="0")
     result = op.execute(context={})
     assert result["count"] == 7 and (result["first_seq"], result["last_seq"]) == (1, 7)
     assert result["chunks"] == 3
@@ -92,7 +92,7 @@ def test_parquet_file(nats_server, nats_conn, tmp_path):
 
 def test_too_many_messages_without_split_fails_before_sending(nats_server, nats_conn):
     admin(nats_server, lambda conn: asyncio.sleep(0))
-    op = JetStreamAtomicBatchPublishOperator(task_id="publish", subject="orders.x", max_msgs=5,
+    op = JetStreamAtomicBatchPublishOperator(task_id="publish", subject="orders.x", batch_size=5,
                                              messages=[{"data": i} for i in range(6)])
     with pytest.raises(InvalidRequestError) as info:
         op.execute(context={})
@@ -140,7 +140,7 @@ def test_retried_task_with_dedupe_key_publishes_once(nats_server, nats_conn):
 
     def op():
         return JetStreamAtomicBatchPublishOperator(task_id="p", subject="orders.x", dedupe_key="run-1", split=True,
-                                                   max_msgs=4, messages=[{"data": i} for i in range(10)])
+                                                   batch_size=4, messages=[{"data": i} for i in range(10)])
 
     first = op().execute(context={})
     again = op().execute(context={})
@@ -153,7 +153,7 @@ def test_failed_chunk_reports_committed_chunks(nats_server, nats_conn):
     admin(nats_server, lambda conn: asyncio.sleep(0))
     messages = [{"data": i} for i in range(6)]
     messages[4]["subject"] = "elsewhere.x"  # no stream captures it: chunk 2 fails
-    op = JetStreamAtomicBatchPublishOperator(task_id="p", subject="orders.x", split=True, max_msgs=3,
+    op = JetStreamAtomicBatchPublishOperator(task_id="p", subject="orders.x", split=True, batch_size=3,
                                              messages=messages)
     with pytest.raises(BatchPublishError) as info:
         op.execute(context={})
@@ -229,7 +229,7 @@ def test_producer_function_retried_after_failing_half_way_stores_each_message_on
     def op():
         return JetStreamAtomicBatchPublishOperator(
             task_id="produce", producer_function="tests.test_publish_operator.produce_orders",
-            producer_function_kwargs={"count": 1200, "fail_at": 700}, stream="ORDERS", split=True, max_msgs=300,
+            producer_function_kwargs={"count": 1200, "fail_at": 700}, stream="ORDERS", split=True, batch_size=300,
             mode=mode)
 
     with pytest.raises(RuntimeError, match="order 700"):

@@ -124,7 +124,7 @@ async def _supports(conn, feature: server_features.Feature) -> bool:
     return server_features.supports(conn, feature)
 
 
-@pytest.mark.parametrize(("mode", "flag"), [("atomic", "allow_atomic"), ("bulk", "allow_batched")])
+@pytest.mark.parametrize(("mode", "flag"), [("atomic", "allow_atomic"), ("fast", "allow_batched")])
 def test_spark_data_source_mode_by_feature(nats_server: EmbeddedNatsServer, settings, mode: str, flag: str) -> None:
     """The writer is built on the driver before any task runs: an old server is refused there."""
     from pyspark.sql.types import BinaryType, StringType, StructField, StructType

@@ -92,7 +92,7 @@ def test_atomic_write_then_parallel_read_round_trip(server: EmbeddedNatsServer, 
     assert got["sum"] == float(sum(2 * i for i in range(rows)))
     assert got["ts"] and got["hdr"] == "test"
 
-    eu = (spark.read.format("jetstream").options(servers=server.url, stream="RT", subjects="rt.eu",
+    eu = (spark.read.format("jetstream").options(servers=server.url, stream="RT", filter_subjects="rt.eu",
                                                    start_seq="1001", decode="utf-8").load())
     eu_rows = eu.select("subject", "seq", "payload").collect()
     assert eu_rows and {r["subject"] for r in eu_rows} == {"rt.eu"}
@@ -157,7 +157,7 @@ def test_failed_job_rerun_completes_without_duplicates_after_the_window(
 def test_bulk_write_and_bad_input_rejected_before_sending(server: EmbeddedNatsServer, spark: SparkSession) -> None:
     call_on(server, ensure_stream, {"name": "BULK", "subjects": ["bulk.>"], "allow_batched": True})
     frame = orders(spark, 3000, "bulk").select("subject", F.col("order_id").cast("string").alias("payload"))
-    frame.write.format("jetstream").mode("append").options(servers=server.url, stream="BULK", mode="bulk",
+    frame.write.format("jetstream").mode("append").options(servers=server.url, stream="BULK", mode="fast",
                                                             job_id="bulk-1").save()
     assert call_on(server, _state, "BULK")["messages"] == 3000
     assert call_on(server, get_job_record, "bulk-1")["stored"] == 3000
@@ -182,7 +182,7 @@ def test_bulk_write_and_bad_input_rejected_before_sending(server: EmbeddedNatsSe
     assert call_on(server, _state, "BULK")["messages"] == 3000
 
 
-@pytest.mark.parametrize("mode", ["atomic", "bulk"])
+@pytest.mark.parametrize("mode", ["atomic", "fast"])
 def test_rerun_without_ledger_entries_is_deduplicated_by_msg_ids(server: EmbeddedNatsServer, spark: SparkSession,
                                                                   mode: str) -> None:
     """The narrow case the ledger cannot cover (chunks committed, ledger entries never written):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError
+from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError, RenamedArgumentError
 from airflow_jetstream.client.reading.headers import parse_header_lines
 from airflow_jetstream.client.reading.read_plan import split_range
-from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions, WriteOptions
+from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions, WriteOptions, check_option_names
 from airflow_jetstream.spark.writer import chunk_id, message_id
 
 SERVER = {"servers": "nats://127.0.0.1:4222"}
@@ -24,14 +24,15 @@ def test_write_options_defaults_and_case_insensitive_keys() -> None:
 
 
 def test_write_options_generate_a_job_id_and_can_disable_the_ledger() -> None:
-    opts = WriteOptions.parse({**SERVER, "stream": "ORDERS", "ledger_bucket": "none", "mode": "BULK"})
+    opts = WriteOptions.parse({**SERVER, "stream": "ORDERS", "ledger_bucket": "none", "mode": "FAST"})
     assert not opts.job_id_given and len(opts.job_id) == 32
-    assert opts.ledger_bucket is None and opts.mode == "bulk"
+    assert opts.ledger_bucket is None and opts.mode == "fast"
 
 
 @pytest.mark.parametrize(("options", "reason", "fragment"), [
     ({"stream": "S", "numpartitions": "4"}, "unknown_option", "numpartitions"),
-    ({"stream": "S", "mode": "fast"}, "invalid_option", "atomic, bulk"),
+    ({"stream": "S", "mode": "quick"}, "invalid_option", "atomic, fast"),
+    ({"stream": "S", "mode": "Bulk"}, "renamed_argument", "the option mode=bulk is called mode=fast"),
     ({"stream": "S", "batch_size": "0"}, "invalid_option", "batch_size"),
     ({"stream": "S", "batch_size": "many"}, "invalid_option", "integer"),
     ({"stream": "S", "job_id": "has space"}, "invalid_option", "job_id"),
@@ -54,9 +55,9 @@ def test_write_options_need_servers_and_valid_subject() -> None:
 
 
 def test_read_options() -> None:
-    opts = ReadOptions.parse({**SERVER, "path": "ORDERS", "subjects": "orders.eu, orders.us",
+    opts = ReadOptions.parse({**SERVER, "path": "ORDERS", "filter_subjects": "orders.eu, orders.us",
                               "start_seq": "10", "num_partitions": "3", "decode": "UTF8", "consume": "yes"})
-    assert opts.stream == "ORDERS" and opts.subjects == ("orders.eu", "orders.us")
+    assert opts.stream == "ORDERS" and opts.filter_subjects == ("orders.eu", "orders.us")
     assert (opts.start_seq, opts.num_partitions, opts.decode, opts.consume) == (10, 3, "utf-8", True)
     with pytest.raises(InvalidRequestError, match="either start_seq or start_time"):
         ReadOptions.parse({**SERVER, "stream": "S", "start_seq": "1", "start_time": "2026-01-01T00:00:00Z"})
@@ -67,6 +68,13 @@ def test_read_options() -> None:
     with pytest.raises(InvalidRequestError) as err:
         ReadOptions.parse({**SERVER, "stream": "S", "mode": "atomic"})
     assert err.value.reason == "unknown_option"
+
+
+@pytest.mark.parametrize(("old", "new"), [("fetch_batch", "batch_size"), ("subjects", "filter_subjects")])
+def test_renamed_read_options_are_refused_naming_the_new_one(old: str, new: str) -> None:
+    for parse in (ReadOptions.parse, StreamReadOptions.parse, check_option_names):
+        with pytest.raises(RenamedArgumentError, match=f"the option {old} is called {new}"):
+            parse({**SERVER, "stream": "S", old.upper(): "5"})
 
 
 def test_secrets_in_options_stay_out_of_repr() -> None:
@@ -178,6 +186,6 @@ def test_bulk_writes_use_the_fast_batch_default_flow() -> None:
     the client's fast batch does (it used 500, half of it: twice the acks, 0.76x a bare fast batch)."""
     from airflow_jetstream.client.batches.fast import DEFAULT_FLOW
 
-    options = WriteOptions.parse({"servers": "nats://127.0.0.1:4222", "stream": "S", "mode": "bulk"})
+    options = WriteOptions.parse({"servers": "nats://127.0.0.1:4222", "stream": "S", "mode": "fast"})
     assert options.flow == DEFAULT_FLOW == 1000
     assert WriteOptions.parse({"servers": "nats://127.0.0.1:4222", "stream": "S", "flow": "200"}).flow == 200

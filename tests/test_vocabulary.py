@@ -5,22 +5,29 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from airflow.sdk import BaseOperator
 
 import airflow_jetstream.operators
 import airflow_jetstream.sensors
-from airflow_jetstream.client.errors import InvalidRequestError
+import airflow_jetstream.triggers
+from airflow_jetstream.client.errors import InvalidRequestError, RenamedArgumentError
 from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
+from airflow_jetstream.operators.consume import JetStreamConsumeOperator
 from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
+from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
 from airflow_jetstream.sensors.advisory import JetStreamAdvisorySensor
 from airflow_jetstream.sensors.message import JetStreamMessageSensor
+from airflow_jetstream.spark.options import RENAMED_MODES, RENAMED_OPTIONS, ReadOptions, StreamReadOptions, WriteOptions
 from airflow_jetstream.triggers.advisory import JetStreamAdvisoryTrigger
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
+from airflow_jetstream.vocabulary import renamed_arguments_of
 from tests.conftest import set_nats_connection
 
 SINCE = datetime(2026, 1, 1, tzinfo=UTC).isoformat()
@@ -54,6 +61,9 @@ def test_a_templated_conn_id_is_rendered_and_used(monkeypatch, nats_server):
 
 # 0.1.0 is the first release: names that were never released are refused, not translated.
 @pytest.mark.parametrize(("make", "old"), [
+    (lambda: JetStreamAtomicBatchPublishOperator(task_id="p", subject="s.x", messages=[], max_msgs=10), "max_msgs"),
+    (lambda: JetStreamConsumeOperator(task_id="c", stream="S", apply_function=len, wait=5), "wait"),
+    (lambda: JetStreamConsumeOperator(task_id="c", stream="S", apply_function=len, subjects=["s.x"]), "subjects"),
     (lambda: JetStreamAdvisorySensor(task_id="w", advisory="batch_abandoned", stream="ORDERS"), "stream"),
     (lambda: JetStreamAdvisorySensor(task_id="w", advisory="batch_abandoned", batch="b1"), "batch"),
     (lambda: JetStreamAdvisorySensor(task_id="w", advisory="batch_abandoned", since=SINCE), "since"),
@@ -71,6 +81,19 @@ def test_a_templated_conn_id_is_rendered_and_used(monkeypatch, nats_server):
 def test_names_that_were_never_released_are_refused(make, old):
     with pytest.raises(TypeError, match=old):
         make()
+
+
+@pytest.mark.parametrize("cls", _public_task_classes(), ids=lambda cls: cls.__name__)
+def test_a_renamed_argument_is_refused_naming_the_one_to_use(cls):
+    renamed = renamed_arguments_of(cls)
+    parameters = inspect.signature(cls.__init__).parameters
+    accepted = set(parameters)
+    required = {name: "x" for name, p in parameters.items() if p.default is p.empty and p.kind is p.KEYWORD_ONLY}
+    for old, new in renamed.items():
+        assert old not in accepted, f"{cls.__name__} refuses {old} but takes it"
+        assert new.split("=")[0] in accepted | {"nats_conn_id"}, f"{cls.__name__}: {new} is not one of its arguments"
+        with pytest.raises(RenamedArgumentError, match=f"the argument {old} is called {new}"):
+            cls(task_id="t", **required, **{old: None})  # refused before __init__ looks at anything
 
 
 def test_triggers_serialize_the_one_vocabulary():
@@ -97,3 +120,69 @@ def test_durable_source_server_managed_takes_no_user_arguments():
     assert empty.spec().mode == "user"
     with pytest.raises(InvalidRequestError, match=r"unknown option.*consumr"):
         JetStreamDurableSourceOperator(task_id="x", stream="AGG", source="ORIGIN", user_managed={"consumr": "X"})
+
+
+# ------------------------------------------------------------------ docs/api.md holds the vocabulary
+
+API_MD = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+_TICKED = re.compile(r"`([^`]+)`")
+
+
+def _table(heading: str) -> list[list[str]]:
+    """The rows (cells) of the first table after ``heading`` in docs/api.md."""
+    lines = API_MD.read_text(encoding="utf-8").split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def _public_classes() -> dict[str, type]:
+    found = {cls.__name__: cls for cls in _public_task_classes()}
+    for module in pkgutil.iter_modules(airflow_jetstream.triggers.__path__):
+        loaded = importlib.import_module(f"airflow_jetstream.triggers.{module.name}")
+        for name, cls in inspect.getmembers(loaded, inspect.isclass):
+            if name.endswith("Trigger") and cls.__module__ == loaded.__name__ and not name.startswith("_"):
+                found[name] = cls
+    return found
+
+
+def _parameters(cls: type) -> set[str]:
+    return set(inspect.signature(cls.__init__).parameters)
+
+
+def _spark_keys(where: str) -> set[str]:
+    keys: set[str] = set()
+    if "Spark read" in where or "Spark streaming read" in where:
+        keys |= set(ReadOptions.KEYS) | (set(StreamReadOptions.KEYS) if "streaming" in where else set())
+    if "write option" in where:
+        keys |= set(WriteOptions.KEYS)
+    return keys
+
+
+def test_the_table_of_names_in_the_docs_is_what_the_classes_and_options_take():
+    classes = _public_classes()
+    rows = _table("## One name per concept")
+    assert len(rows) >= 10
+    for concept, name, where in rows:
+        names = {token for token in _TICKED.findall(name) if re.fullmatch(r"[a-z_]+", token)}
+        named = [token for token in _TICKED.findall(where) if token in classes]
+        assert named or "every" in where, f"{concept}: 'Where' names no class"
+        for cls_name in named:
+            assert names & _parameters(classes[cls_name]), f"{cls_name} takes none of {names} ({concept})"
+        if "Spark" in where:
+            assert names & _spark_keys(where), f"Spark options take none of {names} ({concept})"
+
+
+def test_the_refused_spellings_in_the_docs_are_what_the_code_refuses():
+    classes = _public_classes()
+    documented = {(*_TICKED.findall(old), *_TICKED.findall(new), where.strip("`"))
+                  for old, new, where in _table("### Refused spellings")}
+    refused = {(old, new, name) for name, cls in classes.items() for old, new in renamed_arguments_of(cls).items()
+               if old in vars(cls).get("renamed_arguments", {})}
+    spark = {(old, new, "Spark read option") for old, new in RENAMED_OPTIONS.items()}
+    spark |= {(f"mode={old}", f"mode={new}", "Spark write option") for old, new in RENAMED_MODES.items()}
+    assert documented == refused | spark

@@ -8,12 +8,14 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.vocabulary import RenamedArguments
 
 
-class JetStreamBaseOperator(BaseOperator):
+class JetStreamBaseOperator(RenamedArguments, BaseOperator):
     """Base class: holds ``nats_conn_id`` and builds the :class:`JetStreamHook` lazily.
 
     ``nats_conn_id`` is a template field of every subclass (``"{{ var.value.nats_conn }}"`` works).
+    A name listed in a subclass's ``renamed_arguments`` is refused with the name to use.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

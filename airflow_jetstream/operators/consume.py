@@ -32,7 +32,7 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
     """Read messages from a stream and call ``apply_function`` on each one (or on each batch).
 
     **Durable** (``consumer`` given): reads a durable pull consumer, created when missing (explicit
-    acks, filtered to ``subjects``, from ``start_seq``/``start_time`` or the stream's start) or bound as
+    acks, filtered to ``filter_subjects``, from ``start_seq``/``start_time`` or the stream's start) or bound as
     it is. A message is acknowledged only after ``apply_function`` returned for it (its batch with
     ``apply_function_batch``). When the function raises an exception listed in ``term_on`` the message
     is terminated (never redelivered, a ``msg_terminated`` advisory is published) and consuming goes
@@ -44,7 +44,7 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
     to ``end_seq`` (default: the last one stored when the task starts), in order, nothing acknowledged;
     a retry reads the same range again from its start. Chain runs with the summary's ``next_seq``.
 
-    Reads until ``max_messages`` were processed or no message arrives within ``wait`` seconds. Returns
+    Reads until ``max_messages`` were processed or no message arrives within ``fetch_timeout``. Returns
     a JSON summary: ``processed``, ``acked``, ``terminated``, ``batches``, ``first_seq``, ``last_seq``,
     ``stopped`` (and ``num_pending`` for a consumer, ``next_seq`` for an ordered read)::
 
@@ -52,7 +52,7 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
             task_id="bill_orders",
             stream="ORDERS",
             consumer="billing",
-            subjects=["orders.created"],
+            filter_subjects=["orders.created"],
             apply_function="my_pkg.billing.bill_order",   # bill_order(message, *args, **kwargs)
             max_messages=500,
         )
@@ -64,12 +64,13 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
     :param apply_function_batch: instead, called with the list of messages of each batch.
     :param apply_function_args, apply_function_kwargs: extra arguments (templated).
     :param consumer: durable pull consumer name (templated); None for an ordered read.
-    :param subjects: filter subjects (templated).
+    :param filter_subjects: the subjects to read (wildcards allowed; templated).
     :param start_seq, start_time: where a new consumer or an ordered read starts (templated).
     :param end_seq: last sequence of an ordered read (templated).
-    :param max_messages: stop after this many messages (None: until nothing arrives within ``wait``).
+    :param max_messages: stop after this many messages (None: until nothing arrives within ``fetch_timeout``).
     :param batch_size: messages per pull request (and per ``apply_function_batch`` call).
-    :param wait: seconds (or "30s", timedelta) to wait for messages before finishing.
+    :param fetch_timeout: how long one pull request waits on the server (seconds, "30s" or timedelta); a pull
+        that gets nothing ends the task.
     :param nak_delay: seconds before a failed message is redelivered; a list is indexed by delivery count.
     :param term_on: exception classes (or dotted paths) that terminate the message instead.
     :param create_consumer: create the consumer when missing (default) or fail.
@@ -78,9 +79,10 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
     :param nats_conn_id: the ``nats`` connection to use (templated).
     """
 
-    template_fields: Sequence[str] = ("stream", "consumer", "subjects", "start_seq", "start_time", "end_seq",
+    template_fields: Sequence[str] = ("stream", "consumer", "filter_subjects", "start_seq", "start_time", "end_seq",
                                       "apply_function_args", "apply_function_kwargs", "nats_conn_id")
     ui_color = "#27aae1"
+    renamed_arguments = {"wait": "fetch_timeout", "subjects": "filter_subjects"}
     operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(
@@ -92,13 +94,13 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
         apply_function_args: Sequence[Any] | None = None,
         apply_function_kwargs: dict[str, Any] | None = None,
         consumer: str | None = None,
-        subjects: Sequence[str] | str | None = None,
+        filter_subjects: Sequence[str] | str | None = None,
         start_seq: int | str | None = None,
         start_time: datetime | str | None = None,
         end_seq: int | str | None = None,
         max_messages: int | None = None,
         batch_size: int = 100,
-        wait: Duration = 5.0,
+        fetch_timeout: Duration = 5.0,
         nak_delay: Duration | Sequence[Duration] = DEFAULT_NAK_DELAY,
         term_on: Sequence[type[BaseException] | str] = (),
         create_consumer: bool = True,
@@ -116,7 +118,7 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
         self.apply_function_args = apply_function_args
         self.apply_function_kwargs = apply_function_kwargs
         self.consumer = consumer
-        self.subjects = subjects
+        self.filter_subjects = filter_subjects
         self.start_seq = start_seq
         self.start_time = start_time
         self.end_seq = end_seq
@@ -125,7 +127,7 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
         self.ack_wait = ack_wait
         self.max_deliver = max_deliver
         self.options = ConsumeOptions(per_batch=apply_function_batch is not None, max_messages=max_messages,
-                                      batch_size=batch_size, wait=wait, nak_delay=nak_delay)
+                                      batch_size=batch_size, fetch_timeout=fetch_timeout, nak_delay=nak_delay)
         self._term_classes()  # bad classes or paths fail when the DAG is parsed
 
     def _term_classes(self) -> tuple[type[BaseException], ...]:
@@ -136,11 +138,11 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
         return classes
 
     def _subjects(self) -> list[str]:
-        if not self.subjects:
+        if not self.filter_subjects:
             return []
-        if isinstance(self.subjects, str):
-            return [s.strip() for s in self.subjects.split(",") if s.strip()]
-        return list(self.subjects)
+        if isinstance(self.filter_subjects, str):
+            return [s.strip() for s in self.filter_subjects.split(",") if s.strip()]
+        return list(self.filter_subjects)
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_jetstream.client.reading.consume import consume
@@ -149,12 +151,13 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
                              self.apply_function_args, self.apply_function_kwargs,
                              what="apply_function" if self.apply_function is not None else "apply_function_batch")
         options = ConsumeOptions(per_batch=self.options.per_batch, max_messages=self.options.max_messages,
-                                 batch_size=self.options.batch_size, wait=self.options.wait,
+                                 batch_size=self.options.batch_size, fetch_timeout=self.options.fetch_timeout,
                                  nak_delay=self.options.nak_delay, term_on=self._term_classes())
         consumer = self.consumer or None
         source = f"consumer {consumer}" if consumer else "an ordered read"
         self.log.info("Consuming stream %s via %s: up to %s message(s), batches of %d, waiting %.1f s for more",
-                      self.stream, source, options.max_messages or "all", options.batch_size, options.wait_seconds)
+                      self.stream, source, options.max_messages or "all", options.batch_size,
+                      options.fetch_timeout_seconds)
         summary = self.hook.run(
             consume, self.stream, func, consumer=consumer, subjects=self._subjects(),
             start_seq=_int_or_none(self.start_seq, "start_seq"), start_time=self.start_time or None,

@@ -117,10 +117,10 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
     dotted path returning an iterable, usually a generator, of messages). Each message is a dict with
     ``subject`` (or the operator's ``subject``), ``data`` (str, bytes or anything JSON-serialisable,
     sent as JSON) and optional ``headers`` and ``msg_id``. Memory is bounded by one chunk of
-    ``max_msgs`` messages, whatever the input size.
+    ``batch_size`` messages, whatever the input size.
 
     ``messages`` and ``messages_file`` are validated whole (a first pass that holds nothing) before
-    the first message is sent. More than ``max_msgs`` messages (the server's limit, 1000 by default)
+    the first message is sent. More than ``batch_size`` messages (1000 by default, the server's limit)
     fail before anything is sent unless ``split=True``: then each chunk is its own atomic batch
     (all-or-nothing per chunk, not for the whole input) and, with ``expected_last_seq``, each chunk
     must start where the previous one ended. A ``producer_function`` is read once: each chunk is
@@ -150,8 +150,9 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
     :param subject: default subject for messages without one (templated).
     :param stream: the stream the messages must land in; checked before publishing (templated).
     :param expected_last_seq: the stream's last sequence before the (first) batch; atomic only (templated).
-    :param split: allow more than ``max_msgs`` messages, as several atomic batches.
-    :param max_msgs: messages per batch (the server's ``jetstream.limits.batch.max_msgs``).
+    :param split: allow more than ``batch_size`` messages, as several atomic batches.
+    :param batch_size: messages per batch (for atomic batches at most the server's
+        ``jetstream.limits.batch.max_msgs``, 1000 by default).
     :param dedupe_key: prefix for automatic msg ids (``<key>-<index>``) of messages without one (templated).
     :param mode: ``"atomic"`` (all-or-nothing chunks) or ``"fast"`` (fast batches: bulk ingest,
         not atomic, the stream needs ``allow_batched``).
@@ -163,6 +164,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         "producer_function_args", "producer_function_kwargs",
     )
     template_fields_renderers = {"messages": "json", "producer_function_kwargs": "json"}
+    renamed_arguments = {"max_msgs": "batch_size"}
     ui_color = "#27aae1"
     operator_extra_links = (JetStreamViewLink(),)
 
@@ -178,7 +180,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         stream: str | None = None,
         expected_last_seq: int | str | None = None,
         split: bool = False,
-        max_msgs: int = DEFAULT_MAX_BATCH_MSGS,
+        batch_size: int = DEFAULT_MAX_BATCH_MSGS,
         dedupe_key: str | None = None,
         mode: str = "atomic",
         **kwargs: Any,
@@ -196,7 +198,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         self.stream = stream
         self.expected_last_seq = expected_last_seq
         self.split = split
-        self.max_msgs = max_msgs
+        self.batch_size = batch_size
         self.dedupe_key = dedupe_key
         self.mode = mode
 
@@ -214,13 +216,14 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         if sum(given) != 1:
             raise InvalidRequestError("give exactly one of messages=, messages_file= or producer_function=",
                                       reason="invalid_request")
-        if not isinstance(self.max_msgs, int) or isinstance(self.max_msgs, bool) or self.max_msgs < 1:
-            raise InvalidRequestError(f"max_msgs must be an int >= 1, got {self.max_msgs!r}", reason="invalid_request")
+        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
+            raise InvalidRequestError(f"batch_size must be an int >= 1, got {self.batch_size!r}",
+                                      reason="invalid_request")
 
     def _items(self) -> Iterator[Any]:
         """A fresh pass over the input's message dicts."""
         if self.messages_file:
-            return read_messages_file(self.messages_file, parquet_batch_rows=self.max_msgs)
+            return read_messages_file(self.messages_file, parquet_batch_rows=self.batch_size)
         if self.producer_function is not None:
             return self._produce()
         messages = self._payloads if self._payloads is not None else self.messages
@@ -254,13 +257,13 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         return iter(produced)
 
     def _chunks(self, items: Iterator[Any], key: str | None) -> Iterator[list[BatchMessage]]:
-        """The input as chunks of at most ``max_msgs`` messages; one chunk is held at a time."""
+        """The input as chunks of at most ``batch_size`` messages; one chunk is held at a time."""
         chunk: list[BatchMessage] = []
         for index, item in enumerate(items):
-            if len(chunk) == self.max_msgs:
+            if len(chunk) == self.batch_size:
                 if not self.split and self.mode == "atomic":
                     raise InvalidRequestError(
-                        f"more than {self.max_msgs} messages, more than one atomic batch allows; set split=True "
+                        f"more than {self.batch_size} messages, more than one atomic batch allows; set split=True "
                         "to publish them as several atomic batches (each all-or-nothing)", reason="batch_too_large")
                 yield chunk
                 chunk = []
@@ -317,14 +320,14 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         if self.producer_function is None:
             count, total_chunks = 0, 0
             for chunk in self._chunks(self._items(), key):
-                validate_chunk(conn, chunk, mode=self.mode, max_msgs=self.max_msgs)
+                validate_chunk(conn, chunk, mode=self.mode, max_msgs=self.batch_size)
                 if target is not None:
                     await target.require(conn, {m.subject for m in chunk})
                 count, total_chunks = count + len(chunk), total_chunks + 1
             if not count:
                 raise InvalidRequestError("there are no messages to publish", reason="empty_batch")
             self.log.info("Validated %d message(s); publishing them as %d %s batch(es) of at most %d", count,
-                          total_chunks, self.mode, self.max_msgs)
+                          total_chunks, self.mode, self.batch_size)
         return await publish_chunks(conn, self._chunks(self._items(), key), stream=self.stream, mode=self.mode,
-                                    expected_last_seq=expected, max_msgs=self.max_msgs, batch_prefix=prefix,
+                                    expected_last_seq=expected, max_msgs=self.batch_size, batch_prefix=prefix,
                                     total_chunks=total_chunks, log=self.log)

@@ -35,7 +35,7 @@ class JetStreamMessageQueueProvider(BaseMessageQueueProvider):
 
         trigger = MessageQueueTrigger(scheme="jetstream", stream="ORDERS", consumer="airflow_orders",
                                       consumer_config={"filter_subject": "orders.ready"})
-        orders = Asset("jetstream://ORDERS/airflow_orders",
+        orders = Asset("jetstream://nats.example.com:4222/ORDERS/orders.ready",
                        watchers=[AssetWatcher(name="orders_watcher", trigger=trigger)])
 
         with DAG(dag_id="process_orders", schedule=[orders]):

@@ -1,4 +1,4 @@
-"""PySpark data source ``jetstream``: bounded parallel reads and atomic/bulk batch writes.
+"""PySpark data source ``jetstream``: bounded parallel reads and atomic/fast batch writes.
 
 Imports the client toolkit and pyspark, never Airflow, so executors only need this package::
 

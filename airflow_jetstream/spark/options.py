@@ -23,19 +23,23 @@ from airflow_jetstream.client.settings import SETTINGS_FIELDS, ConnectionSetting
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.spark.json_rows import DEFAULT_CORRUPT_RECORD_COLUMN, JSON_MODES
+from airflow_jetstream.vocabulary import refuse_renamed
 
 #: Connection fields that may be given as options (``servers`` is a comma-separated list).
 CONNECTION_OPTIONS = SETTINGS_FIELDS
 _JOB_ID = re.compile(r"[A-Za-z0-9_\-]{1,40}")
 
-WRITE_MODES = ("atomic", "bulk")
+WRITE_MODES = ("atomic", "fast")
 #: Rows per chunk: the server's atomic batch limit; fast batches are unlimited and ramp their flow
 #: up per batch (from 1 while other fast batches are open), so they get longer chunks.
-BATCH_SIZE_DEFAULTS = {"atomic": DEFAULT_MAX_BATCH_MSGS, "bulk": 10_000}
+BATCH_SIZE_DEFAULTS = {"atomic": DEFAULT_MAX_BATCH_MSGS, "fast": 10_000}
 #: Chunks in flight per task: atomic batches wait for their commit, so several overlap; concurrent
 #: fast batches slow each other's flow control down.
-INFLIGHT_DEFAULTS = {"atomic": 4, "bulk": 1}
+INFLIGHT_DEFAULTS = {"atomic": 4, "fast": 1}
 DECODINGS = ("none", "utf-8", "json")
+#: Option names and values refused with the one to use (one name per concept, docs/api.md).
+RENAMED_OPTIONS = {"fetch_batch": "batch_size", "subjects": "filter_subjects"}
+RENAMED_MODES = {"bulk": "fast"}
 
 
 def _bad(option: str, value: str, expected: str) -> InvalidRequestError:
@@ -43,6 +47,9 @@ def _bad(option: str, value: str, expected: str) -> InvalidRequestError:
 
 
 def _check_known(options: Mapping[str, str], allowed: tuple[str, ...], what: str) -> None:
+    refuse_renamed("the jetstream data source", options, RENAMED_OPTIONS, what="option")
+    refuse_renamed("the jetstream data source", [f"mode={options.get('mode', '').strip().lower()}"],
+                   {f"mode={old}": f"mode={new}" for old, new in RENAMED_MODES.items()}, what="option")
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise InvalidRequestError(
@@ -205,22 +212,22 @@ class ReadOptions:
 
     settings: ConnectionSettings
     stream: str
-    subjects: tuple[str, ...]
+    filter_subjects: tuple[str, ...]
     start_seq: int | None
     start_time: str | None
     end_seq: int | None
     num_partitions: int | None
     decode: str
     consume: bool
-    fetch_batch: int
+    batch_size: int
     consumer: str | None
     worker_subjects: tuple[tuple[str, ...], ...] = ()
     worker_prefix: str = "spark-reader"
     json_mode: str = "failfast"
     corrupt_record_column: str = DEFAULT_CORRUPT_RECORD_COLUMN
 
-    KEYS = ("stream", "path", "subjects", "start_seq", "start_time", "end_seq", "num_partitions", "decode",
-            "consume", "fetch_batch", "consumer", "worker_subjects", "worker_prefix", "json_mode",
+    KEYS = ("stream", "path", "filter_subjects", "start_seq", "start_time", "end_seq", "num_partitions", "decode",
+            "consume", "batch_size", "consumer", "worker_subjects", "worker_prefix", "json_mode",
             "corrupt_record_column")
 
     @classmethod
@@ -232,10 +239,10 @@ class ReadOptions:
         if start_time:
             parse_time(start_time, field="option start_time")
         groups = _subject_groups(opts)
-        if groups and (opts.get("subjects") or opts.get("num_partitions") or opts.get("consumer")):
+        if groups and (opts.get("filter_subjects") or opts.get("num_partitions") or opts.get("consumer")):
             raise InvalidRequestError(
                 "worker_subjects sets the partitions (one per group), their filters and cursors; "
-                "leave subjects, num_partitions and consumer unset",
+                "leave filter_subjects, num_partitions and consumer unset",
                 reason="invalid_option",
             )
         if start_seq is not None and start_time:
@@ -243,14 +250,14 @@ class ReadOptions:
         return cls(
             settings=connection_settings(opts),
             stream=_stream(opts),
-            subjects=_subjects(opts, "subjects"),
+            filter_subjects=_subjects(opts, "filter_subjects"),
             start_seq=start_seq,
             start_time=start_time,
             end_seq=_int(opts, "end_seq", None, minimum=0),
             num_partitions=_int(opts, "num_partitions", None, maximum=1024),
             decode=_choice(opts, "decode", DECODINGS, "none"),
             consume=_bool(opts, "consume", False),
-            fetch_batch=_int(opts, "fetch_batch", 5000, maximum=100_000) or 5000,
+            batch_size=_int(opts, "batch_size", 5000, maximum=100_000) or 5000,
             consumer=validate_name(opts["consumer"], what="option consumer") if opts.get("consumer") else None,
             worker_subjects=groups,
             worker_prefix=validate_name(opts.get("worker_prefix") or "spark-reader", what="option worker_prefix"),

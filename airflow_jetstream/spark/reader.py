@@ -115,7 +115,7 @@ def _default_partitions(plan: ReadPlan) -> int:
 async def plan_for(options: ReadOptions) -> ReadPlan:
     """Fix the bounds of a read now (the driver does this once per job)."""
     async with open_connection(options.settings) as conn:
-        plan = await plan_read(conn, options.stream, subjects=options.subjects, start_seq=options.start_seq,
+        plan = await plan_read(conn, options.stream, subjects=options.filter_subjects, start_seq=options.start_seq,
                                start_time=options.start_time, end_seq=options.end_seq, partitions=1,
                                consumer=options.consumer)
         parts = options.num_partitions or _default_partitions(plan)
@@ -262,7 +262,7 @@ def read_batches(options: ReadOptions, schema: StructType, stream: str, via: str
         return
     columns = _Columns(schema, options)
     loop = asyncio.new_event_loop()
-    agen = _partition_chunks(options.settings, stream, first, last, tuple(subjects), via, options.fetch_batch)
+    agen = _partition_chunks(options.settings, stream, first, last, tuple(subjects), via, options.batch_size)
     try:
         for chunk in _drive(agen, loop):
             yield columns.batch(chunk)
@@ -336,7 +336,7 @@ def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str 
     if plan.workers:
         del pinned["num_partitions"]
     elif plan.subjects:
-        pinned["subjects"] = ",".join(plan.subjects)
+        pinned["filter_subjects"] = ",".join(plan.subjects)
     reader = spark.read.format("jetstream").options(**pinned)
     if schema is not None:
         reader = reader.schema(schema)

@@ -95,7 +95,7 @@ async def _start_seq(options: StreamReadOptions) -> int:
         start_seq = read.start_seq
         if start_seq is None and read.start_time is None:
             start_seq = await resolve_start(conn, read.stream, options.start)
-        plan = await plan_read(conn, read.stream, subjects=read.subjects, start_seq=start_seq,
+        plan = await plan_read(conn, read.stream, subjects=read.filter_subjects, start_seq=start_seq,
                                start_time=read.start_time, consumer=read.consumer)
     return plan.first_seq
 
@@ -116,7 +116,7 @@ async def _stream_state(options: StreamReadOptions) -> tuple[dict[str, Any], int
 async def _acknowledge(options: StreamReadOptions, last: int) -> int:
     read = options.read
     async with open_connection(read.settings) as conn:
-        plan = await plan_read(conn, read.stream, subjects=read.subjects, end_seq=last, consumer=read.consumer)
+        plan = await plan_read(conn, read.stream, subjects=read.filter_subjects, end_seq=last, consumer=read.consumer)
         return await acknowledge_read(conn, plan)
 
 

@@ -4,12 +4,12 @@ Rows are cut into chunks of ``batch_size`` in the order the task receives them, 
 partition ``p`` always holds the same rows for the same input. Each chunk is
 
 * an **atomic batch** (``mode=atomic``): stored whole or not at all, or
-* a **fast batch** (``mode=bulk``): flow-controlled bulk ingest, not all-or-nothing.
+* a **fast batch** (``mode=fast``): flow-controlled bulk ingest, not all-or-nothing.
 
 Msg ids give server-side de-duplication within the stream's duplicate window: an atomic chunk
 carries one, ``<job_id>-<p>-c<c>`` on its first message (the chunk is stored whole, so one id
 identifies its commit and costs the server one duplicate-window entry instead of ``batch_size``);
-in bulk mode, where part of a chunk can be stored, every message carries ``<job_id>-<p>-<row>``.
+in fast mode, where part of a chunk can be stored, every message carries ``<job_id>-<p>-<row>``.
 Every stored chunk is recorded in the batch ledger as batch ``<job_id>-<p>-<c>`` of run
 ``run_id``. A retried task or a re-run of the job with the same ``job_id`` skips chunks the
 ledger already has, so it adds no duplicates even after the duplicate window has passed. The
@@ -42,8 +42,6 @@ from airflow_jetstream.spark.options import WriteOptions
 from airflow_jetstream.spark.progress import progress, rate
 
 log = logging.getLogger(__name__)
-#: The data source's write modes as batch modes of client.batches.publish_chunks.
-_BATCH_MODES = {"atomic": "atomic", "bulk": "fast"}
 #: Sequence ranges a task reports (the job record holds every task's report: one KV value).
 MAX_REPORTED_RANGES = 100
 
@@ -200,7 +198,7 @@ class JetStreamWriter(DataSourceArrowWriter):
     async def _target(self, conn: JetStreamConnection, subjects: list[str] | None = None) -> TargetStream:
         """The stream checked for this write's mode (and ``subjects``): the publish operator's rule."""
         return await check_target_stream(conn, self.options.stream, subjects or [],
-                                         mode=_BATCH_MODES[self.options.mode])
+                                         mode=self.options.mode)
 
     def write(self, iterator: Any) -> PartitionReport:
         from pyspark import TaskContext
@@ -293,7 +291,7 @@ class JetStreamWriter(DataSourceArrowWriter):
                                       "first_row": first_row})
 
     async def _send(self, conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str) -> BatchResult:
-        return await publish_chunk(conn, messages, mode=_BATCH_MODES[self.options.mode], batch_id=batch_id,
+        return await publish_chunk(conn, messages, mode=self.options.mode, batch_id=batch_id,
                                    max_msgs=self.options.batch_size, flow=self.options.flow)
 
     def commit(self, messages: list[PartitionReport | None]) -> None:

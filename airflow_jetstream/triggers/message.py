@@ -304,7 +304,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
         from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
         from airflow.sdk import Asset, AssetWatcher
 
-        orders = Asset("jetstream://ORDERS/airflow", watchers=[AssetWatcher(
+        orders = Asset("jetstream://nats.example.com:4222/ORDERS/orders.ready", watchers=[AssetWatcher(
             name="orders_watcher",
             trigger=MessageQueueTrigger(scheme="jetstream", stream="ORDERS", consumer="airflow",
                                         consumer_config={"filter_subject": "orders.ready"}),

@@ -130,7 +130,7 @@ async def consume(conn: JetStreamConnection, stream: str, apply: Callable[[Any],
         return {"mode": "ordered", "stream": stream, "consumer": None, **summary}
     if end_seq is not None:
         raise InvalidRequestError("end_seq bounds an ordered read; a durable consumer reads up to max_messages "
-                                  "or until nothing arrives within wait", reason="invalid_option")
+                                  "or until nothing arrives within fetch_timeout", reason="invalid_option")
     await _bind_consumer(conn, stream, consumer, subjects, start_seq, start_time, create, ack_wait, max_deliver)
     summary = await _consume_durable(conn, stream, consumer, apply, options)
     info = await consumer_info(conn, stream, consumer)
@@ -177,7 +177,7 @@ async def _consume_durable(conn: JetStreamConnection, stream: str, consumer: str
                            options: ConsumeOptions) -> dict[str, Any]:
     tally = _Tally()
     limit = options.max_messages
-    pull = PullSubscription(conn, stream, consumer, batch=options.batch_size, expires=options.wait_seconds)
+    pull = PullSubscription(conn, stream, consumer, batch=options.batch_size, expires=options.fetch_timeout_seconds)
     await pull.start()
     try:
         while limit is None or tally.processed + tally.terminated < limit:
@@ -185,11 +185,11 @@ async def _consume_durable(conn: JetStreamConnection, stream: str, consumer: str
                                                                  limit - tally.processed - tally.terminated)
             if want != pull.batch:  # never pull more than the limit leaves to process
                 await pull.close(leftover=lambda msg: msg.nak())
-                pull = PullSubscription(conn, stream, consumer, batch=want, expires=options.wait_seconds)
+                pull = PullSubscription(conn, stream, consumer, batch=want, expires=options.fetch_timeout_seconds)
                 await pull.start()
-            delivered = await pull.next_messages(timeout=options.wait_seconds, whole_request=options.per_batch)
+            delivered = await pull.next_messages(timeout=options.fetch_timeout_seconds, whole_request=options.per_batch)
             if not delivered:
-                log.info("No message from consumer %s within %.1f s: done", consumer, options.wait_seconds)
+                log.info("No message from consumer %s within %.1f s: done", consumer, options.fetch_timeout_seconds)
                 break
             room = len(delivered) if limit is None else limit - tally.processed - tally.terminated
             take, extra = delivered[:room], delivered[room:]

@@ -25,11 +25,11 @@ class ConsumeOptions:
     per_batch: bool = False
     max_messages: int | None = None
     batch_size: int = 100
-    wait: Duration = 5.0
+    fetch_timeout: Duration = 5.0
     nak_delay: Duration | Sequence[Duration] = DEFAULT_NAK_DELAY
     term_on: tuple[type[BaseException], ...] = ()
     nak_delays: tuple[float, ...] = field(init=False)
-    wait_seconds: float = field(init=False)
+    fetch_timeout_seconds: float = field(init=False)
 
     def __post_init__(self) -> None:
         for name in ("max_messages", "batch_size"):
@@ -38,9 +38,9 @@ class ConsumeOptions:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidRequestError(f"{name} must be a whole number >= 1, got {value!r}", reason="invalid_option")
-        self.wait_seconds = to_seconds(self.wait, field="wait")
-        if self.wait_seconds <= 0:
-            raise InvalidRequestError("wait must be more than 0 seconds", reason="invalid_option")
+        self.fetch_timeout_seconds = to_seconds(self.fetch_timeout, field="fetch_timeout")
+        if self.fetch_timeout_seconds <= 0:
+            raise InvalidRequestError("fetch_timeout must be more than 0 seconds", reason="invalid_option")
         delays = self.nak_delay if isinstance(self.nak_delay, (list, tuple)) else [cast(Duration, self.nak_delay)]
         self.nak_delays = tuple(to_seconds(d, field="nak_delay") for d in delays) or (0.0,)
         if not all(isinstance(t, type) and issubclass(t, BaseException) for t in self.term_on):

@@ -123,15 +123,18 @@ def test_a_failing_function_is_a_typed_error_event(conn_id, server) -> None:
     assert "seq 1" in event["error"]["message"]
 
 
-def test_workqueue_streams_are_read_by_direct_get_without_taking_messages(conn_id, server) -> None:
-    asyncio.run(_publish(server, "AWAIT_WQ", [1, 2], retention="workqueue", allow_direct=True))
-    done = _sensor("AWAIT_WQ", apply_function_kwargs={"order_id": 2}, start="first", deferrable=False).poke({})
+@pytest.mark.parametrize("allow_direct", [True, False], ids=["direct_get", "message_get"])
+def test_workqueue_streams_are_read_without_a_consumer_or_taking_messages(conn_id, server, allow_direct) -> None:
+    stream = f"AWAIT_WQ_{int(allow_direct)}"
+    asyncio.run(_publish(server, stream, [1, 2], retention="workqueue", allow_direct=allow_direct))
+    done = _sensor(stream, apply_function_kwargs={"order_id": 2}, start="first", deferrable=False).poke({})
     assert done.is_done and done.xcom_value["seq"] == 2
 
-    async def messages() -> int:
+    async def messages() -> tuple[int, int]:
         async with open_connection(_settings(server)) as conn:
-            return (await stream_info(conn, "AWAIT_WQ"))["state"]["messages"]
-    assert asyncio.run(messages()) == 2
+            state = (await stream_info(conn, stream))["state"]
+            return state["messages"], state["consumer_count"]
+    assert asyncio.run(messages()) == (2, 0)
 
 
 def test_bad_input_is_a_typed_error_naming_the_fix(conn_id, server) -> None:
@@ -140,9 +143,6 @@ def test_bad_input_is_a_typed_error_naming_the_fix(conn_id, server) -> None:
     with pytest.raises(InvalidFunctionError, match="cannot import"):
         _sensor("AWAIT_BAD", apply_function="nowhere.func", deferrable=False)
     asyncio.run(_publish(server, "AWAIT_WQ2", [1], retention="workqueue"))
-    with pytest.raises(Exception, match="allow_direct") as no_direct:
-        _sensor("AWAIT_WQ2", apply_function_kwargs={"order_id": 1}, start="first", deferrable=False).poke({})
-    assert no_direct.value.reason == "direct_get_disabled"
     with pytest.raises(Exception, match="'new', 'first'") as bad_start:
         _sensor("AWAIT_WQ2", apply_function_kwargs={"order_id": 1}, start="yesterday", deferrable=False).poke({})
     assert bad_start.value.reason == "invalid_start"

@@ -1,4 +1,5 @@
-"""Shared triggerer connections: reference counting, and 200 deferred advisory triggers on <= 2 connections."""
+"""Shared triggerer connections: reference counting, and 200 deferred advisory triggers on <= 2 connections and
+one consumer."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
 from airflow_jetstream.client.connection_pool import ConnectionPool, shared_connection
 from airflow_jetstream.client.errors import ConnectionFailedError
+from airflow_jetstream.client.reading.shared_tail import tail_stats
 from airflow_jetstream.embedded.server import free_port
 from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
 from airflow_jetstream.triggers.advisory import JetStreamAdvisoryTrigger
@@ -94,14 +96,12 @@ def test_a_closed_connection_is_replaced(settings):
     asyncio.run(scenario())
 
 
-def test_200_deferred_advisory_triggers_share_one_connection(nats_server, monkeypatch):
-    # 200 consumer creations at once on a busy 2-core box: allow slow API replies
+def test_200_deferred_advisory_triggers_share_one_connection_and_one_consumer(nats_server, monkeypatch):
     set_nats_connection(monkeypatch, "nats_default", nats_server.url, extra={"request_timeout": 30})
     JetStreamAdvisoryStreamOperator(task_id="capture", max_age="1h").execute(context={})
     since = datetime.now(UTC).isoformat()
     count = 200
-    triggers = [JetStreamAdvisoryTrigger(advisory="stream_created", advisory_stream=f"S{i}", start_time=since,
-                                         fetch_timeout=2)
+    triggers = [JetStreamAdvisoryTrigger(advisory="stream_created", advisory_stream=f"S{i}", start_time=since)
                 for i in range(count)]
     settings = ConnectionSettings(servers=nats_server.url, client_name="test-admin")
 
@@ -110,8 +110,8 @@ def test_200_deferred_advisory_triggers_share_one_connection(nats_server, monkey
 
     async def scenario():
         runs = [asyncio.ensure_future(anext(t.run())) for t in triggers]
-        await poll(lambda: consumers_on_capture() >= count, f"{count} reader consumers", deadline=60)
-        during = client_connections(nats_server)
+        await poll(lambda: sum(t.listeners for t in tail_stats()) == count, f"{count} waiting triggers", deadline=60)
+        during = client_connections(nats_server), consumers_on_capture()
         async with open_connection(settings) as admin:
             for i in range(count):
                 await ensure_stream(admin, {"name": f"S{i}", "subjects": [f"s{i}.>"]})
@@ -119,11 +119,12 @@ def test_200_deferred_advisory_triggers_share_one_connection(nats_server, monkey
         await poll(lambda: client_connections(nats_server) == 0, "the shared connection to close")
         return during, events
 
-    during, events = asyncio.run(scenario())
-    assert during <= 2, f"{during} connections for {count} triggers"
+    (connections, consumers), events = asyncio.run(scenario())
+    assert connections <= 2, f"{connections} connections for {count} triggers"
+    assert consumers == 1, f"{consumers} consumers on the capture stream for {count} triggers"
     assert sorted(e.payload["advisory"]["stream"] for e in events) == sorted(f"S{i}" for i in range(count))
     assert all(e.payload["status"] == "matched" for e in events)
-    assert consumers_on_capture() == 0  # every reader consumer was deleted
+    assert consumers_on_capture() == 0  # the shared consumer was deleted by the last trigger
 
 
 @pytest.mark.parametrize("users", [1, 3])

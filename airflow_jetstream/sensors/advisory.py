@@ -7,17 +7,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
-from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter, predicate_path
 from airflow_jetstream.client.advisories.types import DEFAULT_CAPTURE_STREAM, parse_timestamp
 from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor, deadline, failure
+from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor, failure
 from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger, filter_kwargs
+from airflow_jetstream.triggers.base import JetStreamWaitTrigger
 
 
 class JetStreamAdvisorySensor(JetStreamBaseSensor):
@@ -136,48 +135,25 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
             self._guard_started = first or datetime.now(UTC)
         return self._guard_started + timedelta(seconds=self.quiet_period)
 
-    def deferred_trigger(self, context: Any) -> JetStreamAdvisoryTrigger:
+    def make_trigger(self, context: Any) -> JetStreamAdvisoryTrigger:
         since = self.resolve_since(context)
-        flt = self.advisory_filter()
         trigger = JetStreamAdvisoryTrigger(
-            **filter_kwargs(flt),
+            **filter_kwargs(self.advisory_filter()),
             start_time=since.isoformat(),
             expect=self.expect,
             capture_stream=self.capture_stream,
             quiet_until=self._quiet_until(context).isoformat() if self.expect == "absent" else None,
             nats_conn_id=self.nats_conn_id,
-            # the trigger times out first, saying what it looked for; Airflow's timeout is only a backstop
-            timeout_at=deadline(self.timeout),
-            report_gap=False,  # the first poke already said it
+            report_gap=False,  # the sensor's first poke says it (once, and not for a run that made the stream)
         )
-        self.log.info("Deferring: waiting for %s (expect %s) in the triggerer", flt.describe(), self.expect)
+        if not self.capture_stream and not self.deferrable:  # live mode: a poke listens, the trigger would
+            trigger.listen_for = min(self.poke_interval, 60.0) or 1.0
         return trigger
 
-    def poke(self, context: Any) -> PokeReturnValue:
-        from airflow_jetstream.client.advisories.capture import find_captured, listen_live
-
-        flt = self.advisory_filter()
-        since = self.resolve_since(context)
-        quiet_until = self._quiet_until(context) if self.expect == "absent" else None
-        checked_at = datetime.now(UTC)
-        if self.capture_stream:
-            try:
-                found = self.hook.run(find_captured, self.capture_stream, start_time=since, advisory_filter=flt)
-            except LeaderUnavailableError as exc:
-                self.log.info("%s: not yet, the cluster is electing a leader (%s)", flt.describe(), exc)
-                return PokeReturnValue(False)
-            if found["gap"]:
-                self._report_gap(found["gap"], context)
-            advisory = found["advisory"]
-            self._last_seen = (f"scanned {found['scanned']} captured advisories since {since.isoformat()} for "
-                               f"{flt.describe()}: {'match' if advisory else 'no match'}")
-            self.log.info("%s", self._last_seen[0].upper() + self._last_seen[1:])
-        elif self.deferrable:
-            advisory = None  # live mode: the trigger does the listening
-        else:
-            listened = self.hook.run(listen_live, flt, min(self.poke_interval, 60.0) or 1.0)
-            advisory = listened.to_dict() if listened else None
-        return self._decide(advisory, since, quiet_until, checked_at)
+    def checked(self, context: Any, trigger: JetStreamWaitTrigger) -> None:
+        gap = getattr(trigger, "gap", None)
+        if gap:
+            self._report_gap(gap, context)
 
     def _report_gap(self, gap: str, context: Any) -> None:
         """Once per task; not a warning when this DAG run created the capture stream (nothing of it was missed)."""
@@ -194,18 +170,6 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
                               self.capture_stream, created.isoformat())
                 return
         self.log.warning("%s", gap)
-
-    def _decide(self, advisory: dict[str, Any] | None, since: datetime, quiet_until: datetime | None,
-                checked_at: datetime) -> PokeReturnValue:
-        if self.expect == "present":
-            return PokeReturnValue(advisory is not None, advisory)
-        if advisory is not None:
-            raise AirflowFailException(self._guard_message(advisory))
-        if quiet_until is not None and checked_at >= quiet_until:
-            self.log.info("No %s since %s: quiet period over", self.advisory_filter().describe(), since.isoformat())
-            return PokeReturnValue(True, {"expect": "absent", "advisory": None, "since": since.isoformat(),
-                                          "checked_until": checked_at.isoformat()})
-        return PokeReturnValue(False)
 
     def _guard_message(self, advisory: dict[str, Any]) -> str:
         details = ", ".join(f"{k}={advisory[k]}" for k in ("stream", "consumer", "batch", "reason", "stream_seq")

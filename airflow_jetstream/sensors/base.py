@@ -1,4 +1,5 @@
-"""What every JetStream sensor shares: the hook, poke-then-defer, the timeout and failure messages, SIGTERM."""
+"""What every JetStream sensor shares: the hook, one condition for poke and trigger, poke-then-defer, the timeout
+and failure messages, SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any, NoReturn
 
-from airflow.sdk import BaseSensorOperator
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import (
     AirflowException,
     AirflowFailException,
@@ -16,9 +17,10 @@ from airflow.sdk.exceptions import (
     AirflowTaskTerminated,
     AirflowTaskTimeout,
 )
-from airflow.triggers.base import BaseTrigger
 
+from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.triggers.base import JetStreamWaitTrigger
 
 #: Airflow's own deferral timeout comes this many seconds after the trigger's (which reports the last state).
 TIMEOUT_BACKSTOP = 60
@@ -45,6 +47,7 @@ class JetStreamBaseSensor(BaseSensorOperator):
     #: seconds Airflow's deferral timeout adds to ``timeout`` (``TIMEOUT_BACKSTOP`` when the trigger has its own)
     defer_backstop: float = 0
     _last_seen: str | None = None
+    _poked: JetStreamWaitTrigger | None = None
 
     @cached_property
     def hook(self) -> JetStreamHook:
@@ -69,8 +72,37 @@ class JetStreamBaseSensor(BaseSensorOperator):
         self.defer(trigger=self.deferred_trigger(context), method_name="execute_complete",
                    timeout=timedelta(seconds=self.timeout + self.defer_backstop))
 
-    def deferred_trigger(self, context: Any) -> BaseTrigger:
-        """The trigger that waits after a first poke found nothing (logs what it waits for)."""
+    def make_trigger(self, context: Any) -> JetStreamWaitTrigger:
+        """The condition with this task's parameters: what each poke checks and what waits when deferred."""
+        raise NotImplementedError
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        """One look through the trigger's own ``check`` (the condition is implemented once, in the trigger)."""
+        trigger = self._poked = self.make_trigger(context)
+        try:
+            event = self.hook.run(trigger.check)
+        except LeaderUnavailableError as exc:
+            self.log.info("%s: not yet, the cluster is electing a leader (%s)", trigger.what, exc)
+            return PokeReturnValue(False)
+        self._last_seen = trigger.last_seen
+        self.log.info("%s", trigger.last_seen[:1].upper() + trigger.last_seen[1:])
+        self.checked(context, trigger)
+        if event is None:
+            return PokeReturnValue(False)
+        return PokeReturnValue(True, self.execute_complete(context, event))
+
+    def checked(self, context: Any, trigger: JetStreamWaitTrigger) -> None:
+        """Called after each poke's look, before its result is handled (e.g. to report what the look noticed)."""
+
+    def deferred_trigger(self, context: Any) -> JetStreamWaitTrigger:
+        """The trigger that waits after a first poke found nothing, ending at the sensor's timeout."""
+        trigger = self.make_trigger(context)
+        trigger.timeout_at = deadline(self.timeout)
+        self.log.info("Deferring: waiting for %s in the triggerer", trigger.goal())
+        return trigger
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        """The result of the condition's event (a poke's or the trigger's): XCom value, or the task's failure."""
         raise NotImplementedError
 
     def on_kill(self) -> None:

@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.sensors.state import JetStreamStateSensor
 from airflow_jetstream.triggers.consumer import JetStreamConsumerDrainedTrigger, JetStreamSourceCaughtUpTrigger
-from airflow_jetstream.triggers.describe import describe_consumer, describe_source
 
 
 class JetStreamSourceCaughtUpSensor(JetStreamStateSensor):
@@ -44,18 +42,6 @@ class JetStreamSourceCaughtUpSensor(JetStreamStateSensor):
         self.domain = domain
         self.api_prefix = api_prefix
 
-    def status(self) -> dict[str, Any]:
-        from airflow_jetstream.client.sourcing.status import source_status
-
-        return self.hook.run(source_status, self.stream, self.source, domain=self.domain or None,
-                             api_prefix=self.api_prefix or None)
-
-    def is_done(self, status: dict[str, Any]) -> bool:
-        return bool(status["caught_up"])
-
-    def describe(self, status: dict[str, Any]) -> str:
-        return describe_source(status)
-
     def trigger(self) -> JetStreamSourceCaughtUpTrigger:
         return JetStreamSourceCaughtUpTrigger(stream=self.stream, source=self.source, domain=self.domain or None,
                                               api_prefix=self.api_prefix or None,
@@ -86,15 +72,6 @@ class JetStreamConsumerDrainedSensor(JetStreamStateSensor):
         super().__init__(**kwargs)
         self.stream = stream
         self.consumer = consumer
-
-    def status(self) -> dict[str, Any]:
-        return self.hook.run(consumer_status, self.stream, self.consumer)
-
-    def is_done(self, status: dict[str, Any]) -> bool:
-        return bool(status["drained"])
-
-    def describe(self, status: dict[str, Any]) -> str:
-        return describe_consumer(status)
 
     def trigger(self) -> JetStreamConsumerDrainedTrigger:
         return JetStreamConsumerDrainedTrigger(stream=self.stream, consumer=self.consumer,

@@ -6,14 +6,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
-from airflow.sdk import PokeReturnValue
 
-from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.client.kv.condition import KeyCondition
 from airflow_jetstream.client.kv.names import check_bucket, validate_key
 from airflow_jetstream.client.reading.apply_function import function_path
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.sensors.base import JetStreamBaseSensor, deadline, failure
+from airflow_jetstream.sensors.base import JetStreamBaseSensor, failure
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
 
 
@@ -87,26 +85,12 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
                             apply_function_args=tuple(self.apply_function_args or ()),
                             apply_function_kwargs=dict(self.apply_function_kwargs or {}))
 
-    def poke(self, context: Any) -> PokeReturnValue:
-        from airflow_jetstream.client.kv.watch import check_key
-
-        condition = self.condition()
-        try:
-            entry = self.hook.run(check_key, self.bucket, self.key, condition)
-        except LeaderUnavailableError as exc:
-            self.log.info("KV %s/%s: not yet, the cluster is electing a leader (%s)", self.bucket, self.key, exc)
-            return PokeReturnValue(False)
-        self.log.info("KV %s/%s %s: %s", self.bucket, self.key, condition.describe(),
-                      f"yes (revision {entry['revision']})" if entry else "not yet")
-        return PokeReturnValue(entry is not None, entry)
-
-    def deferred_trigger(self, context: Any) -> JetStreamKeyValueTrigger:
-        self.log.info("Deferring: watching KV %s/%s until it %s", self.bucket, self.key, self.condition().describe())
+    def make_trigger(self, context: Any) -> JetStreamKeyValueTrigger:
         return JetStreamKeyValueTrigger(bucket=self.bucket, key=self.key, value=self.value,
                                         apply_function=self.apply_function,
                                         apply_function_args=self.apply_function_args,
                                         apply_function_kwargs=self.apply_function_kwargs,
-                                        nats_conn_id=self.nats_conn_id, timeout_at=deadline(self.timeout))
+                                        nats_conn_id=self.nats_conn_id)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") == "matched":

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from airflow.providers.common.compat.sdk import conf
-from airflow.sdk import PokeReturnValue
 
 from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.errors import LeaderUnavailableError
-from airflow_jetstream.client.reading.apply_function import bind_function, function_path, load_function
+from airflow_jetstream.client.reading.apply_function import function_path, load_function
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.sensors.base import JetStreamBaseSensor, deadline, failure
+from airflow_jetstream.sensors.base import JetStreamBaseSensor, failure
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
 
 
@@ -51,7 +49,8 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
     :param apply_function_args, apply_function_kwargs: extra arguments (templated).
     :param subject: only messages on this subject (wildcards allowed; templated).
     :param start: where to start looking (templated).
-    :param fetch_timeout: seconds each pull request waits on the server while deferred.
+    :param fetch_timeout: not used any more (the trigger holds no pull request of its own: new messages come
+        through the subscription its triggerer process shares for the stream); accepted so that DAGs keep parsing.
     :param deferrable: wait in the triggerer; default ``[operators] default_deferrable``.
     :param nats_conn_id: the ``nats`` connection to use (templated).
     """
@@ -89,43 +88,26 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         self.start = start
         self.fetch_timeout = to_seconds(5.0 if fetch_timeout is None else fetch_timeout, field="fetch_timeout")
         self.nats_conn_id = nats_conn_id
-        self._next_seq: int | None = None
+        self._first_seq: int | None = None
 
     def _start_seq(self, context: Any) -> int:
-        if self._next_seq is None:
+        if self._poked is not None:  # resume after what the last poke looked at
+            return cast(JetStreamAwaitMessageTrigger, self._poked).start_seq
+        if self._first_seq is None:
             start = self.start
             if start == "new" and self.reschedule and context.get("ti") is not None:
                 start = context["ti"].get_first_reschedule_date(context) or start  # the first poke's start
             from airflow_jetstream.client.reading.await_message import resolve_start
 
-            self._next_seq = self.hook.run(resolve_start, self.stream, start)
-        return self._next_seq
+            self._first_seq = self.hook.run(resolve_start, self.stream, start)
+        return self._first_seq
 
-    def poke(self, context: Any) -> PokeReturnValue:
-        from airflow_jetstream.client.reading.await_message import find_message
-
-        match = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
-        try:
-            first = self._start_seq(context)
-            found = self.hook.run(find_message, self.stream, match, subject=self.subject or None, start_seq=first)
-        except LeaderUnavailableError as exc:
-            self.log.info("Stream %s: not yet, the cluster is electing a leader (%s)", self.stream, exc)
-            return PokeReturnValue(False)
-        self._next_seq = found["next_seq"]
-        message = found["message"]
-        self.log.info("Looked at %d message(s) of stream %s from seq %d: %s", found["scanned"], self.stream, first,
-                      f"match at seq {message['seq']}" if message else "no match yet")
-        return PokeReturnValue(message is not None, message)
-
-    def deferred_trigger(self, context: Any) -> JetStreamAwaitMessageTrigger:
-        trigger = JetStreamAwaitMessageTrigger(
+    def make_trigger(self, context: Any) -> JetStreamAwaitMessageTrigger:
+        return JetStreamAwaitMessageTrigger(
             stream=self.stream, apply_function=self.apply_function, start_seq=self._start_seq(context),
             subject=self.subject or None, apply_function_args=self.apply_function_args,
-            apply_function_kwargs=self.apply_function_kwargs, fetch_timeout=self.fetch_timeout,
-            nats_conn_id=self.nats_conn_id, timeout_at=deadline(self.timeout),
+            apply_function_kwargs=self.apply_function_kwargs, nats_conn_id=self.nats_conn_id,
         )
-        self.log.info("Deferring: waiting for a message of stream %s from seq %d", self.stream, trigger.start_seq)
-        return trigger
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") == "matched" and event.get("message"):

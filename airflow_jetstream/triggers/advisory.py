@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 from datetime import UTC, datetime, timedelta
-from typing import Any
-
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.times import parse_time
-from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.triggers.base import retrying
+from airflow_jetstream.triggers.base import JetStreamWaitTrigger
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
 
 EXPECT_VALUES = ("present", "absent")
 
@@ -26,18 +25,24 @@ def filter_kwargs(advisory_filter: AdvisoryFilter) -> dict[str, Any]:
             "batch_id": data["batch"], "reason": data["reason"], "match": data["match"]}
 
 
-class JetStreamAdvisoryTrigger(BaseTrigger):
+class JetStreamAdvisoryTrigger(JetStreamWaitTrigger):
     """Fire once a matching advisory is found; in guard mode, also fire when ``quiet_until`` passes.
 
-    Reads the capture stream from ``start_time`` (so advisories published before the trigger started
-    are found), or subscribes live when ``capture_stream`` is None. All triggers of one connection
-    id share one NATS connection per triggerer event loop.
+    Reads the capture stream from ``start_time`` (so advisories published before the trigger started are found)
+    without a consumer, then what is captured next through the one subscription its triggerer process shares for
+    the capture stream; with ``capture_stream=None`` it subscribes live. ``check`` is the sensor's poke: what the
+    capture stream holds now (or, live, what arrives within ``listen_for`` seconds).
+
+    ``fetch_timeout`` is not used any more (the trigger holds no pull request of its own); it is still accepted so
+    that triggers deferred by an earlier release resume.
 
     Events: ``{"status": "matched", "advisory": {...}}``, ``{"status": "quiet", ...}`` (guard mode,
     nothing matched until ``quiet_until``), ``{"status": "timeout", "description": ...}`` (nothing matched
     until ``timeout_at``) or ``{"status": "error", "error": {...}}``. ``report_gap=False`` leaves the
     capture-gap warning to the sensor that already logged it.
     """
+
+    what = "an advisory"
 
     def __init__(
         self,
@@ -52,12 +57,11 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         expect: str = "present",
         capture_stream: str | None = "ADVISORIES",
         quiet_until: str | None = None,
-        nats_conn_id: str = JetStreamHook.default_conn_name,
         fetch_timeout: float | str | timedelta | None = None,
-        timeout_at: str | None = None,
         report_gap: bool = True,
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**kwargs)
         if expect not in EXPECT_VALUES:
             raise ValueError(f"expect must be one of {EXPECT_VALUES}, got {expect!r}")
         if expect == "absent" and not quiet_until:
@@ -69,76 +73,70 @@ class JetStreamAdvisoryTrigger(BaseTrigger):
         self.expect = expect
         self.capture_stream = capture_stream
         self.quiet_until = quiet_until
-        self.nats_conn_id = nats_conn_id
-        self.fetch_timeout = to_seconds(fetch_timeout or 30.0, field="fetch_timeout")
-        self.timeout_at = timeout_at
+        self.fetch_timeout = None if fetch_timeout is None else to_seconds(fetch_timeout, field="fetch_timeout")
         self.report_gap = report_gap
+        #: a poke in live mode (no capture stream) listens this many seconds; never serialized
+        self.listen_for = 0.0
+        #: why advisories since ``start_time`` may be missing from the capture stream (set by ``check``)
+        self.gap: str | None = None
+        self.last_seen = (f"no {self.advisory_filter.describe()} in {self._where()} since "
+                          f"{start_time or 'the trigger started'}")
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                **filter_kwargs(self.advisory_filter),
-                "start_time": self.start_time,
-                "expect": self.expect,
-                "capture_stream": self.capture_stream,
-                "quiet_until": self.quiet_until,
-                "nats_conn_id": self.nats_conn_id,
-                "fetch_timeout": self.fetch_timeout,
-                "timeout_at": self.timeout_at,
-                "report_gap": self.report_gap,
-            },
-        )
+    def _kwargs(self) -> dict[str, Any]:
+        return {**filter_kwargs(self.advisory_filter), "start_time": self.start_time, "expect": self.expect,
+                "capture_stream": self.capture_stream, "quiet_until": self.quiet_until,
+                "fetch_timeout": self.fetch_timeout, "report_gap": self.report_gap}
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        yield TriggerEvent(await retrying(self.log, "Advisory wait", self._connect_and_wait))
+    def _since(self) -> datetime:
+        if not self.start_time:
+            self.start_time = datetime.now(UTC).isoformat()  # from the first look on
+        return parse_time(self.start_time, field="start_time")
 
-    async def _connect_and_wait(self) -> dict[str, Any]:
-        from airflow_jetstream.client.connection_pool import shared_connection
+    def _where(self) -> str:
+        return f"capture stream {self.capture_stream!r}" if self.capture_stream else "live advisories"
 
-        settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
-        async with shared_connection(settings) as conn:
-            return await self._wait(conn)
+    def goal(self) -> str:
+        return f"{self.advisory_filter.describe()} in {self._where()} (expect {self.expect})"
 
-    async def _wait(self, conn: Any) -> dict[str, Any]:
+    async def check(self, conn: JetStreamConnection) -> dict[str, Any] | None:
+        from airflow_jetstream.client.advisories.capture import find_captured, listen_live
+
+        since, checked_at = self._since(), datetime.now(UTC)
+        flt = self.advisory_filter
+        if self.capture_stream:
+            found = await find_captured(conn, self.capture_stream, start_time=since, advisory_filter=flt)
+            self.gap, advisory = found["gap"], found["advisory"]
+            self.last_seen = (f"scanned {found['scanned']} captured advisories since {since.isoformat()} for "
+                              f"{flt.describe()}: {'match' if advisory else 'no match'}")
+        else:
+            listened = await listen_live(conn, flt, self.listen_for) if self.listen_for > 0 else None
+            advisory = listened.to_dict() if listened else None
+            self.last_seen = (f"listened {self.listen_for:g} s to live advisories for {flt.describe()}: "
+                              f"{'match' if advisory else 'no match'}")
+        if advisory is not None:
+            return {"status": "matched", "advisory": advisory}
+        if self.expect == "absent" and checked_at >= parse_time(str(self.quiet_until), field="quiet_until"):
+            return {"status": "quiet", "since": since.isoformat(), "checked_until": checked_at.isoformat()}
+        return None
+
+    async def wait(self, conn: JetStreamConnection) -> dict[str, Any]:
         from airflow_jetstream.client.advisories.capture import watch_advisories
 
-        since = parse_time(self.start_time, field="start_time") if self.start_time else datetime.now(UTC)
-        watcher = watch_advisories(conn, self.advisory_filter, capture_stream=self.capture_stream, start_time=since,
-                                   fetch_timeout=self.fetch_timeout,
+        since = self._since()
+        flt = self.advisory_filter
+        watcher = watch_advisories(conn, flt, capture_stream=self.capture_stream, start_time=since,
                                    on_gap=self.log.warning if self.report_gap else None)
-        self.log.info("Waiting for %s in %s since %s (expect %s)", self.advisory_filter.describe(),
-                      self.capture_stream or "live advisories", since.isoformat(), self.expect)
+        self.log.info("Waiting for %s in %s since %s (expect %s)", flt.describe(), self._where(), since.isoformat(),
+                      self.expect)
         async with aclosing(watcher):
             if self.expect == "present":
-                remaining = None
-                if self.timeout_at:
-                    remaining = (parse_time(self.timeout_at, field="timeout_at") - datetime.now(UTC)).total_seconds()
-                try:
-                    async with asyncio.timeout(None if remaining is None else max(remaining, 0.0) + 0.001):
-                        advisory = await anext(watcher)
-                except TimeoutError:
-                    where = f"capture stream {self.capture_stream!r}" if self.capture_stream else "live advisories"
-                    return {"status": "timeout", "description": f"no {self.advisory_filter.describe()} in {where} "
-                                                                f"since {since.isoformat()}"}
-                return {"status": "matched", "advisory": advisory.to_dict()}
-            quiet_until = parse_time(str(self.quiet_until), field="quiet_until")
-            remaining = (quiet_until - datetime.now(UTC)).total_seconds()
+                return {"status": "matched", "advisory": (await anext(watcher)).to_dict()}
+            remaining = (parse_time(str(self.quiet_until), field="quiet_until") - datetime.now(UTC)).total_seconds()
             try:
                 async with asyncio.timeout(max(remaining, 0.0) + 0.001):
-                    advisory = await anext(watcher)
+                    return {"status": "matched", "advisory": (await anext(watcher)).to_dict()}
             except TimeoutError:
-                return await self._final_check(conn, since)
-            return {"status": "matched", "advisory": advisory.to_dict()}
-
-    async def _final_check(self, conn: Any, since: datetime) -> dict[str, Any]:
-        """At the end of the quiet period, scan the whole window once more (nothing stored is skipped)."""
-        from airflow_jetstream.client.advisories.capture import find_captured
-
-        checked_until = datetime.now(UTC)
-        if self.capture_stream:
-            found = await find_captured(conn, self.capture_stream, start_time=since,
-                                        advisory_filter=self.advisory_filter)
-            if found["advisory"] is not None:
-                return {"status": "matched", "advisory": found["advisory"]}
-        return {"status": "quiet", "since": since.isoformat(), "checked_until": checked_until.isoformat()}
+                pass
+        # the quiet period is over: one more look at the whole window (nothing stored is skipped)
+        event = await self.check(conn)
+        return event or {"status": "quiet", "since": since.isoformat(), "checked_until": datetime.now(UTC).isoformat()}

@@ -1,73 +1,77 @@
-"""JetStreamAwaitMessageTrigger: wait in the triggerer for a message that satisfies a function."""
+"""JetStreamAwaitMessageTrigger: a message of a stream satisfies a function (waited for in the triggerer)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
-
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.errors import ConsumerNotFoundError
-from airflow_jetstream.client.reading.apply_function import bind_function
-from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.triggers.base import TRANSIENT_ERRORS, retrying
-from airflow_jetstream.triggers.deadline import within
+from airflow_jetstream.triggers.base import JetStreamWaitTrigger
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
+    from airflow_jetstream.client.reading.apply_function import FunctionSpec
 
 
-class JetStreamAwaitMessageTrigger(BaseTrigger):
+class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
     """Fire once a message of ``stream`` (matching ``subject``) from ``start_seq`` on satisfies ``apply_function``.
 
-    ``apply_function`` is a dotted path (triggers are serialized); it runs on the triggerer's event loop,
-    so it must be quick and must not block. All triggers of one connection id share one NATS connection
-    per triggerer event loop.
+    ``apply_function`` is a dotted path (triggers are serialized; a sensor's poke, never serialized, may hand a
+    callable); it runs on the triggerer's event loop,
+    so it must be quick and must not block. What is stored from ``start_seq`` is read without a consumer; new
+    messages come through the one subscription a triggerer process shares for the stream
+    (:func:`~airflow_jetstream.client.reading.await_message.find_message`). ``check`` is the sensor's poke: it
+    looks at what is stored now and moves ``start_seq`` past what it looked at.
+
+    ``fetch_timeout`` is not used any more (the trigger holds no pull request of its own); it is still accepted
+    so that triggers deferred by an earlier release resume.
 
     Events: ``{"status": "matched", "message": {...}, "next_seq", "scanned"}`` or
     ``{"status": "error", "error": {...}}`` or, once ``timeout_at`` (ISO time) passed, ``{"status": "timeout"}``.
     """
 
-    def __init__(self, *, stream: str, apply_function: str, start_seq: int, subject: str | None = None,
+    what = "a message"
+
+    def __init__(self, *, stream: str, apply_function: FunctionSpec, start_seq: int, subject: str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
-                 fetch_timeout: float | str | timedelta | None = None,
-                 nats_conn_id: str = JetStreamHook.default_conn_name, timeout_at: str | None = None) -> None:
-        super().__init__()
-        self.timeout_at = timeout_at
+                 fetch_timeout: float | str | timedelta | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.stream = stream
         self.apply_function = apply_function
         self.start_seq = int(start_seq)
         self.subject = subject
         self.apply_function_args = list(apply_function_args or [])
         self.apply_function_kwargs = dict(apply_function_kwargs or {})
-        self.fetch_timeout = to_seconds(5.0 if fetch_timeout is None else fetch_timeout, field="fetch_timeout")
-        self.nats_conn_id = nats_conn_id
+        self.fetch_timeout = None if fetch_timeout is None else to_seconds(fetch_timeout, field="fetch_timeout")
+        self.last_seen = f"no message of stream {stream} from seq {self.start_seq} looked at yet"
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{type(self).__module__}.{type(self).__qualname__}", {
-            "stream": self.stream, "apply_function": self.apply_function, "start_seq": self.start_seq,
-            "subject": self.subject, "apply_function_args": self.apply_function_args,
-            "apply_function_kwargs": self.apply_function_kwargs, "fetch_timeout": self.fetch_timeout,
-            "nats_conn_id": self.nats_conn_id, "timeout_at": self.timeout_at,
-        })
+    def _kwargs(self) -> dict[str, Any]:
+        return {"stream": self.stream, "apply_function": self.apply_function, "start_seq": self.start_seq,
+                "subject": self.subject, "apply_function_args": self.apply_function_args,
+                "apply_function_kwargs": self.apply_function_kwargs, "fetch_timeout": self.fetch_timeout}
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        yield TriggerEvent(await within(self.timeout_at, self._wait()))
+    def goal(self) -> str:
+        return (f"a message of stream {self.stream} ({self.subject or 'all subjects'}) from seq {self.start_seq} "
+                f"that satisfies {self.apply_function}")
 
-    async def _wait(self) -> dict[str, Any]:
-        # a search consumer dropped by the server (e.g. the triggerer stalled past its inactivity limit)
-        # is made again: the search restarts at start_seq, so nothing is missed
-        return await retrying(self.log, "Message wait", self._search,
-                              transient=(*TRANSIENT_ERRORS, ConsumerNotFoundError))
-
-    async def _search(self) -> dict[str, Any]:
-        from airflow_jetstream.client.connection_pool import shared_connection
+    async def _find(self, conn: JetStreamConnection, *, follow: bool) -> dict[str, Any]:
+        from airflow_jetstream.client.reading.apply_function import bind_function
         from airflow_jetstream.client.reading.await_message import find_message
 
         match = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
-        settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
-        self.log.info("Waiting for a message of stream %s (%s) from seq %d that satisfies %s", self.stream,
-                      self.subject or "all subjects", self.start_seq, self.apply_function)
-        async with shared_connection(settings) as conn:
-            found = await find_message(conn, self.stream, match, subject=self.subject,
-                                       start_seq=self.start_seq, follow=True, poll=self.fetch_timeout)
-        return {"status": "matched", **found}
+        first = self.start_seq
+        found = await find_message(conn, self.stream, match, subject=self.subject, start_seq=first, follow=follow)
+        self.start_seq = found["next_seq"]
+        message = found["message"]
+        answer = f"match at seq {message['seq']}" if message else "no match yet"
+        self.last_seen = f"looked at {found['scanned']} message(s) of stream {self.stream} from seq {first}: {answer}"
+        return found
+
+    async def check(self, conn: JetStreamConnection) -> dict[str, Any] | None:
+        found = await self._find(conn, follow=False)
+        return {"status": "matched", **found} if found["message"] else None
+
+    async def wait(self, conn: JetStreamConnection) -> dict[str, Any]:
+        self.log.info("Waiting for %s", self.goal())
+        return {"status": "matched", **await self._find(conn, follow=True)}

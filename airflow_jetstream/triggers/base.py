@@ -1,9 +1,16 @@
-"""What the provider's triggers share: the polling base class and the retry policy for transient errors."""
+"""What the provider's triggers share: one implementation of each wait condition, and the retry policy.
+
+A :class:`JetStreamWaitTrigger` is a wait condition with the sensor's parameters. :meth:`~JetStreamWaitTrigger.check`
+looks once (it is what the sensor's poke runs, through the hook), :meth:`~JetStreamWaitTrigger.wait` waits until
+the condition holds (what the triggerer runs); both return the same event, so the sensor handles a poke's result
+and a trigger's event alike.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -21,6 +28,7 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.triggers.deadline import within
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
@@ -31,6 +39,9 @@ PERMANENT_ERRORS = (AuthenticationError, TLSConfigurationError)
 #: The triggers' one policy: a transient error is retried up to ``TRANSIENT_RETRIES`` times, 1 s doubling up to 30 s.
 TRANSIENT_RETRIES = 5
 TRIGGER_BACKOFF = Backoff(1.0, 30.0)
+#: Each pause between polls is drawn from this share of ``poll_interval`` around it, so that triggers started
+#: together (a triggerer restart) do not keep polling in the same instant.
+POLL_JITTER = 0.1
 
 
 async def retrying(log: logging.Logger, what: str, attempt: Callable[[], Awaitable[dict[str, Any]]],
@@ -54,36 +65,95 @@ async def retrying(log: logging.Logger, what: str, attempt: Callable[[], Awaitab
         return {"status": "error", "error": exc.to_dict()}
 
 
-class JetStreamPollingTrigger(BaseTrigger):
-    """Poll ``status()`` every ``poll_interval`` seconds on one connection until ``is_done``.
+def staggered(seconds: float) -> float:
+    """``seconds`` give or take ``POLL_JITTER`` of it."""
+    return seconds * random.uniform(1 - POLL_JITTER, 1 + POLL_JITTER)
 
-    Events: ``{"status": "success", "result": {...}}``, ``{"status": "error", "error": {...}}`` or, once
-    ``timeout_at`` (ISO time) passed, ``{"status": "timeout", "last": {...}, "description": "<last state>"}``.
+
+class JetStreamWaitTrigger(BaseTrigger):
+    """A wait condition, implemented once for the sensor's poke and the triggerer.
+
+    Subclasses implement :meth:`check` (one look now: the event when the condition holds, else None; it sets
+    ``last_seen`` to one line saying what it saw) and :meth:`wait` (until the condition holds), and
+    ``_kwargs`` (their own serialized arguments). ``run`` waits on the loop's shared connection, retries
+    transient errors (:func:`retrying`) and ends at ``timeout_at`` (ISO time) with
+    ``{"status": "timeout", "description": <last seen>}``.
     """
 
     what = "condition"
+    #: True when ``wait`` ends at ``timeout_at`` itself (after a last look), instead of being cut off there.
+    checks_deadline = False
+    #: Errors after which ``wait`` is attempted again (from the start: each wait picks up where the server is).
+    transient: tuple[type[JetStreamError], ...] = TRANSIENT_ERRORS
 
-    def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name,
-                 poll_interval: float | str | timedelta = 5.0, timeout_at: str | None = None) -> None:
+    def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, timeout_at: str | None = None) -> None:
         super().__init__()
         self.nats_conn_id = nats_conn_id
-        self.poll_interval = to_seconds(poll_interval, field="poll_interval")
         self.timeout_at = timeout_at
+        self.last_seen = "nothing (no look finished)"
 
     def _kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {**self._kwargs(), "nats_conn_id": self.nats_conn_id, "poll_interval": self.poll_interval,
-                 "timeout_at": self.timeout_at})
+                {**self._kwargs(), "nats_conn_id": self.nats_conn_id, "timeout_at": self.timeout_at})
+
+    async def check(self, conn: JetStreamConnection) -> dict[str, Any] | None:
+        """One look: the event when the condition holds now, else None (``last_seen`` says what was seen)."""
+        raise NotImplementedError
+
+    async def wait(self, conn: JetStreamConnection) -> dict[str, Any]:
+        """The event once the condition holds."""
+        raise NotImplementedError
+
+    def goal(self) -> str:
+        """What is waited for, as one line."""
+        return self.what
+
+    def timeout_event(self) -> dict[str, Any]:
+        return {"status": "timeout", "description": self.last_seen}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        # the event is yielded after the connection is released: a generator closed right after its first
+        # event (``airflow dags test`` runs triggers inline that way) has nothing left to clean up
+        deadline = None if self.checks_deadline else self.timeout_at
+        yield TriggerEvent(await within(deadline, self._wait(), self.timeout_event))
+
+    async def _wait(self) -> dict[str, Any]:
+        return await retrying(self.log, f"Waiting for {self.goal()}", self._attempt, transient=self.transient)
+
+    async def _attempt(self) -> dict[str, Any]:
+        from airflow_jetstream.client.connection_pool import shared_connection
+
+        settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
+        async with shared_connection(settings) as conn:
+            return await self.wait(conn)
+
+
+class JetStreamPollingTrigger(JetStreamWaitTrigger):
+    """A condition read as a state: ``status()`` every ``poll_interval`` seconds (staggered) until ``is_done``.
+
+    Events: ``{"status": "success", "result": {...}}``, ``{"status": "error", "error": {...}}`` or, once
+    ``timeout_at`` passed, ``{"status": "timeout", "last": {...}, "description": "<last state>"}`` (after one
+    more look, so that the last state is a fresh one).
+    """
+
+    checks_deadline = True
+
+    def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name,
+                 poll_interval: float | str | timedelta = 5.0, timeout_at: str | None = None) -> None:
+        super().__init__(nats_conn_id=nats_conn_id, timeout_at=timeout_at)
+        self.poll_interval = to_seconds(poll_interval, field="poll_interval")
+        self.last_status: dict[str, Any] | None = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        path, kwargs = super().serialize()
+        return path, {**kwargs, "poll_interval": self.poll_interval}
 
     def describe(self, status: dict[str, Any]) -> str:
         """The state as one human line."""
         return str(status)
-
-    def _timed_out(self) -> bool:
-        return self.timeout_at is not None and datetime.now(UTC) >= datetime.fromisoformat(self.timeout_at)
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
         raise NotImplementedError
@@ -91,26 +161,22 @@ class JetStreamPollingTrigger(BaseTrigger):
     def is_done(self, status: dict[str, Any]) -> bool:
         raise NotImplementedError
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        # the event is yielded after the connection is closed: a generator closed right after its first
-        # event (``airflow dags test`` runs triggers inline that way) has nothing left to clean up
-        yield TriggerEvent(await self._wait())
+    async def check(self, conn: JetStreamConnection) -> dict[str, Any] | None:
+        status = self.last_status = await self.status(conn)
+        if status.get("error") and isinstance(status["error"], dict):
+            return {"status": "error", "error": {**status["error"], "state": status}}
+        self.last_seen = self.describe(status)
+        return {"status": "success", "result": status} if self.is_done(status) else None
 
-    async def _wait(self) -> dict[str, Any]:
-        return await retrying(self.log, f"Waiting for {self.what}", self._poll)
+    async def wait(self, conn: JetStreamConnection) -> dict[str, Any]:
+        while True:
+            event = await self.check(conn)
+            if event is not None:
+                return event
+            if self.timeout_at is not None and datetime.now(UTC) >= datetime.fromisoformat(self.timeout_at):
+                return self.timeout_event()
+            self.log.info("Waiting for %s: %s", self.what, self.last_seen)
+            await asyncio.sleep(staggered(self.poll_interval))
 
-    async def _poll(self) -> dict[str, Any]:
-        from airflow_jetstream.client.connection_pool import shared_connection
-
-        settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
-        async with shared_connection(settings) as conn:
-            while True:
-                status = await self.status(conn)
-                if status.get("error") and isinstance(status["error"], dict):
-                    return {"status": "error", "error": {**status["error"], "state": status}}
-                if self.is_done(status):
-                    return {"status": "success", "result": status}
-                if self._timed_out():
-                    return {"status": "timeout", "last": status, "description": self.describe(status)}
-                self.log.info("Waiting for %s: %s", self.what, self.describe(status))
-                await asyncio.sleep(self.poll_interval)
+    def timeout_event(self) -> dict[str, Any]:
+        return {**super().timeout_event(), "last": self.last_status}

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 
-async def within(timeout_at: str | None, waiting: Awaitable[dict[str, Any]]) -> dict[str, Any]:
-    """``await waiting``, or ``{"status": "timeout"}`` once ``timeout_at`` (ISO time) has passed.
+async def within(timeout_at: str | None, waiting: Awaitable[dict[str, Any]],
+                 timed_out: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``await waiting``, or ``timed_out()`` (default ``{"status": "timeout"}``) once ``timeout_at`` (ISO time)
+    has passed.
 
     ``airflow dags test`` runs a deferred task's trigger inline and ignores the deferral timeout, so a
     sensor whose condition never came true waited forever; with this it ends at its ``timeout``.
@@ -20,4 +22,4 @@ async def within(timeout_at: str | None, waiting: Awaitable[dict[str, Any]]) -> 
     try:
         return await asyncio.wait_for(waiting, max(remaining, 0.0))
     except TimeoutError:
-        return {"status": "timeout"}
+        return timed_out() if timed_out is not None else {"status": "timeout"}

@@ -1,63 +1,72 @@
-"""JetStreamKeyValueTrigger: watch a KV key in the triggerer until it exists, equals a value or satisfies a function."""
+"""JetStreamKeyValueTrigger: a KV key exists, equals a value or satisfies a function (waited for in the triggerer)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
-
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.kv.condition import KeyCondition
-from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.triggers.base import retrying
-from airflow_jetstream.triggers.deadline import within
+from airflow_jetstream.triggers.base import JetStreamWaitTrigger
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
+    from airflow_jetstream.client.reading.apply_function import FunctionSpec
 
 
-class JetStreamKeyValueTrigger(BaseTrigger):
-    """Fire when ``key`` of ``bucket`` satisfies the condition (see :class:`KeyCondition`), watched with a
-    KV watch (the current value first, then each change). ``apply_function`` is a dotted path and runs
-    on the triggerer's event loop. All triggers of one connection id share one NATS connection per
-    triggerer event loop.
+class JetStreamKeyValueTrigger(JetStreamWaitTrigger):
+    """Fire when ``key`` of ``bucket`` satisfies the condition (see :class:`KeyCondition`): its current value
+    first, then each change. Every KV trigger of one triggerer process on one bucket shares one subscription to
+    it (:func:`~airflow_jetstream.client.kv.watch.wait_for_key`); ``apply_function`` is a dotted path (a callable
+    only for a sensor's poke, which is never serialized) and runs on the triggerer's event loop. ``check`` is the
+    sensor's poke: the key's current value.
 
     Events: ``{"status": "matched", "entry": {...}}``, ``{"status": "error", "error": {...}}`` or, once
-    ``timeout_at`` (ISO time) passed, ``{"status": "timeout"}``.
+    ``timeout_at`` (ISO time) passed, ``{"status": "timeout", "description": ...}``.
     """
 
-    def __init__(self, *, bucket: str, key: str, value: Any = None, apply_function: str | None = None,
+    what = "a KV key"
+
+    def __init__(self, *, bucket: str, key: str, value: Any = None, apply_function: FunctionSpec | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
-                 nats_conn_id: str = JetStreamHook.default_conn_name, timeout_at: str | None = None) -> None:
-        super().__init__()
-        self.timeout_at = timeout_at
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.bucket = bucket
         self.key = key
         self.value = value
         self.apply_function = apply_function
         self.apply_function_args = list(apply_function_args or [])
         self.apply_function_kwargs = dict(apply_function_kwargs or {})
-        self.nats_conn_id = nats_conn_id
+        self.last_seen = f"KV {bucket}/{key} not read yet"
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{type(self).__module__}.{type(self).__qualname__}", {
-            "bucket": self.bucket, "key": self.key, "value": self.value, "apply_function": self.apply_function,
-            "apply_function_args": self.apply_function_args, "apply_function_kwargs": self.apply_function_kwargs,
-            "nats_conn_id": self.nats_conn_id, "timeout_at": self.timeout_at,
-        })
+    def _kwargs(self) -> dict[str, Any]:
+        return {"bucket": self.bucket, "key": self.key, "value": self.value, "apply_function": self.apply_function,
+                "apply_function_args": self.apply_function_args, "apply_function_kwargs": self.apply_function_kwargs}
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        yield TriggerEvent(await within(self.timeout_at, self._wait()))
+    def condition(self) -> KeyCondition:
+        """The condition (built when the trigger runs: a bad function is the trigger's error event, not the
+        triggerer's when it rebuilds the trigger)."""
+        return KeyCondition(value=self.value, apply_function=self.apply_function,
+                            apply_function_args=self.apply_function_args,
+                            apply_function_kwargs=self.apply_function_kwargs)
 
-    async def _wait(self) -> dict[str, Any]:
-        return await retrying(self.log, "KV watch", self._watch)
+    def goal(self) -> str:
+        if self.apply_function is not None:
+            return f"KV {self.bucket}/{self.key} to satisfy {self.apply_function}"
+        return f"KV {self.bucket}/{self.key} to {'equal ' + repr(self.value) if self.value is not None else 'exist'}"
 
-    async def _watch(self) -> dict[str, Any]:
-        from airflow_jetstream.client.connection_pool import shared_connection
+    async def check(self, conn: JetStreamConnection) -> dict[str, Any] | None:
+        from airflow_jetstream.client.kv.watch import check_key
+
+        condition = self.condition()
+        entry = await check_key(conn, self.bucket, self.key, condition)
+        answer = f"yes (revision {entry['revision']})" if entry else "not yet"
+        self.last_seen = f"KV {self.bucket}/{self.key} {condition.describe()}: {answer}"
+        return {"status": "matched", "entry": entry} if entry else None
+
+    async def wait(self, conn: JetStreamConnection) -> dict[str, Any]:
         from airflow_jetstream.client.kv.watch import wait_for_key
 
-        condition = KeyCondition(value=self.value, apply_function=self.apply_function,
-                                 apply_function_args=self.apply_function_args,
-                                 apply_function_kwargs=self.apply_function_kwargs)
-        settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
+        condition = self.condition()
         self.log.info("Watching KV key %s in bucket %s until it %s", self.key, self.bucket, condition.describe())
-        async with shared_connection(settings) as conn:
-            entry = await wait_for_key(conn, self.bucket, self.key, condition)
-        return {"status": "matched", "entry": entry}
+        self.last_seen = f"KV {self.bucket}/{self.key} did not {condition.describe()}"
+        return {"status": "matched", "entry": await wait_for_key(conn, self.bucket, self.key, condition)}

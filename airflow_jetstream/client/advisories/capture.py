@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, aclosing
 from datetime import UTC, datetime
 from typing import Any
 
-import nats.errors
-
-from airflow_jetstream.client.admin.consumers import delete_consumer
 from airflow_jetstream.client.admin.streams import (
     default_replicas,
     ensure_stream,
@@ -56,14 +53,13 @@ from airflow_jetstream.client.advisories.types import (
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
-    ConnectionFailedError,
     InvalidRequestError,
-    JetStreamError,
     StreamNotFoundError,
 )
-from airflow_jetstream.client.reading.pull import PullSubscription
+from airflow_jetstream.client.reading.direct import StoredMessage, read_until
+from airflow_jetstream.client.reading.shared_tail import TailListener, follow
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subjects
-from airflow_jetstream.client.times import parse_time, to_rfc3339
+from airflow_jetstream.client.times import parse_time
 
 __all__ = [
     "ADVISORY_PREFIX", "DEFAULT_CAPTURE_STREAM", "DEFAULT_CAPTURE_SUBJECTS", "EVENT_PREFIX", "KINDS", "METRIC_PREFIX",
@@ -75,6 +71,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: Consumers a new capture stream allows (the server's own default when unset is 1,000, so the limit is visible).
+DEFAULT_CAPTURE_MAX_CONSUMERS = 1000
 
 
 # --------------------------------------------------------------------------------------- capture stream
@@ -83,11 +81,14 @@ log = logging.getLogger(__name__)
 def capture_stream_config(name: str = DEFAULT_CAPTURE_STREAM, *, max_age: Any = "7d", max_bytes: int | None = None,
                           subjects: list[str] | tuple[str, ...] = DEFAULT_CAPTURE_SUBJECTS,
                           storage: str = "file", num_replicas: int | None = None,
-                          placement: dict[str, Any] | None = None) -> dict[str, Any]:
+                          placement: dict[str, Any] | None = None,
+                          max_consumers: int = DEFAULT_CAPTURE_MAX_CONSUMERS) -> dict[str, Any]:
     """Stream config that stores advisories, with a retention limit (age and optionally size).
 
-    ``num_replicas``/``placement`` are left out when None (the server's default, or what an existing
-    stream has under :func:`ensure_stream`).
+    ``allow_direct`` is on (sensor pokes and waiting triggers read it without a consumer) and ``max_consumers``
+    is explicit: each triggerer process holds one consumer on it however many advisory sensors it runs, plus
+    the durable consumers of event-driven DAGs. ``num_replicas``/``placement`` are left out when None (the
+    server's default, or what an existing stream has under :func:`ensure_stream`).
     """
     validate_name(name, what="capture stream name")
     if max_age in (None, 0, "0") and not max_bytes:
@@ -98,6 +99,7 @@ def capture_stream_config(name: str = DEFAULT_CAPTURE_STREAM, *, max_age: Any = 
     config: dict[str, Any] = {
         "name": name, "subjects": _capture_subjects(subjects), "retention": "limits", "storage": storage,
         "discard": "old", "description": "JetStream advisories captured for airflow-jetstream sensors",
+        "allow_direct": True, "max_consumers": _check_max_consumers(max_consumers),
         **replication_config(num_replicas, placement),
     }
     if max_age not in (None, 0, "0"):
@@ -105,6 +107,12 @@ def capture_stream_config(name: str = DEFAULT_CAPTURE_STREAM, *, max_age: Any = 
     if max_bytes:
         config["max_bytes"] = int(max_bytes)
     return config
+
+
+def _check_max_consumers(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequestError(f"max_consumers must be a positive int, got {value!r}", reason="invalid_option")
+    return value
 
 
 def _capture_subjects(subjects: list[str] | tuple[str, ...]) -> list[str]:
@@ -117,13 +125,14 @@ def _capture_subjects(subjects: list[str] | tuple[str, ...]) -> list[str]:
 async def ensure_capture_stream(conn: JetStreamConnection, name: str = DEFAULT_CAPTURE_STREAM, *,
                                 max_age: Any = None, max_bytes: int | None = None,
                                 subjects: list[str] | tuple[str, ...] | None = None, storage: str | None = None,
-                                num_replicas: int | None = None,
-                                placement: dict[str, Any] | None = None) -> dict[str, Any]:
+                                num_replicas: int | None = None, placement: dict[str, Any] | None = None,
+                                max_consumers: int | None = None) -> dict[str, Any]:
     """Create the capture stream, or change only the options given (None = keep what the stream has).
 
-    A new stream gets ``max_age`` 7 days, file storage, all advisories and, unless told otherwise,
-    :func:`default_replicas` (3 on a cluster). A re-run with defaults never changes an existing
-    stream: it does not turn an R3 capture stream into R1. Returns :func:`ensure_stream`'s result.
+    A new stream gets ``max_age`` 7 days, file storage, all advisories, ``max_consumers``
+    ``DEFAULT_CAPTURE_MAX_CONSUMERS`` and, unless told otherwise, :func:`default_replicas` (3 on a cluster).
+    A re-run with defaults changes an existing stream only to allow direct gets (reads without a consumer
+    need them): it does not turn an R3 capture stream into R1. Returns :func:`ensure_stream`'s result.
     """
     validate_name(name, what="capture stream name")
     current = await find_stream(conn, name)
@@ -131,9 +140,12 @@ async def ensure_capture_stream(conn: JetStreamConnection, name: str = DEFAULT_C
         age = "7d" if max_age is None and not max_bytes else max_age
         config = capture_stream_config(
             name, max_age=age, max_bytes=max_bytes, subjects=DEFAULT_CAPTURE_SUBJECTS if subjects is None else subjects,
-            storage=storage or "file", num_replicas=num_replicas, placement=placement)
+            storage=storage or "file", num_replicas=num_replicas, placement=placement,
+            max_consumers=DEFAULT_CAPTURE_MAX_CONSUMERS if max_consumers is None else max_consumers)
         return await ensure_stream(conn, config, create_defaults={"num_replicas": default_replicas(conn)})
-    config = {"name": name, **replication_config(num_replicas, placement)}
+    config = {"name": name, "allow_direct": True, **replication_config(num_replicas, placement)}
+    if max_consumers is not None:
+        config["max_consumers"] = _check_max_consumers(max_consumers)
     if max_age is not None:
         if max_age in (0, "0") and not (max_bytes or int(current["config"].get("max_bytes", -1)) > 0):
             capture_stream_config(name, max_age=max_age)  # raises: no retention limit would be left
@@ -167,127 +179,131 @@ async def capture_info(conn: JetStreamConnection, capture_stream: str) -> dict[s
     try:
         return await stream_info(conn, capture_stream)
     except StreamNotFoundError as exc:
-        raise StreamNotFoundError(
-            f"advisory capture stream {capture_stream!r} does not exist; create it with "
-            "JetStreamAdvisoryStreamOperator (or ensure_stream(capture_stream_config(...))), or wait on a live "
-            "subscription with capture_stream=None",
-            reason=exc.reason, code=exc.code, err_code=exc.err_code, description=exc.description,
-        ) from None
+        raise _capture_missing(capture_stream, exc) from None
 
 
 class CaptureReader:
-    """Read advisories from the capture stream, starting at a time, through an ephemeral consumer.
+    """Advisories of the capture stream from a start time on, without a consumer of its own.
 
-    ``async with CaptureReader(conn, "ADVISORIES", start_time, flt) as reader``: :meth:`read_available`
-    returns what is stored now; :meth:`next_batch` waits for more. The consumer filters on the
-    narrowest subject for ``flt``, uses no acks and is deleted on exit (and by the server after
-    ``inactive_threshold`` if the process dies).
+    ``async with CaptureReader(conn, "ADVISORIES", start_time, flt) as reader``: :meth:`read_available` yields
+    what was stored before the reader opened (direct or message gets on the filter's subject);
+    :meth:`next_batch` waits for what is stored after, through the subscription every reader of this stream on
+    this connection shares (:func:`~airflow_jetstream.client.reading.shared_tail.follow`): a thousand waiting
+    advisory triggers are one consumer on the capture stream.
     """
 
     def __init__(self, conn: JetStreamConnection, capture_stream: str, start_time: datetime | str,
-                 advisory_filter: AdvisoryFilter, *, batch: int = 256, inactive_threshold: float = 120.0) -> None:
+                 advisory_filter: AdvisoryFilter) -> None:
         validate_name(capture_stream, what="capture stream name")
         self.conn = conn
         self.capture_stream = capture_stream
         self.start_time = parse_time(start_time, field="start_time")
         self.filter = advisory_filter
-        self.batch = batch
-        self.inactive_threshold = inactive_threshold
-        self.name = f"adv_{uuid.uuid4().hex[:16]}"
-        self.pending = 0
+        self.subject = advisory_filter.subject()
         self.gap: str | None = None
-        self._pull: PullSubscription | None = None
+        self._following: AbstractAsyncContextManager[TailListener] | None = None
+        self._listener: TailListener | None = None
 
     async def __aenter__(self) -> CaptureReader:
-        info = await capture_info(self.conn, self.capture_stream)
+        following = follow(self.conn, self.capture_stream, self.subject)
+        try:
+            self._listener = await following.__aenter__()
+        except StreamNotFoundError as exc:
+            raise _capture_missing(self.capture_stream, exc) from None
+        self._following = following
+        try:
+            info = await self._listener.tail.info()
+            _check_captured(self.capture_stream, info, self.subject)
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
         self.gap = capture_gap(info, self.start_time)
-        subject = self.filter.subject()
-        covered = info["config"].get("subjects") or []
-        if not any(subject_matches(s, subject) or subject_matches(subject, s) for s in covered):
-            raise InvalidRequestError(
-                f"capture stream {self.capture_stream!r} stores {covered}, which does not include {subject!r}; "
-                "add the subject to the capture stream",
-                reason="subject_not_captured",
-            )
-        config = {
-            "name": self.name, "deliver_policy": "by_start_time", "opt_start_time": to_rfc3339(self.start_time),
-            "ack_policy": "none", "replay_policy": "instant", "mem_storage": True, "num_replicas": 1,
-            "inactive_threshold": int(self.inactive_threshold * 1e9), "max_waiting": 4,
-        }
-        if not any(s == subject for s in covered):
-            config["filter_subject"] = subject
-        reply = await self.conn.api_request(
-            f"CONSUMER.CREATE.{self.capture_stream}.{self.name}",
-            {"stream_name": self.capture_stream, "config": config, "action": "create"},
-            context=f"read advisories from capture stream {self.capture_stream!r}",
-        )
-        self.pending = int(reply.get("num_pending", 0))
-        self._pull = PullSubscription(self.conn, self.capture_stream, self.name, batch=self.batch, expires=5.0)
-        await self._pull.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.conn.nc.is_closed:
-            return  # the server drops the consumer after inactive_threshold
-        if self._pull is not None:
-            await self._pull.close()
-        if not self.conn.nc.is_closed:
-            try:
-                await delete_consumer(self.conn, self.capture_stream, self.name)
-            except JetStreamError as exc:
-                log.warning("could not delete reader consumer %s (the server drops it after %ss idle): %s",
-                            self.name, self.inactive_threshold, exc)
+        following, self._following, self._listener = self._following, None, None
+        if following is not None:
+            await following.__aexit__(None, None, None)
 
-    def _require_open(self) -> PullSubscription:
-        if self._pull is None:
+    def _require_open(self) -> TailListener:
+        if self._listener is None:
             raise InvalidRequestError("the capture reader is not open: use it as `async with CaptureReader(...)`",
                                       reason="reader_not_open")
-        return self._pull
+        return self._listener
+
+    async def read_available(self) -> AsyncGenerator[Advisory, None]:
+        """Yield every advisory on the filter's subject stored from ``start_time`` until the reader opened."""
+        listener = self._require_open()
+        async for advisory in _stored(self.conn, self.capture_stream, self.subject, listener.since,
+                                      start_time=self.start_time, info=await listener.tail.info()):
+            yield advisory
 
     async def next_batch(self, timeout: float) -> list[Advisory]:
-        """Advisories delivered within ``timeout`` seconds (all of them, matching or not)."""
-        return (await self._fetch(timeout))[1]
-
-    async def _fetch(self, timeout: float) -> tuple[int, list[Advisory]]:
+        """Advisories on the filter's subject stored after the reader opened, within ``timeout`` seconds."""
+        listener = self._require_open()
         try:
-            msgs = await self._require_open().next_messages(timeout)
-        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError) as exc:
-            raise ConnectionFailedError(
-                f"the NATS connection closed while reading advisories from {self.capture_stream!r} "
-                f"({type(exc).__name__}); the wait can be retried"
-            ) from None
-        out = []
-        for msg in msgs:
-            meta = msg.metadata
-            self.pending = int(meta.num_pending or 0)
-            advisory = decode_advisory(msg.data, subject=msg.subject, capture_seq=meta.sequence.stream)
-            if advisory is not None:
-                out.append(advisory)
-        return len(msgs), out
+            async with asyncio.timeout(timeout):
+                messages = await listener.next_batch()
+        except TimeoutError:
+            return []
+        return [advisory for advisory in map(_decoded, messages) if advisory is not None]
 
-    async def read_available(self, fetch_timeout: float = 2.0) -> AsyncGenerator[Advisory, None]:
-        """Yield every advisory stored now (from ``start_time``), then stop."""
-        misses = 0
-        while self.pending > 0 and misses < 2:
-            fetched, advisories = await self._fetch(fetch_timeout)
-            misses = 0 if fetched else misses + 1
-            for advisory in advisories:
-                yield advisory
+
+def _decoded(message: StoredMessage) -> Advisory | None:
+    return decode_advisory(message.data, subject=message.subject, capture_seq=message.seq)
+
+
+async def _stored(conn: JetStreamConnection, capture_stream: str, subject: str, last_seq: int, *,
+                  start_time: datetime, info: dict[str, Any]) -> AsyncGenerator[Advisory, None]:
+    """The advisories on ``subject`` stored from ``start_time`` up to ``last_seq`` (no consumer)."""
+    pages = read_until(conn, capture_stream, last_seq, start_time=start_time, subject=subject, info=info)
+    async with aclosing(pages):
+        async for page in pages:
+            for message in page:
+                advisory = _decoded(message)
+                if advisory is not None:
+                    yield advisory
+
+
+def _capture_missing(capture_stream: str, exc: StreamNotFoundError) -> StreamNotFoundError:
+    return StreamNotFoundError(
+        f"advisory capture stream {capture_stream!r} does not exist; create it with "
+        "JetStreamAdvisoryStreamOperator (or ensure_stream(capture_stream_config(...))), or wait on a live "
+        "subscription with capture_stream=None",
+        reason=exc.reason, code=exc.code, err_code=exc.err_code, description=exc.description,
+    )
+
+
+def _check_captured(capture_stream: str, info: Mapping[str, Any], subject: str) -> None:
+    covered = info["config"].get("subjects") or []
+    if not any(subject_matches(s, subject) or subject_matches(subject, s) for s in covered):
+        raise InvalidRequestError(
+            f"capture stream {capture_stream!r} stores {covered}, which does not include {subject!r}; "
+            "add the subject to the capture stream",
+            reason="subject_not_captured",
+        )
 
 
 async def find_captured(conn: JetStreamConnection, capture_stream: str, *, start_time: datetime | str,
                         advisory_filter: AdvisoryFilter) -> dict[str, Any]:
-    """Look in the capture stream for the first advisory matching ``advisory_filter`` from ``start_time`` on.
+    """Look in the capture stream for the first advisory matching ``advisory_filter`` from ``start_time`` on,
+    among what is stored now; creates nothing on the server (a sensor's poke, the end of a quiet period).
 
-    Returns ``{"advisory": dict | None, "scanned": n, "gap": warning | None}``.
+    Returns ``{"advisory": dict | None, "scanned": n, "gap": warning | None}`` (``scanned``: advisories on the
+    filter's subject looked at).
     """
-    async with CaptureReader(conn, capture_stream, start_time, advisory_filter) as reader:
-        scanned = 0
-        async for advisory in reader.read_available():
-            scanned += 1
-            if advisory_filter.matches(advisory):
-                return {"advisory": advisory.to_dict(), "scanned": scanned, "gap": reader.gap}
-        return {"advisory": None, "scanned": scanned, "gap": reader.gap}
+    validate_name(capture_stream, what="capture stream name")
+    since = parse_time(start_time, field="start_time")
+    info = await capture_info(conn, capture_stream)
+    subject = advisory_filter.subject()
+    _check_captured(capture_stream, info, subject)
+    last_seq = int(info["state"].get("last_seq") or 0)
+    scanned = 0
+    async for advisory in _stored(conn, capture_stream, subject, last_seq, start_time=since, info=info):
+        scanned += 1
+        if advisory_filter.matches(advisory):
+            return {"advisory": advisory.to_dict(), "scanned": scanned, "gap": capture_gap(info, since)}
+    return {"advisory": None, "scanned": scanned, "gap": capture_gap(info, since)}
 
 
 async def watch_advisories(conn: JetStreamConnection, advisory_filter: AdvisoryFilter, *,
@@ -296,8 +312,10 @@ async def watch_advisories(conn: JetStreamConnection, advisory_filter: AdvisoryF
                            on_gap: Callable[[str], None] | None = None) -> AsyncGenerator[Advisory, None]:
     """Yield matching advisories forever: from the capture stream starting at ``start_time``, or live.
 
-    With ``capture_stream=None`` this subscribes to the advisory subject and sees only what is
-    published from now on.
+    From the capture stream: what was stored since ``start_time`` (no consumer), then what is stored next,
+    through the subscription the connection shares for the capture stream (``fetch_timeout``: the longest
+    the generator waits between checks that it was not closed). With ``capture_stream=None`` this subscribes
+    to the advisory subject and sees only what is published from now on.
     """
     if capture_stream is None:
         async for advisory in _watch_live(conn, advisory_filter):
@@ -306,6 +324,9 @@ async def watch_advisories(conn: JetStreamConnection, advisory_filter: AdvisoryF
     async with CaptureReader(conn, capture_stream, start_time or datetime.now(UTC), advisory_filter) as reader:
         if reader.gap and on_gap is not None:
             on_gap(reader.gap)
+        async for advisory in reader.read_available():
+            if advisory_filter.matches(advisory):
+                yield advisory
         while True:
             for advisory in await reader.next_batch(fetch_timeout):
                 if advisory_filter.matches(advisory):

@@ -1,4 +1,10 @@
-"""Wait until a KV key exists, equals a value, or satisfies a function (a KV watch: no polling)."""
+"""Wait until a KV key exists, equals a value, or satisfies a function: one look now, or until it holds.
+
+Neither creates a consumer of its own. :func:`check_key` reads the key's current value (a direct or message
+get). :func:`wait_for_key` reads it once and then follows the bucket through the subscription its process
+shares for that bucket (:mod:`~airflow_jetstream.client.reading.shared_tail`): a thousand waiting triggers on
+one bucket are one consumer, not a thousand.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,13 @@ import logging
 from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.kv.bucket import open_bucket
+from airflow_jetstream.client.errors import StreamNotFoundError
 from airflow_jetstream.client.kv.condition import KeyCondition
-from airflow_jetstream.client.kv.errors import kv_errors
+from airflow_jetstream.client.kv.errors import bucket_missing
 from airflow_jetstream.client.kv.keys import entry_dict, get_key
-from airflow_jetstream.client.kv.names import validate_key
+from airflow_jetstream.client.kv.names import stream_of, validate_key
+from airflow_jetstream.client.reading.direct import StoredMessage, direct_allowed, get_message
+from airflow_jetstream.client.reading.shared_tail import follow
 
 _REMOVED = ("DEL", "PURGE")
 log = logging.getLogger(__name__)
@@ -27,35 +35,52 @@ def _matched(entry: dict[str, Any], result: Any) -> dict[str, Any]:
     return {**entry, "result": result}
 
 
-async def check_key(conn: JetStreamConnection, bucket: str, key: str, condition: KeyCondition) -> dict[str, Any] | None:
-    """The key's entry when it satisfies ``condition`` now, else None."""
-    entry = await get_key(conn, bucket, key)
+async def _holds(condition: KeyCondition, entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The entry (with the function's result) when it exists and satisfies ``condition``, else None."""
     if entry is None:
         return None
     result = await condition.holds(entry)
     return _matched(entry, result) if result else None
 
 
+def _entry(bucket: str, key: str, message: StoredMessage) -> dict[str, Any] | None:
+    """A stored KV message as an entry, or None when it removed the key."""
+    operation = (message.headers or {}).get("KV-Operation") or "PUT"
+    if operation in _REMOVED:
+        return None
+    return entry_dict(bucket, key, message.seq, message.data, operation=operation, created=message.time)
+
+
+async def check_key(conn: JetStreamConnection, bucket: str, key: str, condition: KeyCondition) -> dict[str, Any] | None:
+    """The key's entry when it satisfies ``condition`` now, else None."""
+    return await _holds(condition, await get_key(conn, bucket, key))
+
+
 async def wait_for_key(conn: JetStreamConnection, bucket: str, key: str, condition: KeyCondition) -> dict[str, Any]:
-    """Watch ``key`` (its current value first, then every change) until ``condition`` holds; return the entry.
+    """The key's current value first, then each change, until one satisfies ``condition``; return its entry.
 
     A deleted or purged key does not exist. Cancel the task to stop waiting.
     """
     validate_key(key)
-    kv = await open_bucket(conn, bucket)
-    async with kv_errors(conn, bucket, f"KV bucket {bucket!r} key {key!r}"):
-        watcher = await kv.watch(key)
+    stream, subject = stream_of(bucket), f"$KV.{bucket}.{key}"
     try:
-        async for update in watcher:
-            if update is None or update.operation in _REMOVED:
-                continue  # "initial values done" marker, or the key was removed
-            entry = entry_dict(bucket, update.key, update.revision, update.value, operation=update.operation,
-                               created=update.created)
-            result = await condition.holds(entry)
-            if result:
-                return _matched(entry, result)
-            log.info("KV %s/%s at revision %d does not %s yet", bucket, key, update.revision, condition.describe())
-    finally:
-        if not conn.nc.is_closed:
-            await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it unannotated
-    raise AssertionError("unreachable: a KV watch ends only when stopped")
+        async with follow(conn, stream, subject) as listener:
+            direct = direct_allowed(conn, await listener.tail.info())
+            current = await get_message(conn, stream, subject=subject, direct=direct)
+            seen = listener.since
+            if current is not None:
+                seen = max(seen, current.seq)
+                found = await _holds(condition, _entry(bucket, key, current))
+                if found is not None:
+                    return found
+            while True:
+                for message in await listener.next_batch():
+                    if message.seq <= seen:
+                        continue  # the value read first already covered it
+                    seen = message.seq
+                    found = await _holds(condition, _entry(bucket, key, message))
+                    if found is not None:
+                        return found
+                    log.info("KV %s/%s at revision %d does not %s yet", bucket, key, message.seq, condition.describe())
+    except StreamNotFoundError:
+        raise bucket_missing(f"KV bucket {bucket!r} key {key!r}") from None

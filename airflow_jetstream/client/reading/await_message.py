@@ -7,31 +7,28 @@ Used by the message sensor (scan what is stored now, resume later from ``next_se
     found = await find_message(conn, "ORDERS", is_order_42, subject="orders.>", start_seq=start)
     found["message"]   # None, or the matching message as a dict (subject, seq, headers, data, ...)
 
-Nothing on the server changes: a Limits stream is read with a short-lived ephemeral consumer
-without acks (deleted afterwards, or dropped by the server after a minute of inactivity); WorkQueue
-and Interest streams, where such a consumer would take messages away or be refused, are read by
-direct get (they need ``allow_direct: true``).
+Nothing on the server changes and no consumer is created: what is stored is read by direct get (or message get
+on a stream without ``allow_direct``), so WorkQueue and Interest streams keep their messages. Waiting for new
+messages (``follow=True``) shares the one subscription the connection holds for the stream
+(:mod:`~airflow_jetstream.client.reading.shared_tail`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-import uuid
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from datetime import datetime
 from typing import Any
 
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import ApplyFunctionError, InvalidRequestError, JetStreamError
+from airflow_jetstream.client.errors import ApplyFunctionError, InvalidRequestError
 from airflow_jetstream.client.reading.apply_function import call_function
+from airflow_jetstream.client.reading.direct import StoredMessage, read_until
 from airflow_jetstream.client.reading.messages import ConsumedMessage
-from airflow_jetstream.client.reading.pull import PullSubscription
-from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.shared_tail import follow
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.client.times import parse_time
 
@@ -81,9 +78,37 @@ def _found(message: ConsumedMessage, result: Any, scanned: int) -> dict[str, Any
     return {"message": payload, "next_seq": message.seq + 1, "scanned": scanned}
 
 
+class _Search:
+    """The messages looked at so far, and the first that satisfies ``match``."""
+
+    def __init__(self, match: Callable[[ConsumedMessage], Any], start_seq: int) -> None:
+        self.match = match
+        self.next_seq = start_seq
+        self.scanned = 0
+
+    async def look(self, stored: list[StoredMessage]) -> dict[str, Any] | None:
+        for each in stored:
+            if each.seq < self.next_seq:
+                continue  # read before (the stored part and the followed part meet at one sequence)
+            message = ConsumedMessage.from_stored_message(each)
+            self.scanned += 1
+            self.next_seq = message.seq + 1
+            result = await _evaluate(self.match, message)
+            if result:
+                return _found(message, result, self.scanned)
+        return None
+
+    async def look_through(self, pages: AsyncGenerator[list[StoredMessage], None]) -> dict[str, Any] | None:
+        async with aclosing(pages):
+            async for page in pages:
+                found = await self.look(page)
+                if found is not None:
+                    return found
+        return None
+
+
 async def find_message(conn: JetStreamConnection, stream: str, match: Callable[[ConsumedMessage], Any], *,
-                       subject: str | None = None, start_seq: int = 1, follow: bool = False,
-                       poll: float = 5.0, batch: int = 256) -> dict[str, Any]:
+                       subject: str | None = None, start_seq: int = 1, follow: bool = False) -> dict[str, Any]:
     """The first message from ``start_seq`` for which ``match(message)`` is truthy.
 
     ``follow=False``: look only at what is stored now. ``follow=True``: keep waiting for new
@@ -97,86 +122,25 @@ async def find_message(conn: JetStreamConnection, stream: str, match: Callable[[
     if isinstance(start_seq, bool) or not isinstance(start_seq, int) or start_seq < 1:
         raise InvalidRequestError(f"start_seq must be a stream sequence >= 1, got {start_seq!r}",
                                   reason="invalid_start")
-    info = await stream_info(conn, stream)
-    retention = info["config"].get("retention", "limits")
-    if retention == "limits":
-        return await _find_with_consumer(conn, stream, match, subject, start_seq, follow, poll, batch)
-    if not info["config"].get("allow_direct"):
-        raise InvalidRequestError(
-            f"stream {stream!r} has {retention} retention: it is searched by direct get so that nothing is taken "
-            "away; set allow_direct: true on the stream (JetStreamEnsureStreamOperator can change it in place)",
-            reason="direct_get_disabled",
-        )
-    return await _find_with_direct_get(conn, stream, match, subject, start_seq, follow, poll, batch)
+    search = _Search(match, start_seq)
+    if not follow:
+        info = await stream_info(conn, stream)
+        last = int(info["state"].get("last_seq") or 0)
+        found = await search.look_through(read_until(conn, stream, last, start_seq=start_seq, subject=subject,
+                                                     info=info))
+        return found or {"message": None, "next_seq": max(search.next_seq, last + 1), "scanned": search.scanned}
+    return await _follow(conn, stream, subject, search)
 
 
-async def _find_with_consumer(conn: JetStreamConnection, stream: str, match: Callable[[ConsumedMessage], Any],
-                              subject: str | None, start_seq: int, follow: bool, poll: float,
-                              batch: int) -> dict[str, Any]:
-    name = f"await-{uuid.uuid4().hex[:16]}"
-    config: dict[str, Any] = {"name": name, "deliver_policy": "by_start_sequence", "opt_start_seq": start_seq,
-                              "ack_policy": "none", "mem_storage": True, "num_replicas": 1,
-                              "inactive_threshold": 60_000_000_000}
-    if subject:
-        config["filter_subject"] = subject
-    created = await conn.api_request(f"CONSUMER.CREATE.{stream}.{name}", {"stream_name": stream, "config": config},
-                                     context=f"search consumer on stream {stream!r}")
-    next_seq, scanned = start_seq, 0
-    if not follow and not int(created.get("num_pending") or 0):
-        await _delete_quietly(conn, stream, name)
-        return {"message": None, "next_seq": max(next_seq, _stream_next(created)), "scanned": 0}
-    pull = PullSubscription(conn, stream, name, batch=batch, expires=poll)
-    await pull.start()
-    try:
-        while True:
-            delivered = await pull.next_messages(timeout=poll)
-            for msg in delivered:
-                message = ConsumedMessage.from_delivery(msg)
-                scanned += 1
-                next_seq = message.seq + 1
-                result = await _evaluate(match, message)
-                if result:
-                    return _found(message, result, scanned)
-                if not follow and msg.metadata.num_pending == 0:
-                    return {"message": None, "next_seq": next_seq, "scanned": scanned}
-            if not delivered and not follow:
-                return {"message": None, "next_seq": next_seq, "scanned": scanned}
-    finally:
-        if not conn.nc.is_closed:
-            await pull.close()
-            await _delete_quietly(conn, stream, name)
-
-
-def _stream_next(consumer_info: dict[str, Any]) -> int:
-    """After an empty search: the consumer's next stream sequence (its delivered stream_seq + 1)."""
-    return int((consumer_info.get("delivered") or {}).get("stream_seq") or 0) + 1
-
-
-async def _delete_quietly(conn: JetStreamConnection, stream: str, name: str) -> None:
-    with contextlib.suppress(JetStreamError):  # the server drops it after inactive_threshold anyway
-        await conn.api_request(f"CONSUMER.DELETE.{stream}.{name}", context="delete search consumer")
-
-
-async def _find_with_direct_get(conn: JetStreamConnection, stream: str, match: Callable[[ConsumedMessage], Any],
-                                subject: str | None, start_seq: int, follow: bool, poll: float,
-                                batch: int) -> dict[str, Any]:
-    next_seq, scanned = start_seq, 0
-    while True:
-        last = int((await stream_info(conn, stream))["state"].get("last_seq") or 0)
-        reader = read_range(conn, stream, next_seq, last, subjects=[subject] if subject else [], via="direct",
-                            batch=batch)
-        async with aclosing(reader):
-            async for chunk in reader:
-                for stored in chunk:
-                    message = ConsumedMessage.from_stored(stream, stored)
-                    scanned += 1
-                    result = await _evaluate(match, message)
-                    if result:
-                        return _found(message, result, scanned)
-        next_seq = max(next_seq, last + 1)
-        if not follow:
-            return {"message": None, "next_seq": next_seq, "scanned": scanned}
-        await asyncio.sleep(poll)
+async def _follow(conn: JetStreamConnection, stream: str, subject: str | None, search: _Search) -> dict[str, Any]:
+    async with follow(conn, stream, subject or ">") as listener:
+        stored = read_until(conn, stream, listener.since, start_seq=search.next_seq, subject=subject,
+                            info=await listener.tail.info())
+        found = await search.look_through(stored)
+        search.next_seq = max(search.next_seq, listener.since + 1)
+        while found is None:
+            found = await search.look(await listener.next_batch())
+        return found
 
 
 __all__ = ["START_WORDS", "find_message", "resolve_start"]

@@ -6,7 +6,10 @@ import base64
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.reading.direct import StoredMessage
 
 #: Bytes of a message body an asset event carries at most: Airflow keeps every event in its metadata DB.
 EVENT_BODY_LIMIT = 64 * 1024
@@ -83,6 +86,13 @@ class ConsumedMessage:
         subject, seq, nanos, headers, data = stored
         return cls(stream=stream, subject=subject, seq=seq, data=data or b"", headers=dict(headers or {}),
                    time=datetime.fromtimestamp(nanos / 1e9, UTC) if nanos else None)
+
+    @classmethod
+    def from_stored_message(cls, stored: StoredMessage) -> ConsumedMessage:
+        """From a message read without a consumer (:class:`~airflow_jetstream.client.reading.direct.StoredMessage`)."""
+        return cls(stream=stored.stream, subject=stored.subject, seq=stored.seq, data=stored.data,
+                   headers=dict(stored.headers or {}),
+                   time=datetime.fromisoformat(stored.time) if stored.time else None)
 
     @property
     def text(self) -> str:

@@ -58,6 +58,8 @@ TAIL_HEARTBEAT = 2.0
 TAIL_STALLED = 3 * TAIL_HEARTBEAT
 #: Seconds the server keeps a tail's consumer once nobody subscribes to it (a triggerer that died).
 TAIL_INACTIVE = 5.0
+#: Seconds the last waiter waits for its tail's consumer to be deleted (else the server drops it after TAIL_INACTIVE).
+DELETE_WAIT = 2.0
 #: Seconds between reads of a stream that is polled instead (each pause drawn from 0.8-1.2x: polls spread out).
 POLL_INTERVAL = 1.0
 #: Pauses between attempts to subscribe again after a transient failure.
@@ -258,6 +260,7 @@ class StreamTail:
         if name is not None:
             try:
                 await self.conn.api_request(f"CONSUMER.DELETE.{self.stream}.{name}", retry=False,
+                                            timeout=min(self.conn.settings.request_timeout, DELETE_WAIT),
                                             context=f"delete shared subscription {name!r}")
             except JetStreamError as exc:  # the server drops it TAIL_INACTIVE seconds after the unsubscribe
                 log.info("Shared subscription %s on %s not deleted (%s): the server drops it within %.0f s",

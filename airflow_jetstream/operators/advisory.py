@@ -32,6 +32,8 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
     :param storage: ``file`` or ``memory`` (new stream: ``file``; cannot change later).
     :param num_replicas: replicas in a cluster, 1-5 (new stream: 3 on a cluster, else 1). Templated.
     :param placement: ``{"cluster": ..., "tags": [...]}`` where the replicas go. Templated.
+    :param max_consumers: consumers the stream allows (new stream: 1,000, stated in its config). Each triggerer
+        process holds one however many advisory sensors wait in it; event-driven DAGs' durable consumers count too.
     :param nats_conn_id: the ``nats`` connection to use. Templated.
     """
 
@@ -41,7 +43,7 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
 
     def __init__(self, *, capture_stream: str | None = None, max_age: Any = None, max_bytes: int | None = None,
                  subjects: Sequence[str] | None = None, storage: str | None = None, num_replicas: int | None = None,
-                 placement: dict[str, Any] | None = None, **kwargs: Any) -> None:
+                 placement: dict[str, Any] | None = None, max_consumers: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.capture_stream = capture_stream or DEFAULT_CAPTURE_STREAM
         self.max_age = max_age
@@ -50,6 +52,7 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
         self.storage = storage
         self.num_replicas = num_replicas
         self.placement = placement
+        self.max_consumers = max_consumers
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_jetstream.client.advisories.capture import ensure_capture_stream
@@ -57,7 +60,8 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
         max_age = None if self.max_age == "" else self.max_age
         result = self.hook.run(ensure_capture_stream, self.capture_stream, max_age=max_age, max_bytes=self.max_bytes,
                                subjects=self.subjects, storage=self.storage,
-                               num_replicas=self.num_replicas, placement=self.placement)
+                               num_replicas=self.num_replicas, placement=self.placement,
+                               max_consumers=self.max_consumers)
         info = result["info"]
         replicas = info["config"].get("num_replicas", 1)
         self.log.info("Advisory capture stream %s: %s%s, %d replica(s)", self.capture_stream, result["action"],
@@ -71,6 +75,7 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
             "max_bytes": info["config"].get("max_bytes"),
             "num_replicas": replicas,
             "placement": info["config"].get("placement"),
+            "max_consumers": info["config"].get("max_consumers"),
             "messages": info.get("state", {}).get("messages", 0),
         }
 

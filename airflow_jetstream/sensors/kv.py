@@ -94,7 +94,7 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") == "matched":
-            entry = event["entry"]
+            entry: dict[str, Any] = event["entry"]
             self.log.info("KV %s/%s matched at revision %s", self.bucket, self.key, entry["revision"])
             return entry
         if event.get("status") == "timeout":

@@ -111,7 +111,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") == "matched" and event.get("message"):
-            message = event["message"]
+            message: dict[str, Any] = event["message"]
             self.log.info("Matched message seq %s on %s", message["seq"], message["subject"])
             return message
         if event.get("status") == "timeout":

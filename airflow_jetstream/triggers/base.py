@@ -44,7 +44,7 @@ TRIGGER_BACKOFF = Backoff(1.0, 30.0)
 POLL_JITTER = 0.1
 
 
-async def retrying(log: logging.Logger, what: str, attempt: Callable[[], Awaitable[dict[str, Any]]],
+async def retrying(log: logging.Logger | Any, what: str, attempt: Callable[[], Awaitable[dict[str, Any]]],
                    transient: tuple[type[JetStreamError], ...] = TRANSIENT_ERRORS) -> dict[str, Any]:
     """``await attempt()`` until it returns an event, with the client's retry rule
     (:func:`~airflow_jetstream.client.retry.retry`): a ``transient`` error (a leader election included) is
@@ -87,7 +87,7 @@ class JetStreamWaitTrigger(BaseTrigger):
     transient: tuple[type[JetStreamError], ...] = TRANSIENT_ERRORS
 
     def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, timeout_at: str | None = None) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger is not annotated
         self.nats_conn_id = nats_conn_id
         self.timeout_at = timeout_at
         self.last_seen = "nothing (no look finished)"
@@ -118,7 +118,7 @@ class JetStreamWaitTrigger(BaseTrigger):
         # the event is yielded after the connection is released: a generator closed right after its first
         # event (``airflow dags test`` runs triggers inline that way) has nothing left to clean up
         deadline = None if self.checks_deadline else self.timeout_at
-        yield TriggerEvent(await within(deadline, self._wait(), self.timeout_event))
+        yield TriggerEvent(await within(deadline, self._wait(), self.timeout_event))  # type: ignore[no-untyped-call]
 
     async def _wait(self) -> dict[str, Any]:
         return await retrying(self.log, f"Waiting for {self.goal()}", self._attempt, transient=self.transient)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,6 +33,8 @@ from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoun
 _DESCRIPTION = "Description"
 #: Statuses that end a pull request normally: it expired (408) or found nothing (404).
 _REQUEST_ENDED = frozenset({"404", "408"})
+#: Share of ``expires`` by which each pull request waits less, drawn at random (spreads the expiries).
+EXPIRES_JITTER = 0.1
 #: Seconds to wait before the next pull request after the server refused one for a passing reason.
 _PAUSE_AFTER_REFUSAL = 1.0
 
@@ -72,7 +75,8 @@ class PullSubscription:
         # The server ends the request with a status after `expires`; past this, its answer was lost (reconnect).
         self._request_deadline = loop.time() + self.expires + self.conn.settings.request_timeout
         self.request_sent_at = time.monotonic()
-        body = {"batch": self.batch, "expires": int(self.expires * 1e9)}
+        # each request waits 90-100% of `expires`: readers that started together do not all renew at once
+        body = {"batch": self.batch, "expires": int(self.expires * random.uniform(1 - EXPIRES_JITTER, 1) * 1e9)}
         try:
             await self.conn.nc.publish(f"{self.conn.api_prefix}.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}",
                                        json.dumps(body).encode(), reply=self._inbox)

@@ -13,6 +13,7 @@ from airflow_jetstream.client import ensure_stream, open_connection
 from airflow_jetstream.client.advisories.capture import (
     capture_gap,
     capture_stream_config,
+    ensure_capture_stream,
     find_captured,
     listen_live,
     watch_advisories,
@@ -193,7 +194,8 @@ def test_filter_rejects_bad_input_before_anything_is_sent():
 
 def test_capture_stream_config_needs_a_retention_limit():
     config = capture_stream_config("ADV", max_age="1h")
-    assert config["subjects"] == ["$JS.EVENT.ADVISORY.>"] and config["max_age"] == 3_600_000_000_000
+    assert config["subjects"] == ["$JS.EVENT.ADVISORY.*.>"] and config["max_age"] == 3_600_000_000_000
+    assert config["allow_direct"] is True
     assert capture_stream_config("ADV", max_age=None, max_bytes=1024)["max_bytes"] == 1024
     with pytest.raises(InvalidRequestError) as err:
         capture_stream_config("ADV", max_age=None)
@@ -240,6 +242,29 @@ def test_capture_stream_finds_advisory_published_before_reading(settings):
     assert created["advisory"]["capture_seq"] >= 1 and created["gap"] is None
     assert missing["advisory"] is None
     assert later["advisory"] is None and later["scanned"] == 0
+
+
+def test_capture_stream_of_an_earlier_release_is_moved_to_direct_gets_without_api_audits(settings):
+    """A capture stream made with the former defaults ($JS.EVENT.ADVISORY.>, no allow_direct) gets allow_direct and
+    stops capturing API audits on the next ensure; one that asks for those subjects keeps them."""
+
+    async def scenario():
+        async with open_connection(settings) as conn:
+            await ensure_stream(conn, {"name": "OLD_DEFAULT", "subjects": ["$JS.EVENT.ADVISORY.>"], "max_age": "1h"})
+            moved = await ensure_capture_stream(conn, "OLD_DEFAULT")
+            again = await ensure_capture_stream(conn, "OLD_DEFAULT")
+            old = (await conn.api_request("STREAM.INFO.OLD_DEFAULT"))["config"]
+            await conn.api_request("STREAM.DELETE.OLD_DEFAULT")
+            await ensure_stream(conn, {"name": "CHOSEN", "subjects": ["$JS.EVENT.ADVISORY.>"], "max_age": "1h"})
+            kept = await ensure_capture_stream(conn, "CHOSEN", subjects=["$JS.EVENT.ADVISORY.>"])
+            chosen = (await conn.api_request("STREAM.INFO.CHOSEN"))["config"]
+            return moved, again, old, kept, chosen
+
+    moved, again, old, kept, chosen = asyncio.run(scenario())
+    assert moved["action"] == "updated" and sorted(moved["changed"]) == ["allow_direct", "subjects"]
+    assert old["subjects"] == ["$JS.EVENT.ADVISORY.*.>"] and old["allow_direct"] is True
+    assert again["action"] == "unchanged"
+    assert kept["changed"] == ["allow_direct"] and chosen["subjects"] == ["$JS.EVENT.ADVISORY.>"]
 
 
 def test_reader_reports_missing_capture_stream(settings):

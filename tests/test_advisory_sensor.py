@@ -47,7 +47,7 @@ def test_stream_operator_is_idempotent(nats_conn):
     first = JetStreamAdvisoryStreamOperator(task_id="capture", max_age="1h").execute(context={})
     again = JetStreamAdvisoryStreamOperator(task_id="capture", max_age="1h").execute(context={})
     changed = JetStreamAdvisoryStreamOperator(task_id="capture", max_age="2h").execute(context={})
-    assert first["action"] == "created" and first["subjects"] == ["$JS.EVENT.ADVISORY.>"]
+    assert first["action"] == "created" and first["subjects"] == ["$JS.EVENT.ADVISORY.*.>"]
     assert again["action"] == "unchanged"
     assert changed["action"] == "updated" and changed["changed"] == ["max_age"]
     json.dumps(changed)

@@ -28,7 +28,7 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
     :param capture_stream: the capture stream's name (default ``ADVISORIES``). Templated.
     :param max_age: how long advisories are kept (``"7d"``, seconds or a timedelta; new stream: 7 days). Templated.
     :param max_bytes: optional size cap; the oldest advisories are dropped first.
-    :param subjects: subjects to capture (new stream: ``$JS.EVENT.ADVISORY.>``).
+    :param subjects: subjects to capture (new stream: ``$JS.EVENT.ADVISORY.*.>``, every advisory but API audits).
     :param storage: ``file`` or ``memory`` (new stream: ``file``; cannot change later).
     :param num_replicas: replicas in a cluster, 1-5 (new stream: 3 on a cluster, else 1). Templated.
     :param placement: ``{"cluster": ..., "tags": [...]}`` where the replicas go. Templated.

@@ -62,7 +62,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         function (stored by its dotted path, as triggers must serialize).
     :param start_time: start of the window: datetime or ISO string. Templated.
     :param expect: ``"present"`` or ``"absent"``.
-    :param capture_stream: the stream capturing ``$JS.EVENT.ADVISORY.>``; None for a live subscription.
+    :param capture_stream: the stream capturing advisories (``$JS.EVENT.ADVISORY.*.>``); None for a live subscription.
     :param quiet_period: guard mode: seconds without a matching advisory before succeeding.
     :param deferrable: wait in the triggerer (``JetStreamAdvisoryTrigger``) instead of a worker slot; default
         ``[operators] default_deferrable``.

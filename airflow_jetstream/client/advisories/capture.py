@@ -40,6 +40,7 @@ from airflow_jetstream.client.advisories.types import (
     DEFAULT_CAPTURE_STREAM,
     DEFAULT_CAPTURE_SUBJECTS,
     EVENT_PREFIX,
+    FORMER_CAPTURE_SUBJECTS,
     KINDS,
     METRIC_PREFIX,
     Advisory,
@@ -85,10 +86,11 @@ def capture_stream_config(name: str = DEFAULT_CAPTURE_STREAM, *, max_age: Any = 
                           max_consumers: int = DEFAULT_CAPTURE_MAX_CONSUMERS) -> dict[str, Any]:
     """Stream config that stores advisories, with a retention limit (age and optionally size).
 
-    ``allow_direct`` is on (sensor pokes and waiting triggers read it without a consumer) and ``max_consumers``
-    is explicit: each triggerer process holds one consumer on it however many advisory sensors it runs, plus
-    the durable consumers of event-driven DAGs. ``num_replicas``/``placement`` are left out when None (the
-    server's default, or what an existing stream has under :func:`ensure_stream`).
+    ``allow_direct`` is on (sensor pokes, waiting triggers and the JetStream view read it without a consumer:
+    direct gets create nothing and are not API calls) and ``max_consumers`` is explicit: each triggerer process
+    holds one consumer on it however many advisory sensors it runs, plus the durable consumers of event-driven
+    DAGs. ``num_replicas``/``placement`` are left out when None (the server's default, or what an existing
+    stream has under :func:`ensure_stream`).
     """
     validate_name(name, what="capture stream name")
     if max_age in (None, 0, "0") and not max_bytes:
@@ -129,10 +131,12 @@ async def ensure_capture_stream(conn: JetStreamConnection, name: str = DEFAULT_C
                                 max_consumers: int | None = None) -> dict[str, Any]:
     """Create the capture stream, or change only the options given (None = keep what the stream has).
 
-    A new stream gets ``max_age`` 7 days, file storage, all advisories, ``max_consumers``
-    ``DEFAULT_CAPTURE_MAX_CONSUMERS`` and, unless told otherwise, :func:`default_replicas` (3 on a cluster).
-    A re-run with defaults changes an existing stream only to allow direct gets (reads without a consumer
-    need them): it does not turn an R3 capture stream into R1. Returns :func:`ensure_stream`'s result.
+    A new stream gets ``max_age`` 7 days, file storage, every advisory but the API audits
+    (:data:`DEFAULT_CAPTURE_SUBJECTS`), ``max_consumers`` ``DEFAULT_CAPTURE_MAX_CONSUMERS`` and, unless told
+    otherwise, :func:`default_replicas` (3 on a cluster). A re-run with defaults does not turn an R3 capture
+    stream into R1; it changes an existing stream only to allow direct gets (reads without a consumer need them)
+    and, when it still captures the former default ``$JS.EVENT.ADVISORY.>`` and ``subjects`` is not given, to
+    capture the default subjects (without API audits). Returns :func:`ensure_stream`'s result.
     """
     validate_name(name, what="capture stream name")
     current = await find_stream(conn, name)
@@ -154,6 +158,10 @@ async def ensure_capture_stream(conn: JetStreamConnection, name: str = DEFAULT_C
         config["max_bytes"] = int(max_bytes)
     if subjects is not None:
         config["subjects"] = _capture_subjects(subjects)
+    elif tuple(current["config"].get("subjects") or ()) == FORMER_CAPTURE_SUBJECTS:
+        log.info("Capture stream %s: capturing %s instead of %s (API audit advisories are left out)", name,
+                 ", ".join(DEFAULT_CAPTURE_SUBJECTS), ", ".join(FORMER_CAPTURE_SUBJECTS))
+        config["subjects"] = list(DEFAULT_CAPTURE_SUBJECTS)
     if storage is not None:
         config["storage"] = storage
     return await ensure_stream(conn, config)

@@ -26,7 +26,11 @@ TYPE_PREFIX = "io.nats.jetstream.advisory.v1."
 METRIC_TYPE_PREFIX = "io.nats.jetstream.metric.v1."
 #: The stream that captures advisories (capture.py) unless told otherwise, and what it listens to.
 DEFAULT_CAPTURE_STREAM = "ADVISORIES"
-DEFAULT_CAPTURE_SUBJECTS = (f"{ADVISORY_PREFIX}.>",)
+#: Every advisory but the API audits (``$JS.EVENT.ADVISORY.API``, one per JetStream API call of any client: a flood
+#: that would push the advisories that matter out of the stream, and make every status read write into it).
+DEFAULT_CAPTURE_SUBJECTS = (f"{ADVISORY_PREFIX}.*.>",)
+#: What capture streams of earlier releases captured; :func:`ensure_capture_stream` moves them to the default.
+FORMER_CAPTURE_SUBJECTS = (f"{ADVISORY_PREFIX}.>",)
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,56 @@ TRIGGER_MODULES = [
 ]
 
 
+def _option(description: str, kind: str, default: str) -> dict[str, Any]:
+    return {"description": description, "version_added": "0.1.0", "type": kind, "example": None, "default": default}
+
+
+#: Airflow's ``[jetstream]`` section (``AIRFLOW__JETSTREAM__<OPTION>``): the JetStream view's bounds and when it
+#: flags a problem (docs/ui.md). Durations are seconds or strings like ``"90s"``, ``"5m"``, ``"24h"``.
+CONFIG_SECTION: dict[str, Any] = {
+    "description": "The JetStream view in Airflow's UI (Browse > JetStream): how much it reads, how long it "
+                   "waits, and when it flags a problem.",
+    "options": {
+        "view_cache_seconds": _option(
+            "Seconds a read of a connection is reused by every page load with the same query (one read per "
+            "connection however many people open the page); 0 reads on every load.", "float", "5"),
+        "view_concurrent_reads": _option(
+            "Reads of one connection running at once in an api-server worker (different ledger buckets or capture "
+            "streams); a page that would need more waits, and answers 503 if the wait outlasts view_timeout.",
+            "integer", "2"),
+        "view_timeout": _option(
+            "Seconds a page waits for NATS before it answers 503 with the typed error (unreachable or stalled "
+            "server).", "string", "10s"),
+        "view_request_timeout": _option(
+            "Seconds each NATS request of the view may take at most (the connection's own timeouts, capped).",
+            "string", "5s"),
+        "view_page_size": _option("Rows per page of each section.", "integer", "50"),
+        "view_max_streams": _option(
+            "Streams read per connection; more are counted and flagged (read_incomplete), not read.", "integer",
+            "1000"),
+        "view_max_consumers": _option(
+            "Consumers read per connection, over all streams; more are counted and flagged, not read.", "integer",
+            "5000"),
+        "view_ledger_entries": _option(
+            "Newest ledger entries read per page of the ledger section (older ones: the section's older link).",
+            "integer", "5000"),
+        "view_advisories": _option("Newest messages of the capture stream read (the advisory window).", "integer",
+                                   "1000"),
+        "problem_advisory_age": _option(
+            "Abandoned batches, given-up and terminated messages younger than this are problems.", "string", "24h"),
+        "problem_pending_idle": _option(
+            "A pull consumer with pending messages, no pull request waiting and nothing delivered for this long is "
+            "a problem (consumer_idle).", "string", "5m"),
+        "problem_redelivered": _option(
+            "A consumer with at least this many redelivered messages is a problem (consumer_redelivering).",
+            "integer", "1"),
+        "problem_source_stalled": _option(
+            "A source whose backlog has not shrunk, or that had no activity, for this long is a problem "
+            "(source_stalled).", "string", "60s"),
+    },
+}
+
+
 def _modules(modules: list[str]) -> list[dict[str, Any]]:
     return [{"integration-name": INTEGRATION, "python-modules": list(modules)}]
 
@@ -161,8 +211,10 @@ def get_provider_info() -> dict[str, Any]:
                 "conn-fields": copy.deepcopy(CONN_FIELDS),
             }
         ],
+        "config": {"jetstream": copy.deepcopy(CONFIG_SECTION)},
         "plugins": [{"name": "jetstream", "plugin-class": "airflow_jetstream.ui.plugin.JetStreamViewPlugin"}],
-        "extra-links": ["airflow_jetstream.ui.links.JetStreamViewLink"],
+        "extra-links": ["airflow_jetstream.ui.links.JetStreamViewLink",
+                        "airflow_jetstream.ui.links.JetStreamLedgerRunLink"],
         "queues": ["airflow_jetstream.queues.jetstream.JetStreamMessageQueueProvider"],
         "asset-uris": [
             {

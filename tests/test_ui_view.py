@@ -1,27 +1,34 @@
-"""The JetStream view (airflow_jetstream/ui): its FastAPI app behind Airflow's real auth manager, against a
-real nats-server that requires a token.
+"""The JetStream view (airflow_jetstream/ui): its FastAPI app behind Airflow's real auth manager, against a real
+nats-server (token auth) holding the trouble an on-call engineer meets (tests/support/jetstream_view.py).
 
-The app is mounted under ``/jetstream`` in a FastAPI app with Airflow's SimpleAuthManager (as the
-api-server does); users log in with JWTs the auth manager signs, sent as the UI's ``_token`` cookie.
+The app is mounted under ``/jetstream`` in a FastAPI app with Airflow's SimpleAuthManager (as the api-server
+does); users log in with JWTs the auth manager signs, sent as the UI's ``_token`` cookie. Thresholds come from
+Airflow's ``[jetstream]`` section (env), short enough that the trouble is a problem at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 from collections.abc import Iterator
+from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from airflow_jetstream.client.connection import open_connection
+from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.ui import app as view_app
-from airflow_jetstream.ui.links import JetStreamViewLink, view_url
-from airflow_jetstream.ui.snapshot import ViewLimits
 from tests.support import jetstream_view as seeded
 from tests.support.airflow_cli import nats_conn_json
 from tests.support.airflow_ui import free_port
+from tests.support.polling import wait_until
+from tests.support.stall import resume, stop
 
 TOKEN = "view-t0ken-not-for-pages"
 CONN = "nats_view"
@@ -30,16 +37,21 @@ API = f"/jetstream/api/connections/{CONN}"
 AIRFLOW_ENV = {
     "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
     "AIRFLOW__API_AUTH__JWT_SECRET": "jetstream-view-tests-" + "0" * 64,
+    "AIRFLOW__JETSTREAM__VIEW_CACHE_SECONDS": "0",
+    "AIRFLOW__JETSTREAM__PROBLEM_PENDING_IDLE": "1s",
+    "AIRFLOW__JETSTREAM__PROBLEM_SOURCE_STALLED": "1s",
+    "AIRFLOW_CONN_SPARK_THERE": json.dumps({"conn_type": "spark", "host": "local[2]"}),
 }
+HTML = {"accept": "text/html,application/xhtml+xml"}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
-    server = EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("nats-view"),
+    server = EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("nats-view"), jetstream=seeded.SERVER_JETSTREAM,
                                 config={"authorization": {"token": TOKEN}}).start()
-    from airflow_jetstream.client.settings import ConnectionSettings
-
-    seeded.seed_view_data(ConnectionSettings(servers=server.url, token=TOKEN, connect_timeout=2, request_timeout=5))
+    settings = ConnectionSettings(servers=server.url, token=TOKEN, connect_timeout=2, request_timeout=5)
+    seeded.seed_view_data(settings)
+    seeded.seed_trouble(settings)
     yield server
     server.close()
 
@@ -64,14 +76,17 @@ def airflow_app(server: EmbeddedNatsServer) -> Iterator[FastAPI]:
         yield parent
 
 
-def _client(app: FastAPI, role: str | None) -> TestClient:
+def _token(role: str) -> str:
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
-    client = TestClient(app)
+    return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=role.lower(), role=role))
+
+
+def _client(app: FastAPI, role: str | None) -> TestClient:
+    client = TestClient(app, follow_redirects=False)
     if role:
-        client.cookies.set("_token", get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=role.lower(),
-                                                                                            role=role)))
+        client.cookies.set("_token", _token(role))
     return client
 
 
@@ -82,20 +97,38 @@ def admin(airflow_app: FastAPI) -> TestClient:
 
 @pytest.fixture(scope="module")
 def snapshot(admin: TestClient) -> dict:
-    reply = admin.get(API)
+    reply = admin.get(API, params={"per_page": 1000})
     assert reply.status_code == 200, reply.text
     return reply.json()
 
 
+def _problems(snapshot: dict, kind: str) -> list[dict]:
+    return [p for p in snapshot["problems"]["problems"] if p["kind"] == kind]
+
+
+# ------------------------------------------------------------------------------------------ login and access
+
+
 @pytest.mark.parametrize("path", ["/jetstream/", PAGE, API, f"{API}?ledger_bucket=nope"])
-def test_refused_without_login(airflow_app: FastAPI, path: str) -> None:
+def test_api_clients_without_login_get_401(airflow_app: FastAPI, path: str) -> None:
     anonymous = _client(airflow_app, None)
     reply = anonymous.get(path)
-    assert reply.status_code == 401
-    assert "ORDERS" not in reply.text
+    assert reply.status_code == 401 and seeded.STREAM not in reply.text
     anonymous.cookies.set("_token", "not-a-jwt")
     forged = anonymous.get(path)
-    assert forged.status_code in (401, 403) and "ORDERS" not in forged.text
+    assert forged.status_code in (401, 403) and seeded.STREAM not in forged.text
+
+
+@pytest.mark.parametrize("path", ["/jetstream/", f"{PAGE}?stream={seeded.AGG}"])
+def test_a_browser_without_login_goes_to_airflows_login_and_back(airflow_app: FastAPI, path: str) -> None:
+    anonymous = _client(airflow_app, None)
+    reply = anonymous.get(path, headers=HTML)
+    assert reply.status_code == 303, reply.text
+    login = urlsplit(reply.headers["location"])
+    assert login.path == "/auth/login" and parse_qs(login.query)["next"] == [path], reply.headers["location"]
+    anonymous.cookies.set("_token", "not-a-jwt")
+    assert anonymous.get(path, headers=HTML).status_code == 303  # an invalid session too
+    assert anonymous.get(API, headers=HTML).status_code in (401, 403)  # the JSON API never redirects
 
 
 def test_viewer_without_connection_access_is_refused(airflow_app: FastAPI) -> None:
@@ -103,119 +136,236 @@ def test_viewer_without_connection_access_is_refused(airflow_app: FastAPI) -> No
     for path in (PAGE, API):
         reply = viewer.get(path)
         assert reply.status_code == 403, reply.text
-        assert "ORDERS" not in reply.text
+        assert seeded.STREAM not in reply.text
+    assert viewer.get(PAGE, headers=HTML).status_code == 403  # logged in: no login redirect
     assert viewer.get("/jetstream/").status_code == 200  # the index lists only what the user may read
 
 
-def test_streams_show_counts_and_replica_health(snapshot: dict) -> None:
-    streams = {row["name"]: row for row in snapshot["streams"]["streams"]}
-    orders = streams[seeded.STREAM]
-    assert (orders["messages"], orders["last_seq"], orders["consumer_count"]) == (seeded.MESSAGES, seeded.MESSAGES, 2)
-    assert orders["subjects"] == ["orders.>"] and orders["bytes"] > 0
-    assert orders["num_replicas"] == 1 and orders["replicas"] == []
-    assert streams[seeded.AGG]["sources"] == [seeded.STREAM]
-    assert {"ADVISORIES", "KV_batch_ledger"} <= set(streams)
-    assert snapshot["streams"]["truncated"] is False
-    assert "error" not in snapshot
+# ------------------------------------------------------------------------------------------ problems first
 
 
-def test_consumers_show_pending_ack_pending_and_pause(snapshot: dict) -> None:
-    consumers = {(row["stream"], row["name"]): row for row in snapshot["consumers"]["consumers"]}
-    worker = consumers[(seeded.STREAM, seeded.WORKER)]
-    assert (worker["num_pending"], worker["num_ack_pending"], worker["delivered_stream_seq"]) == (
-        seeded.MESSAGES - 2, 2, 2)
-    assert worker["last_active"] and worker["paused"] is False and worker["durable"] is True
-    paused = consumers[(seeded.STREAM, seeded.PAUSED)]
-    assert paused["paused"] is True and paused["pause_until"]
+def test_problems_name_kind_object_why_and_since_worst_first(snapshot: dict) -> None:
+    problems = snapshot["problems"]["problems"]
+    assert snapshot["problems"]["total"] == len(problems) and snapshot["problems"]["errors"] >= 4
+    for problem in problems:
+        assert set(problem) >= {"kind", "severity", "object", "why", "since", "since_means", "fix", "anchor", "at"}
+        assert problem["since"], problem
+    severities = [p["severity"] for p in problems]
+    assert severities == sorted(severities, key=["error", "warning"].index), "errors first"
+    for severity in ("error", "warning"):
+        since = [p["since"] for p in problems if p["severity"] == severity]
+        assert since == sorted(since), f"{severity}s: the oldest first"
+
+    [abandoned] = _problems(snapshot, "batch_abandoned")
+    assert abandoned["object"]["batch"] == seeded.ABANDONED_BATCH and abandoned["object"]["stream"] == seeded.TROUBLE
+    assert abandoned["since_means"] == "advisory time" and abandoned["at"]["section"] == "advisories"
+    [given_up] = _problems(snapshot, "max_deliveries")
+    assert given_up["object"]["consumer"] == seeded.POISON
+    consumers = {(p["kind"], p["object"].get("consumer")) for p in problems if p["object"]["type"] == "consumer"}
+    assert {("consumer_redelivering", seeded.SLOW), ("ack_overdue", seeded.SLOW), ("consumer_idle", seeded.IDLE),
+            ("consumer_paused", seeded.PAUSED)} <= consumers, consumers
+    [inactive] = _problems(snapshot, "source_inactive")
+    assert (inactive["object"]["stream"], inactive["object"]["source"]) == (seeded.BROKEN_AGG, seeded.TROUBLE)
+    [failed] = _problems(snapshot, "ledger_failed")
+    assert failed["object"]["run_id"] == seeded.TROUBLE_RUN and failed["object"]["batches"] == [seeded.FAILED_BATCH]
+    assert "bad row 17" in failed["why"]
+    [overdue] = _problems(snapshot, "ledger_overdue")
+    assert overdue["object"]["batches"] == [seeded.OVERDUE_BATCH] and overdue["since_means"] == "visibility deadline"
+    assert not _problems(snapshot, "section_unreadable") and not _problems(snapshot, "read_incomplete")
+    assert snapshot["thresholds"]["pending_idle"] == 1.0  # from [jetstream] problem_pending_idle
 
 
-def test_sources_show_lag_and_caught_up(snapshot: dict) -> None:
-    [source] = [row for row in snapshot["sources"]["sources"] if row["stream"] == seeded.AGG]
-    assert source["source"] == seeded.STREAM and source["error"] is None
-    assert source["active"] >= 0 and source["lag"] == 0
+def test_a_source_whose_backlog_does_not_shrink_becomes_a_problem(admin: TestClient) -> None:
+    """The stalled source's origin consumer is paused: its backlog stays, so a later read flags it."""
+
+    def stalled() -> list[dict]:
+        return [p for p in admin.get(API, params={"per_page": 1000}).json()["problems"]["problems"]
+                if p["kind"] == "source_stalled" and p["object"]["stream"] == seeded.STALLED_AGG]
+
+    wait_until(stalled, "a source_stalled problem for the paused source", timeout=30)
+    [problem] = stalled()
+    assert problem["object"]["source"] == seeded.STALLED_ORIGIN and "not shrinking" in problem["why"]
 
 
-def test_ledger_per_run_counts_states_and_attempts(snapshot: dict) -> None:
-    ledger = snapshot["ledger"]
-    assert ledger["bucket"] == "batch_ledger" and ledger["truncated"] is False
-    [run] = ledger["runs"]
-    assert run["run_id"] == seeded.RUN_ID and run["batches"] == seeded.BATCHES
-    assert run["states"] == {"published": seeded.BATCHES - 1, "in_progress": 0, "consumed": 1, "failed": 0}
-    assert (run["attempts"], run["max_attempts"], run["messages"]) == (1, 1, 2 * seeded.BATCHES)
-
-
-def test_recent_advisories_newest_first(snapshot: dict) -> None:
-    rows = snapshot["advisories"]["advisories"]
-    kinds = {row["kind"] for row in rows}
-    assert "consumer_created" in kinds, kinds
-    seqs = [row["capture_seq"] for row in rows]
-    assert seqs == sorted(seqs, reverse=True)
-    skipped = snapshot["advisories"]["api_audit_skipped"]
-    assert skipped > 0 and "api_audit" not in kinds  # one per API call: counted, not listed
-    assert len(seqs) + skipped == snapshot["advisories"]["messages"]
-    assert any(row.get("consumer") == seeded.WORKER for row in rows)
-
-
-def test_html_page_has_rows_and_no_secret(admin: TestClient) -> None:
-    reply = admin.get(PAGE)
-    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/html")
-    html = reply.text
-    for row_id in (f"stream-{seeded.STREAM}", f"consumer-{seeded.STREAM}-{seeded.WORKER}",
-                   f"source-{seeded.AGG}-{seeded.STREAM}", f"run-{seeded.RUN_ID}"):
-        assert f'id="{row_id}"' in html, row_id
-    assert 'data-section="advisories"' in html and "API audit advisories not listed" in html
+def test_html_puts_problems_on_top_and_marks_rows_worst_first(admin: TestClient) -> None:
+    html = admin.get(PAGE, params={"per_page": 1000}).text
+    summary = html.index('id="problems"')
+    assert summary < html.index('id="section-streams"')
+    assert 'data-level="error"' in html and "Problems: " in html
+    consumers = re.findall(r'<tr id="consumer-[^"]+"(?: class="row-(\w+)")?', html)
+    marks = [mark or "none" for mark in consumers]
+    assert marks == sorted(marks, key=["error", "warning", "none"].index) and marks[0] == "warning", marks
+    assert re.search(rf'<tr id="consumer-{seeded.TROUBLE}-{seeded.SLOW}" class="row-warning"', html)
+    [row] = [row for row in re.findall(r'<tr id="advisory-\d+"([^>]*)>(.*?)</tr>', html)
+             if "batch_abandoned</b>" in row[1]]
+    assert 'class="row-error"' in row[0] and f"batch={seeded.ABANDONED_BATCH}" in row[1] and "reason=timeout" in row[1]
+    assert f'id="run-{seeded.TROUBLE_RUN.replace(":", "%3A").replace("+", "%2B")}" class="row-error"' in html
     assert TOKEN not in html
-    assert TOKEN not in json.dumps(admin.get(API).json())
 
 
-def test_every_section_is_bounded(admin: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(view_app, "LIMITS", ViewLimits(streams=2, consumers=1, sources=0, ledger_keys=2, advisories=1))
-    snap = admin.get(API).json()
-    assert len(snap["streams"]["streams"]) == 2 and snap["streams"]["total"] >= 4 and snap["streams"]["truncated"]
-    assert len(snap["consumers"]["consumers"]) <= 1
-    assert snap["sources"]["sources"] == [] and snap["sources"]["truncated"] in (True, False)
-    assert snap["ledger"]["keys_read"] == 2 and snap["ledger"]["truncated"] is True
-    advisories = snap["advisories"]
-    assert len(advisories["advisories"]) + advisories["api_audit_skipped"] == 1 == advisories["limit"]
-    assert advisories["truncated"] is True
-    assert snap["limits"]["advisories"] == 1
+# ------------------------------------------------------------------------------------------ reading never writes
+
+
+def test_reading_the_view_writes_nothing(admin: TestClient, server: EmbeddedNatsServer) -> None:
+    """Page loads (cache off) add no message to the capture stream and create no consumer anywhere."""
+    settings = ConnectionSettings(servers=server.url, token=TOKEN)
+
+    async def state() -> tuple[int, int, int]:
+        async with open_connection(settings) as conn:
+            capture = await conn.api_request("STREAM.INFO.ADVISORIES")
+            account = await conn.api_request("INFO")
+            return capture["state"]["last_seq"], account["consumers"], account["streams"]
+
+    before = asyncio.run(state())
+    for params in ({}, {"format": "json"}, {"run_id": seeded.TROUBLE_RUN}, {"stream": seeded.AGG}, {}):
+        assert admin.get(PAGE, params=params).status_code == 200
+    assert admin.get(API).json()["advisories"]["method"] == "direct_batch"
+    assert asyncio.run(state()) == before
+
+
+# ------------------------------------------------------------------------------------------ nothing hidden
+
+
+def test_every_section_says_showing_n_of_m_and_pages(admin: TestClient, snapshot: dict) -> None:
+    streams = snapshot["streams"]
+    assert streams["total"] == streams["exist"] == streams["read"] > seeded.FILLER_STREAMS > 50
+    first = admin.get(API, params={"per_page": 10}).json()
+    for section in ("streams", "consumers", "sources", "ledger", "advisories", "problems"):
+        data = first[section]
+        assert data["page"] == 1 and data["first"] == 1 and data["shown"] <= 10, section
+        assert data["pages"] == -(-data["total"] // 10), section
+    page_two = admin.get(API, params={"per_page": 10, "streams_page": 2}).json()["streams"]
+    assert page_two["first"] == 11 and page_two["streams"][0]["name"] not in {
+        row["name"] for row in first["streams"]["streams"]}
+    html = admin.get(PAGE, params={"per_page": 10}).text
+    assert "showing 1-10 of" in html and 'href="?per_page=10&amp;streams_page=2#section-streams"' in html
+
+
+def test_a_stream_past_the_first_page_keeps_its_consumers_sources_and_anchor(admin: TestClient) -> None:
+    everything = admin.get(API).json()  # the default 50 rows per page
+    assert seeded.AGG not in {row["name"] for row in everything["streams"]["streams"]}, "AGG is past page 1"
+    assert seeded.AGG in everything["other_streams"]
     html = admin.get(PAGE).text
-    assert "showing the first 2 of" in html and "read the first 2 ledger keys only" in html
+    assert f'<a id="stream-{seeded.AGG}" href="?stream={seeded.AGG}#stream-{seeded.AGG}"' in html
+    focused = admin.get(API, params={"stream": seeded.AGG}).json()
+    assert [row["name"] for row in focused["streams"]["streams"]] == [seeded.AGG]
+    assert [(row["stream"], row["source"]) for row in focused["sources"]["sources"]] == [(seeded.AGG, seeded.STREAM)]
+    trouble = admin.get(API, params={"stream": seeded.TROUBLE}).json()
+    names = {row["name"] for row in trouble["consumers"]["consumers"]}
+    assert names == {seeded.SLOW, seeded.POISON, seeded.IDLE}
+    assert trouble["problems"]["total"] == everything["problems"]["total"], "problems are never narrowed"
 
 
-def test_bad_names_unknown_connection_missing_bucket(admin: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert admin.get(f"{API}?ledger_bucket=bad.name").status_code == 400
-    monkeypatch.delenv("AIRFLOW_CONN_NATS_NOWHERE", raising=False)
-    assert admin.get("/jetstream/api/connections/nats_nowhere").status_code == 404
-    snap = admin.get(f"{API}?ledger_bucket=no_such_bucket&capture_stream=NO_CAPTURE").json()
+# ------------------------------------------------------------------------------------------ status codes
+
+
+def test_connection_missing_or_of_another_type_is_a_4xx_naming_why(admin: TestClient) -> None:
+    missing = admin.get("/jetstream/api/connections/nats_nowhere")
+    assert missing.status_code == 404 and missing.json()["error"]["reason"] == "connection_not_found"
+    spark = admin.get("/jetstream/api/connections/spark_there")
+    assert spark.status_code == 400, spark.text
+    assert spark.json()["error"]["reason"] == "wrong_connection_type" and "'spark'" in spark.json()["detail"]
+    page = admin.get("/jetstream/connections/spark_there", headers=HTML)
+    assert page.status_code == 400 and "wrong_connection_type" in page.text
+
+
+@pytest.mark.parametrize("query", ["per_page=0", "per_page=abc", "streams_page=0", "ledger_before=-3", "format=xml",
+                                   "ledger_bucket=", "stream=" + "x" * 300])
+def test_bad_query_parameters_are_422(admin: TestClient, query: str) -> None:
+    assert admin.get(f"{PAGE}?{query}").status_code == 422
+
+
+def test_bad_names_are_400_and_missing_bucket_or_capture_stream_say_so(admin: TestClient) -> None:
+    bad = admin.get(API, params={"ledger_bucket": "bad.name"})
+    assert bad.status_code == 400 and bad.json()["error"]["reason"]
+    snap = admin.get(API, params={"ledger_bucket": "no_such_bucket", "capture_stream": "NO_CAPTURE"}).json()
     assert snap["ledger"]["error"]["reason"] == "ledger_not_found"
     assert snap["advisories"]["error"]["reason"] == "stream_not_found"
-    assert snap["streams"]["streams"], "the other sections still show"
+    assert [p["kind"] for p in snap["problems"]["problems"] if p["kind"] == "capture_missing"] == ["capture_missing"]
 
 
-def test_dead_server_is_a_typed_error_not_a_hang(admin: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEAD", nats_conn_json(f"nats://127.0.0.1:{free_port()}",
-                                                                extra={"connect_timeout": 1}))
+def test_nats_unreachable_is_503_with_the_typed_error(admin: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEAD", nats_conn_json(f"nats://127.0.0.1:{free_port()}"))
     reply = admin.get("/jetstream/api/connections/nats_dead")
-    assert reply.status_code == 200
+    assert reply.status_code == 503 and reply.headers["retry-after"]
     body = reply.json()
-    assert body["error"]["reason"] and "127.0.0.1" in body["error"]["message"]
-    assert "streams" not in body
+    assert body["error"]["reason"] and "127.0.0.1" in body["error"]["message"] and "streams" not in body
+    page = admin.get("/jetstream/connections/nats_dead", headers=HTML)
+    assert page.status_code == 503 and "NATS cannot be read" in page.text
 
 
-def test_extra_link_points_at_the_view(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stalled_nats_is_503_within_the_request_bound(airflow_app: FastAPI, monkeypatch: pytest.MonkeyPatch,
+                                                        nats_server: EmbeddedNatsServer) -> None:
+    """SIGSTOP the server: the page answers 503 (view_timeout) instead of hanging, 20 loads make one read, and
+    the view answers again once the server resumes."""
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_STALLED", nats_conn_json(nats_server.url))
+    monkeypatch.setenv("AIRFLOW__JETSTREAM__VIEW_TIMEOUT", "3s")
+    monkeypatch.setenv("AIRFLOW__JETSTREAM__VIEW_CACHE_SECONDS", "30")
+    path = "/jetstream/api/connections/nats_stalled"
+    token = _token("ADMIN")
+    started = view_app.CACHE.reads_started
+
+    async def loads(count: int) -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=airflow_app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://view", cookies={"_token": token},
+                                     timeout=60) as client:
+            return await asyncio.gather(*(client.get(path) for _ in range(count)))
+
+    stop(nats_server.process.pid)
+    try:
+        replies = asyncio.run(loads(20))
+    finally:
+        resume(nats_server.process.pid)
+    assert [r.status_code for r in replies] == [503] * 20
+    assert replies[0].json()["error"]["reason"] in ("view_timeout", "connection_failed", "timeout"), replies[0].text
+    assert view_app.CACHE.reads_started == started + 1, "20 concurrent loads shared one read"
+    monkeypatch.setenv("AIRFLOW__JETSTREAM__VIEW_CACHE_SECONDS", "0")
+    wait_until(lambda: asyncio.run(loads(1))[0].status_code == 200, "the view to answer after SIGCONT")
+
+
+# ------------------------------------------------------------------------------------------ links
+
+
+def test_every_operators_extra_link_reaches_its_streams_row(admin: TestClient, monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    from airflow_jetstream.operators.consume import JetStreamConsumeOperator
     from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
     from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
     from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
+    from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator
+    from airflow_jetstream.ui.links import JetStreamLedgerRunLink, JetStreamViewLink
 
-    publish = JetStreamAtomicBatchPublishOperator(task_id="p", stream="ORDERS", messages=[], nats_conn_id=CONN)
-    link = JetStreamViewLink()
-    assert link.get_link(publish, ti_key=None) == f"/jetstream/connections/{CONN}#stream-ORDERS"
-    for operator in (JetStreamAtomicBatchPublishOperator, JetStreamDurableSourceOperator,
-                     JetStreamConsumerResetOperator):
-        assert any(isinstance(each, JetStreamViewLink) for each in operator.operator_extra_links)
-    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/")
-    assert view_url("nats default") == "https://airflow.example.com/jetstream/connections/nats%20default"
+    stream = seeded.AGG  # past the first page of the streams table
+    operators = [
+        JetStreamAtomicBatchPublishOperator(task_id="p", stream=stream, messages=[], nats_conn_id=CONN),
+        JetStreamConsumeOperator(task_id="c", stream=stream, consumer="x", apply_function="json.dumps",
+                                 nats_conn_id=CONN),
+        JetStreamDurableSourceOperator(task_id="s", stream=stream, source=seeded.STREAM, nats_conn_id=CONN),
+        JetStreamConsumerResetOperator(task_id="r", stream=stream, consumer="x", nats_conn_id=CONN),
+        JetStreamSparkSubmitOperator(task_id="k", application="x.py", stream=stream, nats_conn_id=CONN),
+    ]
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "http://127.0.0.1:40111/airflow/")  # a make up's port
+    for operator in operators:
+        [link] = [each for each in operator.operator_extra_links if isinstance(each, JetStreamViewLink)]
+        url = link.get_link(operator, ti_key=None)
+        assert url == f"/airflow{PAGE}?stream={stream}#stream-{stream}", (operator.task_id, url)
+        html = admin.get(url.removeprefix("/airflow").split("#")[0]).text
+        assert re.search(rf'<tr id="stream-{stream}"', html), operator.task_id
+
+    class RunKey:
+        run_id = seeded.TROUBLE_RUN
+
+    [ledger_link] = [each for each in operators[-1].operator_extra_links if isinstance(each, JetStreamLedgerRunLink)]
+    url = ledger_link.get_link(operators[-1], ti_key=RunKey())
+    anchor = url.split("#")[1]
+    assert anchor == "run-" + seeded.TROUBLE_RUN.replace(":", "%3A").replace("+", "%2B")
+    html = admin.get(url.removeprefix("/airflow").split("#")[0]).text
+    assert f'<tr id="{anchor}" class="row-error"' in html
+    monkeypatch.delenv("AIRFLOW__API__BASE_URL")
+    assert JetStreamViewLink().get_link(operators[0], ti_key=None).startswith(f"{PAGE}?")
+
+
+# ------------------------------------------------------------------------------------------ the plugin
 
 
 def test_registered_as_a_provider_plugin_and_entry_point() -> None:
@@ -226,6 +376,8 @@ def test_registered_as_a_provider_plugin_and_entry_point() -> None:
 
     info = get_provider_info()
     assert info["plugins"] == [{"name": "jetstream", "plugin-class": "airflow_jetstream.ui.plugin.JetStreamViewPlugin"}]
+    assert set(info["config"]["jetstream"]["options"]) >= {"view_timeout", "view_cache_seconds",
+                                                           "problem_pending_idle"}
     [entry] = [ep for ep in entry_points(group="airflow.plugins") if ep.name == "jetstream"]
     assert entry.load() is ENTRY_POINT_PLUGIN
     lazy = os.environ.get("AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS", "True").lower() != "false"

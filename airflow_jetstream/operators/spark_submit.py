@@ -20,7 +20,7 @@ from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.operators.spark_failure import SparkFailureCause
-from airflow_jetstream.ui.links import JetStreamViewLink
+from airflow_jetstream.ui.links import JetStreamLedgerRunLink, JetStreamViewLink
 
 PROPERTIES_NAME = "jetstream-spark.properties"
 
@@ -70,18 +70,21 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
     :param nats_conn_id: the ``nats`` connection handed to the job (templated).
     :param ship_package: add a zip of ``airflow_jetstream`` (client + spark) and nats-py to
         ``py_files``, for executors that do not have the package installed.
+    :param stream: the stream the job reads or writes, for the task's "JetStream" extra link (it opens the
+        view at that stream's row); not passed to the job (templated).
     Every other argument is ``SparkSubmitOperator``'s. A ``properties_file`` given is merged into the
     generated file; without one, spark-defaults.conf (``SPARK_CONF_DIR`` or ``SPARK_HOME/conf``) is.
     """
 
-    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "nats_conn_id")
-    operator_extra_links = (*SparkSubmitOperator.operator_extra_links, JetStreamViewLink())
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "nats_conn_id", "stream")
+    operator_extra_links = (*SparkSubmitOperator.operator_extra_links, JetStreamViewLink(), JetStreamLedgerRunLink())
 
     def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, ship_package: bool = False,
-                 **kwargs: Any) -> None:
+                 stream: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.nats_conn_id = nats_conn_id
         self.ship_package = ship_package
+        self.stream = stream
 
     def execute(self, context: Mapping[str, Any]) -> None:
         from airflow_jetstream.spark.package import PACKAGE_ZIP, build_py_files

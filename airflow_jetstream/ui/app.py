@@ -1,18 +1,23 @@
 """The JetStream view: a FastAPI app the Airflow api-server mounts under ``/jetstream`` (see plugin.py).
 
-Every route needs Airflow's own login (the UI's session cookie or a ``Bearer`` token, checked by
-Airflow's auth manager); a connection's page also needs read access to that connection. Requests are
-refused with 401 (no or bad login) or 403 (no access) before any NATS work. Pages only read
-(:mod:`airflow_jetstream.ui.snapshot`); nothing on the page or in the JSON is a secret.
-
     GET /jetstream/                                   nats connections the user may read
     GET /jetstream/connections/{connection_id}        the view (HTML; ``?format=json`` for JSON)
-    GET /jetstream/api/connections/{connection_id}    the same snapshot as JSON
+    GET /jetstream/api/connections/{connection_id}    the same as JSON
+
+Status codes say what monitoring needs: 200 when NATS was read (problems are in the body), 503 with the
+typed error when NATS cannot be read within ``[jetstream] view_timeout`` (down, stalled, unreachable),
+404 for a connection id that does not exist, 400 for a connection of another type or with unusable
+settings and for bad names, 422 for malformed query parameters. Every route needs Airflow's login: a
+browser without one is sent to Airflow's login page, any other client gets 401 (403 without read access
+to the connection), before any NATS work. Reads are async, shared and cached (ui/cache.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
+from dataclasses import asdict
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -20,31 +25,57 @@ from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.resource_details import ConnectionDetails
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_connection
 from airflow.providers.common.compat.sdk import AirflowNotFoundException
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import HTTPException
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from airflow_jetstream.client.advisories import DEFAULT_CAPTURE_STREAM
-from airflow_jetstream.client.errors import InvalidSubjectError
-from airflow_jetstream.client.ledger import DEFAULT_BUCKET
+from airflow_jetstream.client.advisories.types import DEFAULT_CAPTURE_STREAM
+from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError, JetStreamError
+from airflow_jetstream.client.ledger.records import DEFAULT_BUCKET
 from airflow_jetstream.ui import pages
-from airflow_jetstream.ui.snapshot import ViewLimits, check_names, read_snapshot
+from airflow_jetstream.ui.cache import ReadCache
+from airflow_jetstream.ui.config import ViewSettings, view_settings
+from airflow_jetstream.ui.paging import PAGED, PageQuery, shape
+from airflow_jetstream.ui.snapshot import ReadKey, read_snapshot
 
 log = logging.getLogger(__name__)
 
 #: ``nats`` connections listed on the index page (the box opens any other id).
 MAX_LISTED_CONNECTIONS = 100
-LIMITS = ViewLimits()
+#: Every page load of every connection shares these reads.
+CACHE = ReadCache()
 
 app = FastAPI(title="JetStream", description="Read-only view of NATS JetStream for Airflow", docs_url=None,
               redoc_url=None, openapi_url=None)
 
 ReadConnection = Depends(requires_access_connection("GET"))
-LedgerBucket = Annotated[str, Query(max_length=256)]
-CaptureStream = Annotated[str, Query(max_length=256)]
+Name = Annotated[str, Query(min_length=1, max_length=256)]
+OptionalName = Annotated[str | None, Query(min_length=1, max_length=256)]
+PageNumber = Annotated[int, Query(ge=1, le=1_000_000)]
 
 
 def _root(request: Request) -> str:
-    return request.scope.get("root_path", "").rstrip("/")
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def _wants_html(request: Request) -> bool:
+    return "/api/" not in request.url.path and request.query_params.get("format") != "json" \
+        and "text/html" in request.headers.get("accept", "")
+
+
+@app.exception_handler(HTTPException)
+async def _refused(request: Request, exc: HTTPException) -> Response:
+    """A browser without a (valid) login goes to Airflow's login page and comes back; other refusals as usual."""
+    no_login = exc.status_code == 401 or (exc.status_code == 403 and exc.detail == "Invalid JWT token")
+    if no_login and request.method == "GET" and _wants_html(request):
+        back = f"{_root(request)}{request.url.path.removeprefix(_root(request))}"
+        back += f"?{request.url.query}" if request.url.query else ""
+        return RedirectResponse(get_auth_manager().get_url_login(next_url=back), status_code=303)
+    headers = getattr(exc, "headers", None)
+    if exc.status_code == 403 and _wants_html(request):
+        return HTMLResponse(pages.refused("Not allowed", {"reason": "forbidden", "message": str(exc.detail)},
+                                          index_href=f"{_root(request)}/"), status_code=403, headers=headers)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
 
 def _stored_nats_connections(user: Any) -> list[str]:
@@ -62,43 +93,123 @@ def _stored_nats_connections(user: Any) -> list[str]:
 
 
 @app.get("/", response_class=HTMLResponse)
-def index(request: Request, user: GetUserDep) -> str:
+async def index(request: Request, user: GetUserDep) -> str:
     root = _root(request)
-    return pages.index(_stored_nats_connections(user), href=lambda cid: f"{root}/connections/{quote(cid, safe='')}")
+    ids = await asyncio.to_thread(_stored_nats_connections, user)
+    return pages.index(ids, link=lambda cid: f"{root}/connections/{quote(cid, safe='')}")
 
 
 @app.get("/connections", response_class=RedirectResponse)
-def open_connection(request: Request, user: GetUserDep,
-                    connection_id: Annotated[str, Query(min_length=1, max_length=250)]) -> RedirectResponse:
+async def open_connection(request: Request, user: GetUserDep,
+                          connection_id: Annotated[str, Query(min_length=1, max_length=250)]) -> RedirectResponse:
     return RedirectResponse(f"{_root(request)}/connections/{quote(connection_id, safe='')}", status_code=303)
 
 
-def _snapshot(connection_id: str, ledger_bucket: str, capture_stream: str) -> dict[str, Any]:
+def _connection_settings(connection_id: str) -> Any:
+    from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+    return JetStreamHook(nats_conn_id=connection_id).get_settings()
+
+
+def _reader(key: ReadKey, view: ViewSettings) -> Any:
+    async def read(deadline: float, seen: Any) -> dict[str, Any]:
+        own = await asyncio.to_thread(_connection_settings, key.connection_id)
+        snapshot = await read_snapshot(key, own, view, seen, deadline=deadline)
+        problems = snapshot.get("problems") or []
+        log.info("JetStream view of %s: %s, %d problem(s) (%d error(s)), read in %d ms", key.connection_id,
+                 f"NATS unreadable ({snapshot['error']['reason']})" if "error" in snapshot else "read",
+                 len(problems), sum(p["severity"] == "error" for p in problems), snapshot["elapsed_ms"])
+        return snapshot
+
+    return read
+
+
+def _status(exc: JetStreamError) -> int:
+    if isinstance(exc, AirflowNotFoundException):
+        return 404
+    return 400 if isinstance(exc, InvalidRequestError | InvalidSettingsError) else 503
+
+
+def _answer(request: Request, status: int, error: dict[str, Any], *, html: bool, view: ViewSettings,
+            title: str) -> Response:
+    headers = {"Cache-Control": "no-store"}
+    if status == 503:
+        headers["Retry-After"] = str(max(1, math.ceil(view.cache_seconds)))
+    if html:
+        page = pages.refused(title, error, index_href=f"{_root(request)}/")
+        return HTMLResponse(page, status_code=status, headers=headers)
+    return JSONResponse({"detail": error.get("message"), "error": error}, status_code=status, headers=headers)
+
+
+async def _view(request: Request, connection_id: str, key_args: dict[str, Any], page: PageQuery | None,
+                html: bool) -> Response:
     try:
-        check_names(ledger_bucket, capture_stream)
-    except InvalidSubjectError as exc:
-        raise HTTPException(400, exc.message) from None
+        view = view_settings()
+    except InvalidSettingsError as exc:  # the deployment's [jetstream] section, not the request
+        return _answer(request, 500, exc.to_dict(), html=html, view=ViewSettings(), title="Bad [jetstream] setting")
+    key = ReadKey(connection_id, **key_args)
     try:
-        snapshot = read_snapshot(connection_id, ledger_bucket=ledger_bucket, capture_stream=capture_stream,
-                                 limits=LIMITS)
-    except AirflowNotFoundException:
-        raise HTTPException(404, f"connection {connection_id!r} does not exist") from None
-    log.info("JetStream view of %s read in %s ms", connection_id, snapshot["elapsed_ms"])
-    return snapshot
+        key.check()
+        snapshot, age = await CACHE.get(key, _reader(key, view), ttl=view.cache_seconds,
+                                        concurrent=view.concurrent_reads, timeout=view.timeout)
+    except JetStreamError as exc:
+        return _answer(request, _status(exc), exc.to_dict(), html=html, view=view,
+                       title=f"JetStream: connection {connection_id}")
+    except TimeoutError:
+        error = {"error": "RequestTimeoutError", "reason": "view_timeout", "code": None, "err_code": None,
+                 "message": f"no answer from NATS within the view's {view.timeout:g}s ([jetstream] view_timeout)"}
+        return _answer(request, 503, error, html=html, view=view, title=f"JetStream: connection {connection_id}")
+    headers = {"Cache-Control": "no-store", "X-JetStream-Read-Age": f"{age:.1f}"}
+    if "error" in snapshot:
+        headers["Retry-After"] = str(max(1, math.ceil(view.cache_seconds)))
+        if html:
+            return HTMLResponse(pages.unavailable(connection_id, snapshot["error"], index_href=f"{_root(request)}/",
+                                                  servers=snapshot.get("servers", [])), 503, headers=headers)
+        return JSONResponse({**snapshot, "detail": snapshot["error"]["message"], "age_s": round(age, 1)}, 503,
+                            headers=headers)
+    query = page or PageQuery(per_page=view.page_size)
+    shaped = shape(snapshot, PageQuery(per_page=query.per_page or view.page_size, stream=query.stream,
+                                       pages=query.pages))
+    if html:
+        params = dict(request.query_params)
+        return HTMLResponse(pages.page(shaped, query=params, index_href=f"{_root(request)}/", age_s=age,
+                                       limits=view.thresholds), headers=headers)
+    body = {**shaped, "age_s": round(age, 1), "thresholds": asdict(view.thresholds),
+            "limits": {k: v for k, v in asdict(view).items() if k != "thresholds"}}
+    return JSONResponse(body, headers=headers)
+
+
+def _view_request(
+    ledger_bucket: Name = DEFAULT_BUCKET,
+    capture_stream: Name = DEFAULT_CAPTURE_STREAM,
+    stream: OptionalName = None,
+    run_id: OptionalName = None,
+    ledger_before: Annotated[int | None, Query(ge=1)] = None,
+    per_page: Annotated[int | None, Query(ge=1, le=1000)] = None,
+    problems_page: PageNumber = 1,
+    streams_page: PageNumber = 1,
+    consumers_page: PageNumber = 1,
+    sources_page: PageNumber = 1,
+    ledger_page: PageNumber = 1,
+    advisories_page: PageNumber = 1,
+) -> tuple[dict[str, Any], PageQuery]:
+    """The query parameters: what to read (bucket, capture stream, ledger run or older page) and what to show."""
+    numbers = dict(zip(PAGED, (problems_page, streams_page, consumers_page, sources_page, ledger_page,
+                               advisories_page), strict=True))
+    key = {"ledger_bucket": ledger_bucket, "capture_stream": capture_stream, "run_id": run_id,
+           "ledger_before": ledger_before}
+    return key, PageQuery(per_page=per_page or 0, stream=stream, pages=numbers)
+
+
+ViewRequest = Annotated[tuple[dict[str, Any], PageQuery], Depends(_view_request)]
 
 
 @app.get("/connections/{connection_id}", response_class=HTMLResponse, dependencies=[ReadConnection])
-def connection_page(request: Request, connection_id: str, ledger_bucket: LedgerBucket = DEFAULT_BUCKET,
-                    capture_stream: CaptureStream = DEFAULT_CAPTURE_STREAM,
-                    output: Annotated[str, Query(alias="format", pattern="^(html|json)$")] = "html") -> Any:
-    snapshot = _snapshot(connection_id, ledger_bucket, capture_stream)
-    if output == "json":
-        return JSONResponse(snapshot)
-    return HTMLResponse(pages.page(snapshot, index_href=f"{_root(request)}/"))
+async def connection_page(request: Request, connection_id: str, asked: ViewRequest,
+                          output: Annotated[str, Query(alias="format", pattern="^(html|json)$")] = "html") -> Response:
+    return await _view(request, connection_id, asked[0], asked[1], html=output == "html")
 
 
 @app.get("/api/connections/{connection_id}", dependencies=[ReadConnection])
-def connection_json(connection_id: str, ledger_bucket: LedgerBucket = DEFAULT_BUCKET,
-                    capture_stream: CaptureStream = DEFAULT_CAPTURE_STREAM) -> dict[str, Any]:
-    return _snapshot(connection_id, ledger_bucket, capture_stream)
-
+async def connection_json(request: Request, connection_id: str, asked: ViewRequest) -> Response:
+    return await _view(request, connection_id, asked[0], asked[1], html=False)

@@ -1,9 +1,17 @@
-"""The "JetStream" extra link of the provider's operators: a task's connection (and stream) in the view."""
+"""The operators' extra links into the JetStream view: the task's stream, and a DAG run's batch ledger row.
+
+Airflow 3 computes a link when the task ends and stores it (an XCom), so a stored link must outlive the
+deployment that made it: links are relative to the api-server (``/jetstream/...``), keeping only the
+path of ``[api] base_url`` (an api-server served below ``/airflow`` gives ``/airflow/jetstream/...``),
+never its scheme, host or port. A link names its stream in the query (``?stream=``), so the page shows
+that stream's row whatever page of the streams table it would be on, and in the fragment
+(``#stream-<name>``), so the browser scrolls to it.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit
 
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseOperatorLink
@@ -15,22 +23,51 @@ if TYPE_CHECKING:
 URL_PREFIX = "/jetstream"
 
 
-def view_url(connection_id: str, stream: str | None = None) -> str:
-    """The view of ``connection_id`` (at ``stream``'s row), below ``[api] base_url`` when that is set."""
-    base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+def _anchor(kind: str, name: str) -> str:
+    return f"{kind}-{quote(name, safe='')}"
+
+
+def view_url(connection_id: str, stream: str | None = None, *, run_id: str | None = None) -> str:
+    """The view of ``connection_id``: at ``stream``'s row, or at ledger run ``run_id``'s row; a relative URL."""
+    base = urlsplit((conf.get("api", "base_url", fallback="") or "").strip()).path.rstrip("/")
     url = f"{base}{URL_PREFIX}/connections/{quote(connection_id, safe='')}"
-    return f"{url}#stream-{quote(stream, safe='')}" if stream else url
+    if run_id:
+        return f"{url}?{urlencode({'run_id': run_id})}#{_anchor('run', run_id)}"
+    if stream:
+        return f"{url}?{urlencode({'stream': stream})}#{_anchor('stream', stream)}"
+    return url
+
+
+def _stream(operator: Any, ti_key: Any) -> str | None:
+    """The task's stream: its rendered ``stream`` field, else the ``stream`` of its result (a publish whose stream
+    was found from the subject)."""
+    stream = getattr(operator, "stream", None)
+    if isinstance(stream, str) and stream:
+        return stream
+    try:
+        from airflow.providers.common.compat.sdk import XCom
+
+        result = XCom.get_value(ti_key=ti_key, key="return_value")
+    except Exception:  # no result (the task failed before returning) or no XCom access here: no anchor
+        return None
+    found = result.get("stream") if isinstance(result, dict) else None
+    return found if isinstance(found, str) and found else None
 
 
 class JetStreamViewLink(BaseOperatorLink):
-    """Opens the JetStream view of the task's ``nats_conn_id``, scrolled to its ``stream``.
-
-    The URL is computed when the task ends (Airflow 3 stores it as an XCom), from the rendered
-    ``nats_conn_id`` and ``stream`` fields; it is absolute when ``[api] base_url`` is set.
-    """
+    """Opens the JetStream view of the task's ``nats_conn_id`` at its stream's row."""
 
     name = "JetStream"
 
     def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
-        stream = getattr(operator, "stream", None)
-        return view_url(operator.nats_conn_id, stream if isinstance(stream, str) else None)
+        return view_url(operator.nats_conn_id, _stream(operator, ti_key))
+
+
+class JetStreamLedgerRunLink(BaseOperatorLink):
+    """Opens the batch ledger row of the task's DAG run (the run id a producer records, e.g. ``--run-id {{ run_id }}``
+    of the example pipeline) in the JetStream view of the task's ``nats_conn_id``."""
+
+    name = "JetStream ledger run"
+
+    def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
+        return view_url(operator.nats_conn_id, run_id=ti_key.run_id)

@@ -1,11 +1,14 @@
-"""Server-rendered HTML of the JetStream view (no JavaScript, every value escaped)."""
+"""Server-rendered HTML of the JetStream view (no JavaScript, every value escaped): problems first, then sections."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from html import escape
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import quote, urlencode
+
+from airflow_jetstream.client.admin.problems import Thresholds
+from airflow_jetstream.ui import tables
+from airflow_jetstream.ui.paging import row_anchor
+from airflow_jetstream.ui.tables import e, href, num
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.2rem;color:#1a202c;font-size:14px}
@@ -13,200 +16,172 @@ h1{font-size:1.35rem;margin:0 0 .3rem}h2{font-size:1.1rem;margin:1.6rem 0 .4rem}
 table{border-collapse:collapse;width:100%}th,td{border-bottom:1px solid #e2e8f0;padding:.3rem .5rem;
 text-align:left;vertical-align:top}th{background:#f7fafc;font-weight:600}td.n{text-align:right;
 font-variant-numeric:tabular-nums}.meta{color:#4a5568}.ok{color:#276749}.bad{color:#c53030;font-weight:600}
-.warn{color:#b7791f}.note{color:#4a5568;font-style:italic;margin:.3rem 0}.error{background:#fff5f5;
-border:1px solid #feb2b2;padding:.5rem;margin:.4rem 0}code{font-size:.9em}form{margin:.6rem 0}
-input{padding:.2rem .4rem;margin-right:.4rem}a{color:#2b6cb0}
+.warn{color:#b7791f}.note{color:#4a5568;font-style:italic;margin:.3rem 0}.count{color:#4a5568;margin:.3rem 0}
+.error{background:#fff5f5;border:1px solid #feb2b2;padding:.5rem;margin:.4rem 0}code{font-size:.9em}
+form{margin:.6rem 0}input{padding:.2rem .4rem;margin-right:.4rem}a{color:#2b6cb0}
+tr.row-error{background:#fff5f5}tr.row-warning{background:#fffaf0}
+.badge{display:inline-block;border-radius:3px;padding:0 .35rem;font-size:.8em;font-weight:600;color:#fff}
+.badge.error{background:#c53030}.badge.warning{background:#b7791f}
+.summary{border-radius:4px;padding:.5rem .8rem;margin:.8rem 0}.summary h2{margin:.2rem 0 .4rem}
+.summary.error{background:#fff5f5;border:2px solid #c53030}.summary.warning{background:#fffaf0;
+border:2px solid #b7791f}.summary.ok{background:#f0fff4;border:2px solid #276749}
+.others a{margin-right:.6rem}
 """
 
-Column = tuple[str, Callable[[dict[str, Any]], str], bool]  # header, cell html, numeric
+
+def _error(err: Mapping[str, Any]) -> str:
+    return f'<div class="error"><b>{e(err.get("reason"))}</b>: {e(err.get("message"))}</div>'
 
 
-def _e(value: Any) -> str:
-    return escape("" if value is None else str(value))
+def _ago(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
 
 
-def _num(value: Any) -> str:
-    return f"{int(value):,}" if value is not None else "-"
+def _checked(limits: Thresholds) -> str:
+    return (f"Checked: abandoned batches, given-up and terminated messages in the last {_ago(limits.advisory_age)} "
+            f"of captured advisories; consumers with at least {limits.redelivered} redelivered message(s), "
+            f"acknowledgements overdue past ack_wait, pending with nobody pulling for {_ago(limits.pending_idle)}, "
+            f"paused; sources with an error, inactive, or a backlog not shrinking for {_ago(limits.source_stalled)}; "
+            "streams without a leader or with replicas offline or behind; ledger runs with failed batches or claims "
+            "past their visibility deadline. Thresholds: Airflow's [jetstream] section (docs/ui.md).")
 
 
-def _bytes(value: int) -> str:
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{value} B"
+def problems_summary(data: dict[str, Any], query: Mapping[str, Any], limits: Thresholds) -> str:
+    """The box at the top: how many errors and warnings, then one row per problem, worst first."""
+    errors, warnings = data["errors"], data["warnings"]
+    level = "error" if errors else "warning" if warnings else "ok"
+    title = "No problems found" if level == "ok" else \
+        f"Problems: {num(errors)} error(s), {num(warnings)} warning(s)"
+    unfocused = {k: v for k, v in query.items() if k != "stream" and not k.endswith("_page")}
+    rows = []
+    for problem in data["problems"]:
+        at = problem["at"]
+        link = href(unfocused, **{f"{at['section']}_page": at["page"] if at["page"] > 1 else None})
+        obj = problem["object"]
+        names = " / ".join(str(obj[k]) for k in ("stream", "consumer", "source", "run_id", "batch", "capture_seq",
+                                                "section", "name") if obj.get(k) is not None)
+        since = e(problem["since"] or "-") + (f' <span class="meta">({e(problem["since_means"])})</span>'
+                                              if problem.get("since_means") else "")
+        rows.append(
+            f'<tr class="row-{problem["severity"]}" data-kind="{e(problem["kind"])}">'
+            f'<td>{tables.badge(problem["severity"])}</td><td><b>{e(problem["kind"])}</b></td>'
+            f'<td><a href="{e(link)}#{e(problem["anchor"])}">{e(obj["type"])} {e(names)}</a></td>'
+            f'<td>{e(problem["why"])}</td><td>{since}</td><td>{e(problem["fix"])}</td></tr>')
+    body = ("<table data-section=\"problems\"><thead><tr><th></th><th>Problem</th><th>Where</th><th>Why</th>"
+            f"<th>Since</th><th>What to do</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            + tables.pager("problems", data, query, "problems")) if rows else ""
+    return (f'<section id="problems" class="summary {level}" data-level="{level}"><h2>{e(title)}</h2>{body}'
+            f'<p class="note">{e(_checked(limits))}</p></section>')
 
 
-def _flag(good: bool, yes: str, no: str) -> str:
-    return f'<span class="{"ok" if good else "bad"}">{_e(yes if good else no)}</span>'
-
-
-def anchor(kind: str, *names: str) -> str:
-    """The element id of a row: ``stream-ORDERS``, ``consumer-ORDERS-worker``."""
-    return "-".join([kind, *(quote(name, safe="") for name in names)])
-
-
-def _table(section: str, rows: Iterable[dict[str, Any]], columns: Sequence[Column],
-           row_id: Callable[[dict[str, Any]], str]) -> str:
-    head = "".join(f"<th>{_e(title)}</th>" for title, _, _ in columns)
-    body = []
-    for row in rows:
-        cells = "".join(f'<td class="n">{cell(row)}</td>' if numeric else f"<td>{cell(row)}</td>"
-                        for _, cell, numeric in columns)
-        body.append(f'<tr id="{_e(row_id(row))}">{cells}</tr>')
-    if not body:
-        return f'<p class="note" data-section="{section}">none</p>'
-    return f'<table data-section="{section}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
-
-
-def _error(data: dict[str, Any]) -> str:
-    err = data["error"]
-    return f'<div class="error"><b>{_e(err.get("reason"))}</b>: {_e(err.get("message"))}</div>'
-
-
-def _truncated(data: dict[str, Any], shown: int, what: str) -> str:
-    if not data.get("truncated"):
-        return ""
-    total = data.get("total")
-    of = f" of {_num(total)}" if total is not None else ""
-    return f'<p class="note">showing the first {_num(shown)}{of} {what} (the view reads a bounded amount)</p>'
-
-
-def _replicas(row: dict[str, Any]) -> str:
-    if not row["replicas"]:
-        return '<span class="meta">single server</span>' if row["leader"] is None else _flag(True, "leader only", "")
-    peers = ", ".join(
-        f'{_e(p["name"])}: ' + ("offline" if p["offline"] else "current" if p["current"] else f'lag {_num(p["lag"])}')
-        for p in row["replicas"])
-    return f'{_flag(row["healthy"], "healthy", "unhealthy")} <span class="meta">({peers})</span>'
-
-
-_STREAM_COLUMNS: list[Column] = [
-    ("Stream", lambda r: f"<b>{_e(r['name'])}</b>", False),
-    ("Subjects", lambda r: _e(", ".join(r["subjects"][:5]) + (" ..." if len(r["subjects"]) > 5 else "")), False),
-    ("Messages", lambda r: _num(r["messages"]), True),
-    ("Bytes", lambda r: _bytes(r["bytes"]), True),
-    ("Last seq", lambda r: _num(r["last_seq"]), True),
-    ("Replicas", lambda r: _num(r["num_replicas"]), True),
-    ("Leader", lambda r: _e(r["leader"] or "-"), False),
-    ("Replica health", _replicas, False),
-    ("Consumers", lambda r: _num(r["consumer_count"]), True),
-    ("Sources", lambda r: _e(", ".join(r["sources"]) or (f"mirror of {r['mirror']}" if r["mirror"] else "-")), False),
-]
-
-_CONSUMER_COLUMNS: list[Column] = [
-    ("Stream", lambda r: _e(r["stream"]), False),
-    ("Consumer", lambda r: f"<b>{_e(r['name'])}</b>" + ("" if r["durable"] else ' <span class="meta">ephemeral</span>'),
-     False),
-    ("Filter", lambda r: _e(", ".join(r["filter_subjects"]) or "-"), False),
-    ("Pending", lambda r: _num(r["num_pending"]), True),
-    ("Ack pending", lambda r: _num(r["num_ack_pending"]), True),
-    ("Redelivered", lambda r: _num(r["num_redelivered"]), True),
-    ("Waiting pulls", lambda r: _num(r["num_waiting"]), True),
-    ("Delivered seq", lambda r: _num(r["delivered_stream_seq"]), True),
-    ("Ack floor", lambda r: _num(r["ack_floor_stream_seq"]), True),
-    ("Last active", lambda r: _e(r["last_active"] or "never"), False),
-    ("Paused", lambda r: f'<span class="warn">until {_e(r["pause_until"])}</span>' if r["paused"] else "no", False),
-]
-
-_SOURCE_COLUMNS: list[Column] = [
-    ("Stream", lambda r: _e(r["stream"]), False),
-    ("Source", lambda r: f"<b>{_e(r['source'])}</b>" + (' <span class="meta">mirror</span>' if r.get("mirror") else ""),
-     False),
-    ("Consumer", lambda r: _e(r.get("consumer") or "-"), False),
-    ("Lag", lambda r: _num(r["lag"]), True),
-    ("Consumer pending", lambda r: _num(r.get("consumer_num_pending")), True),
-    ("Ack pending", lambda r: _num(r.get("consumer_num_ack_pending")), True),
-    ("Active", lambda r: _flag(r["active"] >= 0, "yes", "no"), False),
-    ("Caught up", lambda r: _flag(r["caught_up"], "yes", "no"), False),
-    ("Error", lambda r: _e((r.get("error") or {}).get("message") or "-"), False),
-]
-
-_ADVISORY_COLUMNS: list[Column] = [
-    ("Seq", lambda r: _num(r["capture_seq"]), True),
-    ("Time", lambda r: _e(r["timestamp"] or "-"), False),
-    ("Kind", lambda r: f"<b>{_e(r['kind'] or r['type'])}</b>", False),
-    ("Stream", lambda r: _e(r.get("stream") or "-"), False),
-    ("Consumer", lambda r: _e(r.get("consumer") or "-"), False),
-    ("Detail", lambda r: _e(", ".join(f"{k}={r[k]}" for k in ("reason", "batch_id", "action", "leader", "deliveries")
-                                      if k in r) or "-"), False),
-]
-
-
-def _ledger_columns(states: Sequence[str]) -> list[Column]:
-    return [
-        ("Run", lambda r: f"<b>{_e(r['run_id'])}</b>", False),
-        ("Batches", lambda r: _num(r["batches"]), True),
-        *((state.replace("_", " ").capitalize(), lambda r, s=state: _num(r["states"].get(s, 0)), True)
-          for state in states),
-        ("Messages", lambda r: _num(r["messages"]), True),
-        ("Attempts", lambda r: _num(r["attempts"]), True),
-        ("Max attempts", lambda r: _num(r["max_attempts"]), True),
-        ("Streams", lambda r: _e(", ".join(r["streams"])), False),
-        ("Updated", lambda r: _e(r["updated_at"] or "-"), False),
-        ("Failed batches", lambda r: _e(", ".join(f"{f['batch_id']} ({f['last_error']})" for f in r["failed"][:5])
-                                        or "-"), False),
-    ]
-
-
-def _section(title: str, data: dict[str, Any] | None, body: Callable[[dict[str, Any]], str]) -> str:
+def _section(name: str, title: str, data: dict[str, Any] | None, body: Callable[[dict[str, Any]], str]) -> str:
     if data is None:
         return ""
-    content = _error(data) if "error" in data else body(data)
-    return f"<h2>{title}</h2>{content}"
+    content = _error(data["error"]) if "error" in data else body(data)
+    return f'<h2 id="section-{name}">{title}</h2>{content}'
 
 
-def page(snapshot: dict[str, Any], *, index_href: str) -> str:
-    """The view of one connection."""
-    conn_id = snapshot["connection_id"]
-    parts = [f'<p><a href="{_e(index_href)}">All connections</a></p>',
-             f"<h1>JetStream: connection <code>{_e(conn_id)}</code></h1>",
-             f'<p class="meta">servers {_e(", ".join(snapshot.get("servers", [])) or "-")} &middot; read in '
-             f'{_num(snapshot.get("elapsed_ms"))} ms &middot; read-only</p>']
-    query = urlencode({"ledger_bucket": snapshot["ledger_bucket"], "capture_stream": snapshot["capture_stream"]})
-    parts.append(
-        '<form method="get">'
-        f'<label>Ledger bucket <input name="ledger_bucket" value="{_e(snapshot["ledger_bucket"])}"></label>'
-        f'<label>Capture stream <input name="capture_stream" value="{_e(snapshot["capture_stream"])}"></label>'
-        f'<button type="submit">Refresh</button> <a href="?{_e(query)}&amp;format=json">JSON</a></form>')
-    if "error" in snapshot:
-        parts.append(_error(snapshot))
-    parts.append(_section("Streams", snapshot.get("streams"), lambda d: _table(
-        "streams", d["streams"], _STREAM_COLUMNS, lambda r: anchor("stream", r["name"]))
-        + _truncated(d, len(d["streams"]), "streams")))
-    parts.append(_section("Consumers", snapshot.get("consumers"), lambda d: _table(
-        "consumers", d["consumers"], _CONSUMER_COLUMNS, lambda r: anchor("consumer", r["stream"], r["name"]))
-        + _truncated(d, len(d["consumers"]), "consumers")))
-    parts.append(_section("Durable sources", snapshot.get("sources"), lambda d: _table(
-        "sources", d["sources"], _SOURCE_COLUMNS, lambda r: anchor("source", r["stream"], r["source"]))
-        + _truncated(d, len(d["sources"]), "sources")))
-    ledger = snapshot.get("ledger")
-    states = list(ledger["runs"][0]["states"]) if ledger and ledger.get("runs") else []
-    parts.append(_section(f"Batch ledger <code>{_e(snapshot['ledger_bucket'])}</code>", ledger, lambda d: _table(
-        "ledger", d["runs"], _ledger_columns(states), lambda r: anchor("run", r["run_id"]))
-        + (f'<p class="note">read the first {_num(d["keys_read"])} ledger keys only</p>' if d["truncated"] else "")))
-    parts.append(_section(f"Recent advisories <code>{_e(snapshot['capture_stream'])}</code>",
-                          snapshot.get("advisories"), lambda d: _table(
-        "advisories", d["advisories"], _ADVISORY_COLUMNS, lambda r: anchor("advisory", str(r["capture_seq"])))
-        + (f'<p class="note">{_num(d["api_audit_skipped"])} API audit advisories not listed</p>'
-           if d.get("api_audit_skipped") else "")
-        + (f'<p class="note">read the last {_num(d["limit"])} of {_num(d["messages"])} captured</p>'
-           if d["truncated"] else "")))
-    return _document(f"JetStream: {conn_id}", "".join(parts))
+def _streams(data: dict[str, Any], view: dict[str, Any], query: Mapping[str, Any]) -> str:
+    html = tables.table("streams", data["streams"], tables.STREAMS)
+    html += tables.pager("streams", data, query, f"streams ({num(data['exist'])} on the server, "
+                                                 f"{num(data['read'])} read)")
+    others = view.get("other_streams") or []
+    if others:
+        focus = {k: v for k, v in query.items() if not k.endswith("_page")}
+        links = " ".join(f'<a id="{e(row_anchor("streams", {"name": name}))}" href="{e(href(focus, stream=name))}#'
+                         f'{e(row_anchor("streams", {"name": name}))}">{e(name)}</a>' for name in others)
+        html += f'<p class="others" data-others="streams">On other pages (opens the stream alone): {links}</p>'
+    return html
 
 
-def index(connection_ids: Sequence[str], *, href: Callable[[str], str]) -> str:
+def _ledger(data: dict[str, Any], query: Mapping[str, Any]) -> str:
+    states = list(data["runs"][0]["states"]) if data.get("runs") else []
+    html = tables.table("ledger", data["runs"], tables.ledger_columns(states, query))
+    what = (f"runs of run {data['run_id']!r}" if data.get("run_id") else "runs") + \
+        f" ({num(data['read'])} of {num(data['entries'])} ledger entries read, newest first)"
+    html += tables.pager("ledger", data, query, what)
+    if data.get("older"):
+        html += (f'<p class="note"><a href="{e(href(query, ledger_before=data["first_read_seq"], ledger_page=None))}'
+                 '#section-ledger">older ledger entries</a></p>')
+    if data.get("unreadable_count"):
+        html += f'<p class="note">{num(data["unreadable_count"])} entries are not batch records (not counted)</p>'
+    return html
+
+
+def _advisories(data: dict[str, Any], query: Mapping[str, Any]) -> str:
+    html = tables.table("advisories", data["advisories"], tables.ADVISORIES)
+    html += tables.pager("advisories", data, query, f"advisories (the last {num(data['read'])} of "
+                                                    f"{num(data['messages'])} captured messages read, newest first)")
+    if data.get("api_audit_skipped"):
+        html += f'<p class="note">{num(data["api_audit_skipped"])} API audit advisories not listed</p>'
+    return html
+
+
+def _form(view: dict[str, Any]) -> str:
+    fields = [("ledger_bucket", "Ledger bucket", view["ledger_bucket"]),
+              ("capture_stream", "Capture stream", view["capture_stream"]),
+              ("stream", "Stream", view["focus"]["stream"] or ""), ("run_id", "Ledger run", view.get("run_id") or "")]
+    inputs = "".join(f'<label>{e(label)} <input name="{name}" value="{e(value)}"></label>'
+                     for name, label, value in fields)
+    return f'<form method="get">{inputs}<button type="submit">Refresh</button></form>'
+
+
+def page(view: dict[str, Any], *, query: Mapping[str, Any], index_href: str, age_s: float,
+         limits: Thresholds) -> str:
+    """The view of one connection: problems first, then streams, consumers, sources, ledger, advisories."""
+    conn_id = view["connection_id"]
+    server = view.get("server") or {}
+    read = f"read {_ago(age_s)} ago" if age_s >= 1 else "read now"
+    cluster = f" (cluster {e(server['cluster'])})" if server.get("cluster") else ""
+    parts = [f'<p><a href="{e(index_href)}">All connections</a></p>',
+             f"<h1>JetStream: connection <code>{e(conn_id)}</code></h1>",
+             f'<p class="meta">servers {e(", ".join(view.get("servers", [])) or "-")} &middot; nats-server '
+             f'{e(server.get("version") or "?")}{cluster}'
+             f' &middot; {read} in {num(view.get("elapsed_ms"))} ms &middot; read-only: creates nothing on the '
+             f'server &middot; <a href="{e(href(query, format="json"))}">JSON</a></p>', _form(view)]
+    if view["focus"]["stream"]:
+        parts.append(f'<p class="note">Showing only what concerns stream <b>{e(view["focus"]["stream"])}</b> &middot; '
+                     f'<a href="{e(href(query, stream=None))}">show everything</a></p>')
+    parts.append(problems_summary(view["problems"], query, limits))
+    parts.append(_section("streams", "Streams", view.get("streams"), lambda d: _streams(d, view, query)))
+    parts.append(_section("consumers", "Consumers", view.get("consumers"), lambda d: tables.table(
+        "consumers", d["consumers"], tables.CONSUMERS) + tables.pager("consumers", d, query, "consumers")))
+    parts.append(_section("sources", "Sources and mirrors", view.get("sources"), lambda d: tables.table(
+        "sources", d["sources"], tables.SOURCES) + tables.pager("sources", d, query, "sources")))
+    parts.append(_section("ledger", f"Batch ledger <code>{e(view['ledger_bucket'])}</code>", view.get("ledger"),
+                          lambda d: _ledger(d, query)))
+    parts.append(_section("advisories", f"Recent advisories <code>{e(view['capture_stream'])}</code>",
+                          view.get("advisories"), lambda d: _advisories(d, query)))
+    return document(f"JetStream: {conn_id}", "".join(parts))
+
+
+def unavailable(conn_id: str, error: Mapping[str, Any], *, index_href: str, servers: Sequence[str]) -> str:
+    """The page when NATS cannot be read (answered 503)."""
+    body = (f'<p><a href="{e(index_href)}">All connections</a></p><h1>JetStream: connection <code>{e(conn_id)}</code>'
+            f'</h1><section id="problems" class="summary error" data-level="unavailable"><h2>NATS cannot be read</h2>'
+            f'{_error(error)}<p class="meta">servers {e(", ".join(servers) or "-")}</p></section>')
+    return document(f"JetStream: {conn_id}", body)
+
+
+def refused(title: str, error: Mapping[str, Any], *, index_href: str) -> str:
+    """The page of a request the view refuses (unknown connection, another type, bad parameters)."""
+    return document(title, f'<p><a href="{e(index_href)}">All connections</a></p><h1>{e(title)}</h1>{_error(error)}')
+
+
+def index(connection_ids: Sequence[str], *, link: Callable[[str], str]) -> str:
     """The list of ``nats`` connections the user may read, and a box for any other id."""
-    items = "".join(f'<li><a href="{_e(href(cid))}">{_e(cid)}</a></li>' for cid in connection_ids)
-    body = ("<h1>JetStream</h1><p class=\"meta\">Streams, consumers, durable sources, the batch ledger and "
-            "captured advisories of a <code>nats</code> connection (read-only).</p>"
+    items = "".join(f'<li><a href="{e(link(cid))}">{e(cid)}</a></li>' for cid in connection_ids)
+    body = ("<h1>JetStream</h1><p class=\"meta\">Problems first, then streams, consumers, sources, the batch ledger "
+            "and captured advisories of a <code>nats</code> connection (read-only).</p>"
             f"<ul>{items or '<li class=note>no nats connection stored in the metadata database</li>'}</ul>"
             '<form method="get" action="connections"><label>Connection id <input name="connection_id" '
             'value="nats_default"></label><button type="submit">Open</button></form>')
-    return _document("JetStream", body)
+    return document("JetStream", body)
 
 
-def _document(title: str, body: str) -> str:
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+def document(title: str, body: str) -> str:
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>'
             f"<style>{_STYLE}</style></head><body>{body}</body></html>")

@@ -1,116 +1,145 @@
-"""One read-only snapshot of a ``nats`` connection for the JetStream view, with fixed bounds and a deadline.
+"""One read of a ``nats`` connection for the JetStream view: async, bounded, creating nothing on the server.
 
-Sections (streams, consumers, sources, ledger, advisories) are read one after the other through
-:class:`JetStreamHook` and client/admin/overview; a section that fails carries its typed error
-(``reason``, ``message``) and the others still show. Once the deadline passes the remaining
-sections say so instead of waiting.
+Streams are listed first; consumers, the ledger and the advisory window are then read side by side, and
+sources are built from what was read (client/admin/overview*.py, no consumer, no write). Everything
+ends by ``ViewSettings.timeout``: a connection that cannot be opened, or a stream listing that does not
+come back by then (server down, stalled, unreachable), is the snapshot's ``error``; a later section
+that fails or runs out of time carries its own typed error and the others still show. Then
+:func:`~airflow_jetstream.client.admin.problems.find_problems` adds ``problems``, worst first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from airflow_jetstream.client.admin import overview
-from airflow_jetstream.client.advisories import DEFAULT_CAPTURE_STREAM
-from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import JetStreamError, RequestTimeoutError
-from airflow_jetstream.client.ledger import DEFAULT_BUCKET
+from airflow_jetstream.client.admin import overview, overview_advisories, overview_ledger
+from airflow_jetstream.client.admin.problems import Observations, find_problems
+from airflow_jetstream.client.connection import JetStreamConnection, connect
+from airflow_jetstream.client.errors import InvalidSubjectError, JetStreamError, RequestTimeoutError
+from airflow_jetstream.client.server_features import server_version
+from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import validate_name
-from airflow_jetstream.hooks.connection_settings import ConnectionNotFoundError
-from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.ui.config import ViewSettings
+
+SECTIONS = ("streams", "consumers", "sources", "ledger", "advisories")
+#: Connections being closed after a read (a close can wait on a stalled server; nobody waits for it).
+_CLOSING: set[asyncio.Task[None]] = set()
 
 
 @dataclass(frozen=True)
-class ViewLimits:
-    """The most one request reads: rows per section, seconds per NATS request and for the whole page."""
+class ReadKey:
+    """What one read covers; equal keys share a read (and its cached result)."""
 
-    streams: int = overview.MAX_STREAMS
-    consumers: int = 200
-    consumers_per_stream: int = overview.MAX_CONSUMERS
-    sources: int = overview.MAX_SOURCES
-    ledger_keys: int = overview.MAX_LEDGER_KEYS
-    advisories: int = overview.MAX_ADVISORIES
-    request_timeout: float = 5.0
-    deadline: float = 20.0
+    connection_id: str
+    ledger_bucket: str
+    capture_stream: str
+    run_id: str | None = None
+    ledger_before: int | None = None
 
-
-def check_names(ledger_bucket: str, capture_stream: str) -> None:
-    """Refuse names that are not stream/bucket names (typed :class:`InvalidSubjectError`)."""
-    validate_name(ledger_bucket, what="ledger bucket")
-    validate_name(capture_stream, what="capture stream")
+    def check(self) -> None:
+        """Refuse names that are not stream/bucket names (:class:`InvalidSubjectError`)."""
+        validate_name(self.ledger_bucket, what="ledger bucket")
+        validate_name(self.capture_stream, what="capture stream")
+        if self.run_id is not None and not (0 < len(self.run_id) <= 256):
+            raise InvalidSubjectError("run_id must be 1 to 256 characters", reason="invalid_id")
 
 
-async def _consumers(conn: JetStreamConnection, streams: list[dict[str, Any]], limits: ViewLimits) -> dict[str, Any]:
-    rows: list[dict[str, Any]] = []
-    total = 0
-    for stream in streams:
-        if not stream["consumer_count"]:
-            continue
-        total += stream["consumer_count"]
-        room = min(limits.consumers - len(rows), limits.consumers_per_stream)
-        if room > 0:
-            rows.extend((await overview.list_consumer_rows(conn, stream["name"], limit=room))["consumers"])
-    return {"consumers": rows, "total": total, "truncated": total > len(rows)}
+def view_connection_settings(own: ConnectionSettings, view: ViewSettings) -> ConnectionSettings:
+    """The connection's settings with the view's bounds: requests capped at ``request_timeout``, connects fitting
+    the page's ``timeout`` across the listed servers, and no waiting for leader elections (shown as errors)."""
+    per_server = max(0.5, (view.timeout - 1.0) / max(1, len(own.servers)))
+    return own.with_overrides(connect_timeout=min(own.connect_timeout, view.request_timeout, per_server),
+                              request_timeout=min(own.request_timeout, view.request_timeout), leader_wait=0)
 
 
-async def _collect(conn: JetStreamConnection, ledger_bucket: str, capture_stream: str,
-                   limits: ViewLimits) -> dict[str, Any]:
+def _timed_out(view: ViewSettings, what: str) -> dict[str, Any]:
+    return {"error": RequestTimeoutError(f"{what}: no answer within the view's {view.timeout:g}s "
+                                         "([jetstream] view_timeout)", reason="view_timeout").to_dict()}
+
+
+async def _section(name: str, read: Any, out: dict[str, Any], view: ViewSettings) -> None:
+    try:
+        out[name] = await read
+    except JetStreamError as exc:
+        out[name] = {"error": exc.to_dict()}
+    except TimeoutError:
+        out[name] = _timed_out(view, name)
+
+
+async def _collect(conn: JetStreamConnection, key: ReadKey, view: ViewSettings, deadline: float) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + limits.deadline
     out: dict[str, Any] = {}
+    async with asyncio.timeout_at(deadline):
+        listed = await overview.list_streams(conn, limit=view.max_streams)
+    infos = listed.pop("infos")
+    out["streams"] = listed
 
-    async def section(name: str, read: Callable[[], Awaitable[dict[str, Any]]]) -> None:
-        left = deadline - loop.time()
-        if left <= 0:
-            out[name] = {"error": RequestTimeoutError(
-                f"not read: the page's {limits.deadline:g}s deadline passed", reason="view_deadline").to_dict()}
-            return
-        try:
-            out[name] = await asyncio.wait_for(read(), left)
-        except JetStreamError as exc:
-            out[name] = {"error": exc.to_dict()}
-        except TimeoutError:
-            out[name] = {"error": RequestTimeoutError(
-                f"stopped at the page's {limits.deadline:g}s deadline", reason="view_deadline").to_dict()}
+    async def consumers() -> dict[str, Any]:
+        return await overview.consumers_of(conn, listed["streams"], limit=view.max_consumers)
 
-    await section("streams", lambda: overview.list_streams(conn, limit=limits.streams))
-    infos = out["streams"].pop("infos", [])
-    streams = out["streams"].get("streams", [])
-    await section("consumers", lambda: _consumers(conn, streams, limits))
-    await section("sources", lambda: overview.source_rows(conn, infos, limit=limits.sources))
-    await section("ledger", lambda: overview.ledger_runs(conn, ledger_bucket, limit=limits.ledger_keys))
-    await section("advisories", lambda: overview.recent_advisories(conn, capture_stream, limit=limits.advisories))
+    async def ledger() -> dict[str, Any]:
+        return await overview_ledger.ledger_runs(conn, key.ledger_bucket, limit=view.ledger_entries,
+                                                 before_seq=key.ledger_before, run_id=key.run_id)
+
+    async def advisories() -> dict[str, Any]:
+        return await overview_advisories.recent_advisories(conn, key.capture_stream, limit=view.advisories)
+
+    reads = {"consumers": consumers(), "ledger": ledger(), "advisories": advisories()}
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(deadline - loop.time(), 0)):
+            await asyncio.gather(*(_section(name, read, out, view) for name, read in reads.items()))
+    for name in reads:
+        out.setdefault(name, _timed_out(view, name))
+    rows = (out["consumers"] or {}).get("consumers") or []
+    out["sources"] = {"sources": overview.source_rows(infos, rows)}
     return out
 
 
-def read_snapshot(connection_id: str, *, ledger_bucket: str = DEFAULT_BUCKET,
-                  capture_stream: str = DEFAULT_CAPTURE_STREAM, limits: ViewLimits | None = None) -> dict[str, Any]:
-    """Everything the view shows for ``connection_id``: JSON-able, without any secret.
+def _close_later(conn: JetStreamConnection, timeout: float) -> None:
+    async def close() -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(timeout):
+                await conn.close()
 
-    NATS requests get the connection's own timeouts capped at ``limits.request_timeout`` and no
-    waiting for leader elections (a missing leader shows as the section's error).
+    task = asyncio.ensure_future(close())
+    _CLOSING.add(task)
+    task.add_done_callback(_CLOSING.discard)
 
-    A connection that cannot be opened gives ``{"error": ...}`` with the typed error and no sections.
+
+async def read_snapshot(key: ReadKey, own: ConnectionSettings, view: ViewSettings, seen: Observations, *,
+                        deadline: float) -> dict[str, Any]:
+    """Everything the view shows for ``key`` (JSON-able, no secret), ended by ``deadline`` (loop time).
+
+    A connection that cannot be opened, or streams that cannot be listed, give ``{"error": ...}`` with the
+    typed error and no sections.
     """
-    limits = limits or ViewLimits()
-    check_names(ledger_bucket, capture_stream)
     started = time.monotonic()
-    result: dict[str, Any] = {"connection_id": connection_id, "ledger_bucket": ledger_bucket,
-                              "capture_stream": capture_stream, "limits": asdict(limits)}
+    result: dict[str, Any] = {"connection_id": key.connection_id, "servers": list(own.servers),
+                              "ledger_bucket": key.ledger_bucket, "capture_stream": key.capture_stream,
+                              "run_id": key.run_id, "ledger_before": key.ledger_before,
+                              "read_at": datetime.now(UTC).isoformat()}
+    settings = view_connection_settings(own, view)
+    conn: JetStreamConnection | None = None
     try:
-        own = JetStreamHook(nats_conn_id=connection_id).settings
-        result["servers"] = list(own.servers)
-        hook = JetStreamHook(nats_conn_id=connection_id, leader_wait=0,
-                             connect_timeout=min(own.connect_timeout, limits.request_timeout),
-                             request_timeout=min(own.request_timeout, limits.request_timeout))
-        result.update(hook.run(_collect, ledger_bucket, capture_stream, limits))
-    except ConnectionNotFoundError:
-        raise  # an AirflowNotFoundException: the app answers 404
+        async with asyncio.timeout_at(deadline):
+            conn = await connect(settings)
+        version = server_version(conn)
+        result["server"] = {"version": ".".join(map(str, version)) if version else None,
+                            "cluster": (getattr(conn.nc, "_server_info", None) or {}).get("cluster")}
+        result.update(await _collect(conn, key, view, deadline))
     except JetStreamError as exc:
         result["error"] = exc.to_dict()
+    except TimeoutError:
+        result["error"] = _timed_out(view, f"reading {', '.join(settings.servers)}")["error"]
+    finally:
+        if conn is not None:
+            _close_later(conn, settings.request_timeout)
+    if "error" not in result:
+        result["problems"] = find_problems(result, view.thresholds, seen)
     result["elapsed_ms"] = round((time.monotonic() - started) * 1000)
     return result

@@ -106,9 +106,12 @@ def chromium() -> Path:
 
 @pytest.fixture(scope="session")
 def view_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
-    """A nats-server holding streams, consumers, a source, a ledger run and captured advisories."""
-    server = EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("nats-view")).start()
-    jetstream_view.seed_view_data(ConnectionSettings(servers=server.url, connect_timeout=2, request_timeout=5))
+    """A nats-server holding streams, consumers, sources, ledger runs and captured advisories, and trouble."""
+    server = EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("nats-view"),
+                                jetstream=jetstream_view.SERVER_JETSTREAM).start()
+    settings = ConnectionSettings(servers=server.url, connect_timeout=2, request_timeout=5)
+    jetstream_view.seed_view_data(settings)
+    jetstream_view.seed_trouble(settings)
     yield server
     server.close()
 
@@ -125,6 +128,7 @@ def airflow_ui(tmp_path_factory: pytest.TempPathFactory, view_server: EmbeddedNa
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=f"{USER}:admin",
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
         AIRFLOW__CORE__TEST_CONNECTION="Enabled",
+        AIRFLOW__JETSTREAM__PROBLEM_PENDING_IDLE="1s",  # the seeded idle consumers are problems at once
         **{f"AIRFLOW_CONN_{VIEW_CONN.upper()}": nats_conn_json(view_server.url)},
     )
     migrate = run_airflow(["db", "migrate"], env)

@@ -1,11 +1,11 @@
-"""A bounded, read-only look at an account's JetStream: streams, consumers, sources, ledger, advisories.
+"""A read-only look at an account's JetStream: every stream, consumer and source, as rows an operator reads.
 
-Every function here does a fixed amount of work whatever the account holds: one page of the
-stream and consumer listings (the server pages by 256), at most ``limit`` ledger keys and captured
-advisories. What was left out is counted (``total``, ``truncated``) rather than silently dropped.
-Nothing is changed on the server: advisories are read with message gets; the ledger listing uses
-the short-lived, no-ack, in-memory consumer every ledger reader in this package uses, deleted when
-the read ends.
+Listings are read whole (the server pages them by 256) up to a bound the caller sets; what was left
+out is counted (``total``, ``read``), never dropped silently. Sources are built from the stream infos
+and joined with the consumers already listed, so they cost no request of their own. Nothing is
+created or changed on the server: only ``STREAM.LIST`` and ``CONSUMER.LIST`` requests are sent.
+The ledger and advisory sections are in :mod:`.overview_ledger` and :mod:`.overview_advisories`;
+what needs a person is decided in :mod:`.problems`.
 
 The results are plain dicts (JSON-able) for the Airflow UI view and for scripts.
 """
@@ -13,36 +13,21 @@ The results are plain dicts (JSON-able) for the Airflow UI view and for scripts.
 from __future__ import annotations
 
 import asyncio
-import base64
-from collections import Counter
-from contextlib import aclosing
+from collections.abc import Iterable
 from typing import Any
 
 from airflow_jetstream.client.admin.consumers import consumer_filters
-from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.advisories.types import decode_advisory
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import JetStreamError
-from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.ledger.records import STATES
-from airflow_jetstream.client.sourcing.status import source_status
+from airflow_jetstream.client.errors import JetStreamError, error_from_api
 from airflow_jetstream.client.subjects import validate_name
 
 #: Default bounds of one overview (the UI passes its own).
-MAX_STREAMS = 50
-MAX_CONSUMERS = 50
-MAX_SOURCES = 20
-MAX_LEDGER_KEYS = 500
-MAX_ADVISORIES = 50
-#: Advisory fields shown besides kind, time and capture sequence (no client details, no request bodies).
-_ERR_NO_MESSAGE = 10037
-_API_AUDIT = "api_audit"
-_ADVISORY_FIELDS = ("stream", "consumer", "domain", "reason", "batch_id", "leader", "action", "deliveries")
-
-
-def _page(reply: dict[str, Any], key: str, limit: int) -> tuple[list[dict[str, Any]], int]:
-    items = reply.get(key) or []
-    return items[:limit], max(int(reply.get("total") or 0), len(items))
+MAX_STREAMS = 1000
+MAX_CONSUMERS = 5000
+#: Consumer listings in flight at once.
+CONCURRENT_LISTINGS = 4
+#: Metadata the server puts on the consumer it creates for a server-managed durable source.
+SOURCE_STREAM_METADATA = "_nats.src.stream"
 
 
 def _replica_health(cluster: dict[str, Any] | None) -> dict[str, Any]:
@@ -73,13 +58,17 @@ def stream_row(info: dict[str, Any]) -> dict[str, Any]:
         "retention": config.get("retention"),
         "storage": config.get("storage"),
         "num_replicas": int(config.get("num_replicas") or 1),
+        "allow_direct": bool(config.get("allow_direct")),
         "messages": int(state.get("messages") or 0),
         "bytes": int(state.get("bytes") or 0),
         "first_seq": int(state.get("first_seq") or 0),
         "last_seq": int(state.get("last_seq") or 0),
+        "last_ts": state.get("last_ts"),
         "consumer_count": int(state.get("consumer_count") or 0),
         "sources": sources,
         "mirror": mirror,
+        "created": info.get("created"),
+        "read_at": info.get("ts"),
         **_replica_health(info.get("cluster")),
     }
 
@@ -92,8 +81,11 @@ def consumer_row(info: dict[str, Any]) -> dict[str, Any]:
         "stream": info.get("stream_name"),
         "name": info.get("name"),
         "durable": bool(config.get("durable_name")),
+        "pull": not config.get("deliver_subject"),
         "filter_subjects": consumer_filters(info),
         "ack_policy": config.get("ack_policy"),
+        "ack_wait_ns": int(config.get("ack_wait") or 0),
+        "max_deliver": int(config.get("max_deliver") or -1),
         "num_pending": int(info.get("num_pending") or 0),
         "num_ack_pending": int(info.get("num_ack_pending") or 0),
         "num_redelivered": int(info.get("num_redelivered") or 0),
@@ -101,120 +93,127 @@ def consumer_row(info: dict[str, Any]) -> dict[str, Any]:
         "delivered_stream_seq": int(delivered.get("stream_seq") or 0),
         "ack_floor_stream_seq": int(ack_floor.get("stream_seq") or 0),
         "last_active": delivered.get("last_active"),
+        "last_ack": ack_floor.get("last_active"),
+        "created": info.get("created"),
+        "read_at": info.get("ts"),
         "paused": bool(info.get("paused")),
         "pause_until": config.get("pause_until") if info.get("paused") else None,
+        "source_for": (config.get("metadata") or {}).get(SOURCE_STREAM_METADATA),
         "leader": (info.get("cluster") or {}).get("leader"),
     }
 
 
+async def _list_pages(conn: JetStreamConnection, api: str, key: str, limit: int,
+                      context: str) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """Every item of a paged listing up to ``limit``: (items, total, names the server listed as missing)."""
+    items: list[dict[str, Any]] = []
+    missing: list[str] = []
+    total = 0
+    while len(items) < limit:
+        reply = await conn.api_request(api, {"offset": len(items)}, context=context)
+        page = reply.get(key) or []
+        total = max(int(reply.get("total") or 0), len(items) + len(page))
+        missing.extend(str(name) for name in reply.get("missing") or [])
+        items.extend(page)
+        if not page or len(items) >= total:
+            break
+    return items[:limit], total, missing
+
+
 async def list_streams(conn: JetStreamConnection, *, limit: int = MAX_STREAMS) -> dict[str, Any]:
-    """The first ``limit`` streams (one listing page); ``total`` counts all of them."""
-    reply = await conn.api_request("STREAM.LIST", {"offset": 0}, context="list streams")
-    infos, total = _page(reply, "streams", limit)
-    rows = sorted((stream_row(info) for info in infos), key=lambda row: row["name"] or "")
-    return {"streams": rows, "infos": infos, "total": total, "truncated": total > len(rows)}
+    """Every stream's info (up to ``limit``), by name; ``total`` counts all of them, ``missing`` names the
+    streams a clustered server listed without info (no answer from their leader)."""
+    infos, total, missing = await _list_pages(conn, "STREAM.LIST", "streams", limit, "list streams")
+    infos.sort(key=lambda info: (info.get("config") or {}).get("name") or "")
+    return {"streams": [stream_row(info) for info in infos], "infos": infos, "total": total, "read": len(infos),
+            "missing": sorted(missing)}
 
 
-async def list_consumer_rows(conn: JetStreamConnection, stream: str, *, limit: int = MAX_CONSUMERS) -> dict[str, Any]:
-    """The first ``limit`` consumers of ``stream`` (one listing page); ``total`` counts all of them."""
+async def list_consumers(conn: JetStreamConnection, stream: str, *, limit: int = MAX_CONSUMERS) -> dict[str, Any]:
+    """Every consumer of ``stream`` (up to ``limit``), by name; ``total`` counts all of them."""
     validate_name(stream, what="stream name")
-    reply = await conn.api_request(f"CONSUMER.LIST.{stream}", {"offset": 0},
-                                   context=f"list consumers of stream {stream!r}")
-    infos, total = _page(reply, "consumers", limit)
+    infos, total, missing = await _list_pages(conn, f"CONSUMER.LIST.{stream}", "consumers", limit,
+                                              f"list consumers of stream {stream!r}")
     rows = sorted((consumer_row(info) for info in infos), key=lambda row: row["name"] or "")
-    return {"stream": stream, "consumers": rows, "total": total, "truncated": total > len(rows)}
+    return {"stream": stream, "consumers": rows, "total": total, "read": len(rows), "missing": sorted(missing)}
 
 
-async def source_rows(conn: JetStreamConnection, stream_infos: list[dict[str, Any]], *,
-                      limit: int = MAX_SOURCES) -> dict[str, Any]:
-    """Status (:func:`source_status`: lag, active, error, consumer pending) of the first ``limit`` sources
-    and mirrors of ``stream_infos``; a source whose status cannot be read shows its typed error."""
-    wanted: list[tuple[Any, Any]] = []  # (stream name, source entry) from server JSON
-    for info in stream_infos:
-        name = (info.get("config") or {}).get("name")
-        entries = list(info.get("sources") or []) + ([info["mirror"]] if info.get("mirror") else [])
-        wanted.extend((name, entry) for entry in entries)
-    rows = []
-    for stream, entry in wanted[:limit]:
-        external = entry.get("external") or {}
-        try:
-            rows.append(await source_status(conn, stream, entry.get("name"), api_prefix=external.get("api")))
-        except JetStreamError as exc:
-            rows.append({"stream": stream, "source": entry.get("name"), "lag": int(entry.get("lag") or 0),
-                         "active": int(entry.get("active", -1)), "error": exc.to_dict(), "caught_up": False})
-    return {"sources": rows, "total": len(wanted), "truncated": len(wanted) > len(rows)}
+async def consumers_of(conn: JetStreamConnection, streams: Iterable[dict[str, Any]], *,
+                       limit: int = MAX_CONSUMERS) -> dict[str, Any]:
+    """The consumers of every stream row in ``streams`` that has any, up to ``limit`` in all.
 
-
-async def ledger_runs(conn: JetStreamConnection, bucket: str, *, limit: int = MAX_LEDGER_KEYS) -> dict[str, Any]:
-    """The batch ledger in ``bucket`` per run: batches by state, attempts, messages, last update.
-
-    Reads at most ``limit`` keys (in stream order: oldest first); ``truncated`` says when more exist.
-    The bucket is only read (never created).
+    A stream whose listing fails is named in ``errors`` with its typed error; the others still count.
     """
-    ledger = await BatchLedger.open(conn, bucket, create=False)
-    latest: dict[tuple[str, str], Any] = {}
-    truncated = False
-    async with aclosing(ledger.iter_batches()) as records:
-        async for rec in records:
-            if (rec.run_id, rec.batch_id) not in latest and len(latest) >= limit:
-                truncated = True
-                break
-            latest[(rec.run_id, rec.batch_id)] = rec  # a batch updated during the read comes again, newer
-    runs: dict[str, dict[str, Any]] = {}
-    for rec in latest.values():
-        run = runs.setdefault(rec.run_id, {"run_id": rec.run_id, "batches": 0, "states": Counter(), "messages": 0,
-                                           "attempts": 0, "max_attempts": 0, "streams": set(), "updated_at": "",
-                                           "failed": []})
-        run["batches"] += 1
-        run["states"][rec.state] += 1
-        run["messages"] += rec.count
-        run["attempts"] += rec.attempts
-        run["max_attempts"] = max(run["max_attempts"], rec.attempts)
-        run["streams"].add(rec.stream)
-        run["updated_at"] = max(run["updated_at"], rec.updated_at or "")
-        if rec.state == "failed":
-            run["failed"].append({"batch_id": rec.batch_id, "attempts": rec.attempts, "last_error": rec.last_error})
-    rows = [{**run, "states": {state: run["states"].get(state, 0) for state in STATES},
-             "streams": sorted(run["streams"])} for run in runs.values()]
-    rows.sort(key=lambda run: run["updated_at"], reverse=True)
-    return {"bucket": bucket, "runs": rows, "keys_read": len(latest), "truncated": truncated}
+    wanted = [row for row in streams if row["consumer_count"]]
+    total = sum(row["consumer_count"] for row in wanted)
+    gate = asyncio.Semaphore(CONCURRENT_LISTINGS)
+    budget = {"left": limit}
+
+    async def one(row: dict[str, Any]) -> dict[str, Any]:
+        async with gate:
+            room = min(row["consumer_count"], budget["left"])
+            if room <= 0:
+                return {"stream": row["name"], "consumers": [], "total": row["consumer_count"], "missing": []}
+            budget["left"] -= room
+            try:
+                return await list_consumers(conn, row["name"], limit=room)
+            except JetStreamError as exc:
+                return {"stream": row["name"], "consumers": [], "total": row["consumer_count"], "missing": [],
+                        "error": exc.to_dict()}
+
+    listed = await asyncio.gather(*(one(row) for row in wanted))
+    rows = [consumer for part in listed for consumer in part["consumers"]]
+    return {"consumers": rows, "total": max(total, len(rows)), "read": len(rows),
+            "missing": [f"{part['stream']} > {name}" for part in listed for name in part["missing"]],
+            "errors": {part["stream"]: part["error"] for part in listed if "error" in part}}
 
 
-def _advisory_row(data: bytes, subject: str, seq: int) -> dict[str, Any] | None:
-    advisory = decode_advisory(data, subject=subject, capture_seq=seq)
-    if advisory is None:
-        return None
-    raw = advisory.raw
-    row = {"capture_seq": seq, "kind": advisory.kind, "type": advisory.type,
-           "timestamp": advisory.timestamp.isoformat() if advisory.timestamp else None}
-    row.update({name: raw[name] for name in _ADVISORY_FIELDS if isinstance(raw.get(name), (str, int, float))})
-    return row
+def _source_kind(entry: dict[str, Any], config_entry: dict[str, Any], consumer: dict[str, Any] | None) -> str:
+    if entry.get("external") or config_entry.get("external"):
+        return "external"
+    if config_entry.get("consumer"):
+        return "user-managed"
+    return "server-managed" if consumer is not None else "ephemeral"
 
 
-async def _message(conn: JetStreamConnection, stream: str, seq: int) -> dict[str, Any] | None:
-    try:
-        reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": seq}, context=f"stream {stream!r}")
-    except JetStreamError as exc:
-        if exc.err_code == _ERR_NO_MESSAGE:  # deleted, or expired since the stream info
-            return None
-        raise
-    message: dict[str, Any] = reply["message"]
-    return message
-
-
-async def recent_advisories(conn: JetStreamConnection, capture_stream: str, *,
-                            limit: int = MAX_ADVISORIES) -> dict[str, Any]:
-    """The advisories among the last ``limit`` messages of the capture stream, newest first, with a
-    few fields each; API audit advisories (one per JetStream API call) are counted in
-    ``api_audit_skipped``, not listed. Read with one message get per sequence: no consumer is created."""
-    info = await stream_info(conn, capture_stream)
-    state = info.get("state") or {}
-    last, first = int(state.get("last_seq") or 0), int(state.get("first_seq") or 0)
-    seqs = range(last, max(first, last - limit + 1, 1) - 1, -1)
-    messages = await asyncio.gather(*(_message(conn, capture_stream, seq) for seq in seqs))
-    rows = [row for msg in messages if msg is not None
-            and (row := _advisory_row(base64.b64decode(msg.get("data") or ""), msg["subject"], int(msg["seq"])))]
-    audits = sum(row["kind"] == _API_AUDIT for row in rows)
-    stored = int(state.get("messages") or 0)
-    return {"capture_stream": capture_stream, "advisories": [row for row in rows if row["kind"] != _API_AUDIT],
-            "api_audit_skipped": audits, "limit": len(seqs), "messages": stored, "truncated": stored > len(seqs)}
+def source_rows(stream_infos: Iterable[dict[str, Any]], consumers: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every source and mirror of ``stream_infos``: lag, last activity, error, and the durable consumer on the
+    origin when it is among ``consumers`` (a user-managed source's named consumer, or the consumer the server
+    made for a server-managed one). ``caught_up`` is :func:`~airflow_jetstream.client.sourcing.status.source_status`'s
+    rule: no error, active, no lag, nothing pending or in flight on a known consumer."""
+    by_name = {(row["stream"], row["name"]): row for row in consumers}
+    managed = {(row["stream"], row["source_for"]): row for row in consumers if row.get("source_for")}
+    rows: list[dict[str, Any]] = []
+    for info in stream_infos:
+        config = info.get("config") or {}
+        stream = config.get("name")
+        entries = [(entry, False) for entry in info.get("sources") or []]
+        if info.get("mirror"):
+            entries.append((info["mirror"], True))
+        configured = {(c.get("name"), False): c for c in config.get("sources") or []}
+        if config.get("mirror"):
+            configured[(config["mirror"].get("name"), True)] = config["mirror"]
+        for entry, mirror in entries:
+            origin = entry.get("name")
+            config_entry = configured.get((origin, mirror), {})
+            named = (config_entry.get("consumer") or {}).get("name")
+            consumer = by_name.get((origin, named)) if named else managed.get((origin, stream))
+            if entry.get("external") or config_entry.get("external"):
+                consumer = None  # another domain or account: its consumers are not listed here
+            active = int(entry.get("active", -1))
+            lag = int(entry.get("lag") or 0)
+            error = error_from_api(entry["error"], context=f"source {origin!r} of stream {stream!r}").to_dict() \
+                if entry.get("error") else None
+            pending = consumer["num_pending"] if consumer else None
+            in_flight = consumer["num_ack_pending"] if consumer else None
+            rows.append({
+                "stream": stream, "source": origin, "mirror": mirror,
+                "kind": _source_kind(entry, config_entry, consumer),
+                "consumer": consumer["name"] if consumer else named,
+                "lag": lag, "active": active, "active_s": active / 1e9 if active >= 0 else None, "error": error,
+                "consumer_num_pending": pending, "consumer_num_ack_pending": in_flight,
+                "caught_up": not error and active >= 0 and lag == 0 and not pending and not in_flight,
+                "read_at": info.get("ts"),
+            })
+    rows.sort(key=lambda row: (row["stream"] or "", row["source"] or ""))
+    return rows

@@ -1,0 +1,121 @@
+"""The batch ledger per run, read without a consumer: what the JetStream view shows in its ledger section.
+
+The ledger bucket's stream (``KV_<bucket>``) is read with :func:`~airflow_jetstream.client.reading.direct.get_messages`
+(direct batches when the bucket allows direct gets, message gets otherwise), newest first: the last
+``limit`` sequences hold the most recently written ledger entries, so every entry shown was written after
+every entry left out. ``before_seq`` reads the window below an earlier one (the older page). One run's
+entries (``run_id``) are read whole, wherever they are in the stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import (
+    InvalidRequestError,
+    JetStreamError,
+    LedgerNotFoundError,
+    StreamNotFoundError,
+)
+from airflow_jetstream.client.ledger.records import FAILED, IN_PROGRESS, KEY_SAFE, STATES, BatchRecord, key_token
+from airflow_jetstream.client.reading.direct import get_messages
+
+#: Ledger entries (KV messages) one overview reads unless told otherwise.
+MAX_LEDGER_ENTRIES = 5000
+#: Failed and overdue batches listed per run (all are counted).
+LISTED_PER_RUN = 20
+_DELETED = ("DEL", "PURGE")
+
+
+def _check_bucket(bucket: str) -> None:
+    if not isinstance(bucket, str) or not bucket or set(bucket) - KEY_SAFE:
+        raise InvalidRequestError(
+            f"ledger bucket {bucket!r} is not a valid KV bucket name (letters, digits, '_' and '-' only)",
+            reason="invalid_name")
+
+
+async def _bucket_info(conn: JetStreamConnection, bucket: str) -> dict[str, Any]:
+    try:
+        return await conn.api_request(f"STREAM.INFO.KV_{bucket}", context=f"ledger bucket {bucket!r}")
+    except StreamNotFoundError:
+        raise LedgerNotFoundError(
+            f"ledger bucket {bucket!r} does not exist (nothing was recorded in it yet, or the view looks at another "
+            "bucket than the producers use: set ledger_bucket)", reason="ledger_not_found") from None
+
+
+async def ledger_runs(conn: JetStreamConnection, bucket: str, *, limit: int = MAX_LEDGER_ENTRIES,
+                      before_seq: int | None = None, run_id: str | None = None,
+                      now: float | None = None) -> dict[str, Any]:
+    """The ledger in ``bucket`` per run: batches by state, attempts, messages, last update, failed batches and
+    claims past their visibility deadline (``overdue``), newest run first.
+
+    ``entries`` counts the ledger entries stored, ``read`` those read, ``first_read_seq`` where the read began
+    (give it as ``before_seq`` for the older page). With ``run_id`` only that run's entries are read. The
+    bucket is only read (never created); a bucket that does not exist is :class:`LedgerNotFoundError`.
+    """
+    _check_bucket(bucket)
+    info = await _bucket_info(conn, bucket)
+    state = info.get("state") or {}
+    first, last = int(state.get("first_seq") or 0), int(state.get("last_seq") or 0)
+    stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
+    if run_id is not None:
+        page = await get_messages(conn, stream, start_seq=first, limit=limit, info=info,
+                                  subject=f"{prefix}{key_token(run_id)}.*")
+        start = first
+    else:
+        end = min(last, before_seq - 1) if before_seq else last
+        start = max(first, end - limit + 1, 1)
+        page = await get_messages(conn, stream, start_seq=start, limit=end - start + 1 if end >= start else 0,
+                                  info=info)
+    latest: dict[str, BatchRecord | None] = {}
+    errors: list[dict[str, Any]] = []
+    for msg in page.messages:
+        key = msg.subject[len(prefix):]
+        if msg.headers.get("KV-Operation") in _DELETED or "Nats-Marker-Reason" in msg.headers:
+            latest[key] = None
+            continue
+        try:
+            latest[key] = BatchRecord.decode(msg.data, msg.seq, key)
+        except JetStreamError as exc:
+            errors.append({"key": key, "seq": msg.seq, **exc.to_dict()})
+    runs = summarize_runs((rec for rec in latest.values() if rec is not None), now=time.time() if now is None else now)
+    return {"bucket": bucket, "runs": runs, "entries": int(state.get("messages") or 0), "read": len(page.messages),
+            "first_read_seq": start, "older": start > first and run_id is None, "run_id": run_id,
+            "method": page.method, "unreadable": errors[:LISTED_PER_RUN], "unreadable_count": len(errors),
+            "allow_direct": bool((info.get("config") or {}).get("allow_direct"))}
+
+
+def summarize_runs(records: Any, *, now: float) -> list[dict[str, Any]]:
+    """Per run: counts by state, messages, attempts, streams, first and last update, failed and overdue batches."""
+    runs: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        run = runs.setdefault(rec.run_id, {"run_id": rec.run_id, "batches": 0, "states": Counter(), "messages": 0,
+                                           "attempts": 0, "max_attempts": 0, "streams": set(), "created_at": None,
+                                           "updated_at": "", "failed": [], "overdue": [], "failed_count": 0,
+                                           "overdue_count": 0})
+        run["batches"] += 1
+        run["states"][rec.state] += 1
+        run["messages"] += rec.count
+        run["attempts"] += rec.attempts
+        run["max_attempts"] = max(run["max_attempts"], rec.attempts)
+        run["streams"].add(rec.stream)
+        run["updated_at"] = max(run["updated_at"], rec.updated_at or "")
+        if rec.created_at and (run["created_at"] is None or rec.created_at < run["created_at"]):
+            run["created_at"] = rec.created_at
+        if rec.state == FAILED:
+            run["failed_count"] += 1
+            if len(run["failed"]) < LISTED_PER_RUN:
+                run["failed"].append({"batch_id": rec.batch_id, "attempts": rec.attempts, "last_error": rec.last_error,
+                                      "failed_at": rec.failed_at})
+        elif rec.state == IN_PROGRESS and rec.expired(now):
+            run["overdue_count"] += 1
+            if len(run["overdue"]) < LISTED_PER_RUN:
+                run["overdue"].append({"batch_id": rec.batch_id, "owner": rec.owner, "deadline": rec.deadline,
+                                       "attempts": rec.attempts})
+    rows = [{**run, "states": {state: run["states"].get(state, 0) for state in STATES},
+             "streams": sorted(run["streams"])} for run in runs.values()]
+    rows.sort(key=lambda run: run["updated_at"], reverse=True)
+    return rows

@@ -51,6 +51,7 @@ with DAG(
         task_id="stream_large_orders",
         application=str(SPARK_APPS / "stream_orders.py"),
         nats_conn_id=NATS_CONN_ID,
+        stream=LARGE_STREAM,  # the task's JetStream extra link opens the view at this stream
         ship_package=True,
         application_args=[
             "--from-stream", AGG_STREAM, "--to-stream", LARGE_STREAM, "--checkpoints", CHECKPOINTS,

@@ -74,6 +74,7 @@ with DAG(
         task_id="produce_orders",
         application=str(SPARK_APPS / "produce_orders.py"),
         nats_conn_id=NATS_CONN_ID,
+        stream=RAW_STREAM,  # the task's JetStream extra link opens the view at this stream
         ship_package=True,
         application_args=[
             "--stream", RAW_STREAM, "--run-id", "{{ run_id }}",
@@ -101,6 +102,7 @@ with DAG(
         task_id="consume_orders",
         application=str(SPARK_APPS / "consume_orders.py"),
         nats_conn_id=NATS_CONN_ID,
+        stream=AGG_STREAM,  # the task's JetStream extra link opens the view at this stream
         ship_package=True,
         application_args=[
             "--stream", AGG_STREAM, "--cursor", CURSOR_CONSUMER,

@@ -51,6 +51,7 @@ with DAG(
         task_id="reconsume_orders",
         application=str(SPARK_APPS / "consume_orders.py"),
         nats_conn_id=NATS_CONN_ID,
+        stream=AGG_STREAM,  # the task's JetStream extra link opens the view at this stream
         ship_package=True,
         application_args=[
             "--stream", AGG_STREAM, "--cursor", CURSOR_CONSUMER,

@@ -5,7 +5,8 @@ On the shared api-server (tests/support/airflow_ui.py), whose nats-server holds 
 login page; logged in, the Browse menu entry shows the view inside Airflow; the page puts the problems on
 top (an abandoned batch with its batch id, a given-up message, the ledger run's failed and overdue batches,
 a broken source, a slow consumer) with the rows marked; a publish task run with ``airflow dags test`` has a
-"JetStream" extra link, stored relative, that opens the view at its stream's row.
+"JetStream" extra link, stored relative, that opens the view at the row of the stream it published to
+(named by its result: the task gives only a subject).
 Saves docs/img/jetstream-view.png (problems flagged) and jetstream-in-airflow.png.
 """
 
@@ -33,7 +34,7 @@ from airflow.sdk import DAG
 from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
 
 with DAG(dag_id="{DAG_ID}", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), schedule=None):
-    JetStreamAtomicBatchPublishOperator(task_id="publish", stream="{seeded.STREAM}", subject="orders.link",
+    JetStreamAtomicBatchPublishOperator(task_id="publish", subject="orders.link",  # no stream=: from the result
                                         messages=[{{"data": {{"n": 1}}}}], nats_conn_id="{VIEW_CONN}")
 '''
 

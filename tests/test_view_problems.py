@@ -1,0 +1,143 @@
+"""client/admin/problems.py without a server: each rule's threshold and since, and the order (worst, then oldest)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from airflow_jetstream.client.admin.problems import Observations, Thresholds, find_problems
+from airflow_jetstream.ui.paging import PageQuery, shape
+
+NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+
+
+def _iso(minutes_ago: float) -> str:
+    return (NOW - timedelta(minutes=minutes_ago)).isoformat()
+
+
+def _consumer(name: str, **fields) -> dict:
+    row = {"stream": "S", "name": name, "durable": True, "pull": True, "filter_subjects": [], "ack_policy": "explicit",
+           "ack_wait_ns": 30_000_000_000, "max_deliver": -1, "num_pending": 0, "num_ack_pending": 0,
+           "num_redelivered": 0, "num_waiting": 0, "last_active": _iso(0), "last_ack": _iso(0), "created": _iso(60),
+           "paused": False, "pause_until": None}
+    return {**row, **fields}
+
+
+def _stream(name: str, **fields) -> dict:
+    return {"name": name, "num_replicas": 1, "leader": None, "replicas": [], **fields}
+
+
+def _kinds(snapshot: dict, limits: Thresholds | None = None, seen: Observations | None = None) -> list[tuple]:
+    found = find_problems(snapshot, limits or Thresholds(), seen or Observations(), NOW)
+    return [(p["kind"], p["anchor"]) for p in found]
+
+
+def test_consumer_rules_follow_their_thresholds() -> None:
+    consumers = [
+        _consumer("fine", num_pending=10, num_waiting=1),
+        _consumer("redelivers", num_redelivered=3),
+        _consumer("overdue", num_ack_pending=5, last_ack=_iso(2)),  # ack_wait 30 s
+        _consumer("in_time", num_ack_pending=5, last_ack=_iso(0.2)),
+        _consumer("idle", num_pending=7, last_active=_iso(10)),
+        _consumer("recently_pulled", num_pending=7, last_active=_iso(1)),
+        _consumer("push", num_pending=7, last_active=_iso(10), pull=False),
+        _consumer("paused", paused=True, pause_until=_iso(-60), num_pending=7, last_active=_iso(10)),
+    ]
+    found = _kinds({"consumers": {"consumers": consumers}}, Thresholds(pending_idle=300, redelivered=2))
+    assert sorted(found) == sorted([
+        ("consumer_redelivering", "consumer-S-redelivers"), ("ack_overdue", "consumer-S-overdue"),
+        ("consumer_idle", "consumer-S-idle"), ("consumer_paused", "consumer-S-paused")])
+    assert _kinds({"consumers": {"consumers": [_consumer("r", num_redelivered=1)]}}, Thresholds(redelivered=2)) == []
+
+
+def test_since_is_the_servers_time_where_it_has_one_else_the_first_time_seen() -> None:
+    seen = Observations()
+    snapshot = {"consumers": {"consumers": [_consumer("idle", num_pending=7, last_active=_iso(10)),
+                                            _consumer("redelivers", num_redelivered=3)]}}
+    first = {p["kind"]: p for p in find_problems(snapshot, Thresholds(), seen, NOW)}
+    assert first["consumer_idle"]["since"] == _iso(10) and first["consumer_idle"]["since_means"] == "last delivery"
+    assert first["consumer_redelivering"]["since"] == NOW.isoformat()
+    assert first["consumer_redelivering"]["since_means"] == "first seen by this view"
+    later = {p["kind"]: p for p in find_problems(snapshot, Thresholds(), seen, NOW + timedelta(minutes=5))}
+    assert later["consumer_redelivering"]["since"] == NOW.isoformat(), "remembered, not reset"
+    find_problems({"consumers": {"consumers": []}}, Thresholds(), seen, NOW)
+    assert seen.first_seen == {}, "a problem that went away is forgotten"
+
+
+def test_a_source_backlog_that_does_not_shrink_is_flagged_after_the_threshold() -> None:
+    def source(backlog: int, active_s: float = 0.5) -> dict:
+        return {"sources": {"sources": [{"stream": "AGG", "source": "O", "mirror": False, "lag": backlog,
+                                         "active": int(active_s * 1e9), "active_s": active_s, "error": None,
+                                         "consumer_num_pending": 0}]}}
+
+    seen, limits = Observations(), Thresholds(source_stalled=60)
+    at = [NOW + timedelta(seconds=s) for s in (0, 30, 61, 90, 200)]
+    assert find_problems(source(100), limits, seen, at[0]) == []
+    assert find_problems(source(100), limits, seen, at[1]) == []
+    [stalled] = find_problems(source(120), limits, seen, at[2])  # grew: still not shrinking since at[0]
+    assert stalled["kind"] == "source_stalled" and stalled["since"] == at[0].isoformat()
+    assert find_problems(source(80), limits, seen, at[3]) == []  # shrank
+    [idle] = find_problems(source(80, active_s=120), limits, Observations(), at[4])
+    assert idle["since_means"] == "last activity"
+
+
+def test_streams_replicas_and_listing_gaps() -> None:
+    streams = [
+        _stream("R1"),
+        _stream("NOLEADER", num_replicas=3),
+        _stream("DOWN", num_replicas=3, leader="n1",
+                replicas=[{"name": "n2", "current": False, "offline": True, "lag": 0},
+                          {"name": "n3", "current": False, "offline": False, "lag": 42}]),
+    ]
+    found = _kinds({"streams": {"streams": streams, "total": 4, "read": 3, "missing": ["GONE"]}})
+    assert ("stream_no_leader", "stream-NOLEADER") in found and ("replica_offline", "stream-DOWN") in found
+    assert ("replica_lagging", "stream-DOWN") in found and ("stream_no_leader", "section-streams") in found
+    assert ("read_incomplete", "section-streams") in found and not any(a == "stream-R1" for _, a in found)
+
+
+def test_advisories_are_problems_while_younger_than_the_window() -> None:
+    rows = [{"capture_seq": 9, "kind": "batch_abandoned", "stream": "S", "batch": "b-1", "reason": "timeout",
+             "timestamp": _iso(30)},
+            {"capture_seq": 5, "kind": "max_deliveries", "stream": "S", "consumer": "c", "stream_seq": 3,
+             "deliveries": 5, "timestamp": _iso(60 * 25)},
+            {"capture_seq": 4, "kind": "consumer_created", "stream": "S", "consumer": "c", "timestamp": _iso(1)}]
+    found = find_problems({"advisories": {"advisories": rows, "capture": _capture()}}, Thresholds(advisory_age=86400),
+                          Observations(), NOW)
+    assert [(p["kind"], p["object"].get("batch")) for p in found] == [("batch_abandoned", "b-1")]
+
+
+def _capture(**fields) -> dict:
+    return {"captures_api_audits": False, "allow_direct": True, "direct_reads": True, **fields}
+
+
+def test_a_capture_stream_that_reading_writes_into_is_flagged() -> None:
+    def kinds(**facts) -> list[str]:
+        snapshot = {"capture_stream": "ADV", "advisories": {"advisories": [], "capture": _capture(**facts)}}
+        return [p["kind"] for p in find_problems(snapshot, Thresholds(), Observations(), NOW)]
+
+    assert kinds() == []
+    assert kinds(captures_api_audits=True) == ["capture_writes_on_read"]
+    assert kinds(allow_direct=False, direct_reads=False) == ["capture_writes_on_read"]
+    missing = {"capture_stream": "ADV", "advisories": {"error": {"reason": "stream_not_found", "message": "no"}}}
+    assert [p["kind"] for p in find_problems(missing, Thresholds(), Observations(), NOW)] == ["capture_missing"]
+
+
+def test_worst_first_then_oldest_and_rows_sorted_by_their_worst_problem() -> None:
+    snapshot = {
+        "streams": {"streams": [_stream("A"), _stream("B", num_replicas=3), _stream("C")], "total": 3, "read": 3},
+        "consumers": {"consumers": [_consumer("quiet"), _consumer("late", num_redelivered=2),
+                                    _consumer("idle", num_pending=5, last_active=_iso(30))], "total": 3, "read": 3},
+        "ledger": {"bucket": "L", "runs": [{"run_id": "r1", "failed_count": 1, "overdue_count": 0, "streams": ["A"],
+                                            "failed": [{"batch_id": "b", "failed_at": _iso(5), "last_error": "x"}],
+                                            "overdue": []}]},
+    }
+    problems = find_problems(snapshot, Thresholds(), Observations(), NOW)
+    assert [p["severity"] for p in problems] == ["error", "error", "warning", "warning"]
+    errors = [p for p in problems if p["severity"] == "error"]
+    assert [p["kind"] for p in errors] == ["ledger_failed", "stream_no_leader"]  # 5 min ago, then first seen now
+    view = shape({**snapshot, "problems": problems}, PageQuery(per_page=2))
+    assert [row["name"] for row in view["streams"]["streams"]] == ["B", "A"]
+    assert [row["problem"] for row in view["consumers"]["consumers"]] == ["warning", "warning"]
+    assert view["consumers"]["total"] == 3 and view["consumers"]["pages"] == 2
+    assert view["other_streams"] == ["C"]
+    located = {p["anchor"]: p["at"] for p in view["problems"]["problems"]}
+    assert located["stream-B"] == {"section": "streams", "page": 1}

@@ -74,6 +74,8 @@ async def ledger_runs(conn: JetStreamConnection, bucket: str, *, limit: int = MA
     errors: list[dict[str, Any]] = []
     for msg in page.messages:
         key = msg.subject[len(prefix):]
+        if key.count(".") != 1:  # not a batch record (<run>.<batch>): e.g. a run's counts (<run>./counts.<n>)
+            continue
         if msg.headers.get("KV-Operation") in _DELETED or "Nats-Marker-Reason" in msg.headers:
             latest[key] = None
             continue

@@ -124,6 +124,8 @@ class LocalAirflow:
             JETSTREAM_DEMO_SERVER=self.nats_url.split(",")[0].split("://", 1)[-1],
             JETSTREAM_DEMO_OUTPUT=str(self.home / "output"),
             PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+            # the components import tests.infra (the triggerers' hostname_callable) from this checkout
+            PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")])),
             PYSPARK_PYTHON=sys.executable,
             PYSPARK_DRIVER_PYTHON=sys.executable,
             SPARK_LOCAL_IP="127.0.0.1",

@@ -50,6 +50,7 @@ PIPELINE, GUARDED, PUBLISH_READY, PROCESS_READY = (
     "jetstream_orders_pipeline", "publish_orders_guarded", "publish_ready_orders", "process_ready_orders")
 CHROMIUM = Path("/usr/bin/chromium")
 READY_STREAM, READY_CONSUMER, PROCESSED_BUCKET = "ORDERS_READY", "airflow_orders_ready", "orders_ready_processed"
+MAX_UNCONFIRMED = 4  # the watcher's bound on messages handed to Airflow and not yet confirmed stored: bounds repeats
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,8 @@ def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServe
 @pytest.fixture(scope="module")
 def airflow(nats: EmbeddedNatsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
     home = tmp_path_factory.mktemp("deploy-airflow")
-    with LocalAirflow(home, nats_url=nats.url, dags_folder=ROOT / "dags_examples") as deployment:
+    with LocalAirflow(home, nats_url=nats.url, dags_folder=ROOT / "dags_examples",
+                      extra_env={"JETSTREAM_DEMO_MAX_UNCONFIRMED": str(MAX_UNCONFIRMED)}) as deployment:
         deployment.start()
         yield deployment
 
@@ -181,6 +183,16 @@ def _events_by_seq(airflow: LocalAirflow) -> Counter[int]:
     return Counter(e["stream_seq"] for e in ready_events(airflow))
 
 
+def _repeats(airflow: LocalAirflow, seqs: list[int]) -> int:
+    """Repeat events of ``seqs``; each must say it is one (the server counted the redelivery: delivered > 1)."""
+    seen: set[int] = set()
+    for event in ready_events(airflow):
+        assert event["stream_seq"] not in seen or event["delivered"] > 1, event
+        seen.add(event["stream_seq"])
+    counts = _events_by_seq(airflow)
+    return sum(counts[seq] - 1 for seq in seqs)
+
+
 def test_event_driven_exactly_once_across_triggerer_stops(airflow: LocalAirflow,
                                                           nats_settings: ConnectionSettings) -> None:
     # the example creates its stream; until then the watcher waits with one line per back-off
@@ -192,7 +204,9 @@ def test_event_driven_exactly_once_across_triggerer_stops(airflow: LocalAirflow,
     waits = re.findall(r"Watcher on ORDERS_READY/airflow_orders_ready not started: .*?Checking again in", log)
     assert "Traceback" not in log and len(waits) <= 12, f"{len(waits)} back-off lines"
 
-    # (a) clean SIGTERM while messages are in flight, then a restart: nothing doubled, nothing lost
+    # (a) clean SIGTERM while messages are in flight, then a restart: nothing lost. The provider takes over no
+    # signal: the events Airflow stored in the triggerer's last state sync were never confirmed to the watcher, so
+    # their messages come again, visibly, at most max_unconfirmed of them (docs/event-driven.md)
     start = max(expected)
     published = publish(nats_settings, 30)
     assert published == list(range(start + 1, start + 31))
@@ -202,17 +216,17 @@ def test_event_driven_exactly_once_across_triggerer_stops(airflow: LocalAirflow,
     airflow.start_component("triggerer")
     expected |= set(published)
     _wait_events(airflow, nats_settings, expected, "all events after a clean stop")
-    counts = _events_by_seq(airflow)
-    assert set(counts) == expected and max(counts.values()) == 1, {s: n for s, n in counts.items() if n > 1}
-    assert "Clean stop:" in airflow.log_tail("triggerer", chars=10**7)
+    assert set(_events_by_seq(airflow)) == expected
+    repeated = _repeats(airflow, published)
+    assert repeated <= MAX_UNCONFIRMED, repeated
+    print(f"SIGTERM: {repeated} of {len(published)} message(s) repeated (bound {MAX_UNCONFIRMED})")
 
     # (c) two triggerers at once: each message is one event
     airflow.start_component("triggerer", key="triggerer-2")
     published = publish(nats_settings, 30)
     expected |= set(published)
     _wait_events(airflow, nats_settings, expected, "all events with two triggerers")
-    counts = _events_by_seq(airflow)
-    assert set(counts) == expected and max(counts.values()) == 1, {s: n for s, n in counts.items() if n > 1}
+    assert set(_events_by_seq(airflow)) == expected and _repeats(airflow, published) == 0
     assert airflow.stop("triggerer-2", signal.SIGTERM) == 0
 
     # (b) SIGKILL mid-burst: nothing lost; a message whose event was stored but not acked repeats, visibly
@@ -225,22 +239,16 @@ def test_event_driven_exactly_once_across_triggerer_stops(airflow: LocalAirflow,
     expected |= set(published)
     _wait_events(airflow, nats_settings, expected, "all events after a crash (redelivered after ack_wait 30 s)",
                  timeout=180)
-    events = ready_events(airflow)
-    counts = Counter(e["stream_seq"] for e in events)
-    assert set(counts) == expected
-    repeats = {seq for seq, n in counts.items() if n > 1}
-    assert repeats <= set(published), "only the crashed triggerer's messages may repeat"
-    seen: set[int] = set()
-    for event in events:  # a repeat says so: the server counted the redelivery
-        assert event["stream_seq"] not in seen or event["delivered"] > 1, event
-        seen.add(event["stream_seq"])
+    assert set(_events_by_seq(airflow)) == expected
+    repeats = _repeats(airflow, published)
+    assert repeats <= MAX_UNCONFIRMED, repeats
     # no later message needed: an event Airflow stored without a run of its own (docs/event-driven.md,
     # "Stranded events") is processed by the run that left it behind
     wait_until(lambda: processed_seqs(nats_settings) == expected and not active_runs(airflow),
                "process_ready_orders to process every stream sequence", timeout=240, every=0.5)
     failed = query(airflow, "SELECT run_id FROM dag_run WHERE dag_id = ? AND state != 'success'", PROCESS_READY)
     assert failed == []
-    print(f"SIGKILL: {len(repeats)} of {len(published)} message(s) repeated, each processed once")
+    print(f"SIGKILL: {repeats} of {len(published)} message(s) repeated, each processed once")
 
 
 def ui_trigger(page: Any, airflow: LocalAirflow, dag_id: str, rows: int) -> str:

@@ -171,8 +171,9 @@ def test_once_per_message_through_sigterm_sigkill_and_a_stalled_triggerer(airflo
     wait_events(db, settings, expected, "the events with two triggerers")
     table["two triggerers"] = (len(published), repeats(db, published))
 
-    # SIGTERM of the watcher's triggerer mid-burst (the clean stop acks what was stored), then SIGKILL (its unacked
-    # messages come back after ack_wait); each time it is started again
+    # SIGTERM of the watcher's triggerer mid-burst (Airflow stops syncing at once: what it stored in the last state
+    # sync is not confirmed, so those messages come again), then SIGKILL (its unacked messages come back after
+    # ack_wait); each time it is started again
     for sig, what in ((signal.SIGTERM, "a clean stop"), (signal.SIGKILL, "a crash")):
         def stop_and_restart(key: str, sig: signal.Signals = sig) -> None:
             code = airflow.stop(key, sig)
@@ -216,10 +217,10 @@ def test_once_per_message_through_sigterm_sigkill_and_a_stalled_triggerer(airflo
 
     for scenario, (count, repeated) in table.items():
         print(f"| {scenario} | {count} | {count + repeated} | 0 | {repeated} | 0 |")
-    assert table["two triggerers"][1] == table["SIGTERM"][1] == 0
-    # SIGKILL and the stall repeat at most what the triggerer had handed to Airflow and not yet acked (stored in
-    # the last state sync before the kill; stored when the stalled one resumes): at most max_unconfirmed
-    assert table["SIGKILL"][1] <= MAX_UNCONFIRMED and table["SIGSTOP (stall), failover"][1] <= MAX_UNCONFIRMED, table
+    assert table["two triggerers"][1] == 0
+    # a stop, a crash and a stall repeat at most what the triggerer had handed to Airflow and not yet acked (stored
+    # in the last state sync before the stop or kill; stored when the stalled one resumes): at most max_unconfirmed
+    assert all(table[key][1] <= MAX_UNCONFIRMED for key in ("SIGTERM", "SIGKILL", "SIGSTOP (stall), failover")), table
     assert "Traceback" not in stale_log.split("Starting the triggerer")[-1]
 
 

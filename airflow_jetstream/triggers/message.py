@@ -55,7 +55,6 @@ from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.triggers.stop_drain import STOP_DRAIN
 
 if TYPE_CHECKING:  # the modules that use nats-py are imported when the trigger runs, not when a DAG file is parsed
     from airflow_jetstream.client.connection import JetStreamConnection
@@ -145,15 +144,6 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         self._tokens = itertools.count()
         self._progress_task: asyncio.Task[None] | None = None
         self._yielded: set[int] = set()  # handed to the watchers, not advanced yet
-        self._paused = asyncio.Event()  # a clean stop: hand out nothing more
-
-    def pause(self) -> None:
-        """Hand out no new messages (a clean triggerer stop drains what was handed out)."""
-        self._paused.set()
-
-    def unsettled(self) -> int:
-        """Messages handed to the watchers and neither acked nor given back yet."""
-        return len(self._yielded)
 
     async def _check_consumer(self, conn: JetStreamConnection) -> dict[str, Any]:
         if self.consumer_config is not None:
@@ -194,7 +184,6 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         from airflow_jetstream.client.reading.pull import PullSubscription
 
         self._settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
-        STOP_DRAIN.register(self)
         conn, info = await self._open_consumer()
         ack_wait = float(info["config"].get("ack_wait") or 30_000_000_000) / 1e9
         interval = self.progress_interval or max(ack_wait / 3, 0.05)
@@ -213,8 +202,6 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
                 while self.max_unconfirmed is not None and len(self._yielded) >= self.max_unconfirmed:
                     self._confirmed.clear()
                     await self._confirmed.wait()
-                if self._paused.is_set():
-                    await asyncio.Future()  # stopping: the rest stays outstanding and aclose naks it
                 lease = self._outstanding[token]
                 if lease.expired():  # stalled since the pull: the server gave it to another reader or will
                     del self._outstanding[token]
@@ -276,7 +263,6 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         pull request still delivers (waiting up to ``fetch_timeout`` for its end), and release the connection."""
         from airflow_jetstream.client.connection_pool import POOL
 
-        STOP_DRAIN.unregister(self)
         if self._progress_task is not None:
             self._progress_task.cancel()
             await asyncio.gather(self._progress_task, return_exceptions=True)

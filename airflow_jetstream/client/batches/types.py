@@ -31,8 +31,6 @@ MAX_BATCH_ID_LENGTH = 64
 #: The server's default ``jetstream.limits.batch.max_msgs``.
 DEFAULT_MAX_BATCH_MSGS = 1000
 
-#: Headers the batch publishers set themselves; a message must not carry them.
-MANAGED_HEADERS = frozenset({HEADER_BATCH_ID, HEADER_BATCH_SEQUENCE, HEADER_BATCH_COMMIT})
 _HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BATCH_ID = re.compile(r"[A-Za-z0-9_\-]+")
 # Bytes the protocol adds around user headers: "NATS/1.0\r\n" ... "\r\n" plus ": " and "\r\n" per header.

@@ -169,7 +169,7 @@ def test_filter_with_importable_predicate():
     assert flt.matches(_abandoned("b2")) and not flt.matches(_abandoned("b1"))
     assert AdvisoryFilter.from_dict(flt.to_dict()) == flt
     assert predicate_path(only_batch_b2) == f"{__name__}.only_batch_b2"
-    with pytest.raises(AdvisoryPredicateError, match="not importable"):
+    with pytest.raises(AdvisoryPredicateError, match="cannot be found again by a dotted path"):
         predicate_path(lambda advisory: True)
     with pytest.raises(AdvisoryPredicateError, match="cannot import"):
         AdvisoryFilter(match="no_such_module_xyz.func")

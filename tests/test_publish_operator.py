@@ -12,6 +12,7 @@ import pytest
 from airflow_jetstream.client import (
     BatchPublishError,
     ConnectionSettings,
+    InvalidFunctionError,
     InvalidRequestError,
     stream_info,
 )
@@ -255,10 +256,10 @@ def test_producer_function_callable_with_args_and_its_errors(nats_server, nats_c
         JetStreamAtomicBatchPublishOperator(task_id="p", producer_function=produce_orders,
                                             producer_function_args=[5]).execute(context={})
     assert no_identity.value.reason == "invalid_request" and "dedupe_key" in str(no_identity.value)
-    with pytest.raises(InvalidRequestError) as bad_path:
+    with pytest.raises(InvalidFunctionError) as bad_path:  # as a bad apply_function of the consume operator
         JetStreamAtomicBatchPublishOperator(task_id="p", producer_function="tests.nowhere.produce",
                                             dedupe_key="k").execute(context={})
-    assert bad_path.value.reason == "invalid_request" and "cannot be imported" in str(bad_path.value)
+    assert bad_path.value.reason == "invalid_function" and "cannot import module 'tests.nowhere'" in str(bad_path.value)
     with pytest.raises(InvalidRequestError) as not_iterable:
         JetStreamAtomicBatchPublishOperator(task_id="p", producer_function=lambda: {"data": 1},
                                             dedupe_key="k").execute(context={})

@@ -7,8 +7,20 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.vocabulary import RenamedArguments
+
+
+def templated_int(value: Any, name: str) -> int | None:
+    """A whole-number argument that may arrive as a rendered template (``"5"``); None when unset."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{name} must be a whole number, got {value!r}", reason="invalid_option")
+    return value
 
 
 class JetStreamBaseOperator(RenamedArguments, BaseOperator):

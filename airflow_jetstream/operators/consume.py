@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from airflow_jetstream.client.errors import InvalidFunctionError, InvalidRequestError
+from airflow_jetstream.client.errors import InvalidFunctionError
 from airflow_jetstream.client.reading.apply_function import bind_function, load_function
 from airflow_jetstream.client.reading.consume_options import (
     DEFAULT_ACK_WAIT,
@@ -14,18 +14,8 @@ from airflow_jetstream.client.reading.consume_options import (
     ConsumeOptions,
     Duration,
 )
-from airflow_jetstream.operators.base import JetStreamBaseOperator
+from airflow_jetstream.operators.base import JetStreamBaseOperator, templated_int
 from airflow_jetstream.ui.links import JetStreamViewLink
-
-
-def _int_or_none(value: Any, name: str) -> int | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name} must be a whole number, got {value!r}", reason="invalid_option")
-    return value
 
 
 class JetStreamConsumeOperator(JetStreamBaseOperator):
@@ -131,11 +121,14 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
         self._term_classes()  # bad classes or paths fail when the DAG is parsed
 
     def _term_classes(self) -> tuple[type[BaseException], ...]:
-        classes = tuple(load_function(t, what="term_on") if isinstance(t, str) else t for t in self.term_on)
-        if not all(isinstance(c, type) and issubclass(c, BaseException) for c in classes):
-            raise InvalidFunctionError(
-                f"term_on must list exception classes or their dotted paths, got {self.term_on!r}")
-        return classes
+        classes: list[type[BaseException]] = []
+        for term in self.term_on:
+            found = load_function(term, what="term_on") if isinstance(term, str) else term
+            if not (isinstance(found, type) and issubclass(found, BaseException)):
+                raise InvalidFunctionError(
+                    f"term_on must list exception classes or their dotted paths, got {self.term_on!r}")
+            classes.append(found)
+        return tuple(classes)
 
     def _subjects(self) -> list[str]:
         if not self.filter_subjects:
@@ -147,9 +140,11 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_jetstream.client.reading.consume import consume
 
-        func = bind_function(self.apply_function if self.apply_function is not None else self.apply_function_batch,
-                             self.apply_function_args, self.apply_function_kwargs,
-                             what="apply_function" if self.apply_function is not None else "apply_function_batch")
+        per_message = self.apply_function is not None
+        function = self.apply_function if per_message else self.apply_function_batch
+        assert function is not None  # __init__ requires exactly one of them
+        func = bind_function(function, self.apply_function_args, self.apply_function_kwargs,
+                             what="apply_function" if per_message else "apply_function_batch")
         options = ConsumeOptions(per_batch=self.options.per_batch, max_messages=self.options.max_messages,
                                  batch_size=self.options.batch_size, fetch_timeout=self.options.fetch_timeout,
                                  nak_delay=self.options.nak_delay, term_on=self._term_classes())
@@ -160,8 +155,8 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
                       options.fetch_timeout_seconds)
         summary = self.hook.run(
             consume, self.stream, func, consumer=consumer, subjects=self._subjects(),
-            start_seq=_int_or_none(self.start_seq, "start_seq"), start_time=self.start_time or None,
-            end_seq=_int_or_none(self.end_seq, "end_seq"), create=self.create_consumer,
+            start_seq=templated_int(self.start_seq, "start_seq"), start_time=self.start_time or None,
+            end_seq=templated_int(self.end_seq, "end_seq"), create=self.create_consumer,
             ack_wait=self.ack_wait, max_deliver=self.max_deliver, options=options,
         )
         self.log.info("Consumed %d message(s) of stream %s (seq %s..%s), %d acked, %d terminated, stopped: %s",

@@ -8,10 +8,9 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.module_loading import import_string
-
 from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, BatchMessage, new_batch_id
 from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.client.reading.apply_function import load_function
 from airflow_jetstream.operators.base import JetStreamBaseOperator
 from airflow_jetstream.ui.links import JetStreamViewLink
 
@@ -225,7 +224,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         if self.messages_file:
             return read_messages_file(self.messages_file, parquet_batch_rows=self.batch_size)
         if self.producer_function is not None:
-            return self._produce()
+            return self._produce(self.producer_function)
         messages = self._payloads if self._payloads is not None else self.messages
         if isinstance(messages, str):
             try:
@@ -238,18 +237,8 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
                                       reason="invalid_message")
         return iter(messages)
 
-    def _produce(self) -> Iterator[Any]:
-        function = self.producer_function
-        if isinstance(function, str):
-            try:
-                function = import_string(function)
-            except ImportError as exc:
-                raise InvalidRequestError(f"producer_function {self.producer_function!r} cannot be imported ({exc}); "
-                                          "give a callable or a dotted path 'package.module.function'",
-                                          reason="invalid_request") from None
-        if not callable(function):
-            raise InvalidRequestError(f"producer_function must be callable, got {type(function).__name__}",
-                                      reason="invalid_request")
+    def _produce(self, producer: str | Callable[..., Iterable[dict[str, Any]]]) -> Iterator[Any]:
+        function = load_function(producer, what="producer_function")
         produced = function(*(self.producer_function_args or ()), **(self.producer_function_kwargs or {}))
         if isinstance(produced, (str, bytes, dict)) or not isinstance(produced, Iterable):
             raise InvalidRequestError(f"producer_function must return an iterable (e.g. a generator) of message "

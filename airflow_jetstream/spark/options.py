@@ -176,11 +176,9 @@ class WriteOptions:
         subject = opts.get("subject") or None
         if subject:
             validate_subject(subject, what="option subject")
-        ledger_bucket: str | None = opts.get("ledger_bucket") or DEFAULT_BUCKET
-        if ledger_bucket.lower() == "none":
-            ledger_bucket = None
-        else:
-            validate_name(ledger_bucket, what="option ledger_bucket")
+        given_bucket = opts.get("ledger_bucket") or DEFAULT_BUCKET
+        ledger_bucket = None if given_bucket.lower() == "none" else validate_name(given_bucket,
+                                                                                   what="option ledger_bucket")
         job_bucket = validate_name(opts.get("job_bucket") or DEFAULT_JOB_BUCKET, what="option job_bucket")
         job_id = job_id or uuid.uuid4().hex[:32]
         mode = _choice(opts, "mode", WRITE_MODES, "atomic")

@@ -19,7 +19,7 @@ import dataclasses
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -141,8 +141,9 @@ class _Columns:
         self.permissive = options.json_mode == "permissive"
         self.corrupt = options.corrupt_record_column
         # pyspark 4.2 takes the time zone; 4.0 and 4.1 make timestamps UTC by default (timestamp_utc=True).
-        utc = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_type).parameters else {}
-        self.arrow_schema = pa.schema([pa.field(f.name, to_arrow_type(f.dataType, **utc), nullable=True)
+        arrow_type: Any = to_arrow_type
+        utc: dict[str, Any] = {"timezone": "UTC"} if "timezone" in inspect.signature(arrow_type).parameters else {}
+        self.arrow_schema = pa.schema([pa.field(f.name, arrow_type(f.dataType, **utc), nullable=True)
                                        for f in schema.fields])
         self.json_fields = [(f.name, converter(f.dataType)) for f in schema.fields
                             if f.name not in METADATA_COLUMNS and f.name != self.corrupt]
@@ -228,8 +229,8 @@ def _drive(agen: AsyncIterator[Any], loop: asyncio.AbstractEventLoop) -> Iterato
             return
 
 
-async def _partition_chunks(settings: ConnectionSettings, stream: str, first: int, last: int,
-                            subjects: tuple[str, ...], via: str, batch: int) -> AsyncIterator[list[StoredMessage]]:
+async def _partition_chunks(settings: ConnectionSettings, stream: str, first: int, last: int, subjects: tuple[str, ...],
+                            via: str, batch: int) -> AsyncGenerator[list[StoredMessage], None]:
     async with open_connection(settings) as conn:
         async for chunk in read_range(conn, stream, first, last, subjects=subjects, via=via, batch=batch):
             yield chunk

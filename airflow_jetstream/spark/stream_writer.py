@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
+from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from airflow_jetstream.client.connection import open_connection
@@ -35,7 +36,7 @@ from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.job_records import get_job_record
 from airflow_jetstream.spark.options import WriteOptions
 from airflow_jetstream.spark.progress import progress
-from airflow_jetstream.spark.writer import JetStreamWriter, PartitionReport
+from airflow_jetstream.spark.writer import JetStreamWriter, PartitionReport, partition_reports
 
 try:  # pyspark 4.1+
     from pyspark.sql.datasource import DataSourceStreamArrowWriter
@@ -102,7 +103,7 @@ async def _job_state(options: WriteOptions) -> str | None:
     return None if record is None else record.get("state")
 
 
-class JetStreamStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc,valid-type]
+class JetStreamStreamWriter(DataSourceStreamArrowWriter):
     """Built on the driver for every micro-batch (it checks the stream once) and pickled to the tasks.
 
     ``query_id`` is the query's id when the driver could read it from the checkpoint: it names the job
@@ -134,7 +135,7 @@ class JetStreamStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc,v
         return PartitionReport(partition=context.partitionId(), attempt=context.attemptNumber(),
                                job_id=options.job_id, rows=rows, batches=chunks, skipped_batches=chunks)
 
-    def commit(self, messages: list[PartitionReport | None], batchId: int) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         writer = self._for(messages, batchId)
         if writer is None:
             return
@@ -144,13 +145,13 @@ class JetStreamStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc,v
             return
         writer.commit(messages)
 
-    def abort(self, messages: list[PartitionReport | None], batchId: int) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         writer = self._for(messages, batchId)
         if writer is not None:
             writer.abort(messages)
 
-    def _for(self, messages: list[PartitionReport | None], batch_id: int) -> JetStreamWriter | None:
-        job_id = next((m.job_id for m in messages if m is not None and m.job_id), None)
+    def _for(self, messages: list[WriterCommitMessage | None], batch_id: int) -> JetStreamWriter | None:
+        job_id = next((m.job_id for m in partition_reports(messages) if m.job_id), None)
         if job_id is None and self.query_id:
             job_id = micro_batch_job_id(self.query_id, batch_id)
         if job_id is None:

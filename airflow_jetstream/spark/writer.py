@@ -78,6 +78,11 @@ class PartitionReport(WriterCommitMessage):
             self.ranges_omitted += 1
 
 
+def partition_reports(messages: list[WriterCommitMessage | None]) -> list[PartitionReport]:
+    """The tasks' reports among what Spark hands to ``commit()``/``abort()`` (None for a task that sent none)."""
+    return [m for m in messages if isinstance(m, PartitionReport)]
+
+
 def message_id(job_id: str, partition: int, row: int) -> str:
     """The deterministic msg id of a row: job, partition and row index within the partition."""
     return f"{job_id}-{partition}-{row}"
@@ -294,17 +299,17 @@ class JetStreamWriter(DataSourceArrowWriter):
         return await publish_chunk(conn, messages, mode=self.options.mode, batch_id=batch_id,
                                    max_msgs=self.options.batch_size, flow=self.options.flow)
 
-    def commit(self, messages: list[PartitionReport | None]) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         self._progress("committed", messages)
         asyncio.run(self._record("committed", messages))
 
-    def abort(self, messages: list[PartitionReport | None]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self._progress("aborted", messages)
         asyncio.run(self._record("aborted", messages))
 
-    def _progress(self, state: str, messages: list[PartitionReport | None]) -> None:
+    def _progress(self, state: str, messages: list[WriterCommitMessage | None]) -> None:
         """One line per partition and a total, on the driver (so in the task log)."""
-        reports = [m for m in messages if m is not None]
+        reports = partition_reports(messages)
         for r in reports:
             progress(f"write {self.options.stream} job {self.options.job_id} partition {r.partition}: "
                      f"{r.stored} of {r.rows} rows stored in {r.batches} batch(es) ({r.skipped_batches} skipped) "
@@ -315,9 +320,9 @@ class JetStreamWriter(DataSourceArrowWriter):
                  f"{sum(r.batches for r in reports)} batch(es) from {len(reports)} of {len(messages)} partition(s), "
                  f"slowest partition {busiest:.1f} s")
 
-    async def _record(self, state: str, messages: list[PartitionReport | None]) -> None:
+    async def _record(self, state: str, messages: list[WriterCommitMessage | None]) -> None:
         opts = self.options
-        reports = [m.to_dict() for m in messages if m is not None]
+        reports = [m.to_dict() for m in partition_reports(messages)]
         record = {
             "job_id": opts.job_id,
             "run_id": opts.run_id,

@@ -6,7 +6,6 @@ path of a module-level function so that the triggerer can import it.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from functools import lru_cache
@@ -20,11 +19,12 @@ from airflow_jetstream.client.advisories.types import (
     AdvisoryKind,
     get_kind,
 )
-from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.client.errors import InvalidFunctionError, InvalidRequestError
+from airflow_jetstream.client.reading.apply_function import function_path, load_function
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 
 
-class AdvisoryPredicateError(InvalidRequestError):
+class AdvisoryPredicateError(InvalidFunctionError):
     """A user predicate given by dotted path cannot be imported, is not callable, or raised."""
 
     default_reason = "invalid_predicate"
@@ -36,32 +36,18 @@ class AdvisoryPredicateError(InvalidRequestError):
 @lru_cache(maxsize=128)
 def load_predicate(path: str) -> Callable[[dict[str, Any]], bool]:
     """Import ``"package.module.function"`` (or ``"package.module:function"``) and return it."""
-    module_name, _, attr = path.replace(":", ".").rpartition(".")
-    if not module_name or not attr:
-        raise AdvisoryPredicateError(
-            f"predicate {path!r} is not a dotted path; use 'package.module.function' so that a trigger can "
-            "serialize it"
-        )
     try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise AdvisoryPredicateError(f"cannot import the module of predicate {path!r}: {exc}") from None
-    for part in attr.split("."):
-        target = getattr(target, part, None)
-    if not callable(target):
-        raise AdvisoryPredicateError(f"predicate {path!r} does not name a callable in module {module_name!r}")
-    return cast(Callable[[dict[str, Any]], bool], target)
+        return cast(Callable[[dict[str, Any]], bool], load_function(path, what="predicate"))
+    except InvalidFunctionError as exc:
+        raise AdvisoryPredicateError(exc.message) from None
 
 
 def predicate_path(func: Callable[..., Any]) -> str:
     """The dotted path of a module-level function, checked to import back to the same object."""
-    path = f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', '')}"
-    if "<" in path or load_predicate(path) is not func:
-        raise AdvisoryPredicateError(
-            f"{func!r} is not importable by dotted path (a lambda, closure or __main__ function); define it "
-            "at module level in an importable module, or pass its dotted path as a string"
-        )
-    return path
+    try:
+        return function_path(func, what="predicate")
+    except InvalidFunctionError as exc:
+        raise AdvisoryPredicateError(exc.message) from None
 
 
 @dataclass(frozen=True)

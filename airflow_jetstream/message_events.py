@@ -28,6 +28,7 @@ from airflow_jetstream.client.errors import KeyRevisionError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 
 log = logging.getLogger(__name__)
+__all__ = ["asset_messages", "process_each_once"]
 #: The most stored events one run looks at beyond its own (the oldest first).
 STRANDED_LIMIT = 1000
 

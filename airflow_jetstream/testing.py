@@ -34,6 +34,8 @@ import pytest
 
 from airflow_jetstream.embedded import EmbeddedNatsServer
 
+__all__ = ["connection_json", "jetstream_conn_id", "jetstream_server"]
+
 
 def connection_json(server: EmbeddedNatsServer, **extra: object) -> str:
     """An ``AIRFLOW_CONN_*`` value (JSON) for a ``nats`` connection to ``server``; ``extra`` are extra fields."""

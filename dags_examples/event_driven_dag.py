@@ -26,7 +26,7 @@ import pendulum
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 
-from airflow_jetstream.client.advisories.types import advisory_subject
+from airflow_jetstream.client.advisories import advisory_subject
 from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
 from airflow_jetstream.sensors.advisory import JetStreamAdvisorySensor

@@ -6,8 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from airflow_jetstream.assets import jetstream_asset
-from airflow_jetstream.assets.kv import kv_asset
+from airflow_jetstream.assets import jetstream_asset, kv_asset
 
 RAW_STREAM = "ORDERS_RAW"
 AGG_STREAM = "ORDERS_AGG"

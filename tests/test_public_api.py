@@ -1,10 +1,12 @@
-"""The public API users can pin: ``airflow_jetstream.client.__all__`` against docs/api.md and the package's
-error classes, ``py.typed``, and input checks every entry point shares (a string where subjects go)."""
+"""The public API users can pin: docs/api.md renders exactly the Airflow classes of the provider info and the
+public packages' ``__all__``, the docs and example DAGs import nothing else, every client error class is exported,
+``py.typed``, and input checks every entry point shares (a string where subjects go)."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import inspect
 import json
 import pkgutil
@@ -29,11 +31,56 @@ from airflow_jetstream.client.subjects import validate_subjects
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _documented_names() -> set[str]:
+#: Packages whose ``__all__`` is public: docs/api.md renders each whole.
+PUBLIC_PACKAGES = ("airflow_jetstream.client", "airflow_jetstream.client.advisories", "airflow_jetstream.client.kv",
+                   "airflow_jetstream.client.ledger", "airflow_jetstream.client.sourcing", "airflow_jetstream.assets",
+                   "airflow_jetstream.spark", "airflow_jetstream.embedded", "airflow_jetstream.message_events",
+                   "airflow_jetstream.testing")
+_PUBLIC_SUFFIXES = ("Hook", "Operator", "Sensor", "Trigger", "Provider")
+_IMPORT = re.compile(r"^\s*from (airflow_jetstream(?:\.\w+)*) import (\([^)]*\)|[^\n]+)", re.M)
+
+
+def _api_entries() -> dict[str, frozenset[str] | None]:
+    """docs/api.md's ``::: module`` entries: the members it lists, or None for the whole module (its ``__all__``)."""
     text = (REPO / "docs" / "api.md").read_text()
-    section = text.split("### What `airflow_jetstream.client` exports", 1)[1].split("\n#", 1)[0]
-    listed = section.split("\n- ", 1)[1].split("\n\n", 1)[0]
-    return set(re.findall(r"`(\w+)`", listed))
+    entries: dict[str, frozenset[str] | None] = {}
+    for match in re.finditer(r"^::: (\S+)\n(?:    options:\n      members: \[([^\]]*)\]\n)?", text, flags=re.M):
+        module, members = match.group(1), match.group(2)
+        assert module not in entries, f"{module} is listed twice"
+        entries[module] = frozenset(m.strip() for m in members.split(",")) if members is not None else None
+    return entries
+
+
+def _airflow_classes() -> dict[str, set[str]]:
+    """The hook, operators, sensors, triggers and queue provider the provider info registers, by module."""
+    from airflow_jetstream.get_provider_info import get_provider_info
+
+    info = get_provider_info()
+    modules = [m for key in ("hooks", "operators", "sensors", "triggers") for m in info[key][0]["python-modules"]]
+    modules += [path.rsplit(".", 1)[0] for path in info["queues"]]
+    found: dict[str, set[str]] = {}
+    for name in modules:
+        for cls_name, cls in inspect.getmembers(importlib.import_module(name), inspect.isclass):
+            if cls.__module__ == name and cls_name.endswith(_PUBLIC_SUFFIXES) and not cls_name.startswith("_") \
+                    and "Base" not in cls_name:
+                found.setdefault(name, set()).add(cls_name)
+    return found
+
+
+def _doc_imports() -> list[tuple[str, str, list[str]]]:
+    """(file, module, names) of every ``from airflow_jetstream... import`` in the docs, README and example DAGs."""
+    files = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "dags_examples").glob("*.py"))]
+    found = []
+    for path in files:
+        for match in _IMPORT.finditer(path.read_text()):
+            names = [n.strip() for n in match.group(2).strip("()").replace("\n", " ").split(",") if n.strip()]
+            found.append((str(path.relative_to(REPO)), match.group(1), names))
+    return found
+
+
+def _is_module(package: str, name: str) -> bool:
+    is_package = hasattr(importlib.import_module(package), "__path__")
+    return is_package and importlib.util.find_spec(f"{package}.{name}") is not None
 
 
 def _client_error_classes() -> set[type[JetStreamError]]:
@@ -45,11 +92,32 @@ def _client_error_classes() -> set[type[JetStreamError]]:
     return classes
 
 
-def test_all_is_what_docs_api_lists() -> None:
-    assert len(client.__all__) == len(set(client.__all__))
-    documented = _documented_names()
-    assert set(client.__all__) - documented == set(), "exported but not in docs/api.md"
-    assert documented - set(client.__all__) == set(), "in docs/api.md but not exported"
+def test_docs_api_renders_exactly_the_public_api() -> None:
+    """Public: the Airflow classes of the provider info, the public packages' ``__all__``, and the modules the docs
+    import as modules. docs/api.md lists exactly these (no internal module, nothing missing)."""
+    expected: dict[str, frozenset[str] | None] = {package: None for package in PUBLIC_PACKAGES}
+    expected.update({module: frozenset(names) for module, names in _airflow_classes().items()})
+    for _, module, names in _doc_imports():
+        expected.update({f"{module}.{n}": None for n in names if module in PUBLIC_PACKAGES and _is_module(module, n)})
+    assert _api_entries() == expected
+
+
+@pytest.mark.parametrize(("where", "module", "names"), _doc_imports(), ids=lambda value: str(value))
+def test_the_docs_and_examples_import_only_the_public_api(where: str, module: str, names: list[str]) -> None:
+    entries = _api_entries()
+    for name in names:
+        if module in entries and entries[module] is None and module in PUBLIC_PACKAGES:
+            assert name in importlib.import_module(module).__all__ or _is_module(module, name), (where, module, name)
+        else:
+            assert name in (entries.get(module) or ()), f"{where}: {module}.{name} is not in the public API"
+
+
+def test_every_public_package_exports_what_it_says() -> None:
+    for package in PUBLIC_PACKAGES:
+        module = importlib.import_module(package)
+        assert module.__all__ and len(module.__all__) == len(set(module.__all__)), package
+        for name in module.__all__:
+            assert not name.startswith("_") and getattr(module, name) is not None, (package, name)
 
 
 def test_all_exports_every_error_class_and_no_internals() -> None:

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 from airflow_jetstream.client.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from airflow_jetstream.client.admin.consumer_reset import reset_consumer
+    from airflow_jetstream.client.admin.consumers import consumer_info, delete_consumer, ensure_consumer
     from airflow_jetstream.client.admin.streams import (
         delete_stream,
         ensure_stream,
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
         purge_stream,
         stream_info,
     )
+    from airflow_jetstream.client.admin.worker_consumers import WorkerConsumerManager, ensure_worker_consumer
     from airflow_jetstream.client.advisories.filter import (
         AdvisoryPredicateError,
     )
@@ -92,6 +95,8 @@ if TYPE_CHECKING:
         TLSConfigurationError,
         TooManySubjectsError,
     )
+    from airflow_jetstream.client.reading.consume import consume
+    from airflow_jetstream.client.reading.consume_options import ConsumeOptions
     from airflow_jetstream.client.settings import (
         ConnectionSettings,
     )
@@ -101,6 +106,11 @@ if TYPE_CHECKING:
 
 #: The public names other than the error classes of ``client/errors.py``, by the module that defines them.
 _MODULES: dict[str, tuple[str, ...]] = {
+    "admin.consumer_reset": ("reset_consumer",),
+    "admin.consumers": ("consumer_info", "delete_consumer", "ensure_consumer"),
+    "admin.worker_consumers": ("WorkerConsumerManager", "ensure_worker_consumer"),
+    "reading.consume": ("consume",),
+    "reading.consume_options": ("ConsumeOptions",),
     "admin.streams": ("delete_stream", "ensure_stream", "find_stream", "purge_stream", "stream_info"),
     "advisories.filter": ("AdvisoryPredicateError",),
     "batches.atomic": ("publish_atomic_batch", "publish_atomic_batches"),
@@ -128,6 +138,7 @@ __all__ = [
     "ClaimLostError",
     "ConnectionFailedError",
     "ConnectionSettings",
+    "ConsumeOptions",
     "ConsumerConfigError",
     "ConsumerNotFoundError",
     "ConsumerResetError",
@@ -162,16 +173,23 @@ __all__ = [
     "StreamNotFoundError",
     "TLSConfigurationError",
     "TooManySubjectsError",
+    "WorkerConsumerManager",
     "account_info",
     "connect",
+    "consume",
+    "consumer_info",
+    "delete_consumer",
     "delete_stream",
+    "ensure_consumer",
     "ensure_stream",
+    "ensure_worker_consumer",
     "find_stream",
     "open_connection",
     "publish_atomic_batch",
     "publish_atomic_batches",
     "publish_fast_batch",
     "purge_stream",
+    "reset_consumer",
     "stream_info",
 ]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow_jetstream.client.settings import ConnectionSettings, settings_to_fields
 from airflow_jetstream.spark.connection import connected_source, session_connection_fields
-from airflow_jetstream.spark.package import add_package_to_session
+from airflow_jetstream.spark.package import add_package_to_session, build_py_files
 from airflow_jetstream.spark.reader import Consumption, consume
 from airflow_jetstream.spark.source import JetStreamDataSource
 from airflow_jetstream.spark.versions import check_pyspark_install
@@ -48,4 +48,4 @@ def register(spark: Any, settings: ConnectionSettings | None = None, *, ship_pac
     spark.dataSource.register(connected_source(JetStreamDataSource, defaults) if defaults else JetStreamDataSource)
 
 
-__all__ = ["Consumption", "JetStreamDataSource", "consume", "register"]
+__all__ = ["Consumption", "JetStreamDataSource", "build_py_files", "consume", "register"]

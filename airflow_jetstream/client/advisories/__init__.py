@@ -18,19 +18,32 @@ if TYPE_CHECKING:
         watch_advisories,
     )
     from airflow_jetstream.client.advisories.filter import AdvisoryFilter
-    from airflow_jetstream.client.advisories.types import DEFAULT_CAPTURE_STREAM, DEFAULT_CAPTURE_SUBJECTS
+    from airflow_jetstream.client.advisories.types import (
+        DEFAULT_CAPTURE_STREAM,
+        DEFAULT_CAPTURE_SUBJECTS,
+        KINDS,
+        Advisory,
+        AdvisoryKind,
+        advisory_subject,
+        parse_advisory,
+    )
 
 __all__ = [
     "DEFAULT_CAPTURE_STREAM",
     "DEFAULT_CAPTURE_SUBJECTS",
+    "KINDS",
+    "Advisory",
     "AdvisoryFilter",
+    "AdvisoryKind",
     "CaptureReader",
+    "advisory_subject",
     "capture_gap",
     "capture_info",
     "capture_stream_config",
     "ensure_capture_stream",
     "find_captured",
     "listen_live",
+    "parse_advisory",
     "watch_advisories",
 ]
 
@@ -38,5 +51,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "capture": ("CaptureReader", "capture_gap", "capture_info", "capture_stream_config", "ensure_capture_stream",
                 "find_captured", "listen_live", "watch_advisories"),
     "filter": ("AdvisoryFilter",),
-    "types": ("DEFAULT_CAPTURE_STREAM", "DEFAULT_CAPTURE_SUBJECTS"),
+    "types": ("DEFAULT_CAPTURE_STREAM", "DEFAULT_CAPTURE_SUBJECTS", "KINDS", "Advisory", "AdvisoryKind",
+              "advisory_subject", "parse_advisory"),
 })

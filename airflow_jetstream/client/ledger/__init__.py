@@ -8,6 +8,7 @@ from airflow_jetstream.client.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, ledger_status
+    from airflow_jetstream.client.ledger.job_records import get_job_record
     from airflow_jetstream.client.ledger.records import (
         CONSUMED,
         DEFAULT_BUCKET,
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
         IN_PROGRESS,
         PUBLISHED,
         BatchRecord,
+        batch_key,
     )
 
 __all__ = [
@@ -25,10 +27,13 @@ __all__ = [
     "PUBLISHED",
     "BatchLedger",
     "BatchRecord",
+    "batch_key",
+    "get_job_record",
     "ledger_status",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "batch_ledger": ("BatchLedger", "ledger_status"),
-    "records": ("CONSUMED", "DEFAULT_BUCKET", "FAILED", "IN_PROGRESS", "PUBLISHED", "BatchRecord"),
+    "job_records": ("get_job_record",),
+    "records": ("CONSUMED", "DEFAULT_BUCKET", "FAILED", "IN_PROGRESS", "PUBLISHED", "BatchRecord", "batch_key"),
 })

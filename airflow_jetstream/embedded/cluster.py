@@ -120,7 +120,7 @@ class EmbeddedNatsCluster:
         """The name of the JetStream meta leader, or None while there is none."""
         for jsz in self._jsz():
             leader = (jsz.get("meta_cluster") or {}).get("leader")
-            if leader:
+            if isinstance(leader, str) and leader:
                 return leader
         return None
 
@@ -131,16 +131,12 @@ class EmbeddedNatsCluster:
                 for detail in account.get("stream_detail") or []:
                     if detail.get("name") != stream:
                         continue
-                    if consumer is None:
-                        leader = (detail.get("cluster") or {}).get("leader")
-                        if leader:
+                    holders = [detail] if consumer is None else [
+                        info for info in detail.get("consumer_detail") or [] if info.get("name") == consumer]
+                    for holder in holders:
+                        leader = (holder.get("cluster") or {}).get("leader")
+                        if isinstance(leader, str) and leader:
                             return leader
-                        continue
-                    for info in detail.get("consumer_detail") or []:
-                        if info.get("name") == consumer:
-                            leader = (info.get("cluster") or {}).get("leader")
-                            if leader:
-                                return leader
         return None
 
     def stream_leader(self, stream: str) -> str | None:
@@ -164,7 +160,7 @@ class EmbeddedNatsCluster:
         """Wait (bounded) until every node answers, has routes to all others and a meta leader exists."""
         limit = self.startup_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        problem = "not checked"
+        problem: str | None = "not checked"
         while time.monotonic() < deadline:
             problem = self._health_problem()
             if problem is None:
@@ -185,10 +181,11 @@ class EmbeddedNatsCluster:
             if len(routed - {None}) < peers:
                 return f"{name} has routes to {sorted(routed - {None})}, expected {peers} peers"
         leaders = {(jsz.get("meta_cluster") or {}).get("leader") for jsz in self._jsz()}
-        if len(leaders) != 1 or None in leaders:
-            return f"no agreed JetStream meta leader yet (seen: {sorted(map(str, leaders))})"
+        leader = leaders.pop() if len(leaders) == 1 else None
+        if not isinstance(leader, str) or not leader:
+            return f"no agreed JetStream meta leader yet (seen: {sorted(map(str, leaders | {leader}))})"
         try:
-            meta = self.node(leaders.pop()).monitor("jsz").get("meta_cluster") or {}
+            meta = self.node(leader).monitor("jsz").get("meta_cluster") or {}
         except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as exc:
             return f"the meta leader's monitoring does not answer: {exc}"
         lagging = [r.get("name") for r in meta.get("replicas") or [] if not r.get("current")]

@@ -56,7 +56,8 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def stop_process_group(process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
@@ -199,7 +200,8 @@ class EmbeddedNatsServer:
     def monitor(self, endpoint: str) -> dict[str, Any]:
         """GET a monitoring endpoint such as ``connz`` or ``jsz`` and return its JSON."""
         with urllib.request.urlopen(f"{self.monitor_url}/{endpoint.lstrip('/')}", timeout=5) as resp:
-            return json.loads(resp.read())
+            answer: dict[str, Any] = json.loads(resp.read())
+            return answer
 
     def log_tail(self, lines: int = 20) -> str:
         if not self.log_path.exists():

@@ -36,7 +36,8 @@ START = pendulum.datetime(2026, 1, 1, tz="UTC")
 READY_STREAM_CONFIG = {"name": "ORDERS_READY", "subjects": ["orders.ready"], "max_age": "7d"}
 READY_CONSUMER = "airflow_orders_ready"
 READY_ACK_WAIT = os.environ.get("JETSTREAM_DEMO_ACK_WAIT", "30s")
-# None: no limit; a number bounds the repeat events after a stalled or killed triggerer (docs/event-driven.md)
+# None: the watcher's batch_size (64); a number bounds the repeat events after a stopped, killed or stalled
+# triggerer (docs/event-driven.md)
 READY_MAX_UNCONFIRMED = int(os.environ["JETSTREAM_DEMO_MAX_UNCONFIRMED"]) if os.environ.get(
     "JETSTREAM_DEMO_MAX_UNCONFIRMED") else None
 PROCESSED_BUCKET = "orders_ready_processed"  # one key per processed stream sequence

@@ -140,3 +140,6 @@ def test_max_unconfirmed_holds_back_messages_until_airflow_confirms(leased: Conn
     assert first_two == [1, 2] and held_back and third == 3
     with pytest.raises(InvalidRequestError, match="max_unconfirmed must be a positive int"):
         JetStreamMessageTrigger(stream=STREAM, consumer=CONSUMER, max_unconfirmed=0)
+    # bounded by default: a triggerer stop repeats at most one pull request of events
+    default = JetStreamMessageTrigger(stream=STREAM, consumer=CONSUMER, batch_size=16).serialize()[1]
+    assert JetStreamMessageTrigger.create_shared_stream_producer(default).max_unconfirmed == 16

@@ -116,8 +116,8 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         (``ensure_consumer``); otherwise it must exist.
     :param batch_size: messages per pull request.
     :param max_unconfirmed: hand out no more messages while this many wait for Airflow's confirmation
-        (None: no limit). It bounds the repeats after a stalled or killed triggerer, at the cost of at most
-        this many events per state sync of the triggerer (about a second).
+        (None: ``batch_size``). It bounds the repeats after a stopped, killed or stalled triggerer, at the cost
+        of at most this many events per state sync of the triggerer (about a second).
     :param fetch_timeout: seconds a pull request waits on the server.
     :param progress_interval: seconds between "in progress" signals for messages awaiting
         persistence; default a third of the consumer's ``ack_wait``.
@@ -133,7 +133,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         self.consumer_config = consumer_config
         self.batch_size = batch_size
         self.fetch_timeout = to_seconds(fetch_timeout, field="fetch_timeout")
-        self.max_unconfirmed = max_unconfirmed
+        self.max_unconfirmed = batch_size if max_unconfirmed is None else max_unconfirmed
         self._confirmed = asyncio.Event()  # set by advance: maybe room for another unconfirmed message
         self.progress_interval = None if progress_interval is None else to_seconds(
             progress_interval, field="progress_interval")
@@ -199,7 +199,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             for token, msg in zip(tokens, msgs, strict=True):
                 self._outstanding[token] = DeliveryLease(msg, ack_wait=ack_wait, since=since)
             for token in tokens:
-                while self.max_unconfirmed is not None and len(self._yielded) >= self.max_unconfirmed:
+                while len(self._yielded) >= self.max_unconfirmed:
                     self._confirmed.clear()
                     await self._confirmed.wait()
                 lease = self._outstanding[token]
@@ -310,7 +310,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
         (JetStream JSON names; default ack_wait 10 minutes). Leave None to require an existing consumer.
     :param batch_size, fetch_timeout: pull request size and server-side wait (seconds).
     :param max_unconfirmed: at most this many messages handed to Airflow and not yet confirmed stored
-        (None: no limit); bounds the repeat events after a stalled or killed triggerer.
+        (None: ``batch_size``); bounds the repeat events after a stopped, killed or stalled triggerer.
     """
 
     def __init__(

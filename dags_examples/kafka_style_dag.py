@@ -78,7 +78,7 @@ with DAG(
     last_order_arrived = JetStreamMessageSensor(
         task_id="last_order_arrived",
         stream=STREAM,
-        subject=SUBJECT,
+        filter_subject=SUBJECT,
         apply_function=is_order,
         apply_function_kwargs={"order": "{{ params.orders }}"},
         start="first",

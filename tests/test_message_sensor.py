@@ -50,7 +50,7 @@ async def _publish(server: EmbeddedNatsServer, stream: str, orders: list[int], *
 
 def _sensor(stream: str, **kwargs) -> JetStreamMessageSensor:
     kwargs.setdefault("apply_function", "tests.test_message_sensor.is_order")
-    return JetStreamMessageSensor(task_id="await", stream=stream, subject=f"{stream.lower()}.created",
+    return JetStreamMessageSensor(task_id="await", stream=stream, filter_subject=f"{stream.lower()}.created",
                                   timeout=30, **kwargs)
 
 

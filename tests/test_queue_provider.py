@@ -174,7 +174,7 @@ def test_scheme_resolves_to_the_jetstream_trigger():
     from airflow_jetstream.queues.jetstream import JetStreamMessageQueueProvider
 
     assert any(isinstance(p, JetStreamMessageQueueProvider) for p in MESSAGE_QUEUE_PROVIDERS)
-    queue_trigger = MessageQueueTrigger(scheme="jetstream", stream=STREAM, consumer=CONSUMER, subject="orders.*")
+    queue_trigger = MessageQueueTrigger(scheme="jetstream", stream=STREAM, consumer=CONSUMER, filter_subject="orders.*")
     classpath, kwargs = queue_trigger.serialize()
     assert classpath == "airflow_jetstream.triggers.message.JetStreamMessageTrigger"
     rebuilt = JetStreamMessageTrigger(**kwargs)
@@ -228,9 +228,9 @@ def test_events_for_published_messages_acked_only_after_persistence(orders):
 def test_several_watchers_share_one_consumer_subscription(orders):
     async def scenario():
         fake = FakeTriggerer()
-        fake.start(1, make_trigger(subject="orders.ready"))
-        fake.start(2, make_trigger(subject="orders.*"))
-        fake.start(3, make_trigger(subject="orders.cancelled"))
+        fake.start(1, make_trigger(filter_subject="orders.ready"))
+        fake.start(2, make_trigger(filter_subject="orders.*"))
+        fake.start(3, make_trigger(filter_subject="orders.cancelled"))
         await asyncio.sleep(0)
         groups = len(fake.manager._groups)
         async with open_connection(orders) as conn:

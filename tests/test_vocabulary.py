@@ -83,19 +83,6 @@ def test_names_that_were_never_released_are_refused(make, old):
         make()
 
 
-@pytest.mark.parametrize("cls", _public_task_classes(), ids=lambda cls: cls.__name__)
-def test_a_renamed_argument_is_refused_naming_the_one_to_use(cls):
-    renamed = renamed_arguments_of(cls)
-    parameters = inspect.signature(cls.__init__).parameters
-    accepted = set(parameters)
-    required = {name: "x" for name, p in parameters.items() if p.default is p.empty and p.kind is p.KEYWORD_ONLY}
-    for old, new in renamed.items():
-        assert old not in accepted, f"{cls.__name__} refuses {old} but takes it"
-        assert new.split("=")[0] in accepted | {"nats_conn_id"}, f"{cls.__name__}: {new} is not one of its arguments"
-        with pytest.raises(RenamedArgumentError, match=f"the argument {old} is called {new}"):
-            cls(task_id="t", **required, **{old: None})  # refused before __init__ looks at anything
-
-
 def test_triggers_serialize_the_one_vocabulary():
     kwargs = JetStreamAdvisoryTrigger(advisory="batch_abandoned", advisory_stream="ORDERS", batch_id="b1",
                                       start_time=SINCE, fetch_timeout="2s").serialize()[1]
@@ -122,6 +109,31 @@ def test_durable_source_server_managed_takes_no_user_arguments():
         JetStreamDurableSourceOperator(task_id="x", stream="AGG", source="ORIGIN", user_managed={"consumr": "X"})
 
 
+def _public_trigger_classes() -> list[type]:
+    found = {}
+    for module in pkgutil.iter_modules(airflow_jetstream.triggers.__path__):
+        loaded = importlib.import_module(f"airflow_jetstream.triggers.{module.name}")
+        for name, cls in inspect.getmembers(loaded, inspect.isclass):
+            if name.endswith("Trigger") and cls.__module__ == loaded.__name__ and not name.startswith("_"):
+                found[name] = cls
+    return sorted(found.values(), key=lambda cls: cls.__name__)
+
+
+@pytest.mark.parametrize("cls", _public_task_classes() + _public_trigger_classes(), ids=lambda cls: cls.__name__)
+def test_a_renamed_argument_is_refused_naming_the_one_to_use(cls):
+    renamed = renamed_arguments_of(cls)
+    parameters = inspect.signature(cls.__init__).parameters
+    accepted = set(parameters)
+    required = {name: "x" for name, p in parameters.items() if p.default is p.empty and p.kind is p.KEYWORD_ONLY}
+    if issubclass(cls, BaseOperator):
+        required["task_id"] = "t"
+    for old, new in renamed.items():
+        assert old not in accepted, f"{cls.__name__} refuses {old} but takes it"
+        assert new in accepted | {"nats_conn_id", "timeout_at"}, f"{cls.__name__}: {new} is not one of its arguments"
+        with pytest.raises(RenamedArgumentError, match=f"the argument {old} is called {new}"):
+            cls(**required, **{old: None})  # refused before __init__ looks at anything
+
+
 # ------------------------------------------------------------------ docs/api.md holds the vocabulary
 
 API_MD = Path(__file__).resolve().parents[1] / "docs" / "api.md"
@@ -141,13 +153,7 @@ def _table(heading: str) -> list[list[str]]:
 
 
 def _public_classes() -> dict[str, type]:
-    found = {cls.__name__: cls for cls in _public_task_classes()}
-    for module in pkgutil.iter_modules(airflow_jetstream.triggers.__path__):
-        loaded = importlib.import_module(f"airflow_jetstream.triggers.{module.name}")
-        for name, cls in inspect.getmembers(loaded, inspect.isclass):
-            if name.endswith("Trigger") and cls.__module__ == loaded.__name__ and not name.startswith("_"):
-                found[name] = cls
-    return found
+    return {cls.__name__: cls for cls in _public_task_classes() + _public_trigger_classes()}
 
 
 def _parameters(cls: type) -> set[str]:

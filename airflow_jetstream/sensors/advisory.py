@@ -48,7 +48,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
             task_id="poison_message",
             advisory="max_deliveries",
             advisory_stream="ORDERS",
-            consumer="spark_reader",
+            advisory_consumer="spark_reader",
             match="my_pkg.checks.is_order_message",   # importable predicate(advisory_dict) -> bool
             mode="reschedule",
             poke_interval=30,
@@ -56,8 +56,8 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
 
     :param advisory: a kind (``batch_abandoned``, ``max_deliveries``, ``msg_terminated``, ... see
         ``airflow_jetstream.client.advisories.types.KINDS``) or an advisory subject (wildcards allowed). Templated.
-    :param advisory_stream, consumer, batch_id, reason: only advisories whose ``stream``, ``consumer``,
-        ``batch`` and ``reason`` JSON fields have these values. Templated.
+    :param advisory_stream, advisory_consumer, batch_id, reason: only advisories whose ``stream``,
+        ``consumer``, ``batch`` and ``reason`` JSON fields have these values. Templated.
     :param match: a dict of further field values, a dotted path to a predicate, or a module-level
         function (stored by its dotted path, as triggers must serialize).
     :param start_time: start of the window: datetime or ISO string. Templated.
@@ -69,9 +69,12 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
     :param nats_conn_id: the ``nats`` connection to use. Templated.
     """
 
-    template_fields: Sequence[str] = ("advisory", "advisory_stream", "consumer", "batch_id", "reason", "start_time",
+    template_fields: Sequence[str] = ("advisory", "advisory_stream", "advisory_consumer", "batch_id", "reason",
+                                      "start_time",
                                       "capture_stream", "nats_conn_id")
     ui_color = "#27aae1"
+    renamed_arguments = {"consumer": "advisory_consumer", "stream": "advisory_stream", "batch": "batch_id",
+                         "since": "start_time"}
     defer_backstop = TIMEOUT_BACKSTOP
 
     def __init__(
@@ -79,7 +82,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         *,
         advisory: str | None,
         advisory_stream: str | None = None,
-        consumer: str | None = None,
+        advisory_consumer: str | None = None,
         batch_id: str | None = None,
         reason: str | None = None,
         match: dict[str, Any] | str | Callable[[dict[str, Any]], bool] | None = None,
@@ -96,7 +99,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
             raise ValueError(f"expect must be one of {EXPECT_VALUES}, got {expect!r}")
         self.advisory = advisory
         self.advisory_stream = advisory_stream
-        self.consumer = consumer
+        self.advisory_consumer = advisory_consumer
         self.batch_id = batch_id
         self.reason = reason
         self.match = predicate_path(match) if callable(match) else match
@@ -109,11 +112,12 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         self._guard_started: datetime | None = None
         self._gap_reported = False
         self._last_seen = "nothing (no poke finished)"
-        if not any("{{" in str(value) for value in (advisory, advisory_stream, consumer, batch_id, reason) if value):
+        filters = (advisory, advisory_stream, advisory_consumer, batch_id, reason)
+        if not any("{{" in str(value) for value in filters if value):
             self.advisory_filter()  # bad kinds, names and predicates fail when the DAG is parsed
 
     def advisory_filter(self) -> AdvisoryFilter:
-        return AdvisoryFilter(advisory=self.advisory, stream=self.advisory_stream, consumer=self.consumer,
+        return AdvisoryFilter(advisory=self.advisory, stream=self.advisory_stream, consumer=self.advisory_consumer,
                               batch=self.batch_id, reason=self.reason, match=self.match)
 
     def resolve_since(self, context: Any) -> datetime:

@@ -21,7 +21,7 @@ def _templated(value: Any) -> bool:
 
 
 class JetStreamMessageSensor(JetStreamBaseSensor):
-    """Wait until a message of ``stream`` (on ``subject``) satisfies ``apply_function``; push it to XCom.
+    """Wait until a message of ``stream`` (on ``filter_subject``) satisfies ``apply_function``; push it to XCom.
 
     ``apply_function(message, *apply_function_args, **apply_function_kwargs)`` gets a
     :class:`~airflow_jetstream.client.reading.messages.ConsumedMessage`; a truthy result is a match.
@@ -36,7 +36,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         order_arrived = JetStreamMessageSensor(
             task_id="order_42_arrived",
             stream="ORDERS",
-            subject="orders.created",
+            filter_subject="orders.created",
             apply_function="my_pkg.checks.is_order",      # is_order(message, order_id) -> bool
             apply_function_kwargs={"order_id": "{{ params.order_id }}"},
             start="{{ data_interval_start }}",
@@ -47,7 +47,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
     :param apply_function: a callable or dotted path; deferrable mode needs a module-level function
         (stored by its dotted path). Runs in the triggerer when deferred: keep it quick.
     :param apply_function_args, apply_function_kwargs: extra arguments (templated).
-    :param subject: only messages on this subject (wildcards allowed; templated).
+    :param filter_subject: only messages on this subject (wildcards allowed; templated).
     :param start: where to start looking (templated).
     :param fetch_timeout: not used any more (the trigger holds no pull request of its own: new messages come
         through the subscription its triggerer process shares for the stream); accepted so that DAGs keep parsing.
@@ -55,9 +55,11 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
     :param nats_conn_id: the ``nats`` connection to use (templated).
     """
 
-    template_fields: Sequence[str] = ("stream", "subject", "start", "apply_function_args", "apply_function_kwargs",
+    template_fields: Sequence[str] = ("stream", "filter_subject", "start", "apply_function_args",
+                                      "apply_function_kwargs",
                                       "nats_conn_id")
     ui_color = "#27aae1"
+    renamed_arguments = {"subject": "filter_subject", "poll_timeout": "fetch_timeout"}
 
     def __init__(
         self,
@@ -66,7 +68,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         apply_function: Callable[..., Any] | str,
         apply_function_args: Sequence[Any] | None = None,
         apply_function_kwargs: dict[str, Any] | None = None,
-        subject: str | None = None,
+        filter_subject: str | None = None,
         start: int | str | datetime = "new",
         fetch_timeout: float | str | timedelta | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
@@ -79,10 +81,10 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         load_function(self.apply_function)  # a bad function fails when the DAG is parsed
         if not _templated(stream):
             validate_name(stream, what="stream name")
-        if subject is not None and not _templated(subject):
-            validate_subject(subject, allow_wildcards=True, what="subject")
+        if filter_subject is not None and not _templated(filter_subject):
+            validate_subject(filter_subject, allow_wildcards=True, what="filter_subject")
         self.stream = stream
-        self.subject = subject
+        self.filter_subject = filter_subject
         self.apply_function_args = apply_function_args
         self.apply_function_kwargs = apply_function_kwargs
         self.start = start
@@ -105,7 +107,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
     def make_trigger(self, context: Any) -> JetStreamAwaitMessageTrigger:
         return JetStreamAwaitMessageTrigger(
             stream=self.stream, apply_function=self.apply_function, start_seq=self._start_seq(context),
-            subject=self.subject or None, apply_function_args=self.apply_function_args,
+            filter_subject=self.filter_subject or None, apply_function_args=self.apply_function_args,
             apply_function_kwargs=self.apply_function_kwargs, nats_conn_id=self.nats_conn_id,
         )
 

@@ -19,9 +19,10 @@ EXPECT_VALUES = ("present", "absent")
 
 
 def filter_kwargs(advisory_filter: AdvisoryFilter) -> dict[str, Any]:
-    """The filter as the trigger's keyword arguments (``advisory_stream``/``batch_id`` for its ``stream``/``batch``)."""
+    """The filter as the trigger's keyword arguments (``advisory_stream``, ``advisory_consumer``, ``batch_id`` for its
+    ``stream``, ``consumer``, ``batch``)."""
     data = advisory_filter.to_dict()
-    return {"advisory": data["advisory"], "advisory_stream": data["stream"], "consumer": data["consumer"],
+    return {"advisory": data["advisory"], "advisory_stream": data["stream"], "advisory_consumer": data["consumer"],
             "batch_id": data["batch"], "reason": data["reason"], "match": data["match"]}
 
 
@@ -43,13 +44,14 @@ class JetStreamAdvisoryTrigger(JetStreamWaitTrigger):
     """
 
     what = "an advisory"
+    renamed_arguments = {"consumer": "advisory_consumer", "poll_timeout": "fetch_timeout", "since": "start_time"}
 
     def __init__(
         self,
         *,
         advisory: str | None = None,
         advisory_stream: str | None = None,
-        consumer: str | None = None,
+        advisory_consumer: str | None = None,
         batch_id: str | None = None,
         reason: str | None = None,
         match: dict[str, Any] | str | None = None,
@@ -67,7 +69,7 @@ class JetStreamAdvisoryTrigger(JetStreamWaitTrigger):
         if expect == "absent" and not quiet_until:
             raise ValueError("expect='absent' needs quiet_until (when the quiet period ends)")
         self.advisory_filter = AdvisoryFilter(advisory=advisory, stream=advisory_stream,
-                                              consumer=consumer, batch=batch_id,
+                                              consumer=advisory_consumer, batch=batch_id,
                                               reason=reason, match=match)
         self.start_time = start_time
         self.expect = expect

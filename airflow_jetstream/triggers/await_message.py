@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
-    """Fire once a message of ``stream`` (matching ``subject``) from ``start_seq`` on satisfies ``apply_function``.
+    """Fire once a message of ``stream`` (on ``filter_subject``) from ``start_seq`` on satisfies ``apply_function``.
 
     ``apply_function`` is a dotted path (triggers are serialized; a sensor's poke, never serialized, may hand a
     callable); it runs on the triggerer's event loop,
@@ -32,15 +32,16 @@ class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
     """
 
     what = "a message"
+    renamed_arguments = {"subject": "filter_subject", "poll_timeout": "fetch_timeout"}
 
-    def __init__(self, *, stream: str, apply_function: FunctionSpec, start_seq: int, subject: str | None = None,
+    def __init__(self, *, stream: str, apply_function: FunctionSpec, start_seq: int, filter_subject: str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
                  fetch_timeout: float | str | timedelta | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
         self.apply_function = apply_function
         self.start_seq = int(start_seq)
-        self.subject = subject
+        self.filter_subject = filter_subject
         self.apply_function_args = list(apply_function_args or [])
         self.apply_function_kwargs = dict(apply_function_kwargs or {})
         self.fetch_timeout = None if fetch_timeout is None else to_seconds(fetch_timeout, field="fetch_timeout")
@@ -48,11 +49,12 @@ class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
 
     def _kwargs(self) -> dict[str, Any]:
         return {"stream": self.stream, "apply_function": self.apply_function, "start_seq": self.start_seq,
-                "subject": self.subject, "apply_function_args": self.apply_function_args,
+                "filter_subject": self.filter_subject, "apply_function_args": self.apply_function_args,
                 "apply_function_kwargs": self.apply_function_kwargs, "fetch_timeout": self.fetch_timeout}
 
     def goal(self) -> str:
-        return (f"a message of stream {self.stream} ({self.subject or 'all subjects'}) from seq {self.start_seq} "
+        return (f"a message of stream {self.stream} ({self.filter_subject or 'all subjects'}) "
+                f"from seq {self.start_seq} "
                 f"that satisfies {self.apply_function}")
 
     async def _find(self, conn: JetStreamConnection, *, follow: bool) -> dict[str, Any]:
@@ -61,7 +63,8 @@ class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
 
         match = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
         first = self.start_seq
-        found = await find_message(conn, self.stream, match, subject=self.subject, start_seq=first, follow=follow)
+        found = await find_message(conn, self.stream, match, subject=self.filter_subject, start_seq=first,
+                                   follow=follow)
         self.start_seq = found["next_seq"]
         message = found["message"]
         answer = f"match at seq {message['seq']}" if message else "no match yet"

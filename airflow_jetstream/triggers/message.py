@@ -55,6 +55,7 @@ from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.vocabulary import RenamedArguments
 
 if TYPE_CHECKING:  # the modules that use nats-py are imported when the trigger runs, not when a DAG file is parsed
     from airflow_jetstream.client.connection import JetStreamConnection
@@ -67,8 +68,7 @@ log = logging.getLogger(__name__)
 #: Waited out when a watcher starts (one log line per try), seconds between tries doubling up to BACKOFF_MAX.
 WAITED_OUT_ERRORS = (StreamNotFoundError, ConsumerNotFoundError, RequestTimeoutError, ConnectionFailedError)
 BACKOFF_FIRST, BACKOFF_MAX = 2.0, 30.0
-_ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "advisory_batch", "advisory_reason",
-                  "advisory_match")
+_ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "batch_id", "reason", "match")
 
 
 def message_payload(msg: Any) -> dict[str, Any]:
@@ -281,7 +281,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             await POOL.release(self._settings)
 
 
-class JetStreamMessageTrigger(BaseEventTrigger):
+class JetStreamMessageTrigger(RenamedArguments, BaseEventTrigger):
     """Fire an asset event for each message on a JetStream durable consumer (event-driven scheduling).
 
     Use it through common-messaging (``MessageQueueTrigger(scheme="jetstream", ...)``) or directly
@@ -297,13 +297,13 @@ class JetStreamMessageTrigger(BaseEventTrigger):
         )])
 
     Triggers with the same ``nats_conn_id``, ``stream`` and ``consumer`` share one subscription;
-    each applies its own ``subject`` / advisory filter. A message is acked only once every
+    each applies its own ``filter_subject`` / advisory filter. A message is acked only once every
     derived event is stored, so a triggerer restart loses nothing.
 
     :param stream, consumer: the durable pull consumer to read (explicit acks).
     :param nats_conn_id: the ``nats`` connection.
-    :param subject: only fire for messages whose subject matches (wildcards allowed).
-    :param advisory, advisory_stream, advisory_consumer, advisory_batch, advisory_reason, advisory_match:
+    :param filter_subject: only fire for messages whose subject matches (wildcards allowed).
+    :param advisory, advisory_stream, advisory_consumer, batch_id, reason, match:
         for a consumer on the advisory capture stream: only fire for matching advisories; the
         event then carries the parsed advisory under ``"advisory"``.
     :param consumer_config: create/update the durable consumer with this config first
@@ -313,19 +313,22 @@ class JetStreamMessageTrigger(BaseEventTrigger):
         (None: ``batch_size``); bounds the repeat events after a stopped, killed or stalled triggerer.
     """
 
+    renamed_arguments = {"subject": "filter_subject", "advisory_batch": "batch_id", "advisory_reason": "reason",
+                         "advisory_match": "match"}
+
     def __init__(
         self,
         *,
         stream: str,
         consumer: str,
         nats_conn_id: str = JetStreamHook.default_conn_name,
-        subject: str | None = None,
+        filter_subject: str | None = None,
         advisory: str | None = None,
         advisory_stream: str | None = None,
         advisory_consumer: str | None = None,
-        advisory_batch: str | None = None,
-        advisory_reason: str | None = None,
-        advisory_match: dict[str, Any] | str | None = None,
+        batch_id: str | None = None,
+        reason: str | None = None,
+        match: dict[str, Any] | str | None = None,
         consumer_config: dict[str, Any] | None = None,
         batch_size: int = 64,
         fetch_timeout: float | str | timedelta = 5.0,
@@ -335,13 +338,14 @@ class JetStreamMessageTrigger(BaseEventTrigger):
         self.stream = validate_name(stream, what="stream name")
         self.consumer = validate_name(consumer, what="consumer name")
         self.nats_conn_id = nats_conn_id
-        self.subject = validate_subject(subject, allow_wildcards=True, what="subject filter") if subject else None
+        self.filter_subject = (validate_subject(filter_subject, allow_wildcards=True, what="filter_subject")
+                               if filter_subject else None)
         self.advisory = advisory
         self.advisory_stream = advisory_stream
         self.advisory_consumer = advisory_consumer
-        self.advisory_batch = advisory_batch
-        self.advisory_reason = advisory_reason
-        self.advisory_match = advisory_match
+        self.batch_id = batch_id
+        self.reason = reason
+        self.match = match
         self.advisory_filter = self._advisory_filter()
         self.consumer_config = consumer_config
         self.batch_size = batch_size
@@ -356,7 +360,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
         if all(getattr(self, key) is None for key in _ADVISORY_KEYS):
             return None
         return AdvisoryFilter(advisory=self.advisory, stream=self.advisory_stream, consumer=self.advisory_consumer,
-                              batch=self.advisory_batch, reason=self.advisory_reason, match=self.advisory_match)
+                              batch=self.batch_id, reason=self.reason, match=self.match)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -365,7 +369,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
                 "stream": self.stream,
                 "consumer": self.consumer,
                 "nats_conn_id": self.nats_conn_id,
-                "subject": self.subject,
+                "filter_subject": self.filter_subject,
                 **{key: getattr(self, key) for key in _ADVISORY_KEYS},
                 "consumer_config": self.consumer_config,
                 "batch_size": self.batch_size,
@@ -395,7 +399,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
 
     def event_for(self, message: dict[str, Any]) -> TriggerEvent | None:
         """This trigger's event for one message, or None when its filters skip it."""
-        if self.subject and not subject_matches(self.subject, message["subject"]):
+        if self.filter_subject and not subject_matches(self.filter_subject, message["subject"]):
             return None
         payload = dict(message)
         if self.advisory_filter is not None:

@@ -1,8 +1,9 @@
 """Event-driven scheduling: JetStreamMessageQueueProvider and the shared-stream message trigger.
 
-The triggerer's side is reproduced with Airflow's own ``SharedStreamManager`` driven exactly as
-``TriggerRunner.run_trigger`` drives it (subscribe, filter_shared_stream, bind_pending_event, and
-``confirm_persisted`` once an event is "stored"), against a real nats-server.
+The triggerer's side is reproduced with Airflow's own ``SharedStreamManager`` through its public API only, driven
+as ``TriggerRunner.run_trigger`` drives it (subscribe, filter_shared_stream, bind_pending_event, and
+``confirm_persisted`` once an event is "stored"), against a real nats-server. The real triggerer runs these
+triggers in tests/test_airflow_deployment.py and tests/test_airflow_failover.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -202,9 +202,7 @@ def test_events_for_published_messages_acked_only_after_persistence(orders):
         fake.start(1, make_trigger())
         async with open_connection(orders) as conn:
             await _publish(conn, 5)
-        end = time.monotonic() + 30
-        while fake.emitted < expected and time.monotonic() < end:
-            await asyncio.sleep(0.05)
+        await async_wait_until(lambda: fake.emitted >= expected, f"{expected} events emitted", timeout=30)
         if persist:
             await asyncio.to_thread(wait_until, lambda: consumer_state(orders)["ack_floor"]["stream_seq"] >= expected,
                                     "acks of every message")
@@ -225,25 +223,31 @@ def test_events_for_published_messages_acked_only_after_persistence(orders):
     assert state["num_ack_pending"] == 0
 
 
-def test_several_watchers_share_one_consumer_subscription(orders):
+def test_several_watchers_share_one_consumer_subscription(orders, monkeypatch):
+    producers = []  # Airflow asks the trigger class for one producer (one pull loop) per shared stream
+    make_producer = JetStreamMessageTrigger.create_shared_stream_producer
+
+    def counted(kwargs):
+        producers.append(kwargs)
+        return make_producer(kwargs)
+
+    monkeypatch.setattr(JetStreamMessageTrigger, "create_shared_stream_producer", counted)
+
     async def scenario():
         fake = FakeTriggerer()
         fake.start(1, make_trigger(filter_subject="orders.ready"))
         fake.start(2, make_trigger(filter_subject="orders.*"))
         fake.start(3, make_trigger(filter_subject="orders.cancelled"))
-        await asyncio.sleep(0)
-        groups = len(fake.manager._groups)
         async with open_connection(orders) as conn:
             await _publish(conn, 4, subject="orders.ready")
             await _publish(conn, 2, start=4, subject="orders.cancelled")
-        end = time.monotonic() + 20
-        while len(fake.stored) < 4 + 6 + 2 and time.monotonic() < end:
-            await asyncio.sleep(0.05)
+        await async_wait_until(lambda: len(fake.stored) >= 4 + 6 + 2, "12 events for the three watchers",
+                               timeout=20)
         await fake.stop()
-        return fake, groups
+        return fake
 
-    fake, groups = asyncio.run(scenario())
-    assert groups == 1
+    fake = asyncio.run(scenario())
+    assert len(producers) == 1, producers
     assert fake.seqs(1) == [1, 2, 3, 4] and fake.seqs(2) == [1, 2, 3, 4, 5, 6] and fake.seqs(3) == [5, 6]
     state = consumer_state(orders)
     assert state["delivered"]["consumer_seq"] == 6  # each message pulled once for all three watchers
@@ -256,9 +260,7 @@ def test_rejected_message_is_terminated_not_redelivered(orders):
         fake.start(1, make_trigger())
         async with open_connection(orders) as conn:
             await _publish(conn, 3)
-        end = time.monotonic() + 20
-        while len(fake.stored) < 2 and time.monotonic() < end:
-            await asyncio.sleep(0.05)
+        await async_wait_until(lambda: len(fake.stored) >= 2, "the two events not rejected", timeout=20)
         await asyncio.to_thread(wait_until, lambda: consumer_state(orders)["num_ack_pending"] == 0, "term + acks")
         await fake.stop()
         return fake
@@ -275,9 +277,7 @@ def test_failed_watcher_gets_the_message_again(orders):
         fake.start(1, make_trigger())
         async with open_connection(orders) as conn:
             await _publish(conn, 1)
-        end = time.monotonic() + 20
-        while not fake.failures and time.monotonic() < end:
-            await asyncio.sleep(0.05)
+        await async_wait_until(lambda: fake.failures, "the ack timeout failing the watcher", timeout=20)
         await fake.stop()
         return fake
 
@@ -292,9 +292,7 @@ def test_consumer_must_be_an_explicit_ack_pull_consumer(orders):
     async def scenario(trigger):
         fake = FakeTriggerer()
         fake.start(1, trigger)
-        end = time.monotonic() + 10
-        while not fake.failures and time.monotonic() < end:
-            await asyncio.sleep(0.05)
+        await async_wait_until(lambda: fake.failures, "the watcher's failure on the wrong consumer", timeout=10)
         await fake.stop()
         return fake.failures
 
@@ -344,9 +342,7 @@ def test_advisories_through_the_capture_stream(settings, nats_conn):
         async with open_connection(settings) as conn:
             await ensure_stream(conn, {"name": "IGNORED", "subjects": ["ignored.>"]})
             await ensure_stream(conn, {"name": "WATCHED", "subjects": ["watched.>"]})
-        end = time.monotonic() + 20
-        while not fake.stored and time.monotonic() < end:
-            await asyncio.sleep(0.05)
+        await async_wait_until(lambda: fake.stored, "the stream_created advisory of WATCHED", timeout=20)
         await fake.stop()
         return fake
 
@@ -369,7 +365,7 @@ def test_two_triggerer_replicas_lose_nothing_and_duplicate_nothing(orders):
     replicas = [Replica({1: make_trigger(**trigger_kwargs)}) for _ in range(2)]
     for replica in replicas:
         replica.start()
-        replica.ready.wait(10)
+        assert replica.ready.wait(30), "a triggerer replica did not start its watcher within 30s"
     # both replicas run the same watcher and have a pull request waiting on the same durable consumer
     wait_until(lambda: waiting_pulls(orders) >= 2, "two waiting pull requests")
     total = 300
@@ -391,7 +387,7 @@ def test_replica_stopping_mid_stream_hands_over_without_loss_or_duplicates(order
     replicas = [Replica({1: make_trigger(batch_size=4)}) for _ in range(2)]
     for replica in replicas:
         replica.start()
-        replica.ready.wait(10)
+        assert replica.ready.wait(30), "a triggerer replica did not start its watcher within 30s"
     wait_until(lambda: waiting_pulls(orders) >= 2, "two waiting pull requests")
     publish(orders, 100)
     replicas[0].stop()  # e.g. a rolling restart of one triggerer while messages flow
@@ -435,9 +431,7 @@ def test_triggerer_crash_loses_nothing(orders):
     async def restarted():
         fake = FakeTriggerer()
         fake.start(1, JetStreamMessageTrigger(**kwargs))
-        end = time.monotonic() + 30
-        while len(fake.stored) < 20 and time.monotonic() < end:
-            await asyncio.sleep(0.05)
+        await async_wait_until(lambda: len(fake.stored) >= 20, "the 20 redelivered events", timeout=30)
         await asyncio.to_thread(wait_until, lambda: consumer_state(orders)["ack_floor"]["stream_seq"] == 20, "acks")
         await fake.stop()
         return fake

@@ -22,6 +22,7 @@ from airflow_jetstream.client.errors import FastBatchError, JetStreamError
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsCluster
+from tests.support.polling import async_wait_until
 
 FAST_TOTAL = 20_000
 
@@ -44,10 +45,12 @@ async def kill_leader_when(cluster: EmbeddedNatsCluster, conn: JetStreamConnecti
     """Wait (bounded) until the stream's state satisfies ``ready`` while ``publisher`` runs, then
     SIGKILL the stream leader; returns its name."""
     task = asyncio.ensure_future(publisher)
-    for _ in range(2000):
-        if task.done() or ready((await stream_info(conn, stream))["state"]):
-            break
-        await asyncio.sleep(0.01)
+
+    async def ready_or_done() -> bool:
+        return task.done() or ready((await stream_info(conn, stream))["state"])
+
+    await async_wait_until(ready_or_done, f"stream {stream}'s state to be ready for the leader kill", timeout=20,
+                           every=0.01)
     leader = cluster.stream_leader(stream)
     assert leader is not None
     await asyncio.to_thread(cluster.kill, leader)

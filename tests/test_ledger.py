@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 
 import pytest
 
@@ -20,6 +19,7 @@ from airflow_jetstream.client.errors import (
     LedgerWaitTimeoutError,
 )
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key, ledger_status, run_reached
+from tests.support.polling import async_wait_until
 
 RUN = "manual__2026-11-25T23:46:59.123+00:00"
 
@@ -284,11 +284,14 @@ def test_dead_claim_returns_in_real_time_and_wait_all_reports_the_dead_letter(se
         published = await ledger.wait_all(RUN, "published", timeout=0)  # in progress counts as published
         with pytest.raises(LedgerWaitTimeoutError) as waited:
             await ledger.wait_all(RUN, "consumed", timeout=0.2, poll_interval=0.05)
-        deadline = time.monotonic() + 15
-        second = None
-        while second is None and time.monotonic() < deadline:
-            second = await ledger.claim(RUN, "b0", owner="dies-2")
-            await asyncio.sleep(0 if second else 0.05)
+        claims = []
+
+        async def claimed_again() -> bool:  # once b0's claim is older than the visibility timeout
+            claims.append(await ledger.claim(RUN, "b0", owner="dies-2"))
+            return claims[-1] is not None
+
+        await async_wait_until(claimed_again, "a second claim of b0 after its visibility timeout", timeout=15)
+        second = claims[-1]
         ok = await ledger.claim(RUN, "b1", owner="works")
         await ledger.mark_consumed(ok)
         with pytest.raises(BatchesFailedError) as failed:

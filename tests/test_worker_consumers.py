@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 
@@ -26,6 +25,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     TooManySubjectsError,
 )
+from tests.support.polling import async_wait_until
 
 STREAM = {"name": "ORDERS", "subjects": ["orders.>"]}
 
@@ -200,9 +200,8 @@ def test_exhausted_retries_raise_and_retry_pending_applies_later(nats_server, si
             await manager.update(conn, ["orders.z"])
         state = (manager.subjects, manager.pending, manager.stats["failed"], manager.last_error["reason"])
         await asyncio.to_thread(nats_server.start)
-        deadline = time.monotonic() + 20
-        while not conn.nc.is_connected and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await async_wait_until(lambda: conn.nc.is_connected, "the client reconnected to the restarted server",
+                               timeout=20)
         applied = await manager.retry_pending(conn)
         return state, applied, manager, await manager.retry_pending(conn)
 
@@ -230,10 +229,11 @@ def test_inactive_threshold_lets_the_server_remove_an_abandoned_worker_consumer(
     async def scenario(conn):
         created = await ensure_worker_consumer(conn, "ORDERS", "reader", "gone", ["orders.a"],
                                                inactive_threshold="500ms")
-        deadline = time.monotonic() + 20
-        while await find_consumer(conn, "ORDERS", "reader-gone") is not None and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        removed = await find_consumer(conn, "ORDERS", "reader-gone") is None
+        async def gone() -> bool:
+            return await find_consumer(conn, "ORDERS", "reader-gone") is None
+
+        await async_wait_until(gone, "the server removing the inactive consumer reader-gone", timeout=20)
+        removed = await gone()
         await ensure_worker_consumer(conn, "ORDERS", "reader", "kept", ["orders.b"])
         deleted = await delete_worker_consumer(conn, "ORDERS", "reader", "kept")
         again = await delete_worker_consumer(conn, "ORDERS", "reader", "kept")
@@ -263,10 +263,14 @@ def test_workqueue_handoff_removes_from_the_old_worker_before_adding_to_the_new(
         received = await (await conn.js.pull_subscribe_bind("wq-B", stream="WQ")).fetch(3, timeout=2)
         for msg in [*received, in_flight]:
             await msg.ack()
-        deadline = time.monotonic() + 10
-        while (left := (await conn.api_request("STREAM.INFO.WQ"))["state"]["messages"]) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return overlap.value, in_flight.data, sorted(m.data for m in received), left, new.pending
+        async def left() -> int:
+            return (await conn.api_request("STREAM.INFO.WQ"))["state"]["messages"]
+
+        async def drained() -> bool:
+            return await left() == 0
+
+        await async_wait_until(drained, "the acked messages removed from the WorkQueue stream", timeout=10)
+        return overlap.value, in_flight.data, sorted(m.data for m in received), await left(), new.pending
 
     overlap, in_flight, received, left, pending = in_server(settings, scenario)
     assert overlap.reason == "workqueue_filter_not_unique" and "remove it from the other" in overlap.message

@@ -19,6 +19,7 @@ from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.sourcing.provision import provision_durable_source
 from airflow_jetstream.client.sourcing.spec import DurableSource
 from airflow_jetstream.embedded import EmbeddedNatsCluster
+from tests.support.polling import async_wait_until
 from tests.support.stall import resume, stop
 
 
@@ -124,28 +125,31 @@ def test_an_aggregate_drops_what_its_workqueue_origin_stored_twice(nats_cluster_
                                        "num_replicas": 3, "duplicate_window": 0.5})
             await provision_durable_source(conn, DurableSource(stream="WQ_AGG", source="WQ_ORIGIN"))
 
-            async def drained() -> None:
-                for _ in range(200):  # bounded: the aggregate's server sources and acks what the origin holds
-                    if (await stream_info(conn, "WQ_ORIGIN"))["state"]["messages"] == 0:
-                        return
-                    await asyncio.sleep(0.05)
-                raise AssertionError("the origin was never drained into the aggregate")
+            async def origin_empty() -> bool:
+                return (await stream_info(conn, "WQ_ORIGIN"))["state"]["messages"] == 0
+
+            async def drained() -> None:  # the aggregate's server sources and acks what the origin holds
+                await async_wait_until(origin_empty, "the origin drained into the aggregate", timeout=20)
 
             async with Batcher(conn) as batcher:
                 for i in range(5):
                     await batcher.publish("wqo.x", b"%d" % i, msg_id=f"wq-{i}")
                 await drained()
-                resent = await batcher.publish("wqo.x", b"0", msg_id="wq-0")
-                for _ in range(100):  # bounded: until the origin has forgotten the id (its window ran out)
-                    if not resent.duplicate:
-                        break
-                    await asyncio.sleep(0.05)
-                    resent = await batcher.publish("wqo.x", b"0", msg_id="wq-0")
-                again = [await batcher.publish("wqo.x", b"%d" % i, msg_id=f"wq-{i}") for i in range(1, 5)]
+                resent = []
+                for i in range(5):  # a re-send is answered "duplicate" (and not stored) until the id's window ran out
+
+                    async def origin_forgot(i: int = i) -> bool:
+                        answer = await batcher.publish("wqo.x", b"%d" % i, msg_id=f"wq-{i}")
+                        if not answer.duplicate:
+                            resent.append(answer)
+                        return not answer.duplicate
+
+                    await async_wait_until(origin_forgot, f"the origin storing a re-send of wq-{i} again (its 0.5 s "
+                                           "duplicate window ran out)", timeout=20)
                 await drained()
             stored = (await stream_info(conn, "WQ_AGG"))["state"]["last_seq"]
             ids = [(await conn.js.get_msg("WQ_AGG", seq)).headers["Nats-Msg-Id"] for seq in range(1, stored + 1)]
-            return [resent.duplicate] + [r.duplicate for r in again], ids
+            return [r.duplicate for r in resent], ids
 
     duplicate_answers, ids = asyncio.run(main())
     assert duplicate_answers == [False] * 5, "the origin stored the re-sends again (it had forgotten the ids)"

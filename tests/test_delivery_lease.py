@@ -23,7 +23,9 @@ from airflow_jetstream.triggers.message import JetStreamMessageTrigger
 from tests.support.nats_calls import call_on_server
 
 STREAM, CONSUMER = "LEASED", "airflow_leased"
-ACK_WAIT = 1.0
+# Long enough that a loaded box hands a message out well within it; the stalls outlast it by 1.5 s.
+ACK_WAIT = 3.0
+STALL = ACK_WAIT + 1.5
 
 
 @pytest.fixture
@@ -64,7 +66,7 @@ def test_messages_held_past_ack_wait_are_not_fired_nor_acked(leased: ConnectionS
         try:
             first, token = await stream.__anext__()  # seq 1 handed out; seqs 2-5 pulled with it, not yet
             assert first["stream_seq"] == 1 and first["delivered"] == 1
-            _stall(ACK_WAIT * 1.5)
+            _stall(STALL)
             # seq 1 waited in the triggerer past ack_wait: the watcher does not fire it
             fired = [event async for event in trigger.filter_shared_stream(_one([first]))]
             await producer.advance([AdvanceItem(broker_payload=token, outcome=AdvanceOutcome(acked=1, failed=0))])
@@ -104,7 +106,7 @@ def test_lease_extends_only_with_a_confirmed_progress_signal_in_time(leased: Con
             first_deadline = lease.deadline
             extended = await lease.extend(conn.nc, timeout=3)
             moved = lease.deadline - first_deadline
-            _stall(ACK_WAIT * 1.5)
+            _stall(STALL)
             late = await lease.extend(conn.nc, timeout=3)  # expired: not extended, nothing sent
             again = (await sub.fetch(1, timeout=5))[0]
             return extended, moved, late, again.metadata.num_delivered

@@ -6,6 +6,7 @@ import socket
 from pathlib import Path
 
 from airflow_jetstream.embedded import EmbeddedNatsServer
+from airflow_jetstream.embedded.server import free_port
 
 
 def test_a_monitor_port_taken_before_the_bind_is_replaced(tmp_path: Path) -> None:
@@ -17,3 +18,21 @@ def test_a_monitor_port_taken_before_the_bind_is_replaced(tmp_path: Path) -> Non
         with server:
             assert server.monitor_port != taken
             assert server.monitor("varz")["http_port"] == server.monitor_port
+
+
+def test_a_monitor_port_answered_by_another_nats_server_is_replaced(tmp_path: Path) -> None:
+    """Another server's client port on the chosen monitor port answers the health check with NATS' INFO line,
+    not HTTP: that is a port taken too (it escaped start() as http.client.BadStatusLine)."""
+    with EmbeddedNatsServer(store_dir=tmp_path / "squatter") as squatter:
+        server = EmbeddedNatsServer(store_dir=tmp_path / "nats")
+        server.monitor_port = squatter.port
+        with server:
+            assert server.monitor_port != squatter.port
+            assert server.monitor("varz")["port"] == server.port
+
+
+def test_free_ports_handed_out_together_are_all_different() -> None:
+    """A cluster picks 9 ports before any server binds one: the same port twice made one node's health check
+    reach another node's client port."""
+    ports = [free_port() for _ in range(2000)]
+    assert len(set(ports)) == len(ports)

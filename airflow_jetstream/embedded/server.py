@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -17,9 +18,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +55,25 @@ def find_nats_server_binary() -> str:
     )
 
 
+_HANDED_OUT: deque[int] = deque(maxlen=4096)  # the ports free_port() returned last
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that is free right now and not one of the last 4096 this process handed out.
+
+    The caller binds it only later (a cluster picks all its ports before its first server starts): the
+    kernel can offer a port again once its probe socket closed, and two servers must not both get it.
+    """
+    with _HANDED_OUT_LOCK:
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port: int = sock.getsockname()[1]
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.append(port)
+                return port
+    raise EmbeddedServerError("no free TCP port on 127.0.0.1 that this process did not hand out recently")
 
 
 def stop_process_group(process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
@@ -192,8 +208,8 @@ class EmbeddedNatsServer:
                 with urllib.request.urlopen(url, timeout=1) as resp:
                     if resp.status == 200:
                         return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
+            except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError):
+                pass  # not up yet, or another process answers on the port (then ours exits: start() retries)
             time.sleep(0.02)
         raise EmbeddedServerError(f"nats-server not healthy after {self.startup_timeout}s: {self.log_tail()}")
 

@@ -6,7 +6,7 @@ each module's browser logs in through Airflow's login page. The api-server knows
 connection ``nats_view`` (AIRFLOW_CONN_NATS_VIEW) to a nats-server seeded with what the view shows
 (tests/support/jetstream_view.py).
 
-Chromium is Debian's ``chromium`` package (installed here with apt-get when missing), driven by
+Chromium is Debian's ``chromium`` package (tests/support/chromium.py installs it when missing), driven by
 Playwright's Python package with ``executable_path``: no browser download.
 """
 
@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -29,10 +27,11 @@ import pytest
 
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
+from airflow_jetstream.embedded.server import free_port
 from tests.support import jetstream_view
 from tests.support.airflow_cli import AIRFLOW, isolated_airflow_env, nats_conn_json, run_airflow
+from tests.support.chromium import CHROMIUM, install_chromium
 
-CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -56,31 +55,6 @@ class AirflowUI:
     home: Path
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _install_chromium() -> str | None:
-    """Install Debian's chromium with apt-get; returns why it could not, or None."""
-    if CHROMIUM.exists():
-        return None
-    if shutil.which("apt-get") is None:
-        return "no /usr/bin/chromium and no apt-get to install Debian's chromium package"
-    if os.geteuid() != 0:
-        return "no /usr/bin/chromium and not root, so apt-get cannot install Debian's chromium package"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (
-        ["apt-get", "update", "-q"],
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium", "chromium-driver"],
-    ):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            return f"{' '.join(cmd)} failed: {proc.stderr.strip()[-500:]}"
-    return None if CHROMIUM.exists() else "apt-get installed chromium but /usr/bin/chromium is missing"
-
-
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -98,7 +72,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 
 
 @pytest.fixture(scope="session")
 def chromium() -> Path:
-    problem = _install_chromium()
+    problem = install_chromium()
     if problem:
         pytest.skip(f"Chromium cannot be installed here: {problem}")
     return CHROMIUM

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 CONSTRAINTS ?= constraints/constraints-$(PYVER).txt
 
-.PHONY: install wheel demo demo-cluster up test test-fast test-e2e lint docs bench clean compat constraints constraints-lowest chaos
+.PHONY: install wheel demo demo-cluster up test test-fast test-e2e test-durations lint docs bench clean compat constraints constraints-lowest chaos
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -41,16 +41,29 @@ demo-cluster: install
 up: install
 	$(PY) -m tests.infra.airflow_local
 
+# The suite runs on PYTEST_WORKERS pytest-xdist workers (one per core on the 2-core reference box): a test module
+# (or a group of modules sharing a session fixture) runs whole on one worker, the longest first (tests/conftest.py).
+# PYTEST_WORKERS=0 runs it in this process. PYTEST_ARGS adds options, e.g. PYTEST_ARGS="-k kv".
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadgroup)
+
 test: install $(NODE_STAMP)
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench
 	$(VENV)/bin/mypy
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
-test-fast: install $(NODE_STAMP)
-	$(PY) -m pytest -m "not e2e" $(PYTEST_ARGS)
+# The contributor's loop: the unit and real-server tier, cheapest modules first, stopping at the first failure.
+test-fast: install
+	$(PY) -m pytest -m "not e2e" -x $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-e2e: install $(NODE_STAMP)
-	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
+	$(PY) -m pytest -m e2e $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+
+# Rewrites tests/durations.json (the order modules run in) from one serial run of the whole suite.
+test-durations: install $(NODE_STAMP)
+	$(PY) -m pytest -p no:xdist -q --junitxml=.durations.xml -o junit_duration_report=total $(PYTEST_ARGS)
+	$(PY) -m tests.support.durations .durations.xml > tests/durations.json
+	rm .durations.xml
 
 lint: install
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench

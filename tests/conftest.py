@@ -27,6 +27,7 @@ from airflow_jetstream.client import server_features  # noqa: E402
 from airflow_jetstream.client.errors import ServerFeatureError  # noqa: E402
 from airflow_jetstream.client.settings import ConnectionSettings  # noqa: E402
 from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer  # noqa: E402
+from tests.support import durations  # noqa: E402
 from tests.support.airflow_ui import airflow_ui, browser_context, chromium, page, view_server  # noqa: E402,F401
 from tests.support.nkeys_util import new_user_nkey  # noqa: E402
 from tests.support.tls import TLSFiles, make_tls_files  # noqa: E402
@@ -208,9 +209,48 @@ E2E_FILES = re.compile(
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the end-to-end tier (``-m e2e``; ``-m "not e2e"`` is the fast unit and real-server tier)."""
+#: Modules that share a session fixture run on one pytest-xdist worker (a session fixture is per worker):
+#: the browser tests share one api-server and Chromium (tests/support/airflow_ui.py).
+XDIST_GROUPS = {
+    "tests/test_ui_view_browser.py": "airflow_ui",
+    "tests/test_connection_form_browser.py": "airflow_ui",
+}
+
+
+def _module(item: pytest.Item, root: Path) -> str:
+    return item.path.relative_to(root).as_posix()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the end-to-end tier (``-m e2e``; ``-m "not e2e"`` is the fast unit and real-server tier), order the
+    modules by their measured time (tests/durations.json) and, under pytest-xdist, keep each module on one worker.
+
+    A module runs whole, its tests in file order. Run serially, the cheapest modules go first (a failure shows
+    early; `make test-fast -x`). Under xdist (``--dist loadgroup``, a module or an XDIST_GROUPS group per work
+    unit, handed out in this order) the end-to-end tier's longest modules go first, so both workers end together.
+    """
+    modules: dict[str, list[pytest.Item]] = {}
+    e2e: set[str] = set()
     for item in items:
         slow = item.get_closest_marker("spark") or item.get_closest_marker("airflow_cli")
+        module = _module(item, config.rootpath)
         if slow or E2E_FILES.search(item.path.name):
             item.add_marker(pytest.mark.e2e)
+            e2e.add(module)
+        modules.setdefault(module, []).append(item)
+    times = durations.load()
+    default = {True: durations.median(times, [m for m in modules if m in e2e]),
+               False: durations.median(times, [m for m in modules if m not in e2e])}
+    parallel = hasattr(config, "workerinput")
+
+    def cost(module: str) -> tuple[int, float]:
+        seconds = times.get(module, default[module in e2e])
+        if parallel:
+            return (0, -seconds) if module in e2e else (1, seconds)
+        return (1 if module in e2e else 0, seconds)
+
+    items[:] = [item for module in sorted(modules, key=cost) for item in modules[module]]
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            module = _module(item, config.rootpath)
+            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(module, module)))

@@ -39,6 +39,7 @@ from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.infra.airflow_local import LocalAirflow
 from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError
 from tests.support.airflow_ui import log_in
+from tests.support.chromium import CHROMIUM, install_chromium
 from tests.support.nats_calls import call_on_server
 from tests.support.polling import wait_until
 
@@ -48,7 +49,6 @@ pytestmark = [pytest.mark.airflow_cli, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE, GUARDED, PUBLISH_READY, PROCESS_READY = (
     "jetstream_orders_pipeline", "publish_orders_guarded", "publish_ready_orders", "process_ready_orders")
-CHROMIUM = Path("/usr/bin/chromium")
 READY_STREAM, READY_CONSUMER, PROCESSED_BUCKET = "ORDERS_READY", "airflow_orders_ready", "orders_ready_processed"
 MAX_UNCONFIRMED = 4  # the watcher's bound on messages handed to Airflow and not yet confirmed stored: bounds repeats
 
@@ -267,8 +267,8 @@ def ui_trigger(page: Any, airflow: LocalAirflow, dag_id: str, rows: int) -> str:
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Headless Chromium (Debian's package, see test_connection_form_browser.py), or None where it is missing."""
-    if not CHROMIUM.exists():
+    """Headless Chromium (Debian's package, installed where missing and possible), or None where it cannot be."""
+    if install_chromium() is not None:
         yield None
         return
     from playwright.sync_api import sync_playwright

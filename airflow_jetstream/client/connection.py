@@ -32,12 +32,20 @@ from airflow_jetstream.client.errors import (
     JetStreamError,
     JetStreamNotEnabledError,
     LeaderUnavailableError,
+    NatsPyVersionError,
     PermissionDeniedError,
     RequestTimeoutError,
     TLSConfigurationError,
     error_from_api,
 )
-from airflow_jetstream.client.natspy_internals import install_header_parser, install_pong_guard
+from airflow_jetstream.client.natspy_internals import (
+    check_connected,
+    check_natspy,
+    install_header_parser,
+    install_pong_guard,
+    server_info,
+    with_pending_size,
+)
 from airflow_jetstream.client.retry import is_leader_unavailable
 from airflow_jetstream.client.retry import retry as retry_rule
 from airflow_jetstream.client.settings import ConnectionSettings
@@ -122,7 +130,7 @@ class JetStreamConnection:
     @property
     def clustered(self) -> bool:
         """Whether the connected server is part of a cluster (its INFO names one)."""
-        return bool((getattr(self.nc, "_server_info", None) or {}).get("cluster"))
+        return bool(server_info(self.nc).get("cluster"))
 
     def unanswered(self, message: str) -> RequestTimeoutError:
         """The error for a request that got no answer: on a cluster a :class:`LeaderUnavailableError`
@@ -284,7 +292,10 @@ class JetStreamConnection:
 
 
 async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConnection:
-    """Open a connection; raises a typed :class:`ConnectionFailedError` subclass on failure."""
+    """Open a connection; raises a typed :class:`ConnectionFailedError` subclass on failure, and
+    :class:`~airflow_jetstream.client.errors.NatsPyVersionError` on a nats-py whose internals this toolkit uses
+    changed (client/natspy_internals.py)."""
+    await check_natspy()
     nc = NATS()
     holder: dict[str, JetStreamConnection] = {}
     fatal: asyncio.Future[JetStreamError] = asyncio.get_running_loop().create_future()
@@ -310,6 +321,7 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
         max_outstanding_pings=options.pop("max_outstanding_pings", MAX_OUTSTANDING_PINGS),
         **options,
     )
+    kwargs = with_pending_size(nc, kwargs)
     install_pong_guard(nc)  # before connecting: a stall can come at any time
     budget = settings.connect_timeout * max(1, len(settings.servers)) + 1.0
     task = asyncio.ensure_future(nc.connect(**kwargs))
@@ -317,6 +329,11 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
                                  return_when=asyncio.FIRST_COMPLETED)
     if task in done and task.exception() is None:
         fatal.cancel()
+        try:
+            check_connected(nc)
+        except NatsPyVersionError:
+            await nc.close()
+            raise
         conn = JetStreamConnection(nc, settings)
         holder["conn"] = conn
         return conn

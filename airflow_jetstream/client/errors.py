@@ -284,6 +284,12 @@ class SparkInstallError(JetStreamError):
     default_reason = "spark_version_mismatch"
 
 
+class NatsPyVersionError(JetStreamError):
+    """The installed nats-py changed an internal this toolkit uses (airflow_jetstream/client/natspy_internals.py)."""
+
+    default_reason = "natspy_incompatible"
+
+
 class KeyValueError(JetStreamError):
     """Base class of the key-value errors (client/kv/)."""
 

@@ -1,15 +1,16 @@
 """Every use of a nats-py private attribute, in one place, each with why nats-py's public API does not do.
 
-nats-py (2.16) may rename or drop any of these in a release; ``tests/test_natspy_internals.py``
-checks each one exists and behaves as used here, so an upgrade fails there first, by name.
+nats-py may rename or drop any of these in a release. The package metadata caps nats-py below the next
+minor the suite has not run (``<2.17``); beyond that, :func:`check_natspy` probes each use on the
+installed nats-py when the first connection opens and refuses with :class:`NatsPyVersionError` naming
+the version and what changed, instead of running on a nats-py whose internals moved. What nats-py would
+need to make each use public is written up for upstream in docs/compatibility.md ("nats-py internals").
 
 - ``Client._send_command`` / ``Client._flush_pending``: queue already-encoded protocol frames and
   kick the flusher. The batch publishers write a whole batch as one buffer; ``nc.publish`` per
   message costs more Python time than the server needs to store it (docs/performance.md), and
-  nats-py has no public raw-write call.
-- ``Client._pending_data_size`` / ``Client._max_pending_size``: while reconnecting, refuse frames
-  that would overflow nats-py's outgoing buffer (what ``nc.publish`` checks internally) with a
-  typed error instead of growing it without bound.
+  nats-py has no public raw-write call. (The size check while reconnecting uses the public
+  ``pending_data_size`` and the ``pending_size`` the connection was opened with.)
 - ``Client._parse_header_lines`` (a static method, per connection overridable): nats-py keeps one
   value per header name; other clients (nats.js ``append``, Go ``Header.Add``) send repeated names
   (``X-Multi: a`` + ``X-Multi: b``). The toolkit's connections parse headers with
@@ -23,6 +24,9 @@ checks each one exists and behaves as used here, so an upgrade fails there first
   ends nats-py's read loop while the connection still says "connected": nothing is read again and
   nothing reconnects. The replacement answers the oldest PING as before and skips a future that is
   already done.
+- ``Client._server_info`` (read only): the server's INFO; the ``cluster`` name in it tells a clustered
+  server apart (the default replicas of what the provider creates, and whether an unanswered API call
+  may be a leader election). nats-py exposes only the INFO's version, max_payload, client id and ip.
 
 JetStream API calls go through :meth:`JetStreamConnection.api_request
 <airflow_jetstream.client.connection.JetStreamConnection.api_request>` (raw ``$JS.API`` JSON), not
@@ -41,20 +45,30 @@ manager has a call, it also does less than needed (the guard test pins each reas
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+import weakref
+from collections.abc import Awaitable, Callable
+from importlib import metadata
 from typing import Any
 
-from nats.aio.client import Client
+import nats.aio.client
+from nats.aio.client import DEFAULT_PENDING_SIZE, Client
+from nats.protocol.parser import Parser
 
-from airflow_jetstream.client.errors import ConnectionFailedError
+from airflow_jetstream.client.errors import ConnectionFailedError, NatsPyVersionError
 
-#: The private attributes of ``nats.aio.client.Client`` used here (the guard test checks each).
-CLIENT_ATTRIBUTES = ("_send_command", "_flush_pending", "_pending_data_size", "_max_pending_size",
-                     "_parse_header_lines", "_process_pong", "_pongs", "_pongs_received", "_pings_outstanding")
+#: The nats-py releases the suite ran against (the package metadata allows these minors only).
+SUPPORTED_NATSPY = ">=2.15.0,<2.17"
 
+#: The private attributes of ``nats.aio.client.Client`` used here (:func:`check_natspy` probes each).
+CLIENT_ATTRIBUTES = ("_send_command", "_flush_pending", "_parse_header_lines", "_process_pong", "_pongs",
+                     "_pongs_received", "_pings_outstanding", "_server_info")
 
 #: nats-py's own header parser (the class's static method; a connection's may be replaced).
 natspy_parse_header_lines: Callable[[bytes], dict[str, str]] = Client._parse_header_lines
+
+#: The ``pending_size`` each connection was opened with (nats-py keeps it privately).
+_pending_limits: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def natspy_header_pairs(raw: bytes) -> list[tuple[str, str]]:
@@ -84,19 +98,164 @@ def install_pong_guard(nc: Any) -> None:
     nc._process_pong = process_pong
 
 
+def with_pending_size(nc: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for ``nc.connect`` with ``pending_size`` set (nats-py's default unless given), remembered
+    for :func:`write_raw`'s check while reconnecting."""
+    options = {**options, "pending_size": options.get("pending_size", DEFAULT_PENDING_SIZE)}
+    _pending_limits[nc] = options["pending_size"]
+    return options
+
+
+def server_info(nc: Any) -> dict[str, Any]:
+    """The INFO the connected server sent (``{}`` before the connection is open)."""
+    info = getattr(nc, "_server_info", None)
+    return info if isinstance(info, dict) else {}
+
+
 async def write_raw(nc: Any, frames: bytes) -> None:
     """Queue already-encoded protocol frames on the connection and kick its flusher.
 
     Uses nats-py's outgoing buffer, so frames written while the client reconnects are sent after
-    the reconnect like any publish.
+    the reconnect like any publish; as for ``nc.publish``, frames that would overflow that buffer
+    while reconnecting are refused.
     """
     if nc.is_closed:
         raise ConnectionFailedError("the NATS connection is closed", reason="connection_lost")
     if nc.is_draining_pubs:
         raise ConnectionFailedError("the NATS connection is draining", reason="connection_lost")
-    if not nc.is_connected and nc._pending_data_size + len(frames) > nc._max_pending_size:
+    limit = _pending_limits.get(nc, DEFAULT_PENDING_SIZE)
+    if not nc.is_connected and nc.pending_data_size + len(frames) > limit:
         raise ConnectionFailedError(
             "the NATS connection is reconnecting and its outgoing buffer is full", reason="connection_lost"
         )
     await nc._send_command(frames)
     await nc._flush_pending()
+
+
+# -- the guard: each use probed on the installed nats-py -------------------------------------------------
+
+
+def _coroutine(name: str, *params: str) -> str | None:
+    member = getattr(Client, name, None)
+    if member is None:
+        return f"Client.{name} is gone"
+    if not inspect.iscoroutinefunction(member):
+        return f"Client.{name} is no longer a coroutine function"
+    names = list(inspect.signature(member).parameters)[1:]
+    if names[:len(params)] != list(params):
+        return f"Client.{name} now takes ({', '.join(names)}), not ({', '.join(params)})"
+    return None
+
+
+async def _probe_raw_write() -> str | None:
+    """Frames given to ``_send_command`` land in the outgoing buffer that ``pending_data_size`` counts."""
+    problem = _coroutine("_send_command", "cmd") or _coroutine("_flush_pending")
+    if problem:
+        return problem
+    client = Client()
+    await client._send_command(b"PING\r\n")
+    if client.pending_data_size != len(b"PING\r\n"):
+        return "Client._send_command no longer queues frames in the buffer pending_data_size counts"
+    return None
+
+
+async def _probe_header_parser() -> str | None:
+    """``_process_headers`` still parses header lines with the connection's ``_parse_header_lines``."""
+    if not isinstance(inspect.getattr_static(Client, "_parse_header_lines", None), staticmethod):
+        return "Client._parse_header_lines is no longer a static method"
+    seen: list[bytes] = []
+
+    def parser(raw: bytes) -> dict[str, str]:
+        seen.append(raw)
+        return {"X-Probe": "parsed here"}
+
+    client = Client()
+    client._parse_header_lines = parser  # type: ignore[method-assign]
+    parsed = await client._process_headers(b"NATS/1.0\r\nX-Probe: 1\r\nX-Probe: 2\r\n\r\n")
+    if not seen or dict(parsed or {}) != {"X-Probe": "parsed here"}:
+        why = " (fast-mail-parser is installed, and nats-py parses with it then: uninstall it)" if getattr(
+            nats.aio.client, "parse_email", None) else ""
+        return f"Client._process_headers does not parse header lines with the connection's _parse_header_lines{why}"
+    return None
+
+
+async def _probe_pong() -> str | None:
+    """A PONG from the server reaches the connection's ``_process_pong``, and PINGs wait in ``_pongs``."""
+    problem = _coroutine("_process_pong")
+    if problem:
+        return problem
+    client = Client()
+    kinds = {name: type(getattr(client, name, None)).__name__ for name in ("_pongs", "_pongs_received",
+                                                                            "_pings_outstanding")}
+    if kinds != {"_pongs": "list", "_pongs_received": "int", "_pings_outstanding": "int"}:
+        return f"Client's PONG bookkeeping changed ({kinds})"
+    answered: list[bool] = []
+
+    class Reader:  # stands in for the connection: any other callback the parser makes does nothing
+        async def _process_pong(self) -> None:
+            answered.append(True)
+
+        def __getattr__(self, name: str) -> Callable[..., Awaitable[None]]:
+            async def ignored(*args: Any, **kwargs: Any) -> None:
+                return None
+
+            return ignored
+
+    await Parser(Reader()).parse(b"PONG\r\n")
+    if not answered:
+        return "nats-py's protocol parser no longer answers a PONG with the connection's _process_pong"
+    return None
+
+
+async def _probe_server_info() -> str | None:
+    if not isinstance(getattr(Client(), "_server_info", None), dict):
+        return "Client._server_info (the server's INFO) is gone"
+    return None
+
+
+#: (what the toolkit uses it for, the probe) per private use, in the order docs/compatibility.md lists them.
+PROBES: tuple[tuple[str, Callable[[], Awaitable[str | None]]], ...] = (
+    ("raw batch writes (_send_command, _flush_pending)", _probe_raw_write),
+    ("repeated header names (_parse_header_lines)", _probe_header_parser),
+    ("the late-PONG guard (_process_pong, _pongs)", _probe_pong),
+    ("cluster detection (_server_info)", _probe_server_info),
+)
+
+_checked: list[NatsPyVersionError | None] = []
+
+
+def natspy_version() -> str:
+    return metadata.version("nats-py")
+
+
+async def check_natspy() -> None:
+    """Probe every private use on the installed nats-py (once per process); raise :class:`NatsPyVersionError`
+    naming the nats-py version and each change found."""
+    if not _checked:
+        problems = []
+        for use, probe in PROBES:
+            try:
+                problem = await probe()
+            except Exception as exc:  # a probe that breaks is a change too, named by what broke
+                problem = f"{type(exc).__name__}: {exc}"
+            if problem:
+                problems.append(f"{use}: {problem}")
+        _checked.append(_refusal(problems) if problems else None)
+    if _checked[0] is not None:
+        raise _checked[0]
+
+
+def _refusal(problems: list[str]) -> NatsPyVersionError:
+    return NatsPyVersionError(
+        f"nats-py {natspy_version()} changed what airflow-jetstream relies on: {'; '.join(problems)}. "
+        f"This airflow-jetstream runs on nats-py {SUPPORTED_NATSPY}: pip install \"nats-py{SUPPORTED_NATSPY}\" "
+        "(docs/compatibility.md, \"nats-py internals\", says what it uses and why)")
+
+
+def check_connected(nc: Any) -> None:
+    """After connecting: the server's INFO is where :func:`server_info` reads it."""
+    if not server_info(nc).get("server_id"):
+        raise NatsPyVersionError(
+            f"nats-py {natspy_version()} changed what airflow-jetstream relies on: cluster detection "
+            f"(_server_info): the connected client's _server_info holds no server INFO. This airflow-jetstream "
+            f"runs on nats-py {SUPPORTED_NATSPY}: pip install \"nats-py{SUPPORTED_NATSPY}\"")

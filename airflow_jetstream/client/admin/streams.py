@@ -117,7 +117,9 @@ def default_replicas(conn: JetStreamConnection) -> int:
     with a ``cluster`` block runs JetStream unclustered and refuses R3 (10074); :func:`create_stream`
     then creates with 1 replica and this connection defaults to 1 from then on.
     """
-    info: dict[str, Any] = getattr(conn.nc, "_server_info", None) or {}
+    from airflow_jetstream.client.natspy_internals import server_info  # imports nats-py: DAG files import this module
+
+    info = server_info(conn.nc)
     cluster = info.get("cluster")
     if cluster and conn not in _UNCLUSTERED:
         log.info("new streams get %d replicas by default: the server %s is part of cluster %r",

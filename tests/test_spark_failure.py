@@ -1,4 +1,6 @@
-"""A failed Spark job ends its task with one clear cause, not spark-submit's exit code."""
+"""A failed Spark job ends its task with one clear cause, not spark-submit's exit code: the job's driver
+records it (airflow_jetstream/spark/failure.py), the operator reads it; the Spark provider's hook is used as
+Airflow builds it (no method of it replaced)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from pathlib import Path
 
 import pytest
 from airflow.exceptions import AirflowException
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-from airflow_jetstream.operators.spark_failure import SparkFailureCause
 from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator
+from airflow_jetstream.spark.failure import FAILURE_FILE_CONF, SparkFailureCause, record_failures
 from tests.support.airflow_cli import nats_conn_json
 
 #: What spark-submit printed for a job whose executor refused a message (trimmed; from a real run).
@@ -35,22 +38,64 @@ def test_without_an_error_of_the_package_the_last_exception_is_the_cause() -> No
     assert SparkFailureCause().cause is None
 
 
-@pytest.mark.spark
-def test_a_failed_job_ends_the_task_with_its_cause(nats_server, tmp_path: Path, monkeypatch) -> None:
-    app = tmp_path / "write_to_a_missing_stream.py"
-    app.write_text(textwrap.dedent("""
-        from pyspark.sql import SparkSession
-        from airflow_jetstream.spark import register
+class _Conf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
 
-        spark = SparkSession.builder.getOrCreate()
-        register(spark)
-        spark.range(10).selectExpr("CAST(id AS STRING) AS payload").write.format("jetstream") \\
-            .mode("append").option("stream", "NOSTREAM").option("subject", "nostream.x").save()
-    """))
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+
+class _Session:
+    def __init__(self, **conf: str) -> None:
+        self.conf = _Conf(conf)
+
+
+def test_the_driver_records_the_cause_of_the_exception_that_ends_it(tmp_path: Path, monkeypatch) -> None:
+    seen: list[type[BaseException]] = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, error, tb: seen.append(kind))
+    record = tmp_path / "failure.txt"
+    record_failures(_Session(**{FAILURE_FILE_CONF: str(record)}))
+    record_failures(_Session(**{FAILURE_FILE_CONF: str(record)}))  # register() again: one hook, not two
+    try:
+        raise RuntimeError(SPARK_OUTPUT)  # what pyspark raises in the driver carries the executor's traceback
+    except RuntimeError as exc:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    assert record.read_text() == (
+        "InvalidRequestError: message 77 (s.x) is 2000196 bytes with headers, over the connection's max_payload "
+        "of 1048576 bytes; make it smaller or raise the server's max_payload (reason: payload_too_large)")
+    assert seen == [RuntimeError], "the previous hook still prints the traceback, once"
+
+
+def test_outside_the_operator_nothing_is_recorded(monkeypatch) -> None:
+    before = sys.excepthook
+    record_failures(_Session())
+    assert sys.excepthook is before
+
+
+def _spark_env(monkeypatch, nats_server) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_conn_json(nats_server.url))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[2]"}')
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+
+
+WRITE_TO_A_MISSING_STREAM = """
+    from pyspark.sql import SparkSession
+    from airflow_jetstream.spark import register
+
+    spark = SparkSession.builder.getOrCreate()
+    register(spark)
+    spark.range(10).selectExpr("CAST(id AS STRING) AS payload").write.format("jetstream") \\
+        .mode("append").option("stream", "NOSTREAM").option("subject", "nostream.x").save()
+"""
+
+
+@pytest.mark.spark
+def test_a_failed_job_ends_the_task_with_its_cause(nats_server, tmp_path: Path, monkeypatch) -> None:
+    app = tmp_path / "write_to_a_missing_stream.py"
+    app.write_text(textwrap.dedent(WRITE_TO_A_MISSING_STREAM))
+    _spark_env(monkeypatch, nats_server)
     operator = JetStreamSparkSubmitOperator(task_id="write", application=str(app),
                                             conf={"spark.ui.enabled": "false"})
     with pytest.raises(AirflowException) as failed:
@@ -58,3 +103,6 @@ def test_a_failed_job_ends_the_task_with_its_cause(nats_server, tmp_path: Path, 
     assert str(failed.value).startswith("the Spark job failed: StreamNotFoundError: stream 'NOSTREAM'")
     assert "(reason: stream_not_found)" in str(failed.value)
     assert "Cannot execute" in str(failed.value.__cause__), "spark-submit's own error stays chained"
+    hook = operator._hook
+    assert type(hook) is SparkSubmitHook and "_process_spark_submit_log" not in vars(hook), \
+        "the provider's hook runs as Airflow built it"

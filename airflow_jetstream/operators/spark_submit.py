@@ -1,7 +1,10 @@
 """JetStreamSparkSubmitOperator: spark-submit with the ``nats`` connection handed to the job.
 
-A DAG file that imports this module pays for Airflow's ``SparkSubmitOperator`` only: the Spark side
-of the provider (``airflow_jetstream.spark``, which imports pyspark) is imported when the task runs.
+Needs the ``spark`` extra (the Spark provider): without it, importing this module raises Airflow's
+``AirflowOptionalProviderFeatureException`` naming the extra, so a DAG file using the operator fails to
+parse with that message while the rest of the provider works. A DAG file that imports this module pays
+for Airflow's ``SparkSubmitOperator`` only: the Spark side of the provider (``airflow_jetstream.spark``,
+which imports pyspark) is imported when the task runs.
 """
 
 from __future__ import annotations
@@ -13,16 +16,25 @@ from pathlib import Path
 from typing import Any
 
 from airflow.exceptions import AirflowException
-from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.common.compat.sdk import AirflowOptionalProviderFeatureException
+
+try:
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+except ModuleNotFoundError as missing:
+    if not (missing.name or "").startswith("airflow.providers.apache"):
+        raise
+    raise AirflowOptionalProviderFeatureException(
+        "JetStreamSparkSubmitOperator needs the Spark provider (apache-airflow-providers-apache-spark), which "
+        'comes with the spark extra: pip install "airflow-jetstream[spark]"') from missing
 
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.operators.spark_failure import SparkFailureCause
 from airflow_jetstream.ui.links import JetStreamLedgerRunLink, JetStreamViewLink
 
 PROPERTIES_NAME = "jetstream-spark.properties"
+#: The file the job's driver records the cause of its failure in (airflow_jetstream/spark/failure.py).
+FAILURE_NAME = "failure.txt"
 
 
 def _escape(text: str) -> str:
@@ -39,15 +51,18 @@ def default_properties_file() -> Path | None:
     return path if path and path.is_file() else None
 
 
-def write_properties_file(path: str | Path, settings: ConnectionSettings, base: str | Path | None = None) -> Path:
+def write_properties_file(path: str | Path, settings: ConnectionSettings, base: str | Path | None = None,
+                          job_conf: Mapping[str, str] | None = None) -> Path:
     """Write ``base`` (a properties file, or spark-defaults.conf) plus the connection's ``spark.jetstream.*``
-    entries to a new file readable by its owner only; return its path."""
+    entries (and ``job_conf``, the operator's ``spark.jetstream.job.*`` keys) to a new file readable by its
+    owner only; return its path."""
     from airflow_jetstream.spark.connection import settings_to_conf
 
     path = Path(path)
     base = Path(base) if base else default_properties_file()
     lines = [base.read_text(encoding="utf-8").rstrip("\n")] if base else []
-    lines += [f"{key}={_escape(value)}" for key, value in sorted(settings_to_conf(settings).items())]
+    entries = {**settings_to_conf(settings), **(job_conf or {})}
+    lines += [f"{key}={_escape(value)}" for key, value in sorted(entries.items())]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write("\n".join(lines) + "\n")
@@ -87,6 +102,7 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         self.stream = stream
 
     def execute(self, context: Mapping[str, Any]) -> None:
+        from airflow_jetstream.spark.failure import FAILURE_FILE_CONF
         from airflow_jetstream.spark.package import PACKAGE_ZIP, build_py_files
         from airflow_jetstream.spark.versions import check_pyspark_install
 
@@ -95,30 +111,24 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         self._refuse_conf_overrides()
         given_properties, given_py_files = self.properties_file, self.py_files
         with tempfile.TemporaryDirectory(prefix="jetstream-spark-") as tmp:
-            self.properties_file = str(write_properties_file(Path(tmp, PROPERTIES_NAME), settings, given_properties))
+            failure = Path(tmp, FAILURE_NAME)
+            self.properties_file = str(write_properties_file(Path(tmp, PROPERTIES_NAME), settings, given_properties,
+                                                             {FAILURE_FILE_CONF: str(failure)}))
             if self.ship_package:
                 shipped = str(build_py_files(Path(tmp, PACKAGE_ZIP)))
                 self.py_files = f"{given_py_files},{shipped}" if given_py_files else shipped
             self.log.info("nats connection %r handed to the Spark job: %d server(s), auth %s, via --properties-file%s",
                           self.nats_conn_id, len(settings.servers), _auth_kind(settings),
                           " (package shipped with --py-files)" if self.ship_package else "")
-            self._hook = None
-            self._failure = SparkFailureCause()
             try:
                 super().execute(context)  # type: ignore[arg-type]
             except AirflowException as exc:
-                if self._failure.cause is None:
+                cause = _failure_cause(failure, exc)
+                if cause is None:
                     raise
-                raise AirflowException(f"the Spark job failed: {self._failure.cause}") from exc
+                raise AirflowException(f"the Spark job failed: {cause}") from exc
             finally:
                 self.properties_file, self.py_files = given_properties, given_py_files
-
-    def _get_hook(self) -> SparkSubmitHook:
-        """The provider's hook, reading spark-submit's output for the failure's cause as it logs it."""
-        hook = super()._get_hook()
-        process_log = hook._process_spark_submit_log
-        hook._process_spark_submit_log = lambda lines: process_log(self._failure.watch(lines))  # type: ignore[method-assign]
-        return hook
 
     def _refuse_conf_overrides(self) -> None:
         from airflow_jetstream.spark.connection import CONF_PREFIX
@@ -137,3 +147,11 @@ def _auth_kind(settings: ConnectionSettings) -> str:
                                    ("nkey", settings.nkey_seed), ("creds", settings.creds_file),
                                    ("tls client cert", settings.tls_cert_file)) if on]
     return "+".join(kinds) or "none"
+
+
+def _failure_cause(recorded: Path, error: AirflowException) -> str | None:
+    """The cause the job's driver recorded (airflow_jetstream/spark/failure.py), else the one in the spark-submit
+    output Airflow's error carries (the Spark provider appends its last lines from 6.3.0 on), else None."""
+    from airflow_jetstream.spark.failure import cause_in, recorded_cause
+
+    return recorded_cause(recorded) or cause_in(str(error).partition("\n")[2])

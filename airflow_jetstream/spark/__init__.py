@@ -21,6 +21,7 @@ from typing import Any
 
 from airflow_jetstream.client.settings import ConnectionSettings, settings_to_fields
 from airflow_jetstream.spark.connection import connected_source, session_connection_fields
+from airflow_jetstream.spark.failure import record_failures
 from airflow_jetstream.spark.package import add_package_to_session, build_py_files
 from airflow_jetstream.spark.reader import Consumption, consume
 from airflow_jetstream.spark.source import JetStreamDataSource
@@ -41,6 +42,7 @@ def register(spark: Any, settings: ConnectionSettings | None = None, *, ship_pac
         on Spark Connect, ``SparkContext.addPyFile`` on a classic session. Calling register again
         (with or without it) is safe.
     """
+    record_failures(spark)  # in a job of JetStreamSparkSubmitOperator: the cause of a failure, for the task
     check_pyspark_install()
     if ship_package:
         add_package_to_session(spark)

@@ -20,6 +20,8 @@ from airflow_jetstream.client.settings import SECRET_FIELDS, SETTINGS_FIELDS, Co
 
 CONF_PREFIX = "spark.jetstream."
 SECRET_CONF_PREFIX = "spark.jetstream.secret."
+#: Keys the submitting operator sets for the job itself (airflow_jetstream/spark/failure.py).
+JOB_CONF_PREFIX = "spark.jetstream.job."
 #: Fields that pick the authentication: options naming any of them replace all of the conf's.
 AUTH_FIELDS = ("user", "password", "token", "nkey_seed", "creds_file")
 Source = TypeVar("Source", bound=type)
@@ -36,10 +38,11 @@ def settings_to_conf(settings: ConnectionSettings) -> dict[str, str]:
 
 
 def fields_from_conf(conf: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """Connection fields from Spark conf pairs; an unknown ``spark.jetstream.*`` key is an error."""
+    """Connection fields from Spark conf pairs; an unknown ``spark.jetstream.*`` key is an error
+    (``spark.jetstream.job.*`` are the submitting operator's, not the connection's)."""
     found: dict[str, str] = {}
     for key, value in conf:
-        if not key.startswith(CONF_PREFIX):
+        if not key.startswith(CONF_PREFIX) or key.startswith(JOB_CONF_PREFIX):
             continue
         name = key.removeprefix(SECRET_CONF_PREFIX) if key.startswith(SECRET_CONF_PREFIX) else key[len(CONF_PREFIX):]
         if name not in SETTINGS_FIELDS or conf_key(name) != key:

@@ -1,0 +1,101 @@
+"""The one cause of a failed Spark job, recorded by the job's driver for the task that submitted it.
+
+Spark prints a Python error of the job several times (the executor's traceback, the lost task, the
+aborted stage, the driver's re-raise) and spark-submit then only says its exit code. The first
+error of this package's vocabulary in that text is the cause (later ones repeat it); without one,
+the last exception line is.
+
+``JetStreamSparkSubmitOperator`` names a file in the conf key :data:`FAILURE_FILE_CONF`; :func:`register
+<airflow_jetstream.spark.register>` in the driver then records there the cause of an exception that ends
+the driver (``sys.excepthook``, chained to the one before), and the operator reads it when spark-submit
+fails. The file is the operator's (0700 temporary folder), so it is written where the driver runs on the
+operator's host (client deploy mode); elsewhere the write fails quietly and the operator falls back to
+the spark-submit output Airflow's own error carries.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import traceback
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+#: The Spark conf key naming the file the driver records the failure's cause in.
+FAILURE_FILE_CONF = "spark.jetstream.job.failureFile"
+
+#: ``package.module.SomeError: message`` anywhere in a line (Spark prefixes its own text).
+_EXCEPTION_LINE = re.compile(r"(?:^|[\s:])((?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception))): (\S.*)$")
+_OURS = "airflow_jetstream."
+
+
+class SparkFailureCause:
+    """Reads a failed job's text line by line; :attr:`cause` names the failure."""
+
+    def __init__(self) -> None:
+        self._ours: str | None = None
+        self._last: str | None = None
+
+    def feed(self, line: str | bytes) -> None:
+        text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+        match = _EXCEPTION_LINE.search(text.strip())
+        if not match:
+            return
+        qualified, name, message = match.groups()
+        shown = f"{name}: {message}"
+        if qualified.startswith(_OURS):
+            self._ours = self._ours or shown
+        else:
+            self._last = shown
+
+    def watch(self, lines: Iterable[str | bytes]) -> Iterator[str | bytes]:
+        """Pass ``lines`` through unchanged, reading each."""
+        for line in lines:
+            self.feed(line)
+            yield line
+
+    @property
+    def cause(self) -> str | None:
+        return self._ours or self._last
+
+
+def cause_in(text: str) -> str | None:
+    """The cause named in ``text`` (a traceback, spark-submit's output), or None."""
+    reader = SparkFailureCause()
+    for line in text.splitlines():
+        reader.feed(line)
+    return reader.cause
+
+
+def record_failures(spark: Any) -> None:
+    """In a driver submitted by ``JetStreamSparkSubmitOperator``: record the cause of an exception that ends
+    the driver in the file the conf names. Once per process; elsewhere (no such conf, Spark Connect) nothing."""
+    path = spark.conf.get(FAILURE_FILE_CONF, None)
+    if not path or getattr(sys.excepthook, "records_to", None) == path:
+        return
+    previous = sys.excepthook
+
+    def record(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        cause = cause_in("".join(traceback.format_exception(kind, error, tb)))
+        if cause:
+            try:
+                partial = Path(f"{path}.partial")
+                partial.write_text(cause, encoding="utf-8")
+                os.replace(partial, path)
+            except OSError:
+                pass  # the driver runs away from the operator's host: it reads spark-submit's output instead
+        previous(kind, error, tb)
+
+    record.records_to = path  # type: ignore[attr-defined]
+    sys.excepthook = record
+
+
+def recorded_cause(path: str | Path) -> str | None:
+    """The cause the driver recorded in ``path``, if it did."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip() or None
+    except FileNotFoundError:
+        return None

@@ -1,9 +1,23 @@
-"""The installed pyspark distributions must be one release: ``pyspark`` and ``pyspark-client``
-share their Python files, so two releases side by side give Python code of one beside jars of the other."""
+"""pyspark's Python files on disk must be of one release with its jars.
+
+``pyspark`` (Python files, jars, spark-submit) and ``pyspark-client`` (the Spark provider's dependency:
+the same Python files, no jars) both install the ``pyspark`` package. With two releases installed, the
+distribution pip installs last owns the shared files: pip writes pyspark-client after pyspark (it
+depends on more), so pyspark 4.3.0 beside pyspark-client 4.2.0 runs 4.2.0 Python code on 4.3.0 jars.
+The ``spark`` extra declares both with the same range, so pip picks one release of each; this check
+reads what is on disk, so it also accepts two releases whose shared files are all pyspark's
+(``pip install --force-reinstall --no-deps pyspark==X`` after the other) and refuses any other mix
+(docs/compatibility.md, "pyspark and pyspark-client").
+"""
 
 from __future__ import annotations
 
+import base64
+import csv
+import hashlib
+from collections.abc import Iterable
 from importlib import metadata
+from pathlib import Path
 
 from airflow_jetstream.client.errors import SparkInstallError
 
@@ -11,26 +25,70 @@ from airflow_jetstream.client.errors import SparkInstallError
 PYSPARK_DISTRIBUTIONS = ("pyspark", "pyspark-client")
 
 
-def installed_pyspark_versions() -> dict[str, str]:
-    """``{distribution: version}`` of the pyspark distributions that are installed."""
-    found = {}
-    for name in PYSPARK_DISTRIBUTIONS:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
+def _distributions(path: list[str] | None) -> dict[str, metadata.Distribution]:
+    found: dict[str, metadata.Distribution] = {}
+    for dist in metadata.distributions(**({"path": path} if path is not None else {})):
+        name = (dist.metadata["Name"] or "").lower()
+        if name in PYSPARK_DISTRIBUTIONS:
+            found.setdefault(name, dist)  # the first on the path is the one Python imports
     return found
 
 
-def check_pyspark_install(versions: dict[str, str] | None = None) -> None:
-    """Raise :class:`SparkInstallError` when ``pyspark`` and ``pyspark-client`` are of different releases."""
-    versions = installed_pyspark_versions() if versions is None else versions
+def installed_pyspark_versions(path: list[str] | None = None) -> dict[str, str]:
+    """``{distribution: version}`` of the pyspark distributions installed (on ``path``, default ``sys.path``)."""
+    return {name: dist.version for name, dist in sorted(_distributions(path).items())}
+
+
+def _record(dist: metadata.Distribution) -> dict[str, str]:
+    """``{path: "algorithm=digest"}`` of the files ``dist``'s RECORD lists with a hash (read as written: some
+    importlib.metadata versions leave missing files out of ``Distribution.files``)."""
+    rows = csv.reader((dist.read_text("RECORD") or "").splitlines())
+    return {row[0]: row[1] for row in rows if len(row) >= 2 and "=" in row[1]}
+
+
+def _changed_files(dist: metadata.Distribution, paths: Iterable[str]) -> list[str]:
+    """Those of ``paths`` (files of ``dist``) whose bytes on disk are not the ones ``dist``'s RECORD lists."""
+    recorded = _record(dist)
+    changed = []
+    for name in sorted(paths):
+        algorithm, _, expected = recorded[name].partition("=")
+        try:
+            data = Path(str(dist.locate_file(name))).read_bytes()
+        except OSError:
+            changed.append(name)
+            continue
+        digest = base64.urlsafe_b64encode(hashlib.new(algorithm, data).digest()).rstrip(b"=").decode()
+        if digest != expected:
+            changed.append(name)
+    return changed
+
+
+def pyspark_files_not_pysparks(path: list[str] | None = None) -> list[str]:
+    """The files pyspark and pyspark-client share whose bytes on disk are not pyspark's own ([] when one of
+    them is not installed). Reads each shared file once (~370 files, well under 0.1 s)."""
+    dists = _distributions(path)
+    if set(dists) != set(PYSPARK_DISTRIBUTIONS):
+        return []
+    own, client = (set(_record(dists[name])) for name in PYSPARK_DISTRIBUTIONS)
+    return _changed_files(dists["pyspark"], own & client)
+
+
+def check_pyspark_install(versions: dict[str, str] | None = None, *, path: list[str] | None = None) -> None:
+    """Raise :class:`SparkInstallError` (``spark_version_mismatch``) when pyspark's Python files on disk are not
+    all of the release of its jars: pyspark and pyspark-client of different releases, unless every file they
+    share is pyspark's. ``versions`` replaces what is installed (the files are then not read)."""
+    given = versions is not None
+    versions = dict(versions) if given else installed_pyspark_versions(path)
     if len(set(versions.values())) <= 1:
         return
-    client = versions.get("pyspark-client", "")
-    shown = ", ".join(f"{name} {version}" for name, version in versions.items())
+    pyspark, client = versions.get("pyspark", "?"), versions.get("pyspark-client", "?")
+    changed = [] if given else pyspark_files_not_pysparks(path)
+    if not given and not changed:
+        return  # two releases, but every shared file on disk is pyspark's: one release with its jars
+    found = f" ({len(changed)} of pyspark's files on disk are pyspark-client's)" if changed else ""
     raise SparkInstallError(
-        f"pyspark's distributions are of different releases ({shown}): they share pyspark's Python files, "
-        f"so Spark would run Python code of one release beside jars of another. Install one release of both, "
-        f"e.g. pip install \"pyspark=={client}\" \"pyspark-client=={client}\" (the Spark provider needs "
-        "pyspark-client; constraints/constraints-3.11.txt pins a matching pair)")
+        f"pyspark {pyspark} and pyspark-client {client} are installed: they share pyspark's Python files{found}, so "
+        f"Spark would run Python code of {client} beside the jars of {pyspark}. Install one release of both, "
+        f'pip install "pyspark=={client}" "pyspark-client=={client}" (the airflow-jetstream[spark] extra declares a '
+        f'matching pair), or put pyspark\'s own files back last: pip install --force-reinstall --no-deps '
+        f'"pyspark=={pyspark}"')

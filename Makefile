@@ -83,7 +83,9 @@ bench: install
 chaos: install
 	$(PY) -m tests.chaos --seeds 1 2 3 --faults 15 $(CHAOS_ARGS)
 
-# The compatibility matrix: lowest supported Airflow/nats-py/pyspark and nats-server 2.11-2.15 (.ci/compat).
+# The compatibility matrix (.ci/compat): every install command the docs print, run as a user runs it (no pins;
+# the wheel's and the checkout's venvs then run the compat subset and a Spark write/read), the wheel into
+# Airflow 3.2, the lowest supported Airflow/nats-py/pyspark, and nats-server 2.11-2.15.
 compat: install
 	bash .ci/compat
 
@@ -101,4 +103,4 @@ constraints-lowest:
 	mv constraints/constraints-lowest-$(PYVER).txt.new constraints/constraints-lowest-$(PYVER).txt
 
 clean:
-	rm -rf $(VENV) tests/interop/node_modules .venv-compat-lowest .venv-compat-servers .demo .up site dist build
+	rm -rf $(VENV) tests/interop/node_modules .venv-compat-lowest .venv-compat-servers .venv-install .demo .up site dist build

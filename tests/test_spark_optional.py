@@ -98,7 +98,7 @@ def assert_nats_only_install_works(found: dict, *, messaging: bool = True) -> No
             assert needs in error, error  # @task.pyspark: no Spark provider; common.messaging: not installed
     manager = found["providers_manager"]
     assert manager["version"] and manager["nats_hook"] == "airflow_jetstream.hooks.jetstream.JetStreamHook"
-    assert manager["extra_links"] == ["airflow_jetstream.ui.links.JetStreamViewLink"]
+    assert manager["extra_links"] == manager["listed_links"] and manager["extra_links"], manager
     assert "jetstream" in manager["plugins"] and manager["warnings"] == [], manager
 
 

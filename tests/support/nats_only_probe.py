@@ -69,7 +69,10 @@ def _providers_manager() -> dict[str, object]:
     links = sorted(manager.extra_links_class_names)
     plugins = [p.name for p in manager.plugins]
     nats = hooks.get("nats")
+    from airflow_jetstream.get_provider_info import get_provider_info
+
     return {"version": providers.get("airflow-jetstream"),
+            "listed_links": sorted(get_provider_info().get("extra-links", [])),
             "nats_hook": nats.hook_class_name if nats else None,
             "extra_links": [link for link in links if link.startswith("airflow_jetstream.")],
             "plugins": plugins,

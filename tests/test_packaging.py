@@ -83,7 +83,11 @@ def test_wheel_metadata(dist: Path) -> None:
     runtime = [r for r in requires if "extra ==" not in r]
     assert not [r for r in runtime if "==" in r], f"exact pins belong in constraints/, not the metadata: {runtime}"
     assert any(r.startswith("apache-airflow") and ">=3.2.0" in r and "<4" in r for r in runtime), runtime
-    assert any(r.startswith("nats-py[nkeys]") and ">=" in r for r in runtime), runtime
+    assert any(r.startswith("nats-py[nkeys]") and ">=" in r and "<2.17" in r for r in runtime), runtime
+    spark = ("apache-airflow-providers-apache-spark", "pyspark", "pyspark-client", "pyarrow", "pandas")
+    assert not [r for r in runtime if r.split(">")[0].split("<")[0].split("=")[0].strip() in spark], \
+        f"the Spark provider and pyspark belong to the spark extra: {runtime}"
+    assert {r.split(">")[0].split("<")[0] for r in requires if 'extra == "spark"' in r} >= set(spark)
     assert "[apache_airflow_provider]" in entry_points
     assert "provider_info = airflow_jetstream.get_provider_info:get_provider_info" in entry_points
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from airflow_jetstream.client.errors import SparkInstallError
 from airflow_jetstream.spark import register
@@ -106,3 +108,16 @@ def test_register_refuses_a_mixed_install_before_touching_the_session(tmp_path: 
     monkeypatch.setattr(sys, "path", [*_site(tmp_path, dict.fromkeys(SHARED, 1)), *sys.path])
     with pytest.raises(SparkInstallError):
         register(_Session())  # refused before the data source is registered: the session has no dataSource
+
+
+def test_the_spark_extra_gives_pyspark_and_pyspark_client_one_range_topped_at_a_pyspark_client_release() -> None:
+    """pip picks the newest release of each: with one range whose top is inclusive, both are the top while it
+    exists for both, and a newer pyspark (4.3.0 has no pyspark-client) is never picked."""
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    spark = {Requirement(r).name: Requirement(r).specifier for r in project["optional-dependencies"]["spark"]}
+    assert spark["pyspark"] == spark["pyspark-client"]
+    (top,) = [s for s in spark["pyspark"] if s.operator in ("<", "<=")]
+    assert top.operator == "<=", "a top that is a release: '<4.3' would let pip take pyspark 4.2.1 over client 4.2.0"
+    assert not spark["pyspark"].contains("4.3.0") and not spark["pyspark"].contains("4.2.1")
+    core = {Requirement(r).name for r in project["dependencies"]}
+    assert not core & {"pyspark", "pyspark-client", "apache-airflow-providers-apache-spark"}

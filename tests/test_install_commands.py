@@ -42,8 +42,8 @@ PYVER = "{}.{}".format(*sys.version_info[:2])
 CONSTRAINTS = f"constraints/constraints-{PYVER}.txt"
 WHEEL = f"dist/airflow_jetstream-{__version__}-py3-none-any.whl"
 INSTALL_VENVS = os.environ.get("INSTALL_VENVS")
-#: pip installs at a time (they mostly wait for the network and the disk).
-PARALLEL = 2
+#: pip runs at a time (they mostly wait for the index and the disk; measured in docs/compatibility.md).
+PARALLEL = 4
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ The commands are read from the Markdown (code blocks and inline code), so a new 
 - ``venv``: into a fresh venv, as printed, from a copy of the checkout with the wheel built into ``dist/``
   (``make wheel``); a command naming ``airflow-jetstream`` from the index gets that wheel as the index's copy
   (``--find-links``: the package is not published yet). Then ``pip check``, Airflow loads the provider, the
-  package is the installed one, pyspark's files are one release with its jars, and a NATS-only install runs
-  tests/support/nats_only_probe.py. ``keep`` venvs stay under ``$INSTALL_VENVS`` with pytest added: `make compat`
+  package is the installed one, pyspark's files are one release with its jars, a NATS-only install runs
+  tests/support/nats_only_probe.py, and the ``server`` extra runs docs/testing.md's user tests. ``keep`` venvs stay under ``$INSTALL_VENVS`` with pytest added: `make compat`
   runs the compat subset and a Spark write/read in them (.ci/compat).
 - ``resolve``: the constraints-file installs, as printed with ``--dry-run``: they resolve to the pinned versions
   (what `make install` installs for real on every CI run, with every extra).
@@ -28,6 +28,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class Run:
     keep: str = ""  # the venv's name under $INSTALL_VENVS, kept for the compat subset
     spark: bool = False  # the spark extra: pyspark's files one release with its jars
     nats_only: bool = False  # no Spark provider, no pyspark: tests/support/nats_only_probe.py
+    user_tests: bool = False  # docs/testing.md: a user's tests with airflow_jetstream.testing's real server
 
 
 def _cmd(*args: str) -> tuple[str, ...]:
@@ -62,7 +64,7 @@ def _cmd(*args: str) -> tuple[str, ...]:
 RUNS: dict[tuple[str, ...], Run] = {
     _cmd(f"{WHEEL}[spark]"): Run("venv", keep="wheel", spark=True),
     _cmd(".[spark]"): Run("venv", keep="checkout", spark=True),
-    _cmd("airflow-jetstream[server]", "pytest"): Run("venv", nats_only=True),
+    _cmd("airflow-jetstream[server]", "pytest"): Run("venv", nats_only=True, user_tests=True),
     _cmd("airflow-jetstream[messaging]"): Run("venv", nats_only=True),
     _cmd("-c", CONSTRAINTS, ".[spark,messaging]"): Run("resolve"),
     _cmd("-c", CONSTRAINTS, ".[messaging]"): Run("resolve"),
@@ -276,6 +278,16 @@ def test_the_printed_install_works_in_a_fresh_venv(command, installed, tmp_path:
 
         assert_nats_only_install_works(json.loads(probe.stdout.strip().splitlines()[-1]),
                                        messaging="messaging" in " ".join(command))
+    if result.run.user_tests:
+        from tests.test_testing_module import USER_TESTS
+
+        users = tmp_path / "users-project"
+        users.mkdir()
+        (users / "conftest.py").write_text('pytest_plugins = ["airflow_jetstream.testing"]\n')
+        (users / "test_user_dag.py").write_text(textwrap.dedent(USER_TESTS))
+        ran = _run([str(result.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(users)], cwd=users,
+                   env=user_pip_env(AIRFLOW_HOME=str(tmp_path / "airflow-home")))
+        assert ran.returncode == 0 and "2 passed" in ran.stdout, ran.stdout[-3000:] + ran.stderr[-2000:]
 
 
 def _pins() -> dict[str, str]:

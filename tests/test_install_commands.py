@@ -7,8 +7,9 @@ The commands are read from the Markdown (code blocks and inline code), so a new 
   (``make wheel``); a command naming ``airflow-jetstream`` from the index gets that wheel as the index's copy
   (``--find-links``: the package is not published yet). Then ``pip check``, Airflow loads the provider, the
   package is the installed one, pyspark's files are one release with its jars, a NATS-only install runs
-  tests/support/nats_only_probe.py, and the ``server`` extra runs docs/testing.md's user tests. ``keep`` venvs stay under ``$INSTALL_VENVS`` with pytest added: `make compat`
-  runs the compat subset and a Spark write/read in them (.ci/compat).
+  tests/support/nats_only_probe.py, and the ``server`` extra runs docs/testing.md's user tests. ``keep`` venvs
+  stay under ``$INSTALL_VENVS`` with pytest added: `make compat` runs the compat subset and a Spark write/read
+  in them (.ci/compat).
 - ``resolve``: the constraints-file installs, as printed with ``--dry-run``: they resolve to the pinned versions
   (what `make install` installs for real on every CI run, with every extra).
 - ``make install``: the printed command is what `make install` runs.

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from airflow_jetstream.client.errors import KeyRevisionError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 
 log = logging.getLogger(__name__)
@@ -63,28 +62,33 @@ def asset_messages(asset: Any, triggering_asset_events: Mapping[Any, Any] | None
 
 def process_each_once(messages: Iterable[dict[str, Any]], work: Callable[[dict[str, Any]], Any], *, bucket: str,
                       nats_conn_id: str = JetStreamHook.default_conn_name,
-                      ttl: float | str | timedelta = "7d") -> dict[str, list[int]]:
+                      ttl: float | str | timedelta = "7d", max_bytes: int | None = None) -> dict[str, list[int]]:
     """Call ``work(message)`` for each message whose stream sequence no run claimed before.
 
-    The claim is the key ``<stream>.<stream_seq>`` created in KV ``bucket`` (created with ``ttl`` when
-    missing; keep the ttl longer than a message can take to come back): the first run to create it
-    processes the message, any later one logs it and skips it. When ``work`` raises, the claim is deleted
-    again before the error propagates, so a retry processes the message. Returns JSON-able
-    ``{"processed": [...], "repeated": [...]}`` (stream sequences).
+    The claim is the key ``<stream>.<stream_seq>`` created in KV ``bucket`` (one round trip per message): the
+    first run to create it processes the message, any later one logs it and skips it. When ``work`` raises,
+    the claim is deleted again before the error propagates, so a retry processes the message. Returns
+    JSON-able ``{"processed": [...], "repeated": [...]}`` (stream sequences).
+
+    The bucket keeps a claim ``ttl`` after it was made (and, with ``max_bytes``, at most that many bytes of
+    claims; a full bucket refuses new claims): keep the ttl longer than a message can take to come back, since a
+    message whose claim expired is processed again. The bucket is created with these, or changed to them.
     """
     pending = list(messages)
 
     async def claim_and_work(conn: Any) -> dict[str, list[int]]:
-        from airflow_jetstream.client.kv import create_key, delete_key, ensure_bucket
+        from airflow_jetstream.client.ledger.claims import claim, open_claims, release
 
-        await ensure_bucket(conn, bucket, ttl=ttl)
+        kept = await open_claims(conn, bucket, ttl=ttl, max_bytes=max_bytes)
+        log.info("Claims bucket %s keeps a claim %s%s", bucket,
+                 f"{kept['ttl'] / 86400:g} d" if kept.get("ttl") else "forever",
+                 f", at most {max_bytes} bytes of claims" if max_bytes else "")
         done: dict[str, list[int]] = {"processed": [], "repeated": []}
         for message in pending:
             seq, key = message["stream_seq"], f"{message['stream']}.{message['stream_seq']}"
-            try:
-                await create_key(conn, bucket, key, {"subject": message["subject"],
-                                                     "delivered": message.get("delivered")})
-            except KeyRevisionError:
+            revision = await claim(conn, bucket, key, {"subject": message["subject"],
+                                                       "delivered": message.get("delivered")})
+            if revision is None:
                 log.info("Message %s of %s was already processed (delivered %sx): skipped", seq, message["stream"],
                          message.get("delivered"))
                 done["repeated"].append(seq)
@@ -92,7 +96,7 @@ def process_each_once(messages: Iterable[dict[str, Any]], work: Callable[[dict[s
             try:
                 work(message)
             except BaseException:
-                await delete_key(conn, bucket, key)
+                await release(conn, bucket, key, revision)
                 raise
             done["processed"].append(seq)
         return done

@@ -86,7 +86,7 @@ with DAG(
         outlets=[RAW_ASSET, LEDGER_ASSET],
     )
     published = JetStreamBatchLedgerSensor(
-        task_id="wait_batches_published", state="published", bucket=LEDGER_BUCKET, poke_interval=2, timeout=300,
+        task_id="wait_batches_published", state="published", ledger_bucket=LEDGER_BUCKET, poke_interval=2, timeout=300,
         inlets=[LEDGER_ASSET],
     )
     # the server moves the data: the source's caught-up sensor is where ORDERS_AGG holds the run's orders
@@ -116,7 +116,7 @@ with DAG(
         outlets=[LEDGER_ASSET],
     )
     consumed = JetStreamBatchLedgerSensor(
-        task_id="wait_batches_consumed", state="consumed", bucket=LEDGER_BUCKET, poke_interval=2, timeout=300,
+        task_id="wait_batches_consumed", state="consumed", ledger_bucket=LEDGER_BUCKET, poke_interval=2, timeout=300,
         inlets=[LEDGER_ASSET],
     )
 

@@ -21,7 +21,8 @@ from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.durations import to_nanos, to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, LedgerRecordError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key
-from airflow_jetstream.client.ledger.record_schema import LEDGER_RECORD_SCHEMA, record_problem
+from airflow_jetstream.client.ledger.counts import LEDGER_COUNTS_SCHEMA, empty_counts
+from airflow_jetstream.client.ledger.record_schema import LEDGER_RECORD_SCHEMA, record_problem, schema_problem
 from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.headers import header_values, headers_json, parse_header_lines
 from airflow_jetstream.client.reading.range_read import read_range
@@ -30,6 +31,7 @@ from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.conftest import set_nats_connection
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "docs" / "schemas" / "ledger-record.schema.json"
+COUNTS_SCHEMA_FILE = SCHEMA_FILE.with_name("ledger-counts.schema.json")
 
 
 @pytest.fixture(scope="module")
@@ -210,11 +212,12 @@ def test_ledger_keeps_unknown_fields_and_checks_types_naming_key_and_field(setti
         record = {"run_id": run_id, "batch_id": batch_id, "stream": "ORDERS", "count": 3, "first_seq": 1,
                   "last_seq": 3, "state": "published", "attempts": 0, "created_at": "2026-01-01T00:00:00Z",
                   "updated_at": "2026-01-01T00:00:00Z", "meta": {}, "x_service": {"owner": "billing", "v": 2}}
-        await ledger.kv.put(key, json.dumps(record).encode())  # written by a service in another language
+        kv = await conn.js.key_value(ledger.bucket)
+        await kv.put(key, json.dumps(record).encode())  # written by a service in another language
         claim = await ledger.claim(run_id, batch_id, owner="spark")
         await ledger.mark_consumed(claim)
-        stored = json.loads((await ledger.kv.get(key)).value)
-        await ledger.kv.put(key, json.dumps({**record, "count": "3"}).encode())
+        stored = json.loads((await kv.get(key)).value)
+        await kv.put(key, json.dumps({**record, "count": "3"}).encode())
         with pytest.raises(LedgerRecordError) as bad:
             await ledger.get(run_id, batch_id)
         return stored, bad.value
@@ -236,6 +239,21 @@ def test_the_published_schema_is_the_one_the_ledger_checks() -> None:
     assert record_problem(good) is None
     for value in bad:
         assert record_problem(value) is not None
+        assert not jsonschema.Draft202012Validator(published).is_valid(value), value
+
+
+def test_the_published_counts_schema_is_the_one_the_ledger_checks() -> None:
+    import jsonschema
+
+    published = json.loads(COUNTS_SCHEMA_FILE.read_text())
+    assert published == LEDGER_COUNTS_SCHEMA
+    good = empty_counts("r", 3)
+    bad = [{**good, "batches": -1}, {**good, "shard": "3"}, {**good, "states": []}, {"run_id": "r"},
+           {**good, "next_deadline": 5}, {**good, "batches": True}]
+    jsonschema.validate(good, published)
+    assert schema_problem(LEDGER_COUNTS_SCHEMA, good) is None
+    for value in bad:
+        assert schema_problem(LEDGER_COUNTS_SCHEMA, value) is not None
         assert not jsonschema.Draft202012Validator(published).is_valid(value), value
 
 

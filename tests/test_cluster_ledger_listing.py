@@ -39,3 +39,30 @@ def test_listings_right_after_a_restart_hold_every_record(nats_cluster_module: E
             return [len([rec async for rec in ledger.iter_batches("run")]) for _ in range(LISTINGS)]
 
     assert asyncio.run(main()) == [RECORDS] * LISTINGS
+
+
+def test_a_write_tasks_lookups_right_after_a_restart_see_every_recorded_chunk(
+        nats_cluster_module: EmbeddedNatsCluster) -> None:
+    """A Spark write task asks the ledger only about its own chunks; on a cluster it asks the stream leader, so a
+    replica still catching up after a restart cannot make it publish a recorded chunk again."""
+    from airflow_jetstream.spark.writer import PartitionLedger, chunk_id
+
+    cluster = nats_cluster_module
+
+    async def main() -> list[int]:
+        async with open_connection(cluster_settings(cluster)) as conn:
+            ledger = await BatchLedger.open(conn, "lookups", replicas=3)
+            down = next(node.name for node in cluster.nodes if node.name != cluster.stream_leader("KV_lookups"))
+            await asyncio.to_thread(cluster.kill, down)
+            try:
+                for index in range(RECORDS):
+                    await ledger.record("job", chunk_id("job", 0, index), stream="LISTDATA", count=1)
+            finally:
+                await asyncio.to_thread(cluster.restart, down)
+            seen = []
+            for _ in range(LISTINGS):
+                task = PartitionLedger(ledger, "job", "job", 0)
+                seen.append(len([c for c in range(RECORDS) if await task.recorded(c)]))
+            return seen
+
+    assert asyncio.run(main()) == [RECORDS] * LISTINGS

@@ -26,6 +26,7 @@ from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import LedgerRecordError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key
+from airflow_jetstream.client.ledger.counts import counts_key, shard_of
 from airflow_jetstream.client.reading.headers import header_values
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
@@ -34,6 +35,7 @@ from tests.support.spark_session import local_spark
 
 INTEROP = Path(__file__).resolve().parent / "interop"
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "docs/schemas/ledger-record.schema.json").read_text())
+COUNTS_SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "docs/schemas/ledger-counts.schema.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -144,11 +146,17 @@ def test_event_payloads_keep_repeated_headers_from_nats_js(server, settings) -> 
 
 
 def test_the_ledger_is_read_and_updated_from_javascript(server, settings) -> None:
+    """nats.js, written from docs/contracts.md, computes the keys, reads the records and counts, and changes
+    records the contract's way (record + counts shard in one atomic batch, each compare-and-set): the provider's
+    counts then agree with a recount of the records."""
     import jsonschema
 
     run_id, batch_id = "run 2026-01-01/eu.1", "bätch.0"
     key = batch_key(run_id, batch_id)
     assert js(server, "ledger_key", run_id=run_id, batch_id=batch_id) == key  # the documented escaping
+    for some_id in (batch_id, "js-made", "b-17", "x" * 200):  # the documented shard of a batch (CRC-32 % 16)
+        expected = counts_key(run_id, shard_of(some_id))
+        assert js(server, "ledger_counts_key", run_id=run_id, batch_id=some_id) == expected
 
     async def record(conn):
         ledger = await BatchLedger.open(conn, "interop_ledger")
@@ -157,27 +165,47 @@ def test_the_ledger_is_read_and_updated_from_javascript(server, settings) -> Non
     on_server(settings, record)
     entry = js(server, "kv_get", bucket="interop_ledger", key=key)
     jsonschema.validate(entry["value"], SCHEMA)
-    js(server, "kv_update", bucket="interop_ledger", key=key, revision=entry["revision"],
+    counts = js(server, "kv_get", bucket="interop_ledger", key=counts_key(run_id, shard_of(batch_id)))
+    jsonschema.validate(counts["value"], COUNTS_SCHEMA)
+    assert counts["value"]["states"]["published"] == 1 and counts["value"]["batches"] == 1
+    js(server, "ledger_write", bucket="interop_ledger",
        value={**entry["value"], "x_js": {"service": "billing", "tags": ["a"]}, "meta": {"from": "js"}})
     js_only = {"run_id": run_id, "batch_id": "js-made", "stream": "ORDERS", "count": 2, "first_seq": 4,
-               "last_seq": 5, "state": "published", "created_at": "2026-01-01T00:00:00.000Z",
+               "last_seq": 5, "state": "published", "attempts": 0, "created_at": "2026-01-01T00:00:00.000Z",
                "updated_at": "2026-01-01T00:00:00.000Z", "x_js": 1}
-    js(server, "kv_create", bucket="interop_ledger", key=batch_key(run_id, "js-made"), value=js_only)
+    js(server, "ledger_write", bucket="interop_ledger", value=js_only)
 
     async def consume(conn):
         ledger = await BatchLedger.open(conn, "interop_ledger")
+        before = await ledger.summary(run_id)
         claims = await ledger.claim_available(run_id, owner="spark")
-        for claim in claims:
-            await ledger.mark_consumed(claim)
-        return len(claims), await ledger.summary(run_id)
+        await ledger.settle(claims)
+        return before, len(claims), await ledger.summary(run_id), await ledger.recount(run_id)
 
-    claimed, summary = on_server(settings, consume)
+    before, claimed, summary, recounted = on_server(settings, consume)
+    assert before["counted_by"] == "counts" and before["batches"] == 2 and before["messages"]["published"] == 5
     assert claimed == 2 and summary["states"]["consumed"] == 2 and summary["messages"]["consumed"] == 5
+    assert recounted["drift"] == {} and recounted["shards"] == []
     after = js(server, "kv_get", bucket="interop_ledger", key=key)["value"]
     jsonschema.validate(after, SCHEMA)
     assert after["state"] == "consumed" and after["x_js"] == {"service": "billing", "tags": ["a"]}
     assert after["meta"] == {"from": "js"}
     assert js(server, "kv_get", bucket="interop_ledger", key=batch_key(run_id, "js-made"))["value"]["x_js"] == 1
+
+    # a writer of the old contract (the record alone) makes the counts drift: a recount finds and repairs it
+    old_style = js(server, "kv_get", bucket="interop_ledger", key=batch_key(run_id, "js-made"))
+    js(server, "kv_update", bucket="interop_ledger", key=batch_key(run_id, "js-made"), revision=old_style["revision"],
+       value={**old_style["value"], "state": "published", "attempts": 0})
+
+    async def repair(conn):
+        ledger = await BatchLedger.open(conn, "interop_ledger")
+        return await ledger.recount(run_id), await ledger.recount(run_id, repair=True), await ledger.summary(run_id)
+
+    found, repaired, fixed = on_server(settings, repair)
+    assert found["drift"]["states"] == {
+        "counted": {"published": 0, "in_progress": 0, "consumed": 2, "failed": 0},
+        "recounted": {"published": 1, "in_progress": 0, "consumed": 1, "failed": 0}}
+    assert repaired["repaired"] and fixed["states"]["published"] == 1 and fixed["states"]["consumed"] == 1
 
     bad = js(server, "kv_get", bucket="interop_ledger", key=key)
     js(server, "kv_update", bucket="interop_ledger", key=key, revision=bad["revision"],

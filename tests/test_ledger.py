@@ -18,7 +18,8 @@ from airflow_jetstream.client.errors import (
     LedgerNotFoundError,
     LedgerWaitTimeoutError,
 )
-from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key, ledger_status, run_reached
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key, run_reached
+from airflow_jetstream.client.ledger.wait import ledger_status
 from tests.support.polling import async_wait_until
 
 RUN = "manual__2026-11-25T23:46:59.123+00:00"
@@ -129,8 +130,8 @@ def test_listing_shows_each_batch_once_at_its_latest_state_and_skips_removed_key
         assert await ledger.batches("empty-run") == []
         await asyncio.gather(*(ledger.record(RUN, f"b{i:04d}", stream="ORDERS", count=1) for i in range(2500)))
         await ledger.mark_consumed(await ledger.claim(RUN, "b0007", owner="t"))
-        await ledger.kv.delete(batch_key(RUN, "b0001"))
-        await ledger.kv.purge(batch_key(RUN, "b0002"))
+        await (await ledger.conn.js.key_value(ledger.bucket)).delete(batch_key(RUN, "b0001"))
+        await (await ledger.conn.js.key_value(ledger.bucket)).purge(batch_key(RUN, "b0002"))
         return await ledger.batches(RUN), await ledger.batches(RUN, state="consumed")
 
     # 2500 creates in flight at once: on a loaded box the last answers can take longer than the usual 3 s
@@ -166,12 +167,12 @@ class ReadTogetherLedger(BatchLedger):
 
     barrier: asyncio.Barrier | None = None
 
-    async def get(self, run_id, batch_id):
-        record = await super().get(run_id, batch_id)
+    async def read_entries(self, keys, **kwargs):
+        entries = await super().read_entries(keys, **kwargs)
         barrier, self.barrier = self.barrier, None
         if barrier is not None:
             await barrier.wait()
-        return record
+        return entries
 
 
 def test_racing_claimers_exactly_one_wins(settings, counting_sink):
@@ -327,7 +328,8 @@ def test_unknown_batch_bucket_and_bad_params(settings):
                 "run_id": "no-such-run", "bucket": "batch_ledger", "batches": 0,
                 "states": {"published": 0, "in_progress": 0, "consumed": 0, "failed": 0},
                 "messages": {"published": 0, "in_progress": 0, "consumed": 0, "failed": 0},
-                "attempts": 0, "expired_claims": 0, "streams": [], "failed": [],
+                "attempts": 0, "expired_claims": 0, "streams": [], "failed": [], "next_deadline": None,
+                "counted_by": "counts",
             }
 
     asyncio.run(scenario())
@@ -367,8 +369,8 @@ def test_records_from_a_newer_version_still_decode(settings):
         stored = await ledger.record(RUN, "b0", stream="ORDERS", count=1)
         body = json.loads(stored.encode())
         body["added_in_a_later_version"] = {"x": 1}
-        await ledger.kv.put(batch_key(RUN, "b0"), json.dumps(body).encode())
-        await ledger.kv.put(batch_key(RUN, "junk"), b"not json")
+        await (await ledger.conn.js.key_value(ledger.bucket)).put(batch_key(RUN, "b0"), json.dumps(body).encode())
+        await (await ledger.conn.js.key_value(ledger.bucket)).put(batch_key(RUN, "junk"), b"not json")
         with pytest.raises(LedgerConflictError) as corrupt:
             await ledger.get(RUN, "junk")
         return await ledger.get(RUN, "b0"), corrupt.value
@@ -414,11 +416,11 @@ def test_reaper_and_a_late_consumer_racing_on_one_expired_claim_never_both_win(s
                     return exc
 
             marked, reaped = await asyncio.gather(finish(), reaper.reap(RUN))
-            return marked, reaped, await reaper.get(RUN, "b0")
+            return claim, marked, reaped, await reaper.get(RUN, "b0")
 
-    marked, reaped, final = asyncio.run(scenario())
+    claim, marked, reaped, final = asyncio.run(scenario())
     if isinstance(marked, ClaimLostError):
         assert [r["batch_id"] for r in reaped["returned"]] == ["b0"] and final.state == "published"
     else:
         assert reaped["returned_count"] == reaped["failed_count"] == 0 and final.state == "consumed"
-    assert final.revision == 3  # record, claim, then exactly one more write
+    assert final.revision == claim.revision + 2  # exactly one more write: the record and its counts, one batch

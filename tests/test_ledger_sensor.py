@@ -88,7 +88,7 @@ def test_dead_consumer_is_reaped_by_the_sensor_and_reported_as_failed(nats_conn)
 def test_run_id_is_templated_and_bad_state_is_refused():
     made = JetStreamBatchLedgerSensor(task_id="ledger")
     assert made.run_id == "{{ run_id }}" and "run_id" in made.template_fields
-    assert set(made.template_fields) == {"run_id", "state", "bucket", "min_batches", "nats_conn_id"}
+    assert set(made.template_fields) == {"run_id", "state", "ledger_bucket", "min_batches", "nats_conn_id"}
     with pytest.raises(InvalidRequestError):
         JetStreamBatchLedgerSensor(task_id="ledger", state="failed")
     status = {"run_id": "r", "awaited": "consumed", "reached": 1, "batches": 2, "min_batches": 1,
@@ -111,7 +111,7 @@ def test_deferrable_defers_with_a_serializable_trigger(nats_conn):
     json.dumps(kwargs)
     timeout_at = datetime.fromisoformat(kwargs.pop("timeout_at"))
     assert 590 < (timeout_at - datetime.now(UTC)).total_seconds() <= 600
-    assert kwargs == {"run_id": RUN, "state": "consumed", "bucket": "batch_ledger", "min_batches": 1,
+    assert kwargs == {"run_id": RUN, "state": "consumed", "ledger_bucket": "batch_ledger", "min_batches": 1,
                       "reap_expired": True, "fail_on_failed": True, "nats_conn_id": "nats_default",
                       "poll_interval": 0.05}
     kwargs["timeout_at"] = timeout_at.isoformat()

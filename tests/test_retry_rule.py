@@ -174,29 +174,32 @@ def test_an_atomic_resend_meeting_its_own_first_attempt_is_asked_again(settings,
     assert answered and result.count == 1 and stored == 1
 
 
-def test_a_ledger_record_whose_create_reread_lags_is_asked_again(settings, monkeypatch):
-    """nats-py's KeyValue.create re-reads a key the stream refused as existing; a lagging replica answers
-    "not found" (KeyNotFoundError, an APIError without a code): the record is asked again, never an
-    AttributeError (seen by the chaos suite during elections)."""
-    import nats.js.errors
-    from nats.js.kv import KeyValue
-
+def test_a_ledger_change_whose_answer_is_lost_is_found_on_the_reread_not_made_twice(settings, monkeypatch):
+    """A ledger write (record + counts, one atomic batch) that the server stored but whose answer was lost (an
+    election, a cut connection) is read again: the record holding exactly what was written is this change's own
+    success. A claim is not taken a second time (which would count two attempts) nor reported as lost."""
+    from airflow_jetstream.client.errors import RequestTimeoutError
+    from airflow_jetstream.client.ledger import store
     from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 
-    real_create = KeyValue.create
-    lagged = []
+    real_send = store._send
+    lost: list[str] = []
 
-    async def lagging_create(self, key, value, *args, **kwargs):
-        if not lagged:
-            lagged.append(key)
-            raise nats.js.errors.KeyNotFoundError()
-        return await real_create(self, key, value, *args, **kwargs)
+    async def answer_lost(conn, bucket, writes, context):
+        await real_send(conn, bucket, writes, context)  # stored...
+        lost.append(writes[0].key)
+        raise RequestTimeoutError("no reply")  # ...but the answer never came
 
     async def main():
         async with open_connection(settings) as conn:
-            ledger = await BatchLedger.open(conn, "lagging_ledger")
-            monkeypatch.setattr(KeyValue, "create", lagging_create)
-            return await ledger.record("run-1", "b-1", stream="S", count=2, first_seq=1, last_seq=2)
+            ledger = await BatchLedger.open(conn, "lost_answers")
+            monkeypatch.setattr(store, "_send", answer_lost)
+            recorded = await ledger.record("run-1", "b-1", stream="S", count=2, first_seq=1, last_seq=2)
+            claim = await ledger.claim("run-1", "b-1", owner="me")
+            monkeypatch.setattr(store, "_send", real_send)
+            return recorded, claim, await ledger.get("run-1", "b-1"), await ledger.summary("run-1")
 
-    record = asyncio.run(main())
-    assert lagged and record.revision and (record.first_seq, record.last_seq) == (1, 2)
+    recorded, claim, stored, summary = asyncio.run(main())
+    assert len(lost) == 2 and (recorded.first_seq, recorded.last_seq) == (1, 2)
+    assert claim is not None and claim.claim_id == stored.claim_id and stored.attempts == 1
+    assert (summary["batches"], summary["states"]["in_progress"], summary["attempts"]) == (1, 1, 1)

@@ -13,10 +13,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
-from airflow_jetstream.client.ledger import BatchLedger
+from airflow_jetstream.client.ledger import BatchLedger, listing
 from tests.conftest import airflow_conn_env
 from tests.support.nats_calls import with_streams
 
@@ -72,42 +73,47 @@ def test_publishing_300k_messages_from_a_file_keeps_peak_memory_flat(nats_server
     assert growth < MAX_GROWTH_MB, f"peak RSS grew {growth:.0f} MB publishing {MESSAGES} messages"
 
 
-class LedgerUpdatedWhileListing(BatchLedger):
-    """A real ledger whose first listing is interrupted once by a real write: batch ``touch`` is
-    consumed by "someone else" right after the listing delivered it, so (the listing reads 1000 keys
-    per pull) its newer record comes again in the same listing."""
-
-    touch = ""
-
-    async def _latest(self, run_id):
-        async for item in super()._latest(run_id):
-            yield item
-            if self.touch and item[1].endswith(self.touch):
-                batch, self.touch = self.touch, ""
-                await self.mark_consumed(await self.claim(RUN, batch, owner="other"))
-
-
 RUN = "scale-run"
 BATCHES = 1200
 
 
-def test_ledger_summary_streams_and_never_counts_a_batch_updated_during_the_listing_twice(settings):
+def touch_while_listing(monkeypatch, ledger: BatchLedger, touch: str) -> None:
+    """The next listing is interrupted once by a real write: batch ``touch`` is consumed by "someone else" right
+    after the listing delivered it, so (the listing reads 1000 keys per pull) its newer record comes again."""
+    real = listing.latest
+    pending = [touch]
+
+    async def latest(conn, bucket, run_id):
+        async for item in real(conn, bucket, run_id):
+            yield item
+            if pending and item[1].endswith(pending[0]):
+                batch = pending.pop()
+                await ledger.mark_consumed(await ledger.claim(RUN, batch, owner="other"))
+
+    monkeypatch.setattr(listing, "latest", latest)
+
+
+def test_ledger_listing_streams_and_never_counts_a_batch_updated_during_the_listing_twice(settings, monkeypatch):
+    """The listing (a run recorded before the ledger kept counts, a recount, the reaper) holds one chunk; a
+    summary computed from it counts a batch updated meanwhile once. The counts say the same in one read."""
     async def scenario():
         async with open_connection(settings) as conn:
-            plain = await BatchLedger.open(conn, "SCALE_LEDGER")
-            await asyncio.gather(*(plain.record(RUN, f"b{index:04d}", stream="ORDERS", count=10)
+            ledger = await BatchLedger.open(conn, "SCALE_LEDGER")
+            await asyncio.gather(*(ledger.record(RUN, f"b{index:04d}", stream="ORDERS", count=10)
                                    for index in range(BATCHES)))
-            quiet = await plain.summary(RUN)
-            lister, churned = (LedgerUpdatedWhileListing(conn, plain.kv, plain.bucket) for _ in range(2))
-            lister.touch, churned.touch = "b0001", "b0002"
-            listed = [rec.batch_id async for rec in lister.iter_batches(RUN)]
-            return quiet, listed, await churned.summary(RUN)
+            quiet = await listing.listed_summary(conn, ledger.bucket, RUN, time.time())
+            touch_while_listing(monkeypatch, ledger, "b0001")
+            listed = [rec.batch_id async for rec in ledger.iter_batches(RUN)]
+            touch_while_listing(monkeypatch, ledger, "b0002")
+            during = await listing.listed_summary(conn, ledger.bucket, RUN, time.time())
+            return quiet, listed, during, await ledger.summary(RUN)
 
-    quiet, listed, during = asyncio.run(scenario())
+    quiet, listed, during, counted = asyncio.run(scenario())
     assert quiet["batches"] == BATCHES and quiet["states"]["published"] == BATCHES
     assert len(listed) == BATCHES + 1 and listed.count("b0001") == 2  # the raw stream: b0001 came twice
     assert during["batches"] == BATCHES, "a batch updated during the listing must be counted once"
     assert during["states"] == {"published": BATCHES - 2, "in_progress": 0, "consumed": 2, "failed": 0}
+    assert (counted["counted_by"], counted["batches"], counted["states"]) == ("counts", BATCHES, during["states"])
 
 
 def test_a_spark_write_task_reports_a_bounded_number_of_sequence_ranges():

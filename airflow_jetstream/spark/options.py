@@ -16,9 +16,10 @@ from typing import Any
 from airflow_jetstream.client.admin.streams import check_replicas, normalize_placement
 from airflow_jetstream.client.batches.fast import DEFAULT_FLOW
 from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError
-from airflow_jetstream.client.ledger.batch_ledger import DEFAULT_BUCKET
 from airflow_jetstream.client.ledger.job_records import DEFAULT_JOB_BUCKET
+from airflow_jetstream.client.ledger.records import DEFAULT_BUCKET
 from airflow_jetstream.client.settings import SETTINGS_FIELDS, ConnectionSettings, parse_bool, settings_from_fields
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.client.times import parse_time
@@ -161,10 +162,12 @@ class WriteOptions:
     #: replicas/placement of the ledger and job buckets when the write creates them (None: the default)
     ledger_replicas: int | None = None
     ledger_placement: dict[str, Any] | None = None
+    #: how long the ledger keeps a key after its last change (seconds; None: a new bucket's default, 30 days)
+    ledger_ttl: float | None = None
 
     KEYS = ("stream", "path", "mode", "job_id", "subject", "subject_column", "payload_column",
             "headers_column", "batch_size", "flow", "ledger_bucket", "run_id", "job_bucket", "inflight",
-            "ledger_replicas", "ledger_placement_cluster", "ledger_placement_tags")
+            "ledger_replicas", "ledger_placement_cluster", "ledger_placement_tags", "ledger_ttl")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
@@ -201,6 +204,7 @@ class WriteOptions:
             ledger_replicas=check_replicas(opts.get("ledger_replicas"), what="option ledger_replicas"),
             ledger_placement=normalize_placement({"cluster": opts.get("ledger_placement_cluster") or None,
                                                   "tags": opts.get("ledger_placement_tags") or None}),
+            ledger_ttl=to_seconds(opts["ledger_ttl"], field="option ledger_ttl") if opts.get("ledger_ttl") else None,
         )
 
 

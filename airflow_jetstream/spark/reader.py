@@ -299,11 +299,7 @@ async def _finish(options: ReadOptions, consumption: Consumption, ledger_bucket:
             consumption.removed = await acknowledge_read(conn, consumption.plan)
         if consumption.claimed:
             ledger = await BatchLedger.open(conn, ledger_bucket)
-            for claim in consumption.claimed:
-                if error is None:
-                    await ledger.mark_consumed(claim)
-                else:
-                    await ledger.release(claim, error=error)
+            await ledger.settle(consumption.claimed, error=error)
 
 
 @contextmanager

@@ -98,6 +98,30 @@ def chunk_id(job_id: str, partition: int, chunk: int) -> str:
     return f"{job_id}-{partition}-{chunk}"
 
 
+class PartitionLedger:
+    """What one write task reads of the ledger: whether its own chunks are recorded, looked up ``LOOKAHEAD``
+    chunk ids at a time (one request on a single server, one message get per id from the stream leader on a
+    cluster), never the whole run, which other tasks write too."""
+
+    LOOKAHEAD = 64
+
+    def __init__(self, ledger: BatchLedger, run_id: str, job_id: str, partition: int) -> None:
+        self.ledger, self.run_id, self.job_id, self.partition = ledger, run_id, job_id, partition
+        self._window = range(0)
+        self._recorded: set[int] = set()
+
+    async def recorded(self, chunk: int) -> bool:
+        """Whether chunk ``chunk`` of this task is in the ledger (a task attempt or job run before stored it)."""
+        if chunk not in self._window:
+            self._window = range(chunk, chunk + self.LOOKAHEAD)
+            ids = {chunk_id(self.job_id, self.partition, index): index for index in self._window}
+            # from the leader on a cluster: a replica catching up (a node just restarted) could miss a chunk an
+            # earlier attempt recorded, and the chunk would be published again
+            found = await self.ledger.get_many(self.run_id, ids, leader=self.ledger.conn.clustered)
+            self._recorded = {ids[batch_id] for batch_id in found}
+        return chunk in self._recorded
+
+
 def check_write_schema(schema: StructType, options: WriteOptions) -> None:
     """Refuse, on the driver, a DataFrame whose columns cannot be turned into messages."""
     types = {f.name: f.dataType for f in schema.fields}
@@ -222,14 +246,14 @@ class JetStreamWriter(DataSourceArrowWriter):
         chunk = 0
         running: set[asyncio.Task[None]] = set()
         async with open_connection(opts.settings) as conn:
-            ledger, done = await self._ledger(conn, partition)
+            ledger = await self._ledger(conn, partition)
             target = await self._target(conn)
 
             async def submit(rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
                 nonlocal chunk
                 first_row, report.rows, report.batches = report.rows, report.rows + len(rows), report.batches + 1
                 index, chunk = chunk, chunk + 1
-                if chunk_id(opts.job_id, partition, index) in done:
+                if ledger is not None and await ledger.recorded(index):
                     report.skipped_batches += 1
                     return
                 while len(running) >= opts.inflight:
@@ -256,18 +280,15 @@ class JetStreamWriter(DataSourceArrowWriter):
                  partition, attempt, report.stored, report.rows, report.batches, report.skipped_batches)
         return report
 
-    async def _ledger(self, conn: JetStreamConnection, partition: int) -> tuple[BatchLedger | None, set[str]]:
-        """The ledger (None when disabled) and the ids of this partition's chunks it already holds."""
+    async def _ledger(self, conn: JetStreamConnection, partition: int) -> PartitionLedger | None:
+        """This partition's view of the ledger (None when disabled)."""
         if not self.options.ledger_bucket:
-            return None, set()
+            return None
         ledger = await BatchLedger.open(conn, self.options.ledger_bucket, replicas=self.options.ledger_replicas,
-                                        placement=self.options.ledger_placement)
-        prefix = chunk_id(self.options.job_id, partition, 0)[:-1]
-        records = ledger.iter_batches(self.options.run_id)
-        done = {rec.batch_id async for rec in records if rec.batch_id.startswith(prefix)}
-        return ledger, done
+                                        placement=self.options.ledger_placement, ttl=self.options.ledger_ttl)
+        return PartitionLedger(ledger, self.options.run_id, self.options.job_id, partition)
 
-    async def _publish_chunk(self, conn: JetStreamConnection, target: TargetStream, ledger: BatchLedger | None,
+    async def _publish_chunk(self, conn: JetStreamConnection, target: TargetStream, ledger: PartitionLedger | None,
                              report: PartitionReport, chunk: int, first_row: int,
                              rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
         opts = self.options
@@ -290,7 +311,7 @@ class JetStreamWriter(DataSourceArrowWriter):
         if result.first_seq is not None:
             report.add_range(result.first_seq, result.last_seq)
         if ledger is not None:
-            await ledger.record(opts.run_id, key, stream=result.stream or opts.stream, count=result.count,
+            await ledger.ledger.record(opts.run_id, key, stream=result.stream or opts.stream, count=result.count,
                                 first_seq=result.first_seq, last_seq=result.last_seq,
                                 meta={"job_id": opts.job_id, "partition": report.partition, "mode": opts.mode,
                                       "first_row": first_row})

@@ -1,51 +1,157 @@
-"""JetStreamBatchLedgerTrigger: poll the batch ledger until all batches of a run reached a state."""
+"""JetStreamBatchLedgerTrigger: wait, event-driven, until all batches of a run reached a state in the batch ledger."""
 
 from __future__ import annotations
 
+import asyncio
+import random
+import time
 from typing import TYPE_CHECKING, Any
 
-from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET
-from airflow_jetstream.client.ledger.summary import check_waitable_state
+from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET, epoch_of
+from airflow_jetstream.client.ledger.wait import LedgerWait
 from airflow_jetstream.triggers.base import JetStreamPollingTrigger
 from airflow_jetstream.triggers.describe import describe_progress
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
+    from airflow_jetstream.client.reading.shared_tail import TailListener
+
+#: Seconds between checks that do not wait for an event (a run recorded before the ledger kept counts,
+#: a bucket that does not exist yet) are drawn from 0.8-1.2x ``poll_interval``: polls of many triggers spread out.
+JITTER = (0.8, 1.2)
 
 
 class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
     """Fire when at least ``min_batches`` batches of ``run_id`` exist and all reached ``state``.
 
+    Waits for the run's counts to change rather than polling: every trigger of a triggerer process that
+    waits on the same ledger bucket shares one subscription to the bucket's counts subjects
+    (:func:`~airflow_jetstream.client.reading.shared_tail.follow`), and a change is evaluated from the
+    message itself, without a request. The check is :class:`~airflow_jetstream.client.ledger.wait.LedgerWait`'s,
+    the same as the sensor's poke. With ``reap_expired`` it also wakes when the earliest claim of the run
+    may have expired and reaps. A run recorded before the ledger kept counts, or a bucket that does not exist
+    yet, is polled every ``poll_interval`` (jittered) instead.
+
     Events: ``{"status": "success", "result": <ledger summary>}``, or ``{"status": "error", "error":
     {...}}`` when batches went to ``failed`` (``reason: batches_failed``, with the failed batches)
-    or the ledger could not be read. With ``reap_expired`` every poll returns expired claims to
-    ``published`` (or ``failed`` past their max attempts), as the ledger's reaper does.
+    or the ledger could not be read.
     """
 
     what = "batch ledger"
+    _logged_at = float("-inf")
 
-    def __init__(self, *, run_id: str, state: str = CONSUMED, bucket: str = DEFAULT_BUCKET, min_batches: int = 1,
-                 reap_expired: bool = False, fail_on_failed: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *, run_id: str, state: str = CONSUMED, ledger_bucket: str = DEFAULT_BUCKET,
+                 min_batches: int = 1, reap_expired: bool = False, fail_on_failed: bool = True,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.run_id = run_id
-        self.state = check_waitable_state(state)
-        self.bucket = bucket
-        self.min_batches = int(min_batches)
-        self.reap_expired = bool(reap_expired)
-        self.fail_on_failed = bool(fail_on_failed)
+        self.wait = LedgerWait(run_id=run_id, state=state, bucket=ledger_bucket, min_batches=int(min_batches),
+                               reap=bool(reap_expired), fail_on_failed=bool(fail_on_failed))
 
     def _kwargs(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "state": self.state, "bucket": self.bucket, "min_batches": self.min_batches,
-                "reap_expired": self.reap_expired, "fail_on_failed": self.fail_on_failed}
+        wait = self.wait
+        return {"run_id": wait.run_id, "state": wait.state, "ledger_bucket": wait.bucket,
+                "min_batches": wait.min_batches, "reap_expired": wait.reap, "fail_on_failed": wait.fail_on_failed}
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
-        from airflow_jetstream.client.ledger.batch_ledger import ledger_status
-
-        return await ledger_status(conn, self.run_id, self.state, bucket=self.bucket, min_batches=self.min_batches,
-                                   reap=self.reap_expired, fail_on_failed=self.fail_on_failed)
+        return await self.wait.check(conn)
 
     def is_done(self, status: dict[str, Any]) -> bool:
-        return bool(status["done"])
+        return LedgerWait.is_done(status)
 
     def describe(self, status: dict[str, Any]) -> str:
         return describe_progress(status)
+
+    async def _poll(self) -> dict[str, Any]:
+        from airflow_jetstream.client.connection_pool import shared_connection
+        from airflow_jetstream.client.errors import StreamNotFoundError
+        from airflow_jetstream.client.reading.shared_tail import follow
+        from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+        settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
+        async with shared_connection(settings) as conn:
+            while True:
+                try:
+                    async with follow(conn, self.wait.stream, self.wait.counts_subjects,
+                                      tail_filter=self.wait.all_counts_subjects) as listener:
+                        return await self._follow(conn, listener)
+                except StreamNotFoundError:
+                    event = self._event(await self.status(conn))  # no bucket yet: a run without batches
+                    if event is not None:
+                        return event
+                    await asyncio.sleep(self._pause(None))
+
+    async def _follow(self, conn: JetStreamConnection, listener: TailListener) -> dict[str, Any]:
+        from airflow_jetstream.client.ledger.status import shards_of
+        from airflow_jetstream.client.ledger.store import Entry
+
+        status, shards, seqs = await self._look(conn)
+        while True:
+            event = self._event(status)
+            if event is not None:
+                return event
+            try:
+                messages = await asyncio.wait_for(listener.next_batch(), self._pause(status))
+            except TimeoutError:
+                messages = []
+            if not messages or status.get("counted_by") != "counts":
+                # a claim may have expired, a listed run got its counts, or the safety look: read it all again
+                status, shards, seqs = await self._look(conn)
+                continue
+            for message in messages:
+                shard = int(message.subject.rsplit(".", 1)[1])
+                if message.seq <= seqs.get(shard, 0):
+                    continue  # already in what was read
+                seqs[shard] = message.seq
+                entry = Entry(key=message.subject, seq=message.seq, data=message.data,
+                              deleted=bool(message.headers.get("KV-Operation")))
+                shards.pop(shard, None)
+                shards.update(shards_of({message.subject: entry}))
+            status = self.wait.status_of_counts(shards)
+
+    async def _look(self, conn: JetStreamConnection) -> tuple[dict[str, Any], dict[int, dict[str, Any]],
+                                                              dict[int, int]]:
+        """The status (the check, reaping when asked), and the run's counts shards with their sequences as of now
+        (at or after the listener's ``since``: the listener brings every change after it)."""
+        from airflow_jetstream.client.ledger.status import shards_of
+
+        status = await self.status(conn)
+        if status.get("counted_by") != "counts" or not status["batches"]:
+            return status, {}, {}
+        entries = await _counts_entries(conn, self.wait)
+        return status, shards_of(entries), {int(k.rsplit(".", 1)[1]): e.seq for k, e in entries.items()}
+
+    def _event(self, status: dict[str, Any]) -> dict[str, Any] | None:
+        """The trigger's event for ``status``, or None to wait on (logging the progress)."""
+        if status.get("error") and isinstance(status["error"], dict):
+            return {"status": "error", "error": {**status["error"], "state": status}}
+        if self.is_done(status):
+            return {"status": "success", "result": status}
+        if self._timed_out():
+            return {"status": "timeout", "last": status, "description": self.describe(status)}
+        if time.monotonic() - self._logged_at >= self.poll_interval:  # events can come fast: a line per interval
+            self._logged_at = time.monotonic()
+            self.log.info("Waiting for %s: %s", self.what, self.describe(status))
+        return None
+
+    def _pause(self, status: dict[str, Any] | None) -> float:
+        """Seconds to wait for a change before looking again without one."""
+        jittered = self.poll_interval * random.uniform(*JITTER)
+        if status is None or status.get("counted_by") != "counts":
+            pause = jittered
+        else:
+            pause = max(jittered, 300.0)  # events tell of every change; this is only a safety look
+            if self.wait.reap and status.get("next_deadline"):
+                pause = min(pause, max(0.5, epoch_of(status["next_deadline"]) - time.time() + 0.5))
+        if self.timeout_at is not None:
+            from datetime import UTC, datetime
+
+            left = (datetime.fromisoformat(self.timeout_at) - datetime.now(UTC)).total_seconds()
+            pause = min(pause, max(0.0, left) + 0.1)
+        return pause
+
+
+async def _counts_entries(conn: JetStreamConnection, wait: LedgerWait) -> dict[str, Any]:
+    from airflow_jetstream.client.ledger.counts import counts_pattern
+    from airflow_jetstream.client.ledger.store import read_last
+
+    return await read_last(conn, wait.bucket, [counts_pattern(wait.run_id)])

@@ -31,8 +31,53 @@ function ledgerToken(value) {
   return out;
 }
 
+// CRC-32 (IEEE 802.3: reflected polynomial 0xEDB88320, initial value and final xor 0xFFFFFFFF), as
+// docs/contracts.md names it for the counts shard of a batch.
+function crc32(bytes) {
+  let crc = 0xffffffff;
+  for (const b of bytes) {
+    crc ^= b;
+    for (let i = 0; i < 8; i++) crc = (crc >>> 1) ^ (0xedb88320 & -(crc & 1));
+  }
+  return (crc ^ 0xffffffff) >>> 0;
+}
+
+const countsKey = (runId, batchId) =>
+  `${ledgerToken(runId)}./counts.${crc32(new TextEncoder().encode(batchId)) % 16}`;
+
+// A run's counts shard after one of its batches went from `old` (null: just recorded) to `rec`
+// (docs/contracts.md, "Counts"): a snapshot of the shard's batches.
+function counted(counts, runId, shard, old, rec, now) {
+  const c = counts ? structuredClone(counts) : { run_id: runId, shard, batches: 0,
+    states: { published: 0, in_progress: 0, consumed: 0, failed: 0 },
+    messages: { published: 0, in_progress: 0, consumed: 0, failed: 0 },
+    attempts: 0, claims: 0, streams: [], failed: [], next_deadline: null, updated_at: now };
+  if (old === null) c.batches += 1;
+  else { c.states[old.state] -= 1; c.messages[old.state] -= old.count; }
+  c.states[rec.state] = (c.states[rec.state] || 0) + 1;
+  c.messages[rec.state] = (c.messages[rec.state] || 0) + rec.count;
+  c.attempts += (rec.attempts || 0) - (old ? old.attempts || 0 : 0);
+  if (rec.state === "in_progress" && (old === null || old.claim_id !== rec.claim_id)) c.claims += 1;
+  if (!c.streams.includes(rec.stream)) c.streams = [...c.streams, rec.stream].sort();
+  if (rec.state === "in_progress" && rec.deadline &&
+      (!c.next_deadline || Date.parse(rec.deadline) < Date.parse(c.next_deadline))) c.next_deadline = rec.deadline;
+  if (!c.states.in_progress) c.next_deadline = null;
+  c.failed = c.failed.filter((f) => f.batch_id !== rec.batch_id);
+  if (rec.state === "failed" && c.failed.length < 10) {
+    c.failed.push({ batch_id: rec.batch_id, stream: rec.stream, first_seq: rec.first_seq ?? null,
+      last_seq: rec.last_seq ?? null, count: rec.count, attempts: rec.attempts || 0,
+      last_error: rec.last_error ? rec.last_error.slice(0, 200) : rec.last_error ?? null });
+  }
+  c.updated_at = now;
+  return c;
+}
+
 if (cmd.op === "ledger_key") {
   console.log(JSON.stringify(`${ledgerToken(cmd.run_id)}.${ledgerToken(cmd.batch_id)}`));
+  process.exit(0);
+}
+if (cmd.op === "ledger_counts_key") {
+  console.log(JSON.stringify(countsKey(cmd.run_id, cmd.batch_id)));
   process.exit(0);
 }
 
@@ -85,6 +130,23 @@ try {
     case "kv_create": {
       const kv = await new Kvm(nc).open(cmd.bucket);
       result = { revision: await kv.create(cmd.key, JSON.stringify(cmd.value)) };
+      break;
+    }
+    case "ledger_write": {
+      // one record change of docs/contracts.md: the record and its counts shard in one atomic batch, each
+      // compare-and-set on the revision it was read at (0: must not exist)
+      const kv = await new Kvm(nc).open(cmd.bucket);
+      const key = `${ledgerToken(cmd.value.run_id)}.${ledgerToken(cmd.value.batch_id)}`;
+      const ckey = countsKey(cmd.value.run_id, cmd.value.batch_id);
+      const [entry, centry] = [await kv.get(key), await kv.get(ckey)];
+      const old = entry && entry.operation === "PUT" ? entry.json() : null;
+      const counts = centry && centry.operation === "PUT" ? centry.json() : null;
+      const shard = Number(ckey.split(".").pop());
+      const next = counted(counts, cmd.value.run_id, shard, old, cmd.value, new Date().toISOString());
+      const expect = (e) => ({ headers: hdrs([["Nats-Expected-Last-Subject-Sequence", String(e ? e.revision : 0)]]) });
+      const batch = await js.startBatch(`$KV.${cmd.bucket}.${key}`, text(JSON.stringify(cmd.value)), expect(entry));
+      const ack = await batch.commit(`$KV.${cmd.bucket}.${ckey}`, text(JSON.stringify(next)), expect(centry));
+      result = { seq: ack.seq, count: ack.count };
       break;
     }
     default:

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 from airflow_jetstream.client.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, ledger_status
+    from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+    from airflow_jetstream.client.ledger.counts import counts_key, shard_of
     from airflow_jetstream.client.ledger.job_records import get_job_record
     from airflow_jetstream.client.ledger.records import (
         CONSUMED,
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
         BatchRecord,
         batch_key,
     )
+    from airflow_jetstream.client.ledger.wait import LedgerWait, ledger_status
 
 __all__ = [
     "CONSUMED",
@@ -27,13 +29,18 @@ __all__ = [
     "PUBLISHED",
     "BatchLedger",
     "BatchRecord",
+    "LedgerWait",
     "batch_key",
+    "counts_key",
     "get_job_record",
     "ledger_status",
+    "shard_of",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "batch_ledger": ("BatchLedger", "ledger_status"),
+    "batch_ledger": ("BatchLedger",),
+    "counts": ("counts_key", "shard_of"),
     "job_records": ("get_job_record",),
     "records": ("CONSUMED", "DEFAULT_BUCKET", "FAILED", "IN_PROGRESS", "PUBLISHED", "BatchRecord", "batch_key"),
+    "wait": ("LedgerWait", "ledger_status"),
 })

@@ -1,9 +1,11 @@
-"""Batch ledger: the state of every batch of a run in a KV bucket, changed only by compare-and-set.
+"""Batch ledger: the state of every batch of a run in a KV bucket, changed only by compare-and-set, with the
+run's counts kept beside the records so a look at a run costs the same for 10 batches or 1,000,000.
 
 JetStream carries the data; the ledger (KV bucket ``batch_ledger`` by default) carries one entry per
 batch of a run: where the batch is (stream, sequence range, message count), its state, how many
-consume attempts it took, timestamps and the last error. Every change is a revision-checked update,
-so two processes can never both move the same batch.
+consume attempts it took, timestamps and the last error. Every change writes the record and its run's
+counts (:mod:`~airflow_jetstream.client.ledger.counts`) as one atomic batch, each compare-and-set on its
+revision: two processes can never both move the same batch, and the counts never miss a change.
 
 States::
 
@@ -47,89 +49,72 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable
-from contextlib import aclosing
-from dataclasses import replace
 from datetime import timedelta
 from functools import partial
 from typing import Any
-
-import nats.errors
-import nats.js.errors
-from nats.js.kv import KeyValue
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.admin.streams import replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
-    BatchesFailedError,
-    BatchNotFoundError,
     InvalidRequestError,
-    LeaderUnavailableError,
     LedgerConflictError,
     LedgerNotFoundError,
     LedgerWaitTimeoutError,
+    StreamNotFoundError,
 )
-from airflow_jetstream.client.kv.replication import bucket_replicas, create_bucket, ensure_bucket_replication
-from airflow_jetstream.client.ledger.kv_errors import kv_errors
+from airflow_jetstream.client.ledger import listing, reaper
+from airflow_jetstream.client.ledger.bucket import check_bucket_name, ensure_ledger_bucket, retention_of
+from airflow_jetstream.client.ledger.counts import counts_key, shard_of
+from airflow_jetstream.client.ledger.lanes import Change, Pending, submit
 from airflow_jetstream.client.ledger.records import (
     CONSUMED,
     DEFAULT_BUCKET,
     FAILED,
     IN_PROGRESS,
-    KEY_SAFE,
     PUBLISHED,
     STATES,
     WAITABLE_STATES,
     BatchRecord,
     batch_key,
-    check_id,
     iso_time,
-    key_token,
 )
-from airflow_jetstream.client.ledger.summary import (
-    MAX_LISTED,
-    RunTally,
-    check_waitable_state,
-    count_reached,
-    run_reached,
-    summarize,
-)
+from airflow_jetstream.client.ledger.recount import recount_run
+from airflow_jetstream.client.ledger.status import run_summary
+from airflow_jetstream.client.ledger.store import Entry, read_last
+from airflow_jetstream.client.ledger.summary import check_waitable_state, count_reached, run_reached
 from airflow_jetstream.client.ledger.transitions import (
     check_location,
     claimed,
-    expired,
     extended,
     marked_consumed,
     released,
     reopened,
     report_transition,
 )
-from airflow_jetstream.client.reading.range_read import read_latest_per_subject
 from airflow_jetstream.client.subjects import validate_name
 
-log = logging.getLogger(__name__)
-
-_CAS_ATTEMPTS = 25
+#: Claims (or settlings) in flight at once in :meth:`BatchLedger.claim_available` and :meth:`BatchLedger.settle`.
+CLAIM_WINDOW = 256
 
 
 class BatchLedger:
-    """The batch ledger of one KV bucket. Build it with :meth:`open`.
+    """The batch ledger of one KV bucket. Build it with :meth:`open` (a reader that never changes the bucket,
+    such as a sensor, may build it directly: ``BatchLedger(conn, bucket)``).
 
     :param visibility_timeout: how long a claim holds a batch (seconds, ``"10m"`` or a timedelta).
     :param max_attempts: consume attempts per batch before it goes to ``failed``.
     :param clock: seconds since the epoch (``time.time``); tests pass a controllable clock.
     """
 
-    def __init__(self, conn: JetStreamConnection, kv: KeyValue, bucket: str, *,
+    def __init__(self, conn: JetStreamConnection, bucket: str = DEFAULT_BUCKET, *,
                  visibility_timeout: float | str | timedelta = "10m", max_attempts: int = 3,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, config: dict[str, Any] | None = None) -> None:
         self.conn = conn
-        self.kv = kv
-        self.bucket = bucket
+        self.bucket = check_bucket_name(bucket)
         seconds = to_seconds(visibility_timeout, field="visibility_timeout")
         if seconds <= 0:
             raise InvalidRequestError(f"visibility_timeout must be positive, got {visibility_timeout!r}")
@@ -138,117 +123,84 @@ class BatchLedger:
         self.visibility_timeout = float(seconds)
         self.max_attempts = max_attempts
         self.clock = clock
+        #: The bucket's stream config as :meth:`open` left it (None when built directly).
+        self.config = config
 
     @classmethod
     async def open(cls, conn: JetStreamConnection, bucket: str = DEFAULT_BUCKET, *, create: bool = True,
-                   history: int = 1, ttl: float | str | timedelta | None = None, replicas: int | None = None,
-                   placement: dict[str, Any] | None = None,
+                   history: int = 1, ttl: float | str | timedelta | None = None, max_bytes: int | None = None,
+                   replicas: int | None = None, placement: dict[str, Any] | None = None,
                    visibility_timeout: float | str | timedelta = "10m", max_attempts: int = 3,
                    clock: Callable[[], float] = time.time) -> BatchLedger:
-        """Open the ledger bucket, creating it when missing (``create``); ``ttl`` expires old runs.
+        """Open the ledger bucket, creating it when missing (``create``), ready for writing.
 
-        ``replicas`` (1-5) and ``placement`` (``{"cluster": ..., "tags": [...]}``): when None a new
-        bucket gets :func:`default_replicas` (3 on a cluster, else 1) and an existing
-        one keeps its own; when given, an existing bucket is changed to them.
+        ``ttl``: how long a key is kept after its last change (seconds, ``"30d"``; 0: forever);
+        ``max_bytes``: a size bound (-1: none). Unset, a new bucket keeps keys 30 days and has no size bound,
+        and an existing bucket keeps its own; set, an existing bucket is changed to them. ``replicas`` (1-5)
+        and ``placement`` (``{"cluster": ..., "tags": [...]}``) likewise: a new bucket gets 3 replicas on a
+        cluster (else 1). A bucket an older version created gets ``allow_atomic`` and ``allow_direct``.
         """
-        if not isinstance(bucket, str) or not bucket or set(bucket) - KEY_SAFE:
-            raise InvalidRequestError(
-                f"ledger bucket {bucket!r} is not a valid KV bucket name (letters, digits, '_' and '-' only)",
-                reason="invalid_name",
-            )
-        replication = replication_config(replicas, placement)
-        async with kv_errors(conn, bucket, f"ledger bucket {bucket!r}"):
-            try:
-                kv = await conn.js.key_value(bucket)
-                await ensure_bucket_replication(conn, bucket, replication)
-            except nats.js.errors.BucketNotFoundError:
-                if not create:
-                    raise
-                ttl_seconds = None if ttl is None else to_seconds(ttl, field="ttl")
-                kv = await create_bucket(conn, replication, bucket=bucket, history=history, ttl=ttl_seconds,
-                                         description="airflow-jetstream batch ledger")
-                log.info("Created batch ledger bucket %s with %d replica(s)", bucket,
-                         bucket_replicas(conn, replication))
-        return cls(conn, kv, bucket, visibility_timeout=visibility_timeout, max_attempts=max_attempts, clock=clock)
+        config = await ensure_ledger_bucket(conn, bucket, create=create, history=history, ttl=ttl,
+                                            max_bytes=max_bytes, replication=replication_config(replicas, placement))
+        return cls(conn, bucket, visibility_timeout=visibility_timeout, max_attempts=max_attempts, clock=clock,
+                   config=config)
+
+    async def prepare(self) -> None:
+        """Make sure the bucket can take this ledger's writes (what :meth:`open` does), once: a ledger built
+        directly for reading calls it before its first write (the reaper of a sensor that reaps)."""
+        if self.config is None:
+            self.config = await ensure_ledger_bucket(self.conn, self.bucket, create=False, history=1, ttl=None,
+                                                     max_bytes=None, replication={})
+
+    @property
+    def retention(self) -> dict[str, Any] | None:
+        """``{"ttl": seconds or None, "max_bytes": bytes or None}`` (None: no bound) as :meth:`open` found it."""
+        return retention_of(self.config) if self.config is not None else None
 
     # reading
 
     async def get(self, run_id: str, batch_id: str) -> BatchRecord | None:
         """The batch's current record, or None when it was never recorded."""
         key = batch_key(run_id, batch_id)
-        context = f"ledger {self.bucket!r} batch {batch_id!r}"
-
-        async def read() -> Any:
-            async with kv_errors(self.conn, self.bucket, context):
-                try:
-                    return await self.kv.get(key)
-                except nats.js.errors.KeyNotFoundError:
-                    return None
-
-        entry = await self.conn.retry_leader(context, read)
-        if entry is None:
+        entry = (await self.read_entries([key])).get(key)
+        if entry is None or entry.deleted:
             return None
-        return BatchRecord.decode(entry.value or b"", entry.revision or 0, key)
+        return BatchRecord.decode(entry.data, entry.seq, key)
 
-    async def _latest(self, run_id: str | None) -> AsyncGenerator[tuple[int, str, BatchRecord | None], None]:
-        """``(seq, key, record)`` of every key of ``run_id`` (all runs when None), in stream order;
-        record None for a deleted, purged or expired key. A key updated during the read comes again."""
-        pattern = f"{key_token(check_id(run_id, 'run_id'))}.*" if run_id is not None else ">"
-        prefix = f"$KV.{self.bucket}."
-        async with kv_errors(self.conn, self.bucket, f"ledger {self.bucket!r} listing", fail_fast=False):
-            async for chunk in read_latest_per_subject(self.conn, f"KV_{self.bucket}", [prefix + pattern]):
-                for subject, seq, _, headers, data in chunk:
-                    key = subject[len(prefix):]
-                    if headers and (headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers):
-                        yield seq, key, None
-                    else:
-                        yield seq, key, BatchRecord.decode(data, seq, key)
+    async def get_many(self, run_id: str, batch_ids: Iterable[str], *, leader: bool = False) -> dict[str, BatchRecord]:
+        """The records of the given batches of a run that exist, by batch id, in one request (keep it to a few
+        hundred ids per call). ``leader``: read from the stream leader (one get per id, at once), which has every
+        write made before; any replica may answer otherwise, and one that is catching up may miss recent ones."""
+        keys = {batch_key(run_id, batch_id): batch_id for batch_id in batch_ids}
+        found = await self.read_entries(list(keys), leader=leader)
+        return {keys[key]: BatchRecord.decode(entry.data, entry.seq, key)
+                for key, entry in found.items() if not entry.deleted}
 
     async def batches(self, run_id: str | None = None, *, state: str | None = None) -> list[BatchRecord]:
         """Every batch of ``run_id`` (of all runs when None), optionally only those in ``state``, sorted.
 
-        Holds every record; :meth:`iter_batches` streams them instead.
+        Lists the run (O(n)); :meth:`summary` reads its counts instead. :meth:`iter_batches` streams them.
         """
-        latest: dict[str, BatchRecord] = {}
-        async for _, key, rec in self._latest(run_id):
-            if rec is None:
-                latest.pop(key, None)
-            else:
-                latest[key] = rec
-        records = (r for r in latest.values() if state is None or r.state == state)
-        return sorted(records, key=lambda r: (r.run_id, r.batch_id))
+        return await listing.list_batches(self.conn, self.bucket, run_id, state)
 
-    async def iter_batches(self, run_id: str | None = None, *,
-                           state: str | None = None) -> AsyncGenerator[BatchRecord, None]:
+    def iter_batches(self, run_id: str | None = None, *,
+                     state: str | None = None) -> AsyncGenerator[BatchRecord, None]:
         """Stream the batches of ``run_id`` (all runs when None) in stream order, holding one read chunk.
 
         A batch updated while the listing runs can come twice, its newer state last.
         """
-        async with aclosing(self._latest(run_id)) as latest:
-            async for _, _, rec in latest:
-                if rec is not None and (state is None or rec.state == state):
-                    yield rec
+        return listing.iter_batches(self.conn, self.bucket, run_id, state)
 
     async def summary(self, run_id: str) -> dict[str, Any]:
-        """Counts of a run's batches and messages by state, plus the failed (dead-letter) batches.
+        """Counts of a run's batches and messages by state, plus the failed (dead-letter) batches: one read of
+        the run's counts (``counted_by: "counts"``), or a listing for a run recorded before the ledger kept
+        counts (``counted_by: "listing"``)."""
+        return await run_summary(self.conn, self.bucket, run_id, self.clock())
 
-        Computed while streaming the listing. The listing is exact when nothing was written to the
-        bucket since it started (every key comes once); when something was, the summary is computed
-        again from :meth:`batches` (one record per key held), so it never counts a batch twice.
-        """
-        info = await self.conn.api_request(f"STREAM.INFO.KV_{self.bucket}", context=f"ledger {self.bucket!r}")
-        last_seq = int(info["state"].get("last_seq") or 0)
-        tally = RunTally(run_id, self.bucket, self.clock())
-        async with aclosing(self._latest(run_id)) as latest:
-            async for seq, _, rec in latest:
-                if seq > last_seq:
-                    break
-                if rec is not None:
-                    tally.add(rec)
-            else:
-                return tally.result()
-        metrics.incr("ledger.summary_relisted")
-        return summarize(run_id, self.bucket, await self.batches(run_id), self.clock())
+    async def recount(self, run_id: str, *, repair: bool = False) -> dict[str, Any]:
+        """Count a run's records (a listing) and compare with its stored counts; with ``repair`` the counts
+        are rewritten from the records where they differ (see :mod:`airflow_jetstream.client.ledger.recount`)."""
+        return await recount_run(self.conn, self.bucket, run_id, repair=repair, now=self.clock)
 
     # writing
 
@@ -265,42 +217,24 @@ class BatchLedger:
         except (TypeError, ValueError):
             raise InvalidRequestError(f"meta of batch {batch_id!r} must be JSON-able (dict of str, numbers, lists)") \
                 from None
-        key = batch_key(run_id, batch_id)
         now = iso_time(self.clock())
         rec = BatchRecord(run_id=run_id, batch_id=batch_id, stream=stream, count=count, first_seq=first_seq,
                           last_seq=last_seq, created_at=now, updated_at=now, meta=dict(meta or {}))
-        payload = rec.encode()
-        context = f"record batch {batch_id!r} of run {run_id!r}"
-
-        async def create() -> int:
-            # retried through elections: a create whose answer was lost finds its own record below
-            async with kv_errors(self.conn, self.bucket, context):
-                try:
-                    return int(await self.kv.create(key, payload))
-                except nats.js.errors.KeyWrongLastSequenceError:
-                    return 0
-                except nats.js.errors.KeyNotFoundError:
-                    # nats-py's create re-reads a key the stream refused as existing; a replica that has not
-                    # caught up yet answers "not found": ask again (an existing record is found by a later try)
-                    raise LeaderUnavailableError(f"{context}: the record exists but the replica that answered "
-                                                 "the read has not caught up yet") from None
-
-        revision = await self.conn.retry_leader(context, create)
-        if revision:
+        rec.encode()  # refuse a record the schema refuses before anything is read
+        stored, changed = await self._apply(run_id, batch_id, lambda current: rec if current is None else None,
+                                            creates=True)
+        if changed:
             metrics.incr("ledger.recorded", tags={"stream": stream})
-            return replace(rec, revision=revision)
-        existing = await self.get(run_id, batch_id)
-        if existing is None:
-            raise LedgerConflictError(f"batch {batch_id!r} of run {run_id!r} was deleted while being recorded")
+            return stored
         wanted = (stream, count, first_seq, last_seq)
-        stored = (existing.stream, existing.count, existing.first_seq, existing.last_seq)
-        if wanted != stored:
+        existing = (stored.stream, stored.count, stored.first_seq, stored.last_seq)
+        if wanted != existing:
             raise LedgerConflictError(
-                f"batch {batch_id!r} of run {run_id!r} is already recorded as {stored} "
+                f"batch {batch_id!r} of run {run_id!r} is already recorded as {existing} "
                 f"(stream, count, first_seq, last_seq), not {wanted}; batch ids must be deterministic per "
                 "run, so this is another batch reusing the id: use a distinct batch id",
             )
-        return existing
+        return stored
 
     async def claim(self, run_id: str, batch_id: str, *, owner: str | None = None) -> BatchRecord | None:
         """Claim a batch for one consume attempt: ``published`` -> ``in_progress`` until the
@@ -309,7 +243,7 @@ class BatchLedger:
         An expired claim is treated as a dead attempt first (as :meth:`reap` would)."""
         take = partial(claimed, now=self.clock(), owner=owner, visibility_timeout=self.visibility_timeout,
                        max_attempts=self.max_attempts)
-        rec, changed = await self._cas(run_id, batch_id, take)
+        rec, changed = await self._apply(run_id, batch_id, take)
         if changed and rec.state == IN_PROGRESS:
             metrics.incr("ledger.claimed", tags={"stream": rec.stream})
             return rec
@@ -319,22 +253,32 @@ class BatchLedger:
 
     async def claim_available(self, run_id: str, *, owner: str | None = None,
                               limit: int | None = None) -> list[BatchRecord]:
-        """Claim up to ``limit`` claimable batches of a run (published, or with an expired claim)."""
+        """Claim up to ``limit`` claimable batches of a run (published, or with an expired claim), in batch id
+        order. Lists the run once and claims many at a time (the claims of one counts shard share a write)."""
         now = self.clock()
-        claimed: list[BatchRecord] = []
-        for rec in await self.batches(run_id):
-            if limit is not None and len(claimed) >= limit:
-                break
-            if rec.state == PUBLISHED or rec.expired(now):
-                got = await self.claim(run_id, rec.batch_id, owner=owner)
-                if got is not None:
-                    claimed.append(got)
-        return claimed
+        candidates = [rec.batch_id for rec in await self.batches(run_id) if rec.state == PUBLISHED or rec.expired(now)]
+        taken: list[BatchRecord] = []
+        while candidates and (limit is None or len(taken) < limit):
+            size = CLAIM_WINDOW if limit is None else min(CLAIM_WINDOW, limit - len(taken))
+            window, candidates = candidates[:size], candidates[size:]
+            got = await asyncio.gather(*(self.claim(run_id, batch_id, owner=owner) for batch_id in window))
+            taken.extend(rec for rec in got if rec is not None)
+        return taken
+
+    async def settle(self, claims: Iterable[BatchRecord], *, error: str | None = None) -> list[BatchRecord]:
+        """:meth:`mark_consumed` every claim (``error`` None), or :meth:`release` each with ``error``; many at once."""
+        held = list(claims)
+        done: list[BatchRecord] = []
+        for start in range(0, len(held), CLAIM_WINDOW):
+            window = held[start:start + CLAIM_WINDOW]
+            done.extend(await asyncio.gather(*(self.mark_consumed(c) if error is None else self.release(c, error=error)
+                                               for c in window)))
+        return done
 
     async def extend(self, claim: BatchRecord) -> BatchRecord:
         """Push the visibility deadline of a held claim forward (long processing)."""
         push = partial(extended, claim=claim, now=self.clock(), visibility_timeout=self.visibility_timeout)
-        rec, _ = await self._cas(claim.run_id, claim.batch_id, push)
+        rec, _ = await self._apply(claim.run_id, claim.batch_id, push)
         return rec
 
     async def mark_consumed(self, claim: BatchRecord) -> BatchRecord:
@@ -342,7 +286,7 @@ class BatchLedger:
         output is written. Idempotent for the same claim; :class:`ClaimLostError` if the claim was
         reaped (the batch will be consumed again: keep outputs idempotent per batch)."""
         finish = partial(marked_consumed, claim=claim, now=self.clock())
-        rec, changed = await self._cas(claim.run_id, claim.batch_id, finish)
+        rec, changed = await self._apply(claim.run_id, claim.batch_id, finish)
         if changed:
             metrics.incr("ledger.consumed", tags={"stream": rec.stream})
         return rec
@@ -351,34 +295,18 @@ class BatchLedger:
         """Give up a held claim after a failed attempt: back to ``published`` for the next attempt,
         or ``failed`` when the batch had ``max_attempts`` attempts. ``error`` is kept as last_error."""
         give_up = partial(released, claim=claim, now=self.clock(), error=error, max_attempts=self.max_attempts)
-        rec, _ = await self._cas(claim.run_id, claim.batch_id, give_up)
+        rec, _ = await self._apply(claim.run_id, claim.batch_id, give_up)
         report_transition(rec)
         return rec
 
     async def reap(self, run_id: str | None = None) -> dict[str, Any]:
         """Return expired claims of ``run_id`` (all runs when None) to ``published``, or move them to
-        ``failed`` past max attempts, streaming the listing. Returns ``{"returned": [...], "failed":
-        [...], "returned_count": n, "failed_count": m}``: the counts cover every reaped batch, the lists
-        the first 100 records (as dicts) of each."""
-        now = self.clock()
-        reaped: dict[str, list[dict[str, Any]]] = {"returned": [], "failed": []}
-        counts = {"returned": 0, "failed": 0}
-        async with aclosing(self.iter_batches(run_id, state=IN_PROGRESS)) as candidates:
-            async for candidate in candidates:
-                if not candidate.expired(now):
-                    continue
+        ``failed`` past max attempts. Returns ``{"returned": [...], "failed": [...], "returned_count": n,
+        "failed_count": m}``: the counts cover every reaped batch, the lists the first 100 records (as dicts).
 
-                def expire(rec: BatchRecord) -> BatchRecord | None:
-                    return expired(rec, now, max_attempts=self.max_attempts) if rec.expired(now) else None
-
-                rec, changed = await self._cas(candidate.run_id, candidate.batch_id, expire)
-                if changed:
-                    report_transition(rec)
-                    outcome = "failed" if rec.state == FAILED else "returned"
-                    counts[outcome] += 1
-                    if len(reaped[outcome]) < MAX_LISTED:
-                        reaped[outcome].append(rec.to_dict())
-        return {**reaped, "returned_count": counts["returned"], "failed_count": counts["failed"]}
+        Reads the run's counts first: while no claim of the run can have expired yet, that is all it does.
+        """
+        return await reaper.reap(self, run_id)
 
     async def requeue(self, run_id: str, *, batch_ids: Iterable[str] | None = None,
                       states: Iterable[str] = (FAILED,)) -> list[BatchRecord]:
@@ -389,13 +317,16 @@ class BatchLedger:
         if unknown:
             raise InvalidRequestError(f"unknown state(s) {sorted(unknown)}; use {', '.join(STATES)}")
         if batch_ids is None:
+            summary = await self.summary(run_id)
+            if not any(summary["states"].get(state) for state in wanted_states):
+                return []
             ids = [rec.batch_id for rec in await self.batches(run_id) if rec.state in wanted_states]
         else:
             ids = list(batch_ids)
         reopen = partial(reopened, now=self.clock(), states=wanted_states)
         requeued = []
         for batch_id in ids:
-            rec, changed = await self._cas(run_id, batch_id, reopen)
+            rec, changed = await self._apply(run_id, batch_id, reopen)
             if changed:
                 requeued.append(rec)
         return requeued
@@ -428,58 +359,26 @@ class BatchLedger:
 
     # internals
 
-    async def _cas(self, run_id: str, batch_id: str,
-                   change: Callable[[BatchRecord], BatchRecord | None]) -> tuple[BatchRecord, bool]:
-        """Apply ``change`` to the current record with a revision-checked update, re-reading on a race.
+    async def read_entries(self, keys: list[str], *, leader: bool = False) -> dict[str, Entry]:
+        """The last value of ledger keys (batch records, counts shards, filters of them), by key, in one request;
+        ``leader``: from the stream leader, literal keys only (:func:`~.store.read_last`)."""
+        try:
+            return await read_last(self.conn, self.bucket, keys, leader=leader)
+        except StreamNotFoundError:
+            raise LedgerNotFoundError(
+                f"ledger bucket {self.bucket!r} does not exist, or does not allow direct gets (a bucket an older "
+                "version created): open it with BatchLedger.open(conn, bucket)") from None
 
-        ``change`` returns the new record, or None to leave it; returns (record, changed).
-        """
-        key = batch_key(run_id, batch_id)
-        context = f"ledger {self.bucket!r} batch {batch_id!r} of run {run_id!r}"
-        for _ in range(_CAS_ATTEMPTS):
-            current = await self.get(run_id, batch_id)
-            if current is None:
-                raise BatchNotFoundError(f"{context}: not recorded; record() it after publishing")
-            new = change(current)
-            if new is None:
-                return current, False
-            async with kv_errors(self.conn, self.bucket, context):
-                try:
-                    revision = await self.kv.update(key, new.encode(), last=current.revision)
-                except nats.js.errors.KeyWrongLastSequenceError:
-                    metrics.incr("ledger.cas_retry")
-                    continue
-            return replace(new, revision=revision), True
-        raise LedgerConflictError(f"{context}: changed concurrently {_CAS_ATTEMPTS} times in a row; retry later")
-
-
-async def ledger_status(conn: JetStreamConnection, run_id: str, state: str = CONSUMED, *,
-                        bucket: str = DEFAULT_BUCKET, min_batches: int = 1, reap: bool = False,
-                        fail_on_failed: bool = True) -> dict[str, Any]:
-    """One look at a run for sensors and triggers: :meth:`BatchLedger.summary` plus ``done``,
-    ``awaited``, ``reaped`` and, when batches failed (and ``fail_on_failed``), ``error``.
-
-    A missing bucket counts as a run without batches (the producer has not recorded any yet).
-    """
-    check_waitable_state(state)
-    reaped: dict[str, Any] = {"returned": [], "failed": [], "returned_count": 0, "failed_count": 0}
-    try:
-        ledger = await BatchLedger.open(conn, bucket, create=False)
-    except LedgerNotFoundError:
-        summary = summarize(run_id, bucket, [], time.time())
-    else:
-        if reap:
-            result = await ledger.reap(run_id)
-            reaped = {**result, "returned": [item["batch_id"] for item in result["returned"]],
-                      "failed": [item["batch_id"] for item in result["failed"]]}
-        summary = await ledger.summary(run_id)
-    summary.update(awaited=state, reached=count_reached(summary, state), min_batches=min_batches, reaped=reaped)
-    try:
-        summary["done"] = run_reached(summary, state, min_batches=min_batches, fail_on_failed=fail_on_failed)
-    except BatchesFailedError as exc:
-        summary["done"] = False
-        summary["error"] = exc.to_dict()
-    return summary
+    async def _apply(self, run_id: str, batch_id: str, change: Change, *,
+                     creates: bool = False) -> tuple[BatchRecord, bool]:
+        """Apply ``change`` to the batch's current record (None: not recorded) and its run's counts, as one
+        atomic compare-and-set write shared with this process's other changes of the same run
+        (:mod:`~airflow_jetstream.client.ledger.lanes`). ``change`` returns the new record, or None to leave it;
+        returns (record, changed)."""
+        shard = shard_of(batch_id)
+        item = Pending(run_id=run_id, batch_id=batch_id, key=batch_key(run_id, batch_id), shard=shard,
+                       ckey=counts_key(run_id, shard), change=change, creates=creates)
+        return await submit(self, item)
 
 
 __all__ = [
@@ -495,6 +394,5 @@ __all__ = [
     "batch_key",
     "check_waitable_state",
     "count_reached",
-    "ledger_status",
     "run_reached",
 ]

@@ -1,5 +1,5 @@
-"""The batch ledger's value schema (a JSON Schema, published as docs/schemas/ledger-record.schema.json)
-and the check every record passes on read and on write.
+"""The batch ledger's value schemas (JSON Schemas, published as docs/schemas/ledger-record.schema.json and,
+for the counts, ledger-counts.schema.json) and the check every value passes on read and on write.
 
 The check is a small interpreter of the schema's own keywords (``type``, ``required``, ``enum``,
 ``minimum``, ``minLength``), so Spark executors and triggerers need no ``jsonschema`` package;
@@ -69,14 +69,14 @@ def _type_ok(value: Any, names: str | list[str]) -> bool:
     return False
 
 
-def record_problem(body: Any) -> str | None:
-    """What makes ``body`` not a ledger record (naming the field), or None when it is one."""
+def schema_problem(schema: dict[str, Any], body: Any) -> str | None:
+    """What makes ``body`` not match ``schema`` (naming the field), or None when it does."""
     if not isinstance(body, dict):
         return f"the value is a JSON {type(body).__name__}, not an object"
-    for name in LEDGER_RECORD_SCHEMA["required"]:
+    for name in schema["required"]:
         if name not in body:
             return f"field {name!r} is missing"
-    for name, rule in LEDGER_RECORD_SCHEMA["properties"].items():
+    for name, rule in schema["properties"].items():
         if name not in body:
             continue
         value = body[name]
@@ -89,6 +89,11 @@ def record_problem(body: Any) -> str | None:
         if "minLength" in rule and len(value) < rule["minLength"]:
             return f"field {name!r} is empty"
     return None
+
+
+def record_problem(body: Any) -> str | None:
+    """What makes ``body`` not a ledger record (naming the field), or None when it is one."""
+    return schema_problem(LEDGER_RECORD_SCHEMA, body)
 
 
 def check_record(body: Any, *, key: str, when: str) -> dict[str, Any]:

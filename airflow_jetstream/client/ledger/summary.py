@@ -6,7 +6,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from airflow_jetstream.client.errors import BatchesFailedError, InvalidRequestError
-from airflow_jetstream.client.ledger.records import FAILED, RANK, STATES, WAITABLE_STATES, BatchRecord
+from airflow_jetstream.client.ledger.records import (
+    FAILED,
+    IN_PROGRESS,
+    RANK,
+    STATES,
+    WAITABLE_STATES,
+    BatchRecord,
+    epoch_of,
+)
 
 #: Failed batches a summary lists, and records a reap returns per outcome (the counts cover all).
 MAX_LISTED = 100
@@ -22,6 +30,7 @@ class RunTally:
         self.messages = dict.fromkeys(STATES, 0)
         self.streams: set[str] = set()
         self.failed: list[dict[str, Any]] = []
+        self.next_deadline: str | None = None
 
     def add(self, rec: BatchRecord) -> None:
         self.batches += 1
@@ -30,6 +39,9 @@ class RunTally:
         self.attempts += rec.attempts
         self.expired_claims += rec.expired(self.now)
         self.streams.add(rec.stream)
+        if rec.state == IN_PROGRESS and rec.deadline and (
+                self.next_deadline is None or epoch_of(rec.deadline) < epoch_of(self.next_deadline)):
+            self.next_deadline = rec.deadline
         if rec.state == FAILED and len(self.failed) < MAX_LISTED:
             self.failed.append({"batch_id": rec.batch_id, "stream": rec.stream, "first_seq": rec.first_seq,
                                 "last_seq": rec.last_seq, "count": rec.count, "attempts": rec.attempts,
@@ -46,6 +58,7 @@ class RunTally:
             "expired_claims": self.expired_claims,
             "streams": sorted(self.streams),
             "failed": self.failed,
+            "next_deadline": self.next_deadline,
         }
 
 
@@ -82,13 +95,14 @@ def run_reached(summary: dict[str, Any], state: str, *, min_batches: int = 1, fa
     :class:`BatchesFailedError` listing them (a dead letter must be looked at, not waited for).
     """
     check_waitable_state(state)
-    if summary["failed"] and fail_on_failed:
-        ids = ", ".join(item["batch_id"] for item in summary["failed"][:10])
-        failed = summary["states"].get(FAILED) or len(summary["failed"])
+    failed = summary["states"].get(FAILED) or len(summary["failed"])
+    if failed and fail_on_failed:
+        listed = summary["failed"][:10]
+        ids = ", ".join(item["batch_id"] for item in listed) + (", ..." if failed > len(listed) else "")
         raise BatchesFailedError(
             f"run {summary['run_id']!r}: {failed} batch(es) failed after their max attempts "
-            f"({ids}); see each batch's last_error, fix the cause, then requeue them "
-            "(BatchLedger.requeue) or clear the run",
+            f"({ids or 'BatchLedger.batches(run_id, state=failed) lists them'}); see each batch's last_error, "
+            "fix the cause, then requeue them (BatchLedger.requeue) or clear the run",
             failed=summary["failed"],
         )
     if summary["batches"] < min_batches:

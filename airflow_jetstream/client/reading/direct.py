@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -335,3 +335,18 @@ def _stored_headers(hdrs: str | None) -> dict[str, str]:
         return {}
     block = base64.b64decode(hdrs).split(b"\r\n", 1)
     return parse_header_lines(block[1]) if len(block) == 2 and block[1].strip() else {}
+
+
+async def last_per_subject(conn: JetStreamConnection, stream: str,
+                           subjects: Sequence[str]) -> dict[str, StoredMessage]:
+    """The last message of each subject matching ``subjects`` (literal subjects and wildcard filters mixed), by
+    subject, in one direct get (``multi_last``; nats-server 2.11+ and the stream's ``allow_direct``): a KV
+    key's delete marker comes as its last message. A stream without ``allow_direct`` (or none at all) is
+    :class:`StreamNotFoundError`. The answer is one consistent snapshot of the stream."""
+    validate_name(stream, what="stream name")
+    if not subjects:
+        return {}
+    server_features.require(conn, server_features.DIRECT_GET_BATCH, what=f"reading the last messages of {stream!r}")
+    request = {"multi_last": list(subjects)}  # no "batch": a batch below the number of matches is refused (413)
+    got, _ = await conn.retry_leader(f"read from stream {stream!r}", partial(_direct_batch, conn, stream, request))
+    return {msg.subject: msg for msg in got}

@@ -1,0 +1,222 @@
+"""A run's counts: how many of its batches (and messages) are in each state, kept beside the records.
+
+A run's batches are split into :data:`SHARDS` subsets by ``crc32(batch_id) % 16``; each subset's counts are
+one KV value under ``<run>./counts.<n>`` (3 key tokens, so ``<run>.*`` still lists only the batches). A
+record change and the change of its subset's counts are written as one atomic batch, both compare-and-set,
+so the counts of a subset always describe exactly its records (:mod:`~airflow_jetstream.client.ledger.store`).
+Reading a run's counts is one direct get of at most 16 small values, whatever the run's size.
+
+Each subset's counts are a snapshot (not a delta): a subset whose counts key expired (bucket ``ttl``) had
+every record expire before it, since every record write rewrites its counts too.
+
+Pure: no I/O. The value schema is published as docs/schemas/ledger-counts.schema.json.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from airflow_jetstream.client.errors import LedgerConflictError, LedgerRecordError
+from airflow_jetstream.client.ledger.record_schema import schema_problem
+from airflow_jetstream.client.ledger.records import (
+    FAILED,
+    IN_PROGRESS,
+    STATES,
+    BatchRecord,
+    check_id,
+    epoch_of,
+    iso_time,
+    key_token,
+)
+
+#: Subsets a run's counts are split into (part of the ledger contract: every writer uses the same split).
+SHARDS = 16
+#: The key token between a run and its counts shard number.
+COUNTS_TOKEN = "/counts"
+#: Failed batches each shard lists with details (the counts cover every failed batch).
+FAILED_LISTED_PER_SHARD = 10
+#: Characters of a failed batch's last error kept in the counts (the record keeps the whole text).
+FAILED_ERROR_CHARS = 200
+
+_COUNTS = {"type": "object"}
+_NATURAL = {"type": "integer", "minimum": 0}
+#: JSON Schema (2020-12) of one counts value.
+LEDGER_COUNTS_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://airflow-jetstream.dev/schemas/ledger-counts.schema.json",
+    "title": "airflow-jetstream batch ledger counts (one shard of a run)",
+    "description": "The JSON value under <run>./counts.<n>: the counts of the run's batches whose "
+                   "crc32(batch_id) % 16 is n. Written in the same atomic batch as every record change.",
+    "type": "object",
+    "required": ["run_id", "shard", "batches", "states", "messages"],
+    "properties": {
+        "run_id": {"type": "string", "minLength": 1},
+        "shard": {"type": "integer", "minimum": 0},
+        "batches": _NATURAL,
+        "states": _COUNTS,
+        "messages": _COUNTS,
+        "attempts": _NATURAL,
+        "claims": _NATURAL,
+        "streams": {"type": "array"},
+        "failed": {"type": "array"},
+        "next_deadline": {"type": ["string", "null"], "format": "date-time"},
+        "updated_at": {"type": "string", "format": "date-time"},
+    },
+    "additionalProperties": True,
+}
+
+
+def shard_of(batch_id: str) -> int:
+    """The counts shard of a batch: ``crc32(batch_id as UTF-8) % 16`` (CRC-32 as zlib computes it)."""
+    return zlib.crc32(check_id(batch_id, "batch_id").encode()) % SHARDS
+
+
+def counts_key(run_id: str, shard: int) -> str:
+    """The KV key of a run's counts shard: ``<escaped run>./counts.<shard>``."""
+    return f"{key_token(check_id(run_id, 'run_id'))}.{COUNTS_TOKEN}.{shard}"
+
+
+def counts_pattern(run_id: str) -> str:
+    """The KV key filter of all counts shards of a run."""
+    return f"{key_token(check_id(run_id, 'run_id'))}.{COUNTS_TOKEN}.*"
+
+
+def is_counts_key(key: str) -> bool:
+    """Whether a ledger key is a counts shard (``<run>./counts.<n>``) rather than a batch record."""
+    parts = key.split(".")
+    return len(parts) == 3 and parts[1] == COUNTS_TOKEN
+
+
+def empty_counts(run_id: str, shard: int) -> dict[str, Any]:
+    """The counts of a subset without batches."""
+    return {"run_id": run_id, "shard": shard, "batches": 0, "states": dict.fromkeys(STATES, 0),
+            "messages": dict.fromkeys(STATES, 0), "attempts": 0, "claims": 0, "streams": [], "failed": [],
+            "next_deadline": None, "updated_at": ""}
+
+
+def failed_entry(rec: BatchRecord) -> dict[str, Any]:
+    """What the counts (and a summary) list of a failed batch."""
+    error = rec.last_error[:FAILED_ERROR_CHARS] if rec.last_error else rec.last_error
+    return {"batch_id": rec.batch_id, "stream": rec.stream, "first_seq": rec.first_seq, "last_seq": rec.last_seq,
+            "count": rec.count, "attempts": rec.attempts, "last_error": error}
+
+
+def _earliest(*times: str | None) -> str | None:
+    known = [t for t in times if t]
+    return min(known, key=epoch_of) if known else None
+
+
+def counted(counts: Mapping[str, Any] | None, run_id: str, shard: int, old: BatchRecord | None,
+            new: BatchRecord, now: float) -> dict[str, Any]:
+    """The subset's counts after its batch went from ``old`` (None: just recorded) to ``new``.
+
+    ``next_deadline`` stays a lower bound of the deadlines of the subset's claims in progress: a claim or
+    an extension lowers it to its deadline when earlier; a finished claim leaves it (still a lower bound);
+    it is None once nothing is in progress. The reaper sets it exactly after it listed the run.
+    """
+    value = json.loads(json.dumps(counts)) if counts else empty_counts(run_id, shard)
+    states, messages = value["states"], value["messages"]
+    if old is None:
+        value["batches"] += 1
+    else:
+        states[old.state] = states.get(old.state, 0) - 1
+        messages[old.state] = messages.get(old.state, 0) - old.count
+    states[new.state] = states.get(new.state, 0) + 1
+    messages[new.state] = messages.get(new.state, 0) + new.count
+    value["attempts"] = value.get("attempts", 0) + new.attempts - (old.attempts if old else 0)
+    if new.state == IN_PROGRESS and (old is None or old.claim_id != new.claim_id):
+        value["claims"] = value.get("claims", 0) + 1
+    if new.stream not in value.setdefault("streams", []):
+        value["streams"] = sorted([*value["streams"], new.stream])
+    if new.state == IN_PROGRESS:
+        value["next_deadline"] = _earliest(value.get("next_deadline"), new.deadline)
+    if not states.get(IN_PROGRESS):
+        value["next_deadline"] = None
+    listed = [item for item in value.get("failed") or [] if item.get("batch_id") != new.batch_id]
+    if new.state == FAILED and len(listed) < FAILED_LISTED_PER_SHARD:
+        listed.append(failed_entry(new))
+    value["failed"] = listed
+    value["updated_at"] = iso_time(now)
+    return value
+
+
+def recounted(run_id: str, records: Iterable[BatchRecord], previous: Mapping[int, Mapping[str, Any]],
+              now: float) -> dict[int, dict[str, Any]]:
+    """Exact counts of every shard from the run's records (a recount); ``claims`` moves on from ``previous``
+    so a reaper that read the counts before the recount sees them changed."""
+    shards = {n: empty_counts(run_id, n) for n in range(SHARDS)}
+    for rec in records:
+        value = shards[shard_of(rec.batch_id)]
+        value["batches"] += 1
+        value["states"][rec.state] += 1
+        value["messages"][rec.state] += rec.count
+        value["attempts"] += rec.attempts
+        if rec.stream not in value["streams"]:
+            value["streams"].append(rec.stream)
+        if rec.state == IN_PROGRESS:
+            value["next_deadline"] = _earliest(value["next_deadline"], rec.deadline)
+        if rec.state == FAILED and len(value["failed"]) < FAILED_LISTED_PER_SHARD:
+            value["failed"].append(failed_entry(rec))
+    for n, value in shards.items():
+        value["claims"] = int((previous.get(n) or {}).get("claims", 0)) + 1
+        value["streams"].sort()
+        value["updated_at"] = iso_time(now)
+    return shards
+
+
+def merged(run_id: str, bucket: str, shards: Mapping[int, Mapping[str, Any]], now: float) -> dict[str, Any]:
+    """A run's summary from its counts shards.
+
+    ``expired_claims`` is 0 when no claim can have expired yet (every in-progress subset's ``next_deadline``
+    is still ahead), else None: which claims expired is known only after a listing (the reaper's).
+    """
+    states = dict.fromkeys(STATES, 0)
+    messages = dict.fromkeys(STATES, 0)
+    batches = attempts = 0
+    streams: set[str] = set()
+    failed: list[dict[str, Any]] = []
+    deadlines: list[str] = []
+    maybe_expired = False
+    for value in shards.values():
+        batches += int(value["batches"])
+        attempts += int(value.get("attempts", 0))
+        for state in STATES:
+            states[state] += int(value["states"].get(state, 0))
+            messages[state] += int(value["messages"].get(state, 0))
+        streams.update(value.get("streams") or [])
+        failed.extend(value.get("failed") or [])
+        if value.get("next_deadline") and value["states"].get(IN_PROGRESS):
+            deadlines.append(value["next_deadline"])
+            maybe_expired = maybe_expired or epoch_of(value["next_deadline"]) <= now
+    failed.sort(key=lambda item: item["batch_id"])
+    return {"run_id": run_id, "bucket": bucket, "batches": batches, "states": states, "messages": messages,
+            "attempts": attempts, "expired_claims": None if maybe_expired else 0, "streams": sorted(streams),
+            "failed": failed[:100], "next_deadline": _earliest(*deadlines), "counted_by": "counts"}
+
+
+def decode_counts(data: bytes, key: str, seq: int) -> dict[str, Any]:
+    """A stored counts value, checked against the counts schema."""
+    try:
+        body = json.loads(data)
+    except ValueError:
+        raise LedgerConflictError(
+            f"ledger key {key!r} (revision {seq}) is not a counts value; the bucket is used by something else: "
+            "give the ledger its own bucket", reason="ledger_corrupt") from None
+    problem = schema_problem(LEDGER_COUNTS_SCHEMA, body)
+    if problem:
+        raise LedgerRecordError(
+            f"ledger key {key!r}: {problem} (read at revision {seq}); see docs/schemas/ledger-counts.schema.json "
+            "and fix the service that wrote it; BatchLedger.recount(run_id, repair=True) rewrites a run's counts "
+            "from its records")
+    return dict(body)
+
+
+def encode_counts(value: Mapping[str, Any]) -> bytes:
+    """The stored JSON of a counts value (checked against the schema)."""
+    problem = schema_problem(LEDGER_COUNTS_SCHEMA, value)
+    if problem:
+        raise LedgerRecordError(f"refused to write counts of run {value.get('run_id')!r}: {problem}")
+    return json.dumps(value, separators=(",", ":")).encode()

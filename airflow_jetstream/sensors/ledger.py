@@ -9,7 +9,6 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET
 from airflow_jetstream.client.ledger.summary import check_waitable_state
-from airflow_jetstream.client.ledger.wait import LedgerWait
 from airflow_jetstream.sensors.state import JetStreamStateSensor
 from airflow_jetstream.triggers.describe import describe_progress
 from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
@@ -82,12 +81,3 @@ class JetStreamBatchLedgerSensor(JetStreamStateSensor):
             reap_expired=self.reap_expired, fail_on_failed=self.fail_on_failed,
             nats_conn_id=self.nats_conn_id, poll_interval=self.poke_interval,
         )
-
-    def status(self) -> dict[str, Any]:
-        return self.hook.run(self.trigger().wait.check)
-
-    def is_done(self, status: dict[str, Any]) -> bool:
-        return LedgerWait.is_done(status)
-
-    def describe(self, status: dict[str, Any]) -> str:
-        return describe_progress(status)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET, epoch_of
@@ -44,16 +45,17 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
                  min_batches: int = 1, reap_expired: bool = False, fail_on_failed: bool = True,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.wait = LedgerWait(run_id=run_id, state=state, bucket=ledger_bucket, min_batches=int(min_batches),
-                               reap=bool(reap_expired), fail_on_failed=bool(fail_on_failed))
+        #: The check, shared with the sensor's poke (through :meth:`check`) and ``BatchLedger.wait_all``.
+        self.condition = LedgerWait(run_id=run_id, state=state, bucket=ledger_bucket, min_batches=int(min_batches),
+                                    reap=bool(reap_expired), fail_on_failed=bool(fail_on_failed))
 
     def _kwargs(self) -> dict[str, Any]:
-        wait = self.wait
+        wait = self.condition
         return {"run_id": wait.run_id, "state": wait.state, "ledger_bucket": wait.bucket,
                 "min_batches": wait.min_batches, "reap_expired": wait.reap, "fail_on_failed": wait.fail_on_failed}
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
-        return await self.wait.check(conn)
+        return await self.condition.check(conn)
 
     def is_done(self, status: dict[str, Any]) -> bool:
         return LedgerWait.is_done(status)
@@ -61,24 +63,20 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
     def describe(self, status: dict[str, Any]) -> str:
         return describe_progress(status)
 
-    async def _poll(self) -> dict[str, Any]:
-        from airflow_jetstream.client.connection_pool import shared_connection
+    async def wait(self, conn: JetStreamConnection) -> dict[str, Any]:
         from airflow_jetstream.client.errors import StreamNotFoundError
         from airflow_jetstream.client.reading.shared_tail import follow
-        from airflow_jetstream.hooks.jetstream import JetStreamHook
 
-        settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
-        async with shared_connection(settings) as conn:
-            while True:
-                try:
-                    async with follow(conn, self.wait.stream, self.wait.counts_subjects,
-                                      tail_filter=self.wait.all_counts_subjects) as listener:
-                        return await self._follow(conn, listener)
-                except StreamNotFoundError:
-                    event = self._event(await self.status(conn))  # no bucket yet: a run without batches
-                    if event is not None:
-                        return event
-                    await asyncio.sleep(self._pause(None))
+        while True:
+            try:
+                async with follow(conn, self.condition.stream, self.condition.counts_subjects,
+                                  tail_filter=self.condition.all_counts_subjects) as listener:
+                    return await self._follow(conn, listener)
+            except StreamNotFoundError:
+                event = self._event(await self.status(conn))  # no bucket yet: a run without batches
+                if event is not None:
+                    return event
+                await asyncio.sleep(self._pause(None))
 
     async def _follow(self, conn: JetStreamConnection, listener: TailListener) -> dict[str, Any]:
         from airflow_jetstream.client.ledger.status import shards_of
@@ -106,7 +104,7 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
                               deleted=bool(message.headers.get("KV-Operation")))
                 shards.pop(shard, None)
                 shards.update(shards_of({message.subject: entry}))
-            status = self.wait.status_of_counts(shards)
+            status = self.condition.status_of_counts(shards)
 
     async def _look(self, conn: JetStreamConnection) -> tuple[dict[str, Any], dict[int, dict[str, Any]],
                                                               dict[int, int]]:
@@ -117,20 +115,22 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
         status = await self.status(conn)
         if status.get("counted_by") != "counts" or not status["batches"]:
             return status, {}, {}
-        entries = await _counts_entries(conn, self.wait)
+        entries = await _counts_entries(conn, self.condition)
         return status, shards_of(entries), {int(k.rsplit(".", 1)[1]): e.seq for k, e in entries.items()}
 
     def _event(self, status: dict[str, Any]) -> dict[str, Any] | None:
-        """The trigger's event for ``status``, or None to wait on (logging the progress)."""
+        """The trigger's event for ``status`` (as :meth:`check` gives it), or None to wait on (logging progress)."""
+        self.last_status = status
         if status.get("error") and isinstance(status["error"], dict):
             return {"status": "error", "error": {**status["error"], "state": status}}
+        self.last_seen = self.describe(status)
         if self.is_done(status):
             return {"status": "success", "result": status}
-        if self._timed_out():
-            return {"status": "timeout", "last": status, "description": self.describe(status)}
+        if self.timeout_at is not None and datetime.now(UTC) >= datetime.fromisoformat(self.timeout_at):
+            return self.timeout_event()
         if time.monotonic() - self._logged_at >= self.poll_interval:  # events can come fast: a line per interval
             self._logged_at = time.monotonic()
-            self.log.info("Waiting for %s: %s", self.what, self.describe(status))
+            self.log.info("Waiting for %s: %s", self.what, self.last_seen)
         return None
 
     def _pause(self, status: dict[str, Any] | None) -> float:
@@ -140,11 +140,9 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
             pause = jittered
         else:
             pause = max(jittered, 300.0)  # events tell of every change; this is only a safety look
-            if self.wait.reap and status.get("next_deadline"):
+            if self.condition.reap and status.get("next_deadline"):
                 pause = min(pause, max(0.5, epoch_of(status["next_deadline"]) - time.time() + 0.5))
         if self.timeout_at is not None:
-            from datetime import UTC, datetime
-
             left = (datetime.fromisoformat(self.timeout_at) - datetime.now(UTC)).total_seconds()
             pause = min(pause, max(0.0, left) + 0.1)
         return pause

@@ -86,7 +86,9 @@ class JetStreamBaseSensor(RenamedArguments, BaseSensorOperator):
             self.log.info("%s: not yet, the cluster is electing a leader (%s)", trigger.what, exc)
             return PokeReturnValue(False)
         self._last_seen = trigger.last_seen
-        self.log.info("%s", trigger.last_seen[:1].upper() + trigger.last_seen[1:])
+        line = trigger.look_line(event is not None)
+        if line:
+            self.log.info("%s", line)
         self.checked(context, trigger)
         if event is None:
             return PokeReturnValue(False)

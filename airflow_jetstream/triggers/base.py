@@ -112,6 +112,10 @@ class JetStreamWaitTrigger(RenamedArguments, BaseTrigger):
         """What is waited for, as one line."""
         return self.what
 
+    def look_line(self, done: bool) -> str:
+        """What the last look saw, as the one log line of a poke ("" when the result's own line says it)."""
+        return self.last_seen[:1].upper() + self.last_seen[1:]
+
     def timeout_event(self) -> dict[str, Any]:
         return {"status": "timeout", "description": self.last_seen}
 
@@ -155,6 +159,9 @@ class JetStreamPollingTrigger(JetStreamWaitTrigger):
     def describe(self, status: dict[str, Any]) -> str:
         """The state as one human line."""
         return str(status)
+
+    def look_line(self, done: bool) -> str:
+        return "" if done else f"Not yet: {self.last_seen}"  # done: the sensor logs "Done: ..." with the result
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
         raise NotImplementedError

@@ -213,7 +213,7 @@ class CaptureReader:
         self._listener: TailListener | None = None
 
     async def __aenter__(self) -> CaptureReader:
-        following = follow(self.conn, self.capture_stream, self.subject)
+        following = follow(self.conn, self.capture_stream, self.subject, accept=self._wanted)
         try:
             self._listener = await following.__aenter__()
         except StreamNotFoundError as exc:
@@ -232,6 +232,10 @@ class CaptureReader:
         following, self._following, self._listener = self._following, None, None
         if following is not None:
             await following.__aexit__(None, None, None)
+
+    def _wanted(self, message: StoredMessage) -> bool:
+        advisory = _decoded(message)
+        return advisory is not None and self.filter.matches(advisory)
 
     def _require_open(self) -> TailListener:
         if self._listener is None:
@@ -257,8 +261,15 @@ class CaptureReader:
         return [advisory for advisory in map(_decoded, messages) if advisory is not None]
 
 
+_last_decoded: tuple[StoredMessage | None, Advisory | None] = (None, None)
+
+
 def _decoded(message: StoredMessage) -> Advisory | None:
-    return decode_advisory(message.data, subject=message.subject, capture_seq=message.seq)
+    """The advisory in ``message``; the last one is kept, since every waiter on its subject asks in turn."""
+    global _last_decoded
+    if _last_decoded[0] is not message:
+        _last_decoded = (message, decode_advisory(message.data, subject=message.subject, capture_seq=message.seq))
+    return _last_decoded[1]
 
 
 async def _stored(conn: JetStreamConnection, capture_stream: str, subject: str, last_seq: int, *,

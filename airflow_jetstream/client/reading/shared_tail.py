@@ -32,7 +32,7 @@ import logging
 import random
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,13 +70,15 @@ log = logging.getLogger(__name__)
 
 
 class TailListener:
-    """One waiter's share of a tail: the messages matching ``subject`` with a sequence above ``since``."""
+    """One waiter's share of a tail: the messages matching ``subject`` with a sequence above ``since`` (and, with
+    ``accept``, only those it accepts: checked as they arrive, so a waiter is woken only for what it wants)."""
 
-    __slots__ = ("_error", "_items", "_waiter", "since", "subject", "tail")
+    __slots__ = ("_error", "_items", "_waiter", "accept", "since", "subject", "tail")
 
-    def __init__(self, tail: StreamTail, subject: str) -> None:
+    def __init__(self, tail: StreamTail, subject: str, accept: Callable[[StoredMessage], bool] | None = None) -> None:
         self.tail = tail
         self.subject = subject
+        self.accept = accept
         self.since = tail.delivered
         self._items: list[StoredMessage] = []
         self._waiter: asyncio.Future[None] | None = None
@@ -87,6 +89,12 @@ class TailListener:
             self._waiter.set_result(None)
 
     def push(self, message: StoredMessage) -> None:
+        if self.accept is not None:
+            try:
+                if not self.accept(message):
+                    return
+            except Exception:  # the waiter reads the message itself: its own error is raised there
+                pass
         self._items.append(message)
         self._wake()
 
@@ -198,8 +206,8 @@ class StreamTail:
 
     # ------------------------------------------------------------------------------------------- listeners
 
-    def add(self, subject: str) -> TailListener:
-        listener = TailListener(self, subject)
+    def add(self, subject: str, accept: Callable[[StoredMessage], bool] | None = None) -> TailListener:
+        listener = TailListener(self, subject, accept)
         self.index.add(subject, listener)
         return listener
 
@@ -425,17 +433,21 @@ async def _leave(conn: JetStreamConnection, key: tuple[str, str | None], entry: 
 
 
 @asynccontextmanager
-async def follow(conn: JetStreamConnection, stream: str, subject: str = ">", *,
-                 tail_filter: str | None = None) -> AsyncIterator[TailListener]:
+async def follow(conn: JetStreamConnection, stream: str, subject: str = ">", *, tail_filter: str | None = None,
+                 accept: Callable[[StoredMessage], bool] | None = None) -> AsyncIterator[TailListener]:
     """``async with follow(conn, stream, subject) as listener``: the messages of ``stream`` on ``subject``
     (wildcards allowed) stored after ``listener.since``, through the tail this connection shares for
-    ``stream`` (and ``tail_filter``, the subject its consumer filters on; None: every subject)."""
+    ``stream`` (and ``tail_filter``, the subject its consumer filters on; None: every subject).
+
+    ``accept(message)``, when given, runs as each message arrives (quick and non-blocking: on the event loop,
+    once per waiter on the subject): the listener gets only the messages it returns True for. Many waiters on
+    one subject (advisory sensors on different batches) are then woken only by their own message."""
     validate_name(stream, what="stream name")
     validate_subject(subject, allow_wildcards=True, what="subject")
     if tail_filter is not None:
         validate_subject(tail_filter, allow_wildcards=True, what="tail filter")
     entry = await _join(conn, stream, tail_filter)
-    listener = entry.tail.add(subject)
+    listener = entry.tail.add(subject, accept)
     try:
         yield listener
     finally:

@@ -123,7 +123,7 @@ class JetStreamWaitTrigger(RenamedArguments, BaseTrigger):
         # the event is yielded after the connection is released: a generator closed right after its first
         # event (``airflow dags test`` runs triggers inline that way) has nothing left to clean up
         deadline = None if self.checks_deadline else self.timeout_at
-        yield TriggerEvent(await within(deadline, self._wait(), self.timeout_event))  # type: ignore[no-untyped-call]
+        yield TriggerEvent(await within(deadline, self._wait(), self.timeout_event))
 
     async def _wait(self) -> dict[str, Any]:
         return await retrying(self.log, f"Waiting for {self.goal()}", self._attempt, transient=self.transient)

@@ -91,7 +91,7 @@ def message_payload(msg: Any) -> dict[str, Any]:
     return payload
 
 
-class DeliveredMessage(dict):
+class DeliveredMessage(dict[str, Any]):
     """A message payload (:func:`message_payload`) with its delivery's lease, as the watchers receive it; the
     events they fire carry only the dict."""
 
@@ -146,6 +146,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         self._yielded: set[int] = set()  # handed to the watchers, not advanced yet
 
     async def _check_consumer(self, conn: JetStreamConnection) -> dict[str, Any]:
+        info: dict[str, Any]
         if self.consumer_config is not None:
             info = (await ensure_consumer(conn, self.stream, {**self.consumer_config, "durable_name": self.consumer}))[
                 "info"]
@@ -161,7 +162,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             )
         return info
 
-    async def _open_consumer(self) -> tuple[JetStreamConnection, dict[str, Any]]:
+    async def _open_consumer(self, settings: ConnectionSettings) -> tuple[JetStreamConnection, dict[str, Any]]:
         """Connect and check the consumer; a missing stream/consumer or an unreachable server is waited out
         with the client's retry rule and no time limit (a growing back-off, one log line each), not raised
         (Airflow would restart the watcher every 2 s)."""
@@ -169,7 +170,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         from airflow_jetstream.client.connection_pool import POOL
 
         async def attempt() -> tuple[JetStreamConnection, dict[str, Any]]:
-            self._conn = conn = self._conn or await POOL.acquire(self._settings)
+            self._conn = conn = self._conn or await POOL.acquire(settings)
             return conn, await self._check_consumer(conn)
 
         def why(exc: JetStreamError) -> str | None:
@@ -184,7 +185,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         from airflow_jetstream.client.reading.pull import PullSubscription
 
         self._settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
-        conn, info = await self._open_consumer()
+        conn, info = await self._open_consumer(self._settings)
         ack_wait = float(info["config"].get("ack_wait") or 30_000_000_000) / 1e9
         interval = self.progress_interval or max(ack_wait / 3, 0.05)
         self._pull = PullSubscription(conn, self.stream, self.consumer, batch=self.batch_size,
@@ -334,7 +335,7 @@ class JetStreamMessageTrigger(RenamedArguments, BaseEventTrigger):
         fetch_timeout: float | str | timedelta = 5.0,
         max_unconfirmed: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseEventTrigger is not annotated
         self.stream = validate_name(stream, what="stream name")
         self.consumer = validate_name(consumer, what="consumer name")
         self.nats_conn_id = nats_conn_id

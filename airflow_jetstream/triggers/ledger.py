@@ -46,7 +46,7 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
                  min_batches: int = 1, reap_expired: bool = False, fail_on_failed: bool = True,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        #: The check, shared with the sensor's poke (through :meth:`check`) and ``BatchLedger.wait_all``.
+        #: The check, shared with the sensor's poke (through :meth:`check`).
         self.condition = LedgerWait(run_id=run_id, state=state, bucket=ledger_bucket, min_batches=int(min_batches),
                                     reap=bool(reap_expired), fail_on_failed=bool(fail_on_failed))
 

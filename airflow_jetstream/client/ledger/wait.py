@@ -1,4 +1,5 @@
-"""Waiting for a run: the one check the ledger sensor's poke, its trigger and :meth:`BatchLedger.wait_all` share.
+"""Waiting for a run: the one check the ledger sensor's poke and its trigger share (:meth:`BatchLedger.wait_all`
+applies the same rule, :func:`~airflow_jetstream.client.ledger.summary.run_reached`, with its ledger's clock).
 
 :class:`LedgerWait` holds what is awaited (run, state, at least how many batches, reap or not, fail on dead
 letters or not); :meth:`LedgerWait.check` looks once (the run's counts: one request, whatever its size) and

@@ -45,7 +45,7 @@ up: install
 # (or a group of modules sharing a session fixture) runs whole on one worker, the longest first (tests/conftest.py).
 # PYTEST_WORKERS=0 runs it in this process. PYTEST_ARGS adds options, e.g. PYTEST_ARGS="-k kv".
 PYTEST_WORKERS ?= 2
-PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadgroup)
+PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS))
 
 test: install $(NODE_STAMP)
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench

@@ -223,11 +223,11 @@ def _module(item: pytest.Item, root: Path) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the end-to-end tier (``-m e2e``; ``-m "not e2e"`` is the fast unit and real-server tier), order the
-    modules by their measured time (tests/durations.json) and, under pytest-xdist, keep each module on one worker.
+    modules by their measured time (tests/durations.json).
 
     A module runs whole, its tests in file order. Run serially, the cheapest modules go first (a failure shows
-    early; `make test-fast -x`). Under xdist (``--dist loadgroup``, a module or an XDIST_GROUPS group per work
-    unit, handed out in this order) the end-to-end tier's longest modules go first, so both workers end together.
+    early; `make test-fast -x`). Under xdist (a module or an XDIST_GROUPS group per work unit, handed out in this
+    order: pytest_xdist_make_scheduler) the end-to-end tier's longest modules go first, so the workers end together.
     """
     modules: dict[str, list[pytest.Item]] = {}
     e2e: set[str] = set()
@@ -250,7 +250,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return (1 if module in e2e else 0, seconds)
 
     items[:] = [item for module in sorted(modules, key=cost) for item in modules[module]]
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            module = _module(item, config.rootpath)
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(module, module)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under pytest-xdist (``-n N``), a work unit is a module or an XDIST_GROUPS group, handed out in collection
+    order (pytest-xdist's own ``loadgroup`` marks do not reach its scheduler with pytest 9's node ids)."""
+    if config.getvalue("dist") not in ("load", "loadscope", "loadfile", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return XDIST_GROUPS.get(module, module)
+
+    return ModuleScheduling(config, log)

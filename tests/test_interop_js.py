@@ -269,7 +269,7 @@ def test_every_column_type_round_trips_writer_to_reader_and_nats_js_to_reader(se
         return (spark.read.format("jetstream").schema(schema)
                 .options(servers=server.url, stream="ROWS", decode="json", **options).load().collect())
 
-    rows = read(f"subject string, headers map<string,array<string>>, {SCHEMA_DDL}", subjects="rows.py,rows.js")
+    rows = read(f"subject string, headers map<string,array<string>>, {SCHEMA_DDL}", filter_subjects="rows.py,rows.js")
     data = {name: [] for name in ("rows.py", "rows.js")}
     for row in rows:
         values = as_python(row)
@@ -281,7 +281,7 @@ def test_every_column_type_round_trips_writer_to_reader_and_nats_js_to_reader(se
     assert from_js == {**ROW, "l": 2**53 - 1, "headers": {"X-Multi": ["a", "b"]}}
 
     with pytest.raises(Exception, match="column 'l'") as failed:  # 1.7 is not a long: never truncated to 1
-        read("l long", subjects="rows.bad")
+        read("l long", filter_subjects="rows.bad")
     assert "invalid_json" in str(failed.value) or "message" in str(failed.value)
-    permissive = read("l long, _corrupt_record string", subjects="rows.bad", json_mode="permissive")
+    permissive = read("l long, _corrupt_record string", filter_subjects="rows.bad", json_mode="permissive")
     assert [(r["l"], r["_corrupt_record"]) for r in permissive] == [(None, '{"l":1.7}')]

@@ -24,7 +24,7 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "description": "Authentication token (instead of login/password).",
         "schema": {"type": ["string", "null"], "format": "password"},
     },
-    "nkey_seed": {
+    "nkey_seed_secret": {
         "label": "NKey seed",
         "description": "User nkey seed (starts with 'SU'); kept secret.",
         "schema": {"type": ["string", "null"], "format": "password"},

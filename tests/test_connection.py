@@ -61,11 +61,11 @@ def test_token(token_server):
 
 def test_nkey(nkey_server, nkey_user):
     seed, _public = nkey_user
-    assert _account(ConnectionSettings(servers=nkey_server.url, nkey_seed=seed))["streams"] == 0
+    assert _account(ConnectionSettings(servers=nkey_server.url, nkey_seed_secret=seed))["streams"] == 0
     from tests.support.nkeys_util import new_user_nkey
 
     other_seed, _ = new_user_nkey()
-    err = _connect_error(ConnectionSettings(servers=nkey_server.url, nkey_seed=other_seed))
+    err = _connect_error(ConnectionSettings(servers=nkey_server.url, nkey_seed_secret=other_seed))
     assert isinstance(err, AuthenticationError)
     assert other_seed not in str(err)
 
@@ -165,7 +165,7 @@ def test_malformed_settings_are_rejected(kwargs, fragment):
 
 
 def test_repr_hides_secrets():
-    settings = ConnectionSettings(user="u", password="pw-secret", nkey_seed="SUSEEDSECRET")
+    settings = ConnectionSettings(user="u", password="pw-secret", nkey_seed_secret="SUSEEDSECRET")
     text = repr(settings) + str(settings)
     assert "pw-secret" not in text and "SUSEEDSECRET" not in text
     assert "password='***'" in text

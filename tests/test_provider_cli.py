@@ -31,7 +31,7 @@ def test_provider_is_listed_with_hook_and_form_fields(airflow_env):
 
     widgets = run_airflow(["providers", "widgets", "-o", "json"], airflow_env)
     names = {w["connection_parameter_name"] for w in json.loads(widgets.stdout)}
-    assert {"extra__nats__token", "extra__nats__nkey_seed", "extra__nats__tls_ca_file"} <= names
+    assert {"extra__nats__token", "extra__nats__nkey_seed_secret", "extra__nats__tls_ca_file"} <= names
 
 
 def test_connections_test_live_and_dead(airflow_env, nats_server_factory):

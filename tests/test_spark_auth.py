@@ -63,7 +63,7 @@ def auth_settings(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> 
         return ConnectionSettings(servers=request.getfixturevalue("token_server").url, token=AUTH_TOKEN)
     if kind == "nkey":
         server = request.getfixturevalue("nkey_server")
-        return ConnectionSettings(servers=server.url, nkey_seed=request.getfixturevalue("nkey_user")[0])
+        return ConnectionSettings(servers=server.url, nkey_seed_secret=request.getfixturevalue("nkey_user")[0])
     if kind == "creds":
         from tests.support.jwt_auth import make_decentralized_auth
 

@@ -39,11 +39,12 @@ class _Conn:
 
 
 def test_conf_round_trip_and_secret_keys_match_sparks_redaction(tls_files) -> None:
-    settings = ConnectionSettings(servers="n1:4222,tls://n2:4223", nkey_seed="SUAEXAMPLE",
+    settings = ConnectionSettings(servers="n1:4222,tls://n2:4223", nkey_seed_secret="SUAEXAMPLE",
                                   tls_ca_file=str(tls_files.ca), tls_verify=False, domain="hub", request_timeout=7.5)
     conf = settings_to_conf(settings)
     assert conf["spark.jetstream.servers"] == "nats://n1:4222,tls://n2:4223"
-    assert conf["spark.jetstream.secret.nkey_seed"] == "SUAEXAMPLE" and conf["spark.jetstream.tls_verify"] == "false"
+    assert conf["spark.jetstream.secret.nkey_seed_secret"] == "SUAEXAMPLE"
+    assert conf["spark.jetstream.tls_verify"] == "false"
     assert all(SPARK_REDACTION.search(conf_key(name)) for name in SECRET_FIELDS)
     assert not [k for k in conf if SPARK_REDACTION.search(k) and not k.startswith("spark.jetstream.secret.")]
     assert settings_from_fields(fields_from_conf(conf.items())) == settings
@@ -86,7 +87,7 @@ def test_one_boolean_rule_for_the_connection_and_the_data_source(word, value) ->
 
 def test_connection_form_fields_come_from_the_field_table() -> None:
     assert CONN_FIELDS["token"]["schema"]["format"] == "password"
-    assert CONN_FIELDS["nkey_seed"]["schema"]["format"] == "password"
+    assert CONN_FIELDS["nkey_seed_secret"]["schema"]["format"] == "password"
     assert CONN_FIELDS["tls_verify"]["schema"] == {"type": ["boolean", "null"], "default": True}
     assert CONN_FIELDS["connect_timeout"]["schema"]["type"] == ["number", "null"]
 

@@ -14,7 +14,7 @@ from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError
 
 DEFAULT_PORT = 4222
-SECRET_FIELDS = ("password", "token", "nkey_seed")
+SECRET_FIELDS = ("password", "token", "nkey_seed_secret")
 _SCHEMES = ("nats", "tls", "ws", "wss")
 
 
@@ -63,7 +63,7 @@ class ConnectionSettings:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     token: str | None = field(default=None, repr=False)
-    nkey_seed: str | None = field(default=None, repr=False)
+    nkey_seed_secret: str | None = field(default=None, repr=False)
     creds_file: str | None = None
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
@@ -165,8 +165,8 @@ class ConnectionSettings:
             options["password"] = self.password or ""
         if self.token:
             options["token"] = self.token
-        if self.nkey_seed:
-            options["nkeys_seed_str"] = self.nkey_seed
+        if self.nkey_seed_secret:
+            options["nkeys_seed_str"] = self.nkey_seed_secret
         if self.creds_file:
             options["user_credentials"] = self.creds_file
         tls = self.ssl_context()
@@ -178,7 +178,7 @@ class ConnectionSettings:
 
     def secrets(self) -> list[str]:
         """Secret values to mask in logs (credentials file contents included)."""
-        values = [v for v in (self.password, self.token, self.nkey_seed) if v]
+        values = [v for v in (self.password, self.token, self.nkey_seed_secret) if v]
         if self.creds_file:
             with open(self.creds_file, encoding="utf-8") as fh:
                 values.extend(creds_file_secrets(fh.read()))
@@ -203,7 +203,13 @@ def creds_file_secrets(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One connection field beyond servers/user/password: its type and how a form shows it."""
+    """One connection field beyond servers/user/password: its type and how a form shows it.
+
+    A ``secret`` field's name contains a word that Airflow's secret masker hides by default (``secret``,
+    ``token``, ``password``, ...: it masks connection extras by key name in its connections API, the edit
+    form and logs) and that Spark's default ``spark.redaction.regex`` redacts (``secret``, ``token``,
+    ``password``), so neither shows the value without any configuration; a test holds every secret name to it.
+    """
 
     kind: type
     label: str
@@ -214,7 +220,7 @@ class FieldSpec:
 #: The connection's extra fields: parsed by :func:`settings_from_fields`, shown by the Airflow form.
 CONNECTION_FIELDS: dict[str, FieldSpec] = {
     "token": FieldSpec(str, "Token", "Authentication token (instead of login/password).", secret=True),
-    "nkey_seed": FieldSpec(str, "NKey seed", "User nkey seed (starts with 'SU'); kept secret.", secret=True),
+    "nkey_seed_secret": FieldSpec(str, "NKey seed", "User nkey seed (starts with 'SU'); kept secret.", secret=True),
     "creds_file": FieldSpec(str, "Credentials file", "Path to a .creds file (JWT + nkey seed) on the worker."),
     "tls_ca_file": FieldSpec(str, "TLS CA file", "Path to the CA bundle that signed the server certificate."),
     "tls_cert_file": FieldSpec(str, "TLS client certificate", "Path to the client certificate (mutual TLS)."),
@@ -249,6 +255,23 @@ def form_fields() -> dict[str, dict[str, Any]]:
 
 #: Every field :func:`settings_from_fields` accepts.
 SETTINGS_FIELDS = ("servers", "user", "password", *CONNECTION_FIELDS)
+#: Names of fields before a rename: refused with the new name (0.1.0 is the first release, nothing to translate).
+RENAMED_FIELDS = {"nkey_seed": "nkey_seed_secret"}
+
+
+def unknown_fields_error(unknown: list[str], known: tuple[str, ...] | list[str], what: str, *,
+                         where: str = "") -> InvalidSettingsError:
+    """The error for ``what`` names nobody knows (``where`` prefixes it); a renamed field's old name gets its new
+    name and why."""
+    renamed = [name for name in unknown if name in RENAMED_FIELDS]
+    if renamed:
+        return InvalidSettingsError(
+            f"{where}{what} {', '.join(repr(n) for n in renamed)} is now "
+            f"{', '.join(repr(RENAMED_FIELDS[n]) for n in renamed)} (a name Airflow's connections API, its "
+            "connection form and logs mask, as Spark's UI does): rename the key")
+    return InvalidSettingsError(f"{where}unknown {what}(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+
+
 TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
 FALSE_WORDS = frozenset({"false", "0", "no", "off"})
 
@@ -287,8 +310,7 @@ def settings_from_fields(values: Mapping[str, Any], *, default_port: int = DEFAU
     """
     unknown = sorted(k for k in values if k not in SETTINGS_FIELDS)
     if unknown:
-        raise InvalidSettingsError(
-            f"unknown {what}(s) {', '.join(unknown)}; known: {', '.join(sorted(SETTINGS_FIELDS))}")
+        raise unknown_fields_error(unknown, SETTINGS_FIELDS, what)
     parsed = {k: _field_value(k, v, what) for k, v in values.items() if v is not None and v != "" and k != "servers"}
     servers = values.get("servers")
     if servers:

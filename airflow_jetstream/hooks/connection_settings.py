@@ -16,6 +16,7 @@ from airflow_jetstream.client.settings import (
     DEFAULT_PORT,
     ConnectionSettings,
     settings_from_fields,
+    unknown_fields_error,
 )
 
 #: The Airflow connection type this provider's hook serves.
@@ -64,10 +65,8 @@ def connection_fields(conn: Any) -> dict[str, Any]:
         raise InvalidSettingsError(f"connection {conn.conn_id!r}: 'extra' must be a JSON object")
     unknown = sorted(k for k in extra if k not in CONNECTION_FIELDS)
     if unknown:
-        raise InvalidSettingsError(
-            f"connection {conn.conn_id!r}: unknown extra field(s) {', '.join(unknown)}; "
-            f"known: {', '.join(sorted(CONNECTION_FIELDS))}"
-        )
+        raise unknown_fields_error(unknown, list(CONNECTION_FIELDS), "extra field",
+                                   where=f"connection {conn.conn_id!r}: ")
     host = conn.host or "127.0.0.1"
     if conn.schema and "://" not in host and conn.schema in ("nats", "tls"):
         host = ",".join(f"{conn.schema}://{h.strip()}" for h in host.split(","))

@@ -144,7 +144,7 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
 
 def _auth_kind(settings: ConnectionSettings) -> str:
     kinds = [name for name, on in (("user/password", settings.user), ("token", settings.token),
-                                   ("nkey", settings.nkey_seed), ("creds", settings.creds_file),
+                                   ("nkey", settings.nkey_seed_secret), ("creds", settings.creds_file),
                                    ("tls client cert", settings.tls_cert_file)) if on]
     return "+".join(kinds) or "none"
 

@@ -23,7 +23,7 @@ SECRET_CONF_PREFIX = "spark.jetstream.secret."
 #: Keys the submitting operator sets for the job itself (airflow_jetstream/spark/failure.py).
 JOB_CONF_PREFIX = "spark.jetstream.job."
 #: Fields that pick the authentication: options naming any of them replace all of the conf's.
-AUTH_FIELDS = ("user", "password", "token", "nkey_seed", "creds_file")
+AUTH_FIELDS = ("user", "password", "token", "nkey_seed_secret", "creds_file")
 Source = TypeVar("Source", bound=type)
 
 

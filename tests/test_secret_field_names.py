@@ -1,0 +1,62 @@
+"""The ``nats`` connection's secret fields carry names Airflow masks without configuration (and Spark's UI too).
+
+Airflow hides a connection extra by its key name only (``[core] sensitive_var_conn_names`` added to its
+defaults: password, secret, token, ...): in ``/api/v2/connections``, the edit form and logs. The NKey seed
+used to be ``nkey_seed``, which Airflow showed in plain text; it is ``nkey_seed_secret`` now, and the old name
+is refused with the new one (tests/test_airflow_first_contact.py checks a real api-server and the CLI).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from airflow_jetstream.client.errors import InvalidSettingsError
+from airflow_jetstream.client.settings import CONNECTION_FIELDS, SECRET_FIELDS, ConnectionSettings, settings_from_fields
+from airflow_jetstream.get_provider_info import CONN_FIELDS
+from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+#: Spark's default ``spark.redaction.regex`` (Spark UI, event log, ``--verbose``).
+SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key"
+SECRETS = [name for name, spec in CONNECTION_FIELDS.items() if spec.secret]
+
+
+def test_the_secret_fields_are_the_ones_the_settings_hide() -> None:
+    assert set(SECRETS) | {"password"} == set(SECRET_FIELDS)
+    assert all(CONN_FIELDS[name]["schema"].get("format") == "password" for name in SECRETS)
+
+
+@pytest.mark.parametrize("name", SECRETS)
+def test_airflow_masks_each_secret_field_by_its_name(name: str) -> None:
+    from airflow._shared.secrets_masker import redact, should_hide_value_for_key
+
+    assert should_hide_value_for_key(name), f"Airflow shows {name!r} in its connections API and form"
+    assert redact({name: "SUAVALUE1234", "client_name": "etl"}) == {name: "***", "client_name": "etl"}
+
+
+@pytest.mark.parametrize("name", SECRETS)
+def test_spark_redacts_each_secret_field_by_its_name(name: str) -> None:
+    assert re.search(SPARK_REDACTION_REGEX, name)
+
+
+def test_the_old_nkey_field_name_is_refused_with_the_new_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(InvalidSettingsError, match="'nkey_seed' is now 'nkey_seed_secret'"):
+        settings_from_fields({"servers": "h", "nkey_seed": "SUAVALUE"}, what="jetstream option")
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_OLD_SEED", json.dumps(
+        {"conn_type": "nats", "host": "h", "extra": {"nkey_seed": "SUAOLDSEEDVALUE"}}))
+    with pytest.raises(InvalidSettingsError) as raised:
+        JetStreamHook("nats_old_seed").get_settings()
+    message = str(raised.value)
+    assert "connection 'nats_old_seed'" in message and "'nkey_seed' is now 'nkey_seed_secret'" in message
+    assert "rename the key" in message and "SUAOLDSEEDVALUE" not in message
+
+
+def test_the_new_name_reaches_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_SEED", json.dumps(
+        {"conn_type": "nats", "host": "h", "extra": {"nkey_seed_secret": "SUANEWSEEDVALUE"}}))
+    settings = JetStreamHook("nats_seed").get_settings()
+    assert settings == ConnectionSettings(servers="h", nkey_seed_secret="SUANEWSEEDVALUE")
+    assert settings.connect_options()["nkeys_seed_str"] == "SUANEWSEEDVALUE"
+    assert "SUANEWSEEDVALUE" not in repr(settings)

@@ -2,9 +2,14 @@
 Trigger.AvailableNow reads the orders that arrived in the hour and writes the large ones to
 ``ORDERS_LARGE`` with the exactly-once sink, then stops until the next run.
 
+The schedule is a ``CronDataIntervalTimetable``: each run's data interval is the hour before it starts
+(10:00 to 11:00 for the run at 11:00), as the UI shows it. A cron string alone would get Airflow 3's
+default ``CronTriggerTimetable``, whose runs have an interval of length 0 (start == end).
+
 Each run reads exactly what was stored before its interval's end and after the previous run's
 (its checkpoint starts as a copy of the previous run's, ``end_time`` stops it at the interval's
-end); clearing a run and running it again stores nothing twice (docs/streaming.md explains why).
+end); a run after hours without a run (Airflow stopped; ``catchup=False``) reads those hours too;
+clearing a run and running it again stores nothing twice (docs/streaming.md explains why).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import os
 
 import pendulum
-from airflow.sdk import DAG
+from airflow.sdk import DAG, CronDataIntervalTimetable
 from orders_pipeline_common import (
     AGG_STREAM,
     AGG_STREAM_CONFIG,
@@ -34,7 +39,7 @@ with DAG(
     dag_id="jetstream_orders_incremental",
     description="Hourly incremental streaming step: large orders from ORDERS_AGG to ORDERS_LARGE, exactly once",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    schedule="@hourly",
+    schedule=CronDataIntervalTimetable("@hourly", timezone="UTC"),
     catchup=False,
     max_active_runs=1,
     # a run starts from the previous run's checkpoint: the intervals run in order
@@ -55,7 +60,7 @@ with DAG(
         ship_package=True,
         application_args=[
             "--from-stream", AGG_STREAM, "--to-stream", LARGE_STREAM, "--checkpoints", CHECKPOINTS,
-            "--interval-start", "{{ data_interval_start | ts }}", "--interval-end", "{{ data_interval_end | ts }}",
+            "--interval-end", "{{ data_interval_end | ts }}",
         ],
         conf=SPARK_CONF,
         conn_id="spark_default",

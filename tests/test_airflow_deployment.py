@@ -23,9 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -36,8 +36,10 @@ from airflow_jetstream.client import ConnectionSettings, open_connection
 from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.errors import ConsumerNotFoundError
 from airflow_jetstream.embedded import EmbeddedNatsServer
+from airflow_jetstream.embedded.server import free_port
 from tests.infra.airflow_local import LocalAirflow
 from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError
+from tests.support.airflow_api import Api
 from tests.support.airflow_ui import log_in
 from tests.support.chromium import CHROMIUM, install_chromium
 from tests.support.nats_calls import call_on_server
@@ -78,27 +80,6 @@ def query(airflow: LocalAirflow, sql: str, *args: Any) -> list[tuple]:
     """Read Airflow's metadata database (sqlite) as the components write it."""
     with sqlite3.connect(f"file:{airflow.home / 'airflow.db'}?mode=ro", uri=True, timeout=30) as db:
         return db.execute(sql, args).fetchall()
-
-
-class Api:
-    """Airflow's REST API with a token for the simple auth manager's admin user."""
-
-    def __init__(self, airflow: LocalAirflow) -> None:
-        self.url = airflow.url
-        token = self._call("POST", "/auth/token", {"username": airflow.user, "password": airflow.password})
-        self.token = token["access_token"]
-
-    def _call(self, method: str, path: str, body: dict | None = None, token: str | None = None) -> dict:
-        headers = {"Content-Type": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        request = urllib.request.Request(self.url + path, method=method, headers=headers,
-                                         data=json.dumps(body).encode() if body is not None else None)
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            return json.load(resp)
-
-    def call(self, method: str, path: str, body: dict | None = None) -> dict:
-        return self._call(method, path, body, self.token)
 
 
 def wait_dag_parsed(airflow: LocalAirflow, dag_id: str) -> None:
@@ -333,10 +314,13 @@ def _processes_of(home: Path) -> list[int]:
     return pids
 
 
-def _start_up(up_home: Path, password: str) -> tuple[subprocess.Popen[str], list[str]]:
-    """Run what `make up` runs until it printed the login; returns the process and its output so far."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__"))}
-    env.update(UP_HOME=str(up_home), AIRFLOW_UP_PASSWORD=password)
+def _start_up(up_home: Path, **settings: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """Run what `make up` runs (with ``settings`` such as UP_PORT in its environment) until it printed the login;
+    returns the process and its output so far."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__")) and k not in ("AIRFLOW_UP_PASSWORD", "UP_PORT",
+                                                                               "UP_NATS_PORT")}
+    env.update(UP_HOME=str(up_home), **settings)
     proc = subprocess.Popen([sys.executable, "-m", "tests.infra.airflow_local"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return proc, _read_until(proc, "Ctrl-C stops everything")
@@ -367,29 +351,48 @@ def _component_pid(home: Path, command: str) -> int | None:
     return None
 
 
-def test_make_up_on_postgres_restarts_a_crashed_component_and_runs_again(tmp_path: Path) -> None:
+def _jetstream_asset_servers(api: Api) -> set[str]:
+    """The ``host:port`` of every ``jetstream://`` asset Airflow knows, the ones no DAG declares any more too."""
+    assets = api.call("GET", "/api/v2/assets?uri_prefix_pattern=jetstream://&only_active=false&limit=100")["assets"]
+    return {asset["uri"].split("://", 1)[1].split("/", 1)[0] for asset in assets}
+
+
+def _parsed_since(api: Api, dag_id: str, since: datetime) -> bool:
+    parsed = api.call("GET", f"/api/v2/dags/{dag_id}")["last_parsed_time"]
+    return parsed is not None and datetime.fromisoformat(parsed) > since
+
+
+def test_make_up_on_postgres_restarts_a_crashed_component_and_is_the_same_deployment_next_time(tmp_path: Path) -> None:
     """What `make up` runs: PostgreSQL said at start, the UI address and login printed, a killed scheduler
-    restarted (and said so), Ctrl-C stops every process; a second run on the same directory takes the new
-    password and points nats_default at the new nats-server."""
+    restarted (and said so), Ctrl-C stops every process; a second run on the same directory is the same
+    deployment: the login printed the first time works, the UI and nats-server keep their ports, and the
+    example DAGs' assets keep one identity (a new nats-server port used to give each a second one)."""
     up_home = Path(tempfile.mkdtemp(prefix="make-up-"))  # under /tmp: the postgres user must reach the cluster
     up_home.chmod(0o711)
     home = up_home / "airflow"
     proc = None
     try:
-        proc, lines = _start_up(up_home, "up-pa55word")
+        # this box's 8080/4222 may be anyone's: the first run is given free ports, the second one is given none
+        ui_port, nats_port = free_port(), free_port()
+        proc, lines = _start_up(up_home, UP_PORT=str(ui_port), UP_NATS_PORT=str(nats_port))
         text = "".join(lines)
         assert re.search(r"metadata database: PostgreSQL \d+ on 127\.0\.0\.1:\d+", text), text
-        url = re.search(r"Airflow UI: (http://127\.0\.0\.1:\d+)", text).group(1)
-        assert "login: admin / up-pa55word" in text
+        assert f"Airflow UI: http://127.0.0.1:{ui_port}" in text and f"at nats://127.0.0.1:{nats_port}" in text
+        password = re.search(r"login: admin / (\S+)", text).group(1)  # made up, as no AIRFLOW_UP_PASSWORD is set
+        stored = home / "passwords.json"
+        assert stored.stat().st_mode & 0o777 == 0o600 and json.loads(stored.read_text()) == {"admin": password}
         components = _processes_of(home)
         assert len(components) >= 4, components
 
-        api = Api(SimpleNamespace(url=url, user="admin", password="up-pa55word"))
+        api = Api(SimpleNamespace(url=f"http://127.0.0.1:{ui_port}", user="admin", password=password))
         conns = {c["connection_id"]: c for c in api.call("GET", "/api/v2/connections")["connections"]}
         assert conns["nats_default"]["conn_type"] == "nats" and conns["spark_default"]["host"] == "local[2]"
         nats_default = {k: conns["nats_default"][k] for k in ("connection_id", "conn_type", "host", "port")}
         tested = api.call("POST", "/api/v2/connections/test", nats_default)
         assert tested["status"] is True and "JetStream enabled" in tested["message"], tested  # Test button on
+        wait_until(lambda: _jetstream_asset_servers(api), "the dag-processor to record the examples' assets",
+                   timeout=240, every=1)
+        assert _jetstream_asset_servers(api) == {f"127.0.0.1:{nats_port}"}
 
         scheduler = _component_pid(home, "scheduler")
         assert scheduler is not None
@@ -402,13 +405,18 @@ def test_make_up_on_postgres_restarts_a_crashed_component_and_runs_again(tmp_pat
         assert "stopped" in _ctrl_c(proc)
         assert _processes_of(home) == [], "every component stopped"
 
-        proc, lines = _start_up(up_home, "second-pa55word")  # the same clone, a second `make up`
+        second_start = datetime.now(UTC)
+        proc, lines = _start_up(up_home)  # the same clone, a second `make up`, nothing set
         text = "".join(lines)
-        url = re.search(r"Airflow UI: (http://127\.0\.0\.1:\d+)", text).group(1)
-        nats_port = int(re.search(r"nats-server \(JetStream\) at nats://127\.0\.0\.1:(\d+)", text).group(1))
-        api = Api(SimpleNamespace(url=url, user="admin", password="second-pa55word"))  # 401 before the fix
+        assert f"Airflow UI: http://127.0.0.1:{ui_port}" in text, "the UI keeps its port"
+        assert f"nats-server (JetStream) at nats://127.0.0.1:{nats_port}" in text, "so does the nats-server"
+        assert f"login: admin / {password}" in text
+        api = Api(SimpleNamespace(url=f"http://127.0.0.1:{ui_port}", user="admin", password=password))
         conns = {c["connection_id"]: c for c in api.call("GET", "/api/v2/connections")["connections"]}
         assert conns["nats_default"]["port"] == nats_port, "nats_default points at this run's nats-server"
+        wait_until(lambda: _parsed_since(api, "jetstream_orders_pipeline", second_start),
+                   "the dag-processor to parse the examples again", timeout=240, every=1)
+        assert _jetstream_asset_servers(api) == {f"127.0.0.1:{nats_port}"}, "one identity per stream"
         assert "stopped" in _ctrl_c(proc)
         assert _processes_of(home) == []
     finally:

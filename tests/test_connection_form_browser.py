@@ -3,7 +3,9 @@
 Against ``airflow api-server`` on loopback (simple auth manager, everyone admin, sqlite in a temp
 AIRFLOW_HOME), adds a "NATS JetStream" connection through the form, checks our labels, help texts
 and masked secrets, saves it, and presses the Test button against a live nats-server (which requires
-the token typed into the form) and against a dead port. Saves docs/img/connection-form.png.
+the token typed into the form) and against a dead port. Saves docs/img/connection-form.png. An NKey seed
+typed into the form is never shown again: not by the edit form, nor by the API it reads; saving the edit
+form untouched keeps the seed (the Test button still gets in).
 
 The api-server and Chromium are shared with the other browser tests (tests/support/airflow_ui.py).
 """
@@ -20,6 +22,7 @@ from playwright.sync_api import expect
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.get_provider_info import CONN_FIELDS
 from tests.support.airflow_ui import AirflowUI, free_port
+from tests.support.nkeys_util import new_user_nkey
 
 pytestmark = pytest.mark.browser
 
@@ -34,6 +37,16 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedN
         store_dir=tmp_path_factory.mktemp("nats-form"), config={"authorization": {"token": TOKEN}}
     ).start()
     yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def nkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedNatsServer, str]]:
+    seed, public = new_user_nkey()
+    server = EmbeddedNatsServer(
+        store_dir=tmp_path_factory.mktemp("nats-form-nkey"), config={"authorization": {"users": [{"nkey": public}]}}
+    ).start()
+    yield server, seed
     server.close()
 
 
@@ -126,3 +139,38 @@ def test_connection_test_reports_a_dead_server(page, airflow_ui: AirflowUI) -> N
     toast = page.get_by_text(f"127.0.0.1:{dead_port}").first
     toast.wait_for()
     assert "reason:" in toast.inner_text()
+
+
+def test_an_nkey_seed_typed_into_the_form_is_never_shown_again(
+        page, airflow_ui: AirflowUI, nkey_server: tuple[EmbeddedNatsServer, str]) -> None:
+    server, seed = nkey_server
+    host, port = server.url.split("://", 1)[1].rsplit(":", 1)
+    _open_add_form(page, airflow_ui, "nats_seed")
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_label("Servers").fill(host)
+    dialog.get_by_label("Port").fill(port)
+    dialog.get_by_role("button", name="Extra Fields", exact=True).click()
+    seed_field = dialog.locator("[name=element_nkey_seed_secret]")
+    expect(seed_field).to_have_attribute("type", "password")
+    seed_field.fill(seed)
+    dialog.locator("[name=element_connect_timeout]").fill("2")
+    _save(page, "nats_seed")
+
+    stored = page.request.get(f"{airflow_ui.url}/api/v2/connections/nats_seed")
+    listed = page.request.get(f"{airflow_ui.url}/api/v2/connections?limit=100")
+    assert seed not in stored.text() and seed not in listed.text()
+    assert json.loads(stored.json()["extra"])["nkey_seed_secret"] == "***"
+
+    # the edit form shows the field masked and holds no seed; saved untouched, the seed is kept
+    row = page.get_by_role("row").filter(has_text="nats_seed")
+    row.get_by_role("button", name="Edit Connection").click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_role("button", name="Extra Fields", exact=True).click()
+    expect(dialog.locator("[name=element_nkey_seed_secret]")).to_have_attribute("type", "password")
+    assert seed not in page.content()
+    dialog.get_by_role("button", name="Save").click()
+    page.get_by_text("Connection has been successfully updated").wait_for()
+    expect(page.locator("[name^=element_]")).to_have_count(0)
+    result = _press_test(page, "nats_seed")
+    assert result["status"] is True, result  # the server admits only this seed's user
+    assert seed not in page.content()

@@ -1,12 +1,17 @@
-"""``make up`` finds its DAGs and home in the checkout it runs in, not under site-packages."""
+"""``make up`` finds its DAGs and home in the checkout it runs in, not under site-packages, and keeps its ports
+from one run to the next (tests/test_airflow_deployment.py starts it twice)."""
 
 from __future__ import annotations
 
+import json
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.infra.airflow_local import up_folders
+from airflow_jetstream.embedded.server import free_port
+from tests.infra.airflow_local import UP_PORTS, up_folders, up_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,3 +39,53 @@ def test_a_missing_dags_folder_says_what_to_set(tmp_path: Path, monkeypatch: pyt
     (tmp_path / "mine").mkdir()
     monkeypatch.setenv("UP_DAGS_FOLDER", str(tmp_path / "mine"))
     assert up_folders() == (tmp_path / "home", tmp_path / "mine")
+
+
+@pytest.fixture
+def held_port() -> Iterator[tuple[int, socket.socket]]:
+    """A port on 127.0.0.1 something else listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1], sock
+
+
+def test_a_port_is_kept_across_runs_and_a_taken_one_is_replaced_for_one_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first_choice = free_port()
+    monkeypatch.setitem(UP_PORTS, "nats-server", ("UP_NATS_PORT", first_choice, "nats-server"))
+    monkeypatch.delenv("UP_NATS_PORT", raising=False)
+    assert up_port(tmp_path, "nats-server") == (first_choice, None)
+    assert json.loads((tmp_path / "ports.json").read_text()) == {"nats-server": first_choice}
+    assert up_port(tmp_path, "nats-server") == (first_choice, None)
+
+    with socket.socket() as sock:  # someone else took it meanwhile
+        sock.bind(("127.0.0.1", first_choice))
+        sock.listen()
+        port, line = up_port(tmp_path, "nats-server")
+    assert port != first_choice
+    assert f"port {first_choice} of nats-server (the last run's) is taken: using {port} for this run only" in line
+    assert "a second identity" in line, "it says what the stand-in port does to asset URIs"
+    assert json.loads((tmp_path / "ports.json").read_text()) == {"nats-server": first_choice}
+    assert up_port(tmp_path, "nats-server") == (first_choice, None), "back once it is free"
+
+
+def test_a_taken_first_choice_is_replaced_for_good(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    held_port: tuple[int, socket.socket]) -> None:
+    monkeypatch.setitem(UP_PORTS, "api-server", ("UP_PORT", held_port[0], "the Airflow UI"))
+    monkeypatch.delenv("UP_PORT", raising=False)
+    port, line = up_port(tmp_path, "api-server")
+    assert line == f"port {held_port[0]} for the Airflow UI is taken: using {port} (kept for the next runs)"
+    assert up_port(tmp_path, "api-server") == (port, None)
+
+
+def test_a_chosen_port_is_kept_and_a_taken_one_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        held_port: tuple[int, socket.socket]) -> None:
+    chosen = free_port()
+    monkeypatch.setenv("UP_PORT", str(chosen))
+    assert up_port(tmp_path, "api-server") == (chosen, None)
+    monkeypatch.delenv("UP_PORT")
+    assert up_port(tmp_path, "api-server") == (chosen, None)
+    monkeypatch.setenv("UP_PORT", str(held_port[0]))
+    with pytest.raises(SystemExit, match=f"UP_PORT={held_port[0]}: that port is taken"):
+        up_port(tmp_path, "api-server")

@@ -30,13 +30,15 @@ from types import TracebackType
 from typing import Any
 
 from airflow_jetstream.embedded.server import free_port
-from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError
+from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError, port_free
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 #: A component that exits this many times within CRASH_LOOP_WINDOW seconds is not restarted again.
 CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW = 5, 300.0
 SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+#: ``make up``'s ports: the variable that sets one, the first choice (Airflow's and NATS's usual ones), what it is.
+UP_PORTS = {"api-server": ("UP_PORT", 8080, "the Airflow UI"), "nats-server": ("UP_NATS_PORT", 4222, "nats-server")}
 
 
 def component_hostname() -> str:
@@ -49,13 +51,14 @@ class LocalAirflowError(RuntimeError):
     """A component of the local deployment did not start or exited; the message holds its log tail."""
 
 
-def nats_connection(url: str) -> dict[str, Any]:
+def nats_connection(url: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``nats_default`` connection for a ``nats://host:port`` (or comma-separated) server URL."""
     hosts = [part.split("://", 1)[-1] for part in url.split(",")]
+    conn: dict[str, Any] = {"conn_type": "nats", "host": ",".join(hosts)}
     if len(hosts) == 1:
         host, port = hosts[0].rsplit(":", 1)
-        return {"conn_type": "nats", "host": host, "port": int(port)}
-    return {"conn_type": "nats", "host": ",".join(hosts)}
+        conn.update(host=host, port=int(port))
+    return {**conn, "extra": extra} if extra else conn
 
 
 class LocalAirflow:
@@ -66,9 +69,11 @@ class LocalAirflow:
     :param nats_url: the nats-server the ``nats_default`` connection points at.
     :param dags_folder: the DAGs to load.
     :param port: the api-server port on 127.0.0.1 (default: a free one).
-    :param password: the ``admin`` user's password (default: ``AIRFLOW_UP_PASSWORD`` or a random one).
+    :param password: the ``admin`` user's password (default: ``AIRFLOW_UP_PASSWORD``, else the one stored in
+        ``home/passwords.json`` by an earlier start, else a random one); stored there (mode 600) on start.
     :param connections_in_db: store ``nats_default``/``spark_default`` in the database (visible and
         testable in the UI) instead of ``AIRFLOW_CONN_*`` variables.
+    :param nats_extra: the ``extra`` of ``nats_default`` (credentials such as ``nkey_seed_secret``, timeouts).
     :param extra_env: more environment (``AIRFLOW__SECTION__KEY`` settings, ``JETSTREAM_*``).
     :param database_url: the metadata database (``[database] sql_alchemy_conn``); default sqlite in ``home``.
     """
@@ -77,14 +82,17 @@ class LocalAirflow:
 
     def __init__(self, home: Path, *, nats_url: str, dags_folder: Path, port: int | None = None,
                  password: str | None = None, connections_in_db: bool = False,
-                 extra_env: dict[str, str] | None = None, database_url: str | None = None) -> None:
+                 nats_extra: dict[str, Any] | None = None, extra_env: dict[str, str] | None = None,
+                 database_url: str | None = None) -> None:
         self.home = Path(home).resolve()
         self.database_url = database_url or f"sqlite:///{self.home / 'airflow.db'}"
         self.nats_url = nats_url
         self.dags_folder = Path(dags_folder).resolve()
         self.port = port or free_port()
-        self.password = password or os.environ.get("AIRFLOW_UP_PASSWORD") or secrets.token_urlsafe(12)
+        self.password = (password or os.environ.get("AIRFLOW_UP_PASSWORD") or self._stored_password()
+                         or secrets.token_urlsafe(12))
         self.connections_in_db = connections_in_db
+        self.nats_extra = dict(nats_extra or {})
         self.extra_env = dict(extra_env or {})
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._component_of: dict[str, str] = {}  # key ("triggerer-2") -> component ("triggerer")
@@ -95,6 +103,14 @@ class LocalAirflow:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def _stored_password(self) -> str | None:
+        """The ``admin`` password an earlier start wrote into the simple auth manager's file, if any."""
+        try:
+            stored = json.loads((self.home / "passwords.json").read_text()).get(self.user)
+        except (OSError, ValueError, AttributeError):
+            return None
+        return stored if isinstance(stored, str) and stored else None
 
     def env(self) -> dict[str, str]:
         """The environment every component (and ``airflow`` CLI call) of this deployment runs with."""
@@ -131,7 +147,7 @@ class LocalAirflow:
             SPARK_LOCAL_IP="127.0.0.1",
         )
         if not self.connections_in_db:
-            env["AIRFLOW_CONN_NATS_DEFAULT"] = json.dumps(nats_connection(self.nats_url))
+            env["AIRFLOW_CONN_NATS_DEFAULT"] = json.dumps(nats_connection(self.nats_url, self.nats_extra))
             env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "local[2]"})
         env.update(self.extra_env)
         return env
@@ -150,16 +166,22 @@ class LocalAirflow:
         connections when asked: run on every start, so a restart refreshes the login and connections."""
         self.home.mkdir(parents=True, exist_ok=True)
         passwords = self.home / "passwords.json"
+        passwords.touch(mode=0o600)
+        passwords.chmod(0o600)  # before the password is in it
         passwords.write_text(json.dumps({self.user: self.password}))
-        passwords.chmod(0o600)
         self.cli("db", "migrate")
         if self.connections_in_db:
-            conns = self.home / "connections.json"
+            conns = self.home / "connections.json"  # may hold credentials: private, and gone once imported
+            conns.touch(mode=0o600)
+            conns.chmod(0o600)
             conns.write_text(json.dumps({
-                "nats_default": nats_connection(self.nats_url),
+                "nats_default": nats_connection(self.nats_url, self.nats_extra),
                 "spark_default": {"conn_type": "spark", "host": "local[2]"},
             }))
-            self.cli("connections", "import", "--overwrite", str(conns))
+            try:
+                self.cli("connections", "import", "--overwrite", str(conns))
+            finally:
+                conns.unlink()
 
     def start(self, components: tuple[str, ...] = COMPONENTS, *, timeout: float = 240) -> LocalAirflow:
         """Prepare, start ``components`` and wait until the api-server is healthy."""
@@ -298,6 +320,43 @@ def metadata_database(home: Path) -> tuple[EmbeddedPostgres | None, str | None, 
                                    f"(cluster in {pg.root})")
 
 
+def up_port(home: Path, name: str) -> tuple[int, str | None]:
+    """The port of ``make up``'s ``name`` (a key of :data:`UP_PORTS`) and, when it is not the usual one, the line
+    saying why.
+
+    ``UP_PORT`` / ``UP_NATS_PORT`` choose one (refused when taken). Otherwise the port of the last run
+    (``home/ports.json``; the first time 8080 / 4222) when it is free; when it is taken, a free one for this run
+    only (the next run tries the old one again). The port used is kept in ``home/ports.json`` unless it was such
+    a stand-in, so the UI address, its bookmarks and the server address in asset URIs stay the same.
+    """
+    variable, first_choice, what = UP_PORTS[name]
+    saved_file = home / "ports.json"
+    try:
+        saved = json.loads(saved_file.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    line = None
+    if os.environ.get(variable):
+        port = int(os.environ[variable])
+        if not port_free(port):
+            raise SystemExit(f"{variable}={port}: that port is taken on 127.0.0.1; choose another or unset {variable}")
+    elif port_free(wanted := int(saved.get(name, first_choice))):
+        port = wanted
+    else:
+        port = free_port()
+        if name in saved:
+            line = (f"port {wanted} of {what} (the last run's) is taken: using {port} for this run only; the next "
+                    "run tries it again")
+            if name == "nats-server":
+                line += (f". Assets recorded meanwhile are jetstream://127.0.0.1:{port}/..., a second identity of "
+                         "the same streams: free the port and restart to avoid it")
+        else:
+            line = f"port {wanted} for {what} is taken: using {port} (kept for the next runs)"
+    if line is None or name not in saved:
+        saved_file.write_text(json.dumps({**saved, name: port}))
+    return port, line
+
+
 def up_folders() -> tuple[Path, Path]:
     """``(home, dags_folder)`` of ``make up``: ``UP_HOME`` and ``UP_DAGS_FOLDER`` when set, else ``.up/`` and
     ``dags_examples/`` of the repository checkout (the current directory, or the one an editable install
@@ -315,7 +374,9 @@ def up_folders() -> tuple[Path, Path]:
 def main() -> int:
     """``make up``: an embedded nats-server, PostgreSQL and a local Airflow with the example DAGs, until Ctrl-C.
 
-    Run again on the same directory it reuses the database and refreshes the login and the connections.
+    Run again on the same directory it is the same deployment: the same database, login (kept in
+    ``.up/airflow/passwords.json``, mode 600, unless ``AIRFLOW_UP_PASSWORD`` sets another), UI and nats-server
+    ports when they are free (:func:`up_port`), streams and so asset URIs; it refreshes the connections.
     A component that exits is restarted (one line on stderr each time).
     """
     from airflow_jetstream.embedded.server import EmbeddedNatsServer
@@ -330,19 +391,24 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    ports = {}
+    for name in UP_PORTS:
+        ports[name], line = up_port(home, name)
+        if line:
+            print(line, flush=True)
     pg, database_url, database_line = metadata_database(home)
     print(database_line, flush=True)
     try:
-        with EmbeddedNatsServer(store_dir=home / "nats") as nats:
+        with EmbeddedNatsServer(store_dir=home / "nats", port=ports["nats-server"]) as nats:
             print(f"nats-server (JetStream) at {nats.url}", flush=True)
-            airflow = LocalAirflow(home / "airflow", nats_url=nats.url, dags_folder=dags,
-                                   port=int(os.environ.get("UP_PORT", "0")) or None, connections_in_db=True,
-                                   database_url=database_url)
+            airflow = LocalAirflow(home / "airflow", nats_url=nats.url, dags_folder=dags, port=ports["api-server"],
+                                   connections_in_db=True, database_url=database_url)
             try:
                 print("preparing Airflow (db migrate, login, connections) ...", flush=True)
                 airflow.start()
                 print(f"\nAirflow UI: {airflow.url}\n  login: {airflow.user} / {airflow.password}"
-                      f"   (set AIRFLOW_UP_PASSWORD to choose it)\n  component logs: {airflow.home / 'components'}\n"
+                      "   (the same on the next runs; set AIRFLOW_UP_PASSWORD to choose it)\n"
+                      f"  component logs: {airflow.home / 'components'}\n"
                       "Ctrl-C stops everything.", flush=True)
                 while not stop_requested:
                     airflow.restart_exited()

@@ -176,7 +176,7 @@ class EmbeddedPostgres:
         else:
             self.socket_dir.mkdir(exist_ok=True)
             self._own(self.root, self.socket_dir)
-            if not _port_free(self.port):
+            if not port_free(self.port):
                 self.port = free_port()
             options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.socket_dir} "
                        "-c max_connections=200")
@@ -204,7 +204,8 @@ class EmbeddedPostgres:
         self.stop()
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` of 127.0.0.1 right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
         try:

@@ -1,0 +1,279 @@
+"""First contact with a real deployment: the scheduled example on its own schedule, secrets kept by Airflow.
+
+One deployment for the module (tests.infra.airflow_local.LocalAirflow on PostgreSQL: api-server, scheduler,
+dag-processor, triggerer; Airflow's default timetable settings) against a nats-server that admits only an
+NKey user, with ``nats_default`` stored in the database holding the seed (``nkey_seed_secret``):
+
+* the connections API (get and list, with a real login token) and the CLI show the seed as Airflow shows a
+  password; nothing of it reaches a task log, a component log, an XCom or a rendered field;
+* ``jetstream_orders_incremental`` runs three consecutive intervals through the scheduler (a backfill), each
+  reading the orders stored in its interval, and an interval cleared and run again stores nothing twice.
+  Time is compressed here, not in the DAG: the test serves the example with its hourly cron made one-minute
+  (the same file otherwise) and publishes orders into three consecutive minutes while Airflow starts. The
+  scheduler's own cron runs are off (``[scheduler] use_job_schedule = False``), so the backfill's runs are the
+  only ones; the DAG's timetable settings are Airflow's defaults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import importlib.util
+import json
+import re
+import shutil
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
+from airflow_jetstream.embedded import EmbeddedNatsServer
+from tests.infra.airflow_local import LocalAirflow
+from tests.infra.postgres import EmbeddedPostgres
+from tests.support.airflow_api import Api
+from tests.support.nats_calls import call_on_server
+from tests.support.nkeys_util import new_user_nkey
+from tests.support.polling import wait_until
+
+# Real components and Spark on a shared 2-core box.
+pytestmark = [pytest.mark.airflow_cli, pytest.mark.spark, pytest.mark.timeout(1800)]
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "dags_examples"
+DAG_ID, STEP = "jetstream_orders_incremental", "stream_large_orders"
+HOURLY = 'CronDataIntervalTimetable("@hourly"'
+INTERVALS, ORDERS_PER_INTERVAL, MIN_AMOUNT = 3, 12, 50  # the example's --min-amount default is 50
+STEP_LINE = re.compile(r"incremental step up to (\S+): read (\d+) message\(s\)")
+
+
+@pytest.fixture(scope="module")
+def nkey() -> tuple[str, str]:
+    return new_user_nkey()
+
+
+@pytest.fixture(scope="module")
+def nats(nkey: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
+    server = EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("first-contact-nats"),
+                                config={"authorization": {"users": [{"nkey": nkey[1]}]}}).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def settings(nats: EmbeddedNatsServer, nkey: tuple[str, str]) -> ConnectionSettings:
+    return ConnectionSettings(servers=nats.url, nkey_seed_secret=nkey[0], connect_timeout=2, request_timeout=10)
+
+
+@dataclass
+class IntervalOrders:
+    """Orders published into the consecutive one-minute intervals starting at ``start``."""
+
+    start: datetime
+    thread: threading.Thread
+    errors: list[BaseException] = field(default_factory=list)
+
+    def boundary(self, k: int) -> datetime:
+        return self.start + timedelta(minutes=k)
+
+    def wait_published(self) -> None:
+        self.thread.join(timeout=INTERVALS * 60 + 120)
+        assert not self.thread.is_alive() and not self.errors, self.errors
+
+
+def _order(n: int) -> bytes:
+    return json.dumps({"order": n, "amount": (n * 37) % 100}).encode()
+
+
+@pytest.fixture(scope="module")
+def orders(settings: ConnectionSettings) -> IntervalOrders:
+    """ORDERS_AGG (the example's config, plus a subject to publish on) and a thread that publishes
+    ``ORDERS_PER_INTERVAL`` orders after each of the next minute boundaries, while Airflow starts."""
+    spec = importlib.util.spec_from_file_location("orders_pipeline_common", EXAMPLES / "orders_pipeline_common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    call_on_server(settings, ensure_stream, {**common.AGG_STREAM_CONFIG, "subjects": ["orders.agg.>"]})
+    start = datetime.now(UTC).replace(second=0, microsecond=0)
+    batch = IntervalOrders(start=start, thread=threading.Thread(target=lambda: None))
+
+    def publish_all() -> None:
+        try:
+            for k in range(INTERVALS):
+                wait_until(lambda k=k: datetime.now(UTC) >= batch.boundary(k), f"minute {k} to begin",
+                           timeout=90, every=0.2)
+                numbers = range(k * ORDERS_PER_INTERVAL, (k + 1) * ORDERS_PER_INTERVAL)
+
+                async def go(numbers: range = numbers) -> None:
+                    async with open_connection(settings) as conn:
+                        for n in numbers:
+                            await conn.js.publish("orders.agg.emea", _order(n))
+
+                asyncio.run(go())
+        except BaseException as exc:  # handed to the test, which joins the thread
+            batch.errors.append(exc)
+
+    batch.thread = threading.Thread(target=publish_all, name="interval-orders", daemon=True)
+    batch.thread.start()
+    return batch
+
+
+@pytest.fixture(scope="module")
+def dags(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example DAG as the user gets it, its hourly cron made one-minute, beside what it imports."""
+    folder = tmp_path_factory.mktemp("first-contact-dags")
+    shutil.copy(EXAMPLES / "orders_pipeline_common.py", folder)
+    shutil.copytree(EXAMPLES / "spark_apps", folder / "spark_apps")
+    source = (EXAMPLES / f"{DAG_ID}.py").read_text()
+    assert source.count(HOURLY) == 1, "the example's schedule is no longer the hourly CronDataIntervalTimetable"
+    (folder / f"{DAG_ID}.py").write_text(source.replace(HOURLY, 'CronDataIntervalTimetable("* * * * *"'))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[EmbeddedPostgres]:
+    root = Path(tempfile.mkdtemp(prefix="first-contact-pg-"))  # under /tmp: the postgres user must reach it
+    root.chmod(0o711)
+    pg = EmbeddedPostgres(root / "postgres").start()
+    try:
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def airflow(nats: EmbeddedNatsServer, nkey: tuple[str, str], dags: Path, postgres: EmbeddedPostgres,
+            orders: IntervalOrders, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
+    with LocalAirflow(tmp_path_factory.mktemp("first-contact-airflow"), nats_url=nats.url, dags_folder=dags,
+                      connections_in_db=True, nats_extra={"nkey_seed_secret": nkey[0], "connect_timeout": 5},
+                      database_url=postgres.sqlalchemy_url,
+                      extra_env={"AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False"}) as deployment:
+        deployment.start()
+        yield deployment
+
+
+def test_the_nkey_seed_is_shown_as_airflow_shows_a_password(airflow: LocalAirflow, nkey: tuple[str, str]) -> None:
+    seed = nkey[0]
+    api = Api(airflow)
+    got = api.text("GET", "/api/v2/connections/nats_default")
+    listed = api.text("GET", "/api/v2/connections?limit=100")
+    assert seed not in got and seed not in listed
+    assert json.loads(json.loads(got)["extra"])["nkey_seed_secret"] == "***"
+    by_id = {c["connection_id"]: c for c in json.loads(listed)["connections"]}
+    assert json.loads(by_id["nats_default"]["extra"])["nkey_seed_secret"] == "***"
+
+    # the CLI: where Airflow masks the password, the seed is masked too
+    other_seed, password = new_user_nkey()[0], "cli-pa55word-not-shown"
+    added = airflow.cli("connections", "add", "nats_cli", "--conn-type", "nats", "--conn-host", "127.0.0.1",
+                        "--conn-login", "u", "--conn-password", password,
+                        "--conn-extra", json.dumps({"nkey_seed_secret": other_seed})).stdout
+    assert "nats_cli" in added and other_seed not in added
+    hidden = airflow.cli("connections", "list", "--show-values", "--hide-sensitive", "--output", "json").stdout
+    assert "nats_cli" in hidden and other_seed not in hidden and seed not in hidden and password not in hidden
+    for command in (("connections", "get", "nats_cli", "--output", "json"),
+                    ("connections", "export", "-", "--file-format", "json")):
+        out = airflow.cli(*command).stdout
+        assert "nats_cli" in out
+        assert (other_seed in out) <= (password in out), f"airflow {' '.join(command)} shows the seed, not the password"
+    assert "nkey_seed_secret" in api.text("GET", "/api/v2/connections/nats_cli")
+    assert other_seed not in api.text("GET", "/api/v2/connections/nats_cli")
+
+
+def _polled(fetch: Any, what: str, timeout: float, every: float) -> Any:
+    """``fetch()``'s first truthy value, asked every ``every`` seconds (the api-server shares the box)."""
+    seen: list[Any] = []
+    wait_until(lambda: seen.append(fetch()) or seen[-1], what, timeout=timeout, every=every)
+    return seen[-1]
+
+
+def _runs(api: Api) -> list[dict[str, Any]]:
+    return api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?order_by=logical_date&limit=50")["dag_runs"]
+
+
+def _finished(api: Api, count: int) -> list[dict[str, Any]] | None:
+    """The runs once ``count`` of them ended in success; a failed run fails the test at once."""
+    runs = _runs(api)
+    failed = [r["dag_run_id"] for r in runs if r["state"] == "failed"]
+    assert not failed, f"failed runs: {failed}"
+    return runs if len(runs) == count and all(r["state"] == "success" for r in runs) else None
+
+
+def _task(api: Api, run_id: str) -> str:
+    return f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{STEP}"
+
+
+def _step_log(api: Api, run_id: str, try_number: int) -> tuple[str, int]:
+    """``(interval end, messages read)`` as the Spark step printed them into the task's log."""
+    log = json.dumps(api.call("GET", f"{_task(api, run_id)}/logs/{try_number}?full_content=true"))
+    found = STEP_LINE.findall(log.replace("\\n", "\n"))
+    assert len(found) == 1, f"{run_id} try {try_number}: {found}"
+    return found[0][0], int(found[0][1])
+
+
+def _stored(settings: ConnectionSettings, stream: str) -> list[tuple[datetime, dict[str, Any]]]:
+    """Every message of ``stream``: the time the server stored it and its JSON payload."""
+    async def read(conn: Any) -> list[tuple[datetime, dict[str, Any]]]:
+        last = (await conn.api_request(f"STREAM.INFO.{stream}", {}, context="test"))["state"]["last_seq"]
+        out = []
+        for seq in range(1, last + 1):
+            msg = (await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": seq}, context="test"))["message"]
+            stamp = re.sub(r"(\.\d{6})\d*", r"\1", msg["time"].replace("Z", "+00:00"))
+            out.append((datetime.fromisoformat(stamp), json.loads(base64.b64decode(msg["data"]))))
+        return out
+
+    return call_on_server(settings, read)
+
+
+def test_the_scheduled_example_runs_three_consecutive_intervals_and_a_cleared_one_stores_nothing_twice(
+        airflow: LocalAirflow, orders: IntervalOrders, settings: ConnectionSettings, nkey: tuple[str, str]) -> None:
+    orders.wait_published()
+    last_end = orders.boundary(INTERVALS)
+    wait_until(lambda: datetime.now(UTC) > last_end, "the third interval to end", timeout=90, every=0.5)
+    api = Api(airflow)
+    wait_until(lambda: any(d["dag_id"] == DAG_ID for d in api.call("GET", "/api/v2/dags")["dags"]),
+               f"the dag-processor to load {DAG_ID}", timeout=240, every=1)
+    airflow.cli("backfill", "create", "--dag-id", DAG_ID, "--from-date", orders.boundary(0).isoformat(),
+                "--to-date", orders.boundary(INTERVALS - 1).isoformat(), "--reprocess-behavior", "completed",
+                "--max-active-runs", "1")
+    runs = _polled(lambda: _finished(api, INTERVALS), f"{INTERVALS} backfilled runs to succeed", timeout=1200,
+                   every=2)
+    intervals = [(datetime.fromisoformat(r["data_interval_start"]), datetime.fromisoformat(r["data_interval_end"]))
+                 for r in runs]
+    assert intervals == [(orders.boundary(k), orders.boundary(k + 1)) for k in range(INTERVALS)], "consecutive"
+
+    # each run read the orders the server stored in its interval: counts from the server's own timestamps
+    stored = _stored(settings, "ORDERS_AGG")
+    per_interval = [sum(start <= when < end for when, _ in stored) for start, end in intervals]
+    assert sum(per_interval) == INTERVALS * ORDERS_PER_INTERVAL and all(per_interval), per_interval
+    assert [_step_log(api, r["dag_run_id"], 1)[1] for r in runs] == per_interval
+    large = sorted(o["order"] for _, o in stored if o["amount"] >= MIN_AMOUNT)
+    assert sorted(o["order"] for _, o in _stored(settings, "ORDERS_LARGE")) == large, "each large order once"
+
+    # the middle interval cleared and run again (the UI's Clear): the same orders again, nothing stored twice
+    middle = runs[1]["dag_run_id"]
+    api.call("POST", f"/api/v2/dags/{DAG_ID}/clearTaskInstances",
+             {"dry_run": False, "dag_run_id": middle, "task_ids": [STEP], "only_failed": False})
+    wait_until(lambda: api.call("GET", _task(api, middle))["try_number"] == 2
+               and api.call("GET", _task(api, middle))["state"] == "success",
+               "the cleared step to run again", timeout=600, every=2)
+    assert _step_log(api, middle, 2)[1] == per_interval[1]
+    again = Counter(o["order"] for _, o in _stored(settings, "ORDERS_LARGE"))
+    assert sorted(again) == large and set(again.values()) == {1}, "nothing stored twice"
+
+    # the seed never left the connection: task and component logs, XComs, rendered fields
+    seed = nkey[0]
+    for run in runs:
+        task = api.text("GET", _task(api, run["dag_run_id"]))
+        assert seed not in task and "rendered_fields" in task
+        xcoms = api.call("GET", f"{_task(api, run['dag_run_id'])}/xcomEntries")["xcom_entries"]
+        for entry in xcoms:
+            assert seed not in api.text("GET", f"{_task(api, run['dag_run_id'])}/xcomEntries/{entry['key']}")
+        assert seed not in api.text("GET", f"{_task(api, run['dag_run_id'])}/logs/1?full_content=true")
+    leaked = [str(path) for path in airflow.home.rglob("*")
+              if path.is_file() and seed.encode() in path.read_bytes()]
+    assert leaked == [], "files of the deployment holding the seed"

@@ -66,7 +66,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "section_unreadable": (WARNING, "part of the view could not be read: see the section's error; what it would "
                            "show is unknown"),
     "read_incomplete": (WARNING, "more exists than the view reads: problems in what was not read are not shown; "
-                        "raise the [jetstream] view limit or open the stream by name"),
+                        "raise [jetstream] view_max_streams / view_max_consumers"),
 }
 
 

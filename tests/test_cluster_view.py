@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+
 from airflow_jetstream.client.admin.problems import Observations
 from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.connection import open_connection
@@ -47,13 +49,17 @@ def test_a_dead_node_shows_as_replica_offline_and_a_stream_without_leader(nats_c
     assert not {"replica_offline", "replica_lagging", "stream_no_leader"} & set(healthy), healthy
 
     nats_cluster.kill(leader)
+    last: list[dict[str, set[str]]] = []
     try:
         def flagged() -> dict[str, set[str]] | None:
-            found = problems()
-            offline = replicated in found.get("replica_offline", set()) | found.get("replica_lagging", set())
-            return found if offline and single in found.get("stream_no_leader", set()) else None
+            last[:] = [problems()]
+            offline = replicated in last[0].get("replica_offline", set()) | last[0].get("replica_lagging", set())
+            return last[0] if offline and single in last[0].get("stream_no_leader", set()) else None
 
-        found = wait_for(flagged, f"{replicated}'s replica offline and {single} without a leader", limit=90)
+        try:
+            found = wait_for(flagged, f"{replicated}'s replica offline and {single} without a leader", limit=90)
+        except pytest.fail.Exception:
+            raise AssertionError(f"the problems found last: {last}") from None
         assert single in found["stream_no_leader"]
     finally:
         nats_cluster.restart(leader)

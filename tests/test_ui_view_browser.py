@@ -76,7 +76,7 @@ def test_view_in_airflow_puts_problems_first(page, airflow_ui: AirflowUI) -> Non
     abandoned = page.locator('#problems tr[data-kind="batch_abandoned"]')
     expect(abandoned).to_contain_text(seeded.ABANDONED_BATCH)
     abandoned.get_by_role("link").click()  # to the advisory's row, on its page of the advisory table
-    row = page.locator("tr.row-error", has_text="batch_abandoned")
+    row = page.locator("tr[id^=advisory-].row-error", has_text="batch_abandoned")
     expect(row).to_contain_text(f"batch={seeded.ABANDONED_BATCH}")
     page.goto(f"{airflow_ui.url}/jetstream/connections/{VIEW_CONN}?per_page=8", wait_until="networkidle")
     consumer = f"consumer-{seeded.TROUBLE}-{seeded.SLOW}"

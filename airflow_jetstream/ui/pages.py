@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow_jetstream.client.admin.problems import Thresholds
+from airflow_jetstream.client.advisories.types import parse_timestamp
 from airflow_jetstream.ui import tables
 from airflow_jetstream.ui.paging import row_anchor
 from airflow_jetstream.ui.tables import e, href, num
@@ -40,6 +42,16 @@ def _ago(seconds: float) -> str:
     return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
 
 
+def _when(iso: str | None) -> str:
+    """``2026-11-27 12:18:21 UTC, 5 min ago`` (the exact time in the element's title)."""
+    when = parse_timestamp(iso)
+    if when is None:
+        return "-"
+    ago = max(0.0, (datetime.now(UTC) - when).total_seconds())
+    return (f'<span title="{e(iso)}">{e(when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"))} UTC, '
+            f"{e(_ago(ago))} ago</span>")
+
+
 def _checked(limits: Thresholds) -> str:
     return (f"Checked: abandoned batches, given-up and terminated messages in the last {_ago(limits.advisory_age)} "
             f"of captured advisories; consumers with at least {limits.redelivered} redelivered message(s), "
@@ -63,8 +75,8 @@ def problems_summary(data: dict[str, Any], query: Mapping[str, Any], limits: Thr
         obj = problem["object"]
         names = " / ".join(str(obj[k]) for k in ("stream", "consumer", "source", "run_id", "batch", "capture_seq",
                                                 "section", "name") if obj.get(k) is not None)
-        since = e(problem["since"] or "-") + (f' <span class="meta">({e(problem["since_means"])})</span>'
-                                              if problem.get("since_means") else "")
+        since = _when(problem["since"]) + (f' <span class="meta">({e(problem["since_means"])})</span>'
+                                           if problem.get("since_means") else "")
         rows.append(
             f'<tr class="row-{problem["severity"]}" data-kind="{e(problem["kind"])}">'
             f'<td>{tables.badge(problem["severity"])}</td><td><b>{e(problem["kind"])}</b></td>'

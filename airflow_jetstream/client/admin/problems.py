@@ -214,11 +214,11 @@ def source_problems(row: dict[str, Any], limits: Thresholds, now: datetime,
 
 
 def stream_problems(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """A replicated stream without a leader, with replicas offline or behind."""
+    """A stream of a cluster (or a replicated one) without a leader, with replicas offline or behind."""
     name = row["name"]
     obj = {"type": "stream", "stream": name}
     row_id = anchor("stream", name)
-    if row["num_replicas"] > 1 and not row.get("leader"):
+    if (row["num_replicas"] > 1 or row.get("cluster")) and not row.get("leader"):
         return [_problem("stream_no_leader", obj, f"stream {name!r} (R{row['num_replicas']}) has no leader", row_id)]
     offline = [peer["name"] for peer in row.get("replicas") or [] if peer["offline"]]
     behind = [f"{peer['name']} ({peer['lag']:,} behind)" for peer in row.get("replicas") or []

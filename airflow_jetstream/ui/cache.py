@@ -93,6 +93,8 @@ class ReadCache:
         async with asyncio.timeout_at(deadline):
             await gate.acquire()
         try:
+            if asyncio.get_running_loop().time() >= deadline:  # its turn came with its time up: no read at all
+                raise TimeoutError
             return await read(deadline, seen)
         finally:
             gate.release()

@@ -19,7 +19,7 @@ from tests.support.polling import wait_for
 
 
 def test_a_dead_node_shows_as_replica_offline_and_a_stream_without_leader(nats_cluster: EmbeddedNatsCluster) -> None:
-    settings = ConnectionSettings(servers=nats_cluster.servers, connect_timeout=2, request_timeout=3)
+    settings = ConnectionSettings(servers=nats_cluster.servers, connect_timeout=2, request_timeout=10)
     replicated, single = f"REPL_{uuid.uuid4().hex[:6]}", f"SOLO_{uuid.uuid4().hex[:6]}"
 
     async def create() -> None:
@@ -30,7 +30,8 @@ def test_a_dead_node_shows_as_replica_offline_and_a_stream_without_leader(nats_c
     asyncio.run(create())
     leader = wait_for(lambda: nats_cluster.stream_leader(single), f"a leader for {single}")
     wait_for(lambda: nats_cluster.stream_leader(replicated), f"a leader for {replicated}")
-    view, seen = ViewSettings(timeout=20.0, request_timeout=3.0), Observations()
+    # a listing with a node down waits for the streams it led: more than the default 5 s request bound here
+    view, seen = ViewSettings(timeout=30.0, request_timeout=10.0), Observations()
 
     def problems() -> dict[str, set[str]]:
         async def read() -> dict:
@@ -39,7 +40,7 @@ def test_a_dead_node_shows_as_replica_offline_and_a_stream_without_leader(nats_c
             return await read_snapshot(key, settings, view, seen, deadline=loop.time() + view.timeout)
 
         snapshot = asyncio.run(read())
-        found: dict[str, set[str]] = {}
+        found: dict[str, set[str]] = {"read": {f"{snapshot['elapsed_ms']} ms", str(snapshot.get("error"))}}
         for problem in snapshot.get("problems") or []:
             found.setdefault(problem["kind"], set()).add(problem["object"].get("stream") or
                                                          problem["object"].get("name") or "")
@@ -47,6 +48,7 @@ def test_a_dead_node_shows_as_replica_offline_and_a_stream_without_leader(nats_c
 
     healthy = problems()
     assert not {"replica_offline", "replica_lagging", "stream_no_leader"} & set(healthy), healthy
+    assert "None" in healthy["read"], healthy
 
     nats_cluster.kill(leader)
     last: list[dict[str, set[str]]] = []

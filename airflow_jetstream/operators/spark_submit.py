@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow.exceptions import AirflowException
 from airflow.providers.common.compat.sdk import AirflowOptionalProviderFeatureException
+from airflow.sdk.exceptions import AirflowException
 
 try:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator

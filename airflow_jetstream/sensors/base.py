@@ -68,8 +68,8 @@ class JetStreamBaseSensor(RenamedArguments, BaseSensorOperator):
             if self.soft_fail or self.never_fail:
                 raise AirflowSkipException(f"skipped (soft_fail/never_fail): {exc}") from exc
             raise
-        if done:
-            return done.xcom_value
+        if done:  # a subclass's poke may return a plain bool, as Airflow's poke contract allows
+            return done.xcom_value if isinstance(done, PokeReturnValue) else None
         self.defer(trigger=self.deferred_trigger(context), method_name="execute_complete",
                    timeout=timedelta(seconds=self.timeout + self.defer_backstop))
 

@@ -27,7 +27,7 @@ PYSPARK_DISTRIBUTIONS = ("pyspark", "pyspark-client")
 
 def _distributions(path: list[str] | None) -> dict[str, metadata.Distribution]:
     found: dict[str, metadata.Distribution] = {}
-    for dist in metadata.distributions(**({"path": path} if path is not None else {})):
+    for dist in (metadata.distributions() if path is None else metadata.distributions(path=path)):
         name = (dist.metadata["Name"] or "").lower()
         if name in PYSPARK_DISTRIBUTIONS:
             found.setdefault(name, dist)  # the first on the path is the one Python imports
@@ -78,7 +78,7 @@ def check_pyspark_install(versions: dict[str, str] | None = None, *, path: list[
     all of the release of its jars: pyspark and pyspark-client of different releases, unless every file they
     share is pyspark's. ``versions`` replaces what is installed (the files are then not read)."""
     given = versions is not None
-    versions = dict(versions) if given else installed_pyspark_versions(path)
+    versions = dict(versions) if versions is not None else installed_pyspark_versions(path)
     if len(set(versions.values())) <= 1:
         return
     pyspark, client = versions.get("pyspark", "?"), versions.get("pyspark-client", "?")

@@ -14,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
-import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,23 +68,31 @@ class DagRunner:
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.docs_dag_runner"], cwd=REPO, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
-        self.selector = selectors.DefaultSelector()
-        self.selector.register(self.proc.stdout, selectors.EVENT_READ)
+        # A thread reads the output line by line: select() on the pipe does not see lines already in the text
+        # stream's buffer (the answer could sit there behind a log line read in the same chunk, never "ready").
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read_lines, args=(self.proc.stdout, self.lines), daemon=True).start()
         self._answer(timeout=240)
+
+    @staticmethod
+    def _read_lines(stdout: Any, lines: queue.Queue[str | None]) -> None:
+        for line in stdout:
+            lines.put(line)
+        lines.put(None)  # the runner exited
 
     def _answer(self, timeout: float) -> tuple[dict[str, Any], list[str]]:
         deadline = time.monotonic() + timeout
         log: list[str] = []
-        while time.monotonic() < deadline:
-            if not self.selector.select(timeout=max(0.0, deadline - time.monotonic())):
-                continue
-            line = self.proc.stdout.readline()
-            if not line:
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"the DAG runner gave no answer in {timeout}s:\n" + "".join(log[-40:])) from None
+            if line is None:
                 raise AssertionError("the DAG runner exited:\n" + "".join(log[-40:]))
             if line.startswith(MARKER):
                 return json.loads(line[len(MARKER):]), log
             log.append(line)
-        raise AssertionError(f"the DAG runner gave no answer in {timeout}s:\n" + "".join(log[-40:]))
 
     def run(self, source: str, name: str, nats_url: str) -> tuple[dict[str, Any], list[str]]:
         request = {"source": source, "name": name, "nats_url": nats_url, "conn": nats_conn_json(nats_url)}
@@ -97,7 +106,6 @@ class DagRunner:
             raise
 
     def close(self) -> None:
-        self.selector.close()
         self.proc.stdin.close()
         try:
             self.proc.wait(timeout=20 if self.proc.poll() is not None else 5)

@@ -78,6 +78,10 @@ def test_a_source_backlog_that_does_not_shrink_is_flagged_after_the_threshold() 
     assert find_problems(source(80), limits, seen, at[3]) == []  # shrank
     [idle] = find_problems(source(80, active_s=120), limits, Observations(), at[4])
     assert idle["since_means"] == "last activity"
+    broken = source(0)
+    broken["sources"]["sources"][0]["error"] = {"reason": "consumer_not_flow_control", "message": "not flow control"}
+    [error] = find_problems(broken, limits, Observations(), at[4])
+    assert (error["kind"], error["severity"]) == ("source_error", "error") and "not flow control" in error["why"]
 
 
 def test_streams_replicas_and_listing_gaps() -> None:
@@ -99,10 +103,14 @@ def test_advisories_are_problems_while_younger_than_the_window() -> None:
              "timestamp": _iso(30)},
             {"capture_seq": 5, "kind": "max_deliveries", "stream": "S", "consumer": "c", "stream_seq": 3,
              "deliveries": 5, "timestamp": _iso(60 * 25)},
-            {"capture_seq": 4, "kind": "consumer_created", "stream": "S", "consumer": "c", "timestamp": _iso(1)}]
+            {"capture_seq": 4, "kind": "consumer_created", "stream": "S", "consumer": "c", "timestamp": _iso(1)},
+            {"capture_seq": 3, "kind": "msg_terminated", "stream": "S", "consumer": "c", "stream_seq": 2,
+             "reason": "bad payload", "timestamp": _iso(2)}]
     found = find_problems({"advisories": {"advisories": rows, "capture": _capture()}}, Thresholds(advisory_age=86400),
                           Observations(), NOW)
-    assert [(p["kind"], p["object"].get("batch")) for p in found] == [("batch_abandoned", "b-1")]
+    assert [(p["kind"], p["severity"], p["object"].get("batch")) for p in found] == [
+        ("batch_abandoned", "error", "b-1"), ("msg_terminated", "warning", None)]
+    assert "(bad payload)" in found[1]["why"] and found[1]["anchor"] == "advisory-3"
 
 
 def _capture(**fields) -> dict:

@@ -34,7 +34,7 @@ import pytest
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
 from airflow_jetstream.client.admin.consumers import consumer_status
-from airflow_jetstream.client.errors import ConsumerNotFoundError
+from airflow_jetstream.client.errors import ConsumerNotFoundError, StreamNotFoundError
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.embedded.server import free_port
 from tests.infra.airflow_local import LocalAirflow
@@ -49,8 +49,9 @@ from tests.support.polling import wait_until
 pytestmark = [pytest.mark.airflow_cli, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[1]
-PIPELINE, GUARDED, PUBLISH_READY, PROCESS_READY = (
-    "jetstream_orders_pipeline", "publish_orders_guarded", "publish_ready_orders", "process_ready_orders")
+PIPELINE, GUARDED, PUBLISH_READY, PROCESS_READY, ABANDONED = (
+    "jetstream_orders_pipeline", "publish_orders_guarded", "publish_ready_orders", "process_ready_orders",
+    "handle_abandoned_batches")
 READY_STREAM, READY_CONSUMER, PROCESSED_BUCKET = "ORDERS_READY", "airflow_orders_ready", "orders_ready_processed"
 MAX_UNCONFIRMED = 4  # the watcher's bound on messages handed to Airflow and not yet confirmed stored: bounds repeats
 
@@ -230,6 +231,48 @@ def test_event_driven_exactly_once_across_triggerer_stops(airflow: LocalAirflow,
     failed = query(airflow, "SELECT run_id FROM dag_run WHERE dag_id = ? AND state != 'success'", PROCESS_READY)
     assert failed == []
     print(f"SIGKILL: {repeats} of {len(published)} message(s) repeated, each processed once")
+
+
+def _abandon_batches(settings: ConnectionSettings, batch_ids: list[str]) -> None:
+    """Open an atomic batch on ORDERS_GUARDED per id and never commit it: the server abandons each one."""
+    async def go() -> None:
+        async with open_connection(settings) as conn:
+            for batch_id in batch_ids:
+                await conn.nc.publish("orders.guarded.lost", b"{}",
+                                      headers={"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": "1"})
+            await conn.nc.flush()
+
+    asyncio.run(go())
+
+
+def _reported_batches(airflow: LocalAirflow) -> list[str]:
+    rows = query(airflow, "SELECT value FROM xcom WHERE dag_id = ? AND task_id = 'report' AND key = 'return_value'",
+                 ABANDONED)
+    return sorted(batch for (value,) in rows for batch in json.loads(value))
+
+
+def test_abandoned_batches_start_their_handler_on_its_own_schedule(airflow: LocalAirflow,
+                                                                 nats_settings: ConnectionSettings) -> None:
+    """handle_abandoned_batches is scheduled on an asset fed by the advisory capture: three batches left open on
+    ORDERS_GUARDED are three advisories, each reported by a run of it, none failed."""
+    guarded = trigger(airflow, GUARDED)  # the capture stream and ORDERS_GUARDED, as a user would create them
+    assert wait_run_finished(airflow, GUARDED, guarded, timeout=300) == "success"
+    wait_until(lambda: _consumer_exists(nats_settings, "ADVISORIES", "airflow_orders_abandoned"),
+               "the watcher's consumer on ADVISORIES (it reads only new advisories)", timeout=180, every=0.5)
+    batch_ids = [f"lost-{n}" for n in range(3)]
+    _abandon_batches(nats_settings, batch_ids)
+    wait_until(lambda: _reported_batches(airflow) == batch_ids, "a report of each abandoned batch (the server "
+               "abandons an idle batch after about 10 s)", timeout=240, every=0.5)
+    states = query(airflow, "SELECT state FROM dag_run WHERE dag_id = ?", ABANDONED)
+    assert states and {state for (state,) in states} == {"success"}, states
+
+
+def _consumer_exists(settings: ConnectionSettings, stream: str, consumer: str) -> bool:
+    try:
+        call_on_server(settings, consumer_status, stream, consumer)
+    except (ConsumerNotFoundError, StreamNotFoundError):
+        return False
+    return True
 
 
 def ui_trigger(page: Any, airflow: LocalAirflow, dag_id: str, rows: int) -> str:

@@ -98,14 +98,16 @@ def orders(settings: ConnectionSettings) -> IntervalOrders:
     common = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(common)
     call_on_server(settings, ensure_stream, {**common.AGG_STREAM_CONFIG, "subjects": ["orders.agg.>"]})
-    start = datetime.now(UTC).replace(second=0, microsecond=0)
-    batch = IntervalOrders(start=start, thread=threading.Thread(target=lambda: None))
+    now = datetime.now(UTC)
+    start = now.replace(second=0, microsecond=0) + timedelta(minutes=1 if now.second >= 50 else 0)
+    errors: list[BaseException] = []
 
     def publish_all() -> None:
         try:
             for k in range(INTERVALS):
-                wait_until(lambda k=k: datetime.now(UTC) >= batch.boundary(k), f"minute {k} to begin",
-                           timeout=90, every=0.2)
+                begins = start + timedelta(minutes=k)
+                wait_until(lambda begins=begins: datetime.now(UTC) >= begins, f"minute {k} to begin", timeout=90,
+                           every=0.2)
                 numbers = range(k * ORDERS_PER_INTERVAL, (k + 1) * ORDERS_PER_INTERVAL)
 
                 async def go(numbers: range = numbers) -> None:
@@ -115,11 +117,11 @@ def orders(settings: ConnectionSettings) -> IntervalOrders:
 
                 asyncio.run(go())
         except BaseException as exc:  # handed to the test, which joins the thread
-            batch.errors.append(exc)
+            errors.append(exc)
 
-    batch.thread = threading.Thread(target=publish_all, name="interval-orders", daemon=True)
-    batch.thread.start()
-    return batch
+    thread = threading.Thread(target=publish_all, name="interval-orders", daemon=True)
+    thread.start()
+    return IntervalOrders(start=start, thread=thread, errors=errors)
 
 
 @pytest.fixture(scope="module")

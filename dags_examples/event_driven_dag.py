@@ -7,9 +7,10 @@
   growing back-off, until ``publish_ready_orders`` created the stream). It processes each stream
   sequence once (``process_each_once``): a message can repeat after a triggerer crash, and it also
   processes the events Airflow stored without starting a run for them (see docs/event-driven.md).
-* ``handle_abandoned_batches`` runs once per ``batch_abandoned`` advisory of ``ORDERS_GUARDED``,
+* ``handle_abandoned_batches`` runs for ``batch_abandoned`` advisories of ``ORDERS_GUARDED``,
   read from the advisory capture stream ``ADVISORIES`` (created by ``publish_orders_guarded`` or
-  the orders pipeline).
+  the orders pipeline), and reports each abandoned batch once, also those of a burst that Airflow
+  stored without a run of their own.
 * ``publish_orders_guarded`` ensures the capture stream and ``ORDERS_GUARDED``
   (``orders.guarded.>``), publishes, and fails if any batch of this run was abandoned.
 
@@ -41,6 +42,7 @@ READY_ACK_WAIT = os.environ.get("JETSTREAM_DEMO_ACK_WAIT", "30s")
 READY_MAX_UNCONFIRMED = int(os.environ["JETSTREAM_DEMO_MAX_UNCONFIRMED"]) if os.environ.get(
     "JETSTREAM_DEMO_MAX_UNCONFIRMED") else None
 PROCESSED_BUCKET = "orders_ready_processed"  # one key per processed stream sequence
+REPORTED_BUCKET = "abandoned_batches_reported"  # one key per reported advisory (capture stream sequence)
 GUARDED_STREAM = "ORDERS_GUARDED"
 CAPTURE_STREAM, CAPTURE_MAX_AGE = "ADVISORIES", "1d"  # the same settings as the orders pipeline's capture task
 
@@ -122,13 +124,21 @@ with DAG(dag_id="process_ready_orders", schedule=[orders_ready], start_date=STAR
 with DAG(dag_id="handle_abandoned_batches", schedule=[orders_batch_abandoned], start_date=START, catchup=False,
          tags=["jetstream", "event-driven", "advisories"]):
 
-    @task
-    def report(triggering_asset_events=None) -> list[str]:
+    @task(inlets=[orders_batch_abandoned])
+    def report(triggering_asset_events=None, inlet_events=None) -> list[str]:
+        """One line per abandoned batch, each once. A burst of advisories can leave events without a run of
+        their own (docs/event-driven.md, "Stranded events"): the run that left them behind reports them."""
+        from airflow_jetstream.message_events import asset_messages, process_each_once
+
         batches = []
-        for event in triggering_asset_events[orders_batch_abandoned]:
-            advisory = event.extra["payload"]["advisory"]
+
+        def handle(message: dict) -> None:
+            advisory = message["advisory"]
             print(f"batch {advisory['batch']} of {advisory['stream']} abandoned: {advisory['reason']}")
             batches.append(advisory["batch"])
+
+        messages = asset_messages(orders_batch_abandoned, triggering_asset_events, inlet_events)
+        process_each_once(messages, handle, bucket=REPORTED_BUCKET)
         return batches
 
     report()

@@ -189,3 +189,25 @@ def test_read_until_stops_at_the_last_sequence_even_with_old_stream_info(setting
             assert await seqs(0) == []
 
     asyncio.run(main())
+
+
+def test_waiters_on_one_subject_get_only_what_they_accept(settings: ConnectionSettings):
+    stream = _name("TAIL_ACCEPT")
+
+    async def main():
+        async with open_connection(settings) as conn, AsyncExitStack() as stack:
+            await ensure_stream(conn, {"name": stream, "subjects": [f"{stream}.>"]})
+            listeners = [await stack.enter_async_context(
+                follow(conn, stream, f"{stream}.batch", accept=lambda m, i=i: m.data == f"b{i}".encode()))
+                for i in range(5)]
+            broken = await stack.enter_async_context(
+                follow(conn, stream, f"{stream}.batch", accept=lambda m: 1 / 0))  # its own reading raises
+            for i in reversed(range(5)):
+                await conn.js.publish(f"{stream}.batch", f"b{i}".encode())
+            for i, listener in enumerate(listeners):
+                got = await gather_until(listener, 1, f"listener {i}")
+                assert [m.data for m in got] == [f"b{i}".encode()]
+                assert listener._items == []  # nothing else was queued for it
+            assert len(await gather_until(broken, 5, "the listener whose accept raised")) == 5
+
+    asyncio.run(main())

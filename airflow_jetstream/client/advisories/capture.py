@@ -246,8 +246,11 @@ class CaptureReader:
     async def read_available(self) -> AsyncGenerator[Advisory, None]:
         """Yield every advisory on the filter's subject stored from ``start_time`` until the reader opened."""
         listener = self._require_open()
-        async for advisory in _stored(self.conn, self.capture_stream, self.subject, listener.since,
-                                      start_time=self.start_time, info=await listener.tail.info()):
+        async with listener.catching_up():
+            found = [advisory async for advisory in _stored(self.conn, self.capture_stream, self.subject,
+                                                            listener.since, start_time=self.start_time,
+                                                            info=await listener.tail.info())]
+        for advisory in found:
             yield advisory
 
     async def next_batch(self, timeout: float) -> list[Advisory]:

@@ -65,8 +65,9 @@ async def wait_for_key(conn: JetStreamConnection, bucket: str, key: str, conditi
     stream, subject = stream_of(bucket), f"$KV.{bucket}.{key}"
     try:
         async with follow(conn, stream, subject) as listener:
-            direct = direct_allowed(conn, await listener.tail.info())
-            current = await get_message(conn, stream, subject=subject, direct=direct)
+            async with listener.catching_up():
+                direct = direct_allowed(conn, await listener.tail.info())
+                current = await get_message(conn, stream, subject=subject, direct=direct)
             seen = listener.since
             if current is not None:
                 seen = max(seen, current.seq)

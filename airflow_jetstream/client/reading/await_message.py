@@ -134,9 +134,10 @@ async def find_message(conn: JetStreamConnection, stream: str, match: Callable[[
 
 async def _follow(conn: JetStreamConnection, stream: str, subject: str | None, search: _Search) -> dict[str, Any]:
     async with follow(conn, stream, subject or ">") as listener:
-        stored = read_until(conn, stream, listener.since, start_seq=search.next_seq, subject=subject,
-                            info=await listener.tail.info())
-        found = await search.look_through(stored)
+        async with listener.catching_up():
+            stored = read_until(conn, stream, listener.since, start_seq=search.next_seq, subject=subject,
+                                info=await listener.tail.info())
+            found = await search.look_through(stored)
         search.next_seq = max(search.next_seq, listener.since + 1)
         while found is None:
             found = await search.look(await listener.next_batch())

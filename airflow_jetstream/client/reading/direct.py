@@ -190,7 +190,8 @@ async def read_until(conn: JetStreamConnection, stream: str, last_seq: int, *, s
     info = info if info is not None else await _stream_info(conn, stream)
     state = info.get("state") or {}  # a cached info may predate last_seq: message gets read up to it
     info = {**info, "state": {**state, "last_seq": max(int(state.get("last_seq") or 0), last_seq)}}
-    leader_only = not direct_allowed(conn, info, batch=True)
+    # a single server is its own leader: only a cluster's replicas can lag behind it
+    leader_only = not direct_allowed(conn, info, batch=True) or not conn.clustered
     seq, since, limit = max(start_seq, 1), start_time, BATCH
     while seq <= last_seq:
         page = await get_messages(conn, stream, limit=limit, start_seq=None if since is not None else seq,

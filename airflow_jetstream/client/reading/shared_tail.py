@@ -64,6 +64,9 @@ DELETE_WAIT = 2.0
 POLL_INTERVAL = 1.0
 #: Pauses between attempts to subscribe again after a transient failure.
 RESUBSCRIBE_BACKOFF = Backoff(0.5, 10.0, jitter=True)
+#: Waiters of one tail that read what was stored before they joined at the same time (the rest queue): thousands of
+#: triggers starting together (a triggerer restart) do not put thousands of replies on the event loop at once.
+CATCH_UP_AT_ONCE = 32
 #: How old the stream info a tail hands out may be (its first sequence moves as old messages expire).
 INFO_MAX_AGE = 60.0
 log = logging.getLogger(__name__)
@@ -101,6 +104,10 @@ class TailListener:
     def fail(self, error: JetStreamError) -> None:
         self._error = error
         self._wake()
+
+    def catching_up(self) -> asyncio.Semaphore:
+        """``async with listener.catching_up():`` around reading what was stored up to ``since``."""
+        return self.tail.catch_up_gate
 
     async def next_batch(self) -> list[StoredMessage]:
         """The messages delivered since the last call (waits for at least one); raises the tail's error."""
@@ -152,6 +159,7 @@ class StreamTail:
         self._task: asyncio.Task[None] | None = None
         self._resubscribing: asyncio.Task[None] | None = None
         self._closed = False
+        self.catch_up_gate = asyncio.Semaphore(CATCH_UP_AT_ONCE)
 
     # ------------------------------------------------------------------------------------------- life cycle
 

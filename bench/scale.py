@@ -180,7 +180,7 @@ def poke_trigger(path: str, target: str) -> Any:
         return JetStreamKeyValueTrigger(bucket=target, key="target", value="ready")
     from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
 
-    return JetStreamAwaitMessageTrigger(stream=target, subject=f"{target.lower()}.target",
+    return JetStreamAwaitMessageTrigger(stream=target, filter_subject=f"{target.lower()}.target",
                                         apply_function="builtins.bool", start_seq=1)
 
 

@@ -64,10 +64,15 @@ def make_triggers(kind: str, names: dict[str, str], indices: list[int], since: s
 
         return [JetStreamKeyValueTrigger(bucket=names["bucket"], key=f"k{i}", value="ready") for i in indices]
     if kind == "message":
+        import inspect
+
         from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
 
-        return [JetStreamAwaitMessageTrigger(stream=names["stream"], subject=f"{names['stream']}.m{i}",
-                                             apply_function="builtins.bool", start_seq=1) for i in indices]
+        # the subject filter's name since the one vocabulary (the baseline tree has the former one)
+        name = "filter_subject" if "filter_subject" in inspect.signature(JetStreamAwaitMessageTrigger).parameters \
+            else "subject"
+        return [JetStreamAwaitMessageTrigger(stream=names["stream"], apply_function="builtins.bool", start_seq=1,
+                                             **{name: f"{names['stream']}.m{i}"}) for i in indices]
     from airflow_jetstream.triggers.consumer import JetStreamConsumerDrainedTrigger
 
     return [JetStreamConsumerDrainedTrigger(stream=names["work"], consumer=f"c{i % CONSUMERS}", poll_interval=poll)

@@ -73,7 +73,7 @@ def test_1500_triggers_of_each_kind_in_one_loop_hold_one_consumer_per_stream(nat
             advisories = start([JetStreamAdvisoryTrigger(advisory="batch_abandoned", advisory_stream=stream,
                                                          batch_id=f"b{i}", capture_stream=capture, start_time=since)
                                 for i in range(COUNT)])
-            messages = start([JetStreamAwaitMessageTrigger(stream=stream, subject=f"{stream}.m{i}",
+            messages = start([JetStreamAwaitMessageTrigger(stream=stream, filter_subject=f"{stream}.m{i}",
                                                            apply_function="builtins.bool", start_seq=1)
                               for i in range(COUNT)])
             first_kv = start(kv_triggers("k", COUNT))

@@ -7,6 +7,7 @@ import asyncio
 import uuid
 
 import nats.errors
+import nats.js.errors
 
 from airflow_jetstream.client import ensure_stream, open_connection
 from airflow_jetstream.client.reading.shared_tail import follow, tail_stats
@@ -24,7 +25,8 @@ def test_waiters_get_every_message_once_when_the_consumers_node_dies(
     async def stored(publisher, subject: str, n: int) -> bool:
         try:
             await publisher.js.publish(subject, str(n).encode(), timeout=5, headers={"Nats-Msg-Id": f"{stream}-{n}"})
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError):
+        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError,
+                nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError, TimeoutError):
             return False
         return True
 

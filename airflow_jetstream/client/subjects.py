@@ -71,3 +71,14 @@ def subject_matches(pattern: str, subject: str) -> bool:
         if index >= len(have) or (token != "*" and token != have[index]):
             return False
     return len(want) == len(have)
+
+
+def subjects_overlap(first: str, second: str) -> bool:
+    """True when some subject matches both (wildcard) subjects."""
+    a, b = first.split("."), second.split(".")
+    for x, y in zip(a, b, strict=False):
+        if x == ">" or y == ">":
+            return True
+        if x != y and "*" not in (x, y):
+            return False
+    return len(a) == len(b)

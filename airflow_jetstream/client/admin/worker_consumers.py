@@ -51,7 +51,7 @@ from airflow_jetstream.client.errors import (
     TooManySubjectsError,
 )
 from airflow_jetstream.client.retry import Backoff, retry
-from airflow_jetstream.client.subjects import validate_name, validate_subjects
+from airflow_jetstream.client.subjects import subjects_overlap, validate_name, validate_subjects
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +73,6 @@ def worker_consumer_name(prefix: str, worker_id: str | int) -> str:
     if not worker:
         raise InvalidRequestError("worker_id must not be empty", reason="invalid_name")
     return validate_name(f"{prefix}-{worker}", what="worker consumer name")
-
-
-def _overlaps(a: list[str], b: list[str]) -> bool:
-    """True when two subjects (token lists, wildcards allowed) can match a common subject."""
-    for x, y in zip(a, b, strict=False):
-        if x == ">" or y == ">":
-            return True
-        if x != y and x != "*" and y != "*":
-            return False
-    return len(a) == len(b)
 
 
 def normalize_subjects(subjects: Iterable[str], *, max_subjects: int = DEFAULT_MAX_SUBJECTS,
@@ -107,11 +97,9 @@ def normalize_subjects(subjects: Iterable[str], *, max_subjects: int = DEFAULT_M
             "consumer; spread the subjects over more workers, group them with a wildcard (orders.eu.*), or "
             "raise max_subjects",
         )
-    wild = [s for s in unique if {"*", ">"} & set(s.split("."))]
-    for w in wild:
-        w_tokens = w.split(".")
+    for w in (s for s in unique if {"*", ">"} & set(s.split("."))):
         for other in unique:
-            if other != w and _overlaps(w_tokens, other.split(".")):
+            if other != w and subjects_overlap(w, other):
                 raise InvalidSubjectError(
                     f"{consumer}: filter subjects {w!r} and {other!r} overlap; the server refuses overlapping "
                     "filters: keep only the wider one",

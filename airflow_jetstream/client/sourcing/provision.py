@@ -60,8 +60,8 @@ from airflow_jetstream.client.sourcing.spec import (
     DurableSource,
     entry_filters,
     find_entry,
-    subjects_overlap,
 )
+from airflow_jetstream.client.subjects import subjects_overlap
 
 #: Header the server puts on every sourced message: ``<origin>[:<suffix>] <origin seq> ...``.
 SOURCE_HEADER = "Nats-Stream-Source"

@@ -10,7 +10,7 @@ from airflow_jetstream.client.admin.consumers import DELIVER_POLICIES, REPLAY_PO
 from airflow_jetstream.client.admin.domains import domain_api_prefix
 from airflow_jetstream.client.admin.streams import check_replicas, normalize_placement
 from airflow_jetstream.client.errors import ConsumerConfigError, InvalidRequestError
-from airflow_jetstream.client.subjects import validate_name, validate_subject
+from airflow_jetstream.client.subjects import subjects_overlap, validate_name, validate_subject
 from airflow_jetstream.client.times import to_rfc3339
 
 SERVER_MANAGED = "server"
@@ -206,19 +206,6 @@ class DurableSource:
         """True when ``entry`` (of A's sources) reads from this origin in this domain."""
         api = (entry.get("external") or {}).get("api")
         return entry.get("name") == self.source and api == self.external_api
-
-
-def subjects_overlap(first: str, second: str) -> bool:
-    """True when some subject matches both (wildcard) subjects."""
-    a, b = first.split("."), second.split(".")
-    for i in range(max(len(a), len(b))):
-        if i >= len(a) or i >= len(b):
-            return False
-        if a[i] == ">" or b[i] == ">":
-            return True
-        if a[i] != b[i] and "*" not in (a[i], b[i]):
-            return False
-    return len(a) == len(b)
 
 
 def entry_filters(entry: dict[str, Any]) -> tuple[str, ...]:

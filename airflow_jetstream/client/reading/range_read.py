@@ -32,7 +32,6 @@ from airflow_jetstream.client.errors import (
     JetStreamError,
     LeaderUnavailableError,
 )
-from airflow_jetstream.client.natspy_internals import install_header_parser
 from airflow_jetstream.client.reading.headers import without
 from airflow_jetstream.client.retry import retry
 
@@ -46,12 +45,6 @@ StoredMessage = tuple[str, int, int, dict[str, str] | None, bytes]
 _LEADER_STATUSES = frozenset({"503", "409"})
 _ERR_NO_MESSAGE = 10037
 log = logging.getLogger(__name__)
-
-
-def use_fast_header_parser(conn: JetStreamConnection) -> None:
-    """Make sure ``conn`` parses headers with the toolkit's parser (nats-py's, keeping repeated names)."""
-    install_header_parser(conn.nc)
-
 
 
 def _ts_nanos(rfc3339: str) -> int:
@@ -212,11 +205,6 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
 
 async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, last: int,
                            subjects: Sequence[str], batch: int) -> AsyncGenerator[list[StoredMessage], None]:
-    if len(subjects) > 1:
-        for subject in subjects:
-            async for part in _read_via_direct(conn, stream, first, last, (subject,), batch):
-                yield part
-        return
     inbox = conn.nc.new_inbox()
     sub = await conn.nc.subscribe(inbox, pending_msgs_limit=batch * 4, pending_bytes_limit=256 * 1024 * 1024)
     subject = f"{conn.api_prefix}.DIRECT.GET.{stream}"
@@ -268,7 +256,6 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
     """Yield the messages with ``first <= seq <= last`` (matching ``subjects``) in chunks, in order."""
     if last < first:
         return
-    use_fast_header_parser(conn)
     if via == "direct" and len(subjects) > 1:
         # direct get reads one subject after the other, each in sequence order: each resumes on its own
         for subject in subjects:

@@ -7,10 +7,6 @@ reads that stream from a start time (:func:`find_captured`, :func:`watch_advisor
     await ensure_stream(conn, capture_stream_config("ADVISORIES", max_age="7d"))
     flt = AdvisoryFilter(advisory="batch_abandoned", stream="ORDERS")
     found = await find_captured(conn, "ADVISORIES", start_time=run_start, advisory_filter=flt)
-
-This module is also the public entry point for advisories: it re-exports the typed advisories
-(:mod:`~airflow_jetstream.client.advisories.types`) and the filter
-(:mod:`~airflow_jetstream.client.advisories.filter`).
 """
 
 from __future__ import annotations
@@ -29,47 +25,23 @@ from airflow_jetstream.client.admin.streams import (
     replication_config,
     stream_info,
 )
-from airflow_jetstream.client.advisories.filter import (
-    AdvisoryFilter,
-    AdvisoryPredicateError,
-    load_predicate,
-    predicate_path,
-)
+from airflow_jetstream.client.advisories.filter import AdvisoryFilter
 from airflow_jetstream.client.advisories.types import (
-    ADVISORY_PREFIX,
     DEFAULT_CAPTURE_STREAM,
     DEFAULT_CAPTURE_SUBJECTS,
     EVENT_PREFIX,
     FORMER_CAPTURE_SUBJECTS,
-    KINDS,
-    METRIC_PREFIX,
     Advisory,
-    AdvisoryKind,
-    advisory_subject,
     decode_advisory,
-    get_kind,
-    parse_advisory,
     parse_timestamp,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
-from airflow_jetstream.client.errors import (
-    InvalidRequestError,
-    StreamNotFoundError,
-)
+from airflow_jetstream.client.errors import InvalidRequestError, StreamNotFoundError
 from airflow_jetstream.client.reading.direct import StoredMessage, read_until
 from airflow_jetstream.client.reading.shared_tail import TailListener, follow
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subjects
 from airflow_jetstream.client.times import parse_time
-
-__all__ = [
-    "ADVISORY_PREFIX", "DEFAULT_CAPTURE_STREAM", "DEFAULT_CAPTURE_SUBJECTS", "EVENT_PREFIX", "KINDS", "METRIC_PREFIX",
-    "Advisory", "AdvisoryFilter", "AdvisoryKind", "AdvisoryPredicateError", "CaptureReader",
-    "advisory_subject", "capture_gap", "capture_info", "capture_stream_config", "decode_advisory",
-    "ensure_capture_stream", "find_captured",
-    "get_kind", "listen_live", "load_predicate", "parse_advisory", "predicate_path", "subject_matches",
-    "watch_advisories",
-]
 
 log = logging.getLogger(__name__)
 #: Consumers a new capture stream allows (the server's own default when unset is 1,000, so the limit is visible).

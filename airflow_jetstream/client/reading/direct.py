@@ -26,18 +26,24 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
 
 from airflow_jetstream.client import server_features
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, StreamNotFoundError, error_from_api
+from airflow_jetstream.client.errors import (
+    InvalidRequestError,
+    JetStreamError,
+    LeaderUnavailableError,
+    StreamNotFoundError,
+    error_from_api,
+)
 from airflow_jetstream.client.reading.headers import Headers, parse_header_lines, without
 from airflow_jetstream.client.subjects import validate_name
 from airflow_jetstream.client.times import parse_time, to_rfc3339
@@ -47,9 +53,10 @@ BATCH = 256
 #: Message gets in flight at once when reading sequences without a subject filter.
 CONCURRENT_GETS = 32
 _NO_MESSAGE = 10037
+T = TypeVar("T")
 _STATUS = "Status"
 #: Headers a direct get adds to the stored message's own (where it came from, what is left to read).
-_DIRECT_HEADERS = frozenset({"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Num-Pending",
+DIRECT_HEADERS = frozenset({"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Num-Pending",
                              "Nats-Last-Sequence", "Nats-UpTo-Sequence"})
 
 
@@ -104,7 +111,7 @@ def _typed(conn: JetStreamConnection, exc: BaseException, stream: str, subject: 
 def _own_headers(headers: Any) -> dict[str, str]:
     if not headers:
         return {}
-    kept = without(headers if isinstance(headers, Headers) else Headers(dict(headers)), _DIRECT_HEADERS)
+    kept = without(headers if isinstance(headers, Headers) else Headers(dict(headers)), DIRECT_HEADERS)
     return kept if kept is not None else {}
 
 
@@ -223,7 +230,7 @@ async def _direct_batches(conn: JetStreamConnection, stream: str, seq: int, sinc
         if subject is not None:
             request["next_by_subj"] = subject
         got, pending = await conn.retry_leader(f"read from stream {stream!r}",
-                                               partial(_direct_batch, conn, stream, request))
+                                               partial(direct_batch, conn, stream, request, partial(_stored, stream)))
         out.extend(got)
         if got:
             seq = got[-1].seq + 1
@@ -232,13 +239,21 @@ async def _direct_batches(conn: JetStreamConnection, stream: str, seq: int, sinc
     return MessagePage(out, pending if out else 0, seq, "direct_batch")
 
 
-async def _direct_batch(conn: JetStreamConnection, stream: str,
-                        request: dict[str, Any]) -> tuple[list[StoredMessage], int | None]:
-    """One direct batch request: its messages and how many more match after them (the EOB's count)."""
+def _stored(stream: str, headers: Any, msg: Any) -> StoredMessage:
+    return StoredMessage(stream=stream, subject=headers.get("Nats-Subject", ""),
+                         seq=int(headers.get("Nats-Sequence") or 0), data=msg.data or b"",
+                         headers=_own_headers(headers), time=headers.get("Nats-Time-Stamp"))
+
+
+async def direct_batch(conn: JetStreamConnection, stream: str, request: dict[str, Any],
+                       row: Callable[[Any, Any], T], *, election: bool = False) -> tuple[list[T], int | None]:
+    """One direct batch request: its messages, each as ``row(headers, msg)``, and how many more match after
+    them (the EOB's count). A 503 (nothing answers direct gets on the stream) is :class:`StreamNotFoundError`;
+    with ``election`` (a stream known to exist, on a cluster) it is :class:`LeaderUnavailableError`."""
     subject = f"{conn.api_prefix}.DIRECT.GET.{stream}"
     inbox = conn.nc.new_inbox()
-    sub = await conn.nc.subscribe(inbox)
-    got: list[StoredMessage] = []
+    sub = await conn.nc.subscribe(inbox, pending_bytes_limit=256 * 1024 * 1024)
+    got: list[T] = []
     timeout = conn.settings.request_timeout
     try:
         await conn.nc.publish(subject, json.dumps(request).encode(), reply=inbox)
@@ -251,14 +266,15 @@ async def _direct_batch(conn: JetStreamConnection, stream: str,
             headers = msg.headers or {}
             status = headers.get(_STATUS)
             if status is None:
-                got.append(StoredMessage(stream=stream, subject=headers.get("Nats-Subject", ""),
-                                         seq=int(headers.get("Nats-Sequence") or 0), data=msg.data or b"",
-                                         headers=_own_headers(headers), time=headers.get("Nats-Time-Stamp")))
+                got.append(row(headers, msg))
                 continue
             if status == "204":  # EOB: the batch ended; how many more match
                 return got, _int(headers.get("Nats-Num-Pending"))
             if status == "404":  # nothing (more) at or after the sequence
                 return got, 0
+            if status == "503" and election:
+                raise LeaderUnavailableError(f"read from stream {stream!r}: direct get answered 503 (no replica "
+                                             "answers right now)")
             if status == "503":
                 raise StreamNotFoundError(
                     f"read from stream {stream!r}: nothing answers direct gets on {subject!r}: the stream does "
@@ -349,5 +365,6 @@ async def last_per_subject(conn: JetStreamConnection, stream: str,
         return {}
     server_features.require(conn, server_features.DIRECT_GET_BATCH, what=f"reading the last messages of {stream!r}")
     request = {"multi_last": list(subjects)}  # no "batch": a batch below the number of matches is refused (413)
-    got, _ = await conn.retry_leader(f"read from stream {stream!r}", partial(_direct_batch, conn, stream, request))
+    got, _ = await conn.retry_leader(f"read from stream {stream!r}",
+                                     partial(direct_batch, conn, stream, request, partial(_stored, stream)))
     return {msg.subject: msg for msg in got}

@@ -32,13 +32,10 @@ from airflow_jetstream.client.errors import (
     JetStreamError,
     LeaderUnavailableError,
 )
+from airflow_jetstream.client.reading.direct import DIRECT_HEADERS, direct_batch
 from airflow_jetstream.client.reading.headers import without
 from airflow_jetstream.client.retry import retry
 
-#: Headers the server adds to a direct-get reply; they are metadata, not the message's own headers.
-_DIRECT_GET_HEADERS = frozenset({
-    "Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Num-Pending", "Nats-Last-Sequence",
-})
 #: One stored message: subject, stream sequence, timestamp (ns since epoch), headers or None, payload.
 StoredMessage = tuple[str, int, int, dict[str, str] | None, bytes]
 #: Pull / direct-get statuses that mean "no leader right now": no responders, leadership change.
@@ -203,51 +200,28 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
     await conn.api_request(f"CONSUMER.DELETE.{stream}.{name}", context="delete read consumer")
 
 
+def _row(headers: Any, msg: Any) -> StoredMessage:
+    """A direct get's message as a :data:`StoredMessage` tuple (the Spark reader's rows are built from these)."""
+    own = without(headers, DIRECT_HEADERS)  # repeated names keep every value
+    return headers["Nats-Subject"], int(headers["Nats-Sequence"]), _ts_nanos(headers["Nats-Time-Stamp"]), own, msg.data
+
+
 async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, last: int,
                            subjects: Sequence[str], batch: int) -> AsyncGenerator[list[StoredMessage], None]:
-    inbox = conn.nc.new_inbox()
-    sub = await conn.nc.subscribe(inbox, pending_msgs_limit=batch * 4, pending_bytes_limit=256 * 1024 * 1024)
-    subject = f"{conn.api_prefix}.DIRECT.GET.{stream}"
+    """Batched direct gets (:func:`~airflow_jetstream.client.reading.direct.direct_batch`) of one subject (or all);
+    a 503 on a cluster is an election (the stream exists: the read was planned on it)."""
     seq = first
-    try:
-        while seq <= last:
-            request: dict[str, Any] = {"seq": seq, "batch": min(batch, last - seq + 1)}
-            if subjects:
-                request["next_by_subj"] = subjects[0]
-            await conn.nc.publish(subject, json.dumps(request).encode(), reply=inbox)
-            chunk: list[StoredMessage] = []
-            done = False
-            while True:
-                try:
-                    msg = await sub.next_msg(conn.settings.request_timeout)
-                except TimeoutError:
-                    await conn.raise_if_denied(subject)
-                    raise conn.unanswered(f"stream {stream!r}: direct get got no answer within "
-                                          f"{conn.settings.request_timeout}s") from None
-                headers = msg.headers or {}
-                status = headers.get(HEADER_STATUS)
-                if status in _LEADER_STATUSES and conn.clustered:
-                    raise LeaderUnavailableError(f"stream {stream!r}: direct get answered status {status} "
-                                                 "(no leader)")
-                if status:
-                    done = status == "404" or not chunk
-                    if status not in ("204", "404"):
-                        raise JetStreamError(f"stream {stream!r}: direct get answered status {status}",
-                                             reason="read_failed")
-                    break
-                msg_seq = int(headers["Nats-Sequence"])
-                if msg_seq > last:
-                    done = True
-                    continue
-                own = without(headers, _DIRECT_GET_HEADERS)  # repeated names keep every value
-                chunk.append((headers["Nats-Subject"], msg_seq, _ts_nanos(headers["Nats-Time-Stamp"]), own, msg.data))
-                seq = msg_seq + 1
-            if chunk:
-                yield chunk
-            if done:
-                return
-    finally:
-        await sub.unsubscribe()
+    while seq <= last:
+        request: dict[str, Any] = {"seq": seq, "batch": min(batch, last - seq + 1)}
+        if subjects:
+            request["next_by_subj"] = subjects[0]
+        got, pending = await direct_batch(conn, stream, request, _row, election=conn.clustered)
+        chunk = [message for message in got if message[1] <= last]
+        if chunk:
+            yield chunk
+        if not got or len(chunk) < len(got) or pending == 0:
+            return
+        seq = got[-1][1] + 1
 
 
 async def read_range(conn: JetStreamConnection, stream: str, first: int, last: int, *,

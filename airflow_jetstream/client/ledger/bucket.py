@@ -20,9 +20,8 @@ from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError, LedgerNotFoundError
 from airflow_jetstream.client.kv.replication import bucket_replicas, create_bucket
-from airflow_jetstream.client.ledger.kv_errors import kv_errors
 from airflow_jetstream.client.ledger.records import KEY_SAFE
-from airflow_jetstream.client.ledger.store import stream_of
+from airflow_jetstream.client.ledger.store import kv_errors, stream_of
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,6 @@ run can read it: ``await get_job_record(conn, job_id)``.
 from __future__ import annotations
 
 import json
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import nats.errors
@@ -21,6 +20,8 @@ from airflow_jetstream.client.kv.replication import create_bucket, ensure_bucket
 from airflow_jetstream.client.subjects import validate_name
 
 DEFAULT_JOB_BUCKET = "jetstream_jobs"
+#: A missing key is the caller's (None), not an error; no answer, a refusal and API errors are typed (kv_errors).
+_KEEP = (nats.js.errors.KeyNotFoundError,)
 
 
 async def _bucket(conn: JetStreamConnection, bucket: str, *, create: bool,
@@ -51,7 +52,7 @@ async def put_job_record(conn: JetStreamConnection, job_id: str, record: dict[st
     payload = json.dumps(record, separators=(",", ":"), default=str).encode()
 
     async def attempt() -> int:
-        async with _kv_errors(conn, job_id, bucket):
+        async with kv_errors(conn, bucket, f"job record {job_id!r} in bucket {bucket!r}", keep=_KEEP):
             kv = await _bucket(conn, bucket, create=True, replication=replication)
             return int(await kv.put(job_id, payload))
 
@@ -64,7 +65,7 @@ async def get_job_record(conn: JetStreamConnection, job_id: str, *,
     validate_name(job_id, what="job id")
 
     async def attempt() -> Any:
-        async with _kv_errors(conn, job_id, bucket):
+        async with kv_errors(conn, bucket, f"job record {job_id!r} in bucket {bucket!r}", keep=_KEEP):
             kv = await _bucket(conn, bucket, create=False)
             return None if kv is None else await kv.get(job_id)
 
@@ -74,10 +75,3 @@ async def get_job_record(conn: JetStreamConnection, job_id: str, *,
         return None
     return None if entry is None else json.loads(entry.value or b"{}")
 
-
-def _kv_errors(conn: JetStreamConnection, job_id: str, bucket: str) -> AbstractAsyncContextManager[None]:
-    """The KV wing's one error mapping: no answer is, on a cluster, a :class:`LeaderUnavailableError`
-    (retried by the caller), on a single server a :class:`RequestTimeoutError`; a permission refusal is
-    ``permission_denied`` at once; API errors are typed; a missing key is left to the caller."""
-    return kv_errors(conn, bucket, f"job record {job_id!r} in bucket {bucket!r}",
-                     keep=(nats.js.errors.KeyNotFoundError,))

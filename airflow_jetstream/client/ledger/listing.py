@@ -16,9 +16,8 @@ from typing import Any
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.ledger.counts import is_counts_key
-from airflow_jetstream.client.ledger.kv_errors import kv_errors
 from airflow_jetstream.client.ledger.records import BatchRecord, check_id, key_token
-from airflow_jetstream.client.ledger.store import stream_of, subject_of
+from airflow_jetstream.client.ledger.store import kv_errors, stream_of, subject_of
 from airflow_jetstream.client.ledger.summary import RunTally, summarize
 from airflow_jetstream.client.reading.range_read import read_latest_per_subject
 

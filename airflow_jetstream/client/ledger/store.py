@@ -16,6 +16,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ from airflow_jetstream.client.errors import (
     LedgerNotFoundError,
     error_from_api,
 )
-from airflow_jetstream.client.ledger.kv_errors import kv_errors
+from airflow_jetstream.client.kv import errors
 from airflow_jetstream.client.reading.direct import get_message, last_per_subject
 from airflow_jetstream.client.retry import Backoff, retry
 
@@ -62,6 +63,14 @@ class Write:
     key: str
     data: bytes
     expected: int
+
+
+def kv_errors(conn: JetStreamConnection, bucket: str, context: str, *,
+              fail_fast: bool = True) -> AbstractAsyncContextManager[None]:
+    """The KV wing's one error mapping (:func:`~airflow_jetstream.client.kv.errors.kv_errors`: permission refusals
+    fail fast naming the subject) for the ledger's calls on ``bucket``, a missing bucket reported as the ledger's."""
+    return errors.kv_errors(conn, bucket, context, fail_fast=fail_fast, missing=lambda where: LedgerNotFoundError(
+        f"{where}: the ledger bucket does not exist; open it with create=True"))
 
 
 def stream_of(bucket: str) -> str:

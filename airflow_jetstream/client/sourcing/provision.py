@@ -18,7 +18,6 @@ duplicates: the durable consumer starts right after the last message ``A`` holds
 
 from __future__ import annotations
 
-import base64
 import time
 from dataclasses import asdict, replace
 from typing import Any
@@ -45,10 +44,10 @@ from airflow_jetstream.client.errors import (
     ConsumerConfigError,
     ConsumerNotFoundError,
     InvalidRequestError,
-    ServerAPIError,
     StreamConfigError,
     StreamNotFoundError,
 )
+from airflow_jetstream.client.reading.direct import get_message
 from airflow_jetstream.client.sourcing.health import (
     SourceUnhealthyError,
     server_managed_consumer,
@@ -63,7 +62,7 @@ from airflow_jetstream.client.sourcing.spec import (
 )
 from airflow_jetstream.client.subjects import subjects_overlap
 
-#: Header the server puts on every sourced message: ``<origin>[:<suffix>] <origin seq> ...``.
+#: Header the server puts on every sourced message.
 SOURCE_HEADER = "Nats-Stream-Source"
 _RESULT_FIELDS = ("stream", "source", "mode", "mirror", "domain", "api_prefix")
 
@@ -205,42 +204,21 @@ async def _update_entries(conn: JetStreamConnection, spec: DurableSource, target
 async def last_sourced_seq(conn: JetStreamConnection, stream: str, origin: str, *, max_scan: int = 1_000_000) -> int:
     """The origin sequence of the newest message in ``stream`` that came from ``origin`` (0 if none).
 
-    Reads the ``Nats-Stream-Source`` header backwards from the stream's last message.
+    Reads the ``Nats-Stream-Source`` header (``<origin>[:<suffix>] <origin seq> ...``) backwards from the stream's
+    last message.
     """
     state = (await stream_info(conn, stream))["state"]
-    first, seq = int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
-    scanned = 0
-    while seq >= max(first, 1):
-        if scanned >= max_scan:
+    last = int(state.get("last_seq", 0))
+    for seq in range(last, max(int(state.get("first_seq", 0)), 1) - 1, -1):
+        if last - seq >= max_scan:
             raise SourceUnhealthyError(
                 f"no message from {origin!r} among the last {max_scan} of stream {stream!r}; cannot find where "
                 "sourcing stopped", reason="migration_scan_limit")
-        scanned += 1
-        try:
-            reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": seq}, context=f"stream {stream!r}")
-        except ServerAPIError as exc:
-            if exc.err_code != 10037:
-                raise
-            seq -= 1
-            continue
-        origin_seq = _origin_seq(reply["message"].get("hdrs"), origin)
-        if origin_seq is not None:
-            return origin_seq
-        seq -= 1
-    return 0
-
-
-def _origin_seq(hdrs: str | None, origin: str) -> int | None:
-    if not hdrs:
-        return None
-    for line in base64.b64decode(hdrs).decode(errors="replace").split("\r\n"):
-        name, _, value = line.partition(":")
-        if name.strip().lower() != SOURCE_HEADER.lower():
-            continue
-        parts = value.split()
+        message = await get_message(conn, stream, seq=seq)
+        parts = (message.headers.get(SOURCE_HEADER) or "").split() if message else []
         if len(parts) >= 2 and (parts[0] == origin or parts[0].startswith(origin + ":")):
             return int(parts[1])
-    return None
+    return 0
 
 
 async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, spec: DurableSource,

@@ -30,6 +30,7 @@ from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, BatchRecord
 from airflow_jetstream.client.reading.headers import header_values
+from airflow_jetstream.client.reading.messages import is_utf8
 from airflow_jetstream.client.reading.range_read import StoredMessage, read_range
 from airflow_jetstream.client.reading.read_plan import (
     ReadPlan,
@@ -97,14 +98,6 @@ def _headers_type(data_type: Any) -> str | None:
     if isinstance(data_type.valueType, ArrayType) and isinstance(data_type.valueType.elementType, StringType):
         return "all"
     return None
-
-
-def _is_utf8(data: bytes) -> bool:
-    try:
-        bytes(data).decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _default_partitions(plan: ReadPlan) -> int:
@@ -176,7 +169,7 @@ class _Columns:
         try:
             return [bytes(m[4]).decode("utf-8") for m in chunk]
         except UnicodeDecodeError:
-            seq, subject = next((m[1], m[0]) for m in chunk if not _is_utf8(m[4]))
+            seq, subject = next((m[1], m[0]) for m in chunk if not is_utf8(bytes(m[4])))
             raise InvalidRequestError(f"message {seq} ({subject}): the payload is not UTF-8, so it cannot fill "
                                       "the string payload column; read it with decode=none (binary)",
                                       reason="invalid_utf8") from None

@@ -8,7 +8,6 @@ one bucket are one consumer, not a thousand.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -18,6 +17,7 @@ from airflow_jetstream.client.kv.condition import KeyCondition
 from airflow_jetstream.client.kv.errors import bucket_missing
 from airflow_jetstream.client.kv.keys import entry_dict, get_key
 from airflow_jetstream.client.kv.names import stream_of, validate_key
+from airflow_jetstream.client.reading.apply_function import with_result
 from airflow_jetstream.client.reading.direct import StoredMessage, direct_allowed, get_message
 from airflow_jetstream.client.reading.shared_tail import follow
 
@@ -25,22 +25,12 @@ _REMOVED = ("DEL", "PURGE")
 log = logging.getLogger(__name__)
 
 
-def _matched(entry: dict[str, Any], result: Any) -> dict[str, Any]:
-    if isinstance(result, bool) or result is None:
-        return entry
-    try:
-        json.dumps(result)
-    except (TypeError, ValueError):
-        result = repr(result)
-    return {**entry, "result": result}
-
-
 async def _holds(condition: KeyCondition, entry: dict[str, Any] | None) -> dict[str, Any] | None:
     """The entry (with the function's result) when it exists and satisfies ``condition``, else None."""
     if entry is None:
         return None
     result = await condition.holds(entry)
-    return _matched(entry, result) if result else None
+    return with_result(entry, result) if result else None
 
 
 def _entry(bucket: str, key: str, message: StoredMessage) -> dict[str, Any] | None:

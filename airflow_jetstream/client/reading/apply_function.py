@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -80,3 +81,15 @@ async def call_function(func: Callable[[Any], Any], message: Any) -> Any:
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+def with_result(document: dict[str, Any], result: Any) -> dict[str, Any]:
+    """``document`` plus a function's non-bool ``result`` (its ``repr`` when JSON cannot hold it), as an event or
+    XCom shows what the function returned."""
+    if isinstance(result, bool) or result is None:
+        return document
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError):
+        result = repr(result)
+    return {**document, "result": result}

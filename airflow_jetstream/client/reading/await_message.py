@@ -15,7 +15,6 @@ messages (``follow=True``) shares the one subscription the connection holds for 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
@@ -25,7 +24,7 @@ from typing import Any
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import ApplyFunctionError, InvalidRequestError
-from airflow_jetstream.client.reading.apply_function import call_function
+from airflow_jetstream.client.reading.apply_function import call_function, with_result
 from airflow_jetstream.client.reading.direct import StoredMessage, read_until
 from airflow_jetstream.client.reading.messages import ConsumedMessage
 from airflow_jetstream.client.reading.shared_tail import follow
@@ -68,14 +67,7 @@ async def _evaluate(match: Callable[[ConsumedMessage], Any], message: ConsumedMe
 
 
 def _found(message: ConsumedMessage, result: Any, scanned: int) -> dict[str, Any]:
-    payload = message.to_dict()
-    if not isinstance(result, bool):
-        try:
-            json.dumps(result)
-        except (TypeError, ValueError):
-            result = repr(result)
-        payload["result"] = result
-    return {"message": payload, "next_seq": message.seq + 1, "scanned": scanned}
+    return {"message": with_result(message.to_dict(), result), "next_seq": message.seq + 1, "scanned": scanned}
 
 
 class _Search:

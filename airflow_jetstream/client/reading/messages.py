@@ -32,7 +32,7 @@ def body_fields(data: bytes, *, limit: int = EVENT_BODY_LIMIT, where: str = "the
     try:
         text = kept.decode("utf-8")
     except UnicodeDecodeError as exc:
-        cut_char = len(kept) < len(data) and exc.start >= len(kept) - 3 and _is_utf8(data)
+        cut_char = len(kept) < len(data) and exc.start >= len(kept) - 3 and is_utf8(data)
         text = kept[:exc.start].decode("utf-8") if cut_char else None
     if len(kept) < len(data):
         fields["truncated"] = (f"the body is {len(data)} bytes; only its first {len(kept)} are kept here "
@@ -50,7 +50,7 @@ def body_fields(data: bytes, *, limit: int = EVENT_BODY_LIMIT, where: str = "the
     return fields
 
 
-def _is_utf8(data: bytes) -> bool:
+def is_utf8(data: bytes) -> bool:
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:

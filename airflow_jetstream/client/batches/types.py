@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError
@@ -78,15 +78,7 @@ class BatchResult:
     duplicates: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "stream": self.stream,
-            "batch": self.batch,
-            "count": self.count,
-            "first_seq": self.first_seq,
-            "last_seq": self.last_seq,
-            "already_committed": self.already_committed,
-            "duplicates": self.duplicates,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -89,9 +89,7 @@ class _Tally:
         self.last_seq = max(seqs) if self.last_seq is None else max(self.last_seq, *seqs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"processed": self.processed, "acked": self.acked, "terminated": self.terminated,
-                "batches": self.batches, "first_seq": self.first_seq, "last_seq": self.last_seq,
-                "stopped": self.stopped}
+        return asdict(self)
 
 
 def _describe(messages: Sequence[ConsumedMessage]) -> str:

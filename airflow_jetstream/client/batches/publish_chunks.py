@@ -9,7 +9,7 @@ summarised by counts: the result does not grow with the number of chunks).
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_jetstream.client.admin.streams import stream_info
@@ -150,19 +150,8 @@ class ChunksSummary:
         self.last_seq = result.last_seq
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "stream": self.stream,
-            "mode": self.mode,
-            "batch": self.batch,
-            "chunks": self.chunks,
-            "count": self.count,
-            "first_seq": self.first_seq,
-            "last_seq": self.last_seq,
-            "already_committed": self.chunks > 0 and self.already_committed_chunks == self.chunks,
-            "already_committed_chunks": self.already_committed_chunks,
-            "duplicates": self.duplicates,
-            "stored_exact": self.mode == "atomic",
-        }
+        return {**asdict(self), "already_committed": self.chunks > 0 and self.already_committed_chunks == self.chunks,
+                "stored_exact": self.mode == "atomic"}
 
 
 async def _each(chunks: Iterable[Sequence[BatchMessage]] | AsyncIterable[Sequence[BatchMessage]]) -> Any:

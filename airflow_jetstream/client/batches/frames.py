@@ -21,10 +21,8 @@ from airflow_jetstream.client.natspy_internals import write_raw
 _HEADER_START = b"NATS/1.0\r\n"
 
 
-def encode_header_lines(headers: Mapping[str, str | list[str]] | None) -> bytes:
+def encode_header_lines(headers: Mapping[str, str | list[str]]) -> bytes:
     """``Key: Value\r\n`` lines for ``headers`` (already validated: no line breaks), one per value of a list."""
-    if not headers:
-        return b""
     return "".join(f"{k}: {v}\r\n" for k, values in headers.items() for v in header_values(values)).encode()
 
 
@@ -42,18 +40,13 @@ def message_header_lines(msg: BatchMessage) -> bytes:
     return lines
 
 
-def encode_frame(subject: bytes, reply: bytes | None, header_lines: bytes, payload: bytes) -> bytes:
-    """One ``HPUB`` (or ``PUB`` when there are no headers) protocol frame."""
+def encode_frame(subject: bytes, reply: bytes, header_lines: bytes, payload: bytes) -> bytes:
+    """One ``HPUB`` (or ``PUB`` when there are no headers) protocol frame with a reply subject."""
     if not header_lines:
-        if reply:
-            return b"PUB %b %b %d\r\n%b\r\n" % (subject, reply, len(payload), payload)
-        return b"PUB %b %d\r\n%b\r\n" % (subject, len(payload), payload)
+        return b"PUB %b %b %d\r\n%b\r\n" % (subject, reply, len(payload), payload)
     hdr_len = len(_HEADER_START) + len(header_lines) + 2
-    total = hdr_len + len(payload)
-    if reply:
-        return b"HPUB %b %b %d %d\r\nNATS/1.0\r\n%b\r\n%b\r\n" % (
-            subject, reply, hdr_len, total, header_lines, payload)
-    return b"HPUB %b %d %d\r\nNATS/1.0\r\n%b\r\n%b\r\n" % (subject, hdr_len, total, header_lines, payload)
+    return b"HPUB %b %b %d %d\r\nNATS/1.0\r\n%b\r\n%b\r\n" % (
+        subject, reply, hdr_len, hdr_len + len(payload), header_lines, payload)
 
 
 async def write_frames(nc: Any, frames: bytes) -> None:

@@ -8,7 +8,7 @@ summarised by counts: the result does not grow with the number of chunks).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -154,18 +154,9 @@ class ChunksSummary:
                 "stored_exact": self.mode == "atomic"}
 
 
-async def _each(chunks: Iterable[Sequence[BatchMessage]] | AsyncIterable[Sequence[BatchMessage]]) -> Any:
-    if isinstance(chunks, AsyncIterable):
-        async for chunk in chunks:
-            yield chunk
-    else:
-        for chunk in chunks:
-            yield chunk
-
-
 async def publish_chunks(
     conn: JetStreamConnection,
-    chunks: Iterable[Sequence[BatchMessage]] | AsyncIterable[Sequence[BatchMessage]],
+    chunks: Iterable[Sequence[BatchMessage]],
     *,
     stream: str | None = None,
     mode: str = "atomic",
@@ -188,9 +179,7 @@ async def publish_chunks(
     target = await check_target_stream(conn, stream, mode=mode) if stream else None
     expected = expected_last_seq if mode == "atomic" else None
     of = f"/{total_chunks}" if total_chunks else ""
-    number = 0
-    async for chunk in _each(chunks):
-        number += 1
+    for number, chunk in enumerate(chunks, start=1):
         try:
             if target is not None:
                 await target.require(conn, {m.subject for m in chunk})

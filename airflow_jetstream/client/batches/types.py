@@ -160,8 +160,6 @@ def header_values(value: str | list[str]) -> list[str]:
 
 
 def _check_headers(index: int, headers: object, refused: dict[str, str]) -> dict[str, str]:
-    if headers is None:
-        return {}
     if not isinstance(headers, dict):
         raise InvalidRequestError(f"message {index}: headers must be a dict, got {type(headers).__name__}",
                                   reason="invalid_header")

@@ -243,8 +243,6 @@ class JetStreamConnection:
         async def once() -> dict[str, Any]:
             try:
                 msg = await self.request(subject, payload, timeout=timeout)
-            except LeaderUnavailableError:
-                raise
             except RequestTimeoutError as exc:
                 raise self.unanswered(f"{what}: {exc.message}") from None
             try:

@@ -65,8 +65,6 @@ async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMe
             if exc.reason == "msg_id_in_process":  # 10158: not yet known whether it is stored; ask again
                 raise LeaderUnavailableError(exc.message, reason="msg_id_in_process") from None
             raise
-        except LeaderUnavailableError:
-            raise
         except RequestTimeoutError as exc:
             if conn.nc.is_closed:
                 raise

@@ -89,3 +89,6 @@ def test_a_chosen_port_is_kept_and_a_taken_one_refused(tmp_path: Path, monkeypat
     monkeypatch.setenv("UP_PORT", str(held_port[0]))
     with pytest.raises(SystemExit, match=f"UP_PORT={held_port[0]}: that port is taken"):
         up_port(tmp_path, "api-server")
+    monkeypatch.setenv("UP_PORT", "eighty")
+    with pytest.raises(SystemExit, match="UP_PORT='eighty': a port is a number"):
+        up_port(tmp_path, "api-server")

@@ -337,6 +337,8 @@ def up_port(home: Path, name: str) -> tuple[int, str | None]:
         saved = {}
     line = None
     if os.environ.get(variable):
+        if not os.environ[variable].isdigit():
+            raise SystemExit(f"{variable}={os.environ[variable]!r}: a port is a number, e.g. {variable}={first_choice}")
         port = int(os.environ[variable])
         if not port_free(port):
             raise SystemExit(f"{variable}={port}: that port is taken on 127.0.0.1; choose another or unset {variable}")

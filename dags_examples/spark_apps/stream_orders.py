@@ -43,9 +43,10 @@ SEED = "seed"
 def _end_of(folder: Path) -> datetime | None:
     """The interval end a checkpoint folder is named after (None for the seed and anything else)."""
     try:
-        return datetime.fromisoformat(folder.name)
+        when = datetime.fromisoformat(folder.name)
     except ValueError:
         return None
+    return when if when.tzinfo is not None else None
 
 
 def checkpoint_for(root: Path, interval_end: str) -> Path:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -36,6 +36,8 @@ LATE_MARGIN = 15.0
 BLAMES_CLUSTER = re.compile(r"quorum|no leader|has no leader|leader_unavailable", re.IGNORECASE)
 ATOMIC_WORKLOADS = ("atomic-ids", "atomic-noid", "ledger")
 READ_STREAMS = (ATOMIC, FAST, BATCHED, AGGREGATE, LEDGER_DATA)
+#: Where the read-back puts the ledger's counts among its records (no batch id has a space).
+COUNTS = "counts of runs"
 T = TypeVar("T")
 
 
@@ -92,17 +94,25 @@ async def redone(what: str, read: Callable[[], Awaitable[T]]) -> T:
 
 
 async def _read_ledger_once(js: Any) -> dict[str, dict[str, Any]]:
+    """The ledger's records by batch id; each run's counts (contract v2) under ``COUNTS`` as ``{run: [shard, ...]}``."""
     kv = await js.key_value(LEDGER_BUCKET)
-    records = {}
+    records: dict[str, dict[str, Any]] = {}
+    counts: dict[str, list[dict[str, Any]]] = defaultdict(list)
     try:
         keys = await kv.keys()
     except nats.js.errors.NoKeysError:
         keys = []
     for key in keys:
         entry = await kv.get(key)
-        if entry.value:
-            record = json.loads(entry.value)
-            records[record["batch_id"]] = record
+        if not entry.value:
+            continue
+        value = json.loads(entry.value)
+        if len(key.split(".")) == 3:  # <run>./counts.<n>: a run's counts, not a batch
+            counts[value["run_id"]].append(value)
+        else:
+            records[value["batch_id"]] = value
+    if counts:
+        records[COUNTS] = dict(counts)
     return records
 
 
@@ -186,6 +196,7 @@ def check(history: History, stored: Stored, records: dict[str, dict[str, Any]], 
             what = f"{op.workload}: {op.reason}"
             report.failures[what] = report.failures.get(what, 0) + 1
             _check_error(op, nemesis, report)
+    _check_ledger_counts(records, report)
     return report
 
 
@@ -284,6 +295,22 @@ def _check_ledger(op: Op, stored: Stored, record: dict[str, Any] | None, report:
     if op.ok and record.get("state") != op.result.get("state"):
         report.add("misreported", f"ledger record of {op.id} is {record.get('state')}, reported "
                                   f"{op.result.get('state')}")
+
+
+def _check_ledger_counts(records: dict[str, dict[str, Any]], report: Report) -> None:
+    """Each run's counts (the sum of its shards) are what its records say: batches per state."""
+    batches: dict[str, Counter[str]] = defaultdict(Counter)
+    for batch_id, record in records.items():
+        if batch_id != COUNTS:
+            batches[record["run_id"]][record["state"]] += 1
+    counted: dict[str, Counter[str]] = defaultdict(Counter)
+    for run_id, shards in records.get(COUNTS, {}).items():
+        for shard in shards:
+            counted[run_id].update({state: n for state, n in shard["states"].items() if n})
+    for run_id in sorted(set(batches) | set(counted)):
+        if batches[run_id] != counted[run_id]:
+            report.add("misreported", f"ledger counts of run {run_id} say {dict(sorted(counted[run_id].items()))}, "
+                                      f"its records {dict(sorted(batches[run_id].items()))}")
 
 
 def _check_error(op: Op, nemesis: Nemesis, report: Report) -> None:

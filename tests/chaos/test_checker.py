@@ -13,12 +13,14 @@ import nats
 import pytest
 from nats.js.client import JetStreamContext
 
+from airflow_jetstream.client import ConnectionSettings, open_connection
+from airflow_jetstream.client.ledger import BatchLedger, batch_key
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.chaos import checker
 from tests.chaos.workloads import LEDGER_BUCKET
 
 
-async def _fill(url: str, keys_per_stream: int) -> None:
+async def _fill(url: str, keys_per_stream: int, *, ledger: bool = True) -> None:
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
@@ -26,8 +28,9 @@ async def _fill(url: str, keys_per_stream: int) -> None:
             await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
             for n in range(keys_per_stream):
                 await js.publish(f"{stream.lower()}.x", json.dumps({"k": f"{stream}-{n}"}).encode())
-        kv = await js.create_key_value(bucket=LEDGER_BUCKET)
-        await kv.put("b1", json.dumps({"batch_id": "b1", "state": "committed"}).encode())
+        if ledger:
+            kv = await js.create_key_value(bucket=LEDGER_BUCKET)
+            await kv.put("b1", json.dumps({"batch_id": "b1", "state": "committed"}).encode())
     finally:
         await nc.close()
 
@@ -71,3 +74,38 @@ def test_read_back_gives_up_after_its_attempts(nats_server: EmbeddedNatsServer,
     monkeypatch.setattr(checker, "READ_PAUSE", 0.0)
     with pytest.raises(nats.js.errors.APIError):
         asyncio.run(checker.read_back([nats_server.url]))
+
+
+async def _ledger_with_a_v1_write(url: str) -> None:
+    """Two batches recorded by the ledger (records and counts), one claimed and consumed; then a record written
+    the version-1 way (the record alone), which the counts do not know."""
+    async with open_connection(ConnectionSettings(servers=url, connect_timeout=2)) as conn:
+        ledger = await BatchLedger.open(conn, LEDGER_BUCKET)
+        for batch in ("b1", "b2"):
+            await ledger.record("run-1", batch, stream="DATA", count=3)
+        await ledger.mark_consumed(await ledger.claim("run-1", "b1"))
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(LEDGER_BUCKET)
+        record = json.loads((await kv.get(batch_key("run-1", "b2"))).value)
+        await kv.put(batch_key("run-1", "b3"), json.dumps({**record, "batch_id": "b3"}).encode())
+    finally:
+        await nc.close()
+
+
+def test_ledger_counts_are_checked_against_the_records(nats_server: EmbeddedNatsServer) -> None:
+    asyncio.run(_fill(nats_server.url, 1, ledger=False))
+    asyncio.run(_ledger_with_a_v1_write(nats_server.url))
+    _, records = asyncio.run(checker.read_back([nats_server.url]))
+
+    assert sorted(b for b in records if b != checker.COUNTS) == ["b1", "b2", "b3"]
+    report = checker.Report()
+    checker._check_ledger_counts(records, report)
+    assert report.misreported == 1
+    assert report.details == ["misreported: ledger counts of run run-1 say {'consumed': 1, 'published': 1}, "
+                              "its records {'consumed': 1, 'published': 2}"]
+
+    del records["b3"]  # the records the ledger wrote itself agree with its counts
+    report = checker.Report()
+    checker._check_ledger_counts(records, report)
+    assert report.misreported == 0

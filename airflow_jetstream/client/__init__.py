@@ -28,30 +28,12 @@ if TYPE_CHECKING:
         stream_info,
     )
     from airflow_jetstream.client.admin.worker_consumers import WorkerConsumerManager, ensure_worker_consumer
-    from airflow_jetstream.client.advisories.filter import (
-        AdvisoryPredicateError,
-    )
-    from airflow_jetstream.client.batches.atomic import (
-        publish_atomic_batch,
-        publish_atomic_batches,
-    )
-    from airflow_jetstream.client.batches.batcher import (
-        Batcher,
-    )
-    from airflow_jetstream.client.batches.fast import (
-        publish_fast_batch,
-    )
-    from airflow_jetstream.client.batches.types import (
-        BatchItemResult,
-        BatchMessage,
-        BatchResult,
-    )
-    from airflow_jetstream.client.connection import (
-        JetStreamConnection,
-        account_info,
-        connect,
-        open_connection,
-    )
+    from airflow_jetstream.client.advisories.filter import AdvisoryPredicateError
+    from airflow_jetstream.client.batches.atomic import publish_atomic_batch, publish_atomic_batches
+    from airflow_jetstream.client.batches.batcher import Batcher
+    from airflow_jetstream.client.batches.fast import publish_fast_batch
+    from airflow_jetstream.client.batches.types import BatchItemResult, BatchMessage, BatchResult
+    from airflow_jetstream.client.connection import JetStreamConnection, account_info, connect, open_connection
     from airflow_jetstream.client.errors import (
         AirflowFeatureError,
         ApplyFunctionError,
@@ -98,12 +80,8 @@ if TYPE_CHECKING:
     )
     from airflow_jetstream.client.reading.consume import consume
     from airflow_jetstream.client.reading.consume_options import ConsumeOptions
-    from airflow_jetstream.client.settings import (
-        ConnectionSettings,
-    )
-    from airflow_jetstream.client.sourcing.health import (
-        SourceUnhealthyError,
-    )
+    from airflow_jetstream.client.settings import ConnectionSettings
+    from airflow_jetstream.client.sourcing.health import SourceUnhealthyError
 
 #: The public names other than the error classes of ``client/errors.py``, by the module that defines them.
 _MODULES: dict[str, tuple[str, ...]] = {

@@ -48,11 +48,7 @@ from airflow_jetstream.client.batches.atomic import ATOMIC_REFUSED_HEADERS, publ
 from airflow_jetstream.client.batches.fast import FAST_REFUSED_HEADERS
 from airflow_jetstream.client.batches.frames import encode_frame, message_header_lines, write_frames
 from airflow_jetstream.client.batches.replies import BatchReplies
-from airflow_jetstream.client.batches.types import (
-    BatchItemResult,
-    BatchMessage,
-    validate_messages,
-)
+from airflow_jetstream.client.batches.types import BatchItemResult, BatchMessage, validate_messages
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (

@@ -11,16 +11,9 @@ from typing import Any
 from airflow_jetstream.client.admin.subject_streams import streams_for_subject
 from airflow_jetstream.client.batches.fast_run import RESUME_PAUSE_FIRST, RESUME_PAUSE_MAX, settle_wait
 from airflow_jetstream.client.batches.msg_id_probe import stored_sequences
-from airflow_jetstream.client.batches.types import (
-    HEADER_MSG_ID,
-    BatchMessage,
-)
+from airflow_jetstream.client.batches.types import HEADER_MSG_ID, BatchMessage
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import (
-    BatchPublishError,
-    JetStreamError,
-    LeaderUnavailableError,
-)
+from airflow_jetstream.client.errors import BatchPublishError, JetStreamError, LeaderUnavailableError
 from airflow_jetstream.client.reading.range_read import read_range
 
 log = logging.getLogger(__name__)

@@ -16,12 +16,7 @@ from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.admin.subject_streams import streams_for_subject
 from airflow_jetstream.client.batches.atomic import ATOMIC_REFUSED_HEADERS, BATCH_HEADER_BYTES, publish_atomic_batch
 from airflow_jetstream.client.batches.fast import DEFAULT_FLOW, FAST_REFUSED_HEADERS, publish_fast_batch
-from airflow_jetstream.client.batches.types import (
-    DEFAULT_MAX_BATCH_MSGS,
-    BatchMessage,
-    BatchResult,
-    validate_messages,
-)
+from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, BatchMessage, BatchResult, validate_messages
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError
 from airflow_jetstream.client.subjects import subject_matches

@@ -16,14 +16,7 @@ from typing import Any
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import LedgerConflictError
-from airflow_jetstream.client.ledger.counts import (
-    SHARDS,
-    counts_key,
-    counts_pattern,
-    encode_counts,
-    merged,
-    recounted,
-)
+from airflow_jetstream.client.ledger.counts import SHARDS, counts_key, counts_pattern, encode_counts, merged, recounted
 from airflow_jetstream.client.ledger.listing import list_batches
 from airflow_jetstream.client.ledger.status import run_recorded, shards_of
 from airflow_jetstream.client.ledger.store import CasConflict, Write, read_last, write

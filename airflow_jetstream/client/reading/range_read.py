@@ -27,11 +27,7 @@ from airflow_jetstream.client.admin.consumers import filter_config
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.batches.types import HEADER_STATUS
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
-from airflow_jetstream.client.errors import (
-    InvalidRequestError,
-    JetStreamError,
-    LeaderUnavailableError,
-)
+from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, LeaderUnavailableError
 from airflow_jetstream.client.reading.direct import DIRECT_HEADERS, direct_batch
 from airflow_jetstream.client.reading.headers import without
 from airflow_jetstream.client.retry import retry

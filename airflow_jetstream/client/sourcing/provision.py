@@ -54,12 +54,7 @@ from airflow_jetstream.client.sourcing.health import (
     wait_messages_flow,
     wait_source_healthy,
 )
-from airflow_jetstream.client.sourcing.spec import (
-    USER_MANAGED_HINT,
-    DurableSource,
-    entry_filters,
-    find_entry,
-)
+from airflow_jetstream.client.sourcing.spec import USER_MANAGED_HINT, DurableSource, entry_filters, find_entry
 from airflow_jetstream.client.subjects import subjects_overlap
 
 #: Header the server puts on every sourced message.

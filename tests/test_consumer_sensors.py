@@ -167,3 +167,30 @@ async def _has_source_error(settings) -> bool:
 
     async with open_connection(settings) as conn:
         return (await source_status(conn, "AGG", "ORIGIN"))["error"] is not None
+
+
+def test_polling_triggers_asking_for_one_state_share_one_request(nats_conn, settings):
+    """100 deferred sensors waiting on one consumer in one triggerer: one CONSUMER.INFO per look, not 100; a failed
+    look is not reused."""
+    run(settings, _work_queue_with_pending)
+    calls: list[str] = []
+
+    class Counting(JetStreamConsumerDrainedTrigger):
+        async def status(self, conn):
+            calls.append(self.consumer)
+            return await super().status(conn)
+
+    async def scenario():
+        from airflow_jetstream.client import open_connection
+
+        async with open_connection(settings) as conn:
+            same = [Counting(stream="JOBS", consumer="WORKER") for _ in range(100)]
+            looks = await asyncio.gather(*(t.check(conn) for t in same))
+            missing = [Counting(stream="JOBS", consumer="NOPE") for _ in range(2)]
+            failures = [await asyncio.gather(t.check(conn), return_exceptions=True) for t in missing]
+            return looks, failures, [t.last_seen for t in same]
+
+    looks, failures, seen = asyncio.run(scenario())
+    assert looks == [None] * 100 and len(set(seen)) == 1 and "20 pending" in seen[0]
+    assert all(type(f[0]).__name__ == "ConsumerNotFoundError" for f in failures)
+    assert calls == ["WORKER", "NOPE", "NOPE"]  # one request for the hundred; each failed look asked again

@@ -9,8 +9,10 @@ and a trigger's event alike.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -43,6 +45,11 @@ TRIGGER_BACKOFF = Backoff(1.0, 30.0)
 #: Each pause between polls is drawn from this share of ``poll_interval`` around it, so that triggers started
 #: together (a triggerer restart) do not keep polling in the same instant.
 POLL_JITTER = 0.1
+#: Polling triggers of one process asking for the same state (the same consumer, source or ledger run) share a
+#: reply at most this many seconds old, and one request in flight.
+SHARED_STATUS_AGE = 1.0
+_statuses: weakref.WeakKeyDictionary[Any, dict[str, tuple[float, asyncio.Future[dict[str, Any]]]]] = (
+    weakref.WeakKeyDictionary())
 
 
 async def retrying(log: logging.Logger | Any, what: str, attempt: Callable[[], Awaitable[dict[str, Any]]],
@@ -169,8 +176,30 @@ class JetStreamPollingTrigger(JetStreamWaitTrigger):
     def is_done(self, status: dict[str, Any]) -> bool:
         raise NotImplementedError
 
+    async def shared_status(self, conn: JetStreamConnection) -> dict[str, Any]:
+        """``status()``, shared with the polling triggers of this connection that ask for the same state: one
+        request in flight, and a reply reused for ``SHARED_STATUS_AGE`` seconds."""
+        state = json.dumps(self._kwargs(), sort_keys=True, default=str)
+        key = f"{type(self).__module__}.{type(self).__qualname__}:{state}"
+        cache = _statuses.setdefault(conn, {})
+        now = asyncio.get_running_loop().time()
+        asked = cache.get(key)
+        if asked is None or (asked[1].done() and now - asked[0] > SHARED_STATUS_AGE):
+            if len(cache) > 256:  # forget the replies nobody can reuse any more
+                for old in [k for k, (at, f) in cache.items() if f.done() and now - at > SHARED_STATUS_AGE]:
+                    del cache[old]
+            future: asyncio.Future[dict[str, Any]] = asyncio.ensure_future(self.status(conn))
+            asked = cache[key] = (now, future)
+
+            def forget_failure(done: asyncio.Future[dict[str, Any]]) -> None:
+                if (done.cancelled() or done.exception() is not None) and cache.get(key, (0, None))[1] is done:
+                    del cache[key]  # a failure is not reused: the next poll asks again
+
+            future.add_done_callback(forget_failure)
+        return dict(await asyncio.shield(asked[1]))
+
     async def check(self, conn: JetStreamConnection) -> dict[str, Any] | None:
-        status = self.last_status = await self.status(conn)
+        status = self.last_status = await self.shared_status(conn)
         if status.get("error") and isinstance(status["error"], dict):
             return {"status": "error", "error": {**status["error"], "state": status}}
         self.last_seen = self.describe(status)

@@ -67,6 +67,9 @@ RESUBSCRIBE_BACKOFF = Backoff(0.5, 10.0, jitter=True)
 #: Waiters of one tail that read what was stored before they joined at the same time (the rest queue): thousands of
 #: triggers starting together (a triggerer restart) do not put thousands of replies on the event loop at once.
 CATCH_UP_AT_ONCE = 32
+#: Seconds of dispatching after which a tail lets the event loop run other tasks: a burst of thousands of
+#: messages (thousands of sensors firing) is handed out in slices instead of in one blocking stretch.
+DISPATCH_SLICE = 0.005
 #: How old the stream info a tail hands out may be (its first sequence moves as old messages expire).
 INFO_MAX_AGE = 60.0
 log = logging.getLogger(__name__)
@@ -160,6 +163,7 @@ class StreamTail:
         self._resubscribing: asyncio.Task[None] | None = None
         self._closed = False
         self.catch_up_gate = asyncio.Semaphore(CATCH_UP_AT_ONCE)
+        self._slice_start = 0.0
 
     # ------------------------------------------------------------------------------------------- life cycle
 
@@ -299,6 +303,15 @@ class StreamTail:
             return
         self._dispatch(StoredMessage(stream=self.stream, subject=msg.subject, seq=seq, data=msg.data or b"",
                                      headers=headers, time=to_rfc3339(meta.timestamp) if meta.timestamp else None))
+        await self._let_others_run()
+
+    async def _let_others_run(self) -> None:
+        """nats-py hands a subscription's queued messages over without returning to the event loop in between:
+        after ``DISPATCH_SLICE`` seconds of them, give the loop a turn (the waiters just woken run then)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._slice_start > DISPATCH_SLICE:
+            await asyncio.sleep(0)
+            self._slice_start = loop.time()
 
     async def _on_status(self, msg: Any, status: str, headers: dict[str, str]) -> None:
         if status == "100":  # idle heartbeat or flow control request
@@ -380,6 +393,7 @@ class StreamTail:
                     for message in page.messages:
                         if message.seq > self.delivered:
                             self._dispatch(message)
+                            await self._let_others_run()
                     more = bool(page.messages) and bool(page.pending)
                 attempt = 0
             except (RequestTimeoutError, ConnectionFailedError) as exc:

@@ -23,8 +23,9 @@ def _written_uris() -> list[tuple[str, str]]:
     found = []
     for path in files:
         for match in _URI.finditer(path.read_text(encoding="utf-8")):
-            uri = match.group(0).rstrip(".:;")
-            if any(mark in uri for mark in "<{[") or "..." in uri or "/" not in uri.removeprefix("jetstream://"):
+            written = match.group(0)
+            uri = written.rstrip(".:;")
+            if any(mark in uri for mark in "<{[") or "..." in written or "/" not in uri.removeprefix("jetstream://"):
                 continue
             found.append((str(path.relative_to(ROOT)), uri))
     return found

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,33 @@ def test_mkdocs_strict_build(tmp_path: Path) -> None:
     assert "JetStreamHook" in api and "JetStreamEnsureStreamOperator" in api
     assert ":class:<code>" not in api and ":meth:<code>" not in api, "Sphinx roles must render as code"
     assert (tmp_path / "site" / "img" / "connection-form.png").exists()
+    lost = [f"docs/{page}: {heading}" for page, headings in _markdown_headings().items()
+            for heading in headings if heading not in _html_headings(tmp_path / "site" / _html_path(page))]
+    assert lost == [], "headings rendered as text (a line starting with a raw tag like <option> swallows the rest)"
+
+
+def _markdown_headings() -> dict[str, list[str]]:
+    """Each page's ``##``/``###`` headings outside code fences, as their text."""
+    found: dict[str, list[str]] = {}
+    for page in sorted(DOCS.rglob("*.md")):
+        fenced = False
+        headings = found.setdefault(page.relative_to(DOCS).as_posix(), [])
+        for line in page.read_text().splitlines():
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            elif not fenced and re.match(r"#{2,3} ", line):
+                headings.append(re.sub(r"[`*]", "", line.lstrip("#").strip()))
+    return found
+
+
+def _html_path(page: str) -> str:
+    return page.removesuffix(".md") + ".html"
+
+
+def _html_headings(html_file: Path) -> set[str]:
+    html = html_file.read_text()
+    texts = re.findall(r"<h[23][^>]*>(.*?)</h[23]>", html, flags=re.S)
+    return {unescape(re.sub(r"<[^>]+>", "", text)).replace("\u00b6", "").strip() for text in texts}
 
 
 SNIPPET_PAGES = ("getting-started.md", "operators/stream.md", "assets.md")

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 CONSTRAINTS ?= constraints/constraints-$(PYVER).txt
 
-.PHONY: install wheel demo demo-cluster up test test-fast test-e2e test-durations lint docs bench clean compat constraints constraints-lowest chaos
+.PHONY: install wheel demo demo-cluster up test test-fast test-e2e test-durations screenshots lint docs bench clean compat constraints constraints-lowest chaos
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,10 @@ test-durations: install $(NODE_STAMP)
 	$(PY) -m pytest -p no:xdist -q --junitxml=.durations.xml -o junit_duration_report=total $(PYTEST_ARGS)
 	$(PY) -m tests.support.durations .durations.xml > tests/durations.json
 	rm .durations.xml
+
+# The docs' screenshots (docs/img) from the browser tests, against the real UI; a plain test run saves them to a temp folder.
+screenshots: install
+	SCREENSHOTS_DIR=$(CURDIR)/docs/img $(PY) -m pytest -p no:xdist tests/test_connection_form_browser.py tests/test_ui_view_browser.py
 
 lint: install
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench

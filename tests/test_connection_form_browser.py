@@ -3,9 +3,9 @@
 Against ``airflow api-server`` on loopback (simple auth manager, everyone admin, sqlite in a temp
 AIRFLOW_HOME), adds a "NATS JetStream" connection through the form, checks our labels, help texts
 and masked secrets, saves it, and presses the Test button against a live nats-server (which requires
-the token typed into the form) and against a dead port. Saves docs/img/connection-form.png. An NKey seed
-typed into the form is never shown again: not by the edit form, nor by the API it reads; saving the edit
-form untouched keeps the seed (the Test button still gets in).
+the token typed into the form) and against a dead port. Saves connection-form.png (docs/img under
+`make screenshots`). An NKey seed typed into the form is never shown again: not by the edit form, nor by
+the API it reads; saving the edit form untouched keeps the seed (the Test button still gets in).
 
 The api-server and Chromium are shared with the other browser tests (tests/support/airflow_ui.py).
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
@@ -23,11 +22,10 @@ from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.get_provider_info import CONN_FIELDS
 from tests.support.airflow_ui import AirflowUI, free_port
 from tests.support.nkeys_util import new_user_nkey
+from tests.support.screenshots import screenshot_path
 
 pytestmark = pytest.mark.browser
 
-REPO = Path(__file__).resolve().parents[1]
-SCREENSHOT = REPO / "docs" / "img" / "connection-form.png"
 TOKEN = "form-t0ken-not-for-logs"
 
 
@@ -103,8 +101,7 @@ def test_connection_form_save_and_test(page, airflow_ui: AirflowUI, token_server
     dialog.locator("[name=element_connect_timeout]").fill("2")
     assert dialog.locator("[name=element_tls_verify]").is_checked(), "'Verify TLS' must show its default: on"
     assert TOKEN not in dialog.inner_text(), "the token must not be shown in the form"
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    dialog.screenshot(path=str(SCREENSHOT))
+    dialog.screenshot(path=str(screenshot_path("connection-form.png")))
     _save(page, "nats_browser")
 
     # stored as typed; the REST API (what the UI reads back) masks the secret

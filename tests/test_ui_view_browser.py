@@ -7,7 +7,7 @@ top (an abandoned batch with its batch id, a given-up message, the ledger run's 
 a broken source, a slow consumer) with the rows marked; a publish task run with ``airflow dags test`` has a
 "JetStream" extra link, stored relative, that opens the view at the row of the stream it published to
 (named by its result: the task gives only a subject).
-Saves docs/img/jetstream-view.png (problems flagged) and jetstream-in-airflow.png.
+Saves jetstream-view.png (problems flagged) and jetstream-in-airflow.png (docs/img under `make screenshots`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import textwrap
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
@@ -23,10 +22,10 @@ from playwright.sync_api import expect
 from tests.support import jetstream_view as seeded
 from tests.support.airflow_cli import run_airflow
 from tests.support.airflow_ui import VIEW_CONN, AirflowUI
+from tests.support.screenshots import screenshot_path
 
 pytestmark = pytest.mark.browser
 
-IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 DAG_ID = "jetstream_view_link"
 LINK_DAG = f'''
 import pendulum
@@ -65,8 +64,7 @@ def test_view_in_airflow_puts_problems_first(page, airflow_ui: AirflowUI) -> Non
     frame.locator("input[name=connection_id]").fill(VIEW_CONN)
     frame.get_by_role("button", name="Open").click()
     expect(frame.locator("#problems[data-level=error]")).to_be_visible()
-    IMG.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(IMG / "jetstream-in-airflow.png"))
+    page.screenshot(path=str(screenshot_path("jetstream-in-airflow.png")))
 
     page.goto(f"{airflow_ui.url}/jetstream/connections/{VIEW_CONN}?per_page=8", wait_until="networkidle")
     problems = page.locator("table[data-section=problems] tbody tr")
@@ -81,7 +79,7 @@ def test_view_in_airflow_puts_problems_first(page, airflow_ui: AirflowUI) -> Non
     page.goto(f"{airflow_ui.url}/jetstream/connections/{VIEW_CONN}?per_page=8", wait_until="networkidle")
     consumer = f"consumer-{seeded.TROUBLE}-{seeded.SLOW}"
     expect(page.locator(f'[id="{consumer}"]')).to_have_attribute("data-problem", "warning")
-    page.screenshot(path=str(IMG / "jetstream-view.png"), full_page=True)
+    page.screenshot(path=str(screenshot_path("jetstream-view.png")), full_page=True)
 
 
 def test_a_stream_past_the_first_page_and_its_rows(page, airflow_ui: AirflowUI) -> None:

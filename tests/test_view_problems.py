@@ -1,11 +1,11 @@
-"""client/admin/problems.py without a server: each rule's threshold and since, and the order (worst, then oldest)."""
+"""ui/problems.py without a server: each rule's threshold and since, and the order (worst, then oldest)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow_jetstream.client.admin.problems import Observations, Thresholds, find_problems
 from airflow_jetstream.ui.paging import PageQuery, shape
+from airflow_jetstream.ui.problems import Observations, Thresholds, find_problems
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 

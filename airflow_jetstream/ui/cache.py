@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from airflow_jetstream.client.admin.problems import Observations
+from airflow_jetstream.ui.problems import Observations
 from airflow_jetstream.ui.snapshot import ReadKey
 
 #: Finished reads kept (the least recently used beyond this are dropped).

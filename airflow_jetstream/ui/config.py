@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 from airflow.providers.common.compat.sdk import conf
 
-from airflow_jetstream.client.admin.problems import Thresholds
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidSettingsError, JetStreamError
 from airflow_jetstream.get_provider_info import CONFIG_SECTION
+from airflow_jetstream.ui.problems import Thresholds
 
 SECTION = "jetstream"
 

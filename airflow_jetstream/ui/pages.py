@@ -6,10 +6,10 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_jetstream.client.admin.problems import Thresholds
 from airflow_jetstream.client.advisories.types import parse_timestamp
 from airflow_jetstream.ui import tables
 from airflow_jetstream.ui.paging import row_anchor
+from airflow_jetstream.ui.problems import Thresholds
 from airflow_jetstream.ui.tables import e, href, num
 
 _STYLE = """

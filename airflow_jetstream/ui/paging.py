@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_jetstream.client.admin.problems import anchor
+from airflow_jetstream.ui.problems import anchor
 
 #: Sections with rows, the list key of each, and the anchor of a row.
 ROWS: dict[str, str] = {"streams": "streams", "consumers": "consumers", "sources": "sources", "ledger": "runs",

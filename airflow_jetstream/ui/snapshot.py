@@ -5,7 +5,7 @@ sources are built from what was read (client/admin/overview*.py, no consumer, no
 ends by ``ViewSettings.timeout``: a connection that cannot be opened, or a stream listing that does not
 come back by then (server down, stalled, unreachable), is the snapshot's ``error``; a later section
 that fails or runs out of time carries its own typed error and the others still show. Then
-:func:`~airflow_jetstream.client.admin.problems.find_problems` adds ``problems``, worst first.
+:func:`~airflow_jetstream.ui.problems.find_problems` adds ``problems``, worst first.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_jetstream.client.admin import overview, overview_advisories, overview_ledger
-from airflow_jetstream.client.admin.problems import Observations, find_problems
 from airflow_jetstream.client.connection import JetStreamConnection, connect
 from airflow_jetstream.client.errors import InvalidSubjectError, JetStreamError, RequestTimeoutError
 from airflow_jetstream.client.server_features import server_version
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import validate_name
 from airflow_jetstream.ui.config import ViewSettings
+from airflow_jetstream.ui.problems import Observations, find_problems
 
 SECTIONS = ("streams", "consumers", "sources", "ledger", "advisories")
 #: Connections being closed after a read (a close can wait on a stalled server; nobody waits for it).

@@ -1,9 +1,9 @@
 """What in an overview needs a person: one problem per thing, with its kind, the object it names, why and since when.
 
-:func:`find_problems` reads the rows of :mod:`.overview`, :mod:`.overview_ledger` and
-:mod:`.overview_advisories` (plain dicts) and returns problems worst first: errors (something was lost,
-failed or cannot work: an abandoned batch, a message given up after its last delivery, failed ledger
-batches, a stream without a leader, a replica or source that is down) before warnings (something is
+:func:`find_problems` reads the rows of the overview (``client/admin/overview.py``, ``overview_ledger.py``,
+``overview_advisories.py``: plain dicts) and returns problems worst first: errors (something was lost, failed or
+cannot work: an abandoned batch, a message given up after its last delivery, failed ledger batches, a stream
+without a leader, a replica or source that is down) before warnings (something is
 stuck or slow and will hurt if it stays: redeliveries, acknowledgements overdue, pending messages
 nobody pulls, a paused consumer, a source whose backlog does not shrink, a claim past its visibility
 deadline, a capture stream that cannot show the advisories), the oldest first within each.

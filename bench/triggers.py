@@ -42,6 +42,7 @@ KINDS = ("advisory", "kv", "message", "consumer")
 ADVISORY = "$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED"
 CONSUMERS = 50  # the consumer kind: triggers wait on this many durable consumers
 WATCHDOG = 0.05
+READ_LIMIT = 1 << 24  # a child's last line lists every trigger it fired (~35 bytes each; asyncio's default: 64 KiB)
 
 
 # ------------------------------------------------------------------------------------------------ child
@@ -221,11 +222,12 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
 
 
-async def read_line(proc: asyncio.subprocess.Process, want: str) -> dict[str, Any]:
+async def read_line(proc: asyncio.subprocess.Process, want: str, errors: Any) -> dict[str, Any]:
     while True:
         line = await proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"a triggerer process ended before {want!r}: {(await proc.stderr.read())[-3000:]!r}")
+            errors.seek(0)
+            raise RuntimeError(f"a triggerer process ended before {want!r}: {errors.read()[-3000:]!r}")
         try:
             message = json.loads(line)
         except ValueError:
@@ -239,54 +241,58 @@ async def measure(servers: str, replicas: int, kind: str, count: int, tree: Path
     from airflow_jetstream.client import ConnectionSettings, open_connection
 
     settings = ConnectionSettings(servers=servers, request_timeout=30, client_name="bench-admin")
-    async with open_connection(settings) as conn:
-        names = await fixtures(conn, kind, count, replicas)
-        host = ",".join(url.split("://", 1)[1] for url in servers.split(","))
-        env = {**os.environ, "AIRFLOW_CONN_NATS_DEFAULT": json.dumps(
-                   {"conn_type": "nats", "host": host, "extra": {"request_timeout": 30}}),
-               "PYTHONPATH": str(tree)}
-        since = datetime.now(UTC).isoformat()
-        procs = [await asyncio.create_subprocess_exec(
-            sys.executable, str(HERE / "bench" / "triggers.py"), "--child", "--tree", str(tree), "--kind", kind,
-            "--names", json.dumps(names), "--first", str(p), "--step", str(args.processes), "--count", str(count),
-            "--since", since, "--idle", str(args.idle), "--poll-interval", str(args.poll_interval),
-            "--deadline", str(args.deadline), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env, cwd=str(tree)) for p in range(args.processes)]
-        try:
-            ready = [await read_line(proc, "ready") for proc in procs]
-            consumers = 0
-            idle: list[dict[str, Any]] = []
-            pending = [asyncio.ensure_future(read_line(proc, "idle")) for proc in procs]
-            while not all(p.done() for p in pending):  # what the server holds while they wait
-                info = await conn.api_request(f"STREAM.INFO.{names['watched']}")
-                consumers = max(consumers, int(info["state"].get("consumer_count", 0)))
-                await asyncio.wait(pending, timeout=1.0)
-            idle = [p.result() for p in pending]
-            for proc in procs:
-                proc.stdin.write(b"fire\n")
-                await proc.stdin.drain()
-            targets = list(range(count)) if kind != "consumer" else list(range(min(count, CONSUMERS)))
-            published: dict[int, float] = {}
-            for index in targets[:args.probes]:
-                published[index] = time.time()
-                await fire(conn, kind, names, index)
-                await asyncio.sleep(0.02)
-            probes = set(published)
-            bulk_start = time.time()
-            rest = targets[args.probes:]
-            for at in range(0, len(rest), 200):
-                chunk = rest[at:at + 200]
-                for index in chunk:
+    with contextlib.ExitStack() as stack:
+        async with open_connection(settings) as conn:
+            names = await fixtures(conn, kind, count, replicas)
+            host = ",".join(url.split("://", 1)[1] for url in servers.split(","))
+            env = {**os.environ, "AIRFLOW_CONN_NATS_DEFAULT": json.dumps(
+                       {"conn_type": "nats", "host": host, "extra": {"request_timeout": 30}}),
+                   "PYTHONPATH": str(tree)}
+            since = datetime.now(UTC).isoformat()
+            # stderr to files: a pipe nobody reads while the triggers run would block a child that logs 64 KiB
+            logs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(args.processes)]
+            procs = [await asyncio.create_subprocess_exec(
+                sys.executable, str(HERE / "bench" / "triggers.py"), "--child", "--tree", str(tree), "--kind", kind,
+                "--names", json.dumps(names), "--first", str(p), "--step", str(args.processes), "--count", str(count),
+                "--since", since, "--idle", str(args.idle), "--poll-interval", str(args.poll_interval),
+                "--deadline", str(args.deadline), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=logs[p], env=env, cwd=str(tree), limit=READ_LIMIT) for p in range(args.processes)]
+            try:
+                ready = [await read_line(proc, "ready", log) for proc, log in zip(procs, logs, strict=True)]
+                consumers = 0
+                idle: list[dict[str, Any]] = []
+                pending = [asyncio.ensure_future(read_line(proc, "idle", log))
+                           for proc, log in zip(procs, logs, strict=True)]
+                while not all(p.done() for p in pending):  # what the server holds while they wait
+                    info = await conn.api_request(f"STREAM.INFO.{names['watched']}")
+                    consumers = max(consumers, int(info["state"].get("consumer_count", 0)))
+                    await asyncio.wait(pending, timeout=1.0)
+                idle = [p.result() for p in pending]
+                for proc in procs:
+                    proc.stdin.write(b"fire\n")
+                    await proc.stdin.drain()
+                targets = list(range(count)) if kind != "consumer" else list(range(min(count, CONSUMERS)))
+                published: dict[int, float] = {}
+                for index in targets[:args.probes]:
                     published[index] = time.time()
-                await asyncio.gather(*(fire(conn, kind, names, index) for index in chunk))
-            done = [await read_line(proc, "done") for proc in procs]
-        finally:
-            for proc in procs:
-                if proc.returncode is None:
-                    proc.kill()
-                await proc.wait()
-        left = int((await conn.api_request(f"STREAM.INFO.{names['watched']}"))["state"].get("consumer_count", 0))
-        await conn.api_request(f"STREAM.DELETE.{names['watched']}")  # the next run captures advisories again
+                    await fire(conn, kind, names, index)
+                    await asyncio.sleep(0.02)
+                probes = set(published)
+                bulk_start = time.time()
+                rest = targets[args.probes:]
+                for at in range(0, len(rest), 200):
+                    chunk = rest[at:at + 200]
+                    for index in chunk:
+                        published[index] = time.time()
+                    await asyncio.gather(*(fire(conn, kind, names, index) for index in chunk))
+                done = [await read_line(proc, "done", log) for proc, log in zip(procs, logs, strict=True)]
+            finally:
+                for proc in procs:
+                    if proc.returncode is None:
+                        proc.kill()
+                    await proc.wait()
+            left = int((await conn.api_request(f"STREAM.INFO.{names['watched']}"))["state"].get("consumer_count", 0))
+            await conn.api_request(f"STREAM.DELETE.{names['watched']}")  # the next run captures advisories again
     fired = {int(i): v for d in done for i, v in d["fired"].items()}
     source = (lambda i: i % CONSUMERS) if kind == "consumer" else (lambda i: i)
     latencies = [fired[i][0] - published[source(i)] for i in fired if source(i) in probes]

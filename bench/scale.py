@@ -4,11 +4,12 @@ One embedded nats-server; for each path three sizes a factor of 4 apart:
 
 - ``operator``: :class:`JetStreamAtomicBatchPublishOperator` publishing a JSON Lines file of
   ~100-byte messages (``split=True``, validating pass then sending pass);
-- ``ledger_list`` / ``ledger_summary`` / ``ledger_reap``: a batch ledger run with N batches
-  (a tenth of them expired claims): the streaming listing, the sensor's summary, the reaper;
-  ``ledger_batches``, the sorted listing that holds every record, is the contrast; ``ledger_watch``, the
-  baseline, is nats-py's own KV watcher reading the latest value of every key (the server's
-  last-per-subject delivery, with no ledger work): how the listing grows when the server is the bound;
+- ``ledger_list`` / ``ledger_reap``: a batch ledger run with N batches (a tenth of them expired claims),
+  written as the ledger writes a run (its records plus its 16 counts shards): the streaming listing, the
+  reaper; ``ledger_batches``, the sorted listing that holds every record, is the contrast; ``ledger_watch``,
+  the baseline, is nats-py's own KV watcher reading the latest value of every key (the server's
+  last-per-subject delivery, with no ledger work): how the listing grows when the server is the bound. The
+  sensor's summary reads the counts shards only (one request at any size): ``bench/ledger_poke.py`` measures it;
 - ``capture``: the advisory capture reader scanning N captured advisories (``find_captured``);
 - ``cursor``: a bounded read of an N-message stream through its cursor consumer
   (``plan_read`` + ``read_range`` + ``acknowledge_read``), counting what it reads;
@@ -42,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -53,13 +54,15 @@ from airflow_jetstream.client import ConnectionSettings, JetStreamConnection, en
 from airflow_jetstream.client.advisories import AdvisoryFilter, capture_stream_config, find_captured
 from airflow_jetstream.client.kv.bucket import ensure_bucket
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, BatchRecord, batch_key
+from airflow_jetstream.client.ledger.counts import SHARDS, counts_key, encode_counts, recounted
+from airflow_jetstream.client.ledger.store import Write, write
 from airflow_jetstream.client.reading.consume import ConsumeOptions, consume
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.reading.read_plan import acknowledge_read, plan_read
 from airflow_jetstream.embedded import EmbeddedNatsServer
 
-PATHS = ("operator", "ledger_list", "ledger_batches", "ledger_watch", "ledger_summary", "ledger_reap", "capture",
-         "cursor", "consume", "poke_advisory", "poke_kv", "poke_message")
+PATHS = ("operator", "ledger_list", "ledger_batches", "ledger_watch", "ledger_reap", "capture", "cursor", "consume",
+         "poke_advisory", "poke_kv", "poke_message")
 #: Paths whose time should stay flat as the input grows (a poke reads only what concerns it).
 FLAT = ("poke_advisory", "poke_kv", "poke_message")
 #: Pokes per measurement of a poke path.
@@ -108,17 +111,12 @@ async def make_input(conn: JetStreamConnection, path: str, size: int, workdir: P
         bucket = f"{name}_{path.split('_')[1]}"
         await BatchLedger.open(conn, bucket)
         now = datetime.now(UTC)
-        stamp, past = now.isoformat(), (now - timedelta(hours=1)).isoformat()
-        for index in range(size):
-            claimed = index % 10 == 0
-            record = BatchRecord(run_id=RUN, batch_id=f"b{index:07d}", stream="DATA", count=1000,
-                                 first_seq=index * 1000 + 1, last_seq=index * 1000 + 1000, created_at=stamp,
-                                 updated_at=stamp, state="in_progress" if claimed else "published",
-                                 attempts=1 if claimed else 0, owner="w1" if claimed else None,
-                                 claim_id=f"c{index}" if claimed else None, claimed_at=past if claimed else None,
-                                 deadline=past if claimed else None)
+        for record in ledger_records(size, now):
             await conn.nc.publish(f"$KV.{bucket}.{batch_key(RUN, record.batch_id)}", record.encode())
         await _flush_until(conn, f"KV_{bucket}", size)
+        shards = recounted(RUN, ledger_records(size, now), {}, now.timestamp())  # the run's counts, as the ledger keeps
+        await write(conn, bucket, [Write(counts_key(RUN, n), encode_counts(shards[n]), 0) for n in range(SHARDS)],
+                    context="scale bench counts")
         return bucket
     if path == "capture":
         await ensure_stream(conn, {"name": name, "subjects": [f"{ADVISORY}.{name}"], "max_age": 3600})
@@ -136,6 +134,18 @@ async def make_input(conn: JetStreamConnection, path: str, size: int, workdir: P
         await conn.nc.publish(f"{name.lower()}.{index % 8}", message_line(index).encode())
     await _flush_until(conn, name, size)
     return name
+
+
+def ledger_records(size: int, now: datetime) -> Iterator[BatchRecord]:
+    """The records of a run of ``size`` batches: every tenth an expired claim, the others published."""
+    stamp, past = now.isoformat(), (now - timedelta(hours=1)).isoformat()
+    for index in range(size):
+        claimed = index % 10 == 0
+        yield BatchRecord(run_id=RUN, batch_id=f"b{index:07d}", stream="DATA", count=1000, first_seq=index * 1000 + 1,
+                          last_seq=index * 1000 + 1000, created_at=stamp, updated_at=stamp,
+                          state="in_progress" if claimed else "published", attempts=1 if claimed else 0,
+                          owner="w1" if claimed else None, claim_id=f"c{index}" if claimed else None,
+                          claimed_at=past if claimed else None, deadline=past if claimed else None)
 
 
 async def make_poke_input(conn: JetStreamConnection, path: str, name: str, size: int) -> str:
@@ -209,8 +219,6 @@ async def run_async(settings: ConnectionSettings, path: str, target: str) -> int
                 return len(await ledger.batches(RUN))
             if path == "ledger_watch":
                 return await _watch_all(conn, target)
-            if path == "ledger_summary":
-                return (await ledger.summary(RUN))["batches"]
             reaped = await ledger.reap(RUN)
             return reaped["returned_count"] + reaped["failed_count"]
         if path == "capture":

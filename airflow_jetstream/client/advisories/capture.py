@@ -12,8 +12,9 @@ reads that stream from a start time (:func:`find_captured`, :func:`watch_advisor
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Hashable, Mapping
 from contextlib import AbstractAsyncContextManager, aclosing
 from datetime import UTC, datetime
 from typing import Any
@@ -39,6 +40,7 @@ from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import InvalidRequestError, StreamNotFoundError
 from airflow_jetstream.client.reading.direct import StoredMessage, read_until
+from airflow_jetstream.client.reading.listener_index import KeyOf
 from airflow_jetstream.client.reading.shared_tail import TailListener, follow
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subjects
 from airflow_jetstream.client.times import parse_time
@@ -185,7 +187,8 @@ class CaptureReader:
         self._listener: TailListener | None = None
 
     async def __aenter__(self) -> CaptureReader:
-        following = follow(self.conn, self.capture_stream, self.subject, accept=self._wanted)
+        following = follow(self.conn, self.capture_stream, self.subject, accept=self._wanted,
+                           key=_filed_by(self.filter))
         try:
             self._listener = await following.__aenter__()
         except StreamNotFoundError as exc:
@@ -245,6 +248,30 @@ def _decoded(message: StoredMessage) -> Advisory | None:
     if _last_decoded[0] is not message:
         _last_decoded = (message, decode_advisory(message.data, subject=message.subject, capture_seq=message.seq))
     return _last_decoded[1]
+
+
+#: The advisory fields a waiter is filed by on its subject (those its filter names): a message reaches only the
+#: waiters of its own values (listener_index.py), not every waiting sensor's filter in turn.
+_KEY_FIELDS = ("stream", "consumer", "batch", "reason")
+
+
+def _filed_by(advisory_filter: AdvisoryFilter) -> tuple[KeyOf, Hashable] | None:
+    """``(key_of, value)`` filing a reader by the fields its filter names; None when it names none of them."""
+    named = tuple(name for name in _KEY_FIELDS if getattr(advisory_filter, name) is not None)
+    if not named:
+        return None
+    return _key_of(named), tuple(getattr(advisory_filter, name) for name in named)
+
+
+@functools.cache
+def _key_of(names: tuple[str, ...]) -> KeyOf:
+    """One function per set of field names (the readers naming the same fields share it, so they share a group)."""
+
+    def key_of(message: StoredMessage) -> Hashable:
+        advisory = _decoded(message)
+        return None if advisory is None else tuple(advisory.raw.get(name) for name in names)
+
+    return key_of
 
 
 async def _stored(conn: JetStreamConnection, capture_stream: str, subject: str, last_seq: int, *,

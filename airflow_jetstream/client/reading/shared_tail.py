@@ -32,7 +32,7 @@ import logging
 import random
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +48,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
 )
 from airflow_jetstream.client.reading.direct import StoredMessage, direct_allowed, get_messages
-from airflow_jetstream.client.reading.subject_index import SubjectIndex
+from airflow_jetstream.client.reading.listener_index import KeyOf, ListenerIndex
 from airflow_jetstream.client.retry import Backoff
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.client.times import to_rfc3339
@@ -77,14 +77,17 @@ log = logging.getLogger(__name__)
 
 class TailListener:
     """One waiter's share of a tail: the messages matching ``subject`` with a sequence above ``since`` (and, with
-    ``accept``, only those it accepts: checked as they arrive, so a waiter is woken only for what it wants)."""
+    ``accept``, only those it accepts: checked as they arrive, so a waiter is woken only for what it wants; with
+    ``key``, ``(key_of, value)``, only messages whose ``key_of`` is ``value`` reach ``accept``)."""
 
-    __slots__ = ("_error", "_items", "_waiter", "accept", "since", "subject", "tail")
+    __slots__ = ("_error", "_items", "_waiter", "accept", "key", "since", "subject", "tail")
 
-    def __init__(self, tail: StreamTail, subject: str, accept: Callable[[StoredMessage], bool] | None = None) -> None:
+    def __init__(self, tail: StreamTail, subject: str, accept: Callable[[StoredMessage], bool] | None = None,
+                 key: tuple[KeyOf, Hashable] | None = None) -> None:
         self.tail = tail
         self.subject = subject
         self.accept = accept
+        self.key = key
         self.since = tail.delivered
         self._items: list[StoredMessage] = []
         self._waiter: asyncio.Future[None] | None = None
@@ -147,7 +150,7 @@ class StreamTail:
         self.conn = conn
         self.stream = stream
         self.filter = filter_subject
-        self.index: SubjectIndex[TailListener] = SubjectIndex()
+        self.listeners = ListenerIndex()
         self.delivered = 0
         self.mode = "consumer"
         self.degraded: str | None = None
@@ -213,29 +216,28 @@ class StreamTail:
         return self._info
 
     def stats(self) -> TailStats:
-        return TailStats(self.stream, self.filter, self.mode, self._consumer, len(self.index), self.delivered,
+        return TailStats(self.stream, self.filter, self.mode, self._consumer, len(self.listeners), self.delivered,
                          self.resubscribed, self.degraded)
 
     # ------------------------------------------------------------------------------------------- listeners
 
-    def add(self, subject: str, accept: Callable[[StoredMessage], bool] | None = None) -> TailListener:
-        listener = TailListener(self, subject, accept)
-        self.index.add(subject, listener)
+    def add(self, subject: str, accept: Callable[[StoredMessage], bool] | None = None,
+            key: tuple[KeyOf, Hashable] | None = None) -> TailListener:
+        listener = TailListener(self, subject, accept, key)
+        self.listeners.add(subject, listener, key)
         return listener
 
     def remove(self, listener: TailListener) -> None:
-        self.index.remove(listener.subject, listener)
+        self.listeners.remove(listener.subject, listener, listener.key)
 
     def _fail(self, error: JetStreamError) -> None:
         log.error("Shared subscription on stream %r failed: %s", self.stream, error)
         self._closed = True
-        for listener in self.index.items():
-            listener.fail(error)
+        self.listeners.fail(error)
 
     def _dispatch(self, message: StoredMessage) -> None:
         self.delivered = message.seq
-        for listener in self.index.match(message.subject):
-            listener.push(message)
+        self.listeners.dispatch(message)
 
     # ------------------------------------------------------------------------------------------- consumer mode
 
@@ -456,20 +458,24 @@ async def _leave(conn: JetStreamConnection, key: tuple[str, str | None], entry: 
 
 @asynccontextmanager
 async def follow(conn: JetStreamConnection, stream: str, subject: str = ">", *, tail_filter: str | None = None,
-                 accept: Callable[[StoredMessage], bool] | None = None) -> AsyncIterator[TailListener]:
+                 accept: Callable[[StoredMessage], bool] | None = None,
+                 key: tuple[KeyOf, Hashable] | None = None) -> AsyncIterator[TailListener]:
     """``async with follow(conn, stream, subject) as listener``: the messages of ``stream`` on ``subject``
     (wildcards allowed) stored after ``listener.since``, through the tail this connection shares for
     ``stream`` (and ``tail_filter``, the subject its consumer filters on; None: every subject).
 
     ``accept(message)``, when given, runs as each message arrives (quick and non-blocking: on the event loop,
     once per waiter on the subject): the listener gets only the messages it returns True for. Many waiters on
-    one subject (advisory sensors on different batches) are then woken only by their own message."""
+    one subject (advisory sensors on different batches) are then woken only by their own message. ``key``,
+    ``(key_of, value)``, files the listener by the value it waits for: ``key_of`` (one function object shared by
+    the waiters of a subject; quick, never raising) runs once per message, and only the listeners of its value
+    see the message (then ``accept``), so a message costs one lookup however many wait on the subject."""
     validate_name(stream, what="stream name")
     validate_subject(subject, allow_wildcards=True, what="subject")
     if tail_filter is not None:
         validate_subject(tail_filter, allow_wildcards=True, what="tail filter")
     entry = await _join(conn, stream, tail_filter)
-    listener = entry.tail.add(subject, accept)
+    listener = entry.tail.add(subject, accept, key)
     try:
         yield listener
     finally:

@@ -1,0 +1,109 @@
+"""Which of a tail's waiters get a message: filed by subject filter, and optionally by the value they wait for.
+
+Thousands of advisory sensors wait on one subject of the capture stream, each for its own batch. Checking every
+waiter's filter against every message costs waiters x messages (9,900 advisories reaching 10,000 waiting
+sensors took 16-21 s). A waiter filed with a key, ``(key_of, value)``, is found by one ``key_of(message)`` and
+one lookup, however many wait on its subject::
+
+    index = ListenerIndex()
+    index.add("$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED", listener, key=(batch_of, "b1"))
+    index.dispatch(message)   # listeners of the subject without a key, and those keyed batch_of(message)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterator
+from typing import TYPE_CHECKING, Protocol
+
+from airflow_jetstream.client.reading.subject_index import SubjectIndex
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.errors import JetStreamError
+    from airflow_jetstream.client.reading.direct import StoredMessage
+
+#: The value a message is for (e.g. its advisory's batch id): quick, on the event loop, once per message; one function
+#: object shared by the waiters it files.
+KeyOf = Callable[["StoredMessage"], Hashable]
+
+
+class Listener(Protocol):
+    def __hash__(self) -> int: ...
+
+    def push(self, message: StoredMessage) -> None: ...
+
+    def fail(self, error: JetStreamError) -> None: ...
+
+
+class KeyedListeners:
+    """The listeners of one subject filter that share ``key_of``, by the value each waits for."""
+
+    __slots__ = ("by_value", "key_of")
+
+    def __init__(self, key_of: KeyOf) -> None:
+        self.key_of = key_of
+        self.by_value: dict[Hashable, set[Listener]] = {}
+
+    def __len__(self) -> int:
+        return sum(map(len, self.by_value.values()))
+
+    def __iter__(self) -> Iterator[Listener]:
+        return (listener for listeners in self.by_value.values() for listener in listeners)
+
+    def push(self, message: StoredMessage) -> None:
+        try:
+            listeners = list(self.by_value.get(self.key_of(message), ()))
+        except Exception:  # a value key_of cannot read or hash: each listener's own check decides
+            listeners = list(self)
+        for listener in listeners:
+            listener.push(message)
+
+    def fail(self, error: JetStreamError) -> None:
+        for listener in list(self):
+            listener.fail(error)
+
+
+class ListenerIndex:
+    """A tail's listeners: :meth:`dispatch` hands a message to those whose subject filter (and key) it matches."""
+
+    def __init__(self) -> None:
+        self._subjects: SubjectIndex[Listener | KeyedListeners] = SubjectIndex()
+        self._keyed: dict[tuple[str, KeyOf], KeyedListeners] = {}
+
+    def __len__(self) -> int:
+        return sum(len(item) if isinstance(item, KeyedListeners) else 1 for item in self._subjects.items())
+
+    def add(self, subject: str, listener: Listener, key: tuple[KeyOf, Hashable] | None = None) -> None:
+        if key is None:
+            self._subjects.add(subject, listener)
+            return
+        group = self._keyed.get((subject, key[0]))
+        if group is None:
+            group = self._keyed[(subject, key[0])] = KeyedListeners(key[0])
+            self._subjects.add(subject, group)
+        group.by_value.setdefault(key[1], set()).add(listener)
+
+    def remove(self, subject: str, listener: Listener, key: tuple[KeyOf, Hashable] | None = None) -> None:
+        if key is None:
+            self._subjects.remove(subject, listener)
+            return
+        group = self._keyed.get((subject, key[0]))
+        listeners = group.by_value.get(key[1]) if group is not None else None
+        if group is None or listeners is None:
+            return
+        listeners.discard(listener)
+        if not listeners:
+            del group.by_value[key[1]]
+        if not group.by_value:
+            del self._keyed[(subject, key[0])]
+            self._subjects.remove(subject, group)
+
+    def dispatch(self, message: StoredMessage) -> None:
+        for item in self._subjects.match(message.subject):
+            item.push(message)
+
+    def fail(self, error: JetStreamError) -> None:
+        for item in self._subjects.items():
+            item.fail(error)
+
+
+__all__ = ["KeyOf", "ListenerIndex"]

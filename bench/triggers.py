@@ -6,7 +6,9 @@ Airflow's triggerer does: each trigger serialized, its kwargs stored and read ba
 classpath and ``run()`` as a task. Then it measures:
 
 - **startup**: seconds until the processes are idle again (every trigger did its first look), the longest the
-  event loop was blocked meanwhile (a 50 ms watchdog, as Airflow's own), and the triggers that ended in error;
+  event loop was blocked meanwhile (a 50 ms watchdog, as Airflow's own), and the triggers that ended in error.
+  Triggers start ``--start-per-loop`` at a time (50: Airflow 3.2+'s ``[triggerer] max_trigger_to_select_per_loop``;
+  0: all at once, the worst case, whose stall is every trigger's first step in one loop iteration);
 - **idle**: consumers per stream on the server (its ``consumer_count``), RSS and CPU per waiting trigger over a
   ``--idle`` seconds window, the longest loop stall;
 - **firing**: ``--probes`` triggers are fired one at a time, 20 ms apart (event latency p50/p99: publish to
@@ -151,7 +153,12 @@ async def child(args: argparse.Namespace) -> None:
         fired[index] = (time.time(), event.get("status", "?"))
 
     rss, watchdog.worst = rss_kib(), 0.0
-    tasks = [asyncio.ensure_future(wait(i, t)) for i, t in zip(indices, triggers, strict=True)]
+    per_loop = args.start_per_loop or len(triggers)
+    tasks: list[asyncio.Future[None]] = []
+    for at in range(0, len(triggers), per_loop):
+        tasks += [asyncio.ensure_future(wait(i, t)) for i, t in zip(indices[at:at + per_loop],
+                                                                     triggers[at:at + per_loop], strict=True)]
+        await asyncio.sleep(0)  # the next ones in a later loop iteration, as the triggerer hands them over
     settle = await until_idle()
     say(event="ready", startup_s=round(settle, 2), startup_stall_ms=watchdog.take(),
         rss_kib_per_trigger=round((rss_kib() - rss) / len(indices), 2),
@@ -255,7 +262,8 @@ async def measure(servers: str, replicas: int, kind: str, count: int, tree: Path
                 sys.executable, str(HERE / "bench" / "triggers.py"), "--child", "--tree", str(tree), "--kind", kind,
                 "--names", json.dumps(names), "--first", str(p), "--step", str(args.processes), "--count", str(count),
                 "--since", since, "--idle", str(args.idle), "--poll-interval", str(args.poll_interval),
-                "--deadline", str(args.deadline), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                "--deadline", str(args.deadline), "--start-per-loop", str(args.start_per_loop),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=logs[p], env=env, cwd=str(tree), limit=READ_LIMIT) for p in range(args.processes)]
             try:
                 ready = [await read_line(proc, "ready", log) for proc, log in zip(procs, logs, strict=True)]
@@ -385,6 +393,8 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=100, help="triggers fired one at a time for the latency")
     parser.add_argument("--poll-interval", type=float, default=5.0, help="the consumer kind's poll interval")
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds to wait for every trigger to fire")
+    parser.add_argument("--start-per-loop", type=int, default=50,
+                        help="triggers started per loop iteration (Airflow's max_trigger_to_select_per_loop; 0: all)")
     parser.add_argument("--baseline-tree", help="a checkout of the code to compare with (e.g. a git worktree)")
     parser.add_argument("--baseline-counts", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--json", help="write the rows here")

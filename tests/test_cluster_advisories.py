@@ -1,6 +1,11 @@
 """Advisories on the 3-node cluster: an R3 capture stream that re-runs never downgrade, the sensor
 finding ``stream_leader_elected`` after a leader SIGKILL, and the sensor waiting through the capture
-stream's own election instead of failing."""
+stream's own election instead of failing.
+
+The server publishes advisories as plain NATS messages: one published while the capture stream has no
+serving leader is not stored (docs/advisories.md). A leader shown by the monitoring endpoint may not serve
+yet (a poke's STREAM.INFO still went unanswered 1.5 s later), so the election test makes the advisory it waits
+for only once the capture stream stores a probe stream's advisory again."""
 
 from __future__ import annotations
 
@@ -10,7 +15,9 @@ from datetime import UTC, datetime
 import pytest
 
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
-from airflow_jetstream.client.errors import PlacementError
+from airflow_jetstream.client.advisories.capture import find_captured
+from airflow_jetstream.client.advisories.filter import AdvisoryFilter
+from airflow_jetstream.client.errors import JetStreamError, PlacementError
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
 from airflow_jetstream.sensors.advisory import JetStreamAdvisorySensor
@@ -27,6 +34,18 @@ def cluster(monkeypatch: pytest.MonkeyPatch, nats_cluster_module: EmbeddedNatsCl
 
 def capture_config(cluster: EmbeddedNatsCluster) -> dict:
     return call(cluster, stream_info, "ADVISORIES")["config"]
+
+
+def capture_stores_again(cluster: EmbeddedNatsCluster, since: datetime, probes: list[str]) -> bool:
+    """One look: a new probe stream is created; True once the capture stream holds any probe's stream_created."""
+    probes.append(f"PROBE{len(probes)}")
+    try:
+        call(cluster, ensure_stream, {"name": probes[-1], "subjects": [f"probe{len(probes)}.>"]})
+        return any(call(cluster, find_captured, "ADVISORIES", start_time=since,
+                        advisory_filter=AdvisoryFilter(advisory="stream_created", stream=probe))["advisory"]
+                   for probe in probes)
+    except JetStreamError:  # the cluster is still electing
+        return False
 
 
 def test_capture_stream_is_r3_and_a_rerun_with_defaults_keeps_it(cluster: EmbeddedNatsCluster) -> None:
@@ -79,6 +98,8 @@ def test_sensor_waits_through_the_capture_streams_election(cluster: EmbeddedNats
     waiter.start()  # its pokes meet a capture stream without a leader
     try:
         wait_for(lambda: cluster.stream_leader("ADVISORIES") not in (None, victim), "a new capture leader")
+        probes: list[str] = []
+        wait_for(lambda: capture_stores_again(cluster, since, probes), "the capture stream storing advisories again")
         call(cluster, ensure_stream, {"name": "LATE", "subjects": ["late.>"]})
     finally:
         waiter.join(timeout=120)

@@ -34,6 +34,8 @@ from airflow_jetstream.client.reading.direct import get_message
 #: How long a claim is kept after it was made.
 DEFAULT_CLAIM_TTL = "7d"
 _WRONG_LAST = 10071
+#: On a cluster, another write of the key is still in flight at the leader: a lost race, nothing stored (read again).
+_IN_FLIGHT = 10164
 _ATTEMPTS = 3
 _LAST_SEQ = re.compile(r"wrong last sequence: (\d+)")
 
@@ -94,6 +96,7 @@ async def _put(conn: JetStreamConnection, bucket: str, key: str, data: bytes, *,
     error = ack.get("error")
     if error is None:
         return int(ack["seq"])
-    if error.get("err_code") == _WRONG_LAST and _LAST_SEQ.search(str(error.get("description"))):
+    if (error.get("err_code") == _WRONG_LAST and _LAST_SEQ.search(str(error.get("description")))) \
+            or error.get("err_code") == _IN_FLIGHT:
         return "moved"
     raise error_from_api(error, context=context)

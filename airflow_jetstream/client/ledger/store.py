@@ -37,7 +37,9 @@ from airflow_jetstream.client.retry import Backoff, retry
 #: stream (429/10210; nats-server 2.12 answers a full table with 10176 "incomplete", as it does a lost message).
 _NOT_STORED = {10210: "too many atomic batches in flight", 10176: "atomic batch incomplete"}
 _BUSY = "atomic_batch_busy"
-_WRONG_LAST = 10071
+#: A key moved since it was read (10071, "wrong last sequence: N"), or on a cluster another write of the key is still
+#: in flight at the leader (10164, "last sequence by subject mismatch"): a lost race either way, nothing stored.
+_WRONG_LAST = frozenset({10071, 10164})
 _ATOMIC_DISABLED = 10174
 BUSY = Backoff(0.01, 0.5, jitter=True)
 
@@ -141,7 +143,7 @@ async def _send(conn: JetStreamConnection, bucket: str, writes: Sequence[Write],
     if "error" in ack:
         error = ack["error"]
         err_code = error.get("err_code")
-        if err_code == _WRONG_LAST:
+        if err_code in _WRONG_LAST:
             raise CasConflict(error.get("description"))
         if err_code in _NOT_STORED:
             raise BatchPublishError(f"{context}: {_NOT_STORED[err_code]} (err_code {err_code}), nothing stored",

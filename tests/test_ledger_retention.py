@@ -110,3 +110,40 @@ def test_process_each_once_sets_the_claims_retention_it_is_given(settings, nats_
 
     stored = on_server(settings, config)
     assert (stored["max_age"], stored["max_bytes"]) == (DAY * 10**9, 1 << 20)
+
+
+def test_writers_opening_a_new_ledger_bucket_at_once_all_open_it(settings, monkeypatch):
+    """The partitions of a Spark write open the ledger bucket at once. One finds no bucket, and before it
+    creates one another writer creates it and enables atomic batches: its create then meets a bucket of another
+    config (10058, stream_name_in_use) and must use that bucket instead of failing (a Spark write failed so in a
+    CI run). The second writer is held between its look and its create until the first has opened the bucket."""
+    import airflow_jetstream.client.ledger.bucket as bucket_module
+
+    first_opened = asyncio.Event()
+    held: dict[str, object] = {}
+    real_find = bucket_module.find_stream
+
+    async def find_then_wait(conn, stream):
+        found = await real_find(conn, stream)
+        if asyncio.current_task() is held.get("task"):  # the held writer saw no bucket: the other goes first
+            held["found"] = found
+            await first_opened.wait()
+        return found
+
+    monkeypatch.setattr(bucket_module, "find_stream", find_then_wait)
+
+    async def main() -> list[object]:
+        async with open_connection(settings) as conn:
+            name = f"opened_{uuid.uuid4().hex[:6]}"
+            second = held["task"] = asyncio.ensure_future(BatchLedger.open(conn, name))
+            while "found" not in held and not second.done():  # bounded: the held writer's one look
+                await asyncio.sleep(0.01)
+            try:
+                first = await BatchLedger.open(conn, name)
+            finally:
+                first_opened.set()
+            return [first, *(await asyncio.gather(second, return_exceptions=True))]
+
+    outcomes = asyncio.run(asyncio.wait_for(main(), 60))
+    assert "found" in held and held["found"] is None
+    assert [o for o in outcomes if isinstance(o, BaseException)] == []

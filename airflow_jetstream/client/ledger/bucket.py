@@ -39,6 +39,10 @@ def check_bucket_name(bucket: object) -> str:
     return bucket
 
 
+#: The create met a stream of that name with another config (another writer created and prepared it meanwhile).
+_NAME_IN_USE = 10058
+
+
 def retention_of(config: dict[str, Any]) -> dict[str, Any]:
     """``{"ttl": seconds or None, "max_bytes": bytes or None}`` of a bucket's stream config (None: no bound)."""
     max_age = int(config.get("max_age") or 0)
@@ -78,10 +82,17 @@ async def ensure_ledger_bucket(conn: JetStreamConnection, bucket: str, *, create
             if not create:
                 raise LedgerNotFoundError(f"ledger bucket {bucket!r} does not exist; open it with create=True")
             age = retention.get("max_age", DEFAULT_TTL)
-            await create_bucket(conn, replication, bucket=bucket, history=history, ttl=age or None,
-                                max_bytes=retention.get("max_bytes"), description="airflow-jetstream batch ledger")
-            log.info("Created batch ledger bucket %s with %d replica(s); keys kept %s after their last change",
-                     bucket, bucket_replicas(conn, replication), f"{age / 86400:g} d" if age else "forever")
+            try:
+                await create_bucket(conn, replication, bucket=bucket, history=history, ttl=age or None,
+                                    max_bytes=retention.get("max_bytes"), description="airflow-jetstream batch ledger")
+            except Exception as exc:  # nats-py's error here; kv_errors maps what is raised on
+                if getattr(exc, "err_code", None) != _NAME_IN_USE:
+                    raise
+                # another writer (a Spark write's other partition) created it meanwhile and set what it needs:
+                # brought to what the ledger needs below like any existing bucket
+            else:
+                log.info("Created batch ledger bucket %s with %d replica(s); keys kept %s after their last change",
+                         bucket, bucket_replicas(conn, replication), f"{age / 86400:g} d" if age else "forever")
         result = await ensure_stream(conn, {"name": stream, "allow_atomic": True, "allow_direct": True,
                                             **retention, **replication})
     config: dict[str, Any] = result["info"]["config"]

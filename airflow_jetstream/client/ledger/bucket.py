@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: How long a new ledger bucket keeps a key after its last change: 30 days.
 DEFAULT_TTL = 30 * 24 * 3600.0
+#: A create met a stream of that name with another config (another writer created and prepared it meanwhile).
+_NAME_IN_USE = 10058
 _UNBOUNDED_WARNED: set[str] = set()
 
 
@@ -37,10 +39,6 @@ def check_bucket_name(bucket: object) -> str:
             reason="invalid_name",
         )
     return bucket
-
-
-#: The create met a stream of that name with another config (another writer created and prepared it meanwhile).
-_NAME_IN_USE = 10058
 
 
 def retention_of(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""Writers of one ledger key racing on a 3-node cluster. A write whose key another write is still putting through
-the stream leader is refused with 10164 ("last sequence by subject mismatch", no sequence), not 10071: nothing
-was stored, so it is a lost compare-and-set like the other. It failed a Spark write's re-run (two partitions
-recording chunks of one run, whose counts shard both change) with BatchPublishError(wrong_last_sequence)."""
+"""Writers of one ledger key, and claimers of one claims key, racing on a 3-node cluster. A write whose key
+another write is still putting through the stream leader is refused with 10164 ("last sequence by subject
+mismatch", no sequence), not 10071: nothing was stored, so it is a lost compare-and-set like the other. It failed
+a Spark write's re-run (two partitions recording chunks of one run, whose counts shard both change) with
+BatchPublishError(wrong_last_sequence)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.client.ledger.claims import claim, open_claims
 from airflow_jetstream.client.ledger.store import CasConflict, Write, read_last, write
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from tests.support.cluster_tools import cluster_settings
@@ -58,3 +60,22 @@ def test_two_processes_recording_one_run_keep_every_record_and_its_counts(
     summary, recount = asyncio.run(main())
     assert summary["batches"] == 200
     assert recount["drift"] == {} and recount["shards"] == [], recount
+
+
+def test_racing_claims_of_one_key_make_one_claim_and_no_error(nats_cluster_module: EmbeddedNatsCluster) -> None:
+    """process_each_once in several runs at once (a burst's event-driven runs) claim one message: on a cluster a
+    loser may be refused with 10164 while the winner's claim is still in flight at the leader, and reads nothing
+    yet. Each loser must come back with None (claimed by someone), none with an error."""
+
+    async def main() -> list[list[object]]:
+        async with open_connection(cluster_settings(nats_cluster_module)) as conn:
+            await open_claims(conn, "race_claims", ttl="1h")
+            rounds = []
+            for round_no in range(ROUNDS):
+                attempts = [claim(conn, "race_claims", f"ORDERS.{round_no}", {"run": i}) for i in range(WRITERS)]
+                rounds.append(await asyncio.gather(*attempts, return_exceptions=True))
+            return rounds
+
+    for outcomes in asyncio.run(main()):
+        assert [o for o in outcomes if not (o is None or isinstance(o, int))] == [], outcomes
+        assert sum(isinstance(o, int) for o in outcomes) == 1, outcomes

@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,43 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.support import jetstream_view
-from tests.support.airflow_cli import AIRFLOW, isolated_airflow_env, nats_conn_json, run_airflow
-from tests.support.airflow_ui import free_port
+from tests.support.airflow_cli import nats_conn_json
+from tests.support.airflow_ui import running_api_server
 from tests.support.stall import resume, stop
 
 CONN = "nats_bench"
 USER, PASSWORD = "admin", "bench-pw"
 AIRFLOW_PAGES = ("/api/v2/dags", "/api/v2/monitor/health")
-
-
-def start_api_server(home: Path, nats_url: str, view_timeout: str) -> tuple[subprocess.Popen, str, Path]:
-    (home / "dags").mkdir(parents=True)
-    (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
-    env = isolated_airflow_env(
-        home,
-        AIRFLOW__CORE__AUTH_MANAGER="airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=f"{USER}:admin",
-        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
-        AIRFLOW__JETSTREAM__VIEW_TIMEOUT=view_timeout,
-        **{f"AIRFLOW_CONN_{CONN.upper()}": nats_conn_json(nats_url)},
-    )
-    migrated = run_airflow(["db", "migrate"], env)
-    if migrated.returncode:
-        raise SystemExit(migrated.stderr[-3000:])
-    port = free_port()
-    log = home / "api-server.log"
-    proc = subprocess.Popen([AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/api/v2/monitor/health", timeout=2).status_code == 200:
-                return proc, url, log
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)  # a starting server: bounded by the deadline
-    raise SystemExit(f"api-server not healthy:\n{log.read_text()[-3000:]}")
 
 
 def reads(log: Path) -> int:
@@ -153,15 +120,13 @@ def main() -> None:
         server = EmbeddedNatsServer(store_dir=Path(tmp, "nats"), jetstream=jetstream_view.SERVER_JETSTREAM).start()
         try:
             jetstream_view.seed_view_data(ConnectionSettings(servers=server.url))
-            proc, url, log = start_api_server(Path(tmp, "airflow"), server.url, args.view_timeout)
-            try:
-                print(f"api-server (1 worker) {url}, nats-server {server.url}, view_timeout {args.view_timeout}, "
+            with running_api_server(Path(tmp, "airflow"), USER, PASSWORD,
+                                    AIRFLOW__JETSTREAM__VIEW_TIMEOUT=args.view_timeout,
+                                    **{f"AIRFLOW_CONN_{CONN.upper()}": nats_conn_json(server.url)}) as ui:
+                print(f"api-server (1 worker) {ui.url}, nats-server {server.url}, view_timeout {args.view_timeout}, "
                       f"load average {os.getloadavg()[0]:.1f}")
                 assert server.process is not None
-                asyncio.run(run(url, log, server.process.pid, args.loads))
-            finally:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=60)
+                asyncio.run(run(ui.url, ui.log, server.process.pid, args.loads))
         finally:
             server.close()
 

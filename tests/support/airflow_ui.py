@@ -19,6 +19,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,11 @@ class AirflowUI:
     url: str
     env: dict[str, str]
     home: Path
+
+    @property
+    def log(self) -> Path:
+        """The api-server's output."""
+        return self.home / "api-server.log"
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
@@ -90,25 +96,23 @@ def view_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNa
     server.close()
 
 
-@pytest.fixture(scope="session")
-def airflow_ui(tmp_path_factory: pytest.TempPathFactory, view_server: EmbeddedNatsServer) -> Iterator[AirflowUI]:
-    """Airflow 3's api-server on a free loopback port with a fresh sqlite database."""
-    home = tmp_path_factory.mktemp("airflow-ui-home")
-    (home / "dags").mkdir()
-    (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
+@contextmanager
+def running_api_server(home: Path, user: str, password: str, **settings: str) -> Iterator[AirflowUI]:
+    """An api-server in ``home`` (fresh sqlite db, simple auth with one admin ``user``) on a free loopback port,
+    with Airflow ``settings`` (``AIRFLOW__...``/``AIRFLOW_CONN_...``); stopped on leaving."""
+    (home / "dags").mkdir(parents=True, exist_ok=True)
+    (home / "passwords.json").write_text(json.dumps({user: password}))
     env = isolated_airflow_env(
         home,
         AIRFLOW__CORE__AUTH_MANAGER="airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=f"{USER}:admin",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=f"{user}:admin",
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
-        AIRFLOW__CORE__TEST_CONNECTION="Enabled",
-        AIRFLOW__JETSTREAM__PROBLEM_PENDING_IDLE="1s",  # the seeded idle consumers are problems at once
-        **{f"AIRFLOW_CONN_{VIEW_CONN.upper()}": nats_conn_json(view_server.url)},
+        **settings,
     )
     migrate = run_airflow(["db", "migrate"], env)
     assert migrate.returncode == 0, migrate.stderr[-3000:]
     port = free_port()
-    log = home / "api-server.log"
+    log = home / "api-server.log"  # AirflowUI.log
     with log.open("w") as out:
         proc = subprocess.Popen(
             [AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
@@ -125,6 +129,18 @@ def airflow_ui(tmp_path_factory: pytest.TempPathFactory, view_server: EmbeddedNa
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def airflow_ui(tmp_path_factory: pytest.TempPathFactory, view_server: EmbeddedNatsServer) -> Iterator[AirflowUI]:
+    """Airflow 3's api-server on a free loopback port with a fresh sqlite database."""
+    with running_api_server(
+        tmp_path_factory.mktemp("airflow-ui-home"), USER, PASSWORD,
+        AIRFLOW__CORE__TEST_CONNECTION="Enabled",
+        AIRFLOW__JETSTREAM__PROBLEM_PENDING_IDLE="1s",  # the seeded idle consumers are problems at once
+        **{f"AIRFLOW_CONN_{VIEW_CONN.upper()}": nats_conn_json(view_server.url)},
+    ) as ui:
+        yield ui
 
 
 def log_in(page: Any, url: str, user: str, password: str) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from airflow_jetstream.embedded import EmbeddedNatsServer
-from airflow_jetstream.embedded.server import free_port
+from airflow_jetstream.embedded.server import LOWEST_PORT, free_port
 
 
 def test_a_monitor_port_taken_before_the_bind_is_replaced(tmp_path: Path) -> None:
@@ -29,6 +31,16 @@ def test_a_monitor_port_answered_by_another_nats_server_is_replaced(tmp_path: Pa
         with server:
             assert server.monitor_port != squatter.port
             assert server.monitor("varz")["port"] == server.port
+
+
+@pytest.mark.skipif(not Path("/proc/sys/net/ipv4/ip_local_port_range").exists(), reason="Linux's ephemeral range")
+def test_free_ports_come_from_below_the_kernels_ephemeral_range() -> None:
+    """A port from the ephemeral range can become another process's outgoing connection or bind(0) before the
+    server binds it (a CI run: the Spark master's status page moved to the next port, and another process
+    answered on the one chosen)."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(500)]
+    assert [p for p in ports if not LOWEST_PORT <= p < ephemeral_low] == []
 
 
 def test_free_ports_handed_out_together_are_all_different() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -57,18 +58,38 @@ def find_nats_server_binary() -> str:
 
 _HANDED_OUT: deque[int] = deque(maxlen=4096)  # the ports free_port() returned last
 _HANDED_OUT_LOCK = threading.Lock()
+_RANDOM = random.SystemRandom()
+#: The lowest port free_port() hands out where the kernel's ephemeral range is known (Linux).
+LOWEST_PORT = 10000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _below_ephemeral() -> tuple[int, int] | None:
+    """Ports from :data:`LOWEST_PORT` up to the kernel's ephemeral range: the kernel hands none of them to another
+    process's ``bind(0)`` or outgoing connection. None where the range is unknown or leaves too few below it."""
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (LOWEST_PORT, low) if low - LOWEST_PORT >= 4096 else None
 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now and not one of the last 4096 this process handed out.
 
-    The caller binds it only later (a cluster picks all its ports before its first server starts): the
-    kernel can offer a port again once its probe socket closed, and two servers must not both get it.
+    The caller binds it only later (a cluster picks all its ports before its first server starts; a JVM binds
+    seconds after its start): the port is taken from below the kernel's ephemeral range where that is known, so
+    no other process's ``bind(0)`` or outgoing connection gets it meanwhile, and the kernel cannot offer it again
+    once its probe socket closed.
     """
+    span = _below_ephemeral()
     with _HANDED_OUT_LOCK:
-        for _ in range(100):
+        for _ in range(200):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind(("127.0.0.1", 0))
+                try:
+                    sock.bind(("127.0.0.1", _RANDOM.randrange(*span) if span else 0))
+                except OSError:  # in use
+                    continue
                 port: int = sock.getsockname()[1]
             if port not in _HANDED_OUT:
                 _HANDED_OUT.append(port)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from airflow_jetstream.embedded.server import EmbeddedServerError, free_port
+
+#: How a Spark daemon logs the port a service bound: the one asked for, or a later one when that was taken (Spark
+#: tries the next port, up to spark.port.maxRetries times, and says so only in its log).
+_BOUND = re.compile(r"Successfully started service '(\w+)' on port (\d+)")
 
 
 def spark_home() -> Path:
@@ -91,9 +96,12 @@ class EmbeddedSparkCluster:
         if self.processes:
             return self
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        master_log = self.base_dir / "master.log"
+        offset = master_log.stat().st_size if master_log.exists() else 0
         self._launch("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                 "--port", str(self.port), "--webui-port", str(self.web_port)])
         try:
+            self.port, self.web_port = self._bound_ports(master_log, offset, "sparkMaster", "MasterUI")
             self._wait(lambda s: True, "the master's status page")
             for index in range(self.workers):
                 self.worker_dir(index).mkdir(parents=True, exist_ok=True)
@@ -108,6 +116,26 @@ class EmbeddedSparkCluster:
             raise
         return self
 
+    def _check_alive(self) -> None:
+        dead = [p for p in self.processes if p.poll() is not None]
+        if dead:
+            raise EmbeddedServerError(f"a Spark daemon exited with {dead[0].returncode}: {self.log_tail()}")
+
+    def _bound_ports(self, log: Path, offset: int, *services: str) -> list[int]:
+        """The ports ``services`` bound, read from the daemon's log past ``offset``: a port free when it was
+        chosen can be taken before the JVM binds it (another process's server or outgoing connection)."""
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            with log.open("rb") as out:
+                out.seek(offset)
+                bound = dict(_BOUND.findall(out.read().decode(errors="replace")))
+            if all(name in bound for name in services):
+                return [int(bound[name]) for name in services]
+            self._check_alive()
+            time.sleep(0.2)  # a starting JVM: bounded by the deadline
+        raise EmbeddedServerError(f"Spark standalone cluster: {', '.join(services)} not started after "
+                                  f"{self.startup_timeout}s: {self.log_tail()}")
+
     def status(self) -> dict[str, Any]:
         """The master's JSON status (workers, cores, running applications)."""
         with urllib.request.urlopen(f"{self.web_url}/json/", timeout=5) as resp:
@@ -116,9 +144,7 @@ class EmbeddedSparkCluster:
     def _wait(self, ready: Any, what: str) -> None:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
-            dead = [p for p in self.processes if p.poll() is not None]
-            if dead:
-                raise EmbeddedServerError(f"a Spark daemon exited with {dead[0].returncode}: {self.log_tail()}")
+            self._check_alive()
             try:
                 if ready(self.status()):
                     return

@@ -24,6 +24,8 @@ from tests.infra.spark_cluster import spark_home
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 READY_LINE = "Spark Connect server started at"
+#: The server's log when its port was taken meanwhile (Spark Connect does not move to the next port).
+PORT_TAKEN = "Failed to bind to address"
 
 
 class EmbeddedSparkConnectServer:
@@ -55,9 +57,23 @@ class EmbeddedSparkConnectServer:
         return self.base_dir / "server.log"
 
     def start(self) -> EmbeddedSparkConnectServer:
+        """Start the server; a port taken between its choice and the server's bind is chosen again (3 tries)."""
         if self.process is not None:
             return self
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            offset = len(self.log())
+            self._spawn()
+            problem = self._wait_ready(offset)
+            if problem is None:
+                return self
+            self.close()
+            if PORT_TAKEN not in self.log()[offset:]:
+                break
+            self.port = free_port()
+        raise EmbeddedServerError(problem)
+
+    def _spawn(self) -> None:
         conf = {"spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": str(self.port),
                 "spark.ui.enabled": "false", **self.conf}
         args = [str(self.home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", self.master,
@@ -68,14 +84,19 @@ class EmbeddedSparkConnectServer:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.base_dir,
                                             start_new_session=True)
+
+    def _wait_ready(self, offset: int) -> str | None:
+        """None once the server says it started (in its log past ``offset``), else what went wrong."""
+        assert self.process is not None
         deadline = time.monotonic() + self.startup_timeout
-        while READY_LINE not in self.log():
+        while READY_LINE not in self.log()[offset:]:
             if self.process.poll() is not None or time.monotonic() > deadline:
-                tail = "\n".join(self.log().splitlines()[-15:])
-                self.close()
-                raise EmbeddedServerError(f"Spark Connect server did not start within {self.startup_timeout}s:\n{tail}")
-            time.sleep(0.2)
-        return self
+                tail = "\n".join(self.log()[offset:].splitlines()[-15:])
+                how = f"exited with {self.process.returncode}" if self.process.poll() is not None \
+                    else f"did not start within {self.startup_timeout}s"
+                return f"Spark Connect server on port {self.port} {how}:\n{tail}"
+            time.sleep(0.2)  # a starting JVM: bounded by the deadline
+        return None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -28,6 +28,7 @@ from airflow_jetstream.client.advisories.types import (
 )
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError, StreamNotFoundError
 from airflow_jetstream.client.subjects import subject_matches
+from tests.support.polling import async_wait_until
 
 T = "io.nats.jetstream.advisory.v1."
 
@@ -226,8 +227,16 @@ def test_capture_stream_finds_advisory_published_before_reading(settings):
             since = datetime.now(UTC)
             await ensure_stream(conn, {"name": "ORDERS", "subjects": ["orders.>"]})
             await ensure_stream(conn, {"name": "OTHER", "subjects": ["other.>"]})
-            created = await find_captured(conn, "ADVISORIES", start_time=since,
-                                          advisory_filter=AdvisoryFilter(advisory="stream_created", stream="OTHER"))
+            found: dict = {}
+
+            async def captured() -> bool:  # the server publishes an advisory after its API reply: not stored yet
+                found["created"] = await find_captured(
+                    conn, "ADVISORIES", start_time=since,
+                    advisory_filter=AdvisoryFilter(advisory="stream_created", stream="OTHER"))
+                return found["created"]["advisory"] is not None
+
+            await async_wait_until(captured, "the capture stream to store OTHER's stream_created advisory")
+            created = found["created"]
             missing = await find_captured(conn, "ADVISORIES", start_time=since,
                                           advisory_filter=AdvisoryFilter(advisory="stream_deleted"))
             later = await find_captured(conn, "ADVISORIES", start_time=datetime.now(UTC) + timedelta(hours=1),

@@ -96,11 +96,19 @@ def test_leaf_crash_while_publishing_loses_and_duplicates_nothing(mode, hub_and_
     async def check(conn) -> dict:
         leaf_view = api_view(conn, domain="edge")
 
+        last: dict = {}
+
         async def settled() -> bool:
-            return await messages(conn, "AGG") >= TOTAL and await messages(leaf_view, "ORIGIN") == 0
+            last.update(agg=await messages(conn, "AGG"), origin=await messages(leaf_view, "ORIGIN"))
+            return last["agg"] >= TOTAL and last["origin"] == 0
         # After failed attempts while the leaf was down, the hub retries a source with a growing back-off
         # (10 s more per failure, at most 2 min: nats-server's calculateRetryBackoff), so allow that plus margin.
-        await wait_for(settled, 180, "AGG to hold every message and ORIGIN to be empty")
+        try:
+            await wait_for(settled, 180, "AGG to hold every message and ORIGIN to be empty")
+        except AssertionError as exc:
+            status = await source_status(conn, "AGG", "ORIGIN", domain="edge")
+            raise AssertionError(f"{exc}: AGG holds {last.get('agg')} of {TOTAL}, ORIGIN {last.get('origin')} left; "
+                                 f"source {status}; {retries} publish retries") from None
         return {"seen": await payloads(conn, "AGG"), "status": await source_status(conn, "AGG", "ORIGIN",
                                                                                    domain="edge")}
 

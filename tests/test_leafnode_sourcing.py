@@ -7,7 +7,7 @@ import asyncio
 import nats.errors
 import pytest
 
-from airflow_jetstream.client import ConnectionSettings, JetStreamError, ensure_stream, open_connection
+from airflow_jetstream.client import ConnectionSettings, JetStreamError, ensure_stream, open_connection, stream_info
 from airflow_jetstream.client.admin.consumers import find_consumer
 from airflow_jetstream.client.admin.domains import api_view
 from airflow_jetstream.client.sourcing.status import source_status
@@ -107,8 +107,15 @@ def test_leaf_crash_while_publishing_loses_and_duplicates_nothing(mode, hub_and_
             await wait_for(settled, 180, "AGG to hold every message and ORIGIN to be empty")
         except AssertionError as exc:
             status = await source_status(conn, "AGG", "ORIGIN", domain="edge")
-            raise AssertionError(f"{exc}: AGG holds {last.get('agg')} of {TOTAL}, ORIGIN {last.get('origin')} left; "
-                                 f"source {status}; {retries} publish retries") from None
+            missing = sorted(set(range(TOTAL)) - {int(p.split("-")[1]) for p in await payloads(conn, "AGG")})
+            consumer = await find_consumer(leaf_view, "ORIGIN", status["consumer"]) if status.get("consumer") else None
+            origin = (await stream_info(leaf_view, "ORIGIN"))["state"]
+            lost = f" (o-{missing[0]}..o-{missing[-1]})" if missing else ""
+            raise AssertionError(
+                f"{exc}: AGG holds {last.get('agg')} of {TOTAL}, ORIGIN {last.get('origin')} left; missing "
+                f"{len(missing)}{lost}; source {status}; origin state {origin}; origin consumer delivered "
+                f"{consumer and consumer.get('delivered')} ack floor {consumer and consumer.get('ack_floor')}; "
+                f"{retries} publish retries") from None
         return {"seen": await payloads(conn, "AGG"), "status": await source_status(conn, "AGG", "ORIGIN",
                                                                                    domain="edge")}
 

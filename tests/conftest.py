@@ -27,6 +27,7 @@ from airflow_jetstream.client import server_features  # noqa: E402
 from airflow_jetstream.client.errors import ServerFeatureError  # noqa: E402
 from airflow_jetstream.client.settings import ConnectionSettings  # noqa: E402
 from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer  # noqa: E402
+from tests.infra.postgres import EmbeddedPostgres, temporary_postgres  # noqa: E402
 from tests.support import durations  # noqa: E402
 from tests.support.airflow_ui import airflow_ui, browser_context, chromium, page, view_server  # noqa: E402,F401
 from tests.support.nkeys_util import new_user_nkey  # noqa: E402
@@ -49,6 +50,13 @@ def nats_server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
     yield factory
     for server in started:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL cluster for the module's Airflow deployment (the database users run Airflow on)."""
+    with temporary_postgres() as pg:
+        yield pg
 
 
 @pytest.fixture

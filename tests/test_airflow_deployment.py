@@ -1,7 +1,7 @@
 """A real Airflow deployment: api-server, scheduler, dag-processor and triggerer as separate processes.
 
 One deployment for the module (``tests.infra.airflow_local.LocalAirflow``: LocalExecutor,
-sqlite, everything on 127.0.0.1, log servers skipped) with the example DAGs against one real
+PostgreSQL as users run it, everything on 127.0.0.1, log servers skipped) with the example DAGs against one real
 nats-server. It proves that the orders pipeline runs to success through the scheduler with its
 sensors deferred to the triggerer, that the examples share the server, and that the event-driven
 DAG turns every published message into exactly one asset event (by stream sequence) across a clean
@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.errors import ConsumerNotFoundError, StreamNotFoundError
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.embedded.server import free_port
-from tests.infra.airflow_local import LocalAirflow
+from tests.infra.airflow_local import LocalAirflow, json_column
 from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError
 from tests.support.airflow_api import Api
 from tests.support.airflow_ui import log_in
@@ -64,9 +63,10 @@ def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServe
 
 
 @pytest.fixture(scope="module")
-def airflow(nats: EmbeddedNatsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
+def airflow(nats: EmbeddedNatsServer, postgres: EmbeddedPostgres,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
     home = tmp_path_factory.mktemp("deploy-airflow")
-    with LocalAirflow(home, nats_url=nats.url, dags_folder=ROOT / "dags_examples",
+    with LocalAirflow(home, nats_url=nats.url, dags_folder=ROOT / "dags_examples", database_url=postgres.sqlalchemy_url,
                       extra_env={"JETSTREAM_DEMO_MAX_UNCONFIRMED": str(MAX_UNCONFIRMED)}) as deployment:
         deployment.start()
         yield deployment
@@ -77,14 +77,8 @@ def nats_settings(nats: EmbeddedNatsServer) -> ConnectionSettings:
     return ConnectionSettings(servers=nats.url, connect_timeout=2, request_timeout=5)
 
 
-def query(airflow: LocalAirflow, sql: str, *args: Any) -> list[tuple]:
-    """Read Airflow's metadata database (sqlite) as the components write it."""
-    with sqlite3.connect(f"file:{airflow.home / 'airflow.db'}?mode=ro", uri=True, timeout=30) as db:
-        return db.execute(sql, args).fetchall()
-
-
 def wait_dag_parsed(airflow: LocalAirflow, dag_id: str) -> None:
-    wait_until(lambda: query(airflow, "SELECT 1 FROM dag WHERE dag_id = ? AND NOT is_stale", dag_id),
+    wait_until(lambda: airflow.query("SELECT 1 FROM dag WHERE dag_id = :dag AND NOT is_stale", dag=dag_id),
                f"the dag-processor to load {dag_id}", timeout=180, every=0.5)
 
 
@@ -95,7 +89,7 @@ def trigger(airflow: LocalAirflow, dag_id: str, conf: dict | None = None) -> str
 
 
 def run_state(airflow: LocalAirflow, dag_id: str, run_id: str) -> str | None:
-    rows = query(airflow, "SELECT state FROM dag_run WHERE dag_id = ? AND run_id = ?", dag_id, run_id)
+    rows = airflow.query("SELECT state FROM dag_run WHERE dag_id = :dag AND run_id = :run", dag=dag_id, run=run_id)
     return rows[0][0] if rows else None
 
 
@@ -114,15 +108,16 @@ def wait_run_finished(airflow: LocalAirflow, dag_id: str, run_id: str, timeout: 
 
 
 def task_states(airflow: LocalAirflow, dag_id: str, run_id: str) -> dict[str, str]:
-    rows = query(airflow, "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ?", dag_id, run_id)
+    rows = airflow.query("SELECT task_id, state FROM task_instance WHERE dag_id = :dag AND run_id = :run",
+                         dag=dag_id, run=run_id)
     return dict(rows)
 
 
 def ready_events(airflow: LocalAirflow) -> list[dict]:
     """The payloads of the asset events the watcher stored, in storing order."""
-    rows = query(airflow, "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
-                          "WHERE a.name = 'orders_ready' ORDER BY e.id")
-    return [json.loads(extra)["payload"] for (extra,) in rows]
+    rows = airflow.query("SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                         "WHERE a.name = 'orders_ready' ORDER BY e.id")
+    return [json_column(extra)["payload"] for (extra,) in rows]
 
 
 def publish(settings: ConnectionSettings, count: int) -> list[int]:
@@ -142,8 +137,8 @@ def drained(settings: ConnectionSettings) -> bool:
 
 
 def active_runs(airflow: LocalAirflow) -> list[tuple]:
-    return query(airflow, "SELECT run_id FROM dag_run WHERE dag_id = ? AND state IN ('queued', 'running')",
-                 PROCESS_READY)
+    return airflow.query("SELECT run_id FROM dag_run WHERE dag_id = :dag AND state IN ('queued', 'running')",
+                         dag=PROCESS_READY)
 
 
 def processed_seqs(settings: ConnectionSettings) -> set[int]:
@@ -228,7 +223,7 @@ def test_event_driven_exactly_once_across_triggerer_stops(airflow: LocalAirflow,
     # "Stranded events") is processed by the run that left it behind
     wait_until(lambda: processed_seqs(nats_settings) == expected and not active_runs(airflow),
                "process_ready_orders to process every stream sequence", timeout=240, every=0.5)
-    failed = query(airflow, "SELECT run_id FROM dag_run WHERE dag_id = ? AND state != 'success'", PROCESS_READY)
+    failed = airflow.query("SELECT run_id FROM dag_run WHERE dag_id = :dag AND state != 'success'", dag=PROCESS_READY)
     assert failed == []
     print(f"SIGKILL: {repeats} of {len(published)} message(s) repeated, each processed once")
 
@@ -246,9 +241,9 @@ def _abandon_batches(settings: ConnectionSettings, batch_ids: list[str]) -> None
 
 
 def _reported_batches(airflow: LocalAirflow) -> list[str]:
-    rows = query(airflow, "SELECT value FROM xcom WHERE dag_id = ? AND task_id = 'report' AND key = 'return_value'",
-                 ABANDONED)
-    return sorted(batch for (value,) in rows for batch in json.loads(value))
+    rows = airflow.query("SELECT value FROM xcom WHERE dag_id = :dag AND task_id = 'report' "
+                         "AND key = 'return_value'", dag=ABANDONED)
+    return sorted(batch for (value,) in rows for batch in json_column(value))
 
 
 def test_abandoned_batches_start_their_handler_on_its_own_schedule(airflow: LocalAirflow,
@@ -262,12 +257,15 @@ def test_abandoned_batches_start_their_handler_on_its_own_schedule(airflow: Loca
                "the watcher's consumer on ADVISORIES (it reads only new advisories)", timeout=180, every=0.5)
     batch_ids = [f"lost-{n}" for n in range(3)]
     _abandon_batches(nats_settings, batch_ids)
+    def handler_states() -> list[tuple]:
+        return airflow.query("SELECT state FROM dag_run WHERE dag_id = :dag", dag=ABANDONED)
+
     finished = ("success", "failed")
     wait_until(lambda: _reported_batches(airflow) == batch_ids and all(
-        state in finished for (state,) in query(airflow, "SELECT state FROM dag_run WHERE dag_id = ?", ABANDONED)),
+        state in finished for (state,) in handler_states()),
         "a report of each abandoned batch (the server abandons an idle batch after about 10 s)", timeout=240,
         every=0.5)
-    states = query(airflow, "SELECT state FROM dag_run WHERE dag_id = ?", ABANDONED)
+    states = handler_states()
     assert {state for (state,) in states} == {"success"}, states
 
 
@@ -326,8 +324,8 @@ def test_pipeline_from_the_ui_through_the_scheduler_with_deferred_sensors(airflo
     deferred: set[str] = set()
 
     def watch_deferrals() -> None:
-        rows = query(airflow, "SELECT task_id FROM task_instance WHERE dag_id = ? AND run_id = ? AND state = "
-                              "'deferred' AND next_method = 'execute_complete'", PIPELINE, pipeline_run)
+        rows = airflow.query("SELECT task_id FROM task_instance WHERE dag_id = :dag AND run_id = :run AND state = "
+                             "'deferred' AND next_method = 'execute_complete'", dag=PIPELINE, run=pipeline_run)
         deferred.update(task_id for (task_id,) in rows)
 
     state = wait_run_finished(airflow, PIPELINE, pipeline_run, on_poll=watch_deferrals)

@@ -16,23 +16,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import sqlalchemy
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
 from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.errors import ConsumerNotFoundError
 from airflow_jetstream.embedded import EmbeddedNatsServer
-from tests.infra.airflow_local import LocalAirflow
+from tests.infra.airflow_local import LocalAirflow, json_column
 from tests.infra.postgres import EmbeddedPostgres
 from tests.support.nats_calls import call_on_server
 from tests.support.polling import wait_until
@@ -45,16 +41,6 @@ PROCESS, WATCHER = "process_ready_orders", "orders_ready_watcher"
 ACK_WAIT, HEALTH_CHECK = 10, 15  # seconds
 MAX_UNCONFIRMED = 4  # the watcher's bound on messages handed to Airflow and not yet confirmed, so on repeats
 BURST = 20
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[EmbeddedPostgres]:
-    root = Path(tempfile.mkdtemp(prefix="failover-pg-"))  # under /tmp: the postgres user must reach it
-    root.chmod(0o711)
-    pg = EmbeddedPostgres(root / "pg").start()
-    yield pg
-    pg.stop()
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -83,40 +69,24 @@ def airflow(postgres: EmbeddedPostgres, nats: EmbeddedNatsServer, settings: Conn
         yield deployment
 
 
-@pytest.fixture(scope="module")
-def db(airflow: LocalAirflow) -> Iterator[sqlalchemy.Engine]:
-    engine = sqlalchemy.create_engine(airflow.database_url)
-    yield engine
-    engine.dispose()
-
-
-def rows(db: sqlalchemy.Engine, sql: str, **params: Any) -> list[tuple]:
-    with db.connect() as conn:
-        return [tuple(row) for row in conn.execute(sqlalchemy.text(sql), params)]
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
-
-
-def event_seqs(db: sqlalchemy.Engine) -> Counter[int]:
+def event_seqs(airflow: LocalAirflow) -> Counter[int]:
     """Asset events of the watcher's asset per stream sequence."""
-    found = rows(db, "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
-                     "WHERE a.name = 'orders_ready'")
-    return Counter(_json(extra)["payload"]["stream_seq"] for (extra,) in found)
+    found = airflow.query("SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                          "WHERE a.name = 'orders_ready'")
+    return Counter(json_column(extra)["payload"]["stream_seq"] for (extra,) in found)
 
 
-def processed_by_runs(db: sqlalchemy.Engine) -> Counter[int]:
+def processed_by_runs(airflow: LocalAirflow) -> Counter[int]:
     """How many runs of process_ready_orders processed each stream sequence (their XComs)."""
-    found = rows(db, "SELECT value FROM xcom WHERE dag_id = :dag AND task_id = 'process' AND key = 'return_value'",
-                 dag=PROCESS)
-    return Counter(seq for (value,) in found for seq in _json(value)["processed"])
+    found = airflow.query("SELECT value FROM xcom WHERE dag_id = :dag AND task_id = 'process' "
+                          "AND key = 'return_value'", dag=PROCESS)
+    return Counter(seq for (value,) in found for seq in json_column(value)["processed"])
 
 
-def holder(db: sqlalchemy.Engine) -> str | None:
+def holder(airflow: LocalAirflow) -> str | None:
     """The key of the triggerer running the watcher (its job's host name ends with it), if one does."""
-    found = rows(db, "SELECT j.hostname FROM asset_watcher w JOIN trigger t ON t.id = w.trigger_id "
-                     "JOIN job j ON j.id = t.triggerer_id WHERE w.name = :name", name=WATCHER)
+    found = airflow.query("SELECT j.hostname FROM asset_watcher w JOIN trigger t ON t.id = w.trigger_id "
+                          "JOIN job j ON j.id = t.triggerer_id WHERE w.name = :name", name=WATCHER)
     return found[0][0].rsplit("/", 1)[-1] if found and found[0][0] else None
 
 
@@ -135,31 +105,31 @@ def drained(settings: ConnectionSettings) -> bool:
         return False
 
 
-def wait_events(db: sqlalchemy.Engine, settings: ConnectionSettings, seqs: set[int], what: str,
+def wait_events(airflow: LocalAirflow, settings: ConnectionSettings, seqs: set[int], what: str,
                 timeout: float = 180) -> None:
-    wait_until(lambda: seqs <= set(event_seqs(db)) and drained(settings), what, timeout=timeout, every=0.5)
+    wait_until(lambda: seqs <= set(event_seqs(airflow)) and drained(settings), what, timeout=timeout, every=0.5)
 
 
-def burst_then(airflow: LocalAirflow, db: sqlalchemy.Engine, settings: ConnectionSettings,
+def burst_then(airflow: LocalAirflow, settings: ConnectionSettings,
                fault: Callable[[str], None]) -> tuple[str, list[int]]:
     """Publish a burst, wait for its first event, then ``fault(key)`` on the triggerer running the watcher."""
-    wait_until(lambda: holder(db) in airflow.processes, "a running triggerer to hold the watcher", timeout=120,
+    wait_until(lambda: holder(airflow) in airflow.processes, "a running triggerer to hold the watcher", timeout=120,
                every=0.5)
-    key = holder(db)
-    before = sum(event_seqs(db).values())
+    key = holder(airflow)
+    before = sum(event_seqs(airflow).values())
     published = publish(settings, BURST)
-    wait_until(lambda: sum(event_seqs(db).values()) > before, "the first event of the burst", timeout=60, every=0.1)
+    wait_until(lambda: sum(event_seqs(airflow).values()) > before, "the first event of the burst", timeout=60,
+               every=0.1)
     fault(key)
     return key, published
 
 
-def repeats(db: sqlalchemy.Engine, seqs: list[int]) -> int:
-    counts = event_seqs(db)
+def repeats(airflow: LocalAirflow, seqs: list[int]) -> int:
+    counts = event_seqs(airflow)
     return sum(counts[seq] - 1 for seq in seqs)
 
 
 def test_once_per_message_through_sigterm_sigkill_and_a_stalled_triggerer(airflow: LocalAirflow,
-                                                                          db: sqlalchemy.Engine,
                                                                           settings: ConnectionSettings) -> None:
     wait_until(lambda: drained(settings), "the watcher to create its consumer", timeout=240, every=0.5)
     table: dict[str, tuple[int, int]] = {}
@@ -168,8 +138,8 @@ def test_once_per_message_through_sigterm_sigkill_and_a_stalled_triggerer(airflo
     # two triggerers running: each message one event
     published = publish(settings, BURST)
     expected |= set(published)
-    wait_events(db, settings, expected, "the events with two triggerers")
-    table["two triggerers"] = (len(published), repeats(db, published))
+    wait_events(airflow, settings, expected, "the events with two triggerers")
+    table["two triggerers"] = (len(published), repeats(airflow, published))
 
     # SIGTERM of the watcher's triggerer mid-burst (Airflow stops syncing at once: what it stored in the last state
     # sync is not confirmed, so those messages come again), then SIGKILL (its unacked messages come back after
@@ -180,40 +150,40 @@ def test_once_per_message_through_sigterm_sigkill_and_a_stalled_triggerer(airflo
             assert sig == signal.SIGKILL or code == 0
             airflow.start_component("triggerer", key=key)
 
-        _, published = burst_then(airflow, db, settings, stop_and_restart)
+        _, published = burst_then(airflow, settings, stop_and_restart)
         expected |= set(published)
-        wait_events(db, settings, expected, f"the events after {what}")
-        table[sig.name] = (len(published), repeats(db, published))
+        wait_events(airflow, settings, expected, f"the events after {what}")
+        table[sig.name] = (len(published), repeats(airflow, published))
 
     # SIGSTOP of the watcher's triggerer mid-burst: the other one takes the watcher over after the health check
     # threshold, gets the stalled one's messages after ack_wait; the stalled one resumes and must not fire them
     def sigstop(key: str) -> None:
         os.killpg(airflow.processes[key].pid, signal.SIGSTOP)
 
-    key, published = burst_then(airflow, db, settings, sigstop)
+    key, published = burst_then(airflow, settings, sigstop)
     try:
         expected |= set(published)
-        wait_until(lambda: holder(db) not in (None, key), "the other triggerer to take the watcher over",
+        wait_until(lambda: holder(airflow) not in (None, key), "the other triggerer to take the watcher over",
                    timeout=180, every=0.5)
-        wait_events(db, settings, expected, "the events after the failover")
+        wait_events(airflow, settings, expected, "the events after the failover")
     finally:
         os.killpg(airflow.processes[key].pid, signal.SIGCONT)
     resumed = time.time()
-    wait_until(lambda: _heartbeat(db, key) > resumed, f"{key} to run again after SIGCONT", timeout=120, every=0.5)
+    wait_until(lambda: _heartbeat(airflow, key) > resumed, f"{key} to run again after SIGCONT", timeout=120, every=0.5)
     last = publish(settings, 1)  # flows through the triggerer holding the watcher now
     expected |= set(last)
-    wait_events(db, settings, expected, "one more message after the stalled triggerer resumed")
-    table["SIGSTOP (stall), failover"] = (len(published), repeats(db, published))
+    wait_events(airflow, settings, expected, "one more message after the stalled triggerer resumed")
+    table["SIGSTOP (stall), failover"] = (len(published), repeats(airflow, published))
     stale_log = airflow.log_tail(key, chars=10**7)
 
     # every message processed by exactly one run, without a later message to start the last runs
-    wait_until(lambda: set(processed_by_runs(db)) == expected, "process_ready_orders to process every message",
+    wait_until(lambda: set(processed_by_runs(airflow)) == expected, "process_ready_orders to process every message",
                timeout=300, every=1)
-    processed = processed_by_runs(db)
+    processed = processed_by_runs(airflow)
     assert max(processed.values()) == 1, {seq: n for seq, n in processed.items() if n > 1}
-    counts = event_seqs(db)
+    counts = event_seqs(airflow)
     assert set(counts) == expected, "0 lost"
-    assert rows(db, "SELECT run_id FROM dag_run WHERE dag_id = :dag AND state = 'failed'", dag=PROCESS) == []
+    assert airflow.query("SELECT run_id FROM dag_run WHERE dag_id = :dag AND state = 'failed'", dag=PROCESS) == []
 
     for scenario, (count, repeated) in table.items():
         print(f"| {scenario} | {count} | {count + repeated} | 0 | {repeated} | 0 |")
@@ -224,7 +194,7 @@ def test_once_per_message_through_sigterm_sigkill_and_a_stalled_triggerer(airflo
     assert "Traceback" not in stale_log.split("Starting the triggerer")[-1]
 
 
-def _heartbeat(db: sqlalchemy.Engine, key: str) -> float:
-    found = rows(db, "SELECT max(latest_heartbeat) FROM job WHERE job_type = 'TriggererJob' AND hostname LIKE :key",
-                 key=f"%/{key}")
+def _heartbeat(airflow: LocalAirflow, key: str) -> float:
+    found = airflow.query("SELECT max(latest_heartbeat) FROM job WHERE job_type = 'TriggererJob' "
+                          "AND hostname LIKE :key", key=f"%/{key}")
     return found[0][0].timestamp() if found and found[0][0] else 0.0

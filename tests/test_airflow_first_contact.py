@@ -22,7 +22,6 @@ import importlib.util
 import json
 import re
 import shutil
-import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -134,18 +133,6 @@ def dags(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert source.count(HOURLY) == 1, "the example's schedule is no longer the hourly CronDataIntervalTimetable"
     (folder / f"{DAG_ID}.py").write_text(source.replace(HOURLY, 'CronDataIntervalTimetable("* * * * *"'))
     return folder
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[EmbeddedPostgres]:
-    root = Path(tempfile.mkdtemp(prefix="first-contact-pg-"))  # under /tmp: the postgres user must reach it
-    root.chmod(0o711)
-    pg = EmbeddedPostgres(root / "postgres").start()
-    try:
-        yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

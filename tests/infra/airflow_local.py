@@ -29,6 +29,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import sqlalchemy
+
 from airflow_jetstream.embedded.server import free_port
 from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError, port_free
 
@@ -99,6 +101,7 @@ class LocalAirflow:
         self._exits: dict[str, list[float]] = {}  # key -> monotonic times it exited on its own
         self._jwt_secret = secrets.token_urlsafe(32)  # shared by the components, in their environment only
         self._session_key = secrets.token_urlsafe(32)
+        self._engine: sqlalchemy.Engine | None = None  # the tests' reads of the metadata database
 
     @property
     def url(self) -> str:
@@ -151,6 +154,13 @@ class LocalAirflow:
             env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "local[2]"})
         env.update(self.extra_env)
         return env
+
+    def query(self, sql: str, **params: Any) -> list[tuple]:
+        """The rows of ``sql`` (``:name`` parameters) in this deployment's metadata database, as Airflow wrote them."""
+        if self._engine is None:
+            self._engine = sqlalchemy.create_engine(self.database_url)
+        with self._engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(sqlalchemy.text(sql), params)]
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """Run ``airflow <args>`` against this deployment; raises with the output tail when it fails."""
@@ -296,6 +306,8 @@ class LocalAirflow:
                 proc.send_signal(signal.SIGTERM)
         for key in list(self.processes):
             self.stop(key, signal.SIGTERM, timeout=45)
+        if self._engine is not None:
+            self._engine.dispose()
 
     def __enter__(self) -> LocalAirflow:
         return self
@@ -303,6 +315,11 @@ class LocalAirflow:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def json_column(value: Any) -> Any:
+    """A JSON column's value from :meth:`LocalAirflow.query`: PostgreSQL's driver decodes it, sqlite's gives text."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def metadata_database(home: Path) -> tuple[EmbeddedPostgres | None, str | None, str]:

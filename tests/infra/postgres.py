@@ -11,6 +11,7 @@ on the same directory reuses the cluster (and a server still running from before
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import secrets
@@ -18,6 +19,8 @@ import shutil
 import socket
 import stat
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -202,6 +205,22 @@ class EmbeddedPostgres:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def temporary_postgres(prefix: str = "airflow-pg-") -> Iterator[EmbeddedPostgres]:
+    """A running cluster in a new directory under the temp dir, stopped and removed on exit.
+
+    The directory is mode 711 so that, as root, the ``postgres`` user that owns the cluster reaches it.
+    """
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o711)
+    pg = EmbeddedPostgres(root / "postgres")
+    try:
+        yield pg.start()
+    finally:
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def port_free(port: int) -> bool:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from airflow_jetstream.client import ensure_stream
 from airflow_jetstream.client.admin.consumers import pause_consumer
 from airflow_jetstream.client.sourcing.provision import DurableSource, provision_durable_source
@@ -27,10 +31,15 @@ def _reset(**kwargs) -> dict:
                                           **kwargs).execute(context={})
 
 
-def test_backward_reset_while_sourcing_duplicates_nothing(nats_conn, settings):
+UNPAUSED_WARNING = "feeds a durable source and is not paused"
+
+
+def test_backward_reset_while_sourcing_duplicates_nothing(nats_conn, settings, caplog: pytest.LogCaptureFixture):
     run(settings, _setup)
-    result = _reset(start_seq=40)
+    with caplog.at_level(logging.WARNING, logger="airflow_jetstream.client.admin.consumer_reset"):
+        result = _reset(start_seq=40)
     assert result["reset_seq"] == 40 and result["num_pending"] >= 1
+    assert UNPAUSED_WARNING in caplog.text, "an unpaused source consumer's reset is not warned about"
 
     async def after(conn):
         await publish(conn, "o", 20, start=100)
@@ -47,7 +56,7 @@ async def _delivered_past(conn, seq: int) -> bool:
     return info["delivered"]["stream_seq"] >= seq and info["num_pending"] == 0
 
 
-def test_forward_reset_skips_the_range(nats_conn, settings):
+def test_forward_reset_skips_the_range(nats_conn, settings, caplog: pytest.LogCaptureFixture):
     run(settings, _setup)
 
     async def paused_publish(conn) -> None:
@@ -55,7 +64,9 @@ def test_forward_reset_skips_the_range(nats_conn, settings):
         await publish(conn, "o", 100, start=100)  # origin seqs 101..200, not sourced while paused
 
     run(settings, paused_publish)
-    result = _reset(start_seq=151)
+    with caplog.at_level(logging.WARNING, logger="airflow_jetstream.client.admin.consumer_reset"):
+        result = _reset(start_seq=151)
+    assert UNPAUSED_WARNING not in caplog.text, "a paused source consumer's reset is warned about"
     assert result["reset_seq"] == 151 and result["num_pending"] == 50
 
     async def resume(conn):

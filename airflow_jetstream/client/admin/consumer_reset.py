@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ from airflow_jetstream.client.times import parse_time, to_rfc3339
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
+
+log = logging.getLogger(__name__)
 
 #: Deliver policies whose consumers cannot be reset to a given sequence (server error 10204).
 NO_SEQ_RESET_POLICIES = ("last", "new", "last_per_subject")
@@ -57,6 +60,10 @@ async def reset_consumer(conn: JetStreamConnection, stream: str, name: str, *, s
     config = info["config"]
     policy = config.get("deliver_policy", "all")
     where = f"consumer {name!r} on stream {stream!r}"
+    if config.get("ack_policy") == "flow_control" and config.get("deliver_subject") and not info.get("paused"):
+        log.warning("%s feeds a durable source and is not paused: after a reset while messages arrive, "
+                    "nats-server can drop some from the aggregate; pause it first (docs/sourcing.md, "
+                    "'A server defect')", where)
     if (seq is not None or time is not None) and policy in NO_SEQ_RESET_POLICIES:
         raise ConsumerResetError(
             f"{where} has deliver_policy {policy!r}: it can only be reset to its ack floor (no seq/time); "

@@ -9,7 +9,9 @@ import pytest
 from airflow_jetstream.client import ensure_stream
 from airflow_jetstream.client.admin.consumers import pause_consumer
 from airflow_jetstream.client.sourcing.provision import DurableSource, provision_durable_source
+from airflow_jetstream.client.sourcing.status import source_status
 from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
+from airflow_jetstream.triggers.describe import describe_source
 from tests.test_sourcing import assert_exactly_once, messages, payloads, publish, run, wait_for
 
 CONSUMER = "AGG_SRC_ORIGIN"
@@ -80,3 +82,46 @@ def test_forward_reset_skips_the_range(nats_conn, settings, caplog: pytest.LogCa
     expected = {f"o-{i}" for i in [*range(100), *range(150, 210)]}
     assert set(seen) == expected, f"skipped range sourced: {sorted(set(seen) - expected)[:5]}"
     assert max(seen.values()) == 1 and sum(seen.values()) == 160
+
+
+async def _caught_up(conn, at_least: int) -> bool:
+    return await _has(conn, "AGG", at_least) and (await source_status(conn, "AGG", "ORIGIN"))["caught_up"]
+
+
+def test_forward_reset_on_a_workqueue_origin_reports_what_it_left_behind(nats_conn, settings):
+    """A WorkQueue origin keeps the messages a forward reset skipped: the source is caught up, and its status
+    counts them as left behind (what nats-server 2.15.1 can also leave after a restart, docs/sourcing.md)."""
+
+    async def setup(conn) -> dict:
+        await ensure_stream(conn, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "workqueue"})
+        await provision_durable_source(conn, DurableSource("AGG", "ORIGIN", mode="user"))
+        await publish(conn, "o", 10)
+        await wait_for(lambda: _caught_up(conn, 10), 30, "the first 10 messages in AGG and the source caught up")
+        return await source_status(conn, "AGG", "ORIGIN")
+
+    before = run(settings, setup)
+    assert before["origin_left_behind"] == 0 and "still holds" not in describe_source(before)
+    run(settings, lambda conn: pause_consumer(conn, "ORIGIN", CONSUMER, "2999-01-01T00:00:00Z"))
+    run(settings, lambda conn: publish(conn, "o", 10, start=10))  # origin seqs 11..20
+    assert _reset(start_seq=16)["reset_seq"] == 16  # 11..15 are skipped, and a WorkQueue keeps them
+
+    async def resume(conn) -> dict:
+        await pause_consumer(conn, "ORIGIN", CONSUMER, None)
+        await wait_for(lambda: _caught_up(conn, 15), 30, "the messages after the skipped range in AGG")
+        return await source_status(conn, "AGG", "ORIGIN")
+
+    after = run(settings, resume)
+    assert after["caught_up"] and after["origin_left_behind"] == 5, after
+    assert "ORIGIN still holds 5 message(s) its consumer will not deliver again" in describe_source(after)
+    assert run(settings, messages, "ORIGIN") == 5
+
+
+def test_left_behind_is_not_counted_on_a_limits_origin(nats_conn, settings):
+    run(settings, _setup)  # a Limits origin keeps every message by design
+
+    async def caught_up(conn) -> dict:
+        await wait_for(lambda: _caught_up(conn, 100), 30, "the source to be caught up")
+        return await source_status(conn, "AGG", "ORIGIN")
+
+    status = run(settings, caught_up)
+    assert status["caught_up"] and status["origin_left_behind"] is None

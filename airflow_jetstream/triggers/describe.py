@@ -35,6 +35,9 @@ def describe_source(status: dict[str, Any]) -> str:
             f"{'caught up' if status.get('caught_up') else 'not caught up'} ({', '.join(parts)})")
     if status.get("error"):
         line += f"; source error: {_error_text(status['error'])}"
+    if status.get("origin_left_behind"):
+        line += (f"; {status.get('source')} still holds {status['origin_left_behind']} message(s) its consumer will "
+                 "not deliver again (docs/sourcing.md: Messages left in a WorkQueue origin)")
     return line
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.admin.consumers import find_consumer
+from airflow_jetstream.client.admin.consumers import config_filters, find_consumer
 from airflow_jetstream.client.admin.domains import api_view
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
@@ -24,6 +24,8 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
     0: every delivered message confirmed stored by ``stream``, so a WorkQueue origin has let it go).
     ``error`` is the source's error as a typed
     error dict (``reason``, ``message``, ``err_code``) or None.
+    ``origin_left_behind``: once caught up, how many messages a WorkQueue origin still holds for the
+    consumer that it will not deliver again (:func:`left_behind`); None before that or for other origins.
     """
     spec = DurableSource(stream=stream, source=source, domain=domain, api_prefix=api_prefix)
     info = await stream_info(conn, stream)
@@ -53,6 +55,7 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
     error = error_from_api(entry["error"], context=f"source {source!r} of {where}").to_dict() if entry.get("error") \
         else None
     metrics.gauge("sourcing.lag", lag + (pending or 0), tags={"stream": stream, "source": source})
+    caught_up = not error and active >= 0 and lag == 0 and not pending and not in_flight
     return {
         "stream": stream,
         "source": source,
@@ -64,5 +67,29 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
         "consumer": consumer["name"] if consumer else consumer_name,
         "consumer_num_pending": pending,
         "consumer_num_ack_pending": in_flight,
-        "caught_up": not error and active >= 0 and lag == 0 and not pending and not in_flight,
+        "caught_up": caught_up,
+        "origin_left_behind": await left_behind(origin_conn, source, consumer) if caught_up and consumer else None,
     }
+
+
+async def left_behind(origin_conn: JetStreamConnection, source: str, consumer: dict[str, Any]) -> int | None:
+    """How many messages WorkQueue stream ``source`` holds on ``consumer``'s subjects; None for other retention.
+
+    Meant for a caught-up consumer (nothing pending, nothing in flight): it will not deliver those again, and
+    nothing else removes them. A forward reset leaves such messages; so can an acknowledgement during a restart
+    of the origin's server (nats-server 2.15.1, docs/sourcing.md "Messages left in a WorkQueue origin").
+    """
+    info = await stream_info(origin_conn, source)
+    if info["config"].get("retention") != "workqueue":
+        return None
+    if not int(info["state"].get("messages", 0)):
+        return 0
+    filters = config_filters(consumer.get("config") or {})
+    if not filters:
+        return int(info["state"]["messages"])
+    held = 0
+    for subject in filters:  # a WorkQueue consumer's filters do not overlap
+        reply = await origin_conn.api_request(f"STREAM.INFO.{source}", {"subjects_filter": subject},
+                                              context=f"stream {source!r}")
+        held += sum((reply["state"].get("subjects") or {}).values())
+    return held

@@ -125,7 +125,7 @@ def test_leaf_restart_while_publishing_loses_and_duplicates_nothing(mode, kill, 
                 f"floor {consumer and consumer.get('ack_floor')}; {retries} publish retries") from None
         consumer = await find_consumer(leaf_view, "ORIGIN", last["status"]["consumer"])
         return {"seen": await payloads(conn, "AGG"), "left": await left_in_origin(leaf_view),
-                "ack_floor": int(consumer["ack_floor"]["stream_seq"])}
+                "ack_floor": int(consumer["ack_floor"]["stream_seq"]), "status": last["status"]}
 
     outcome = run(hub_settings, check)
     assert_exactly_once(outcome["seen"], "o", TOTAL)
@@ -135,6 +135,7 @@ def test_leaf_restart_while_publishing_loses_and_duplicates_nothing(mode, kill, 
     unsourced = {seq: data for seq, data in outcome["left"].items()
                  if seq > outcome["ack_floor"] or data not in outcome["seen"]}
     assert not unsourced, f"ORIGIN holds messages not sourced into AGG: {dict(list(unsourced.items())[:5])}"
+    assert outcome["status"]["origin_left_behind"] == len(outcome["left"]), outcome["status"]
     print(f"{mode}: {len(outcome['left'])} already-sourced message(s) left in ORIGIN below the ack floor "
           f"{outcome['ack_floor']}; {retries} publish retries")
 

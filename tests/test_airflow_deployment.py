@@ -41,6 +41,7 @@ from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError
 from tests.support.airflow_api import Api
 from tests.support.airflow_ui import log_in
 from tests.support.chromium import CHROMIUM, install_chromium
+from tests.support.kv_keys import kv_keys
 from tests.support.nats_calls import call_on_server
 from tests.support.polling import wait_until
 
@@ -144,8 +145,7 @@ def active_runs(airflow: LocalAirflow) -> list[tuple]:
 def processed_seqs(settings: ConnectionSettings) -> set[int]:
     async def go() -> set[int]:
         async with open_connection(settings) as conn:
-            kv = await conn.js.key_value(PROCESSED_BUCKET)
-            return {int(key.split(".")[1]) for key in await kv.keys()}
+            return {int(key.split(".")[1]) for key in await kv_keys(conn.js, PROCESSED_BUCKET)}
 
     return asyncio.run(go())
 

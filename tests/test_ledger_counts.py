@@ -18,6 +18,7 @@ from airflow_jetstream.client.ledger import listing
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key
 from airflow_jetstream.client.ledger.counts import SHARDS, counts_key, shard_of
 from airflow_jetstream.client.ledger.wait import LedgerWait, ledger_status
+from tests.support.kv_keys import kv_keys
 
 RUN = "manual__2026-11-27T10:00:00+00:00"
 
@@ -271,8 +272,7 @@ def test_the_counts_of_a_run_are_sixteen_keys_beside_the_records_and_never_liste
     async def scenario(conn):
         ledger = await BatchLedger.open(conn, bucket)
         await record_many(ledger, RUN, 100)
-        kv = await conn.js.key_value(bucket)
-        keys = await kv.keys()
+        keys = await kv_keys(conn.js, bucket)
         return keys, await ledger.batches(RUN), [r async for r in listing.iter_batches(conn, bucket, None)]
 
     keys, batches, every_run = run(settings, scenario)

@@ -30,6 +30,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from tests.chaos.history import History, Op, key_of
 from tests.chaos.nemesis import Nemesis
 from tests.chaos.workloads import AGGREGATE, ATOMIC, BATCHED, FAST, LEDGER_BUCKET, LEDGER_DATA
+from tests.support.kv_keys import kv_keys
 
 GRACE = 15.0
 LATE_MARGIN = 15.0
@@ -98,12 +99,11 @@ async def _read_ledger_once(js: Any) -> dict[str, dict[str, Any]]:
     kv = await js.key_value(LEDGER_BUCKET)
     records: dict[str, dict[str, Any]] = {}
     counts: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
-        keys = []
-    for key in keys:
-        entry = await kv.get(key)
+    for key in await kv_keys(js, LEDGER_BUCKET):
+        try:
+            entry = await kv.get(key)
+        except nats.js.errors.KeyDeletedError:
+            continue
         if not entry.value:
             continue
         value = json.loads(entry.value)

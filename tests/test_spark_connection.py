@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +103,29 @@ def test_shipped_zip_imports_without_site_packages(tmp_path) -> None:
              "print(c.__file__, nats.__file__)")
     out = subprocess.run([sys.executable, "-S", "-c", probe, str(first)], capture_output=True, text=True, check=True)
     assert out.stdout.count(str(first)) == 2
+
+
+#: Builds the process's zip, then a forked child exits normally (running the atexit handlers it inherited).
+FORK_THEN_EXIT = """
+import os, sys
+from airflow_jetstream.spark.package import process_zip
+path = process_zip()
+child = os.fork()
+if child == 0:
+    sys.exit(0)
+os.waitpid(child, 0)
+print(path, path.exists())
+"""
+
+
+def test_the_process_zip_is_removed_when_its_process_exits() -> None:
+    """Each process that registers the data source builds the zip in a temporary directory; left behind, an
+    Airflow worker's /tmp grew by one directory per task run."""
+    out = subprocess.run([sys.executable, "-c", FORK_THEN_EXIT], capture_output=True, text=True, check=True,
+                         timeout=120)
+    path, kept_after_the_child = out.stdout.split()
+    assert kept_after_the_child == "True", "a forked child's exit removed its parent's zip"
+    assert not Path(path).parent.exists(), f"{Path(path).parent} is left behind"
 
 
 def test_operator_templates_the_conn_id_and_refuses_jetstream_conf(monkeypatch) -> None:

@@ -9,7 +9,10 @@ or ship a packed environment with ``spark.archives`` (see docs/spark.md).
 
 from __future__ import annotations
 
+import atexit
 import functools
+import os
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -53,8 +56,18 @@ def build_py_files(target: str | Path) -> Path:
 
 @functools.cache
 def process_zip() -> Path:
-    """The zip, built once per process (the same path for every session: adding it again is a no-op)."""
-    return build_py_files(Path(tempfile.mkdtemp(prefix="airflow-jetstream-spark-")) / PACKAGE_ZIP)
+    """The zip, built once per process (the same path for every session: adding it again is a no-op).
+
+    Its temporary directory is removed when the process exits (not by a forked child that inherits it).
+    """
+    folder = Path(tempfile.mkdtemp(prefix="airflow-jetstream-spark-"))
+    atexit.register(_remove_if_mine, folder, os.getpid())
+    return build_py_files(folder / PACKAGE_ZIP)
+
+
+def _remove_if_mine(folder: Path, creator: int) -> None:
+    if os.getpid() == creator:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def is_connect_session(spark: Any) -> bool:

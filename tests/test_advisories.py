@@ -334,7 +334,10 @@ def test_real_batch_abandoned_and_max_deliveries_are_captured(nats_server_factor
 def test_live_listen_sees_only_what_is_published_while_listening(settings):
     async def scenario():
         async with open_connection(settings) as conn:
+            # nats-server publishes a stream's advisory after its API reply: wait until EARLY's is out
+            early = await conn.nc.subscribe("$JS.EVENT.ADVISORY.STREAM.CREATED.EARLY", max_msgs=1)
             await ensure_stream(conn, {"name": "EARLY", "subjects": ["early.>"]})
+            await early.next_msg(timeout=30)
             listener = asyncio.ensure_future(listen_live(conn, AdvisoryFilter(advisory="stream_created"), 10))
             attempt = 0
             while not listener.done():  # the subscription starts at some point: keep creating streams until seen

@@ -8,12 +8,11 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
 from airflow_jetstream.client import ensure_stream
-from airflow_jetstream.client.admin.consumers import consumer_info, consumer_status, ensure_consumer, pause_consumer
+from airflow_jetstream.client.admin.consumers import ensure_consumer, pause_consumer
 from airflow_jetstream.client.sourcing.provision import DurableSource, provision_durable_source
 from airflow_jetstream.client.sourcing.status import source_status
 from airflow_jetstream.sensors.consumer import JetStreamConsumerDrainedSensor, JetStreamSourceCaughtUpSensor
 from airflow_jetstream.triggers.consumer import JetStreamConsumerDrainedTrigger, JetStreamSourceCaughtUpTrigger
-from airflow_jetstream.triggers.describe import describe_consumer, describe_source
 from tests.test_sourcing import publish, run, wait_for
 
 SOURCE_CONSUMER = "AGG_SRC_ORIGIN"
@@ -131,78 +130,6 @@ def test_drained_sensor_poke_and_deferral(nats_conn, settings):
     done = sensor.poke({})
     assert done.is_done and done.xcom_value["num_pending"] == 0 and done.xcom_value["num_ack_pending"] == 0
     assert sensor.execute({})["drained"] is True  # already drained: no deferral
-
-
-def _answer_with(conn, api: str, reply: dict) -> None:
-    """Make ``conn`` answer ``api`` with ``reply``: the info nats-server gives in the moment after it acknowledged a
-    publish and before its signal loop counted the message into the consumer (the window the compatibility leg hit:
-    a drained sensor poked 5 ms after the publish saw 0 pending). Every other request reaches the server."""
-    real = conn.api_request
-
-    async def api_request(subject: str, body=None, **kwargs):
-        return dict(reply) if subject == api else await real(subject, body, **kwargs)
-
-    conn.api_request = api_request
-
-
-def test_a_stored_message_the_count_misses_keeps_the_consumer_undrained(nats_conn, settings):
-    async def scenario(conn):
-        await ensure_stream(conn, {"name": "JOBS", "subjects": ["jobs.>"]})
-        await ensure_consumer(conn, "JOBS", {"name": "WORKER", "ack_policy": "explicit"})
-        before_counted = await consumer_info(conn, "JOBS", "WORKER")
-        await publish(conn, "jobs", 20)
-        _answer_with(conn, "CONSUMER.INFO.JOBS.WORKER", before_counted)
-        status = await consumer_status(conn, "JOBS", "WORKER")
-        event = await JetStreamConsumerDrainedTrigger(stream="JOBS", consumer="WORKER").check(conn)
-        return status, event
-
-    status, event = run(settings, scenario)
-    assert status["num_pending"] == 0 and status["uncounted_seq"] == 1 and status["drained"] is False
-    assert event is None
-    assert describe_consumer(status) == ("JOBS/WORKER: not drained (0 pending, 0 awaiting ack, 0 redelivered, acked up "
-                                         "to stream seq 0, stream seq 1 stored but not yet counted as pending)")
-
-
-def test_a_source_is_not_caught_up_on_a_count_the_server_has_not_updated_yet(nats_conn, settings):
-    async def scenario(conn):
-        await ensure_stream(conn, {"name": "ORIGIN", "subjects": ["o.>"], "retention": "workqueue"})
-        await provision_durable_source(conn, DurableSource("AGG", "ORIGIN", mode="user"))
-        await pause_consumer(conn, "ORIGIN", SOURCE_CONSUMER, "2999-01-01T00:00:00Z")
-        before_counted = await consumer_info(conn, "ORIGIN", SOURCE_CONSUMER)
-        await publish(conn, "o", 5)
-        _answer_with(conn, f"CONSUMER.INFO.ORIGIN.{SOURCE_CONSUMER}", before_counted)
-        return await source_status(conn, "AGG", "ORIGIN")
-
-    status = run(settings, scenario)
-    assert status["lag"] == 0 and status["consumer_num_pending"] == 0 and status["consumer_num_ack_pending"] == 0
-    assert status["consumer_uncounted_seq"] == 1 and status["caught_up"] is False
-    assert status["origin_left_behind"] is None
-    assert "stream seq 1 stored but not yet counted as pending" in describe_source(status)
-
-
-def test_the_uncounted_check_follows_the_consumers_subjects_and_start(nats_conn, settings):
-    """Messages the consumer will never deliver (other subjects, before its start) leave it drained."""
-    async def scenario(conn):
-        await ensure_stream(conn, {"name": "JOBS", "subjects": ["jobs.>"]})
-        await publish(conn, "jobs", 10)  # jobs.0 .. jobs.9, seq 1-10
-        await ensure_consumer(conn, "JOBS", {"name": "NEW", "ack_policy": "explicit", "deliver_policy": "new"})
-        await ensure_consumer(conn, "JOBS", {"name": "LATER", "ack_policy": "explicit",
-                                             "deliver_policy": "by_start_sequence", "opt_start_seq": 100})
-        await ensure_consumer(conn, "JOBS", {"name": "ONLY_1_2", "ack_policy": "explicit",
-                                             "filter_subjects": ["jobs.1", "jobs.2"]})
-        sub = await conn.js.pull_subscribe_bind("ONLY_1_2", stream="JOBS")
-        for msg in await sub.fetch(2, timeout=2):
-            await msg.ack_sync()
-        quiet = {name: await consumer_status(conn, "JOBS", name) for name in ("NEW", "LATER", "ONLY_1_2")}
-        await conn.js.publish("jobs.2", b"late")  # seq 11, on ONLY_1_2's subjects
-        return quiet, await consumer_status(conn, "JOBS", "ONLY_1_2")
-
-    quiet, late = run(settings, scenario)
-    for name, status in quiet.items():
-        assert status["drained"] is True and status["uncounted_seq"] is None, (name, status)
-    assert quiet["ONLY_1_2"]["delivered"]["stream_seq"] == 3
-    # counted by now, or not yet and found past the delivered point: either way not drained, and seq 11 is the work
-    assert late["drained"] is False and (late["num_pending"], late["uncounted_seq"]) in ((1, None), (0, 11)), late
 
 
 def test_caught_up_sensor_poke_and_execute_complete(nats_conn, settings):

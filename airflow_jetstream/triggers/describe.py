@@ -30,8 +30,6 @@ def describe_source(status: dict[str, Any]) -> str:
         parts.append(f"{status['consumer_num_pending']} pending on {status.get('consumer')}")
     if status.get("consumer_num_ack_pending"):
         parts.append(f"{status['consumer_num_ack_pending']} in flight (delivered, not yet confirmed stored)")
-    if status.get("consumer_uncounted_seq") is not None:
-        parts.append(_uncounted(status["consumer_uncounted_seq"]))
     parts.append(seen)
     line = (f"{status.get('stream')} {kind} {status.get('source')}: "
             f"{'caught up' if status.get('caught_up') else 'not caught up'} ({', '.join(parts)})")
@@ -48,13 +46,8 @@ def describe_consumer(status: dict[str, Any]) -> str:
     floor = (status.get("ack_floor") or {}).get("stream_seq")
     line = (f"{status.get('stream')}/{status.get('consumer')}: {'drained' if status.get('drained') else 'not drained'} "
             f"({status.get('num_pending')} pending, {status.get('num_ack_pending')} awaiting ack, "
-            f"{status.get('num_redelivered')} redelivered, acked up to stream seq {floor}"
-            + (f", {_uncounted(status['uncounted_seq'])}" if status.get("uncounted_seq") is not None else "") + ")")
+            f"{status.get('num_redelivered')} redelivered, acked up to stream seq {floor})")
     return line + (" [paused]" if status.get("paused") else "")
-
-
-def _uncounted(seq: int) -> str:
-    return f"stream seq {seq} stored but not yet counted as pending"
 
 
 def describe_progress(status: dict[str, Any]) -> str:

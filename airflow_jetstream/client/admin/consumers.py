@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.admin.config_diff import changed_fields
-from airflow_jetstream.client.admin.streams import next_stored_seq
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
     ConsumerConfigError,
@@ -154,14 +153,9 @@ def consumer_filters(info: dict[str, Any]) -> list[str]:
 
 
 async def consumer_status(conn: JetStreamConnection, stream: str, name: str) -> dict[str, Any]:
-    """A consumer's progress; ``drained`` when nothing is pending or awaiting an ack.
-
-    ``uncounted_seq``: when the server's counts say nothing is pending, the first stored message past the
-    consumer's delivered point all the same (see :func:`uncounted_seq`); such a consumer is not drained.
-    """
+    """A consumer's progress; ``drained`` when nothing is pending or awaiting an ack."""
     info = await consumer_info(conn, stream, name)
     pending, ack_pending = int(info.get("num_pending", 0)), int(info.get("num_ack_pending", 0))
-    uncounted = await uncounted_seq(conn, stream, info) if pending == 0 and ack_pending == 0 else None
     return {
         "stream": stream,
         "consumer": name,
@@ -171,20 +165,8 @@ async def consumer_status(conn: JetStreamConnection, stream: str, name: str) -> 
         "delivered": info.get("delivered", {}),
         "ack_floor": info.get("ack_floor", {}),
         "paused": bool(info.get("paused")),
-        "uncounted_seq": uncounted,
-        "drained": pending == 0 and ack_pending == 0 and uncounted is None,
+        "drained": pending == 0 and ack_pending == 0,
     }
-
-
-async def uncounted_seq(conn: JetStreamConnection, stream: str, info: dict[str, Any]) -> int | None:
-    """The first message ``stream`` holds on the consumer's subjects past its delivered point, or None.
-
-    nats-server acknowledges a publish before it counts the message into its consumers' ``num_pending``
-    (the stream's signal loop does that just after), so consumer info read right after a publish can say
-    nothing is pending while the message is stored. One message get (one per filter subject) settles it.
-    """
-    after = int((info.get("delivered") or {}).get("stream_seq", 0)) + 1
-    return await next_stored_seq(conn, stream, after, config_filters(info.get("config") or {}))
 
 
 async def ensure_consumer(conn: JetStreamConnection, stream: str, config: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from airflow_jetstream.client.admin.config_diff import changed_fields
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
-    JetStreamError,
     PlacementError,
     ServerAPIError,
     StreamConfigError,
@@ -23,12 +22,7 @@ from airflow_jetstream.client.subjects import validate_name, validate_subject, v
 from airflow_jetstream.client.times import to_rfc3339
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from airflow_jetstream.client.connection import JetStreamConnection
-
-#: The API's error code for a message get that found no message.
-ERR_NO_MESSAGE = 10037
 
 #: Stream configuration fields of the JetStream API (nats-server 2.15), by their JSON names.
 STREAM_CONFIG_FIELDS = frozenset({
@@ -307,21 +301,6 @@ async def purge_stream(conn: JetStreamConnection, name: str, *, subject: str | N
     return int(reply.get("purged", 0))
 
 
-async def next_stored_seq(conn: JetStreamConnection, stream: str, first: int, subjects: Sequence[str]) -> int | None:
-    """The first sequence >= ``first`` the stream leader holds on ``subjects`` (any subject when empty), or None."""
-    found = []
-    for subject in subjects or (">",):
-        try:
-            reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": first, "next_by_subj": subject},
-                                           context=f"stream {stream!r}")
-        except JetStreamError as exc:
-            if exc.err_code == ERR_NO_MESSAGE:
-                continue
-            raise
-        found.append(int(reply["message"]["seq"]))
-    return min(found, default=None)
-
-
 async def first_seq_at_or_after(conn: JetStreamConnection, stream: str, when: datetime | str) -> int:
     """The sequence of the first message stored at or after ``when``; last_seq + 1 if none is."""
     validate_name(stream, what="stream name")
@@ -329,7 +308,7 @@ async def first_seq_at_or_after(conn: JetStreamConnection, stream: str, when: da
     try:
         reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", body, context=f"stream {stream!r}")
     except ServerAPIError as exc:
-        if exc.err_code != ERR_NO_MESSAGE:
+        if exc.err_code != 10037:
             raise
         info = await conn.api_request(f"STREAM.INFO.{stream}", context=f"stream {stream!r}")
         return int(info["state"]["last_seq"]) + 1

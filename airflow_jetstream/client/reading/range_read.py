@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from airflow_jetstream.client.admin.consumers import filter_config
-from airflow_jetstream.client.admin.streams import next_stored_seq, stream_info
+from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.batches.types import HEADER_STATUS
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, LeaderUnavailableError
@@ -36,6 +36,7 @@ from airflow_jetstream.client.retry import retry
 StoredMessage = tuple[str, int, int, dict[str, str] | None, bytes]
 #: Pull / direct-get statuses that mean "no leader right now": no responders, leadership change.
 _LEADER_STATUSES = frozenset({"503", "409"})
+_ERR_NO_MESSAGE = 10037
 log = logging.getLogger(__name__)
 
 
@@ -271,7 +272,7 @@ async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: in
             reader = None
             raise
         if first <= last:
-            behind = await next_stored_seq(conn, stream, first, subjects)
+            behind = await _next_stored_seq(conn, stream, first, subjects)
             if behind is not None and behind <= last:
                 raise LeaderUnavailableError(
                     f"stream {stream!r}: the read ended before seq {behind}, which the stream leader holds "
@@ -293,3 +294,19 @@ async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: in
     finally:
         if reader is not None:
             await reader.aclose()
+
+
+async def _next_stored_seq(conn: JetStreamConnection, stream: str, first: int, subjects: Sequence[str]) -> int | None:
+    """The first sequence >= ``first`` the stream leader holds on ``subjects`` (any subject when empty)."""
+    found = []
+    for subject in subjects or (">",):
+        try:
+            reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": first, "next_by_subj": subject},
+                                           context=f"stream {stream!r}")
+        except JetStreamError as exc:
+            if exc.err_code == _ERR_NO_MESSAGE:
+                continue
+            raise
+        found.append(int(reply["message"]["seq"]))
+    return min(found, default=None)
+

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.admin.consumers import config_filters, find_consumer, uncounted_seq
+from airflow_jetstream.client.admin.consumers import config_filters, find_consumer
 from airflow_jetstream.client.admin.domains import api_view
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
@@ -21,8 +21,7 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
 
     ``caught_up`` means: no source ``error``, ``active >= 0``, ``lag`` 0 and, when the durable
     consumer on the origin is known, nothing pending on it and nothing in flight (``num_ack_pending``
-    0: every delivered message confirmed stored by ``stream``, so a WorkQueue origin has let it go), and no
-    stored message past its delivered point that the counts miss (``consumer_uncounted_seq``, :func:`uncounted_seq`).
+    0: every delivered message confirmed stored by ``stream``, so a WorkQueue origin has let it go).
     ``error`` is the source's error as a typed
     error dict (``reason``, ``message``, ``err_code``) or None.
     ``origin_left_behind``: once caught up, how many messages a WorkQueue origin still holds for the
@@ -56,9 +55,7 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
     error = error_from_api(entry["error"], context=f"source {source!r} of {where}").to_dict() if entry.get("error") \
         else None
     metrics.gauge("sourcing.lag", lag + (pending or 0), tags={"stream": stream, "source": source})
-    counted_caught_up = not error and active >= 0 and lag == 0 and not pending and not in_flight
-    uncounted = await uncounted_seq(origin_conn, source, consumer) if counted_caught_up and consumer else None
-    caught_up = counted_caught_up and uncounted is None
+    caught_up = not error and active >= 0 and lag == 0 and not pending and not in_flight
     return {
         "stream": stream,
         "source": source,
@@ -70,7 +67,6 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
         "consumer": consumer["name"] if consumer else consumer_name,
         "consumer_num_pending": pending,
         "consumer_num_ack_pending": in_flight,
-        "consumer_uncounted_seq": uncounted,
         "caught_up": caught_up,
         "origin_left_behind": await left_behind(origin_conn, source, consumer) if caught_up and consumer else None,
     }

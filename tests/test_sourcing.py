@@ -36,12 +36,13 @@ from tests.support.polling import async_wait_until
 
 
 async def publish(conn, prefix: str, count: int, *, start: int = 0, window: int = 2000) -> None:
-    """Publish ``prefix.<i>`` with payload/msg-id ``<prefix>-<i>`` for i in [start, start+count)."""
+    """Publish ``prefix.<i>`` with payload/msg-id ``<prefix>-<i>`` for i in [start, start+count); returns once the
+    stream acknowledged every one (``publish_async`` returns a future of the ack: awaiting the call only sends)."""
     for base in range(start, start + count, window):
-        futures = [conn.js.publish_async(f"{prefix}.{i % 10}", f"{prefix}-{i}".encode(),
-                                         headers={"Nats-Msg-Id": f"{prefix}-{i}"})
-                   for i in range(base, min(base + window, start + count))]
-        await asyncio.gather(*futures)
+        acks = await asyncio.gather(*(conn.js.publish_async(f"{prefix}.{i % 10}", f"{prefix}-{i}".encode(),
+                                                            headers={"Nats-Msg-Id": f"{prefix}-{i}"})
+                                      for i in range(base, min(base + window, start + count))))
+        await asyncio.gather(*acks)
 
 
 async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:

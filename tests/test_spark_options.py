@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError, RenamedArgumentError
+from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError
 from airflow_jetstream.client.reading.headers import parse_header_lines
 from airflow_jetstream.client.reading.read_plan import split_range
-from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions, WriteOptions, check_option_names
+from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions, WriteOptions
 from airflow_jetstream.spark.writer import chunk_id, message_id
 
 SERVER = {"servers": "nats://127.0.0.1:4222"}
@@ -32,7 +32,6 @@ def test_write_options_generate_a_job_id_and_can_disable_the_ledger() -> None:
 @pytest.mark.parametrize(("options", "reason", "fragment"), [
     ({"stream": "S", "numpartitions": "4"}, "unknown_option", "numpartitions"),
     ({"stream": "S", "mode": "quick"}, "invalid_option", "atomic, fast"),
-    ({"stream": "S", "mode": "Bulk"}, "renamed_argument", "the option mode=bulk is called mode=fast"),
     ({"stream": "S", "batch_size": "0"}, "invalid_option", "batch_size"),
     ({"stream": "S", "batch_size": "many"}, "invalid_option", "integer"),
     ({"stream": "S", "job_id": "has space"}, "invalid_option", "job_id"),
@@ -68,13 +67,6 @@ def test_read_options() -> None:
     with pytest.raises(InvalidRequestError) as err:
         ReadOptions.parse({**SERVER, "stream": "S", "mode": "atomic"})
     assert err.value.reason == "unknown_option"
-
-
-@pytest.mark.parametrize(("old", "new"), [("fetch_batch", "batch_size"), ("subjects", "filter_subjects")])
-def test_renamed_read_options_are_refused_naming_the_new_one(old: str, new: str) -> None:
-    for parse in (ReadOptions.parse, StreamReadOptions.parse, check_option_names):
-        with pytest.raises(RenamedArgumentError, match=f"the option {old} is called {new}"):
-            parse({**SERVER, "stream": "S", old.upper(): "5"})
 
 
 def test_secrets_in_options_stay_out_of_repr() -> None:

@@ -1,4 +1,4 @@
-"""One name per concept (docs/api.md): the names work, names never released are refused, conn ids are templated."""
+"""One name per concept (docs/api.md): the names work, the docs table is what the code takes, conn ids templated."""
 
 from __future__ import annotations
 
@@ -15,19 +15,12 @@ from airflow.sdk import BaseOperator
 import airflow_jetstream.operators
 import airflow_jetstream.sensors
 import airflow_jetstream.triggers
-from airflow_jetstream.client.errors import InvalidRequestError, RenamedArgumentError
-from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator
-from airflow_jetstream.operators.consume import JetStreamConsumeOperator
-from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
-from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
+from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
-from airflow_jetstream.sensors.advisory import JetStreamAdvisorySensor
-from airflow_jetstream.sensors.message import JetStreamMessageSensor
-from airflow_jetstream.spark.options import RENAMED_MODES, RENAMED_OPTIONS, ReadOptions, StreamReadOptions, WriteOptions
+from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions, WriteOptions
 from airflow_jetstream.triggers.advisory import JetStreamAdvisoryTrigger
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
-from airflow_jetstream.vocabulary import renamed_arguments_of
 from tests.conftest import set_nats_connection
 
 SINCE = datetime(2026, 1, 1, tzinfo=UTC).isoformat()
@@ -57,30 +50,6 @@ def test_a_templated_conn_id_is_rendered_and_used(monkeypatch, nats_server):
     op.render_template_fields({"params": {"conn": "nats_rendered"}})
     assert op.nats_conn_id == "nats_rendered"
     assert op.execute(context={})["action"] == "created"  # reached the server through the rendered connection
-
-
-# 0.1.0 is the first release: names that were never released are refused, not translated.
-@pytest.mark.parametrize(("make", "old"), [
-    (lambda: JetStreamAtomicBatchPublishOperator(task_id="p", subject="s.x", messages=[], max_msgs=10), "max_msgs"),
-    (lambda: JetStreamConsumeOperator(task_id="c", stream="S", apply_function=len, wait=5), "wait"),
-    (lambda: JetStreamConsumeOperator(task_id="c", stream="S", apply_function=len, subjects=["s.x"]), "subjects"),
-    (lambda: JetStreamAdvisorySensor(task_id="w", advisory="batch_abandoned", stream="ORDERS"), "stream"),
-    (lambda: JetStreamAdvisorySensor(task_id="w", advisory="batch_abandoned", batch="b1"), "batch"),
-    (lambda: JetStreamAdvisorySensor(task_id="w", advisory="batch_abandoned", since=SINCE), "since"),
-    (lambda: JetStreamMessageSensor(task_id="m", stream="S", apply_function=len, poll_timeout=3), "poll_timeout"),
-    (lambda: JetStreamConsumerResetOperator(task_id="r", stream="S", consumer="C", seq=5), "seq"),
-    (lambda: JetStreamConsumerResetOperator(task_id="r", stream="S", consumer="C", time=SINCE), "time"),
-    (lambda: JetStreamAdvisoryStreamOperator(task_id="c", stream="CAPTURED"), "stream"),
-    (lambda: JetStreamDurableSourceOperator(task_id="o", stream="A", source="O", mode="user"), "mode"),
-    (lambda: JetStreamDurableSourceOperator(task_id="o", stream="A", source="O", consumer="IN"), "consumer"),
-    (lambda: JetStreamAdvisoryTrigger(advisory="batch_abandoned", poll_timeout=2.0), "poll_timeout"),
-    (lambda: JetStreamAdvisoryTrigger(advisory="batch_abandoned", since=SINCE), "since"),
-    (lambda: JetStreamAwaitMessageTrigger(stream="S", apply_function="builtins.len", start_seq=1, poll_timeout=4),
-     "poll_timeout"),
-], ids=lambda value: value if isinstance(value, str) else "")
-def test_names_that_were_never_released_are_refused(make, old):
-    with pytest.raises(TypeError, match=old):
-        make()
 
 
 def test_triggers_serialize_the_one_vocabulary():
@@ -117,21 +86,6 @@ def _public_trigger_classes() -> list[type]:
             if name.endswith("Trigger") and cls.__module__ == loaded.__name__ and not name.startswith("_"):
                 found[name] = cls
     return sorted(found.values(), key=lambda cls: cls.__name__)
-
-
-@pytest.mark.parametrize("cls", _public_task_classes() + _public_trigger_classes(), ids=lambda cls: cls.__name__)
-def test_a_renamed_argument_is_refused_naming_the_one_to_use(cls):
-    renamed = renamed_arguments_of(cls)
-    parameters = inspect.signature(cls.__init__).parameters
-    accepted = set(parameters)
-    required = {name: "x" for name, p in parameters.items() if p.default is p.empty and p.kind is p.KEYWORD_ONLY}
-    if issubclass(cls, BaseOperator):
-        required["task_id"] = "t"
-    for old, new in renamed.items():
-        assert old not in accepted, f"{cls.__name__} refuses {old} but takes it"
-        assert new in accepted | {"nats_conn_id", "timeout_at"}, f"{cls.__name__}: {new} is not one of its arguments"
-        with pytest.raises(RenamedArgumentError, match=f"the argument {old} is called {new}"):
-            cls(**required, **{old: None})  # refused before __init__ looks at anything
 
 
 # ------------------------------------------------------------------ docs/api.md holds the vocabulary
@@ -181,14 +135,3 @@ def test_the_table_of_names_in_the_docs_is_what_the_classes_and_options_take():
             assert names & _parameters(classes[cls_name]), f"{cls_name} takes none of {names} ({concept})"
         if "Spark" in where:
             assert names & _spark_keys(where), f"Spark options take none of {names} ({concept})"
-
-
-def test_the_refused_spellings_in_the_docs_are_what_the_code_refuses():
-    classes = _public_classes()
-    documented = {(*_TICKED.findall(old), *_TICKED.findall(new), where.strip("`"))
-                  for old, new, where in _table("### Refused spellings")}
-    refused = {(old, new, name) for name, cls in classes.items() for old, new in renamed_arguments_of(cls).items()
-               if old in vars(cls).get("renamed_arguments", {})}
-    spark = {(old, new, "Spark read option") for old, new in RENAMED_OPTIONS.items()}
-    spark |= {(f"mode={old}", f"mode={new}", "Spark write option") for old, new in RENAMED_MODES.items()}
-    assert documented == refused | spark

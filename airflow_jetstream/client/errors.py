@@ -109,13 +109,6 @@ class InvalidRequestError(JetStreamError):
     default_reason = "invalid_request"
 
 
-class RenamedArgumentError(InvalidRequestError, TypeError):
-    """An argument or option under a name the package does not use (one name per concept, docs/api.md); the
-    message names the one to use. A ``TypeError`` too, as Python raises for an unknown keyword argument."""
-
-    default_reason = "renamed_argument"
-
-
 class InvalidSubjectError(InvalidRequestError):
     """A subject is empty, has white space or empty tokens, or a wildcard where none is allowed."""
 

@@ -255,20 +255,11 @@ def form_fields() -> dict[str, dict[str, Any]]:
 
 #: Every field :func:`settings_from_fields` accepts.
 SETTINGS_FIELDS = ("servers", "user", "password", *CONNECTION_FIELDS)
-#: Names of fields before a rename: refused with the new name (0.1.0 is the first release, nothing to translate).
-RENAMED_FIELDS = {"nkey_seed": "nkey_seed_secret"}
 
 
 def unknown_fields_error(unknown: list[str], known: tuple[str, ...] | list[str], what: str, *,
                          where: str = "") -> InvalidSettingsError:
-    """The error for ``what`` names nobody knows (``where`` prefixes it); a renamed field's old name gets its new
-    name and why."""
-    renamed = [name for name in unknown if name in RENAMED_FIELDS]
-    if renamed:
-        return InvalidSettingsError(
-            f"{where}{what} {', '.join(repr(n) for n in renamed)} is now "
-            f"{', '.join(repr(RENAMED_FIELDS[n]) for n in renamed)} (a name Airflow's connections API, its "
-            "connection form and logs mask, as Spark's UI does): rename the key")
+    """The error for ``what`` names nobody knows (``where`` prefixes it), naming the ones it knows."""
     return InvalidSettingsError(f"{where}unknown {what}(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
 
 

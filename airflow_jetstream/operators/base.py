@@ -9,7 +9,6 @@ from airflow.sdk import BaseOperator
 
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.vocabulary import RenamedArguments
 
 
 def templated_int(value: Any, name: str) -> int | None:
@@ -23,11 +22,10 @@ def templated_int(value: Any, name: str) -> int | None:
     return value
 
 
-class JetStreamBaseOperator(RenamedArguments, BaseOperator):
+class JetStreamBaseOperator(BaseOperator):
     """Base class: holds ``nats_conn_id`` and builds the :class:`JetStreamHook` lazily.
 
     ``nats_conn_id`` is a template field of every subclass (``"{{ var.value.nats_conn }}"`` works).
-    A name listed in a subclass's ``renamed_arguments`` is refused with the name to use.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

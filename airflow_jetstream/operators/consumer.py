@@ -40,7 +40,6 @@ class JetStreamConsumerResetOperator(JetStreamBaseOperator):
 
     template_fields: Sequence[str] = ("stream", "consumer", "start_seq", "start_time", "nats_conn_id")
     ui_color = "#27aae1"
-    renamed_arguments = {"seq": "start_seq", "time": "start_time"}
     operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(self, *, stream: str, consumer: str, start_seq: int | str | None = None,

@@ -163,7 +163,6 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         "producer_function_args", "producer_function_kwargs",
     )
     template_fields_renderers = {"messages": "json", "producer_function_kwargs": "json"}
-    renamed_arguments = {"max_msgs": "batch_size"}
     ui_color = "#27aae1"
     operator_extra_links = (JetStreamViewLink(),)
 

@@ -72,7 +72,6 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
                                       "start_time", "domain", "api_prefix", "num_replicas", "placement", "nats_conn_id")
     template_fields_renderers = {"user_managed": "json"}
     ui_color = "#27aae1"
-    renamed_arguments = {"mode": "user_managed", "consumer": "user_managed"}
     operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(

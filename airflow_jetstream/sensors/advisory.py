@@ -73,8 +73,6 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
                                       "start_time",
                                       "capture_stream", "nats_conn_id")
     ui_color = "#27aae1"
-    renamed_arguments = {"consumer": "advisory_consumer", "stream": "advisory_stream", "batch": "batch_id",
-                         "since": "start_time"}
     defer_backstop = TIMEOUT_BACKSTOP
 
     def __init__(

@@ -21,13 +21,12 @@ from airflow.sdk.exceptions import (
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.base import JetStreamWaitTrigger
-from airflow_jetstream.vocabulary import RenamedArguments
 
 #: Airflow's own deferral timeout comes this many seconds after the trigger's (which reports the last state).
 TIMEOUT_BACKSTOP = 60
 
 
-class JetStreamBaseSensor(RenamedArguments, BaseSensorOperator):
+class JetStreamBaseSensor(BaseSensorOperator):
     """Base of the provider's sensors (each sets ``nats_conn_id`` and ``deferrable``).
 
     ``execute``: poke (or reschedule) mode is Airflow's; deferred, one poke first, then

@@ -52,7 +52,6 @@ class JetStreamBatchLedgerSensor(JetStreamStateSensor):
 
     template_fields: Sequence[str] = ("run_id", "state", "ledger_bucket", "min_batches", "nats_conn_id")
     what = "batch ledger"
-    renamed_arguments = {"bucket": "ledger_bucket"}
 
     def __init__(self, *, run_id: str = "{{ run_id }}", state: str = CONSUMED, ledger_bucket: str = DEFAULT_BUCKET,
                  min_batches: int | str = 1, reap_expired: bool = False, fail_on_failed: bool = True,

@@ -59,7 +59,6 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
                                       "apply_function_kwargs",
                                       "nats_conn_id")
     ui_color = "#27aae1"
-    renamed_arguments = {"subject": "filter_subject", "poll_timeout": "fetch_timeout"}
 
     def __init__(
         self,

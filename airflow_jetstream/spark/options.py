@@ -24,7 +24,6 @@ from airflow_jetstream.client.settings import SETTINGS_FIELDS, ConnectionSetting
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.spark.json_rows import DEFAULT_CORRUPT_RECORD_COLUMN, JSON_MODES
-from airflow_jetstream.vocabulary import refuse_renamed
 
 #: Connection fields that may be given as options (``servers`` is a comma-separated list).
 CONNECTION_OPTIONS = SETTINGS_FIELDS
@@ -38,9 +37,6 @@ BATCH_SIZE_DEFAULTS = {"atomic": DEFAULT_MAX_BATCH_MSGS, "fast": 10_000}
 #: fast batches slow each other's flow control down.
 INFLIGHT_DEFAULTS = {"atomic": 4, "fast": 1}
 DECODINGS = ("none", "utf-8", "json")
-#: Option names and values refused with the one to use (one name per concept, docs/api.md).
-RENAMED_OPTIONS = {"fetch_batch": "batch_size", "subjects": "filter_subjects"}
-RENAMED_MODES = {"bulk": "fast"}
 
 
 def _bad(option: str, value: str, expected: str) -> InvalidRequestError:
@@ -48,9 +44,6 @@ def _bad(option: str, value: str, expected: str) -> InvalidRequestError:
 
 
 def _check_known(options: Mapping[str, str], allowed: tuple[str, ...], what: str) -> None:
-    refuse_renamed("the jetstream data source", options, RENAMED_OPTIONS, what="option")
-    refuse_renamed("the jetstream data source", [f"mode={options.get('mode', '').strip().lower()}"],
-                   {f"mode={old}": f"mode={new}" for old, new in RENAMED_MODES.items()}, what="option")
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise InvalidRequestError(

@@ -44,7 +44,6 @@ class JetStreamAdvisoryTrigger(JetStreamWaitTrigger):
     """
 
     what = "an advisory"
-    renamed_arguments = {"consumer": "advisory_consumer", "poll_timeout": "fetch_timeout", "since": "start_time"}
 
     def __init__(
         self,

@@ -32,7 +32,6 @@ class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
     """
 
     what = "a message"
-    renamed_arguments = {"subject": "filter_subject", "poll_timeout": "fetch_timeout"}
 
     def __init__(self, *, stream: str, apply_function: FunctionSpec, start_seq: int, filter_subject: str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,

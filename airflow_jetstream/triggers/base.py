@@ -31,7 +31,6 @@ from airflow_jetstream.client.errors import (
 from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.deadline import within
-from airflow_jetstream.vocabulary import RenamedArguments
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
@@ -78,7 +77,7 @@ def staggered(seconds: float) -> float:
     return seconds * random.uniform(1 - POLL_JITTER, 1 + POLL_JITTER)
 
 
-class JetStreamWaitTrigger(RenamedArguments, BaseTrigger):
+class JetStreamWaitTrigger(BaseTrigger):
     """A wait condition, implemented once for the sensor's poke and the triggerer.
 
     Subclasses implement :meth:`check` (one look now: the event when the condition holds, else None; it sets

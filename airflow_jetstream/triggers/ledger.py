@@ -39,7 +39,6 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
     """
 
     what = "batch ledger"
-    renamed_arguments = {"bucket": "ledger_bucket"}
     _logged_at = float("-inf")
 
     def __init__(self, *, run_id: str, state: str = CONSUMED, ledger_bucket: str = DEFAULT_BUCKET,

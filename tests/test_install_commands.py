@@ -71,7 +71,7 @@ RUNS: dict[tuple[str, ...], Run] = {
     _cmd("-c", CONSTRAINTS, ".[messaging]"): Run("resolve"),
     _cmd("-c", CONSTRAINTS, ".[server]"): Run("resolve"),
     _cmd("-c", CONSTRAINTS, ".[server,spark]"): Run("resolve"),
-    _cmd("-c", CONSTRAINTS, "-e", ".[dev]"): Run("make install"),
+    _cmd("-c", CONSTRAINTS, "-e", ".[spark,messaging,server]", "--group", "dev"): Run("make install"),
 }
 
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)

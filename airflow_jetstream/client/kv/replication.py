@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from nats.js.api import Placement, StreamConfig
+from nats.js.api import Placement, StreamConfig, StreamInfo
+from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from airflow_jetstream.client.admin.streams import default_replicas, ensure_stream
@@ -26,20 +27,24 @@ async def create_bucket(conn: JetStreamConnection, replication: dict[str, Any], 
     """nats-py's ``create_key_value(**kwargs)`` with ``replication``'s replicas and placement.
 
     ``replication`` is :func:`~airflow_jetstream.client.admin.streams.replication_config`'s output.
-    nats-py (2.16) builds the bucket's stream config without the placement it is given, so a placement
-    is put into that config here, on a JetStream context of the same connection used only for this call.
+    nats-py (2.16) builds the bucket's stream config without the placement it is given, so a placed
+    bucket is created through :class:`_PlacingContext`, a JetStream context of the same connection.
     """
-    js = conn.js
     placement = replication.get("placement")
-    if placement:
-        js = conn.nc.jetstream(prefix=conn.settings.api_subject_prefix, timeout=conn.settings.request_timeout)
-        add_stream = js.add_stream
-
-        async def add_placed(config: StreamConfig, **params: Any) -> Any:
-            return await add_stream(dataclasses.replace(config, placement=Placement(**placement)), **params)
-
-        js.add_stream = add_placed  # type: ignore[method-assign,assignment]
+    js = _PlacingContext(conn, Placement(**placement)) if placement else conn.js
     return await js.create_key_value(replicas=bucket_replicas(conn, replication), **kwargs)
+
+
+class _PlacingContext(JetStreamContext):
+    """nats-py's JetStream context whose ``add_stream`` gives each stream it creates one placement."""
+
+    def __init__(self, conn: JetStreamConnection, placement: Placement) -> None:
+        super().__init__(conn.nc, prefix=conn.api_prefix, timeout=conn.settings.request_timeout)
+        self.placement = placement
+
+    async def add_stream(self, config: StreamConfig | None = None, **params: Any) -> StreamInfo:
+        placed = dataclasses.replace(config or StreamConfig(), placement=self.placement)
+        return await super().add_stream(placed, **params)
 
 
 async def ensure_bucket_replication(conn: JetStreamConnection, bucket: str, replication: dict[str, Any]) -> bool:

@@ -40,6 +40,7 @@ from tests.infra.airflow_local import LocalAirflow, json_column
 from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError
 from tests.support.airflow_api import Api
 from tests.support.airflow_ui import log_in
+from tests.support.checkout import copy_checkout, git_status
 from tests.support.chromium import CHROMIUM, install_chromium
 from tests.support.kv_keys import kv_keys
 from tests.support.nats_calls import call_on_server
@@ -359,14 +360,14 @@ def _processes_of(home: Path) -> list[int]:
     return pids
 
 
-def _start_up(up_home: Path, **settings: str) -> tuple[subprocess.Popen[str], list[str]]:
-    """Run what `make up` runs (with ``settings`` such as UP_PORT in its environment) until it printed the login;
-    returns the process and its output so far."""
+def _start_up(checkout: Path, **settings: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """Run what `make up` runs in ``checkout`` (with ``settings`` such as UP_PORT in its environment) until it
+    printed the login; returns the process and its output so far."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__")) and k not in ("AIRFLOW_UP_PASSWORD", "UP_PORT",
-                                                                               "UP_NATS_PORT")}
-    env.update(UP_HOME=str(up_home), **settings)
-    proc = subprocess.Popen([sys.executable, "-m", "tests.infra.airflow_local"], env=env, cwd=ROOT,
+                                                                               "UP_NATS_PORT", "UP_HOME")}
+    env.update(**settings)
+    proc = subprocess.Popen([sys.executable, "-m", "tests.infra.airflow_local"], env=env, cwd=checkout,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return proc, _read_until(proc, "Ctrl-C stops everything")
 
@@ -381,10 +382,19 @@ def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float = 300) 
     return lines
 
 
-def _ctrl_c(proc: subprocess.Popen[str]) -> str:
+def _ctrl_c(proc: subprocess.Popen[str], home: Path) -> str:
+    """Ctrl-C `make up`: each component exits on its own after one SIGTERM (the triggerer gives its triggers
+    back, never "Forcing exit due to second exit signal"); returns the output, which ends with the stop time."""
+    triggerer_log = home / "components" / "triggerer.log"
+    logged = triggerer_log.stat().st_size
     proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends
     assert proc.wait(timeout=120) == 0
-    return proc.stdout.read()
+    out = proc.stdout.read()
+    stopped = triggerer_log.read_text(errors="replace")[logged:]
+    assert "Exiting gracefully upon receiving signal 15" in stopped and "second exit signal" not in stopped, stopped
+    assert "did not exit after SIGTERM" not in out, out
+    print(re.search(r"stopped in \d+ s", out).group(0))
+    return out
 
 
 def _component_pid(home: Path, command: str) -> int | None:
@@ -408,24 +418,30 @@ def _parsed_since(api: Api, dag_id: str, since: datetime) -> bool:
 
 
 def test_make_up_on_postgres_restarts_a_crashed_component_and_is_the_same_deployment_next_time(tmp_path: Path) -> None:
-    """What `make up` runs: PostgreSQL said at start, the UI address and login printed, a killed scheduler
-    restarted (and said so), Ctrl-C stops every process; a second run on the same directory is the same
-    deployment: the login printed the first time works, the UI and nats-server keep their ports, and the
-    example DAGs' assets keep one identity (a new nats-server port used to give each a second one)."""
-    up_home = Path(tempfile.mkdtemp(prefix="make-up-"))  # under /tmp: the postgres user must reach the cluster
-    up_home.chmod(0o711)
+    """What `make up` runs, in a copy of the clone: PostgreSQL said at start, the UI address and login printed,
+    secrets in files of mode 600 that git ignores (``git status`` stays empty), a killed scheduler restarted (and
+    said so), Ctrl-C stops every process with one SIGTERM each; a second run on the same clone is the same
+    deployment: the login printed the first time works and so does an API token issued before the restart, the
+    UI and nats-server keep their ports, and the example DAGs' assets keep one identity (a new nats-server port
+    used to give each a second one)."""
+    root = Path(tempfile.mkdtemp(prefix="make-up-"))  # under /tmp: the postgres user must reach the cluster
+    root.chmod(0o711)
+    checkout = copy_checkout(root / "clone", git=True)  # a user's clone: `make up` keeps its state in .up/
+    up_home = checkout / ".up"
     home = up_home / "airflow"
     proc = None
     try:
         # this box's 8080/4222 may be anyone's: the first run is given free ports, the second one is given none
         ui_port, nats_port = free_port(), free_port()
-        proc, lines = _start_up(up_home, UP_PORT=str(ui_port), UP_NATS_PORT=str(nats_port))
+        proc, lines = _start_up(checkout, UP_PORT=str(ui_port), UP_NATS_PORT=str(nats_port))
         text = "".join(lines)
         assert re.search(r"metadata database: PostgreSQL \d+ on 127\.0\.0\.1:\d+", text), text
         assert f"Airflow UI: http://127.0.0.1:{ui_port}" in text and f"at nats://127.0.0.1:{nats_port}" in text
         password = re.search(r"login: admin / (\S+)", text).group(1)  # made up, as no AIRFLOW_UP_PASSWORD is set
         stored = home / "passwords.json"
         assert stored.stat().st_mode & 0o777 == 0o600 and json.loads(stored.read_text()) == {"admin": password}
+        for secret in ("api-secrets.json", "airflow.cfg", "../postgres/password"):  # signing keys, fernet_key
+            assert (home / secret).stat().st_mode & 0o777 == 0o600, secret
         components = _processes_of(home)
         assert len(components) >= 4, components
 
@@ -438,6 +454,8 @@ def test_make_up_on_postgres_restarts_a_crashed_component_and_is_the_same_deploy
         wait_until(lambda: _jetstream_asset_servers(api), "the dag-processor to record the examples' assets",
                    timeout=240, every=1)
         assert _jetstream_asset_servers(api) == {f"127.0.0.1:{nats_port}"}
+        assert git_status(checkout) == "", "nothing `make up` writes is a change git sees"
+        first_login = api  # its token, issued by this run's api-server
 
         scheduler = _component_pid(home, "scheduler")
         assert scheduler is not None
@@ -447,23 +465,26 @@ def test_make_up_on_postgres_restarts_a_crashed_component_and_is_the_same_deploy
                    "the scheduler to be started again", timeout=60, every=0.5)
         assert "Its log ends:" in restarted
         assert restarted.count("exited with code") == 1, f"only the killed scheduler exited:\n{restarted}"
-        assert "stopped" in _ctrl_c(proc)
+        _ctrl_c(proc, home)
         assert _processes_of(home) == [], "every component stopped"
 
         second_start = datetime.now(UTC)
-        proc, lines = _start_up(up_home)  # the same clone, a second `make up`, nothing set
+        proc, lines = _start_up(checkout)  # the same clone, a second `make up`, nothing set
         text = "".join(lines)
         assert f"Airflow UI: http://127.0.0.1:{ui_port}" in text, "the UI keeps its port"
         assert f"nats-server (JetStream) at nats://127.0.0.1:{nats_port}" in text, "so does the nats-server"
         assert f"login: admin / {password}" in text
+        assert first_login.call("GET", "/api/v2/connections/nats_default")["port"] == nats_port, \
+            "a token issued before the restart still works: the API's signing secret is kept"
         api = Api(SimpleNamespace(url=f"http://127.0.0.1:{ui_port}", user="admin", password=password))
         conns = {c["connection_id"]: c for c in api.call("GET", "/api/v2/connections")["connections"]}
         assert conns["nats_default"]["port"] == nats_port, "nats_default points at this run's nats-server"
         wait_until(lambda: _parsed_since(api, "jetstream_orders_pipeline", second_start),
                    "the dag-processor to parse the examples again", timeout=240, every=1)
         assert _jetstream_asset_servers(api) == {f"127.0.0.1:{nats_port}"}, "one identity per stream"
-        assert "stopped" in _ctrl_c(proc)
+        _ctrl_c(proc, home)
         assert _processes_of(home) == []
+        assert git_status(checkout) == ""
     finally:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -472,4 +493,4 @@ def test_make_up_on_postgres_restarts_a_crashed_component_and_is_the_same_deploy
             os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(EmbeddedPostgresError):
             EmbeddedPostgres(up_home / "postgres").stop()
-        shutil.rmtree(up_home, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)

@@ -22,6 +22,7 @@ allow. The install tests run only where ``INSTALL_VENVS`` names a folder (the in
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -38,6 +39,7 @@ from pathlib import Path
 import pytest
 
 from airflow_jetstream.version import __version__
+from tests.support.checkout import copy_checkout
 
 REPO = Path(__file__).resolve().parents[1]
 PYVER = "{}.{}".format(*sys.version_info[:2])
@@ -122,6 +124,53 @@ def test_the_extraction_reads_blocks_and_inline_code() -> None:
                                       ("pip", "install", "a[b]")]
 
 
+#: ``python -m <module>`` and ``airflow <command>`` as printed; a path before them (``.venv/bin/python``) is the
+#: checkout's venv (`make install`), where the repository's own modules (``tests.*``) exist too.
+_PYTHON_M = re.compile(r"(?<![\w.-])(\S*/)?python[\d.]* -m ([A-Za-z_][\w.]*)")
+_AIRFLOW = re.compile(r"(?<![\w./-])airflow ([a-z][\w-]*)")
+
+
+def printed_run_commands(text: str) -> list[tuple[str, str]]:
+    """``("python -m", module)`` and ``("airflow", command)`` as printed for any install (code blocks and inline
+    code), leaving out those run from the checkout's venv."""
+    code = [*_FENCE.findall(text), *re.findall(r"`([^`\n]+)`", _FENCE.sub("", text))]
+    found = []
+    for snippet in code:
+        found += [("python -m", m.group(2)) for m in _PYTHON_M.finditer(snippet) if not m.group(1)]
+        found += [("airflow", m.group(1)) for m in _AIRFLOW.finditer(snippet)]
+    return found
+
+
+def test_every_command_printed_for_an_install_exists_in_it() -> None:
+    """A page tells a user who installed the wheel to run only what the wheel and its dependencies hold: the
+    wheel's packages (pyproject's ``packages.find``), other installed modules (``venv``, ``build``) and Airflow's
+    commands; the repository's ``tests.*`` only from the checkout's venv (``.venv/bin/python -m``)."""
+    import setuptools
+    from airflow.cli.cli_config import core_commands
+
+    in_wheel = set(setuptools.find_packages(str(REPO), include=["airflow_jetstream*"]))
+    airflow_commands = {command.name for command in core_commands}
+    missing = []
+    for page in doc_pages():
+        for kind, name in printed_run_commands(page.read_text(encoding="utf-8")):
+            top = name.split(".")[0]
+            if kind == "airflow":
+                exists = name in airflow_commands
+            elif top == "airflow_jetstream":
+                exists = name in in_wheel or name.rsplit(".", 1)[0] in in_wheel
+            else:  # the standard library's or another distribution's
+                exists = top in sys.stdlib_module_names or top in importlib.metadata.packages_distributions()
+            if not exists:
+                missing.append(f"{page.relative_to(REPO)}: {kind} {name}")
+    assert not missing, f"commands the docs print that an install from the wheel does not have: {missing}"
+
+
+def test_the_run_command_extraction_tells_the_checkout_apart() -> None:
+    text = ("Run `python -m tests.x` or:\n\n```bash\n.venv/bin/python -m tests.y --help\npython3.11 -m venv v\n"
+            "airflow standalone   # all in one\n```\n")
+    assert printed_run_commands(text) == [("python -m", "venv"), ("airflow", "standalone"), ("python -m", "tests.x")]
+
+
 def test_make_install_runs_the_printed_command() -> None:
     (command,) = [c for c, run in RUNS.items() if run.how == "make install"]
     dry = subprocess.run(["make", "-n", "-B", "install"], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -159,12 +208,7 @@ class Installed:
 
 def _checkout_copy(target: Path) -> Path:
     """The checkout's files (tracked and new, not ignored) in ``target``, with the wheel in dist/ (make wheel)."""
-    listed = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO).stdout
-    for name in filter(None, listed.split("\0")):
-        source = REPO / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
+    copy_checkout(target)
     built = _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(target / "dist"), str(target)],
                  env=user_pip_env())
     assert built.returncode == 0, built.stderr[-3000:]

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from airflow_jetstream.embedded.server import free_port
-from tests.infra.airflow_local import UP_PORTS, up_folders, up_port
+from tests.infra.airflow_local import UP_PORTS, LocalAirflow, up_folders, up_port
+from tests.support.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,3 +95,32 @@ def test_a_chosen_port_is_kept_and_a_taken_one_refused(tmp_path: Path, monkeypat
     monkeypatch.setenv("UP_PORT", "eighty")
     with pytest.raises(SystemExit, match="UP_PORT='eighty': a port is a number"):
         up_port(tmp_path, "api-server")
+
+
+#: A component that takes a moment to stop (the triggerer closes its triggers) and writes down every SIGTERM.
+SLOW_STOPPER = """
+import signal, sys, time
+terms = []
+signal.signal(signal.SIGTERM, lambda *_: terms.append(time.monotonic()) or open(sys.argv[1], "a").write("TERM\\n"))
+open(sys.argv[1], "a").write("ready\\n")
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline and not (terms and time.monotonic() - terms[0] > 1):
+    time.sleep(0.05)
+sys.exit(0 if terms else 3)
+"""
+
+
+def test_close_sends_each_component_one_sigterm_and_waits_for_it(tmp_path: Path) -> None:
+    """A second SIGTERM makes Airflow's triggerer kill its trigger runner ("Forcing exit due to second exit
+    signal"): `make up`'s Ctrl-C sends one to each component and waits for all of them to exit on their own."""
+    airflow = LocalAirflow(tmp_path / "home", nats_url="nats://127.0.0.1:4222", dags_folder=tmp_path)
+    logs = {key: tmp_path / f"{key}.log" for key in ("api-server", "triggerer")}
+    for key, log in logs.items():
+        airflow.processes[key] = subprocess.Popen([sys.executable, "-c", SLOW_STOPPER, str(log)],
+                                                  start_new_session=True)
+        wait_until(lambda log=log: log.exists() and "ready" in log.read_text(), f"{key} to set its handler",
+                   timeout=30, every=0.05)
+    procs = dict(airflow.processes)
+    airflow.close()
+    assert {key: proc.returncode for key, proc in procs.items()} == {"api-server": 0, "triggerer": 0}
+    assert {key: log.read_text().count("TERM") for key, log in logs.items()} == {"api-server": 1, "triggerer": 1}

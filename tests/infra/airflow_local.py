@@ -38,8 +38,12 @@ AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 #: A component that exits this many times within CRASH_LOOP_WINDOW seconds is not restarted again.
 CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW = 5, 300.0
+#: Seconds a stopped component gets to exit on its own (the triggerer gives its triggers 10 s to close).
+STOP_TIMEOUT = 60.0
 SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
 #: ``make up``'s ports: the variable that sets one, the first choice (Airflow's and NATS's usual ones), what it is.
+#: The API's signing secrets in the home, kept across starts like the password.
+API_SECRETS = "api-secrets.json"
 UP_PORTS = {"api-server": ("UP_PORT", 8080, "the Airflow UI"), "nats-server": ("UP_NATS_PORT", 4222, "nats-server")}
 
 
@@ -47,6 +51,13 @@ def component_hostname() -> str:
     """``[core] hostname_callable`` of a triggerer here: the host name and the component's key
     (``host/triggerer-2``), stored in its job row."""
     return f"{socket.getfqdn()}/{os.environ.get('LOCAL_AIRFLOW_COMPONENT', 'airflow')}"
+
+
+def write_private(path: Path, content: dict[str, Any]) -> None:
+    """Write ``content`` as JSON into ``path``, readable by its owner only (mode 600 before the secret is in it)."""
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(json.dumps(content))
 
 
 class LocalAirflowError(RuntimeError):
@@ -73,6 +84,8 @@ class LocalAirflow:
     :param port: the api-server port on 127.0.0.1 (default: a free one).
     :param password: the ``admin`` user's password (default: ``AIRFLOW_UP_PASSWORD``, else the one stored in
         ``home/passwords.json`` by an earlier start, else a random one); stored there (mode 600) on start.
+        The API's signing secrets (``[api_auth] jwt_secret``, ``[api] secret_key``) are kept the same way, in
+        ``home/api-secrets.json``: a restart keeps browsers and API clients logged in.
     :param connections_in_db: store ``nats_default``/``spark_default`` in the database (visible and
         testable in the UI) instead of ``AIRFLOW_CONN_*`` variables.
     :param nats_extra: the ``extra`` of ``nats_default`` (credentials such as ``nkey_seed_secret``, timeouts).
@@ -99,21 +112,29 @@ class LocalAirflow:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._component_of: dict[str, str] = {}  # key ("triggerer-2") -> component ("triggerer")
         self._exits: dict[str, list[float]] = {}  # key -> monotonic times it exited on its own
-        self._jwt_secret = secrets.token_urlsafe(32)  # shared by the components, in their environment only
-        self._session_key = secrets.token_urlsafe(32)
+        self._api_secrets = self._stored_api_secrets()  # shared by the components, in their environment only
         self._engine: sqlalchemy.Engine | None = None  # the tests' reads of the metadata database
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _stored_password(self) -> str | None:
-        """The ``admin`` password an earlier start wrote into the simple auth manager's file, if any."""
+    def _stored(self, name: str, key: str) -> str | None:
+        """``key`` of the JSON file ``home/name`` an earlier start wrote, if any."""
         try:
-            stored = json.loads((self.home / "passwords.json").read_text()).get(self.user)
+            stored = json.loads((self.home / name).read_text()).get(key)
         except (OSError, ValueError, AttributeError):
             return None
         return stored if isinstance(stored, str) and stored else None
+
+    def _stored_password(self) -> str | None:
+        """The ``admin`` password an earlier start wrote into the simple auth manager's file, if any."""
+        return self._stored("passwords.json", self.user)
+
+    def _stored_api_secrets(self) -> dict[str, str]:
+        """The API's signing secrets of an earlier start, else new ones (stored by :meth:`prepare`)."""
+        return {key: self._stored(API_SECRETS, key) or secrets.token_urlsafe(32)
+                for key in ("jwt_secret", "secret_key")}
 
     def env(self) -> dict[str, str]:
         """The environment every component (and ``airflow`` CLI call) of this deployment runs with."""
@@ -135,8 +156,8 @@ class LocalAirflow:
             AIRFLOW__API__BASE_URL=self.url,
             AIRFLOW__API__HOST="127.0.0.1",
             AIRFLOW__API__PORT=str(self.port),
-            AIRFLOW__API_AUTH__JWT_SECRET=self._jwt_secret,
-            AIRFLOW__API__SECRET_KEY=self._session_key,
+            AIRFLOW__API_AUTH__JWT_SECRET=self._api_secrets["jwt_secret"],
+            AIRFLOW__API__SECRET_KEY=self._api_secrets["secret_key"],
             AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
             AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL="5",
             AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE="True",
@@ -175,19 +196,17 @@ class LocalAirflow:
         """Create the home, (re)write the password file, create or upgrade the database and store the
         connections when asked: run on every start, so a restart refreshes the login and connections."""
         self.home.mkdir(parents=True, exist_ok=True)
-        passwords = self.home / "passwords.json"
-        passwords.touch(mode=0o600)
-        passwords.chmod(0o600)  # before the password is in it
-        passwords.write_text(json.dumps({self.user: self.password}))
+        write_private(self.home / "passwords.json", {self.user: self.password})
+        write_private(self.home / API_SECRETS, self._api_secrets)
         self.cli("db", "migrate")
+        with contextlib.suppress(FileNotFoundError):  # written by Airflow's first command, with a new fernet_key
+            (self.home / "airflow.cfg").chmod(0o600)
         if self.connections_in_db:
             conns = self.home / "connections.json"  # may hold credentials: private, and gone once imported
-            conns.touch(mode=0o600)
-            conns.chmod(0o600)
-            conns.write_text(json.dumps({
+            write_private(conns, {
                 "nats_default": nats_connection(self.nats_url, self.nats_extra),
                 "spark_default": {"conn_type": "spark", "host": "local[2]"},
-            }))
+            })
             try:
                 self.cli("connections", "import", "--overwrite", str(conns))
             finally:
@@ -272,23 +291,31 @@ class LocalAirflow:
             time.sleep(0.5)  # polling a starting server; the deadline bounds it
         raise LocalAirflowError(f"api-server not healthy after {timeout}s:\n{self.log_tail('api-server')}")
 
-    def stop(self, key: str, sig: signal.Signals = signal.SIGTERM, *, timeout: float = 60) -> int:
-        """Send ``sig`` to one component and wait for it to exit; returns its exit code.
+    def stop(self, key: str, sig: signal.Signals = signal.SIGTERM, *, timeout: float = STOP_TIMEOUT) -> int:
+        """Send ``sig`` once to one component and wait for it to exit; returns its exit code.
 
         SIGTERM goes to the component's main process, as ``kill <pid>`` or a service manager would
         send it; SIGKILL goes to its whole process group (a crash takes its children with it).
         """
-        proc = self.processes.pop(key)
+        proc = self.processes[key]
         if proc.poll() is None:
             if sig == signal.SIGKILL:
                 os.killpg(proc.pid, signal.SIGKILL)
             else:
                 proc.send_signal(sig)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
+        return self._wait_stopped(key, time.monotonic() + timeout)
+
+    def _wait_stopped(self, key: str, deadline: float) -> int:
+        """Wait until ``deadline`` for a signalled component to exit; past it, kill its process group (one line
+        on stderr: a component that ignores one SIGTERM is a defect to see). Never a second SIGTERM: Airflow's
+        triggerer takes that as "force exit" and SIGKILLs its trigger runner."""
+        proc = self.processes.pop(key)
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            print(f"{key} did not exit after SIGTERM in time: killing it", file=sys.stderr, flush=True)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
         self._reap_group(proc.pid)
         return proc.returncode
 
@@ -298,14 +325,15 @@ class LocalAirflow:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
 
-    def close(self) -> None:
-        """Stop every component: SIGTERM first, then whatever is left of its process group."""
-        for key in list(self.processes):
-            proc = self.processes[key]
+    def close(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop every component: one SIGTERM each, all at once, then wait for all of them (``timeout`` seconds
+        in all); what is left then is killed with its process group."""
+        for proc in self.processes.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
         for key in list(self.processes):
-            self.stop(key, signal.SIGTERM, timeout=45)
+            self._wait_stopped(key, deadline)
         if self._engine is not None:
             self._engine.dispose()
 
@@ -396,7 +424,8 @@ def main() -> int:
     Run again on the same directory it is the same deployment: the same database, login (kept in
     ``.up/airflow/passwords.json``, mode 600, unless ``AIRFLOW_UP_PASSWORD`` sets another), UI and nats-server
     ports when they are free (:func:`up_port`), streams and so asset URIs; it refreshes the connections.
-    A component that exits is restarted (one line on stderr each time).
+    A component that exits is restarted (one line on stderr each time). Ctrl-C or SIGTERM stops each component
+    with one SIGTERM and waits for it (:meth:`LocalAirflow.close`).
     """
     from airflow_jetstream.embedded.server import EmbeddedNatsServer
 
@@ -417,6 +446,7 @@ def main() -> int:
             print(line, flush=True)
     pg, database_url, database_line = metadata_database(home)
     print(database_line, flush=True)
+    stop_began = 0.0
     try:
         with EmbeddedNatsServer(store_dir=home / "nats", port=ports["nats-server"]) as nats:
             print(f"nats-server (JetStream) at {nats.url}", flush=True)
@@ -437,11 +467,12 @@ def main() -> int:
                 return 1
             finally:
                 print("stopping Airflow and nats-server ...", flush=True)
+                stop_began = time.monotonic()
                 airflow.close()
     finally:
         if pg is not None:
             pg.stop()
-    print("stopped", flush=True)
+    print(f"stopped in {time.monotonic() - stop_began:.0f} s", flush=True)
     return 0
 
 

@@ -8,7 +8,6 @@ import re
 import stat
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,6 @@ from airflow_jetstream.spark.connection import (
     with_connection_defaults,
 )
 from airflow_jetstream.spark.options import ReadOptions
-from airflow_jetstream.spark.package import build_py_files
 
 #: Spark's default spark.redaction.regex.
 SPARK_REDACTION = re.compile(r"(?i)secret|password|token|access[.]key")
@@ -91,18 +89,6 @@ def test_connection_form_fields_come_from_the_field_table() -> None:
     assert CONN_FIELDS["nkey_seed_secret"]["schema"]["format"] == "password"
     assert CONN_FIELDS["tls_verify"]["schema"] == {"type": ["boolean", "null"], "default": True}
     assert CONN_FIELDS["connect_timeout"]["schema"]["type"] == ["number", "null"]
-
-
-def test_shipped_zip_imports_without_site_packages(tmp_path) -> None:
-    first, second = build_py_files(tmp_path / "a.zip"), build_py_files(tmp_path / "b.zip")
-    assert first.read_bytes() == second.read_bytes()
-    names = zipfile.ZipFile(first).namelist()
-    assert "nats/__init__.py" in names and "airflow_jetstream/spark/writer.py" in names
-    assert not [n for n in names if n.startswith(("airflow_jetstream/operators", "airflow_jetstream/hooks"))]
-    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import airflow_jetstream.client as c, nats; "
-             "print(c.__file__, nats.__file__)")
-    out = subprocess.run([sys.executable, "-S", "-c", probe, str(first)], capture_output=True, text=True, check=True)
-    assert out.stdout.count(str(first)) == 2
 
 
 #: Builds the process's zip, then a forked child exits normally (running the atexit handlers it inherited).

@@ -1,21 +1,26 @@
 """Ship the data source to Python workers that do not have it installed: a zip for ``--py-files``,
 ``SparkContext.addPyFile`` or, on Spark Connect, a session artifact.
 
-The zip holds what a Spark job needs and nothing of Airflow: ``airflow_jetstream`` (package root,
-``client`` and ``spark``) and nats-py. nkey and creds authentication also need ``nkeys`` with its
-compiled dependency (PyNaCl), which cannot be imported from a zip: install those on the executors
-or ship a packed environment with ``spark.archives`` (see docs/spark.md).
+The zip holds what a Spark job needs and nothing of Airflow: the packages executors import
+(``SHIPPED_PACKAGES``), every other module of ``airflow_jetstream`` they import, found by reading
+their import statements when the zip is built (so a new import cannot leave the zip short), and
+nats-py. nkey and creds authentication also need ``nkeys`` with its compiled dependency (PyNaCl),
+which cannot be imported from a zip: install ``nkeys`` on the executors or ship a packed
+environment with ``spark.archives`` (see docs/spark.md).
 """
 
 from __future__ import annotations
 
+import ast
 import atexit
 import functools
+import importlib.util
 import os
+import re
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +28,102 @@ import nats
 
 import airflow_jetstream
 
-#: Parts of airflow_jetstream that executors need (the rest imports Airflow).
-SHIPPED_PARTS = ("__init__.py", "version.py", "client", "spark")
+#: The subpackages of airflow_jetstream shipped whole: the data source and the asyncio toolkit it runs on
+#: (which executors' own code may use too). Whatever else of the package they import is added to them.
+SHIPPED_PACKAGES = ("client", "spark")
 #: The zip's file name (Spark keys added files and artifacts by name).
 PACKAGE_ZIP = "airflow_jetstream_spark.zip"
 _FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 
 
-def _python_files(root: Path, parts: tuple[str, ...] | None = None) -> Iterator[Path]:
-    for part in parts or (".",):
-        path = root / part
-        files = [path] if path.is_file() else sorted(path.rglob("*.py"))
-        yield from (f for f in files if "__pycache__" not in f.parts)
+def _python_files(folder: Path) -> Iterator[Path]:
+    yield from (f for f in sorted(folder.rglob("*.py")) if "__pycache__" not in f.parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements that can run: at any depth (functions import lazily), but not under
+    ``if TYPE_CHECKING:``."""
+    nodes: list[ast.AST] = [tree]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            nodes.extend(node.orelse)
+        else:
+            nodes.extend(ast.iter_child_nodes(node))
+
+
+def imported_names(source: bytes, module: str, *, is_package: bool) -> set[str]:
+    """The absolute names that ``module``'s import statements may load: ``from a import b`` gives both
+    ``a`` and ``a.b`` (``b`` is a submodule or a name defined in ``a``; the caller keeps what is a module)."""
+    package = module if is_package else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in _runtime_imports(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+            continue
+        base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+        names.add(base)
+        names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def module_name(package_dir: Path, file: Path) -> str:
+    """``airflow_jetstream.client.errors`` for ``<package_dir>/client/errors.py``."""
+    parts = file.relative_to(package_dir.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_file(package_dir: Path, name: str) -> Path | None:
+    parts = name.split(".")
+    if parts[0] != package_dir.name:
+        return None
+    path = package_dir.joinpath(*parts[1:])
+    return next((f for f in (path / "__init__.py", path.with_suffix(".py")) if f.is_file()), None)
+
+
+def package_files(package_dir: Path, packages: Iterable[str] = SHIPPED_PACKAGES) -> list[Path]:
+    """The files of the package at ``package_dir`` that executors need: every module of ``packages``
+    and, transitively, every module of the package they import, with the ``__init__.py`` files that
+    importing them runs.
+
+    Only a module with an import statement naming the package other than through ``packages`` (or a
+    relative one) is parsed: the others import nothing of the package that is not in already.
+    """
+    other = rf"{re.escape(package_dir.name)}(?![.](?:{'|'.join(map(re.escape, packages))})\b)"
+    names_more = [re.compile(rf"import[ \t][^\n#;]*?{other}".encode()),
+                  re.compile(rf"from[ \t]+(?:{other}|[.])".encode())]
+    todo = [f for p in packages for f in _python_files(package_dir / p)]
+    files: set[Path] = set()
+    while todo:
+        file = todo.pop()
+        if file in files:
+            continue
+        files.add(file)
+        inits = (package_dir / folder / "__init__.py" for folder in file.relative_to(package_dir).parents)
+        todo.extend(f for f in inits if f.is_file())
+        source = file.read_bytes()
+        if any(pattern.search(source) for pattern in names_more):
+            imported = imported_names(source, module_name(package_dir, file), is_package=file.name == "__init__.py")
+            todo.extend(f for f in (_module_file(package_dir, n) for n in imported) if f is not None)
+    return sorted(files)
 
 
 def build_py_files(target: str | Path) -> Path:
     """Write the zip to ``target`` and return its path; same sources give the same bytes."""
     target = Path(target)
-    sources = [
-        (Path(airflow_jetstream.__file__).parent, SHIPPED_PARTS),
-        (Path(nats.__file__).parent, None),
-    ]
+    package_dir, nats_dir = Path(airflow_jetstream.__file__).parent, Path(nats.__file__).parent
+    sources = [(package_dir, package_files(package_dir)), (nats_dir, list(_python_files(nats_dir)))]
     with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for root, parts in sources:
-            for path in _python_files(root, parts):
-                name = f"{root.name}/{path.relative_to(root).as_posix()}"
-                info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
+        for root, files in sources:
+            for path in files:
+                info = zipfile.ZipInfo(path.relative_to(root.parent).as_posix(), date_time=_FIXED_TIME)
                 info.compress_type = zipfile.ZIP_DEFLATED
                 archive.writestr(info, path.read_bytes())
     return target

@@ -87,6 +87,26 @@ def test_every_shipped_module_imports_from_the_zip_alone(shipped, tmp_path) -> N
     assert json.loads(run.stdout) == {}
 
 
+def test_the_workers_python_refuses_a_submodule_the_zip_lacks(shipped, tmp_path) -> None:
+    """The venv's editable install of the project finds ``airflow_jetstream.<module>`` in the source tree
+    whatever the package's ``__path__`` says (how the missing ``vocabulary`` went unnoticed): refused."""
+    names = zipfile.ZipFile(shipped).namelist()
+    left_out = next(n for n in names if n.count("/") == 1 and n.startswith("airflow_jetstream/") and
+                    not n.endswith("/__init__.py"))
+    short = tmp_path / "short.zip"
+    with zipfile.ZipFile(shipped) as full, zipfile.ZipFile(short, "w") as out:
+        for name in names:
+            if name != left_out:
+                out.writestr(name, full.read(name))
+    python = make_bare_python(tmp_path / "bare")
+    probe = "import sys; sys.path.insert(0, sys.argv[1]); import {}"
+    module = left_out.removesuffix(".py").replace("/", ".")
+    run = run_bare(python, probe.format(module), str(short))
+    assert f"{module} is not in the shipped zip" in run.stderr, run.stderr[-3000:]
+    assert "is not installed for this Python" in run_bare(python, probe.format("airflow"), str(short)).stderr
+    assert run_bare(python, probe.format("nats.js.api"), str(short)).returncode == 0
+
+
 def test_the_closure_follows_imports_at_any_depth_and_not_type_checking_ones(tmp_path) -> None:
     """A module a shipped module starts importing is shipped with nothing to update."""
     files = {

@@ -57,10 +57,11 @@ def test_wheel_holds_the_package_and_nothing_else(dist: Path) -> None:
     strays = [n for n in names if not n.startswith(("airflow_jetstream/", dist_info))]
     assert not strays, f"unexpected files in the wheel: {strays}"
     assert not [n for n in names if any(part in n for part in NOT_SHIPPED)]
-    source = {p.relative_to(REPO).as_posix() for p in (REPO / "airflow_jetstream").rglob("*.py")}
+    # Every tracked file of the package: modules and package data (the view's templates and stylesheet).
     tracked = set(_run(["git", "ls-files", "airflow_jetstream"], cwd=REPO).stdout.split())
-    missing = sorted((source & tracked) - set(names))
-    assert not missing, f"package modules missing from the wheel: {missing}"
+    missing = sorted(tracked - set(names))
+    assert not missing, f"package files missing from the wheel: {missing}"
+    assert {"airflow_jetstream/ui/templates/connection.html", "airflow_jetstream/ui/static/view.css"} <= set(names)
     assert f"{dist_info}licenses/LICENSE" in names
     # Development infrastructure (PostgreSQL, a local Airflow, Spark clusters for `make up`, the demos and this
     # suite) lives in tests/infra, not in what every worker installs.

@@ -167,7 +167,7 @@ def test_client_subpackages_resolve_every_exported_name_on_first_use(package: st
 def test_the_package_is_marked_typed() -> None:
     assert (Path(airflow_jetstream.__file__).parent / "py.typed").is_file()
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert re.search(r'\[tool\.setuptools\.package-data\]\s*airflow_jetstream = \["py\.typed"\]', pyproject)
+    assert re.search(r'\[tool\.setuptools\.package-data\]\s*airflow_jetstream = \["py\.typed"[,\]]', pyproject)
 
 
 @pytest.mark.parametrize("check", [

@@ -141,6 +141,21 @@ def test_viewer_without_connection_access_is_refused(airflow_app: FastAPI) -> No
     assert viewer.get("/jetstream/").status_code == 200  # the index lists only what the user may read
 
 
+def test_markup_in_a_query_parameter_comes_back_as_text_under_a_policy_allowing_no_script(admin: TestClient) -> None:
+    """The reflected XSS of issue 39: the ledger caption echoed ``run_id`` unescaped. Templates escape every value,
+    and the policy would stop a script even if one got through."""
+    payload = "<img src=x onerror=alert(1)>"
+    reply = admin.get(PAGE, params={"run_id": payload}, headers=HTML)
+    assert reply.status_code == 200, reply.text
+    assert "<img" not in reply.text and "&lt;img src=x onerror=alert(1)&gt;" in reply.text
+    policy = reply.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "script-src" not in policy and "frame-ancestors 'self'" in policy
+    [sheet] = re.findall(r'<link rel="stylesheet" href="([^"]+)">', reply.text)
+    css = admin.get(sheet)
+    assert css.status_code == 200 and css.headers["content-type"].startswith("text/css") and "tr.row-error" in css.text
+    assert 'style=' not in reply.text and "<style" not in reply.text, "no inline style: the policy allows none"
+
+
 # ------------------------------------------------------------------------------------------ problems first
 
 
@@ -196,7 +211,7 @@ def test_html_puts_problems_on_top_and_marks_rows_worst_first(admin: TestClient)
     marks = [mark or "none" for mark in consumers]
     assert marks == sorted(marks, key=["error", "warning", "none"].index) and marks[0] == "warning", marks
     assert re.search(rf'<tr id="consumer-{seeded.TROUBLE}-{seeded.SLOW}" class="row-warning"', html)
-    [row] = [row for row in re.findall(r'<tr id="advisory-\d+"([^>]*)>(.*?)</tr>', html)
+    [row] = [row for row in re.findall(r'<tr id="advisory-\d+"([^>]*)>(.*?)</tr>', html, re.S)
              if "batch_abandoned</b>" in row[1]]
     assert 'class="row-error"' in row[0] and f"batch={seeded.ABANDONED_BATCH}" in row[1] and "reason=timeout" in row[1]
     assert f'id="run-{seeded.TROUBLE_RUN.replace(":", "%3A").replace("+", "%2B")}" class="row-error"' in html
@@ -400,3 +415,25 @@ def test_plugin_mounts_the_view_without_importing_it_until_a_request() -> None:
     parent = FastAPI()
     parent.mount("/jetstream", JetStreamViewPlugin.fastapi_apps[0]["app"])
     assert TestClient(parent).get("/jetstream/api/connections/x").status_code == 401  # the real app answered
+
+
+# ------------------------------------------------------------------------------------------ escaped by construction
+
+HTML_TAGS = re.compile(r"</?(?:a|b|i|p|br|code|div|span|table|thead|tbody|tr|td|th|h[1-6]|ul|ol|li|form|input|label|"
+                       r"button|section|html|head|body|title|meta|link|style|script|img)\b", re.I)
+
+
+def test_no_html_is_built_in_python() -> None:
+    """The view's markup lives in its autoescaping templates: no string literal of airflow_jetstream/ui (f-strings
+    included) holds an HTML tag, so no value can reach a page without the template engine escaping it."""
+    import ast
+    from pathlib import Path
+
+    import airflow_jetstream.ui
+
+    found = []
+    for path in Path(airflow_jetstream.ui.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and HTML_TAGS.search(node.value):
+                found.append(f"{path.name}:{node.lineno}: {node.value[:60]!r}")
+    assert not found, found

@@ -52,6 +52,26 @@ ReadConnection = Depends(requires_access_connection("GET"))
 Name = Annotated[str, Query(min_length=1, max_length=256)]
 OptionalName = Annotated[str | None, Query(min_length=1, max_length=256)]
 PageNumber = Annotated[int, Query(ge=1, le=1_000_000)]
+#: On every answer: no script at all (the view has none), styles from the view's stylesheet only, forms back to the
+#: api-server, framed only by Airflow's own pages (its UI shows the view in a frame).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; form-action 'self'; frame-ancestors 'self'; "
+                               "base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+@app.middleware("http")
+async def _security_headers(request: Request, call_next: Any) -> Response:
+    response: Response = await call_next(request)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+@app.get("/view.css", include_in_schema=False)
+async def stylesheet() -> Response:
+    """The view's look (no login needed: it holds nothing of a connection); cached, the page links it by version."""
+    return Response(pages.stylesheet(), media_type="text/css", headers={"Cache-Control": "public, max-age=86400"})
 
 
 def _root(request: Request) -> str:
@@ -73,8 +93,8 @@ async def _refused(request: Request, exc: HTTPException) -> Response:
         return RedirectResponse(get_auth_manager().get_url_login(next_url=back), status_code=303)
     headers = getattr(exc, "headers", None)
     if exc.status_code == 403 and _wants_html(request):
-        return HTMLResponse(pages.refused("Not allowed", {"reason": "forbidden", "message": str(exc.detail)},
-                                          index_href=f"{_root(request)}/"), status_code=403, headers=headers)
+        return pages.refused(request, "Not allowed", {"reason": "forbidden", "message": str(exc.detail)}, status=403,
+                             headers=headers)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
 
@@ -93,10 +113,8 @@ def _stored_nats_connections(user: Any) -> list[str]:
 
 
 @app.get("/", response_class=HTMLResponse)
-async def index(request: Request, user: GetUserDep) -> str:
-    root = _root(request)
-    ids = await asyncio.to_thread(_stored_nats_connections, user)
-    return pages.index(ids, link=lambda cid: f"{root}/connections/{quote(cid, safe='')}")
+async def index(request: Request, user: GetUserDep) -> HTMLResponse:
+    return pages.index(request, await asyncio.to_thread(_stored_nats_connections, user))
 
 
 @app.get("/connections", response_class=RedirectResponse)
@@ -136,8 +154,7 @@ def _answer(request: Request, status: int, error: dict[str, Any], *, html: bool,
     if status == 503:
         headers["Retry-After"] = str(max(1, math.ceil(view.cache_seconds)))
     if html:
-        page = pages.refused(title, error, index_href=f"{_root(request)}/")
-        return HTMLResponse(page, status_code=status, headers=headers)
+        return pages.refused(request, title, error, status=status, headers=headers)
     return JSONResponse({"detail": error.get("message"), "error": error}, status_code=status, headers=headers)
 
 
@@ -163,17 +180,16 @@ async def _view(request: Request, connection_id: str, key_args: dict[str, Any], 
     if "error" in snapshot:
         headers["Retry-After"] = str(max(1, math.ceil(view.cache_seconds)))
         if html:
-            return HTMLResponse(pages.unavailable(connection_id, snapshot["error"], index_href=f"{_root(request)}/",
-                                                  servers=snapshot.get("servers", [])), 503, headers=headers)
+            return pages.unavailable(request, connection_id, snapshot["error"], servers=snapshot.get("servers", []),
+                                     headers=headers)
         return JSONResponse({**snapshot, "detail": snapshot["error"]["message"], "age_s": round(age, 1)}, 503,
                             headers=headers)
     query = page or PageQuery(per_page=view.page_size)
     shaped = shape(snapshot, PageQuery(per_page=query.per_page or view.page_size, stream=query.stream,
                                        pages=query.pages))
     if html:
-        params = dict(request.query_params)
-        return HTMLResponse(pages.page(shaped, query=params, index_href=f"{_root(request)}/", age_s=age,
-                                       limits=view.thresholds), headers=headers)
+        return pages.page(request, shaped, query=dict(request.query_params), age_s=age, limits=view.thresholds,
+                          headers=headers)
     body = {**shaped, "age_s": round(age, 1), "thresholds": asdict(view.thresholds),
             "limits": {k: v for k, v in asdict(view).items() if k != "thresholds"}}
     return JSONResponse(body, headers=headers)

@@ -185,3 +185,22 @@ def test_creds_file_decentralized_auth(nats_server_factory, tmp_path):
     err = _connect_error(ConnectionSettings(servers=server.url, creds_file=str(stranger.creds_file)))
     assert isinstance(err, AuthenticationError)
     assert stranger.user_seed not in str(err) and stranger.user_jwt not in str(err)
+
+
+@pytest.mark.parametrize("seed", ["SUAnotaseed", "not-a-seed-at-all",
+                                  "UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4"])  # a public key
+def test_a_malformed_nkey_seed_is_a_typed_error_not_an_assertion(nkey_server, seed):
+    """nats-py refuses the seed before connecting; closing the client that never connected raised
+    ``AssertionError: Client.connect must be called first`` and hid it (the view answered 500)."""
+    err = _connect_error(ConnectionSettings(servers=nkey_server.url, nkey_seed_secret=seed))
+    assert isinstance(err, AuthenticationError) and "nkey seed is not a valid NATS user seed" in str(err)
+    assert seed not in str(err)
+
+
+def test_a_creds_file_that_is_not_one_is_a_typed_error(tmp_path):
+    """nats-py fails on it with a TypeError inside the connect (5 s later, "could not connect")."""
+    garbage = tmp_path / "garbage.creds"
+    garbage.write_bytes(b"\xff\xfe not a creds file SUSECRETLOOKING")
+    with pytest.raises(InvalidSettingsError, match="is not a NATS credentials file") as info:
+        ConnectionSettings(servers="nats://127.0.0.1:4222", creds_file=str(garbage))
+    assert "SUSECRETLOOKING" not in str(info.value)

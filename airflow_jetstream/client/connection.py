@@ -355,7 +355,10 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
     task.cancel()
     fatal.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    await nc.close()
+    # nats-py asserts "Client.connect must be called first" when the connect failed before it began (an invalid
+    # nkey seed): there is nothing to close, and the typed error must not be hidden behind that assertion
+    with contextlib.suppress(AssertionError):
+        await nc.close()
     raise error
 
 

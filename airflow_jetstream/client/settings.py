@@ -96,6 +96,15 @@ class ConnectionSettings:
             path = getattr(self, name)
             if path and not os.path.isfile(path):
                 raise InvalidSettingsError(f"{name} {path!r} does not exist or is not a file")
+            if path and not os.access(path, os.R_OK):
+                raise InvalidSettingsError(f"{name} {path!r} cannot be read by this process (uid {os.getuid()}); "
+                                           "check the file's owner and mode")
+        if self.creds_file:
+            with open(self.creds_file, "rb") as fh:
+                text = fh.read().decode("utf-8", "replace")
+            if "BEGIN NATS USER JWT" not in text or "BEGIN USER NKEY SEED" not in text:
+                raise InvalidSettingsError(f"creds_file {self.creds_file!r} is not a NATS credentials file: it needs a "
+                                           "'NATS USER JWT' and a 'USER NKEY SEED' block (nsc generate creds)")
 
     def __repr__(self) -> str:
         shown = []
@@ -180,7 +189,7 @@ class ConnectionSettings:
         """Secret values to mask in logs (credentials file contents included)."""
         values = [v for v in (self.password, self.token, self.nkey_seed_secret) if v]
         if self.creds_file:
-            with open(self.creds_file, encoding="utf-8") as fh:
+            with open(self.creds_file, encoding="utf-8", errors="replace") as fh:
                 values.extend(creds_file_secrets(fh.read()))
         return values
 

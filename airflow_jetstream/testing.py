@@ -34,10 +34,10 @@ import pytest
 
 from airflow_jetstream.embedded import EmbeddedNatsServer
 
-__all__ = ["connection_json", "jetstream_conn_id", "jetstream_server"]
+__all__ = ["jetstream_conn_id", "jetstream_server"]
 
 
-def connection_json(server: EmbeddedNatsServer, **extra: object) -> str:
+def _connection_json(server: EmbeddedNatsServer, **extra: object) -> str:
     """An ``AIRFLOW_CONN_*`` value (JSON) for a ``nats`` connection to ``server``; ``extra`` are extra fields."""
     host, port = server.url.split("://", 1)[1].rsplit(":", 1)
     return json.dumps({"conn_type": "nats", "host": host, "port": int(port), "extra": extra})
@@ -53,5 +53,5 @@ def jetstream_server() -> Iterator[EmbeddedNatsServer]:
 @pytest.fixture
 def jetstream_conn_id(jetstream_server: EmbeddedNatsServer, monkeypatch: pytest.MonkeyPatch) -> str:
     """``nats_default``, pointing at :func:`jetstream_server` for this test."""
-    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", connection_json(jetstream_server, connect_timeout=2))
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", _connection_json(jetstream_server, connect_timeout=2))
     return "nats_default"

@@ -49,14 +49,14 @@ from airflow_jetstream.client import (
     Batcher,
     BatchMessage,
     ConnectionSettings,
-    JetStreamConnection,
     ensure_stream,
     open_connection,
-    publish_atomic_batches,
     publish_fast_batch,
-    purge_stream,
     stream_info,
 )
+from airflow_jetstream.client.admin.streams import purge_stream
+from airflow_jetstream.client.batches.atomic import publish_atomic_batches
+from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer
 
 PAYLOAD = b"x" * 100

@@ -50,8 +50,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airflow_jetstream.client import ConnectionSettings, JetStreamConnection, ensure_stream, open_connection
-from airflow_jetstream.client.advisories import AdvisoryFilter, capture_stream_config, find_captured
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
+from airflow_jetstream.client.advisories import AdvisoryFilter, find_captured
+from airflow_jetstream.client.advisories.capture import capture_stream_config
+from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.kv.bucket import ensure_bucket
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, BatchRecord, batch_key
 from airflow_jetstream.client.ledger.counts import SHARDS, counts_key, encode_counts, recounted

@@ -16,8 +16,9 @@ from airflow.sdk.lineage import HookLineageCollector
 from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
 from openlineage.client.event_v2 import Dataset as OpenLineageDataset
 
-from airflow_jetstream.assets import InvalidAssetURIError, jetstream_asset
+from airflow_jetstream.assets import jetstream_asset
 from airflow_jetstream.assets.jetstream import (
+    InvalidAssetURIError,
     convert_asset_to_openlineage,
     create_asset,
     parse_asset_uri,

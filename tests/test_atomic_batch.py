@@ -8,18 +8,11 @@ import json
 
 import pytest
 
-from airflow_jetstream.client import (
-    BatchMessage,
-    BatchPublishError,
-    InvalidRequestError,
-    InvalidSubjectError,
-    metrics,
-    publish_atomic_batch,
-    publish_atomic_batches,
-    stream_info,
-)
+from airflow_jetstream.client import BatchMessage, metrics, publish_atomic_batch, stream_info
+from airflow_jetstream.client.batches.atomic import publish_atomic_batches
 from airflow_jetstream.client.batches.frames import encode_frame, write_frames
 from airflow_jetstream.client.batches.msg_id_probe import stored_sequences
+from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, InvalidSubjectError
 from tests.support.nats_calls import with_streams
 
 ATOM = {"name": "ATOM", "subjects": ["atom.>"], "allow_atomic": True}

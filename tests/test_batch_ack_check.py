@@ -12,9 +12,10 @@ import json
 
 import pytest
 
-from airflow_jetstream.client import BatchMessage, BatchPublishError, publish_atomic_batch
+from airflow_jetstream.client import BatchMessage, publish_atomic_batch
 from airflow_jetstream.client.batches.types import HEADER_BATCH_COMMIT, HEADER_BATCH_ID
 from airflow_jetstream.client.connection import open_connection
+from airflow_jetstream.client.errors import BatchPublishError
 from airflow_jetstream.client.settings import ConnectionSettings
 
 

@@ -7,14 +7,8 @@ import base64
 
 import pytest
 
-from airflow_jetstream.client import (
-    Batcher,
-    BatchMessage,
-    InvalidRequestError,
-    JetStreamError,
-    metrics,
-    stream_info,
-)
+from airflow_jetstream.client import Batcher, BatchMessage, JetStreamError, metrics, stream_info
+from airflow_jetstream.client.errors import InvalidRequestError
 from tests.support.nats_calls import with_streams
 
 ATOM = {"name": "ATOM", "subjects": ["atom.>"], "allow_atomic": True}

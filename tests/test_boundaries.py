@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_jetstream.client import BatchMessage, BatchPublishError, publish_atomic_batch, stream_info
+from airflow_jetstream.client import BatchMessage, publish_atomic_batch, stream_info
 from airflow_jetstream.client.admin.domains import api_view
 from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.durations import to_nanos, to_seconds
-from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, LedgerRecordError
+from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError, LedgerRecordError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key
 from airflow_jetstream.client.ledger.counts import LEDGER_COUNTS_SCHEMA, empty_counts
 from airflow_jetstream.client.ledger.record_schema import LEDGER_RECORD_SCHEMA, record_problem, schema_problem

@@ -6,17 +6,15 @@ import asyncio
 
 import pytest
 
-from airflow_jetstream.client import (
+from airflow_jetstream.client import ConnectionSettings, open_connection
+from airflow_jetstream.client.connection import account_info, connect
+from airflow_jetstream.client.errors import (
     AuthenticationError,
     ConnectionFailedError,
-    ConnectionSettings,
     InvalidSettingsError,
     JetStreamNotEnabledError,
     PermissionDeniedError,
     TLSConfigurationError,
-    account_info,
-    connect,
-    open_connection,
 )
 from tests.conftest import AUTH_PASSWORD, AUTH_TOKEN, AUTH_USER
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_jetstream.client import StreamConfigError, StreamNotFoundError, ensure_stream, stream_info
+from airflow_jetstream.client import ensure_stream, stream_info
+from airflow_jetstream.client.errors import StreamConfigError, StreamNotFoundError
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
 from airflow_jetstream.sensors.consumer import JetStreamSourceCaughtUpSensor
 from tests.support.nats_calls import call_on_server as run

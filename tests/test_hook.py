@@ -9,9 +9,10 @@ import traceback
 
 import pytest
 
-from airflow_jetstream.client import ConnectionSettings, InvalidSettingsError, account_info
+from airflow_jetstream.client import ConnectionSettings
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
-from airflow_jetstream.client.errors import StreamNotFoundError
+from airflow_jetstream.client.connection import account_info
+from airflow_jetstream.client.errors import InvalidSettingsError, StreamNotFoundError
 from airflow_jetstream.hooks.connection_settings import settings_from_connection
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator

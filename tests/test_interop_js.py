@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from airflow_jetstream.client import BatchMessage, BatchPublishError, publish_atomic_batch, stream_info
+from airflow_jetstream.client import BatchMessage, publish_atomic_batch, stream_info
 from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.connection import open_connection
-from airflow_jetstream.client.errors import LedgerRecordError
+from airflow_jetstream.client.errors import BatchPublishError, LedgerRecordError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key
 from airflow_jetstream.client.ledger.counts import counts_key, shard_of
 from airflow_jetstream.client.reading.headers import header_values

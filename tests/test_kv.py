@@ -20,7 +20,8 @@ from airflow_jetstream.client.errors import (
     PlacementError,
     StreamNotFoundError,
 )
-from airflow_jetstream.client.kv import ensure_bucket, get_key, put_key
+from airflow_jetstream.client.kv import ensure_bucket, get_key
+from airflow_jetstream.client.kv.keys import put_key
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.embedded.cluster import CLUSTER_NAME

@@ -9,14 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_jetstream.client import (
-    BatchPublishError,
-    ConnectionSettings,
-    InvalidFunctionError,
-    InvalidRequestError,
-    stream_info,
-)
+from airflow_jetstream.client import ConnectionSettings, stream_info
 from airflow_jetstream.client.batches.publish_chunks import check_target_stream
+from airflow_jetstream.client.errors import BatchPublishError, InvalidFunctionError, InvalidRequestError
 from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
 from tests.support.airflow_cli import dag_test_env, run_airflow
 from tests.support.nats_calls import with_streams

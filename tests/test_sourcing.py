@@ -10,16 +10,15 @@ from collections.abc import Awaitable, Callable
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from airflow_jetstream.client import (
+from airflow_jetstream.client import ensure_stream, stream_info
+from airflow_jetstream.client.admin.consumers import ensure_consumer, find_consumer
+from airflow_jetstream.client.admin.streams import find_stream
+from airflow_jetstream.client.errors import (
     ConsumerConfigError,
     ConsumerNotFoundError,
     InvalidRequestError,
     StreamConfigError,
-    ensure_stream,
-    find_stream,
-    stream_info,
 )
-from airflow_jetstream.client.admin.consumers import ensure_consumer, find_consumer
 from airflow_jetstream.client.sourcing.provision import (
     DurableSource,
     provision_durable_source,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from airflow_jetstream.client import StreamConfigError
 from airflow_jetstream.client.admin.streams import find_stream
+from airflow_jetstream.client.errors import StreamConfigError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
 

@@ -1,11 +1,6 @@
 """Airflow assets (``jetstream://``) for data-aware scheduling and lineage."""
 
-from airflow_jetstream.assets.jetstream import (
-    InvalidAssetURIError,
-    jetstream_asset,
-    report_stream_input,
-    report_stream_output,
-)
+from airflow_jetstream.assets.jetstream import jetstream_asset, report_stream_input, report_stream_output
 from airflow_jetstream.assets.kv import kv_asset
 
-__all__ = ["InvalidAssetURIError", "jetstream_asset", "kv_asset", "report_stream_input", "report_stream_output"]
+__all__ = ["jetstream_asset", "kv_asset", "report_stream_input", "report_stream_output"]

@@ -5,6 +5,6 @@ code (hook, operators, sensors, triggers, Spark data source) never imports this 
 """
 
 from airflow_jetstream.embedded.cluster import EmbeddedNatsCluster
-from airflow_jetstream.embedded.server import EmbeddedNatsServer, find_nats_server_binary
+from airflow_jetstream.embedded.server import EmbeddedNatsServer
 
-__all__ = ["EmbeddedNatsCluster", "EmbeddedNatsServer", "find_nats_server_binary"]
+__all__ = ["EmbeddedNatsCluster", "EmbeddedNatsServer"]

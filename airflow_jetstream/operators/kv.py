@@ -22,7 +22,8 @@ BUCKET_CONFIG_KEYS = ("history", "ttl", "num_replicas", "placement", "max_value_
 async def write_key(conn: JetStreamConnection, bucket: str, key: str, operation: str, value: Any,
                     revision: int | None, bucket_config: dict[str, Any] | None) -> dict[str, Any]:
     """Ensure the bucket (when ``bucket_config`` is not None), then apply ``operation`` to ``key``."""
-    from airflow_jetstream.client.kv import create_key, delete_key, ensure_bucket, put_key, update_key
+    from airflow_jetstream.client.kv import create_key, ensure_bucket, update_key
+    from airflow_jetstream.client.kv.keys import delete_key, put_key
 
     ensured = await ensure_bucket(conn, bucket, **bucket_config) if bucket_config is not None else None
     if operation == "put":

@@ -23,7 +23,7 @@ from airflow_jetstream.client.settings import ConnectionSettings, settings_to_fi
 from airflow_jetstream.spark.connection import connected_source, session_connection_fields
 from airflow_jetstream.spark.failure import record_failures
 from airflow_jetstream.spark.package import add_package_to_session, build_py_files
-from airflow_jetstream.spark.reader import Consumption, consume
+from airflow_jetstream.spark.reader import consume
 from airflow_jetstream.spark.source import JetStreamDataSource
 from airflow_jetstream.spark.versions import check_pyspark_install
 
@@ -50,4 +50,4 @@ def register(spark: Any, settings: ConnectionSettings | None = None, *, ship_pac
     spark.dataSource.register(connected_source(JetStreamDataSource, defaults) if defaults else JetStreamDataSource)
 
 
-__all__ = ["Consumption", "JetStreamDataSource", "build_py_files", "consume", "register"]
+__all__ = ["build_py_files", "consume", "register"]

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import nats.errors
 
-from airflow_jetstream.client import ConnectionSettings, connect
+from airflow_jetstream.client import ConnectionSettings
+from airflow_jetstream.client.connection import connect
 from airflow_jetstream.client.errors import JetStreamError
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from tests.chaos import checker, workloads

@@ -19,14 +19,13 @@ from airflow_jetstream.client import (
     Batcher,
     BatchMessage,
     ConnectionSettings,
-    connect,
     ensure_stream,
     publish_atomic_batch,
     publish_fast_batch,
 )
 from airflow_jetstream.client.admin.consumer_reset import reset_consumer
 from airflow_jetstream.client.admin.consumers import ensure_consumer
-from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.connection import JetStreamConnection, connect
 from airflow_jetstream.client.errors import FastBatchError, JetStreamError
 from airflow_jetstream.client.ledger import BatchLedger
 from airflow_jetstream.client.sourcing import DurableSource, provision_durable_source

@@ -7,50 +7,14 @@ from typing import TYPE_CHECKING
 from airflow_jetstream.client.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from airflow_jetstream.client.advisories.capture import (
-        CaptureReader,
-        capture_gap,
-        capture_info,
-        capture_stream_config,
-        ensure_capture_stream,
-        find_captured,
-        listen_live,
-        watch_advisories,
-    )
+    from airflow_jetstream.client.advisories.capture import ensure_capture_stream, find_captured, watch_advisories
     from airflow_jetstream.client.advisories.filter import AdvisoryFilter
-    from airflow_jetstream.client.advisories.types import (
-        DEFAULT_CAPTURE_STREAM,
-        DEFAULT_CAPTURE_SUBJECTS,
-        KINDS,
-        Advisory,
-        AdvisoryKind,
-        advisory_subject,
-        parse_advisory,
-    )
+    from airflow_jetstream.client.advisories.types import advisory_subject
 
-__all__ = [
-    "DEFAULT_CAPTURE_STREAM",
-    "DEFAULT_CAPTURE_SUBJECTS",
-    "KINDS",
-    "Advisory",
-    "AdvisoryFilter",
-    "AdvisoryKind",
-    "CaptureReader",
-    "advisory_subject",
-    "capture_gap",
-    "capture_info",
-    "capture_stream_config",
-    "ensure_capture_stream",
-    "find_captured",
-    "listen_live",
-    "parse_advisory",
-    "watch_advisories",
-]
+__all__ = ["AdvisoryFilter", "advisory_subject", "ensure_capture_stream", "find_captured", "watch_advisories"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "capture": ("CaptureReader", "capture_gap", "capture_info", "capture_stream_config", "ensure_capture_stream",
-                "find_captured", "listen_live", "watch_advisories"),
+    "capture": ("ensure_capture_stream", "find_captured", "watch_advisories"),
     "filter": ("AdvisoryFilter",),
-    "types": ("DEFAULT_CAPTURE_STREAM", "DEFAULT_CAPTURE_SUBJECTS", "KINDS", "Advisory", "AdvisoryKind",
-              "advisory_subject", "parse_advisory"),
+    "types": ("advisory_subject",),
 })

@@ -10,37 +10,13 @@ if TYPE_CHECKING:
     from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
     from airflow_jetstream.client.ledger.counts import counts_key, shard_of
     from airflow_jetstream.client.ledger.job_records import get_job_record
-    from airflow_jetstream.client.ledger.records import (
-        CONSUMED,
-        DEFAULT_BUCKET,
-        FAILED,
-        IN_PROGRESS,
-        PUBLISHED,
-        BatchRecord,
-        batch_key,
-    )
-    from airflow_jetstream.client.ledger.wait import LedgerWait, ledger_status
+    from airflow_jetstream.client.ledger.records import batch_key
 
-__all__ = [
-    "CONSUMED",
-    "DEFAULT_BUCKET",
-    "FAILED",
-    "IN_PROGRESS",
-    "PUBLISHED",
-    "BatchLedger",
-    "BatchRecord",
-    "LedgerWait",
-    "batch_key",
-    "counts_key",
-    "get_job_record",
-    "ledger_status",
-    "shard_of",
-]
+__all__ = ["BatchLedger", "batch_key", "counts_key", "get_job_record", "shard_of"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "batch_ledger": ("BatchLedger",),
     "counts": ("counts_key", "shard_of"),
     "job_records": ("get_job_record",),
-    "records": ("CONSUMED", "DEFAULT_BUCKET", "FAILED", "IN_PROGRESS", "PUBLISHED", "BatchRecord", "batch_key"),
-    "wait": ("LedgerWait", "ledger_status"),
+    "records": ("batch_key",),
 })

@@ -7,23 +7,14 @@ from typing import TYPE_CHECKING
 from airflow_jetstream.client.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from airflow_jetstream.client.sourcing.health import SourceUnhealthyError
     from airflow_jetstream.client.sourcing.provision import provision_durable_source
-    from airflow_jetstream.client.sourcing.spec import SERVER_MANAGED, USER_MANAGED, DurableSource
+    from airflow_jetstream.client.sourcing.spec import DurableSource
     from airflow_jetstream.client.sourcing.status import source_status
 
-__all__ = [
-    "SERVER_MANAGED",
-    "USER_MANAGED",
-    "DurableSource",
-    "SourceUnhealthyError",
-    "provision_durable_source",
-    "source_status",
-]
+__all__ = ["DurableSource", "provision_durable_source", "source_status"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "health": ("SourceUnhealthyError",),
     "provision": ("provision_durable_source",),
-    "spec": ("SERVER_MANAGED", "USER_MANAGED", "DurableSource"),
+    "spec": ("DurableSource",),
     "status": ("source_status",),
 })

@@ -58,9 +58,9 @@ async def make_run(conn: Any, bucket: str, size: int) -> float:
     from airflow_jetstream.client import BatchMessage
     from airflow_jetstream.client.admin.streams import ensure_stream
     from airflow_jetstream.client.batches.fast import publish_fast_batch
-    from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key
-    from airflow_jetstream.client.ledger.counts import SHARDS, counts_key, encode_counts, recounted
-    from airflow_jetstream.client.ledger.records import BatchRecord
+    from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+    from airflow_jetstream.client.ledger.counts import encode_counts, recounted
+    from airflow_jetstream.client.ledger.records import SHARDS, BatchRecord, batch_key, counts_key
     from airflow_jetstream.client.ledger.store import Write, write
 
     started = time.perf_counter()
@@ -89,9 +89,12 @@ def poke_times(url: str, bucket: str, repeats: int, reap: bool) -> list[float]:
     from airflow_jetstream.client import ConnectionSettings, open_connection
 
     try:
-        from airflow_jetstream.client.ledger.wait import ledger_status
+        from airflow_jetstream.client.ledger.wait import LedgerWait
     except ImportError:  # today's code
-        from airflow_jetstream.client.ledger.batch_ledger import ledger_status  # type: ignore[attr-defined,no-redef]
+        from airflow_jetstream.client.ledger.batch_ledger import ledger_status  # type: ignore[attr-defined]
+    else:
+        async def ledger_status(conn: Any, run_id: str, state: str, *, bucket: str, reap: bool) -> dict[str, Any]:
+            return await LedgerWait(run_id, state, bucket, reap=reap).check(conn)
 
     async def go() -> list[float]:
         async with open_connection(ConnectionSettings(servers=url, request_timeout=60)) as conn:

@@ -55,8 +55,9 @@ from airflow_jetstream.client.advisories import AdvisoryFilter, find_captured
 from airflow_jetstream.client.advisories.capture import capture_stream_config
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.kv.bucket import ensure_bucket
-from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, BatchRecord, batch_key
-from airflow_jetstream.client.ledger.counts import SHARDS, counts_key, encode_counts, recounted
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.client.ledger.counts import encode_counts, recounted
+from airflow_jetstream.client.ledger.records import SHARDS, BatchRecord, batch_key, counts_key
 from airflow_jetstream.client.ledger.store import Write, write
 from airflow_jetstream.client.reading.consume import ConsumeOptions, consume
 from airflow_jetstream.client.reading.range_read import read_range

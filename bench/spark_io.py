@@ -309,7 +309,7 @@ def bulk_vs_bare(rows: int, rounds: int) -> int:
              .mode("append").options(servers=server.url, stream=name, mode="fast", job_id=name.lower()).save())
 
         async def slowest_task(job_id: str) -> float:
-            from airflow_jetstream.client.ledger.job_records import get_job_record
+            from airflow_jetstream.client.kv.job_records import get_job_record
 
             async with open_connection(settings) as conn:
                 record = await get_job_record(conn, job_id)

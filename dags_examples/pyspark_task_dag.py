@@ -51,7 +51,7 @@ with DAG(
     def write_and_read(nats_conn_id: str, rows: int, spark: Any = None, run_id: str | None = None) -> dict[str, int]:
         from pyspark.sql import functions as F
 
-        from airflow_jetstream.client.ledger import get_job_record
+        from airflow_jetstream.client.kv import get_job_record
         from airflow_jetstream.hooks.jetstream import JetStreamHook
         from airflow_jetstream.spark import register
 

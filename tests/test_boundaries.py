@@ -20,9 +20,9 @@ from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.durations import to_nanos, to_seconds
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError, LedgerRecordError
-from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.counts import LEDGER_COUNTS_SCHEMA, empty_counts
-from airflow_jetstream.client.ledger.record_schema import LEDGER_RECORD_SCHEMA, record_problem, schema_problem
+from airflow_jetstream.client.ledger.records import LEDGER_RECORD_SCHEMA, batch_key, record_problem, schema_problem
 from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.headers import header_values, headers_json, parse_header_lines
 from airflow_jetstream.client.reading.range_read import read_range

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
+from airflow_jetstream.client.kv.job_records import get_job_record
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.ledger.job_records import get_job_record
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from tests.support.cluster_tools import call, wait_for

@@ -25,8 +25,8 @@ from airflow_jetstream.client import BatchMessage, publish_atomic_batch, stream_
 from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import BatchPublishError, LedgerRecordError
-from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key
-from airflow_jetstream.client.ledger.counts import counts_key, shard_of
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.client.ledger.records import batch_key, counts_key, shard_of
 from airflow_jetstream.client.reading.headers import header_values
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.settings import ConnectionSettings

@@ -12,9 +12,9 @@ import pytest
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import PermissionDeniedError
 from airflow_jetstream.client.kv import ensure_bucket, get_key
+from airflow_jetstream.client.kv.job_records import put_job_record
 from airflow_jetstream.client.kv.keys import put_key
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.ledger.job_records import put_job_record
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 

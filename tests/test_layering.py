@@ -157,3 +157,61 @@ def test_every_declared_runtime_dependency_is_imported_by_the_package():
             unused.append(requirement.name)
     assert unused == [], f"declared but never imported (drop them, or say why in NOT_IMPORTED): {unused}"
     assert set(NOT_IMPORTED) <= {Requirement(r).name for r in declared}
+
+
+LEDGER = ROOT / "airflow_jetstream" / "client" / "ledger"
+MAX_LEDGER_MODULES = 6
+
+
+def _ledger_modules() -> dict[str, ast.Module]:
+    return {f"airflow_jetstream.client.ledger{'' if path.stem == '__init__' else '.' + path.stem}":
+            ast.parse(path.read_text(encoding="utf-8")) for path in sorted(LEDGER.glob("*.py"))}
+
+
+def _imported(module: str, tree: ast.Module, known: set[str]) -> set[str]:
+    """Ledger modules ``module`` imports anywhere: at the top, under ``TYPE_CHECKING`` or inside a function
+    (``from package import submodule`` counts as the submodule; the package ``__init__`` every submodule import
+    loads first is not an edge)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module if node.level == 0 else ".".join([*module.split(".")[:-node.level], node.module])
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
+    return (found & known) - {module}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node):], node]
+        return next((found for nxt in sorted(graph[node]) if (found := visit(nxt, [*path, node]))), None)
+
+    return next((found for start in sorted(graph) if (found := visit(start, []))), None)
+
+
+def test_the_ledger_is_a_handful_of_modules_without_import_cycles_or_calls_to_private_names():
+    """Issue 41: one ledger in at most six modules, each importing only modules below it (no cycle, not even one
+    under TYPE_CHECKING or inside a function), none calling another's private names (``ledger._apply``)."""
+    trees = _ledger_modules()
+    assert len(trees) <= MAX_LEDGER_MODULES, sorted(trees)
+    graph = {name: _imported(name, tree, set(trees)) for name, tree in trees.items()}
+    assert _cycle(graph) is None, f"import cycle in the ledger: {' -> '.join(_cycle(graph) or [])}"
+    private = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("airflow_jetstream"):
+                private += [f"{name} imports {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                private.append(f"{name} line {node.lineno}: {ast.unparse(node)}")
+    assert private == []
+
+
+def test_the_cycle_check_sees_imports_under_type_checking_and_inside_functions():
+    code = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.b import X\n"
+            "def f():\n    from p import c\n")
+    assert _imported("p.a", ast.parse(code), {"p", "p.a", "p.b", "p.c"}) == {"p.b", "p.c"}
+    assert _cycle({"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}}) == ["p.a", "p.b", "p.c", "p.a"]
+    assert _cycle({"p.a": {"p.b"}, "p.b": set()}) is None

@@ -18,8 +18,10 @@ from airflow_jetstream.client.errors import (
     LedgerNotFoundError,
     LedgerWaitTimeoutError,
 )
-from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key, run_reached
-from airflow_jetstream.client.ledger.wait import ledger_status
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.client.ledger.counts import run_reached
+from airflow_jetstream.client.ledger.records import batch_key
+from airflow_jetstream.client.ledger.wait import LedgerWait
 from tests.support.polling import async_wait_until
 
 RUN = "manual__2026-11-25T23:46:59.123+00:00"
@@ -335,24 +337,24 @@ def test_unknown_batch_bucket_and_bad_params(settings):
     asyncio.run(scenario())
 
 
-def test_any_reaper_applies_the_claimers_limits_and_ledger_status_reports(settings):
+def test_any_reaper_applies_the_claimers_limits_and_the_ledger_wait_reports(settings):
     """A sensor-side reaper with default settings uses the max_attempts the claimer stored."""
     clock = FakeClock()
 
     async def scenario():
         async with open_connection(settings) as conn:
-            before = await ledger_status(conn, RUN, min_batches=1)
+            before = await LedgerWait(RUN, min_batches=1).check(conn)
             claimer = await BatchLedger.open(conn, visibility_timeout=5, max_attempts=1, clock=clock)
             await claimer.record(RUN, "b0", stream="ORDERS", count=4)
             await claimer.record(RUN, "b1", stream="ORDERS", count=6)
             await claimer.claim(RUN, "b0", owner="dies")
-            waiting = await ledger_status(conn, RUN, "published", min_batches=3)
-            published = await ledger_status(conn, RUN, "published", min_batches=2)
+            waiting = await LedgerWait(RUN, "published", min_batches=3).check(conn)
+            published = await LedgerWait(RUN, "published", min_batches=2).check(conn)
             clock.advance(6)
             reaper = await BatchLedger.open(conn, clock=clock)  # defaults: max_attempts=3
             reaped = await reaper.reap(RUN)
-            after = await ledger_status(conn, RUN, reap=True)
-            tolerant = await ledger_status(conn, RUN, "published", fail_on_failed=False)
+            after = await LedgerWait(RUN, reap=True).check(conn)
+            tolerant = await LedgerWait(RUN, "published", fail_on_failed=False).check(conn)
             return before, waiting, published, reaped, after, tolerant
 
     before, waiting, published, reaped, after, tolerant = asyncio.run(scenario())

@@ -14,10 +14,10 @@ import pytest
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
 from airflow_jetstream.client.connection import connect
-from airflow_jetstream.client.ledger import listing
-from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, batch_key
-from airflow_jetstream.client.ledger.counts import SHARDS, counts_key, shard_of
-from airflow_jetstream.client.ledger.wait import LedgerWait, ledger_status
+from airflow_jetstream.client.ledger import store
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.client.ledger.records import SHARDS, batch_key, counts_key, shard_of
+from airflow_jetstream.client.ledger.wait import LedgerWait
 from tests.support.kv_keys import kv_keys
 
 RUN = "manual__2026-11-27T10:00:00+00:00"
@@ -232,7 +232,7 @@ def test_dead_letters_are_listed_from_the_counts_and_leave_them_when_requeued(se
         await record_many(ledger, RUN, 30)
         for i in (3, 4, 5):
             await ledger.release(await ledger.claim(RUN, f"b{i:05d}"), error=f"bad row {i}")
-        failed = await ledger_status(conn, RUN, bucket=bucket)
+        failed = await LedgerWait(RUN, bucket=bucket).check(conn)
         requeued = await ledger.requeue(RUN)
         return failed, requeued, await ledger.summary(RUN)
 
@@ -273,7 +273,7 @@ def test_the_counts_of_a_run_are_sixteen_keys_beside_the_records_and_never_liste
         ledger = await BatchLedger.open(conn, bucket)
         await record_many(ledger, RUN, 100)
         keys = await kv_keys(conn.js, bucket)
-        return keys, await ledger.batches(RUN), [r async for r in listing.iter_batches(conn, bucket, None)]
+        return keys, await ledger.batches(RUN), [r async for r in store.iter_batches(conn, bucket, None)]
 
     keys, batches, every_run = run(settings, scenario)
     counts = sorted(k for k in keys if "/counts" in k)

@@ -9,9 +9,9 @@ import json
 import uuid
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
+from airflow_jetstream.client.kv.claims import claim, open_claims, release
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.ledger.bucket import DEFAULT_TTL
-from airflow_jetstream.client.ledger.claims import claim, open_claims, release
+from airflow_jetstream.client.ledger.store import DEFAULT_TTL
 from tests.test_ledger_counts import requests_of
 
 DAY = 86400
@@ -117,7 +117,7 @@ def test_writers_opening_a_new_ledger_bucket_at_once_all_open_it(settings, monke
     creates one another writer creates it and enables atomic batches: its create then meets a bucket of another
     config (10058, stream_name_in_use) and must use that bucket instead of failing (a Spark write failed so in a
     CI run). The second writer is held between its look and its create until the first has opened the bucket."""
-    import airflow_jetstream.client.ledger.bucket as bucket_module
+    import airflow_jetstream.client.ledger.store as bucket_module
 
     first_opened = asyncio.Event()
     held: dict[str, object] = {}

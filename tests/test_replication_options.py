@@ -18,8 +18,8 @@ from airflow_jetstream.client.admin.streams import (
 from airflow_jetstream.client.advisories.capture import ensure_capture_stream
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError, PlacementError, StreamConfigError
+from airflow_jetstream.client.kv.job_records import put_job_record
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.ledger.job_records import put_job_record
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.sourcing.provision import DurableSource
 

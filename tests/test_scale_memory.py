@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
-from airflow_jetstream.client.ledger import BatchLedger, listing
+from airflow_jetstream.client.ledger import BatchLedger, store
 from tests.conftest import airflow_conn_env
 from tests.support.nats_calls import with_streams
 
@@ -80,7 +80,7 @@ BATCHES = 1200
 def touch_while_listing(monkeypatch, ledger: BatchLedger, touch: str) -> None:
     """The next listing is interrupted once by a real write: batch ``touch`` is consumed by "someone else" right
     after the listing delivered it, so (the listing reads 1000 keys per pull) its newer record comes again."""
-    real = listing.latest
+    real = store.latest
     pending = [touch]
 
     async def latest(conn, bucket, run_id):
@@ -90,7 +90,7 @@ def touch_while_listing(monkeypatch, ledger: BatchLedger, touch: str) -> None:
                 batch = pending.pop()
                 await ledger.mark_consumed(await ledger.claim(RUN, batch, owner="other"))
 
-    monkeypatch.setattr(listing, "latest", latest)
+    monkeypatch.setattr(store, "latest", latest)
 
 
 def test_ledger_listing_streams_and_never_counts_a_batch_updated_during_the_listing_twice(settings, monkeypatch):
@@ -101,11 +101,11 @@ def test_ledger_listing_streams_and_never_counts_a_batch_updated_during_the_list
             ledger = await BatchLedger.open(conn, "SCALE_LEDGER")
             await asyncio.gather(*(ledger.record(RUN, f"b{index:04d}", stream="ORDERS", count=10)
                                    for index in range(BATCHES)))
-            quiet = await listing.listed_summary(conn, ledger.bucket, RUN, time.time())
+            quiet = await store.listed_summary(conn, ledger.bucket, RUN, time.time())
             touch_while_listing(monkeypatch, ledger, "b0001")
             listed = [rec.batch_id async for rec in ledger.iter_batches(RUN)]
             touch_while_listing(monkeypatch, ledger, "b0002")
-            during = await listing.listed_summary(conn, ledger.bucket, RUN, time.time())
+            during = await store.listed_summary(conn, ledger.bucket, RUN, time.time())
             return quiet, listed, during, await ledger.summary(RUN)
 
     quiet, listed, during, counted = asyncio.run(scenario())

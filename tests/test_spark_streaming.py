@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from airflow_jetstream.client import ensure_stream, stream_info
-from airflow_jetstream.client.ledger.job_records import DEFAULT_JOB_BUCKET, get_job_record
+from airflow_jetstream.client.kv.job_records import DEFAULT_JOB_BUCKET, get_job_record
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.support.nats_calls import call_on
 from tests.support.polling import wait_until

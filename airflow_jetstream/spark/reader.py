@@ -28,7 +28,8 @@ from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, Struct
 
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.ledger.batch_ledger import BatchLedger, BatchRecord
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.client.ledger.records import BatchRecord
 from airflow_jetstream.client.reading.headers import header_values
 from airflow_jetstream.client.reading.messages import is_utf8
 from airflow_jetstream.client.reading.range_read import StoredMessage, read_range

@@ -33,7 +33,7 @@ from pyspark.sql.types import StructType
 
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.ledger.job_records import get_job_record
+from airflow_jetstream.client.kv.job_records import get_job_record
 from airflow_jetstream.spark.options import WriteOptions
 from airflow_jetstream.spark.progress import progress
 from airflow_jetstream.spark.writer import JetStreamWriter, PartitionReport, partition_reports

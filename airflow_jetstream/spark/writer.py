@@ -14,7 +14,7 @@ Every stored chunk is recorded in the batch ledger as batch ``<job_id>-<p>-<c>``
 ``run_id``. A retried task or a re-run of the job with the same ``job_id`` skips chunks the
 ledger already has, so it adds no duplicates even after the duplicate window has passed. The
 driver's ``commit()``/``abort()`` store what every partition reported as the job record
-``job_id`` (see :mod:`airflow_jetstream.client.ledger.job_records`).
+``job_id`` (see :mod:`airflow_jetstream.client.kv.job_records`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from airflow_jetstream.client.batches.publish_chunks import TargetStream, check_
 from airflow_jetstream.client.batches.types import BatchMessage, BatchResult
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.client.kv.job_records import put_job_record
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.ledger.job_records import put_job_record
 from airflow_jetstream.spark.json_rows import encode_rows
 from airflow_jetstream.spark.options import WriteOptions
 from airflow_jetstream.spark.progress import progress, rate

@@ -8,7 +8,8 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET, epoch_of
+from airflow_jetstream.client.ledger.counts import shards_of
+from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET, Entry, counts_pattern, epoch_of
 from airflow_jetstream.client.ledger.wait import LedgerWait
 from airflow_jetstream.triggers.base import JetStreamPollingTrigger
 from airflow_jetstream.triggers.describe import describe_progress
@@ -79,9 +80,6 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
                 await asyncio.sleep(self._pause(None))
 
     async def _follow(self, conn: JetStreamConnection, listener: TailListener) -> dict[str, Any]:
-        from airflow_jetstream.client.ledger.status import shards_of
-        from airflow_jetstream.client.ledger.store import Entry
-
         status, shards, seqs = await self._look(conn)
         while True:
             event = self._event(status)
@@ -110,8 +108,6 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
                                                               dict[int, int]]:
         """The status (the check, reaping when asked), and the run's counts shards with their sequences as of now
         (at or after the listener's ``since``: the listener brings every change after it)."""
-        from airflow_jetstream.client.ledger.status import shards_of
-
         status = await self.status(conn)
         if status.get("counted_by") != "counts" or not status["batches"]:
             return status, {}, {}
@@ -149,7 +145,6 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
 
 
 async def _counts_entries(conn: JetStreamConnection, wait: LedgerWait) -> dict[str, Any]:
-    from airflow_jetstream.client.ledger.counts import counts_pattern
     from airflow_jetstream.client.ledger.store import read_last
 
     return await read_last(conn, wait.bucket, [counts_pattern(wait.run_id)])

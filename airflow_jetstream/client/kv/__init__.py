@@ -1,4 +1,5 @@
-"""JetStream key-value buckets: ensure a bucket, write keys (create, update by revision), read a key.
+"""JetStream key-value buckets: ensure a bucket, write keys (create, update by revision), read a key; once-only
+claims (``claims``) and job records (``job_records``) built on them.
 
 The names below are imported on first use, so checking a bucket name or key (``names``) or a condition
 (``condition``) imports no nats-py."""
@@ -9,11 +10,13 @@ from airflow_jetstream.client.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.kv.bucket import ensure_bucket
+    from airflow_jetstream.client.kv.job_records import get_job_record
     from airflow_jetstream.client.kv.keys import create_key, get_key, update_key
 
-__all__ = ["create_key", "ensure_bucket", "get_key", "update_key"]
+__all__ = ["create_key", "ensure_bucket", "get_job_record", "get_key", "update_key"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "bucket": ("ensure_bucket",),
+    "job_records": ("get_job_record",),
     "keys": ("create_key", "get_key", "update_key"),
 })

@@ -1,4 +1,9 @@
-"""The batch ledger (batch state in a KV bucket) and the job records beside it.
+"""The batch ledger: batch state in a KV bucket (``batch_ledger``).
+
+Modules, each importing only those listed before it: ``records`` (what is stored, and the state transitions;
+no I/O), ``counts`` (a run's counts and the summary merged from them; no I/O), ``store`` (the bucket on the
+wire: reads, compare-and-set writes, listings, the run summary, recounts), ``batch_ledger`` (:class:`BatchLedger`:
+claims, group commit, the reaper), ``wait`` (:class:`LedgerWait`, the check sensors and triggers share).
 
 The names below are imported on first use, so reading states and records imports no nats-py."""
 
@@ -8,15 +13,11 @@ from airflow_jetstream.client.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-    from airflow_jetstream.client.ledger.counts import counts_key, shard_of
-    from airflow_jetstream.client.ledger.job_records import get_job_record
-    from airflow_jetstream.client.ledger.records import batch_key
+    from airflow_jetstream.client.ledger.records import batch_key, counts_key, shard_of
 
-__all__ = ["BatchLedger", "batch_key", "counts_key", "get_job_record", "shard_of"]
+__all__ = ["BatchLedger", "batch_key", "counts_key", "shard_of"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "batch_ledger": ("BatchLedger",),
-    "counts": ("counts_key", "shard_of"),
-    "job_records": ("get_job_record",),
-    "records": ("batch_key",),
+    "records": ("batch_key", "counts_key", "shard_of"),
 })

@@ -43,6 +43,19 @@ Reader side (a Spark task that owns one batch)::
     await ledger.mark_consumed(batch)           # only after the output is written
 
 Airflow waits with ``await ledger.wait_all(run_id, "consumed")`` (the JetStreamBatchLedgerSensor).
+
+Group commit: the changes one process makes to one run are written together.
+
+Every record change writes its run's counts shard too (one atomic batch, each key compare-and-set), so
+changes to the same shard must take turns, and each atomic batch has a cost of its own on the server (an R1
+file stream stages it in a file store). Instead of racing each other, the changes a process makes to one
+run queue in a lane; one task writes the lane's queue as atomic batches of up to :data:`GROUP` records plus
+the new counts of each shard they touch: one read (every record of the group and those shards, one direct
+get) and one commit for the group. Writers in other processes still race: a moved key fails the whole
+batch, which is read again and decided again, change by change.
+
+A batch that got no answer may or may not be stored: the next read shows, change by change, whether the
+record holds exactly what was written.
 """
 
 from __future__ import annotations
@@ -50,26 +63,36 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable
+import weakref
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.admin.streams import replication_config
+from airflow_jetstream.client.admin.streams import find_stream, replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
+    BatchNotFoundError,
     InvalidRequestError,
     LedgerConflictError,
-    LedgerNotFoundError,
     LedgerWaitTimeoutError,
-    StreamNotFoundError,
+    RequestTimeoutError,
 )
-from airflow_jetstream.client.ledger import listing, reaper
-from airflow_jetstream.client.ledger.bucket import check_bucket_name, ensure_ledger_bucket, retention_of
-from airflow_jetstream.client.ledger.counts import counts_key, shard_of
-from airflow_jetstream.client.ledger.lanes import Change, Pending, submit
+from airflow_jetstream.client.ledger import store
+from airflow_jetstream.client.ledger.counts import (
+    MAX_LISTED,
+    check_waitable_state,
+    counted,
+    decode_counts,
+    due_shards,
+    encode_counts,
+    run_reached,
+    shards_of,
+)
 from airflow_jetstream.client.ledger.records import (
     CONSUMED,
     DEFAULT_BUCKET,
@@ -77,28 +100,32 @@ from airflow_jetstream.client.ledger.records import (
     IN_PROGRESS,
     PUBLISHED,
     STATES,
-    WAITABLE_STATES,
     BatchRecord,
+    Entry,
     batch_key,
-    iso_time,
-)
-from airflow_jetstream.client.ledger.recount import recount_run
-from airflow_jetstream.client.ledger.status import run_summary
-from airflow_jetstream.client.ledger.store import Entry, read_last
-from airflow_jetstream.client.ledger.summary import check_waitable_state, count_reached, run_reached
-from airflow_jetstream.client.ledger.transitions import (
     check_location,
     claimed,
+    counts_key,
+    epoch_of,
+    expired,
     extended,
+    iso_time,
     marked_consumed,
     released,
     reopened,
     report_transition,
+    shard_of,
 )
+from airflow_jetstream.client.ledger.store import BUSY, CasConflict, Write
 from airflow_jetstream.client.subjects import validate_name
 
 #: Claims (or settlings) in flight at once in :meth:`BatchLedger.claim_available` and :meth:`BatchLedger.settle`.
 CLAIM_WINDOW = 256
+_SETTLE_ATTEMPTS = 5
+#: Records written in one atomic batch with their shard (the server allows 1,000 messages per batch).
+GROUP = 256
+#: Compare-and-set rounds a change may take before giving up (writers of other processes re-read and retry).
+CAS_ATTEMPTS = 50
 
 
 class BatchLedger:
@@ -114,7 +141,7 @@ class BatchLedger:
                  visibility_timeout: float | str | timedelta = "10m", max_attempts: int = 3,
                  clock: Callable[[], float] = time.time, config: dict[str, Any] | None = None) -> None:
         self.conn = conn
-        self.bucket = check_bucket_name(bucket)
+        self.bucket = store.check_bucket_name(bucket)
         seconds = to_seconds(visibility_timeout, field="visibility_timeout")
         if seconds <= 0:
             raise InvalidRequestError(f"visibility_timeout must be positive, got {visibility_timeout!r}")
@@ -140,7 +167,7 @@ class BatchLedger:
         and ``placement`` (``{"cluster": ..., "tags": [...]}``) likewise: a new bucket gets 3 replicas on a
         cluster (else 1). A bucket an older version created gets ``allow_atomic`` and ``allow_direct``.
         """
-        config = await ensure_ledger_bucket(conn, bucket, create=create, history=history, ttl=ttl,
+        config = await store.ensure_ledger_bucket(conn, bucket, create=create, history=history, ttl=ttl,
                                             max_bytes=max_bytes, replication=replication_config(replicas, placement))
         return cls(conn, bucket, visibility_timeout=visibility_timeout, max_attempts=max_attempts, clock=clock,
                    config=config)
@@ -149,13 +176,13 @@ class BatchLedger:
         """Make sure the bucket can take this ledger's writes (what :meth:`open` does), once: a ledger built
         directly for reading calls it before its first write (the reaper of a sensor that reaps)."""
         if self.config is None:
-            self.config = await ensure_ledger_bucket(self.conn, self.bucket, create=False, history=1, ttl=None,
+            self.config = await store.ensure_ledger_bucket(self.conn, self.bucket, create=False, history=1, ttl=None,
                                                      max_bytes=None, replication={})
 
     @property
     def retention(self) -> dict[str, Any] | None:
         """``{"ttl": seconds or None, "max_bytes": bytes or None}`` (None: no bound) as :meth:`open` found it."""
-        return retention_of(self.config) if self.config is not None else None
+        return store.retention_of(self.config) if self.config is not None else None
 
     # reading
 
@@ -181,7 +208,7 @@ class BatchLedger:
 
         Lists the run (O(n)); :meth:`summary` reads its counts instead. :meth:`iter_batches` streams them.
         """
-        return await listing.list_batches(self.conn, self.bucket, run_id, state)
+        return await store.list_batches(self.conn, self.bucket, run_id, state)
 
     def iter_batches(self, run_id: str | None = None, *,
                      state: str | None = None) -> AsyncGenerator[BatchRecord, None]:
@@ -189,18 +216,18 @@ class BatchLedger:
 
         A batch updated while the listing runs can come twice, its newer state last.
         """
-        return listing.iter_batches(self.conn, self.bucket, run_id, state)
+        return store.iter_batches(self.conn, self.bucket, run_id, state)
 
     async def summary(self, run_id: str) -> dict[str, Any]:
         """Counts of a run's batches and messages by state, plus the failed (dead-letter) batches: one read of
         the run's counts (``counted_by: "counts"``), or a listing for a run recorded before the ledger kept
         counts (``counted_by: "listing"``)."""
-        return await run_summary(self.conn, self.bucket, run_id, self.clock())
+        return await store.run_summary(self.conn, self.bucket, run_id, self.clock())
 
     async def recount(self, run_id: str, *, repair: bool = False) -> dict[str, Any]:
         """Count a run's records (a listing) and compare with its stored counts; with ``repair`` the counts
-        are rewritten from the records where they differ (see :mod:`airflow_jetstream.client.ledger.recount`)."""
-        return await recount_run(self.conn, self.bucket, run_id, repair=repair, now=self.clock)
+        are rewritten from the records where they differ (see :mod:`airflow_jetstream.client.ledger.counts`)."""
+        return await store.recount_run(self.conn, self.bucket, run_id, repair=repair, now=self.clock)
 
     # writing
 
@@ -305,8 +332,52 @@ class BatchLedger:
         "failed_count": m}``: the counts cover every reaped batch, the lists the first 100 records (as dicts).
 
         Reads the run's counts first: while no claim of the run can have expired yet, that is all it does.
+        Each counts shard keeps ``next_deadline``, a time no claim of its subset expires before. Otherwise it
+        lists the run once, reaps what expired in the shards due, and sets each such shard's ``next_deadline``
+        to the earliest deadline still in progress there, unless a claim of that subset was made meanwhile (the
+        shard's ``claims`` moved), which leaves the older, earlier bound: still a correct lower bound, so
+        nothing is ever missed.
         """
-        return await reaper.reap(self, run_id)
+        now = self.clock()
+        due: set[int] | None = None  # None: every shard (all runs, or a run without counts)
+        shards: dict[int, dict[str, Any]] = {}
+        reaped: dict[str, list[dict[str, Any]]] = {"returned": [], "failed": []}
+        counts = {"returned": 0, "failed": 0}
+        if run_id is not None:
+            counted = await store.read_counts(self.conn, self.bucket, run_id)
+            if counted is None and await find_stream(self.conn, store.stream_of(self.bucket)) is None:
+                return _reaped(reaped, counts)  # no bucket: nothing
+            shards = counted or {}
+            if shards:
+                due = due_shards(shards, now)
+                if not due:
+                    return _reaped(reaped, counts)
+        earliest: dict[int, str | None] = dict.fromkeys(due or (), None)
+        async with aclosing(self.iter_batches(run_id, state=IN_PROGRESS)) as candidates:
+            async for candidate in candidates:
+                shard = shard_of(candidate.batch_id)
+                if due is not None and shard not in due:
+                    continue
+                rec, changed = candidate, False
+                if candidate.expired(now):
+                    await self.prepare()
+                    rec, changed = await self._apply(candidate.run_id, candidate.batch_id, partial(
+                        _expire, now=now, max_attempts=self.max_attempts))
+                if changed:
+                    report_transition(rec)
+                    outcome = "failed" if rec.state == FAILED else "returned"
+                    counts[outcome] += 1
+                    if len(reaped[outcome]) < MAX_LISTED:
+                        reaped[outcome].append(rec.to_dict())
+                elif rec.state == IN_PROGRESS and shard in earliest and rec.deadline:
+                    known = earliest[shard]
+                    earliest[shard] = rec.deadline if known is None or epoch_of(rec.deadline) < epoch_of(known) \
+                        else known
+        if run_id is not None and earliest:
+            await self.prepare()
+            for shard, deadline in earliest.items():
+                await self._settle_deadline(run_id, shard, shards[shard].get("claims", 0), deadline)
+        return _reaped(reaped, counts)
 
     async def requeue(self, run_id: str, *, batch_ids: Iterable[str] | None = None,
                       states: Iterable[str] = (FAILED,)) -> list[BatchRecord]:
@@ -362,37 +433,212 @@ class BatchLedger:
     async def read_entries(self, keys: list[str], *, leader: bool = False) -> dict[str, Entry]:
         """The last value of ledger keys (batch records, counts shards, filters of them), by key, in one request;
         ``leader``: from the stream leader, literal keys only (:func:`~.store.read_last`)."""
-        try:
-            return await read_last(self.conn, self.bucket, keys, leader=leader)
-        except StreamNotFoundError:
-            raise LedgerNotFoundError(
-                f"ledger bucket {self.bucket!r} does not exist, or does not allow direct gets (a bucket an older "
-                "version created): open it with BatchLedger.open(conn, bucket)") from None
+        return await store.read_entries(self.conn, self.bucket, keys, leader=leader)
 
     async def _apply(self, run_id: str, batch_id: str, change: Change, *,
                      creates: bool = False) -> tuple[BatchRecord, bool]:
         """Apply ``change`` to the batch's current record (None: not recorded) and its run's counts, as one
         atomic compare-and-set write shared with this process's other changes of the same run
-        (:mod:`~airflow_jetstream.client.ledger.lanes`). ``change`` returns the new record, or None to leave it;
+        (group commit, above). ``change`` returns the new record, or None to leave it;
         returns (record, changed)."""
         shard = shard_of(batch_id)
         item = Pending(run_id=run_id, batch_id=batch_id, key=batch_key(run_id, batch_id), shard=shard,
                        ckey=counts_key(run_id, shard), change=change, creates=creates)
-        return await submit(self, item)
+        return await _submit(self, item)
 
 
-__all__ = [
-    "CONSUMED",
-    "DEFAULT_BUCKET",
-    "FAILED",
-    "IN_PROGRESS",
-    "PUBLISHED",
-    "STATES",
-    "WAITABLE_STATES",
-    "BatchLedger",
-    "BatchRecord",
-    "batch_key",
-    "check_waitable_state",
-    "count_reached",
-    "run_reached",
-]
+    async def _settle_deadline(self, run_id: str, shard: int, claims_before: int, deadline: str | None) -> None:
+        """Set the shard's ``next_deadline`` to ``deadline`` (the earliest one the reaper's listing saw in
+        progress) unless a claim of the subset was made since the counts were read."""
+        key = counts_key(run_id, shard)
+        for _ in range(_SETTLE_ATTEMPTS):
+            entry = (await store.read_last(self.conn, self.bucket, [key])).get(key)
+            if entry is None or entry.deleted:
+                return
+            value = shards_of({key: entry})[shard]
+            if value.get("claims", 0) != claims_before or value.get("next_deadline") == deadline:
+                return
+            value["next_deadline"] = deadline if value["states"].get(IN_PROGRESS) else None
+            try:
+                await store.write(self.conn, self.bucket, [Write(key, encode_counts(value), entry.seq)],
+                                  context=f"ledger {self.bucket!r} run {run_id!r} counts shard {shard}")
+            except CasConflict:
+                continue
+            return
+
+
+def _expire(rec: BatchRecord | None, *, now: float, max_attempts: int) -> BatchRecord | None:
+    """The reaper's change: an expired claim ends (published again, or failed past max attempts)."""
+    if rec is None or not rec.expired(now):
+        return None
+    return expired(rec, now, max_attempts=max_attempts)
+
+
+def _reaped(reaped: dict[str, list[dict[str, Any]]], counts: dict[str, int]) -> dict[str, Any]:
+    return {**reaped, "returned_count": counts["returned"], "failed_count": counts["failed"]}
+
+
+Change = Callable[[BatchRecord | None], BatchRecord | None]
+
+
+@dataclass(eq=False)
+class Pending:
+    """One change waiting in a lane; ``done`` gets (record, changed) or the change's error."""
+
+    run_id: str
+    batch_id: str
+    key: str
+    #: the batch's counts shard and its key
+    shard: int
+    ckey: str
+    change: Change
+    creates: bool
+    done: asyncio.Future[tuple[BatchRecord, bool]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+    #: What an unanswered write put under ``key``: found there on the next read, it was stored.
+    unanswered: bytes | None = None
+    attempts: int = 0
+
+
+@dataclass(eq=False)
+class Lane:
+    queue: list[Pending] = field(default_factory=list)
+    worker: asyncio.Task[None] | None = None
+
+
+_LANES: weakref.WeakKeyDictionary[JetStreamConnection, dict[tuple[str, str], Lane]] = weakref.WeakKeyDictionary()
+
+
+async def _submit(ledger: BatchLedger, item: Pending) -> tuple[BatchRecord, bool]:
+    """Queue ``item`` in the lane of its run and wait for its outcome."""
+    lanes = _LANES.setdefault(ledger.conn, {})
+    lane = lanes.setdefault((ledger.bucket, item.run_id), Lane())
+    lane.queue.append(item)
+    if lane.worker is None:
+        lane.worker = asyncio.get_running_loop().create_task(_drain(ledger, (ledger.bucket, item.run_id), lane,
+                                                                    lanes))
+    return await asyncio.shield(item.done)
+
+
+async def _drain(ledger: BatchLedger, name: tuple[str, str], lane: Lane, lanes: dict[tuple[str, str], Lane]) -> None:
+    try:
+        while lane.queue:
+            group: list[Pending] = []
+            keys: set[str] = set()
+            for item in list(lane.queue):  # one change per key per batch: a second one waits for the next
+                if len(group) < GROUP and item.key not in keys:
+                    group.append(item)
+                    keys.add(item.key)
+                    lane.queue.remove(item)
+            try:
+                await _commit(ledger, group)
+            except BaseException as exc:  # handed to every waiting caller, which raises it
+                for item in group:
+                    _settle(item, exc)
+                if not isinstance(exc, Exception):
+                    raise
+    finally:
+        lane.worker = None
+        for item in lane.queue:
+            _settle(item, LedgerConflictError("the ledger writer of this run stopped; retry the change"))
+        lane.queue.clear()
+        if lanes.get(name) is lane:
+            del lanes[name]
+
+
+def _settle(item: Pending, outcome: tuple[BatchRecord, bool] | BaseException) -> None:
+    if item.done.done():
+        return
+    if isinstance(outcome, BaseException):
+        item.done.set_exception(outcome)
+    else:
+        item.done.set_result(outcome)
+
+
+async def _commit(ledger: BatchLedger, group: list[Pending]) -> None:
+    """Write ``group``'s changes and the counts of the shards they touch as atomic batches until each is settled."""
+    conn, bucket = ledger.conn, ledger.bucket
+    silent_since: float | None = None
+    leader = False  # a replica answers first; after a refused write, the leader (a replica may be catching up)
+    while group:
+        ckeys = sorted({item.ckey for item in group})
+        found = await ledger.read_entries([item.key for item in group] + ckeys, leader=leader)
+        missing = {ckey for ckey in ckeys if ckey not in found or found[ckey].deleted}
+        if missing and await _recounted(ledger, [item for item in group if item.ckey in missing], found):
+            continue
+        counts = {ckey: None if ckey in missing else decode_counts(found[ckey].data, ckey, found[ckey].seq)
+                  for ckey in ckeys}
+        writes: list[Write] = []
+        written: list[tuple[Pending, BatchRecord]] = []
+        for item in group:
+            entry = found.get(item.key)
+            current = None if entry is None or entry.deleted else BatchRecord.decode(entry.data, entry.seq, item.key)
+            try:
+                if item.unanswered is not None and current is not None and entry is not None \
+                        and entry.data == item.unanswered:
+                    _settle(item, (current, True))  # the unanswered write was stored
+                    continue
+                if current is None and not item.creates:
+                    raise BatchNotFoundError(f"ledger {bucket!r} batch {item.batch_id!r} of run {item.run_id!r}: "
+                                             "not recorded; record() it after publishing")
+                new = item.change(current)
+                if new is None:
+                    _settle(item, (current, False) if current is not None else
+                            LedgerConflictError(f"batch {item.batch_id!r}: nothing to write"))
+                    continue
+                payload = new.encode()
+                counts[item.ckey] = counted(counts[item.ckey], item.run_id, item.shard, current, new, ledger.clock())
+            except Exception as exc:  # this change's own error (e.g. ClaimLostError) is its caller's
+                _settle(item, exc)
+                continue
+            writes.append(Write(item.key, payload, entry.seq if entry else 0))
+            written.append((item, new))
+        group = [item for item, _ in written]
+        if not writes:
+            return
+        touched = {item.ckey: counts[item.ckey] for item in group}  # each counted its change in its shard
+        writes += [Write(ckey, encode_counts(value), found[ckey].seq if ckey in found else 0)
+                   for ckey, value in sorted(touched.items()) if value is not None]
+        try:
+            last = await store.write(conn, bucket, writes, context=f"ledger {bucket!r} run {group[0].run_id!r}")
+        except CasConflict:
+            metrics.incr("ledger.cas_retry")
+            leader = conn.clustered
+            _count_attempt(group, bucket)
+            if group:
+                await asyncio.sleep(BUSY.pause(group[0].attempts))
+            continue
+        except RequestTimeoutError:
+            silent_since = silent_since or time.monotonic()
+            if time.monotonic() - silent_since > conn.settings.leader_wait:
+                raise
+            for (item, _), sent in zip(written, writes, strict=False):
+                item.unanswered = sent.data
+            continue
+        first = last - len(writes) + 1
+        for number, (item, new) in enumerate(written):
+            _settle(item, (replace(new, revision=first + number), True))
+        return
+
+
+async def _recounted(ledger: BatchLedger, group: list[Pending], found: Mapping[str, Entry]) -> bool:
+    """Recount the run first when ``group``'s shards are missing and the run was recorded without counts; True
+    when the recount rewrote counts (read again), False when the shards are simply new."""
+    has_record = any(item.key in found and not found[item.key].deleted for item in group)
+    if not await store.needs_recount(ledger.conn, ledger.bucket, group[0].run_id, has_record=has_record):
+        return False
+    recount = await store.recount_run(ledger.conn, ledger.bucket, group[0].run_id, repair=True, now=ledger.clock)
+    if not recount["repaired"]:
+        return False  # the records and the counts agree: nothing of this shard was recorded without counts
+    _count_attempt(group, ledger.bucket)
+    return True
+
+
+def _count_attempt(group: list[Pending], bucket: str) -> None:
+    for item in group:
+        item.attempts += 1
+        if item.attempts >= CAS_ATTEMPTS:
+            _settle(item, LedgerConflictError(
+                f"ledger {bucket!r} batch {item.batch_id!r} of run {item.run_id!r}: changed concurrently "
+                f"{CAS_ATTEMPTS} times in a row; retry later"))
+    group[:] = [item for item in group if not item.done.done()]

@@ -1,7 +1,8 @@
-"""A run's counts: how many of its batches (and messages) are in each state, kept beside the records.
+"""A run's counts: how many of its batches (and messages) are in each state, kept beside the records, and the
+run's one summary merged from them.
 
-A run's batches are split into :data:`SHARDS` subsets by ``crc32(batch_id) % 16``; each subset's counts are
-one KV value under ``<run>./counts.<n>`` (3 key tokens, so ``<run>.*`` still lists only the batches). A
+A run's batches are split into :data:`~.records.SHARDS` subsets by ``crc32(batch_id) % 16``; each subset's counts
+are one KV value under ``<run>./counts.<n>`` (3 key tokens, so ``<run>.*`` still lists only the batches). A
 record change and the change of its subset's counts are written as one atomic batch, both compare-and-set,
 so the counts of a subset always describe exactly its records (:mod:`~airflow_jetstream.client.ledger.store`).
 Reading a run's counts is one direct get of at most 16 small values, whatever the run's size.
@@ -15,31 +16,36 @@ Pure: no I/O. The value schema is published as docs/schemas/ledger-counts.schema
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from airflow_jetstream.client.errors import LedgerConflictError, LedgerRecordError
-from airflow_jetstream.client.ledger.record_schema import schema_problem
+from airflow_jetstream.client.errors import (
+    BatchesFailedError,
+    InvalidRequestError,
+    LedgerConflictError,
+    LedgerRecordError,
+)
 from airflow_jetstream.client.ledger.records import (
     FAILED,
     IN_PROGRESS,
+    RANK,
+    SHARDS,
     STATES,
+    WAITABLE_STATES,
     BatchRecord,
-    check_id,
+    Entry,
     epoch_of,
     iso_time,
-    key_token,
+    schema_problem,
+    shard_of,
 )
 
-#: Subsets a run's counts are split into (part of the ledger contract: every writer uses the same split).
-SHARDS = 16
-#: The key token between a run and its counts shard number.
-COUNTS_TOKEN = "/counts"
 #: Failed batches each shard lists with details (the counts cover every failed batch).
 FAILED_LISTED_PER_SHARD = 10
 #: Characters of a failed batch's last error kept in the counts (the record keeps the whole text).
 FAILED_ERROR_CHARS = 200
+#: Failed batches a summary lists, and records a reap returns per outcome (the counts cover all).
+MAX_LISTED = 100
 
 _COUNTS = {"type": "object"}
 _NATURAL = {"type": "integer", "minimum": 0}
@@ -67,27 +73,6 @@ LEDGER_COUNTS_SCHEMA: dict[str, Any] = {
     },
     "additionalProperties": True,
 }
-
-
-def shard_of(batch_id: str) -> int:
-    """The counts shard of a batch: ``crc32(batch_id as UTF-8) % 16`` (CRC-32 as zlib computes it)."""
-    return zlib.crc32(check_id(batch_id, "batch_id").encode()) % SHARDS
-
-
-def counts_key(run_id: str, shard: int) -> str:
-    """The KV key of a run's counts shard: ``<escaped run>./counts.<shard>``."""
-    return f"{key_token(check_id(run_id, 'run_id'))}.{COUNTS_TOKEN}.{shard}"
-
-
-def counts_pattern(run_id: str) -> str:
-    """The KV key filter of all counts shards of a run."""
-    return f"{key_token(check_id(run_id, 'run_id'))}.{COUNTS_TOKEN}.*"
-
-
-def is_counts_key(key: str) -> bool:
-    """Whether a ledger key is a counts shard (``<run>./counts.<n>``) rather than a batch record."""
-    parts = key.split(".")
-    return len(parts) == 3 and parts[1] == COUNTS_TOKEN
 
 
 def empty_counts(run_id: str, shard: int) -> dict[str, Any]:
@@ -143,23 +128,27 @@ def counted(counts: Mapping[str, Any] | None, run_id: str, shard: int, old: Batc
     return value
 
 
+def count_record(value: dict[str, Any], rec: BatchRecord) -> None:
+    """Add one record to the counts of its subset (a recount, or the summary of a listed run)."""
+    value["batches"] += 1
+    value["states"][rec.state] += 1
+    value["messages"][rec.state] += rec.count
+    value["attempts"] += rec.attempts
+    if rec.stream not in value["streams"]:
+        value["streams"].append(rec.stream)
+    if rec.state == IN_PROGRESS:
+        value["next_deadline"] = _earliest(value["next_deadline"], rec.deadline)
+    if rec.state == FAILED and len(value["failed"]) < FAILED_LISTED_PER_SHARD:
+        value["failed"].append(failed_entry(rec))
+
+
 def recounted(run_id: str, records: Iterable[BatchRecord], previous: Mapping[int, Mapping[str, Any]],
               now: float) -> dict[int, dict[str, Any]]:
     """Exact counts of every shard from the run's records (a recount); ``claims`` moves on from ``previous``
     so a reaper that read the counts before the recount sees them changed."""
     shards = {n: empty_counts(run_id, n) for n in range(SHARDS)}
     for rec in records:
-        value = shards[shard_of(rec.batch_id)]
-        value["batches"] += 1
-        value["states"][rec.state] += 1
-        value["messages"][rec.state] += rec.count
-        value["attempts"] += rec.attempts
-        if rec.stream not in value["streams"]:
-            value["streams"].append(rec.stream)
-        if rec.state == IN_PROGRESS:
-            value["next_deadline"] = _earliest(value["next_deadline"], rec.deadline)
-        if rec.state == FAILED and len(value["failed"]) < FAILED_LISTED_PER_SHARD:
-            value["failed"].append(failed_entry(rec))
+        count_record(shards[shard_of(rec.batch_id)], rec)
     for n, value in shards.items():
         value["claims"] = int((previous.get(n) or {}).get("claims", 0)) + 1
         value["streams"].sort()
@@ -194,7 +183,7 @@ def merged(run_id: str, bucket: str, shards: Mapping[int, Mapping[str, Any]], no
     failed.sort(key=lambda item: item["batch_id"])
     return {"run_id": run_id, "bucket": bucket, "batches": batches, "states": states, "messages": messages,
             "attempts": attempts, "expired_claims": None if maybe_expired else 0, "streams": sorted(streams),
-            "failed": failed[:100], "next_deadline": _earliest(*deadlines), "counted_by": "counts"}
+            "failed": failed[:MAX_LISTED], "next_deadline": _earliest(*deadlines), "counted_by": "counts"}
 
 
 def decode_counts(data: bytes, key: str, seq: int) -> dict[str, Any]:
@@ -220,3 +209,55 @@ def encode_counts(value: Mapping[str, Any]) -> bytes:
     if problem:
         raise LedgerRecordError(f"refused to write counts of run {value.get('run_id')!r}: {problem}")
     return json.dumps(value, separators=(",", ":")).encode()
+
+
+def due_shards(shards: dict[int, dict[str, Any]], now: float) -> set[int]:
+    """Shards with claims in progress of which one may have expired by ``now``."""
+    return {n for n, value in shards.items() if value["states"].get(IN_PROGRESS) and
+            (not value.get("next_deadline") or epoch_of(value["next_deadline"]) <= now)}
+
+
+def check_waitable_state(state: str) -> str:
+    """Validate a state to wait for (``published``, ``in_progress`` or ``consumed``)."""
+    if state not in WAITABLE_STATES:
+        raise InvalidRequestError(
+            f"cannot wait for state {state!r}; use one of {', '.join(WAITABLE_STATES)} "
+            "(failed batches are reported by the wait itself)",
+            reason="invalid_state",
+        )
+    return state
+
+
+def count_reached(summary: dict[str, Any], state: str) -> int:
+    """How many batches of a summary reached ``state`` (are there or further along; never failed ones)."""
+    check_waitable_state(state)
+    return sum(n for name, n in summary["states"].items() if name in RANK and RANK[name] >= RANK[state])
+
+
+def run_reached(summary: dict[str, Any], state: str, *, min_batches: int = 1, fail_on_failed: bool = True) -> bool:
+    """True when at least ``min_batches`` batches exist and all of them reached ``state``.
+
+    A batch reached ``published`` when it is published, in progress or consumed; ``consumed`` only
+    when consumed. Failed batches never reach a state: with ``fail_on_failed`` they raise
+    :class:`BatchesFailedError` listing them (a dead letter must be looked at, not waited for).
+    """
+    check_waitable_state(state)
+    failed = summary["states"].get(FAILED) or len(summary["failed"])
+    if failed and fail_on_failed:
+        listed = summary["failed"][:10]
+        ids = ", ".join(item["batch_id"] for item in listed) + (", ..." if failed > len(listed) else "")
+        raise BatchesFailedError(
+            f"run {summary['run_id']!r}: {failed} batch(es) failed after their max attempts "
+            f"({ids or 'BatchLedger.batches(run_id, state=failed) lists them'}); see each batch's last_error, "
+            "fix the cause, then requeue them (BatchLedger.requeue) or clear the run",
+            failed=summary["failed"],
+        )
+    if summary["batches"] < min_batches:
+        return False
+    return bool(count_reached(summary, state) == summary["batches"])
+
+
+def shards_of(entries: Mapping[str, Entry]) -> dict[int, dict[str, Any]]:
+    """Decoded counts shards by number, from the last values of a run's counts keys."""
+    return {int(key.rsplit(".", 1)[1]): decode_counts(entry.data, key, entry.seq)
+            for key, entry in entries.items() if not entry.deleted}

@@ -1,15 +1,38 @@
-"""What the ledger stores: batch states, the KV key of a batch (``batch_key``) and :class:`BatchRecord`,
-the JSON value under it (schema in record_schema.py, documented in docs/contracts.md)."""
+"""What the ledger stores, without I/O: batch states, the KV key of a batch (``batch_key``), :class:`BatchRecord`
+(the JSON value under it, documented in docs/contracts.md), its JSON Schema and the check every value passes on
+read and on write, and a batch's state transitions.
+
+The check is a small interpreter of the schema's own keywords (``type``, ``required``, ``enum``,
+``minimum``, ``minLength``), so Spark executors and triggerers need no ``jsonschema`` package;
+a test validates the same records with ``jsonschema`` against the published file. One deliberate
+difference: an integer field written as ``3.0`` is refused here (JSON Schema accepts it); write
+integers without a fraction, as every JSON encoder does for whole numbers.
+
+The transitions are functions from the current record to the new one (None: leave it). Pure: they read no
+clock and write nothing; :class:`~airflow_jetstream.client.ledger.batch_ledger.BatchLedger` applies each with
+a revision-checked update, re-reading on a race.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import logging
+import uuid
+import zlib
+from collections.abc import Collection
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from airflow_jetstream.client.errors import InvalidRequestError, LedgerConflictError
-from airflow_jetstream.client.ledger.record_schema import check_record
+from airflow_jetstream.client import metrics
+from airflow_jetstream.client.errors import (
+    ClaimLostError,
+    InvalidRequestError,
+    LedgerConflictError,
+    LedgerRecordError,
+)
+
+log = logging.getLogger(__name__)
 
 #: The KV bucket of the ledger unless told otherwise.
 DEFAULT_BUCKET = "batch_ledger"
@@ -22,6 +45,111 @@ RANK = {PUBLISHED: 0, IN_PROGRESS: 1, CONSUMED: 2}
 #: Characters a KV key token keeps as they are; every other character is escaped as ``=HH`` per UTF-8 byte.
 KEY_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 MAX_ID_LENGTH = 256
+#: Subsets a run's counts are split into (part of the ledger contract: every writer uses the same split).
+SHARDS = 16
+#: The key token between a run and its counts shard number.
+COUNTS_TOKEN = "/counts"
+
+_TEXT = {"type": "string", "minLength": 1}
+_TIME = {"type": "string", "format": "date-time"}
+_OPTIONAL_TIME = {"type": ["string", "null"], "format": "date-time"}
+_OPTIONAL_TEXT = {"type": ["string", "null"]}
+_SEQ = {"type": ["integer", "null"], "minimum": 1}
+
+#: JSON Schema (2020-12) of one ledger value. Fields other services add are allowed and kept.
+LEDGER_RECORD_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://airflow-jetstream.dev/schemas/ledger-record.schema.json",
+    "title": "airflow-jetstream batch ledger record",
+    "description": "The JSON value of one batch in the batch ledger KV bucket (key <run>.<batch>, escaped). "
+                   "Writers must keep fields they do not know; times are RFC 3339.",
+    "type": "object",
+    "required": ["run_id", "batch_id", "stream", "count", "state"],
+    "properties": {
+        "run_id": _TEXT,
+        "batch_id": _TEXT,
+        "stream": _TEXT,
+        "count": {"type": "integer", "minimum": 0},
+        "first_seq": _SEQ,
+        "last_seq": _SEQ,
+        "state": {"enum": list(STATES)},
+        "attempts": {"type": "integer", "minimum": 0},
+        "max_attempts": {"type": ["integer", "null"], "minimum": 1},
+        "owner": _OPTIONAL_TEXT,
+        "claim_id": _OPTIONAL_TEXT,
+        "claimed_at": _OPTIONAL_TIME,
+        "deadline": _OPTIONAL_TIME,
+        "created_at": _TIME,
+        "updated_at": _TIME,
+        "consumed_at": _OPTIONAL_TIME,
+        "failed_at": _OPTIONAL_TIME,
+        "last_error": _OPTIONAL_TEXT,
+        "meta": {"type": "object"},
+    },
+    "additionalProperties": True,
+}
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "object": (dict,), "array": (list,),
+    "boolean": (bool,), "null": (type(None),),
+}
+
+
+def _type_ok(value: Any, names: str | list[str]) -> bool:
+    for name in [names] if isinstance(names, str) else names:
+        if isinstance(value, bool) and name in ("integer", "number"):
+            continue
+        if isinstance(value, _JSON_TYPES[name]):
+            return True
+    return False
+
+
+def schema_problem(schema: dict[str, Any], body: Any) -> str | None:
+    """What makes ``body`` not match ``schema`` (naming the field), or None when it does."""
+    if not isinstance(body, dict):
+        return f"the value is a JSON {type(body).__name__}, not an object"
+    for name in schema["required"]:
+        if name not in body:
+            return f"field {name!r} is missing"
+    for name, rule in schema["properties"].items():
+        if name not in body:
+            continue
+        value = body[name]
+        if "type" in rule and not _type_ok(value, rule["type"]):
+            return f"field {name!r} is {value!r}, not of type {rule['type']}"
+        if "enum" in rule and value not in rule["enum"]:
+            return f"field {name!r} is {value!r}, not one of {', '.join(rule['enum'])}"
+        if "minimum" in rule and value is not None and value < rule["minimum"]:
+            return f"field {name!r} is {value!r}, below {rule['minimum']}"
+        if "minLength" in rule and len(value) < rule["minLength"]:
+            return f"field {name!r} is empty"
+    return None
+
+
+def record_problem(body: Any) -> str | None:
+    """What makes ``body`` not a ledger record (naming the field), or None when it is one."""
+    return schema_problem(LEDGER_RECORD_SCHEMA, body)
+
+
+def check_record(body: Any, *, key: str, when: str) -> dict[str, Any]:
+    """``body`` when it is a valid ledger record, else :class:`LedgerRecordError` naming the key and field."""
+    problem = record_problem(body)
+    if problem:
+        raise LedgerRecordError(
+            f"ledger key {key!r}: {problem} ({when}); see docs/schemas/ledger-record.schema.json for the "
+            "value schema, and fix the service that wrote it",
+        )
+    return cast(dict[str, Any], body)  # record_problem checked it is an object
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The last value of a ledger key: ``seq`` is its revision; ``deleted`` for a delete or purge marker."""
+
+    key: str
+    seq: int
+    data: bytes
+    deleted: bool
 
 
 def key_token(value: str) -> str:
@@ -41,6 +169,27 @@ def check_id(value: object, what: str) -> str:
 def batch_key(run_id: str, batch_id: str) -> str:
     """The KV key of a batch: ``<run>.<batch>``, each token escaped to the KV key alphabet."""
     return f"{key_token(check_id(run_id, 'run_id'))}.{key_token(check_id(batch_id, 'batch_id'))}"
+
+
+def shard_of(batch_id: str) -> int:
+    """The counts shard of a batch: ``crc32(batch_id as UTF-8) % 16`` (CRC-32 as zlib computes it)."""
+    return zlib.crc32(check_id(batch_id, "batch_id").encode()) % SHARDS
+
+
+def counts_key(run_id: str, shard: int) -> str:
+    """The KV key of a run's counts shard: ``<escaped run>./counts.<shard>``."""
+    return f"{key_token(check_id(run_id, 'run_id'))}.{COUNTS_TOKEN}.{shard}"
+
+
+def counts_pattern(run_id: str) -> str:
+    """The KV key filter of all counts shards of a run."""
+    return f"{key_token(check_id(run_id, 'run_id'))}.{COUNTS_TOKEN}.*"
+
+
+def is_counts_key(key: str) -> bool:
+    """Whether a ledger key is a counts shard (``<run>./counts.<n>``) rather than a batch record."""
+    parts = key.split(".")
+    return len(parts) == 3 and parts[1] == COUNTS_TOKEN
 
 
 def iso_time(epoch: float) -> str:
@@ -115,3 +264,107 @@ class BatchRecord:
 
 
 _FIELDS = frozenset(BatchRecord.__dataclass_fields__) - {"revision", "extra"}
+
+#: characters of a release's error kept as ``last_error``
+MAX_ERROR_LENGTH = 2000
+
+
+def check_location(count: int, first_seq: int | None, last_seq: int | None) -> None:
+    """Raise :class:`InvalidRequestError` unless ``count`` messages fit in ``first_seq..last_seq``."""
+    def is_int(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not is_int(count) or count < 0:
+        raise InvalidRequestError(f"count must be an integer >= 0, got {count!r}")
+    for name, value in (("first_seq", first_seq), ("last_seq", last_seq)):
+        if value is not None and (not is_int(value) or value < 1):
+            raise InvalidRequestError(f"{name} must be a stream sequence >= 1 or None, got {value!r}")
+    if first_seq is not None and last_seq is not None:
+        if first_seq > last_seq:
+            raise InvalidRequestError(f"first_seq {first_seq} is after last_seq {last_seq}")
+        if count > last_seq - first_seq + 1:
+            raise InvalidRequestError(f"count {count} does not fit in the sequence range {first_seq}..{last_seq}")
+
+
+def claimed(rec: BatchRecord, now: float, *, owner: str | None, visibility_timeout: float,
+            max_attempts: int) -> BatchRecord | None:
+    """``published`` -> ``in_progress`` until ``now + visibility_timeout``; None when not claimable.
+    An expired claim ends first (the dead letter, when that was the last attempt)."""
+    if rec.expired(now):
+        rec = expired(rec, now, max_attempts=max_attempts)
+        if rec.state == FAILED:
+            return rec
+    if rec.state != PUBLISHED:
+        return None
+    return replace(
+        rec, state=IN_PROGRESS, attempts=rec.attempts + 1, max_attempts=max_attempts, owner=owner,
+        claim_id=uuid.uuid4().hex,
+        claimed_at=iso_time(now), deadline=iso_time(now + visibility_timeout), updated_at=iso_time(now),
+    )
+
+
+def extended(rec: BatchRecord, claim: BatchRecord, now: float, *, visibility_timeout: float) -> BatchRecord:
+    """The held ``claim`` with its deadline pushed to ``now + visibility_timeout``."""
+    require_claim(rec, claim, "extend")
+    return replace(rec, deadline=iso_time(now + visibility_timeout), updated_at=iso_time(now))
+
+
+def marked_consumed(rec: BatchRecord, claim: BatchRecord, now: float) -> BatchRecord | None:
+    """``in_progress`` -> ``consumed`` for the held ``claim``; None when this claim already did it."""
+    if rec.state == CONSUMED and rec.claim_id == claim.claim_id:
+        return None
+    require_claim(rec, claim, "mark consumed")
+    return replace(rec, state=CONSUMED, consumed_at=iso_time(now), updated_at=iso_time(now), deadline=None)
+
+
+def released(rec: BatchRecord, claim: BatchRecord, now: float, *, error: str, max_attempts: int) -> BatchRecord:
+    """The held ``claim`` given up after a failed attempt (``error`` kept as ``last_error``)."""
+    require_claim(rec, claim, "release")
+    return expired(rec, now, max_attempts=max_attempts, error=str(error)[:MAX_ERROR_LENGTH])
+
+
+def expired(rec: BatchRecord, now: float, *, max_attempts: int, error: str | None = None) -> BatchRecord:
+    """The record after a dead or failed attempt: published again, or failed past max attempts.
+
+    The limit is the one the claimer set (stored with the claim), so any reaper applies it;
+    ``max_attempts`` is the fallback for a record without one.
+    """
+    reason = error or (
+        f"attempt {rec.attempts} by {rec.owner or 'an unnamed consumer'} did not finish before its "
+        f"visibility deadline {rec.deadline}"
+    )
+    cleared: dict[str, Any] = {"owner": None, "claim_id": None, "claimed_at": None, "deadline": None,
+               "updated_at": iso_time(now), "last_error": reason}
+    if rec.attempts >= (rec.max_attempts or max_attempts):
+        return replace(rec, state=FAILED, failed_at=iso_time(now), **cleared)
+    return replace(rec, state=PUBLISHED, **cleared)
+
+
+def reopened(rec: BatchRecord, now: float, *, states: Collection[str]) -> BatchRecord | None:
+    """Back to ``published`` with a fresh attempt count when the record is in one of ``states``."""
+    if rec.state not in states:
+        return None
+    return replace(rec, state=PUBLISHED, attempts=0, owner=None, claim_id=None, claimed_at=None,
+                   deadline=None, consumed_at=None, failed_at=None, updated_at=iso_time(now))
+
+
+def require_claim(rec: BatchRecord, claim: BatchRecord, action: str) -> None:
+    """Raise :class:`ClaimLostError` unless ``rec`` is still held by ``claim``."""
+    if claim.claim_id is None or rec.state != IN_PROGRESS or rec.claim_id != claim.claim_id:
+        raise ClaimLostError(
+            f"cannot {action} batch {rec.batch_id!r} of run {rec.run_id!r}: this claim is no longer held "
+            f"(batch is {rec.state}, attempt {rec.attempts}); its visibility timeout expired and it was "
+            "returned for another attempt: raise visibility_timeout or call extend() while working",
+        )
+
+
+def report_transition(rec: BatchRecord) -> None:
+    """Count and log a batch that went back to ``published`` or on to ``failed`` (the dead letter)."""
+    if rec.state == FAILED:
+        metrics.incr("ledger.dead_lettered", tags={"stream": rec.stream})
+        log.warning("Batch %s of run %s failed after %d attempt(s): %s", rec.batch_id, rec.run_id,
+                    rec.attempts, rec.last_error)
+    elif rec.state == PUBLISHED:
+        metrics.incr("ledger.returned", tags={"stream": rec.stream})
+        log.info("Batch %s of run %s returned for another attempt (%d so far): %s", rec.batch_id,
+                 rec.run_id, rec.attempts, rec.last_error)

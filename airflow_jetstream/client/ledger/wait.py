@@ -1,9 +1,8 @@
-"""Waiting for a run: the one check the ledger sensor's poke and its trigger share (:meth:`BatchLedger.wait_all`
-applies the same rule, :func:`~airflow_jetstream.client.ledger.summary.run_reached`, with its ledger's clock).
+"""Waiting for a run: the one check the ledger sensor's poke and its trigger share.
 
-:class:`LedgerWait` holds what is awaited (run, state, at least how many batches, reap or not, fail on dead
-letters or not); :meth:`LedgerWait.check` looks once (the run's counts: one request, whatever its size) and
-returns the status dict sensors log and return, with ``done`` and, when batches failed, ``error``.
+Imported when a DAG file is parsed (the trigger and sensor modules import it), so it imports no nats-py: the
+reads (:mod:`~airflow_jetstream.client.ledger.store`) and the reaper (:mod:`~.batch_ledger`) load when a check
+runs.
 """
 
 from __future__ import annotations
@@ -14,9 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.errors import BatchesFailedError, InvalidRequestError, LedgerNotFoundError
-from airflow_jetstream.client.ledger.counts import COUNTS_TOKEN, counts_pattern, merged
-from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET, check_id
-from airflow_jetstream.client.ledger.summary import check_waitable_state, count_reached, run_reached
+from airflow_jetstream.client.ledger.counts import check_waitable_state, count_reached, due_shards, merged, run_reached
+from airflow_jetstream.client.ledger.records import CONSUMED, COUNTS_TOKEN, DEFAULT_BUCKET, check_id, counts_pattern
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
@@ -26,7 +24,13 @@ _NOTHING_REAPED: dict[str, Any] = {"returned": [], "failed": [], "returned_count
 
 @dataclass(frozen=True)
 class LedgerWait:
-    """Wait until at least ``min_batches`` batches of ``run_id`` exist and all reached ``state``."""
+    """Wait until at least ``min_batches`` batches of ``run_id`` exist and all reached ``state``: the one check
+    the ledger sensor's poke and its trigger share (:meth:`BatchLedger.wait_all` applies the same rule,
+    :func:`~airflow_jetstream.client.ledger.counts.run_reached`, with its ledger's clock).
+
+    :meth:`check` looks once (the run's counts: one request, whatever its size) and returns the status dict
+    sensors log and return, with ``done`` and, when batches failed, ``error``.
+    """
 
     run_id: str
     state: str = CONSUMED
@@ -62,8 +66,7 @@ class LedgerWait:
         and, when batches failed (and ``fail_on_failed``), ``error``. A missing bucket is a run without batches.
         Only with ``reap`` does it write (expired claims)."""
         from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-        from airflow_jetstream.client.ledger.reaper import due_shards
-        from airflow_jetstream.client.ledger.status import read_counts, run_summary
+        from airflow_jetstream.client.ledger.store import read_counts, run_summary
 
         reaped = _NOTHING_REAPED
         if self.reap:
@@ -99,10 +102,3 @@ class LedgerWait:
     @staticmethod
     def is_done(status: dict[str, Any]) -> bool:
         return bool(status["done"])
-
-
-async def ledger_status(conn: JetStreamConnection, run_id: str, state: str = CONSUMED, *,
-                        bucket: str = DEFAULT_BUCKET, min_batches: int = 1, reap: bool = False,
-                        fail_on_failed: bool = True) -> dict[str, Any]:
-    """One look at a run (:meth:`LedgerWait.check`)."""
-    return await LedgerWait(run_id, state, bucket, min_batches, reap, fail_on_failed).check(conn)

@@ -9,6 +9,7 @@ Airflow's ``[jetstream]`` section (env), short enough that the trouble is a prob
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import os
 import re
@@ -284,15 +285,34 @@ def test_connection_missing_or_of_another_type_is_a_4xx_naming_why(admin: TestCl
     assert page.status_code == 400 and "wrong_connection_type" in page.text
 
 
-@pytest.mark.parametrize("query", ["per_page=0", "per_page=abc", "streams_page=0", "ledger_before=-3", "format=xml",
-                                   "ledger_bucket=", "stream=" + "x" * 300])
-def test_bad_query_parameters_are_422(admin: TestClient, query: str) -> None:
+@pytest.mark.parametrize("query", ["per_page=0", "per_page=abc", "streams_page=0", "ledger_before=-3", "format=xml"])
+def test_malformed_query_parameters_are_422(admin: TestClient, query: str) -> None:
     assert admin.get(f"{PAGE}?{query}").status_code == 422
+    page = admin.get(f"{PAGE}?{query}", headers=HTML)
+    assert page.status_code == 422 and page.headers["content-type"].startswith("text/html"), page.text
+    assert "invalid_parameter" in page.text
 
 
-def test_bad_names_are_400_and_missing_bucket_or_capture_stream_say_so(admin: TestClient) -> None:
-    bad = admin.get(API, params={"ledger_bucket": "bad.name"})
-    assert bad.status_code == 400 and bad.json()["error"]["reason"]
+@pytest.mark.parametrize("name", ["ledger_bucket", "capture_stream", "stream"])
+@pytest.mark.parametrize("value", ["", "a.b", "a*", "a>", "a/b", "a b", "x" * 256, "a:b"])
+def test_a_name_that_cannot_be_one_is_400_naming_the_rule_in_html_and_json(admin: TestClient, name: str,
+                                                                           value: str) -> None:
+    """One rule, whatever the character (issue 39: a dot was a 400, a colon or an empty name 200 or 422): a
+    ledger bucket is a KV bucket name (letters, digits, '_', '-'), a capture stream or a focus stream a stream name
+    (no '.', '*', '>', '/', '\\' or white space, 1-255 characters; ':' is allowed)."""
+    if name != "ledger_bucket" and value == "a:b":
+        assert admin.get(API, params={name: value}).status_code == 200
+        return
+    reply = admin.get(API, params={name: value})
+    assert reply.status_code == 400, reply.text[:300]
+    error = reply.json()["error"]
+    assert error["reason"] in ("invalid_name", "invalid_bucket") and reply.json()["detail"] == error["message"]
+    assert re.search(r"cannot hold|at most 255|non-empty|letters, digits", error["message"]), error
+    page = admin.get(PAGE, params={name: value}, headers=HTML)
+    assert page.status_code == 400 and error["message"] in html.unescape(page.text)
+
+
+def test_a_missing_bucket_or_capture_stream_says_so(admin: TestClient) -> None:
     snap = admin.get(API, params={"ledger_bucket": "no_such_bucket", "capture_stream": "NO_CAPTURE"}).json()
     assert snap["ledger"]["error"]["reason"] == "ledger_not_found"
     assert snap["advisories"]["error"]["reason"] == "stream_not_found"

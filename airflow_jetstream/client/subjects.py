@@ -48,10 +48,18 @@ def validate_subjects(subjects: object, *, allow_wildcards: bool = True, what: s
     return [validate_subject(s, allow_wildcards=allow_wildcards, what=what.removesuffix("s")) for s in subjects]
 
 
+#: nats-server's longest stream or consumer name (``JSMaxNameLen``).
+MAX_NAME_LENGTH = 255
+
+
 def validate_name(name: object, *, what: str = "name") -> str:
-    """Validate a stream or consumer name (no dots, wildcards, white space or path separators)."""
+    """Validate a stream or consumer name (no dots, wildcards, white space or path separators; at most 255
+    characters), as nats-server does."""
     if not isinstance(name, str) or not name:
         raise InvalidSubjectError(f"{what} must be a non-empty string, got {name!r}", reason="invalid_name")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidSubjectError(f"{what} is {len(name)} characters long; names are at most {MAX_NAME_LENGTH}",
+                                  reason="invalid_name")
     bad = set(name) & (_FORBIDDEN | set(".*>/\\"))
     if bad:
         raise InvalidSubjectError(

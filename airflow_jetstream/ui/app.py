@@ -26,12 +26,14 @@ from airflow.api_fastapi.auth.managers.models.resource_details import Connection
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_connection
 from airflow.providers.common.compat.sdk import AirflowNotFoundException
 from fastapi import Depends, FastAPI, Query, Request
-from fastapi.exceptions import HTTPException
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from airflow_jetstream.client.advisories.types import DEFAULT_CAPTURE_STREAM
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError, JetStreamError
 from airflow_jetstream.client.ledger.records import DEFAULT_BUCKET
+from airflow_jetstream.client.subjects import validate_name
 from airflow_jetstream.ui import pages
 from airflow_jetstream.ui.cache import ReadCache
 from airflow_jetstream.ui.config import ViewSettings, view_settings
@@ -49,8 +51,9 @@ app = FastAPI(title="JetStream", description="Read-only view of NATS JetStream f
               redoc_url=None, openapi_url=None)
 
 ReadConnection = Depends(requires_access_connection("GET"))
-Name = Annotated[str, Query(min_length=1, max_length=256)]
-OptionalName = Annotated[str | None, Query(min_length=1, max_length=256)]
+#: Names are checked by the view (ReadKey.check, the focus stream): one that cannot be a name is a 400 naming the rule.
+Name = Annotated[str, Query()]
+OptionalName = Annotated[str | None, Query()]
 PageNumber = Annotated[int, Query(ge=1, le=1_000_000)]
 #: On every answer: no script at all (the view has none), styles from the view's stylesheet only, forms back to the
 #: api-server, framed only by Airflow's own pages (its UI shows the view in a frame).
@@ -96,6 +99,15 @@ async def _refused(request: Request, exc: HTTPException) -> Response:
         return pages.refused(request, "Not allowed", {"reason": "forbidden", "message": str(exc.detail)}, status=403,
                              headers=headers)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+
+
+@app.exception_handler(RequestValidationError)
+async def _malformed(request: Request, exc: RequestValidationError) -> Response:
+    """A malformed query parameter (422): FastAPI's JSON, or for a browser the same as a page."""
+    if not _wants_html(request):
+        return await request_validation_exception_handler(request, exc)
+    message = "; ".join(f"{'.'.join(map(str, error['loc'][1:]))}: {error['msg']}" for error in exc.errors())
+    return pages.refused(request, "Malformed query", {"reason": "invalid_parameter", "message": message}, status=422)
 
 
 def _stored_nats_connections(user: Any) -> list[str]:
@@ -167,6 +179,8 @@ async def _view(request: Request, connection_id: str, key_args: dict[str, Any], 
     key = ReadKey(connection_id, **key_args)
     try:
         key.check()
+        if page is not None and page.stream is not None:
+            validate_name(page.stream, what="stream")
         snapshot, age = await CACHE.get(key, _reader(key, view), ttl=view.cache_seconds,
                                         concurrent=view.concurrent_reads, timeout=view.timeout)
     except JetStreamError as exc:

@@ -20,6 +20,7 @@ from typing import Any
 from airflow_jetstream.client.admin import overview, overview_advisories, overview_ledger
 from airflow_jetstream.client.connection import JetStreamConnection, connect
 from airflow_jetstream.client.errors import InvalidSubjectError, JetStreamError, RequestTimeoutError
+from airflow_jetstream.client.kv.names import stream_of
 from airflow_jetstream.client.natspy_internals import server_info
 from airflow_jetstream.client.server_features import server_version
 from airflow_jetstream.client.settings import ConnectionSettings
@@ -43,8 +44,8 @@ class ReadKey:
     ledger_before: int | None = None
 
     def check(self) -> None:
-        """Refuse names that are not stream/bucket names (:class:`InvalidSubjectError`)."""
-        validate_name(self.ledger_bucket, what="ledger bucket")
+        """Refuse a bucket or stream name nats-server would refuse, naming the rule (:class:`InvalidRequestError`)."""
+        validate_name(stream_of(self.ledger_bucket), what="the ledger bucket's stream")
         validate_name(self.capture_stream, what="capture stream")
         if self.run_id is not None and not (0 < len(self.run_id) <= 256):
             raise InvalidSubjectError("run_id must be 1 to 256 characters", reason="invalid_id")

@@ -32,7 +32,7 @@ from airflow_jetstream.client.kv import watch
 from airflow_jetstream.client.kv.bucket import ensure_bucket
 from airflow_jetstream.client.kv.keys import put_key
 from airflow_jetstream.client.reading import await_message
-from airflow_jetstream.client.reading.messages import ConsumedMessage
+from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsCluster
@@ -47,7 +47,7 @@ from tests.support.cluster_tools import call, move_leader_off, publish_numbered,
 SURVIVOR = "n3"
 
 
-def is_ready(message: ConsumedMessage) -> bool:
+def is_ready(message: Message) -> bool:
     """apply_function of the message sensor and trigger (by dotted path)."""
     return message.data == b"ready"
 

@@ -41,7 +41,7 @@ def test_one_message_by_seq_by_subject_and_next(settings: ConnectionSettings, di
             stream, prefix = await _stream(conn, direct=direct)
             first = await get_message(conn, stream, seq=1, direct=direct)
             assert (first.seq, first.subject, first.data, first.headers) == (1, f"{prefix}.0", b"m0", {"X-Index": "0"})
-            assert first.time and first.time.startswith(str(datetime.now(UTC).year))
+            assert first.time and first.time.year == datetime.now(UTC).year
             last = await get_message(conn, stream, subject=f"{prefix}.1", direct=direct)
             assert (last.seq, last.data) == (11, b"m10")  # 1, 4, 7, 10 -> seqs 2, 5 (deleted), 8, 11
             after = await get_message(conn, stream, seq=5, subject=f"{prefix}.1", next_after=True, direct=direct)

@@ -13,8 +13,8 @@ from contextlib import AsyncExitStack
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
-from airflow_jetstream.client.reading.direct import StoredMessage
 from airflow_jetstream.client.reading.listener_index import ListenerIndex
+from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.shared_tail import follow, tail_stats
 from airflow_jetstream.client.reading.subject_index import SubjectIndex
 from tests.support.polling import async_wait_until
@@ -239,11 +239,11 @@ def test_listener_index_hands_a_keyed_message_to_the_waiters_of_its_value_only()
     index.add("ADV.abandoned", b1, key=(key_of, b"b1"))
     index.add("ADV.abandoned", b2, key=(key_of, b"b2"))
     index.add("ADV.*", unkeyed)
-    first = StoredMessage("S", "ADV.abandoned", 1, b"b1")
+    first = Message("S", "ADV.abandoned", 1, b"b1")
     index.dispatch(first)
     assert (b1.got, b2.got, unkeyed.got, looked) == ([first], [], [first], [first])  # key_of once per message
 
-    unreadable = StoredMessage("S", "ADV.abandoned", 2, b"")
+    unreadable = Message("S", "ADV.abandoned", 2, b"")
     odd = _Recorder()
     index.add("ADV.abandoned", odd, key=(lambda m: {}, "x"))  # a value that cannot be looked up: its members decide
     index.dispatch(unreadable)
@@ -253,7 +253,7 @@ def test_listener_index_hands_a_keyed_message_to_the_waiters_of_its_value_only()
     index.remove("ADV.abandoned", b1, key=(key_of, b"b1"))
     index.remove("ADV.abandoned", b2, key=(key_of, b"b2"))
     assert len(index) == 2
-    index.dispatch(StoredMessage("S", "ADV.abandoned", 3, b"b1"))
+    index.dispatch(Message("S", "ADV.abandoned", 3, b"b1"))
     assert b1.got == [first] and len(looked) == 2  # the emptied group is gone from the subject
 
 

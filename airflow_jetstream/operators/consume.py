@@ -49,7 +49,7 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
 
     :param stream: the stream (templated).
     :param apply_function: called as ``f(message, *apply_function_args, **apply_function_kwargs)`` with a
-        :class:`~airflow_jetstream.client.reading.messages.ConsumedMessage` (``subject``, ``seq``, ``data``,
+        :class:`~airflow_jetstream.client.reading.messages.Message` (``subject``, ``seq``, ``data``,
         ``headers``, ``time``, ``delivered``, ``text``, ``json()``); a callable or a dotted path.
     :param apply_function_batch: instead, called with the list of messages of each batch.
     :param apply_function_args, apply_function_kwargs: extra arguments (templated).

@@ -24,7 +24,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
     """Wait until a message of ``stream`` (on ``filter_subject``) satisfies ``apply_function``; push it to XCom.
 
     ``apply_function(message, *apply_function_args, **apply_function_kwargs)`` gets a
-    :class:`~airflow_jetstream.client.reading.messages.ConsumedMessage`; a truthy result is a match.
+    :class:`~airflow_jetstream.client.reading.messages.Message`; a truthy result is a match.
     The sensor returns (XCom ``return_value``) the matching message as ``{"stream", "subject", "seq",
     "headers", "data", "encoding", "time", "delivered"}`` plus ``result`` when the function returned
     something other than ``True``. Nothing is consumed or acknowledged: the stream is only read.

@@ -39,8 +39,9 @@ from airflow_jetstream.client.advisories.types import (
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import InvalidRequestError, StreamNotFoundError
-from airflow_jetstream.client.reading.direct import StoredMessage, read_until
+from airflow_jetstream.client.reading.direct import read_until
 from airflow_jetstream.client.reading.listener_index import KeyOf
+from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.shared_tail import TailListener, follow
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subjects
 from airflow_jetstream.client.times import parse_time
@@ -208,7 +209,7 @@ class CaptureReader:
         if following is not None:
             await following.__aexit__(None, None, None)
 
-    def _wanted(self, message: StoredMessage) -> bool:
+    def _wanted(self, message: Message) -> bool:
         advisory = _decoded(message)
         return advisory is not None and self.filter.matches(advisory)
 
@@ -239,10 +240,10 @@ class CaptureReader:
         return [advisory for advisory in map(_decoded, messages) if advisory is not None]
 
 
-_last_decoded: tuple[StoredMessage | None, Advisory | None] = (None, None)
+_last_decoded: tuple[Message | None, Advisory | None] = (None, None)
 
 
-def _decoded(message: StoredMessage) -> Advisory | None:
+def _decoded(message: Message) -> Advisory | None:
     """The advisory in ``message``; the last one is kept, since every waiter on its subject asks in turn."""
     global _last_decoded
     if _last_decoded[0] is not message:
@@ -267,7 +268,7 @@ def _filed_by(advisory_filter: AdvisoryFilter) -> tuple[KeyOf, Hashable] | None:
 def _key_of(names: tuple[str, ...]) -> KeyOf:
     """One function per set of field names (the readers naming the same fields share it, so they share a group)."""
 
-    def key_of(message: StoredMessage) -> Hashable:
+    def key_of(message: Message) -> Hashable:
         advisory = _decoded(message)
         return None if advisory is None else tuple(advisory.raw.get(name) for name in names)
 

@@ -18,7 +18,8 @@ from airflow_jetstream.client.kv.errors import bucket_missing
 from airflow_jetstream.client.kv.keys import entry_dict, get_key
 from airflow_jetstream.client.kv.names import stream_of, validate_key
 from airflow_jetstream.client.reading.apply_function import with_result
-from airflow_jetstream.client.reading.direct import StoredMessage, direct_allowed, get_message
+from airflow_jetstream.client.reading.direct import direct_allowed, get_message
+from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.shared_tail import follow
 
 _REMOVED = ("DEL", "PURGE")
@@ -33,7 +34,7 @@ async def _holds(condition: KeyCondition, entry: dict[str, Any] | None) -> dict[
     return with_result(entry, result) if result else None
 
 
-def _entry(bucket: str, key: str, message: StoredMessage) -> dict[str, Any] | None:
+def _entry(bucket: str, key: str, message: Message) -> dict[str, Any] | None:
     """A stored KV message as an entry, or None when it removed the key."""
     operation = (message.headers or {}).get("KV-Operation") or "PUT"
     if operation in _REMOVED:

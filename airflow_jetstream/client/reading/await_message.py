@@ -25,8 +25,8 @@ from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import ApplyFunctionError, InvalidRequestError
 from airflow_jetstream.client.reading.apply_function import call_function, with_result
-from airflow_jetstream.client.reading.direct import StoredMessage, read_until
-from airflow_jetstream.client.reading.messages import ConsumedMessage
+from airflow_jetstream.client.reading.direct import read_until
+from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.shared_tail import follow
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.client.times import parse_time
@@ -57,7 +57,7 @@ async def resolve_start(conn: JetStreamConnection, stream: str, start: int | str
     return await first_seq_at_or_after(conn, stream, when)
 
 
-async def _evaluate(match: Callable[[ConsumedMessage], Any], message: ConsumedMessage) -> Any:
+async def _evaluate(match: Callable[[Message], Any], message: Message) -> Any:
     try:
         return await call_function(match, message)
     except Exception as exc:  # the user's function
@@ -66,23 +66,23 @@ async def _evaluate(match: Callable[[ConsumedMessage], Any], message: ConsumedMe
                                  "accept every message of the subject)") from exc
 
 
-def _found(message: ConsumedMessage, result: Any, scanned: int) -> dict[str, Any]:
+def _found(message: Message, result: Any, scanned: int) -> dict[str, Any]:
     return {"message": with_result(message.to_dict(), result), "next_seq": message.seq + 1, "scanned": scanned}
 
 
 class _Search:
     """The messages looked at so far, and the first that satisfies ``match``."""
 
-    def __init__(self, match: Callable[[ConsumedMessage], Any], start_seq: int) -> None:
+    def __init__(self, match: Callable[[Message], Any], start_seq: int) -> None:
         self.match = match
         self.next_seq = start_seq
         self.scanned = 0
 
-    async def look(self, stored: list[StoredMessage]) -> dict[str, Any] | None:
+    async def look(self, stored: list[Message]) -> dict[str, Any] | None:
         for each in stored:
             if each.seq < self.next_seq:
                 continue  # read before (the stored part and the followed part meet at one sequence)
-            message = ConsumedMessage.from_stored_message(each)
+            message = each
             self.scanned += 1
             self.next_seq = message.seq + 1
             result = await _evaluate(self.match, message)
@@ -90,7 +90,7 @@ class _Search:
                 return _found(message, result, self.scanned)
         return None
 
-    async def look_through(self, pages: AsyncGenerator[list[StoredMessage], None]) -> dict[str, Any] | None:
+    async def look_through(self, pages: AsyncGenerator[list[Message], None]) -> dict[str, Any] | None:
         async with aclosing(pages):
             async for page in pages:
                 found = await self.look(page)
@@ -99,7 +99,7 @@ class _Search:
         return None
 
 
-async def find_message(conn: JetStreamConnection, stream: str, match: Callable[[ConsumedMessage], Any], *,
+async def find_message(conn: JetStreamConnection, stream: str, match: Callable[[Message], Any], *,
                        subject: str | None = None, start_seq: int = 1, follow: bool = False) -> dict[str, Any]:
     """The first message from ``start_seq`` for which ``match(message)`` is truthy.
 

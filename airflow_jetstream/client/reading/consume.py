@@ -63,7 +63,7 @@ from airflow_jetstream.client.reading.consume_options import (
     ConsumeOptions,
     Duration,
 )
-from airflow_jetstream.client.reading.messages import ConsumedMessage
+from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.reading.read_plan import plan_read, read_method
@@ -83,7 +83,7 @@ class _Tally:
     last_seq: int | None = None
     stopped: str = "no_messages"
 
-    def saw(self, messages: Sequence[ConsumedMessage]) -> None:
+    def saw(self, messages: Sequence[Message]) -> None:
         seqs = [m.seq for m in messages]
         self.first_seq = min(seqs) if self.first_seq is None else min(self.first_seq, *seqs)
         self.last_seq = max(seqs) if self.last_seq is None else max(self.last_seq, *seqs)
@@ -92,7 +92,7 @@ class _Tally:
         return asdict(self)
 
 
-def _describe(messages: Sequence[ConsumedMessage]) -> str:
+def _describe(messages: Sequence[Message]) -> str:
     first, last = messages[0], messages[-1]
     where = f"message seq {first.seq} ({first.subject!r})" if len(messages) == 1 else \
         f"batch of {len(messages)} messages, seq {first.seq}..{last.seq}"
@@ -106,7 +106,7 @@ async def consume(conn: JetStreamConnection, stream: str, apply: Callable[[Any],
                   options: ConsumeOptions | None = None) -> dict[str, Any]:
     """Read ``stream`` and call ``apply`` per message (or per batch); see the module docs for the rules.
 
-    :param apply: called with a :class:`ConsumedMessage` (a list of them with ``per_batch``).
+    :param apply: called with a :class:`Message` (a list of them with ``per_batch``).
     :param consumer: a durable pull consumer to read (created when missing and ``create``); None for an
         ordered read of a sequence range.
     :param subjects: filter subjects (for a created consumer, or for the ordered read).
@@ -219,7 +219,7 @@ async def _release(messages: list[Any], conn: JetStreamConnection) -> None:
 
 async def _process(conn: JetStreamConnection, group: list[Any], apply: Callable[[Any], Any],
                    options: ConsumeOptions, tally: _Tally) -> None:
-    messages = [ConsumedMessage.from_delivery(msg) for msg in group]
+    messages = [Message.from_delivery(msg) for msg in group]
     try:
         await call_function(apply, messages if options.per_batch else messages[0])
     except options.term_on as exc:
@@ -267,7 +267,7 @@ async def _consume_ordered(conn: JetStreamConnection, stream: str, apply: Callab
                         via=read_method(plan, consume=False), batch=options.batch_size)
     async with aclosing(reader):
         async for chunk in reader:
-            messages = [ConsumedMessage.from_stored(stream, stored) for stored in chunk]
+            messages = [Message.from_stored(stream, stored) for stored in chunk]
             if limit is not None:
                 messages = messages[:limit - tally.processed]
             groups = [messages] if options.per_batch else [[m] for m in messages]

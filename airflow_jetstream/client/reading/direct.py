@@ -27,7 +27,7 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
@@ -45,6 +45,7 @@ from airflow_jetstream.client.errors import (
     error_from_api,
 )
 from airflow_jetstream.client.reading.headers import Headers, parse_header_lines, without
+from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.subjects import validate_name
 from airflow_jetstream.client.times import parse_time, to_rfc3339
 
@@ -61,25 +62,11 @@ DIRECT_HEADERS = frozenset({"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nat
 
 
 @dataclass(frozen=True)
-class StoredMessage:
-    """One message as the stream stores it."""
-
-    stream: str
-    subject: str
-    seq: int
-    data: bytes
-    #: The message's own headers (a repeated name keeps every value, see reading/headers.py).
-    headers: dict[str, str] = field(default_factory=dict)
-    #: When the stream stored it (RFC 3339, UTC), or None when the server did not say.
-    time: str | None = None
-
-
-@dataclass(frozen=True)
 class MessagePage:
     """What :func:`get_messages` read: ``messages`` in stream order, ``pending`` matching messages after the
     last one (None when the read method cannot tell), and ``next_seq`` to continue from."""
 
-    messages: list[StoredMessage]
+    messages: list[Message]
     pending: int | None
     next_seq: int
     method: str
@@ -115,15 +102,20 @@ def _own_headers(headers: Any) -> dict[str, str]:
     return kept if kept is not None else {}
 
 
-def _from_natspy(stream: str, raw: Any, direct: bool) -> StoredMessage:
+def _time(stamp: str | None) -> datetime | None:
+    """A stored message's time from the server's RFC 3339 text (nanoseconds are cut to microseconds)."""
+    return datetime.fromisoformat(stamp) if stamp else None
+
+
+def _from_natspy(stream: str, raw: Any, direct: bool) -> Message:
     headers = raw.headers or {}
-    when = headers.get("Nats-Time-Stamp") or (raw.time.isoformat() if getattr(raw, "time", None) else None)
-    return StoredMessage(stream=stream, subject=raw.subject, seq=int(raw.seq or 0), data=raw.data or b"",
-                         headers=_own_headers(headers) if direct else dict(headers), time=when)
+    when = _time(headers.get("Nats-Time-Stamp")) or getattr(raw, "time", None)
+    return Message(stream=stream, subject=raw.subject, seq=int(raw.seq or 0), data=raw.data or b"",
+                   headers=_own_headers(headers) if direct else dict(headers), time=when)
 
 
 async def get_message(conn: JetStreamConnection, stream: str, *, seq: int | None = None, subject: str | None = None,
-                      next_after: bool = False, direct: bool = False) -> StoredMessage | None:
+                      next_after: bool = False, direct: bool = False) -> Message | None:
     """One stored message, or None when there is none.
 
     ``seq`` alone: that message. ``subject`` alone: the last message on it (a KV key:
@@ -138,7 +130,7 @@ async def get_message(conn: JetStreamConnection, stream: str, *, seq: int | None
         raise InvalidRequestError("next_after needs both seq and subject", reason="invalid_request")
     api = f"{conn.api_prefix}.{'DIRECT.GET' if direct else 'STREAM.MSG.GET'}.{stream}"
 
-    async def attempt() -> StoredMessage | None:
+    async def attempt() -> Message | None:
         try:
             raw = await conn.js.get_msg(stream, seq=seq, subject=subject, next=next_after, direct=direct)
         except nats.js.errors.NotFoundError as exc:
@@ -186,7 +178,7 @@ async def get_messages(conn: JetStreamConnection, stream: str, *, limit: int, st
 
 async def read_until(conn: JetStreamConnection, stream: str, last_seq: int, *, start_seq: int = 1,
                      start_time: datetime | str | None = None, subject: str | None = None,
-                     info: dict[str, Any] | None = None) -> AsyncGenerator[list[StoredMessage], None]:
+                     info: dict[str, Any] | None = None) -> AsyncGenerator[list[Message], None]:
     """Every message from ``start_seq`` (or the first stored at or after ``start_time``) up to ``last_seq``
     (inclusive), only those on ``subject`` when given, page by page.
 
@@ -219,7 +211,7 @@ async def read_until(conn: JetStreamConnection, stream: str, last_seq: int, *, s
 
 async def _direct_batches(conn: JetStreamConnection, stream: str, seq: int, since: str | None, subject: str | None,
                           limit: int) -> MessagePage:
-    out: list[StoredMessage] = []
+    out: list[Message] = []
     pending: int | None = None
     while len(out) < limit:
         request: dict[str, Any] = {"batch": min(BATCH, limit - len(out))}
@@ -239,10 +231,9 @@ async def _direct_batches(conn: JetStreamConnection, stream: str, seq: int, sinc
     return MessagePage(out, pending if out else 0, seq, "direct_batch")
 
 
-def _stored(stream: str, headers: Any, msg: Any) -> StoredMessage:
-    return StoredMessage(stream=stream, subject=headers.get("Nats-Subject", ""),
-                         seq=int(headers.get("Nats-Sequence") or 0), data=msg.data or b"",
-                         headers=_own_headers(headers), time=headers.get("Nats-Time-Stamp"))
+def _stored(stream: str, headers: Any, msg: Any) -> Message:
+    return Message(stream=stream, subject=headers.get("Nats-Subject", ""), seq=int(headers.get("Nats-Sequence") or 0),
+                   data=msg.data or b"", headers=_own_headers(headers), time=_time(headers.get("Nats-Time-Stamp")))
 
 
 async def direct_batch(conn: JetStreamConnection, stream: str, request: dict[str, Any],
@@ -300,7 +291,7 @@ async def _gets_by_seq(conn: JetStreamConnection, stream: str, seq: int, last: i
     end = min(last, seq + limit - 1)
     gate = asyncio.Semaphore(CONCURRENT_GETS)
 
-    async def one(at: int) -> StoredMessage | None:
+    async def one(at: int) -> Message | None:
         async with gate:
             return await get_message(conn, stream, seq=at)
 
@@ -312,7 +303,7 @@ async def _gets_by_seq(conn: JetStreamConnection, stream: str, seq: int, last: i
 async def _gets_in_order(conn: JetStreamConnection, stream: str, seq: int, since: str | None, subject: str | None,
                          limit: int) -> MessagePage:
     """Message gets one after the other: the first at/after a time, then ``next_by_subj`` from each next sequence."""
-    out: list[StoredMessage] = []
+    out: list[Message] = []
     if since is not None:
         first = await _get_from_time(conn, stream, since, subject)
         if first is None:
@@ -329,7 +320,7 @@ async def _gets_in_order(conn: JetStreamConnection, stream: str, seq: int, since
 
 
 async def _get_from_time(conn: JetStreamConnection, stream: str, since: str,
-                         subject: str | None) -> StoredMessage | None:
+                         subject: str | None) -> Message | None:
     """The first message stored at or after ``since`` (on ``subject``): nats-py's ``get_msg`` has no time."""
     body: dict[str, Any] = {"start_time": since}
     if subject is not None:
@@ -341,9 +332,9 @@ async def _get_from_time(conn: JetStreamConnection, stream: str, since: str,
             return None
         raise
     message = reply["message"]
-    return StoredMessage(stream=stream, subject=message["subject"], seq=int(message["seq"]),
-                         data=base64.b64decode(message.get("data") or ""), headers=_stored_headers(message.get("hdrs")),
-                         time=message.get("time"))
+    return Message(stream=stream, subject=message["subject"], seq=int(message["seq"]),
+                   data=base64.b64decode(message.get("data") or ""), headers=_stored_headers(message.get("hdrs")),
+                   time=_time(message.get("time")))
 
 
 def _stored_headers(hdrs: str | None) -> dict[str, str]:
@@ -355,7 +346,7 @@ def _stored_headers(hdrs: str | None) -> dict[str, str]:
 
 
 async def last_per_subject(conn: JetStreamConnection, stream: str,
-                           subjects: Sequence[str]) -> dict[str, StoredMessage]:
+                           subjects: Sequence[str]) -> dict[str, Message]:
     """The last message of each subject matching ``subjects`` (literal subjects and wildcard filters mixed), by
     subject, in one direct get (``multi_last``; nats-server 2.11+ and the stream's ``allow_direct``): a KV
     key's delete marker comes as its last message. A stream without ``allow_direct`` (or none at all) is

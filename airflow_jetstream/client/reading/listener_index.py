@@ -19,17 +19,17 @@ from airflow_jetstream.client.reading.subject_index import SubjectIndex
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.errors import JetStreamError
-    from airflow_jetstream.client.reading.direct import StoredMessage
+    from airflow_jetstream.client.reading.messages import Message
 
 #: The value a message is for (e.g. its advisory's batch id): quick, on the event loop, once per message; one function
 #: object shared by the waiters it files.
-KeyOf = Callable[["StoredMessage"], Hashable]
+KeyOf = Callable[["Message"], Hashable]
 
 
 class Listener(Protocol):
     def __hash__(self) -> int: ...
 
-    def push(self, message: StoredMessage) -> None: ...
+    def push(self, message: Message) -> None: ...
 
     def fail(self, error: JetStreamError) -> None: ...
 
@@ -49,7 +49,7 @@ class KeyedListeners:
     def __iter__(self) -> Iterator[Listener]:
         return (listener for listeners in self.by_value.values() for listener in listeners)
 
-    def push(self, message: StoredMessage) -> None:
+    def push(self, message: Message) -> None:
         try:
             listeners = list(self.by_value.get(self.key_of(message), ()))
         except Exception:  # a value key_of cannot read or hash: each listener's own check decides
@@ -97,7 +97,7 @@ class ListenerIndex:
             del self._keyed[(subject, key[0])]
             self._subjects.remove(subject, group)
 
-    def dispatch(self, message: StoredMessage) -> None:
+    def dispatch(self, message: Message) -> None:
         for item in self._subjects.match(message.subject):
             item.push(message)
 

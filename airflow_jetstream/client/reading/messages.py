@@ -1,4 +1,5 @@
-"""One stored JetStream message as a user function sees it, and as it travels through XCom."""
+"""One JetStream message, one type for every way it is read: without a consumer (direct and message gets), delivered
+by a consumer, or from a range read; as a user function sees it, and as it travels through XCom."""
 
 from __future__ import annotations
 
@@ -6,10 +7,7 @@ import base64
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from airflow_jetstream.client.reading.direct import StoredMessage
+from typing import Any
 
 #: Bytes of a message body an asset event carries at most: Airflow keeps every event in its metadata DB.
 EVENT_BODY_LIMIT = 64 * 1024
@@ -59,40 +57,36 @@ def is_utf8(data: bytes) -> bool:
 
 
 @dataclass(frozen=True)
-class ConsumedMessage:
-    """A message handed to an ``apply_function``: subject, stream sequence, headers and payload.
+class Message:
+    """One message as the stream stores it: stream, subject, stream sequence, payload and headers, with ``time``
+    when the stream stored it (UTC; None when the server did not say).
 
-    ``delivered`` counts deliveries (1 on the first; more after a nak or an expired ack wait).
+    ``delivered`` counts deliveries by a consumer (1 on the first; more after a nak or an expired ack wait); a
+    message read without a consumer says 1.
     """
 
     stream: str
     subject: str
     seq: int
     data: bytes
+    #: The message's own headers (a repeated name keeps every value, see reading/headers.py).
     headers: dict[str, str] = field(default_factory=dict)
     time: datetime | None = None
     delivered: int = 1
 
     @classmethod
-    def from_delivery(cls, msg: Any) -> ConsumedMessage:
+    def from_delivery(cls, msg: Any) -> Message:
         """From a message delivered by a consumer (its reply subject carries the metadata)."""
         meta = msg.metadata
         return cls(stream=meta.stream, subject=msg.subject, seq=meta.sequence.stream, data=msg.data or b"",
                    headers=dict(msg.headers or {}), time=meta.timestamp, delivered=meta.num_delivered or 1)
 
     @classmethod
-    def from_stored(cls, stream: str, stored: tuple[str, int, int, dict[str, str] | None, bytes]) -> ConsumedMessage:
-        """From a ``range_read.StoredMessage`` (subject, seq, time in ns, headers, payload)."""
+    def from_stored(cls, stream: str, stored: tuple[str, int, int, dict[str, str] | None, bytes]) -> Message:
+        """From a ``range_read.Message`` row (subject, seq, time in ns, headers, payload)."""
         subject, seq, nanos, headers, data = stored
         return cls(stream=stream, subject=subject, seq=seq, data=data or b"", headers=dict(headers or {}),
                    time=datetime.fromtimestamp(nanos / 1e9, UTC) if nanos else None)
-
-    @classmethod
-    def from_stored_message(cls, stored: StoredMessage) -> ConsumedMessage:
-        """From a message read without a consumer (:class:`~airflow_jetstream.client.reading.direct.StoredMessage`)."""
-        return cls(stream=stored.stream, subject=stored.subject, seq=stored.seq, data=stored.data,
-                   headers=dict(stored.headers or {}),
-                   time=datetime.fromisoformat(stored.time) if stored.time else None)
 
     @property
     def text(self) -> str:

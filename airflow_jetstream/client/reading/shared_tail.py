@@ -47,11 +47,11 @@ from airflow_jetstream.client.errors import (
     LimitReachedError,
     RequestTimeoutError,
 )
-from airflow_jetstream.client.reading.direct import StoredMessage, direct_allowed, get_messages
+from airflow_jetstream.client.reading.direct import direct_allowed, get_messages
 from airflow_jetstream.client.reading.listener_index import KeyOf, ListenerIndex
+from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.retry import Backoff
 from airflow_jetstream.client.subjects import validate_name, validate_subject
-from airflow_jetstream.client.times import to_rfc3339
 
 #: Seconds between the server's idle heartbeats on a tail; three missed ones mean it stalled.
 TAIL_HEARTBEAT = 2.0
@@ -82,14 +82,14 @@ class TailListener:
 
     __slots__ = ("_error", "_items", "_waiter", "accept", "key", "since", "subject", "tail")
 
-    def __init__(self, tail: StreamTail, subject: str, accept: Callable[[StoredMessage], bool] | None = None,
+    def __init__(self, tail: StreamTail, subject: str, accept: Callable[[Message], bool] | None = None,
                  key: tuple[KeyOf, Hashable] | None = None) -> None:
         self.tail = tail
         self.subject = subject
         self.accept = accept
         self.key = key
         self.since = tail.delivered
-        self._items: list[StoredMessage] = []
+        self._items: list[Message] = []
         self._waiter: asyncio.Future[None] | None = None
         self._error: JetStreamError | None = None
 
@@ -97,7 +97,7 @@ class TailListener:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    def push(self, message: StoredMessage) -> None:
+    def push(self, message: Message) -> None:
         if self.accept is not None:
             try:
                 if not self.accept(message):
@@ -115,7 +115,7 @@ class TailListener:
         """``async with listener.catching_up():`` around reading what was stored up to ``since``."""
         return self.tail.catch_up_gate
 
-    async def next_batch(self) -> list[StoredMessage]:
+    async def next_batch(self) -> list[Message]:
         """The messages delivered since the last call (waits for at least one); raises the tail's error."""
         while not self._items:
             if self._error is not None:
@@ -221,7 +221,7 @@ class StreamTail:
 
     # ------------------------------------------------------------------------------------------- listeners
 
-    def add(self, subject: str, accept: Callable[[StoredMessage], bool] | None = None,
+    def add(self, subject: str, accept: Callable[[Message], bool] | None = None,
             key: tuple[KeyOf, Hashable] | None = None) -> TailListener:
         listener = TailListener(self, subject, accept, key)
         self.listeners.add(subject, listener, key)
@@ -235,7 +235,7 @@ class StreamTail:
         self._closed = True
         self.listeners.fail(error)
 
-    def _dispatch(self, message: StoredMessage) -> None:
+    def _dispatch(self, message: Message) -> None:
         self.delivered = message.seq
         self.listeners.dispatch(message)
 
@@ -303,8 +303,8 @@ class StreamTail:
         self._expected += 1
         if seq <= self.delivered:
             return
-        self._dispatch(StoredMessage(stream=self.stream, subject=msg.subject, seq=seq, data=msg.data or b"",
-                                     headers=headers, time=to_rfc3339(meta.timestamp) if meta.timestamp else None))
+        self._dispatch(Message(stream=self.stream, subject=msg.subject, seq=seq, data=msg.data or b"", headers=headers,
+                               time=meta.timestamp))
         await self._let_others_run()
 
     async def _let_others_run(self) -> None:
@@ -458,7 +458,7 @@ async def _leave(conn: JetStreamConnection, key: tuple[str, str | None], entry: 
 
 @asynccontextmanager
 async def follow(conn: JetStreamConnection, stream: str, subject: str = ">", *, tail_filter: str | None = None,
-                 accept: Callable[[StoredMessage], bool] | None = None,
+                 accept: Callable[[Message], bool] | None = None,
                  key: tuple[KeyOf, Hashable] | None = None) -> AsyncIterator[TailListener]:
     """``async with follow(conn, stream, subject) as listener``: the messages of ``stream`` on ``subject``
     (wildcards allowed) stored after ``listener.since``, through the tail this connection shares for

@@ -60,3 +60,19 @@ def test_the_new_name_reaches_the_settings(monkeypatch: pytest.MonkeyPatch) -> N
     assert settings == ConnectionSettings(servers="h", nkey_seed_secret="SUANEWSEEDVALUE")
     assert settings.connect_options()["nkeys_seed_str"] == "SUANEWSEEDVALUE"
     assert "SUANEWSEEDVALUE" not in repr(settings)
+
+
+def test_no_page_puts_a_secret_on_an_airflow_command_line() -> None:
+    """Airflow's audit log keeps each CLI command with only its password flags masked: a secret field in
+    ``--conn-extra``, ``--conn-json``'s extra or ``--conn-uri``'s query would be there in clear (docs/connection.md;
+    tests/test_airflow_first_contact.py shows it in a real audit log)."""
+    from tests.test_install_commands import _FENCE, doc_pages
+
+    secret = re.compile(r"(?:--conn-extra|--conn-json|--conn-uri)\b.*\b(?:" + "|".join(SECRETS) + r")\b", re.S)
+    found = []
+    for page in doc_pages():
+        for block in _FENCE.findall(page.read_text(encoding="utf-8")):
+            for command in re.split(r"\n(?![ \t])", block.replace("\\\n", " ")):
+                if "airflow connections" in command and secret.search(command):
+                    found.append(f"{page.name}: {command.strip()}")
+    assert not found, f"secrets on an airflow command line, kept in clear in its audit log: {found}"

@@ -4,6 +4,7 @@ Airflow builds it (no method of it replaced)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -106,3 +107,42 @@ def test_a_failed_job_ends_the_task_with_its_cause(nats_server, tmp_path: Path, 
     hook = operator._hook
     assert type(hook) is SparkSubmitHook and "_process_spark_submit_log" not in vars(hook), \
         "the provider's hook runs as Airflow built it"
+
+
+#: Values planted in the task's environment; none may reach spark-submit, the driver or a Python worker.
+PLANTED = {"token": "tok-planted-8f3a91c2", "ssn": "078-05-1120", "api": "key-planted-55e0c7"}
+
+REPORT_ENVIRONMENTS = """
+    import json, os, sys
+    from pyspark.sql import SparkSession
+    from airflow_jetstream.spark import register
+
+    spark = SparkSession.builder.getOrCreate()
+    register(spark)
+    workers = spark.sparkContext.parallelize(range(2), 2).map(lambda _: dict(os.environ)).collect()
+    report = {"driver": dict(os.environ), "jvm": dict(spark._jvm.System.getenv()), "workers": workers,
+              "conf_token": bool(spark.conf.get("spark.jetstream.secret.token", None))}
+    with open(sys.argv[1], "w") as out:
+        json.dump(report, out)
+"""
+
+
+@pytest.mark.spark
+def test_spark_processes_get_no_secret_variable_of_the_task(nats_server, tmp_path: Path, monkeypatch) -> None:
+    """spark-submit's JVM (the driver's, in client mode), the driver's Python and every Python worker get none
+    of the task's AIRFLOW_CONN_* / AIRFLOW_VAR_* / secret-named variables; the connection reaches the job
+    through the private properties file (docs/spark.md)."""
+    app, report = tmp_path / "report_environments.py", tmp_path / "report.json"
+    app.write_text(textwrap.dedent(REPORT_ENVIRONMENTS))
+    _spark_env(monkeypatch, nats_server)
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_conn_json(nats_server.url, extra={"token": PLANTED["token"]}))
+    monkeypatch.setenv("AIRFLOW_VAR_CUSTOMER", json.dumps({"ssn": PLANTED["ssn"]}))
+    monkeypatch.setenv("BILLING_API_KEY", PLANTED["api"])
+    JetStreamSparkSubmitOperator(task_id="report", application=str(app), application_args=[str(report)],
+                                 conf={"spark.ui.enabled": "false"}).execute(context={})
+    text = report.read_text()
+    found = {name: value for name, value in PLANTED.items() if value in text}
+    assert not found, f"secret values in a Spark process's environment: {sorted(found)}"
+    seen = json.loads(text)
+    assert seen["workers"] and seen["jvm"] and "PYSPARK_PYTHON" in seen["driver"], "the rest of the environment"
+    assert seen["conf_token"], "the token travels in the properties file, as spark.jetstream.secret.token"

@@ -10,6 +10,7 @@ which imports pyspark) is imported when the task runs.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,6 +36,23 @@ from airflow_jetstream.ui.links import JetStreamLedgerRunLink, JetStreamViewLink
 PROPERTIES_NAME = "jetstream-spark.properties"
 #: The file the job's driver records the cause of its failure in (airflow_jetstream/spark/failure.py).
 FAILURE_NAME = "failure.txt"
+
+
+#: Names of variables that hold or may hold a secret, besides Airflow's connections, variables and sensitive
+#: configuration: the words Airflow's masker and Spark's ``spark.redaction.regex`` hide.
+_SECRET_WORDS = re.compile(r"(?i)secret|passw(or)?d|token|api_?key|private_?key|passphrase|access_?key|credential")
+
+
+def secret_variables(environ: Mapping[str, str]) -> list[str]:
+    """The variables of ``environ`` a Spark process must not inherit: ``AIRFLOW_CONN_*``, ``AIRFLOW_VAR_*``, Airflow's
+    sensitive configuration (``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``, ``AIRFLOW__CORE__FERNET_KEY``, ... and their
+    ``_CMD``/``_SECRET`` forms) and any name with a secret word in it."""
+    from airflow.configuration import conf
+
+    sensitive = {f"AIRFLOW__{section}__{key}".upper() for section, key in conf.sensitive_config_values}
+    return sorted(name for name in environ
+                  if name.startswith(("AIRFLOW_CONN_", "AIRFLOW_VAR_")) or _SECRET_WORDS.search(name)
+                  or re.sub(r"_(CMD|SECRET)$", "", name) in sensitive)
 
 
 def _escape(text: str) -> str:
@@ -89,6 +107,10 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         view at that stream's row); not passed to the job (templated).
     Every other argument is ``SparkSubmitOperator``'s. A ``properties_file`` given is merged into the
     generated file; without one, spark-defaults.conf (``SPARK_CONF_DIR`` or ``SPARK_HOME/conf``) is.
+
+    spark-submit, and so the driver and its Python workers, does not inherit the task's secret variables
+    (:func:`secret_variables`: ``AIRFLOW_CONN_*`` and the like): they are set empty in its ``env_vars`` (the Spark
+    provider starts spark-submit with the task's environment and ``env_vars`` on top). ``env_vars`` you give win.
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "nats_conn_id", "stream")
@@ -109,7 +131,9 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         check_pyspark_install()  # spark-submit comes from the installed pyspark
         settings = JetStreamHook(nats_conn_id=self.nats_conn_id).get_settings()  # registers secrets for masking
         self._refuse_conf_overrides()
-        given_properties, given_py_files = self.properties_file, self.py_files
+        given_properties, given_py_files, given_env = self.properties_file, self.py_files, self.env_vars
+        blanked = dict.fromkeys(secret_variables(os.environ), "")
+        self.env_vars = {**blanked, **(given_env or {})} if blanked else given_env
         with tempfile.TemporaryDirectory(prefix="jetstream-spark-") as tmp:
             failure = Path(tmp, FAILURE_NAME)
             self.properties_file = str(write_properties_file(Path(tmp, PROPERTIES_NAME), settings, given_properties,
@@ -128,7 +152,7 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
                     raise
                 raise AirflowException(f"the Spark job failed: {cause}") from exc
             finally:
-                self.properties_file, self.py_files = given_properties, given_py_files
+                self.properties_file, self.py_files, self.env_vars = given_properties, given_py_files, given_env
 
     def _refuse_conf_overrides(self) -> None:
         from airflow_jetstream.spark.connection import CONF_PREFIX

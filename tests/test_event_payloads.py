@@ -10,7 +10,7 @@ import json
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
-from airflow_jetstream.client.reading.messages import EVENT_BODY_LIMIT, body_fields
+from airflow_jetstream.client.reading.messages import EVENT_BODY_LIMIT, Message, body_fields
 from airflow_jetstream.triggers.message import JetStreamMessageTrigger, message_payload
 
 
@@ -54,7 +54,7 @@ def test_asset_event_payloads_from_a_real_stream(nats_server) -> None:
             msgs = await sub.fetch(3, timeout=5)
             for msg in msgs:
                 await msg.ack()
-            return [message_payload(msg) for msg in msgs]
+            return [message_payload(Message.from_delivery(msg)) for msg in msgs]
 
     as_json, text, cut = asyncio.run(main())
     assert as_json["json"] == {"order": 1} and "data" not in as_json
@@ -68,8 +68,8 @@ def test_an_advisory_event_carries_the_advisory_once() -> None:
     trigger = JetStreamMessageTrigger(stream="ADVISORIES", consumer="c", advisory="stream_created")
     body = {"type": "io.nats.jetstream.advisory.v1.stream_action", "action": "create", "stream": "WATCHED",
             "id": "x", "timestamp": "2026-11-26T00:00:00Z"}
-    message = {"subject": "$JS.EVENT.ADVISORY.STREAM.CREATED.WATCHED", "stream_seq": 4,
-               **body_fields(json.dumps(body).encode())}
+    message = Message(stream="ADVISORIES", subject="$JS.EVENT.ADVISORY.STREAM.CREATED.WATCHED", seq=4,
+                      data=json.dumps(body).encode())
     event = trigger.event_for(message)
     assert event is not None
     assert event.payload["advisory"]["stream"] == "WATCHED" and "json" not in event.payload

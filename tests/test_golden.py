@@ -36,6 +36,7 @@ from airflow_jetstream.client.kv.job_records import DEFAULT_JOB_BUCKET, get_job_
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.counts import decode_counts
 from airflow_jetstream.client.ledger.records import DEFAULT_BUCKET, BatchRecord, batch_key, counts_key, shard_of
+from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.settings import CONNECTION_FIELDS, ConnectionSettings
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.message_events import asset_messages
@@ -92,7 +93,7 @@ async def _event_driven_payload(conn: JetStreamConnection) -> dict[str, Any]:
     sub = await conn.js.pull_subscribe("gold.orders", durable="GOLD_EVENTS", stream="GOLD")
     (msg,) = await sub.fetch(1, timeout=5)
     await msg.ack()
-    return {"payload": message_payload(msg)}
+    return {"payload": message_payload(Message.from_delivery(msg))}
 
 
 def _xcom_results() -> dict[str, Any]:

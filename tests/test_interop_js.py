@@ -129,6 +129,7 @@ def test_a_provider_atomic_batch_is_read_by_nats_js(server, settings) -> None:
 
 
 def test_event_payloads_keep_repeated_headers_from_nats_js(server, settings) -> None:
+    from airflow_jetstream.client.reading.messages import Message
     from airflow_jetstream.triggers.message import message_payload
 
     async def body(conn):
@@ -138,7 +139,7 @@ def test_event_payloads_keep_repeated_headers_from_nats_js(server, settings) -> 
         sub = await conn.js.pull_subscribe("jsevt.a", durable="evt", stream="JSEVT")
         msg = (await sub.fetch(1, timeout=5))[0]
         await msg.ack()
-        return message_payload(msg)
+        return message_payload(Message.from_delivery(msg))
 
     payload = on_server(settings, body)
     assert payload["headers"] == {"X-Multi": ["a", "b"], "X-One": "1"} and payload["json"] == {"id": 1}

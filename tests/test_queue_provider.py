@@ -29,6 +29,7 @@ from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_con
 from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer
 from airflow_jetstream.client.advisories.capture import capture_stream_config
 from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
+from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.triggers import message as message_module
 from airflow_jetstream.triggers.message import JetStreamMessageTrigger
 from tests.support.nats_calls import call_on_server as server_call
@@ -41,7 +42,7 @@ class FakeTriggerer:
     """The shared-stream part of Airflow's TriggerRunner: one manager, one task per trigger."""
 
     def __init__(self, *, persist: bool = True, ack_timeout: float = 30.0,
-                 reject: Callable[[dict[str, Any]], bool] | None = None) -> None:
+                 reject: Callable[[Message], bool] | None = None) -> None:
         self.manager = SharedStreamManager(ack_timeout=ack_timeout)
         self.persist = persist
         self.reject = reject
@@ -256,7 +257,7 @@ def test_several_watchers_share_one_consumer_subscription(orders, monkeypatch):
 
 def test_rejected_message_is_terminated_not_redelivered(orders):
     async def scenario():
-        fake = FakeTriggerer(reject=lambda m: m["json"]["order"] == 1)
+        fake = FakeTriggerer(reject=lambda m: m.json()["order"] == 1)
         fake.start(1, make_trigger())
         async with open_connection(orders) as conn:
             await _publish(conn, 3)

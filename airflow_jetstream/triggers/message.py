@@ -50,7 +50,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     StreamNotFoundError,
 )
-from airflow_jetstream.client.reading.messages import body_fields
+from airflow_jetstream.client.reading.messages import Message, body_fields
 from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
@@ -70,35 +70,23 @@ BACKOFF_FIRST, BACKOFF_MAX = 2.0, 30.0
 _ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "batch_id", "reason", "match")
 
 
-def message_payload(msg: Any) -> dict[str, Any]:
-    """A JetStream message as a JSON-able dict (what each asset event carries)."""
+def message_payload(message: Message) -> dict[str, Any]:
+    """A delivered message as a JSON-able dict (what each asset event carries)."""
     from airflow_jetstream.client.reading.headers import headers_json
 
-    meta = msg.metadata
     payload: dict[str, Any] = {
-        "stream": meta.stream,
-        "consumer": meta.consumer,
-        "subject": msg.subject,
-        "stream_seq": meta.sequence.stream,
-        "consumer_seq": meta.sequence.consumer,
-        "delivered": meta.num_delivered,
-        "published": meta.timestamp.isoformat() if meta.timestamp else None,
-        "headers": headers_json(msg.headers),  # a list of strings for a repeated name
+        "stream": message.stream,
+        "consumer": message.consumer,
+        "subject": message.subject,
+        "stream_seq": message.seq,
+        "consumer_seq": message.consumer_seq,
+        "delivered": message.delivered,
+        "published": message.time.isoformat() if message.time else None,
+        "headers": headers_json(message.headers),  # a list of strings for a repeated name
         # the body once: "json" when it is JSON, else "data"; cut at EVENT_BODY_LIMIT with a "truncated" note
-        **body_fields(msg.data or b"", where=f"stream {meta.stream!r} at sequence {meta.sequence.stream}"),
+        **body_fields(message.data, where=f"stream {message.stream!r} at sequence {message.seq}"),
     }
     return payload
-
-
-class DeliveredMessage(dict[str, Any]):
-    """A message payload (:func:`message_payload`) with its delivery's lease, as the watchers receive it; the
-    events they fire carry only the dict."""
-
-    __slots__ = ("lease",)
-
-    def __init__(self, payload: dict[str, Any], lease: DeliveryLease) -> None:
-        super().__init__(payload)
-        self.lease = lease
 
 
 def _log_expired(where: str, lease: DeliveryLease) -> None:
@@ -179,7 +167,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         return await retry(f"Watcher on {self.stream}/{self.consumer} not started", attempt, transient=why,
                            budget=None, backoff=Backoff(BACKOFF_FIRST, BACKOFF_MAX), logger=log)
 
-    async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], int]]:
+    async def open_stream(self) -> AsyncIterator[tuple[Message, int]]:
         from airflow_jetstream.client.reading.lease import DeliveryLease
         from airflow_jetstream.client.reading.pull import PullSubscription
 
@@ -210,7 +198,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
                     continue
                 metrics.incr("queue.delivered", tags={"stream": self.stream, "consumer": self.consumer})
                 self._yielded.add(token)
-                yield DeliveredMessage(message_payload(lease.msg), lease), token
+                yield Message.from_delivery(lease.msg, lease), token
 
     async def _keep_in_progress(self, interval: float) -> None:
         """Tell the server we still work on every message awaiting persistence (+WPI, each one confirmed)."""
@@ -395,14 +383,14 @@ class JetStreamMessageTrigger(BaseEventTrigger):
             max_unconfirmed=kwargs.get("max_unconfirmed"),
         )
 
-    def event_for(self, message: dict[str, Any]) -> TriggerEvent | None:
+    def event_for(self, message: Message) -> TriggerEvent | None:
         """This trigger's event for one message, or None when its filters skip it."""
-        if self.filter_subject and not subject_matches(self.filter_subject, message["subject"]):
+        if self.filter_subject and not subject_matches(self.filter_subject, message.subject):
             return None
-        payload = dict(message)
+        payload = message_payload(message)
         if self.advisory_filter is not None:
-            body = message.get("json")
-            advisory = parse_advisory(body, subject=message["subject"], capture_seq=message["stream_seq"]) \
+            body = payload.get("json")
+            advisory = parse_advisory(body, subject=message.subject, capture_seq=message.seq) \
                 if isinstance(body, dict) else None
             if advisory is None or not self.advisory_filter.matches(advisory):
                 return None
@@ -412,7 +400,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         async for message in shared_stream:
-            lease = getattr(message, "lease", None)
+            lease = message.lease
             if lease is not None and lease.expired():  # waited past ack_wait in the triggerer: not ours any more
                 lease.dropped = True
                 _log_expired(f"Watcher on {self.stream}/{self.consumer}", lease)

@@ -7,7 +7,10 @@ import base64
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.reading.lease import DeliveryLease
 
 #: Bytes of a message body an asset event carries at most: Airflow keeps every event in its metadata DB.
 EVENT_BODY_LIMIT = 64 * 1024
@@ -62,7 +65,8 @@ class Message:
     when the stream stored it (UTC; None when the server did not say).
 
     ``delivered`` counts deliveries by a consumer (1 on the first; more after a nak or an expired ack wait); a
-    message read without a consumer says 1.
+    message read without a consumer says 1. A delivery also names its ``consumer`` and ``consumer_seq``, and one
+    a trigger holds for acknowledgement carries its ``lease`` (the local deadline of the delivery).
     """
 
     stream: str
@@ -73,13 +77,17 @@ class Message:
     headers: dict[str, str] = field(default_factory=dict)
     time: datetime | None = None
     delivered: int = 1
+    consumer: str | None = None
+    consumer_seq: int | None = None
+    lease: DeliveryLease | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_delivery(cls, msg: Any) -> Message:
+    def from_delivery(cls, msg: Any, lease: DeliveryLease | None = None) -> Message:
         """From a message delivered by a consumer (its reply subject carries the metadata)."""
         meta = msg.metadata
         return cls(stream=meta.stream, subject=msg.subject, seq=meta.sequence.stream, data=msg.data or b"",
-                   headers=dict(msg.headers or {}), time=meta.timestamp, delivered=meta.num_delivered or 1)
+                   headers=msg.headers or {}, time=meta.timestamp, delivered=meta.num_delivered or 1,
+                   consumer=meta.consumer, consumer_seq=meta.sequence.consumer, lease=lease)
 
     @classmethod
     def from_stored(cls, stream: str, stored: tuple[str, int, int, dict[str, str] | None, bytes]) -> Message:

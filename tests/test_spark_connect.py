@@ -71,17 +71,31 @@ def test_without_the_shipped_package_the_workers_cannot_load_the_source(session,
     assert AUTH_PASSWORD not in str(err.value)
 
 
+def write_then_read(session: SparkSession, settings: ConnectionSettings, stream: str) -> None:
+    """Write ROWS through the data source, check the stream holds them, read them back."""
+    call_on_server(settings, ensure_stream, {"name": stream, "subjects": [f"{stream.lower()}.>"],
+                                             "allow_atomic": True})
+    orders(session, stream).write.format("jetstream").mode("append").options(
+        stream=stream, job_id=f"{stream.lower()}-1").save()
+    assert call_on_server(settings, stream_info, stream)["state"]["messages"] == ROWS
+    read = session.read.format("jetstream").options(stream=stream, decode="utf-8").load()
+    assert read.select(F.col("payload").cast("int")).distinct().count() == ROWS
+
+
 def test_read_write_round_trip_with_the_shipped_package_and_the_connection_in_the_source(
         session, nats_settings) -> None:
-    call_on_server(nats_settings, ensure_stream, {"name": "CONNECT", "subjects": ["connect.>"], "allow_atomic": True})
     register(session, nats_settings, ship_package=True)
     register(session, nats_settings, ship_package=True)  # again: adding the same artifact is a no-op
-    orders(session, "CONNECT").write.format("jetstream").mode("append").options(
-        stream="CONNECT", job_id="connect-1").save()
-    assert call_on_server(nats_settings, stream_info, "CONNECT")["state"]["messages"] == ROWS
-    read = session.read.format("jetstream").options(stream="CONNECT", decode="utf-8").load()
-    assert read.select(F.col("payload").cast("int")).distinct().count() == ROWS
+    write_then_read(session, nats_settings, "CONNECT")
     assert not [key for key in session.conf.getAll if key.startswith("spark.jetstream")]
+
+
+def test_nkey_seed_connection_through_the_shipped_package(session, nkey_server, nkey_user) -> None:
+    """The workers have pyspark and ``nkeys`` (with PyNaCl, which cannot come from a zip) but neither the
+    package nor nats-py: what docs/spark.md asks to install beside the zip for nkey and creds auth."""
+    settings = ConnectionSettings(servers=nkey_server.url, nkey_seed_secret=nkey_user[0])
+    register(session, settings, ship_package=True)
+    write_then_read(session, settings, "CONNECT_NKEY")
 
 
 def test_streaming_over_connect_needs_the_package_on_the_server(session, nats_settings, tmp_path) -> None:

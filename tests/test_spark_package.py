@@ -127,3 +127,26 @@ def test_the_closure_follows_imports_at_any_depth_and_not_type_checking_ones(tmp
         (tmp_path / name).write_text(text)
     shipped = {f.relative_to(tmp_path).as_posix() for f in package_files(tmp_path / "pkg")}
     assert shipped == set(files) - {"pkg/tools/unused.py", "pkg/hooks.py"}
+
+
+def test_nkey_auth_on_a_python_without_nkeys_names_what_to_install(shipped, nkey_server, nkey_user,
+                                                                   tmp_path) -> None:
+    """nats-py imports ``nkeys`` (and PyNaCl, compiled, so not from a zip) only for nkey and creds auth."""
+    probe = """
+import asyncio, sys
+sys.path.insert(0, sys.argv[1])
+from airflow_jetstream.client import ConnectionSettings, open_connection
+from airflow_jetstream.client.errors import ConnectionFailedError
+async def main():
+    try:
+        async with open_connection(ConnectionSettings(servers=sys.argv[2], nkey_seed_secret=sys.argv[3])):
+            print("connected")
+    except ConnectionFailedError as exc:
+        print(exc.reason, exc.message)
+asyncio.run(main())
+"""
+    python = make_bare_python(tmp_path / "bare", absent=("nkeys", "nacl"))
+    run = run_bare(python, probe, str(shipped), nkey_server.url, nkey_user[0])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("nkeys_not_installed ") and "pip install nkeys" in run.stdout
+    assert nkey_user[0] not in run.stdout + run.stderr

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import importlib
 import json
 import logging
 import re
@@ -304,6 +305,8 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
     :class:`~airflow_jetstream.client.errors.NatsPyVersionError` on a nats-py whose internals this toolkit uses
     changed (client/natspy_internals.py)."""
     await check_natspy()
+    if settings.nkey_seed_secret or settings.creds_file:
+        _require_nkeys()
     nc = NATS()
     holder: dict[str, JetStreamConnection] = {}
     fatal: asyncio.Future[JetStreamError] = asyncio.get_running_loop().create_future()
@@ -360,6 +363,19 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
     with contextlib.suppress(AssertionError):
         await nc.close()
     raise error
+
+
+def _require_nkeys() -> None:
+    """nats-py imports ``nkeys`` (with PyNaCl, compiled code) for nkey and creds authentication only, mid-connect;
+    missing, it surfaced as nats-py's AssertionError from closing the half-made client."""
+    try:
+        importlib.import_module("nkeys")
+    except ImportError:
+        raise ConnectionFailedError(
+            "nkey and creds authentication need the nkeys package (with PyNaCl) in this Python, which lacks it: "
+            "pip install nkeys (Spark executors: docs/spark.md, Shipping the package to executors)",
+            reason="nkeys_not_installed",
+        ) from None
 
 
 def _refused(exc: BaseException) -> bool:

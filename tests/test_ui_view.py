@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import html
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -35,14 +34,6 @@ TOKEN = "view-t0ken-not-for-pages"
 CONN = "nats_view"
 PAGE = f"/jetstream/connections/{CONN}"
 API = f"/jetstream/api/connections/{CONN}"
-AIRFLOW_ENV = {
-    "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-    "AIRFLOW__API_AUTH__JWT_SECRET": "jetstream-view-tests-" + "0" * 64,
-    "AIRFLOW__JETSTREAM__VIEW_CACHE_SECONDS": "0",
-    "AIRFLOW__JETSTREAM__PROBLEM_PENDING_IDLE": "1s",
-    "AIRFLOW__JETSTREAM__PROBLEM_SOURCE_STALLED": "1s",
-    "AIRFLOW_CONN_SPARK_THERE": json.dumps({"conn_type": "spark", "host": "local[2]"}),
-}
 HTML = {"accept": "text/html,application/xhtml+xml"}
 
 
@@ -59,41 +50,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsSer
 
 @pytest.fixture(scope="module")
 def airflow_app(server: EmbeddedNatsServer) -> Iterator[FastAPI]:
-    """Airflow's auth manager and the tables its JWT check and connection listing read, plus the view."""
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in AIRFLOW_ENV.items():
-            mp.setenv(name, value)
-        mp.setenv(f"AIRFLOW_CONN_{CONN.upper()}", nats_conn_json(server.url, extra={"token": TOKEN}))
-        from airflow import settings
-        from airflow.api_fastapi.app import init_auth_manager
-        from airflow.models.base import Base
-        from airflow.models.connection import Connection
-        from airflow.models.revoked_token import RevokedToken
-
-        Base.metadata.create_all(settings.engine, tables=[RevokedToken.__table__, Connection.__table__])
-        parent = FastAPI()
-        init_auth_manager(parent)
-        parent.mount("/jetstream", view_app.app)
-        yield parent
-
-
-def _token(role: str) -> str:
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-
-    return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=role.lower(), role=role))
-
-
-def _client(app: FastAPI, role: str | None) -> TestClient:
-    client = TestClient(app, follow_redirects=False)
-    if role:
-        client.cookies.set("_token", _token(role))
-    return client
+    with seeded.mounted_view({CONN: nats_conn_json(server.url, extra={"token": TOKEN})}) as app:
+        yield app
 
 
 @pytest.fixture(scope="module")
 def admin(airflow_app: FastAPI) -> TestClient:
-    return _client(airflow_app, "ADMIN")
+    return seeded.client(airflow_app, "ADMIN")
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +75,7 @@ def _problems(snapshot: dict, kind: str) -> list[dict]:
 
 @pytest.mark.parametrize("path", ["/jetstream/", PAGE, API, f"{API}?ledger_bucket=nope"])
 def test_api_clients_without_login_get_401(airflow_app: FastAPI, path: str) -> None:
-    anonymous = _client(airflow_app, None)
+    anonymous = seeded.client(airflow_app, None)
     reply = anonymous.get(path)
     assert reply.status_code == 401 and seeded.STREAM not in reply.text
     anonymous.cookies.set("_token", "not-a-jwt")
@@ -122,7 +85,7 @@ def test_api_clients_without_login_get_401(airflow_app: FastAPI, path: str) -> N
 
 @pytest.mark.parametrize("path", ["/jetstream/", f"{PAGE}?stream={seeded.AGG}"])
 def test_a_browser_without_login_goes_to_airflows_login_and_back(airflow_app: FastAPI, path: str) -> None:
-    anonymous = _client(airflow_app, None)
+    anonymous = seeded.client(airflow_app, None)
     reply = anonymous.get(path, headers=HTML)
     assert reply.status_code == 303, reply.text
     login = urlsplit(reply.headers["location"])
@@ -133,7 +96,7 @@ def test_a_browser_without_login_goes_to_airflows_login_and_back(airflow_app: Fa
 
 
 def test_viewer_without_connection_access_is_refused(airflow_app: FastAPI) -> None:
-    viewer = _client(airflow_app, "VIEWER")
+    viewer = seeded.client(airflow_app, "VIEWER")
     for path in (PAGE, API):
         reply = viewer.get(path)
         assert reply.status_code == 403, reply.text
@@ -337,7 +300,7 @@ def test_a_stalled_nats_is_503_within_the_request_bound(airflow_app: FastAPI, mo
     monkeypatch.setenv("AIRFLOW__JETSTREAM__VIEW_TIMEOUT", "3s")
     monkeypatch.setenv("AIRFLOW__JETSTREAM__VIEW_CACHE_SECONDS", "30")
     path = "/jetstream/api/connections/nats_stalled"
-    token = _token("ADMIN")
+    token = seeded.login_token("ADMIN")
     started = view_app.CACHE.reads_started
 
     async def loads(count: int) -> list[httpx.Response]:

@@ -38,7 +38,9 @@ from airflow_jetstream.ui import pages
 from airflow_jetstream.ui.cache import ReadCache
 from airflow_jetstream.ui.config import ViewSettings, view_settings
 from airflow_jetstream.ui.paging import PAGED, PageQuery, shape
+from airflow_jetstream.ui.schema import INDEX_RESPONSES, PAGE_RESPONSES, RESPONSES
 from airflow_jetstream.ui.snapshot import ReadKey, read_snapshot
+from airflow_jetstream.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +49,8 @@ MAX_LISTED_CONNECTIONS = 100
 #: Every page load of every connection shares these reads.
 CACHE = ReadCache()
 
-app = FastAPI(title="JetStream", description="Read-only view of NATS JetStream for Airflow", docs_url=None,
-              redoc_url=None, openapi_url=None)
+app = FastAPI(title="JetStream", description="Read-only view of NATS JetStream for Airflow (docs/ui.md)",
+              version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
 
 ReadConnection = Depends(requires_access_connection("GET"))
 #: Names are checked by the view (ReadKey.check, the focus stream): one that cannot be a name is a 400 naming the rule.
@@ -124,12 +126,12 @@ def _stored_nats_connections(user: Any) -> list[str]:
             if auth.is_authorized_connection(method="GET", details=ConnectionDetails(conn_id=cid), user=user)]
 
 
-@app.get("/", response_class=HTMLResponse)
+@app.get("/", response_class=HTMLResponse, responses=INDEX_RESPONSES)
 async def index(request: Request, user: GetUserDep) -> HTMLResponse:
     return pages.index(request, await asyncio.to_thread(_stored_nats_connections, user))
 
 
-@app.get("/connections", response_class=RedirectResponse)
+@app.get("/connections", response_class=RedirectResponse, status_code=303, responses=INDEX_RESPONSES)
 async def open_connection(request: Request, user: GetUserDep,
                           connection_id: Annotated[str, Query(min_length=1, max_length=250)]) -> RedirectResponse:
     return RedirectResponse(f"{_root(request)}/connections/{quote(connection_id, safe='')}", status_code=303)
@@ -234,12 +236,13 @@ def _view_request(
 ViewRequest = Annotated[tuple[dict[str, Any], PageQuery], Depends(_view_request)]
 
 
-@app.get("/connections/{connection_id}", response_class=HTMLResponse, dependencies=[ReadConnection])
+@app.get("/connections/{connection_id}", response_class=HTMLResponse, dependencies=[ReadConnection],
+         responses=PAGE_RESPONSES)
 async def connection_page(request: Request, connection_id: str, asked: ViewRequest,
                           output: Annotated[str, Query(alias="format", pattern="^(html|json)$")] = "html") -> Response:
     return await _view(request, connection_id, asked[0], asked[1], html=output == "html")
 
 
-@app.get("/api/connections/{connection_id}", dependencies=[ReadConnection])
+@app.get("/api/connections/{connection_id}", dependencies=[ReadConnection], responses=RESPONSES)
 async def connection_json(request: Request, connection_id: str, asked: ViewRequest) -> Response:
     return await _view(request, connection_id, asked[0], asked[1], html=False)

@@ -12,8 +12,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
 from airflow_jetstream.client.admin.consumers import ensure_consumer, pause_consumer
 from airflow_jetstream.client.admin.streams import ensure_stream
@@ -47,6 +52,59 @@ BROKEN_AGG = "BROKEN_AGG"  # sources TROUBLE through a consumer that does not ex
 STALLED_ORIGIN, STALLED_AGG, STALLED_CONSUMER = "STALLED_ORIGIN", "STALLED_AGG", "stalled_src"
 TROUBLE_RUN = "scheduled__2026-11-26T11:00:00+00:00"
 FAILED_BATCH, OVERDUE_BATCH = "batch-failed", "batch-stuck"
+
+
+#: Airflow's SimpleAuthManager (users log in with JWTs it signs) and short thresholds: trouble is a problem at once.
+AIRFLOW_ENV = {
+    "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+    "AIRFLOW__API_AUTH__JWT_SECRET": "jetstream-view-tests-" + "0" * 64,
+    "AIRFLOW__JETSTREAM__VIEW_CACHE_SECONDS": "0",
+    "AIRFLOW__JETSTREAM__PROBLEM_PENDING_IDLE": "1s",
+    "AIRFLOW__JETSTREAM__PROBLEM_SOURCE_STALLED": "1s",
+    "AIRFLOW_CONN_SPARK_THERE": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+}
+
+
+@contextlib.contextmanager
+def mounted_view(connections: dict[str, str]) -> Iterator[FastAPI]:
+    """The view mounted under ``/jetstream`` as the api-server does, behind Airflow's auth manager and the tables its
+    JWT check and connection listing read; ``connections`` are ``AIRFLOW_CONN_*`` values by connection id."""
+    import pytest
+
+    from airflow_jetstream.ui import app as view_app
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in AIRFLOW_ENV.items():
+            mp.setenv(name, value)
+        for conn_id, value in connections.items():
+            mp.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", value)
+        from airflow import settings
+        from airflow.api_fastapi.app import init_auth_manager
+        from airflow.models.base import Base
+        from airflow.models.connection import Connection
+        from airflow.models.revoked_token import RevokedToken
+
+        Base.metadata.create_all(settings.engine, tables=[RevokedToken.__table__, Connection.__table__])
+        parent = FastAPI()
+        init_auth_manager(parent)
+        parent.mount("/jetstream", view_app.app)
+        yield parent
+
+
+def login_token(role: str) -> str:
+    """A JWT of a user with ``role`` (``VIEWER``, ``USER``, ``OP``, ``ADMIN``), as Airflow's UI holds in ``_token``."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=role.lower(), role=role))
+
+
+def client(app: FastAPI, role: str | None) -> TestClient:
+    """A client of ``app`` logged in with ``role`` (None: no login) that does not follow redirects."""
+    logged_in = TestClient(app, follow_redirects=False)
+    if role:
+        logged_in.cookies.set("_token", login_token(role))
+    return logged_in
 
 
 async def _seed(conn: JetStreamConnection) -> None:

@@ -32,7 +32,7 @@ from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.records import BatchRecord
 from airflow_jetstream.client.reading.headers import header_values
 from airflow_jetstream.client.reading.messages import is_utf8
-from airflow_jetstream.client.reading.range_read import StoredMessage, read_range
+from airflow_jetstream.client.reading.range_read import Row, read_range
 from airflow_jetstream.client.reading.read_plan import (
     ReadPlan,
     acknowledge_read,
@@ -144,7 +144,7 @@ class _Columns:
         headers = next((f for f in schema.fields if f.name == "headers"), None)
         self.all_header_values = headers is not None and _headers_type(headers.dataType) == "all"
 
-    def _decode(self, chunk: list[StoredMessage]) -> tuple[dict[str, list[Any]], list[str | None]]:
+    def _decode(self, chunk: list[Row]) -> tuple[dict[str, list[Any]], list[str | None]]:
         """The JSON columns' values and the corrupt records (raw payloads of bad messages, permissive mode)."""
         columns: dict[str, list[Any]] = {name: [] for name, _ in self.json_fields}
         corrupt: list[str | None] = []
@@ -166,7 +166,7 @@ class _Columns:
         return columns, corrupt
 
     @staticmethod
-    def _texts(chunk: list[StoredMessage]) -> list[str]:
+    def _texts(chunk: list[Row]) -> list[str]:
         try:
             return [bytes(m[4]).decode("utf-8") for m in chunk]
         except UnicodeDecodeError:
@@ -183,7 +183,7 @@ class _Columns:
             return list(values.items())
         return [(name, ", ".join(items)) for name, items in values.items()]
 
-    def batch(self, chunk: list[StoredMessage]) -> Any:
+    def batch(self, chunk: list[Row]) -> Any:
         pa = self.pa
         decoded, corrupt = self._decode(chunk) if self.json_fields else ({}, [None] * len(chunk))
         arrays = []
@@ -224,7 +224,7 @@ def _drive(agen: AsyncIterator[Any], loop: asyncio.AbstractEventLoop) -> Iterato
 
 
 async def _partition_chunks(settings: ConnectionSettings, stream: str, first: int, last: int, subjects: tuple[str, ...],
-                            via: str, batch: int) -> AsyncGenerator[list[StoredMessage], None]:
+                            via: str, batch: int) -> AsyncGenerator[list[Row], None]:
     async with open_connection(settings) as conn:
         async for chunk in read_range(conn, stream, first, last, subjects=subjects, via=via, batch=batch):
             yield chunk

@@ -14,27 +14,15 @@ from collections import Counter
 from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import (
-    InvalidRequestError,
-    JetStreamError,
-    LedgerNotFoundError,
-    StreamNotFoundError,
-)
-from airflow_jetstream.client.ledger.records import FAILED, IN_PROGRESS, KEY_SAFE, STATES, BatchRecord, key_token
+from airflow_jetstream.client.errors import JetStreamError, LedgerNotFoundError, StreamNotFoundError
+from airflow_jetstream.client.ledger.records import FAILED, IN_PROGRESS, STATES, BatchRecord, key_token
+from airflow_jetstream.client.ledger.store import check_bucket_name, is_marker
 from airflow_jetstream.client.reading.direct import get_messages
 
 #: Ledger entries (KV messages) one overview reads unless told otherwise.
 MAX_LEDGER_ENTRIES = 5000
 #: Failed and overdue batches listed per run (all are counted).
 LISTED_PER_RUN = 20
-_DELETED = ("DEL", "PURGE")
-
-
-def _check_bucket(bucket: str) -> None:
-    if not isinstance(bucket, str) or not bucket or set(bucket) - KEY_SAFE:
-        raise InvalidRequestError(
-            f"ledger bucket {bucket!r} is not a valid KV bucket name (letters, digits, '_' and '-' only)",
-            reason="invalid_name")
 
 
 async def _bucket_info(conn: JetStreamConnection, bucket: str) -> dict[str, Any]:
@@ -56,7 +44,7 @@ async def ledger_runs(conn: JetStreamConnection, bucket: str, *, limit: int = MA
     (give it as ``before_seq`` for the older page). With ``run_id`` only that run's entries are read. The
     bucket is only read (never created); a bucket that does not exist is :class:`LedgerNotFoundError`.
     """
-    _check_bucket(bucket)
+    check_bucket_name(bucket)
     info = await _bucket_info(conn, bucket)
     state = info.get("state") or {}
     first, last = int(state.get("first_seq") or 0), int(state.get("last_seq") or 0)
@@ -76,7 +64,7 @@ async def ledger_runs(conn: JetStreamConnection, bucket: str, *, limit: int = MA
         key = msg.subject[len(prefix):]
         if key.count(".") != 1:  # not a batch record (<run>.<batch>): e.g. a run's counts (<run>./counts.<n>)
             continue
-        if msg.headers.get("KV-Operation") in _DELETED or "Nats-Marker-Reason" in msg.headers:
+        if is_marker(msg.headers):
             latest[key] = None
             continue
         try:

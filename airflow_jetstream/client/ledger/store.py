@@ -151,7 +151,7 @@ async def read_last(conn: JetStreamConnection, bucket: str, keys: Sequence[str],
     else:
         messages = await last_per_subject(conn, stream_of(bucket), [prefix + key for key in keys])
     return {subject[len(prefix):]: Entry(key=subject[len(prefix):], seq=msg.seq, data=msg.data,
-                                         deleted=_is_marker(msg.headers))
+                                         deleted=is_marker(msg.headers))
             for subject, msg in messages.items()}
 
 
@@ -172,7 +172,8 @@ async def run_recorded(conn: JetStreamConnection, bucket: str, run_id: str) -> b
     return await get_message(conn, stream_of(bucket), seq=1, subject=pattern, next_after=True, direct=True) is not None
 
 
-def _is_marker(headers: dict[str, str] | None) -> bool:
+def is_marker(headers: dict[str, str] | None) -> bool:
+    """Whether a KV message is a delete or purge marker (or the server's marker of an expired key)."""
     if not headers:
         return False
     return headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers
@@ -322,7 +323,7 @@ async def latest(conn: JetStreamConnection, bucket: str,
                 key = subject[len(prefix):]
                 if is_counts_key(key):
                     continue
-                if _is_marker(headers):
+                if is_marker(headers):
                     yield seq, key, None
                 else:
                     yield seq, key, BatchRecord.decode(data, seq, key)

@@ -32,8 +32,10 @@ from airflow_jetstream.client.reading.direct import DIRECT_HEADERS, direct_batch
 from airflow_jetstream.client.reading.headers import without
 from airflow_jetstream.client.retry import retry
 
-#: One stored message: subject, stream sequence, timestamp (ns since epoch), headers or None, payload.
-StoredMessage = tuple[str, int, int, dict[str, str] | None, bytes]
+#: One stored message as a row: subject, stream sequence, timestamp (ns since epoch), headers or None, payload. The
+#: Spark reader builds its columns from these without an object per message; others read them as
+#: :class:`~airflow_jetstream.client.reading.messages.Message` (``Message.from_stored``).
+Row = tuple[str, int, int, dict[str, str] | None, bytes]
 #: Pull / direct-get statuses that mean "no leader right now": no responders, leadership change.
 _LEADER_STATUSES = frozenset({"503", "409"})
 _ERR_NO_MESSAGE = 10037
@@ -49,14 +51,14 @@ def _ts_nanos(rfc3339: str) -> int:
 
 
 async def _read_via_consumer(conn: JetStreamConnection, stream: str, first: int, last: int,
-                             subjects: Sequence[str], batch: int) -> AsyncGenerator[list[StoredMessage], None]:
+                             subjects: Sequence[str], batch: int) -> AsyncGenerator[list[Row], None]:
     start = {"deliver_policy": "by_start_sequence", "opt_start_seq": first}
     async for chunk in _read_with_consumer(conn, stream, start, last, subjects, batch):
         yield chunk
 
 
 async def read_latest_per_subject(conn: JetStreamConnection, stream: str, subjects: Sequence[str], *,
-                                  batch: int = 1000) -> AsyncGenerator[list[StoredMessage], None]:
+                                  batch: int = 1000) -> AsyncGenerator[list[Row], None]:
     """Yield the last message of every subject matching ``subjects`` (a KV bucket's current values),
     in sequence order; updates stored while reading come after (a later one for a subject replaces
     the earlier). Ends when the consumer reports nothing pending, so it never stops early the way
@@ -69,7 +71,7 @@ async def read_latest_per_subject(conn: JetStreamConnection, stream: str, subjec
     the client's retry rule (:func:`~airflow_jetstream.client.retry.retry`: 0.25 s doubling up to 2 s) for
     up to the connection's ``leader_wait``."""
 
-    async def started() -> tuple[AsyncGenerator[list[StoredMessage], None], list[StoredMessage] | None]:
+    async def started() -> tuple[AsyncGenerator[list[Row], None], list[Row] | None]:
         reader = _read_with_consumer(conn, stream, {"deliver_policy": "last_per_subject"}, sys.maxsize, subjects,
                                      batch, current_host=True)
         try:
@@ -110,7 +112,7 @@ async def _check_current_host(conn: JetStreamConnection, stream: str, name: str,
 
 async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dict[str, Any], last: int,
                               subjects: Sequence[str], batch: int, *,
-                              current_host: bool = False) -> AsyncGenerator[list[StoredMessage], None]:
+                              current_host: bool = False) -> AsyncGenerator[list[Row], None]:
     """Read with an ephemeral ``ack_policy: none`` consumer from ``start`` (its deliver policy) up to
     seq ``last`` or until nothing is pending; the consumer is deleted after a complete read. With
     ``current_host`` a consumer placed on a lagging replica is refused (:func:`_check_current_host`)."""
@@ -132,8 +134,8 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
     if current_host:
         await _check_current_host(conn, stream, name, created)
     inbox = conn.nc.new_inbox()
-    queue: asyncio.Queue[list[StoredMessage] | int] = asyncio.Queue()
-    chunk: list[StoredMessage] = []
+    queue: asyncio.Queue[list[Row] | int] = asyncio.Queue()
+    chunk: list[Row] = []
     pull = {"want": 0, "delivered": 0}
 
     def flush() -> None:
@@ -196,14 +198,14 @@ async def _read_with_consumer(conn: JetStreamConnection, stream: str, start: dic
     await conn.api_request(f"CONSUMER.DELETE.{stream}.{name}", context="delete read consumer")
 
 
-def _row(headers: Any, msg: Any) -> StoredMessage:
-    """A direct get's message as a :data:`StoredMessage` tuple (the Spark reader's rows are built from these)."""
+def _row(headers: Any, msg: Any) -> Row:
+    """A direct get's message as a :data:`Row`."""
     own = without(headers, DIRECT_HEADERS)  # repeated names keep every value
     return headers["Nats-Subject"], int(headers["Nats-Sequence"]), _ts_nanos(headers["Nats-Time-Stamp"]), own, msg.data
 
 
 async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, last: int,
-                           subjects: Sequence[str], batch: int) -> AsyncGenerator[list[StoredMessage], None]:
+                           subjects: Sequence[str], batch: int) -> AsyncGenerator[list[Row], None]:
     """Batched direct gets (:func:`~airflow_jetstream.client.reading.direct.direct_batch`) of one subject (or all);
     a 503 on a cluster is an election (the stream exists: the read was planned on it)."""
     seq = first
@@ -222,7 +224,7 @@ async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, l
 
 async def read_range(conn: JetStreamConnection, stream: str, first: int, last: int, *,
                      subjects: Sequence[str] = (), via: str = "consumer",
-                     batch: int = 5000) -> AsyncGenerator[list[StoredMessage], None]:
+                     batch: int = 5000) -> AsyncGenerator[list[Row], None]:
     """Yield the messages with ``first <= seq <= last`` (matching ``subjects``) in chunks, in order."""
     if last < first:
         return
@@ -244,8 +246,8 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
 
 
 async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
-                    read_from: Callable[[int], AsyncGenerator[list[StoredMessage], None]],
-                    ) -> AsyncGenerator[list[StoredMessage], None]:
+                    read_from: Callable[[int], AsyncGenerator[list[Row], None]],
+                    ) -> AsyncGenerator[list[Row], None]:
     """Yield ``read_from(first)``; after a :class:`LeaderUnavailableError` (a node restart or leader
     election) read again from the sequence after the last one yielded, with the client's retry rule
     (:func:`~airflow_jetstream.client.retry.retry`: 0.25 s doubling up to 2 s) for up to the connection's
@@ -255,9 +257,9 @@ async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: in
     get answered by a replica that is still catching up (just restarted) sees fewer messages, so when
     the leader holds a matching message at or below ``last`` the read resumes instead of ending short."""
     start = first
-    reader: AsyncGenerator[list[StoredMessage], None] | None = None
+    reader: AsyncGenerator[list[Row], None] | None = None
 
-    async def next_chunk() -> list[StoredMessage] | None:
+    async def next_chunk() -> list[Row] | None:
         """The next chunk from ``first`` on (from a new reader after an interruption), or None at the end."""
         nonlocal reader
         if reader is None:

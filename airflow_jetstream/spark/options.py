@@ -157,10 +157,12 @@ class WriteOptions:
     ledger_placement: dict[str, Any] | None = None
     #: how long the ledger keeps a key after its last change (seconds; None: a new bucket's default, 30 days)
     ledger_ttl: float | None = None
+    #: atomic chunks are fenced (exactly once at any time); False: msg ids only, bounded by the duplicate window
+    fence: bool = True
 
     KEYS = ("stream", "path", "mode", "job_id", "subject", "subject_column", "payload_column",
             "headers_column", "batch_size", "flow", "ledger_bucket", "run_id", "job_bucket", "inflight",
-            "ledger_replicas", "ledger_placement_cluster", "ledger_placement_tags", "ledger_ttl")
+            "ledger_replicas", "ledger_placement_cluster", "ledger_placement_tags", "ledger_ttl", "fence")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
@@ -198,6 +200,7 @@ class WriteOptions:
             ledger_placement=normalize_placement({"cluster": opts.get("ledger_placement_cluster") or None,
                                                   "tags": opts.get("ledger_placement_tags") or None}),
             ledger_ttl=to_seconds(opts["ledger_ttl"], field="option ledger_ttl") if opts.get("ledger_ttl") else None,
+            fence=_bool(opts, "fence", True),
         )
 
 

@@ -32,7 +32,7 @@ from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, Struct
 
 from airflow_jetstream.client import server_features
 from airflow_jetstream.client.batches.publish_chunks import TargetStream, check_target_stream, publish_chunk
-from airflow_jetstream.client.batches.types import BatchMessage, BatchResult
+from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.kv.job_records import put_job_record
@@ -226,8 +226,8 @@ class JetStreamWriter(DataSourceArrowWriter):
 
     async def _target(self, conn: JetStreamConnection, subjects: list[str] | None = None) -> TargetStream:
         """The stream checked for this write's mode (and ``subjects``): the publish operator's rule."""
-        return await check_target_stream(conn, self.options.stream, subjects or [],
-                                         mode=self.options.mode)
+        return await check_target_stream(conn, self.options.stream, subjects or [], mode=self.options.mode,
+                                         fence=self.options.fence)
 
     def write(self, iterator: Any) -> PartitionReport:
         from pyspark import TaskContext
@@ -303,7 +303,8 @@ class JetStreamWriter(DataSourceArrowWriter):
                 BatchMessage(subject, payload, headers, message_id(opts.job_id, report.partition, row))
                 for row, (subject, payload, headers) in enumerate(rows, start=first_row)
             ]
-        result = await self._send(conn, messages, f"{key}-a{report.attempt}")
+        result = await publish_chunk(conn, messages, mode=opts.mode, batch_id=f"{key}-a{report.attempt}",
+                                     max_msgs=opts.batch_size, flow=opts.flow, target=target, fence_id=key)
         if result.already_committed or result.duplicates == len(rows):
             report.duplicate_batches += 1
         else:
@@ -315,10 +316,6 @@ class JetStreamWriter(DataSourceArrowWriter):
                                 first_seq=result.first_seq, last_seq=result.last_seq,
                                 meta={"job_id": opts.job_id, "partition": report.partition, "mode": opts.mode,
                                       "first_row": first_row})
-
-    async def _send(self, conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str) -> BatchResult:
-        return await publish_chunk(conn, messages, mode=self.options.mode, batch_id=batch_id,
-                                   max_msgs=self.options.batch_size, flow=self.options.flow)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         self._progress("committed", messages)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client import server_features
 from airflow_jetstream.client.admin.config_diff import changed_fields
+from airflow_jetstream.client.batches.fence import fence_namespace, fence_subject
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
@@ -18,7 +19,7 @@ from airflow_jetstream.client.errors import (
     StreamConfigError,
     StreamNotFoundError,
 )
-from airflow_jetstream.client.subjects import validate_name, validate_subject, validate_subjects
+from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject, validate_subjects
 from airflow_jetstream.client.times import to_rfc3339
 
 if TYPE_CHECKING:
@@ -232,6 +233,20 @@ async def find_stream(conn: JetStreamConnection, name: str) -> dict[str, Any] | 
         return None
 
 
+def with_fence_subjects(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with the fence namespace ``_FENCE.<name>.>`` added to the subjects of a stream that takes atomic
+    batches (``allow_atomic``) and keeps what it stores (limits or workqueue retention), so atomic writes to it are
+    exactly once (:mod:`~airflow_jetstream.client.batches.fence`); a stream whose subjects already cover it, or
+    that has none of its own, is left as it is."""
+    subjects = cfg.get("subjects")
+    if not cfg.get("allow_atomic") or not subjects or cfg.get("retention", "limits") == "interest":
+        return cfg
+    probe = fence_subject(cfg["name"], "x")
+    if any(subject_matches(pattern, probe) for pattern in subjects):
+        return cfg
+    return {**cfg, "subjects": [*subjects, fence_namespace(cfg["name"])]}
+
+
 async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
                         create_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """Create the stream, update it where it differs, or leave it alone.
@@ -240,7 +255,7 @@ async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
     Fields not named in ``config`` keep their current values on update; ``create_defaults`` only
     fill fields ``config`` leaves out when the stream is created (e.g. a default ``num_replicas``).
     """
-    cfg = normalize_stream_config(config)
+    cfg = with_fence_subjects(normalize_stream_config(config))
     name = cfg["name"]
     server_features.check_stream_config(conn, cfg)
     current = await find_stream(conn, name)

@@ -18,6 +18,7 @@ window at one entry per batch instead of one per message.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -25,7 +26,10 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
+from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.admin.subject_streams import streams_for_subject
 from airflow_jetstream.client.batches.atomic_retry import AtomicBatchRetry, already_committed
+from airflow_jetstream.client.batches.fence import check_fence_config, fence_message, stored_fence
 from airflow_jetstream.client.batches.frames import message_header_lines, write_frames
 from airflow_jetstream.client.batches.replies import CONNECTION_ERRORS, BatchReplies
 from airflow_jetstream.client.batches.types import (
@@ -161,8 +165,16 @@ async def publish_atomic_batch(
     timeout: float | None = None,
     retries: int = DEFAULT_RETRIES,
     deadline: Deadline | None = None,
+    fence: str | None = None,
+    stream: str | None = None,
 ) -> BatchResult:
     """Publish ``messages`` as one atomic batch and return where it was stored.
+
+    With ``fence`` (an id naming this batch's content, e.g. ``"<job>-<part>-<chunk>"``) the batch commits at
+    most once, ever: a later commit of the same fence id, by a retry or a re-run at any time, is refused by the
+    server and reported ``already_committed`` with the earlier commit's sequences
+    (:mod:`~airflow_jetstream.client.batches.fence`). The stream (``stream``, or the one capturing the first
+    subject) must carry ``_FENCE.<stream>.>`` (``stream_not_fenced`` otherwise, before anything is sent).
 
     Everything is validated before the first byte is sent (empty batch, more than ``max_msgs``,
     batch id, subjects, payload sizes against ``conn.max_payload``, refused headers): each problem
@@ -185,24 +197,54 @@ async def publish_atomic_batch(
                                   reason="invalid_request")
     if not isinstance(flow_every, int) or flow_every < 0:
         raise InvalidRequestError(f"flow_every must be an int >= 0, got {flow_every!r}", reason="invalid_request")
+    fenced = None
+    if fence is not None:
+        if stream is None:
+            owners = await streams_for_subject(conn, items[0].subject)
+            stream = owners[0] if owners else None
+        if stream is None:
+            raise BatchPublishError(f"atomic batch {batch_id}: no stream captures {items[0].subject!r}; create the "
+                                    "stream or fix the subject", reason="no_stream_for_subject")
+        check_fence_config(stream, (await stream_info(conn, stream))["config"])
+        fenced = (stream, fence)
     return await _publish_validated(conn, items, batch_id, expected_last_seq, flow_every,
-                                    _timeout(conn, timeout), retries, deadline)
+                                    _timeout(conn, timeout), retries, deadline, fenced)
+
+
+async def publish_fenced_batch(conn: JetStreamConnection, messages: Sequence[BatchMessage], *, stream: str,
+                               fence_id: str, batch_id: str | None = None, expected_last_seq: int | None = None,
+                               max_msgs: int = DEFAULT_MAX_BATCH_MSGS) -> BatchResult:
+    """:func:`publish_atomic_batch` with ``fence=fence_id`` to ``stream``, which the caller already checked for
+    fences (:func:`~airflow_jetstream.client.batches.publish_chunks.check_target_stream` with ``fence=True``)."""
+    items = validate_messages(messages, max_msgs=max_msgs, max_payload=conn.max_payload,
+                              refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=BATCH_HEADER_BYTES)
+    return await _publish_validated(conn, items, validate_batch_id(batch_id), expected_last_seq, DEFAULT_FLOW_EVERY,
+                                    _timeout(conn, None), DEFAULT_RETRIES, fence=(stream, fence_id))
 
 
 async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage], batch_id: str,
                              expected_last_seq: int | None, flow_every: int, timeout: float,
-                             retries: int, deadline: Deadline | None = None) -> BatchResult:
-    """Send an already validated batch, re-sent as :class:`AtomicBatchRetry` decides (:func:`publish_atomic_batch`)."""
+                             retries: int, deadline: Deadline | None = None,
+                             fence: tuple[str, str] | None = None) -> BatchResult:
+    """Send an already validated batch, re-sent as :class:`AtomicBatchRetry` decides (:func:`publish_atomic_batch`).
+
+    ``fence`` is ``(stream, fence id)`` of a stream already checked for fences: the batch then ends with the fence
+    and a refusal that its fence explains returns the earlier commit (``already_committed``)."""
     server_features.require(conn, server_features.ATOMIC_BATCH)
     started = time.monotonic()
+    if fence is not None:
+        items = [*items, fence_message(fence[0], fence[1], items)]
     rule = AtomicBatchRetry(conn, batch_id, items, retries, deadline,
                             lambda progress: _send_batch(conn, items, batch_id, expected_last_seq, flow_every,
-                                                         timeout, progress))
+                                                         timeout, progress), resend_safe=fence is not None)
     try:
         ack = await retry(f"atomic batch {batch_id}", rule.send, transient=rule.transient,
                           budget=conn.settings.leader_wait, deadline=deadline, advice=rule.advice, logger=log,
                           before_retry=conn.round_trip)
     except JetStreamError as exc:
+        earlier = await _fenced_refusal(conn, fence, exc, items[-1])
+        if earlier is not None:
+            return earlier
         if isinstance(exc, BatchPublishError) and exc.reason == "duplicate_msg_id":
             try:
                 return await already_committed(conn, items, batch_id, timeout, exc)
@@ -213,11 +255,39 @@ async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage
         metrics.incr("batch.failed", tags={"reason": ended.reason})
         raise ended from None
     count, last_seq = _checked_commit_ack(ack, batch_id, len(items))
+    if fence is not None:  # the fence is the provider's, not one of the caller's messages
+        count, last_seq = count - 1, last_seq - 1
     metrics.incr("batch.committed")
     metrics.incr("batch.messages", count)
     metrics.timing("batch.commit_ms", (time.monotonic() - started) * 1000.0)
     return BatchResult(stream=str(ack.get("stream", "")), batch=batch_id, count=count,
                        first_seq=last_seq - count + 1, last_seq=last_seq)
+
+
+async def _fenced_refusal(conn: JetStreamConnection, fence: tuple[str, str] | None, exc: JetStreamError,
+                          sent_fence: BatchMessage) -> BatchResult | None:
+    """The earlier commit of a fenced batch the server refused because of it (its fence is stored), else None.
+
+    Only a refusal that a stored fence explains counts: a wrong last sequence (the fence's own expectation, or the
+    caller's ``expected_last_seq`` after the earlier commit) or a duplicate msg id (within the duplicate window
+    the server checks msg ids first). The fence, once stored, never changes, so reading it after the refusal
+    decides nothing the server did not."""
+    if fence is None or exc.reason not in ("wrong_last_sequence", "duplicate_msg_id"):
+        return None
+    earlier = await stored_fence(conn, *fence)
+    if earlier is None:
+        return None
+    if json.loads(sent_fence.data)["digest"] != earlier.digest:
+        raise BatchPublishError(
+            f"fence {fence[1]!r} of stream {fence[0]!r} was committed earlier (batch {earlier.batch}, seq "
+            f"{earlier.first_seq}..{earlier.last_seq}) with other messages than this attempt's; nothing was stored "
+            "again. The fence id must name one content: the input or the chunking (batch_size) changed between "
+            "attempts; use a new id (job_id, dedupe_key) for new content", reason="fence_conflict")
+    metrics.incr("batch.already_committed", tags={"via": "fence"})
+    log.info("atomic batch with fence %r: committed earlier as batch %s at %s seq %d..%d; nothing stored again",
+             fence[1], earlier.batch, fence[0], earlier.first_seq, earlier.last_seq)
+    return BatchResult(stream=fence[0], batch=earlier.batch, count=earlier.count, first_seq=earlier.first_seq,
+                       last_seq=earlier.last_seq, already_committed=True)
 
 
 def _checked_commit_ack(ack: dict[str, Any], batch_id: str, sent: int) -> tuple[int, int]:

@@ -156,11 +156,13 @@ class AtomicBatchRetry:
     """
 
     def __init__(self, conn: JetStreamConnection, batch_id: str, items: list[BatchMessage], retries: int,
-                 deadline: Deadline | None, send_batch: Callable[[dict[str, bool]], Awaitable[dict[str, Any]]]) -> None:
+                 deadline: Deadline | None, send_batch: Callable[[dict[str, bool]], Awaitable[dict[str, Any]]],
+                 *, resend_safe: bool = False) -> None:
         self.conn = conn
         self.batch_id = batch_id
         self.subjects = list(dict.fromkeys(m.subject for m in items))
-        self.has_msg_ids = any(m.msg_id for m in items)
+        #: msg ids (or a fence) make the server refuse a second commit of the batch, so a re-send is safe
+        self.has_msg_ids = resend_safe or any(m.msg_id for m in items)
         self.inflight_left = retries
         self.deadline = deadline
         self.send_batch = send_batch

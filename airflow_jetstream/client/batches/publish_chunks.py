@@ -14,9 +14,20 @@ from typing import Any
 
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.admin.subject_streams import streams_for_subject
-from airflow_jetstream.client.batches.atomic import ATOMIC_REFUSED_HEADERS, BATCH_HEADER_BYTES, publish_atomic_batch
+from airflow_jetstream.client.batches.atomic import (
+    ATOMIC_REFUSED_HEADERS,
+    BATCH_HEADER_BYTES,
+    publish_atomic_batch,
+    publish_fenced_batch,
+)
 from airflow_jetstream.client.batches.fast import DEFAULT_FLOW, FAST_REFUSED_HEADERS, publish_fast_batch
-from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, BatchMessage, BatchResult, validate_messages
+from airflow_jetstream.client.batches.fence import check_fence_config
+from airflow_jetstream.client.batches.types import (
+    DEFAULT_MAX_BATCH_MSGS,
+    BatchMessage,
+    BatchResult,
+    validate_messages,
+)
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError
 from airflow_jetstream.client.subjects import subject_matches
@@ -51,6 +62,8 @@ class TargetStream:
     filters: tuple[str, ...]
     #: The stream's duplicate window in seconds: how long a msg id protects against a re-send.
     duplicate_window: float = 120.0
+    #: Whether atomic chunks with a fence id are fenced (the stream was checked for its fence subjects).
+    fenced: bool = False
     _known: set[str] = field(default_factory=set, repr=False)
 
     def captures(self, subject: str) -> bool:
@@ -75,19 +88,24 @@ class TargetStream:
 
 
 async def check_target_stream(conn: JetStreamConnection, stream: str, subjects: Iterable[str] = (), *,
-                              mode: str = "atomic") -> TargetStream:
+                              mode: str = "atomic", fence: bool = False) -> TargetStream:
     """Fail before publishing unless ``stream`` allows ``mode`` batches and captures every subject.
 
-    Returns the checked stream, whose :meth:`TargetStream.require` checks further subjects (for
-    input that arrives in chunks) without asking the server again.
+    With ``fence`` (atomic mode) the stream must also keep fences (``stream_not_fenced`` otherwise), and chunks
+    published to it with a fence id commit at most once. Returns the checked stream, whose
+    :meth:`TargetStream.require` checks further subjects (for input that arrives in chunks) without asking the
+    server again.
     """
     flag, reason = _MODE_FLAG[check_mode(mode)]
     config = (await stream_info(conn, stream))["config"]
     if not config.get(flag):
         raise BatchPublishError(f"stream {stream!r} does not have {flag}: true, which {mode} batches need; set it "
                                 f"on the stream (JetStreamEnsureStreamOperator with {flag}=True)", reason=reason)
+    fenced = fence and mode == "atomic"
+    if fenced:
+        check_fence_config(stream, config)
     target = TargetStream(stream, tuple(config.get("subjects") or [stream]),
-                          duplicate_window=int(config.get("duplicate_window") or 120_000_000_000) / 1e9)
+                          duplicate_window=int(config.get("duplicate_window") or 120_000_000_000) / 1e9, fenced=fenced)
     await target.require(conn, subjects)
     return target
 
@@ -104,9 +122,17 @@ def validate_chunk(conn: JetStreamConnection, messages: Sequence[BatchMessage], 
 
 async def publish_chunk(conn: JetStreamConnection, messages: Sequence[BatchMessage], *, mode: str = "atomic",
                         batch_id: str | None = None, expected_last_seq: int | None = None,
-                        max_msgs: int = DEFAULT_MAX_BATCH_MSGS, flow: int = DEFAULT_FLOW) -> BatchResult:
-    """One chunk as an atomic batch (``expected_last_seq``, ``max_msgs``) or a fast batch (``flow``)."""
+                        max_msgs: int = DEFAULT_MAX_BATCH_MSGS, flow: int = DEFAULT_FLOW,
+                        target: TargetStream | None = None, fence_id: str | None = None) -> BatchResult:
+    """One chunk as an atomic batch (``expected_last_seq``, ``max_msgs``) or a fast batch (``flow``).
+
+    An atomic chunk with ``fence_id`` to a ``target`` checked with ``fence=True`` is fenced: it commits at most
+    once, and a later attempt returns the earlier commit (``already_committed``) whenever it happens."""
     if check_mode(mode) == "atomic":
+        if fence_id is not None and target is not None and target.fenced:
+            return await publish_fenced_batch(conn, messages, stream=target.name, fence_id=fence_id,
+                                              batch_id=batch_id, expected_last_seq=expected_last_seq,
+                                              max_msgs=max_msgs)
         return await publish_atomic_batch(conn, messages, batch_id=batch_id, expected_last_seq=expected_last_seq,
                                           max_msgs=max_msgs)
     return await publish_fast_batch(conn, messages, batch_id=batch_id, flow=flow)
@@ -159,6 +185,7 @@ async def publish_chunks(
     max_msgs: int = DEFAULT_MAX_BATCH_MSGS,
     flow: int = DEFAULT_FLOW,
     batch_prefix: str | None = None,
+    fence_prefix: str | None = None,
     total_chunks: int | None = None,
     log: Any = None,
 ) -> ChunksSummary:
@@ -166,20 +193,29 @@ async def publish_chunks(
 
     With ``stream`` the stream is checked for ``mode`` first and every chunk's subjects before the
     chunk is sent. In atomic mode with ``expected_last_seq``, chunk k+1 expects the stream to end
-    where chunk k did. ``batch_prefix`` makes batch ids deterministic (``<prefix>-<n>``). A failed
-    chunk raises with what the earlier chunks committed; chunks are all-or-nothing each, not together.
+    where chunk k did. ``batch_prefix`` makes batch ids deterministic (``<prefix>-<n>``). With
+    ``fence_prefix`` (atomic mode) chunk n is fenced as ``<fence_prefix>-<n>``: it commits at most once
+    however often and however late the publish is repeated (the stream, ``stream`` or the one capturing the
+    first subject, must keep fences). A failed chunk raises with what the earlier chunks committed; chunks
+    are all-or-nothing each, not together.
     """
     check_mode(mode)
     summary = ChunksSummary(mode=mode)
-    target = await check_target_stream(conn, stream, mode=mode) if stream else None
+    fenced = fence_prefix is not None and mode == "atomic"
+    target = await check_target_stream(conn, stream, mode=mode, fence=fenced) if stream else None
     expected = expected_last_seq if mode == "atomic" else None
     of = f"/{total_chunks}" if total_chunks else ""
     for number, chunk in enumerate(chunks, start=1):
         try:
+            if target is None and fenced and chunk:
+                owners = await streams_for_subject(conn, chunk[0].subject)
+                if owners:
+                    target = await check_target_stream(conn, owners[0], mode=mode, fence=True)
             if target is not None:
                 await target.require(conn, {m.subject for m in chunk})
             result = await publish_chunk(conn, chunk, mode=mode, expected_last_seq=expected, max_msgs=max_msgs,
-                                         flow=flow, batch_id=f"{batch_prefix}-{number}" if batch_prefix else None)
+                                         flow=flow, batch_id=f"{batch_prefix}-{number}" if batch_prefix else None,
+                                         target=target, fence_id=f"{fence_prefix}-{number}" if fenced else None)
         except JetStreamError as exc:
             if not summary.chunks:
                 raise

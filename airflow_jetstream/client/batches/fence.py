@@ -1,0 +1,141 @@
+"""Write fences: an atomic batch with a fence id commits at most once, at any time later, checked by the server.
+
+A fenced batch ends with one more message, its *fence*, on the subject ``_FENCE.<stream>.<fence id>`` with
+``Nats-Expected-Last-Subject-Sequence: 0``. nats-server (2.12+) checks that expectation when it commits the
+batch, under the stream's lock, together with the rest of the batch: the first commit stores the batch and its
+fence, and every later commit of the same fence id, by a retry, a re-run or a writer that was frozen and resumed,
+is refused whole (``wrong last sequence: N``, N the fence's sequence) and stores nothing. No duplicate window, no
+clock and no look before the write decide it.
+
+A refused batch is then resolved here: the stored fence (one message get) names the sequences the earlier commit
+occupies, so the caller records what the server committed even when the attempt that committed it died first.
+
+The fence namespace ``_FENCE.<stream>.>`` is one of the stream's subjects (streams made by
+:func:`~airflow_jetstream.client.admin.streams.ensure_stream` with ``allow_atomic`` get it); consumers filtered
+on the user's subjects never see fences, and the provider's readers leave them out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+
+from airflow_jetstream.client.batches.types import HEADER_BATCH_ID, HEADER_BATCH_SEQUENCE, BatchMessage
+from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
+from airflow_jetstream.client.subjects import subject_matches
+
+#: First token of every fence subject.
+FENCE_PREFIX = "_FENCE"
+#: Characters a fence id keeps as they are in its subject token; every other byte is written ``~XX``.
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+#: Longest subject token of a fence id; a longer id is named by its SHA-256.
+_MAX_TOKEN = 128
+#: ``retention`` values under which a stored fence stays until the stream's limits remove it.
+_KEEPING_RETENTION = ("limits", "workqueue")
+
+
+def fence_namespace(stream: str) -> str:
+    """The subject filter a stream needs for fenced writes: ``_FENCE.<stream>.>``."""
+    return f"{FENCE_PREFIX}.{stream}.>"
+
+
+def is_fence_subject(subject: str) -> bool:
+    """Whether ``subject`` (or a filter) lies in a fence namespace."""
+    return subject.startswith(f"{FENCE_PREFIX}.")
+
+
+def fence_subject(stream: str, fence_id: str) -> str:
+    """The subject of ``fence_id``'s fence in ``stream``: any id is one valid token, readable when it is plain."""
+    if not isinstance(fence_id, str) or not fence_id:
+        raise InvalidRequestError(f"a fence id must be a non-empty string, got {fence_id!r}", reason="invalid_request")
+    token = "".join(c if c in _PLAIN else "".join(f"~{b:02X}" for b in c.encode()) for c in fence_id)
+    if len(token) > _MAX_TOKEN:
+        token = "sha256~" + hashlib.sha256(fence_id.encode()).hexdigest()
+    return f"{FENCE_PREFIX}.{stream}.{token}"
+
+
+def check_fence_config(stream: str, config: dict[str, Any]) -> None:
+    """Refuse, before anything is published, a stream whose config cannot keep fences (reason ``stream_not_fenced``)."""
+    retention = config.get("retention", "limits")
+    if retention not in _KEEPING_RETENTION:
+        raise BatchPublishError(
+            f"stream {stream!r} has retention {retention!r}, which removes a fence as soon as it is stored (no "
+            "consumer is interested in it), so it could not refuse a second commit; write to a limits or workqueue "
+            "stream, or opt out with fence=False (duplicates then bounded only by the duplicate_window)",
+            reason="stream_not_fenced")
+    subject = fence_subject(stream, "check")
+    if not any(subject_matches(pattern, subject) for pattern in config.get("subjects") or []):
+        raise BatchPublishError(
+            f"stream {stream!r} has no fence subjects, which exactly-once atomic writes need (a retry or re-run "
+            f"after the duplicate window would store the batches again); add {fence_namespace(stream)!r} to its "
+            "subjects (JetStreamEnsureStreamOperator / ensure_stream add it to every allow_atomic stream), or opt "
+            "out with fence=False, which leaves duplicates bounded only by the stream's duplicate_window",
+            reason="stream_not_fenced")
+
+
+def content_digest(messages: Sequence[BatchMessage]) -> str:
+    """A digest of the messages' subjects and payloads: what a fence says its batch held."""
+    digest = hashlib.sha256()
+    for msg in messages:
+        digest.update(b"%d %d\n%b%b" % (len(msg.subject), len(msg.data), msg.subject.encode(), bytes(msg.data)))
+    return digest.hexdigest()[:32]
+
+
+def fence_message(stream: str, fence_id: str, messages: Sequence[BatchMessage]) -> BatchMessage:
+    """The fence a batch of ``messages`` ends with (the same bytes for every attempt of the batch)."""
+    payload = json.dumps({"fence": fence_id, "count": len(messages), "digest": content_digest(messages)},
+                         separators=(",", ":")).encode()
+    return BatchMessage(fence_subject(stream, fence_id), payload, expected_last_subject_seq=0)
+
+
+@dataclass(frozen=True)
+class StoredFence:
+    """Where an earlier commit of a fenced batch lies: its messages are ``first_seq .. last_seq``, the fence after."""
+
+    batch: str
+    count: int
+    first_seq: int
+    last_seq: int
+    digest: str
+
+
+async def stored_fence(conn: JetStreamConnection, stream: str, fence_id: str) -> StoredFence | None:
+    """The earlier commit of ``fence_id`` in ``stream``, read from its fence (one message get), or None.
+
+    A fence is stored as the last message of its batch, so its ``Nats-Batch-Sequence`` k says the batch took the
+    k sequences ending at the fence's; the fence's own count must agree (k - 1), or the fence is not one of ours.
+    """
+    subject = fence_subject(stream, fence_id)
+
+    async def get() -> Any:
+        try:
+            return await conn.js.get_msg(stream, subject=subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        except nats.errors.TimeoutError:  # on a cluster: an election, retried by retry_leader
+            raise conn.unanswered(f"reading fence {subject!r} of stream {stream!r} timed out") from None
+
+    raw = await conn.retry_leader(f"fence {subject!r}", get)
+    if raw is None:
+        return None
+    headers = raw.headers or {}
+    try:
+        position = int(headers.get(HEADER_BATCH_SEQUENCE, "0"))
+        body = json.loads(raw.data or b"{}")
+        count, digest = int(body.get("count", -1)), str(body.get("digest", ""))
+    except (TypeError, ValueError, AttributeError):
+        position, count, digest = 0, -1, ""
+    if position < 1 or count != position - 1:
+        raise BatchPublishError(
+            f"stream {stream!r} seq {raw.seq} on fence subject {subject!r} is not a fence this provider wrote "
+            f"(batch position {position}, count {count}); nothing was published. Leave the {FENCE_PREFIX} "
+            "subjects to the provider", reason="fence_invalid")
+    return StoredFence(batch=str(headers.get(HEADER_BATCH_ID, "")), count=count,
+                       first_seq=raw.seq - count, last_seq=raw.seq - 1, digest=digest)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_jetstream.client import ConnectionSettings, ensure_stream, stream_info
+from airflow_jetstream.client import ConnectionSettings, ensure_stream
 from airflow_jetstream.client.errors import AuthenticationError
 from airflow_jetstream.spark.connection import CONF_PREFIX, settings_to_conf
 from tests.conftest import AUTH_PASSWORD, AUTH_TOKEN, AUTH_USER
-from tests.support.nats_calls import call_on_server
+from tests.support.nats_calls import call_on_server, stored_rows
 from tests.support.spark_session import local_spark
 
 pytest.importorskip("pyspark")
@@ -50,7 +50,7 @@ def write_then_read(spark: SparkSession, settings: ConnectionSettings, stream: s
         F.col("id").cast("string").alias("payload"),
     )
     rows.write.format("jetstream").mode("append").options(stream=stream, job_id=stream.lower(), **options).save()
-    assert call_on_server(settings, stream_info, stream)["state"]["messages"] == ROWS
+    assert call_on_server(settings, stored_rows, stream) == ROWS
     read = spark.read.format("jetstream").options(stream=stream, decode="utf-8", **options).load()
     return read.select(F.col("payload").cast("int")).distinct().count()
 

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_jetstream.client import ConnectionSettings, ensure_stream, stream_info
+from airflow_jetstream.client import ConnectionSettings, ensure_stream
 from tests.conftest import AUTH_PASSWORD, AUTH_USER, set_nats_connection
 from tests.infra.spark_connect import EmbeddedSparkConnectServer
-from tests.support.nats_calls import call_on_server
+from tests.support.nats_calls import call_on_server, stored_rows
 from tests.support.spark_connect import bare_connect_server
 
 pytest.importorskip("pyspark")
@@ -77,7 +77,7 @@ def write_then_read(session: SparkSession, settings: ConnectionSettings, stream:
                                              "allow_atomic": True})
     orders(session, stream).write.format("jetstream").mode("append").options(
         stream=stream, job_id=f"{stream.lower()}-1").save()
-    assert call_on_server(settings, stream_info, stream)["state"]["messages"] == ROWS
+    assert call_on_server(settings, stored_rows, stream) == ROWS
     read = session.read.format("jetstream").options(stream=stream, decode="utf-8").load()
     assert read.select(F.col("payload").cast("int")).distinct().count() == ROWS
 

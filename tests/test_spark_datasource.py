@@ -63,7 +63,7 @@ def test_atomic_write_then_parallel_read_round_trip(server: EmbeddedNatsServer, 
         servers=server.url, stream="RT", job_id="rt-1", batch_size="400").save()
 
     state = call_on(server, _state, "RT")
-    assert state["messages"] == rows
+    assert state["messages"] == rows + 8  # and the fence of each of the 8 atomic chunks
     stored = call_on(server, _all_messages, "RT")
     # deterministic chunks: per partition (1250 rows) batches of 400, 400, 400, 50
     batch_ids = {m[3]["Nats-Batch-Id"] for m in stored}
@@ -139,7 +139,7 @@ def test_failed_job_rerun_completes_without_duplicates_after_the_window(
         frame(bad_row=950).write.format("jetstream").mode("append").options(**options).save()
 
     # what the failed job left: the chunks before the bad one, whole, and recorded in the ledger
-    assert call_on(server, _state, "RERUN")["messages"] == 900
+    assert call_on(server, _state, "RERUN")["messages"] == 900 + 3  # 3 chunks and their fences
     ledger = call_on(server, lambda conn: _ledger_summary(conn, "rerun-1"))
     assert (ledger["batches"], ledger["messages"]["published"]) == (3, 900)
     assert call_on(server, get_job_record, "rerun-1")["state"] == "aborted"
@@ -147,7 +147,7 @@ def test_failed_job_rerun_completes_without_duplicates_after_the_window(
     probes = call_on(server, _publish_until_window_passed, "rerun.probe")
     frame(bad_row=None).write.format("jetstream").mode("append").options(**options).save()
 
-    assert call_on(server, _state, "RERUN")["messages"] == rows + probes
+    assert call_on(server, _state, "RERUN")["messages"] == rows + probes + 4  # 4 chunks, 4 fences
     record = call_on(server, get_job_record, "rerun-1")
     assert (record["state"], record["skipped_batches"], record["stored"]) == ("committed", 3, 100)
     payloads = [m[4] for m in call_on(server, _all_messages, "RERUN") if m[0] == "rerun.orders"]
@@ -196,7 +196,7 @@ def test_rerun_without_ledger_entries_is_deduplicated_by_msg_ids(server: Embedde
     frame.write.format("jetstream").mode("append").options(**options).save()
     frame.write.format("jetstream").mode("append").options(**options).save()
 
-    assert call_on(server, _state, name)["messages"] == 1000
+    assert call_on(server, _state, name)["messages"] == 1000 + (6 if mode == "atomic" else 0)  # + atomic fences
     record = call_on(server, get_job_record, f"noledger-{mode}")
     assert record["state"] == "committed"
     # atomic: each refused retry is recognised as the earlier commit of its chunk; bulk: the server
@@ -224,7 +224,7 @@ def test_consume_workqueue_acks_only_after_success(server: EmbeddedNatsServer, s
         df.write.mode("overwrite").parquet(out)
         raise RuntimeError("job died after writing its output")
     assert consumption.removed is None
-    assert call_on(server, _state, "WQ")["messages"] == 600  # nothing lost
+    assert call_on(server, _state, "WQ")["messages"] == 600 + 4  # nothing lost (and the 4 chunks' fences)
     ledger = call_on(server, lambda conn: _ledger_summary(conn, "wq-run"))
     assert ledger["states"]["published"] == 4 and ledger["attempts"] == 4  # released for the next attempt
 
@@ -236,13 +236,13 @@ def test_consume_workqueue_acks_only_after_success(server: EmbeddedNatsServer, s
     result = spark.read.parquet(out).agg(F.count("*").alias("rows"), F.countDistinct("n").alias("distinct"),
                                          F.max("n").alias("max")).collect()[0]
     assert (result["rows"], result["distinct"], result["max"]) == (600, 600, 599)
-    assert call_on(server, _state, "WQ")["messages"] == 50  # later messages stay for the next run
+    assert call_on(server, _state, "WQ")["messages"] == 50 + 4  # later messages stay for the next run
     ledger = call_on(server, lambda conn: _ledger_summary(conn, "wq-run"))
     assert ledger["states"]["consumed"] == 4 and ledger["attempts"] == 8
 
     with consume(spark, options) as (df, consumption):
         assert df.count() == 50
-    assert consumption.removed == 50 and call_on(server, _state, "WQ")["messages"] == 0
+    assert consumption.removed == 50 and call_on(server, _state, "WQ")["messages"] == 4  # the fences stay
 
 
 async def _interest_setup(conn: Any) -> None:

@@ -22,7 +22,7 @@ import pytest
 from airflow_jetstream.client import ensure_stream, stream_info
 from airflow_jetstream.client.kv.job_records import DEFAULT_JOB_BUCKET, get_job_record
 from airflow_jetstream.embedded import EmbeddedNatsServer
-from tests.support.nats_calls import call_on
+from tests.support.nats_calls import call_on, stored_rows
 from tests.support.polling import wait_until
 from tests.support.process_tree import kill_process_tree
 from tests.support.servers import module_server
@@ -64,7 +64,8 @@ def payload(number: int) -> bytes:
 
 
 async def _state(conn: Any, stream: str) -> dict[str, Any]:
-    return (await stream_info(conn, stream))["state"]
+    """The stream's state, ``messages`` counting rows only (not the write fences of atomic chunks)."""
+    return {**(await stream_info(conn, stream))["state"], "messages": await stored_rows(conn, stream)}
 
 
 def assert_exactly_once(server: EmbeddedNatsServer, stream: str, numbers: range) -> None:

@@ -56,7 +56,8 @@ def test_update_keeps_fields_not_mentioned(nats_conn):
     result = _run({"name": "ORDERS", "description": "orders from the shop"})
     assert result["action"] == "updated"
     assert result["config"]["allow_atomic"] is True
-    assert result["config"]["subjects"] == ["orders.>"]
+    # ensure_stream gave the atomic stream its fence namespace
+    assert result["config"]["subjects"] == ["orders.>", "_FENCE.ORDERS.>"]
 
 
 @pytest.mark.parametrize(

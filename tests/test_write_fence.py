@@ -1,4 +1,4 @@
-"""Exactly once by construction: fenced atomic writes commit once, whatever retries, re-runs or zombies do, however late.
+"""Exactly once by construction: fenced atomic writes commit once, whatever retries, re-runs or zombies do.
 
 The duplicate window is 1 s here and every retry runs after it; the stream's msg-id memory is polled to be
 sure it has forgotten. Rows are counted by id.
@@ -127,6 +127,7 @@ def stopped(proc: subprocess.Popen[str]) -> bool:
     return Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1].startswith("T")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["SIGSTOP", "SIGKILL"])
 @pytest.mark.parametrize("point", ["before_first", "mid_batch", "after_commit", "after_record"])
 def test_an_attempt_stopped_anywhere_and_its_retry_after_the_window_store_every_row_once(

@@ -6,13 +6,14 @@ partition ``p`` always holds the same rows for the same input. Each chunk is
 * an **atomic batch** (``mode=atomic``): stored whole or not at all, or
 * a **fast batch** (``mode=fast``): flow-controlled bulk ingest, not all-or-nothing.
 
-Msg ids give server-side de-duplication within the stream's duplicate window: an atomic chunk
-carries one, ``<job_id>-<p>-c<c>`` on its first message (the chunk is stored whole, so one id
-identifies its commit and costs the server one duplicate-window entry instead of ``batch_size``);
-in fast mode, where part of a chunk can be stored, every message carries ``<job_id>-<p>-<row>``.
-Every stored chunk is recorded in the batch ledger as batch ``<job_id>-<p>-<c>`` of run
-``run_id``. A retried task or a re-run of the job with the same ``job_id`` skips chunks the
-ledger already has, so it adds no duplicates even after the duplicate window has passed. The
+An atomic chunk is fenced as ``<job_id>-<p>-<c>`` (:mod:`~airflow_jetstream.client.batches.fence`): it
+commits at most once, whenever and however often it is sent again, and a refused attempt learns from the
+fence where the chunk was stored. Msg ids add de-duplication within the stream's duplicate window: an atomic
+chunk carries one, ``<job_id>-<p>-c<c>`` on its first message; in fast mode, where part of a chunk can be
+stored and no fence applies, every message carries ``<job_id>-<p>-<row>``. Every stored chunk is recorded
+in the batch ledger as batch ``<job_id>-<p>-<c>`` of run ``run_id`` (also one an earlier attempt committed
+and did not record). A retried task or a re-run of the job with the same ``job_id`` skips chunks the
+ledger already has. The
 driver's ``commit()``/``abort()`` store what every partition reported as the job record
 ``job_id`` (see :mod:`airflow_jetstream.client.kv.job_records`).
 """
@@ -42,6 +43,8 @@ from airflow_jetstream.spark.options import WriteOptions
 from airflow_jetstream.spark.progress import progress, rate
 
 log = logging.getLogger(__name__)
+#: An unfenced write warns when the stream forgets msg ids sooner than this (Airflow's default retry_delay, s).
+UNFENCED_WINDOW_WARNING = 300.0
 #: Sequence ranges a task reports (the job record holds every task's report: one KV value).
 MAX_REPORTED_RANGES = 100
 
@@ -222,7 +225,13 @@ class JetStreamWriter(DataSourceArrowWriter):
         async with open_connection(self.options.settings) as conn:
             feature = server_features.ATOMIC_BATCH if self.options.mode == "atomic" else server_features.FAST_BATCH
             server_features.require(conn, feature, what=f"the jetstream data source's mode={self.options.mode}")
-            await self._target(conn, [self.options.subject] if self.options.subject else [])
+            target = await self._target(conn, [self.options.subject] if self.options.subject else [])
+        if not target.fenced and target.duplicate_window < UNFENCED_WINDOW_WARNING:
+            log.warning("jetstream write to %s in %s mode%s: a chunk committed but not yet in the ledger is protected "
+                        "from a retry only for the stream's duplicate_window (%.0f s), shorter than Airflow's default "
+                        "retry_delay (300 s); raise the window or write in atomic mode with fence=true",
+                        target.name, self.options.mode, "" if self.options.fence else " with fence=false",
+                        target.duplicate_window)
 
     async def _target(self, conn: JetStreamConnection, subjects: list[str] | None = None) -> TargetStream:
         """The stream checked for this write's mode (and ``subjects``): the publish operator's rule."""

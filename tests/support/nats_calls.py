@@ -35,3 +35,9 @@ def with_streams(settings: ConnectionSettings, body: Callable[[Any], Awaitable[A
         return await body(conn)
 
     return call_on_server(settings, setup_then_body)
+
+
+async def stored_rows(conn: Any, stream: str) -> int:
+    """Messages in ``stream`` other than the write fences of its atomic batches (one per fenced chunk)."""
+    info = await conn.api_request(f"STREAM.INFO.{stream}", {"subjects_filter": f"_FENCE.{stream}.>"})
+    return int(info["state"]["messages"]) - len(info["state"].get("subjects") or {})

@@ -25,6 +25,7 @@ from typing import Any
 
 from airflow_jetstream.client.admin.consumers import filter_config
 from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.batches.fence import is_fence_subject
 from airflow_jetstream.client.batches.types import HEADER_STATUS
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError, JetStreamError, LeaderUnavailableError
@@ -225,7 +226,9 @@ async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, l
 async def read_range(conn: JetStreamConnection, stream: str, first: int, last: int, *,
                      subjects: Sequence[str] = (), via: str = "consumer",
                      batch: int = 5000) -> AsyncGenerator[list[Row], None]:
-    """Yield the messages with ``first <= seq <= last`` (matching ``subjects``) in chunks, in order."""
+    """Yield the messages with ``first <= seq <= last`` (matching ``subjects``) in chunks, in order.
+
+    Without ``subjects`` every message but the write fences (:mod:`~airflow_jetstream.client.batches.fence`)."""
     if last < first:
         return
     if via == "direct" and len(subjects) > 1:
@@ -242,7 +245,10 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
         raise InvalidRequestError(f"via={via!r}: use 'consumer' or 'direct'", reason="invalid_option")
     async for chunk in _resuming(conn, stream, first, last, subjects,
                                  lambda start: read_from(conn, stream, start, last, subjects, batch)):
-        yield chunk
+        if not subjects:
+            chunk = [m for m in chunk if not is_fence_subject(m[0])]
+        if chunk:
+            yield chunk
 
 
 async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],

@@ -22,6 +22,7 @@ from airflow_jetstream.client.admin.consumer_reset import reset_consumer
 from airflow_jetstream.client.admin.consumers import config_filters, ensure_consumer, filter_config, find_consumer
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.admin.worker_consumers import ensure_worker_consumer
+from airflow_jetstream.client.batches.fence import is_fence_subject
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.subjects import validate_name, validate_subjects
@@ -97,6 +98,10 @@ async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequenc
     info = await stream_info(conn, stream)
     state, config = info["state"], info["config"]
     first = max(int(state.get("first_seq") or 1), 1)
+    if not subjects:  # the stream's own subjects: its write fences are not data
+        own = [s for s in config.get("subjects") or [] if not is_fence_subject(s)]
+        if len(own) < len(config.get("subjects") or []):
+            subjects = own
     if consumer is not None:
         cinfo = (await ensure_cursor(conn, stream, consumer, subjects=subjects))["info"]
         filters = tuple(config_filters(cinfo["config"]))

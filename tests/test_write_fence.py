@@ -58,6 +58,9 @@ def test_ensure_stream_gives_atomic_streams_their_fence_namespace(server: Embedd
     made = call_on(server, ensure_stream, stream("FNS"))
     assert made["info"]["config"]["subjects"] == ["fns.>", "_FENCE.FNS.>"] == ["fns.>", fence_namespace("FNS")]
     assert call_on(server, ensure_stream, stream("FNS"))["action"] == "unchanged"
+    # an update naming other subjects (and not allow_atomic) keeps the atomic stream fenced
+    moved = call_on(server, ensure_stream, {"name": "FNS", "subjects": ["fns.a", "fns.b"]})
+    assert moved["info"]["config"]["subjects"] == ["fns.a", "fns.b", "_FENCE.FNS.>"]
     plain = call_on(server, ensure_stream, {"name": "FNP", "subjects": ["fnp.>"]})
     assert plain["info"]["config"]["subjects"] == ["fnp.>"]
     assert fence_subject("S", "job 7.a/b") == "_FENCE.S.job~207~2Ea~2Fb"

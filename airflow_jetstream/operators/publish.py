@@ -124,8 +124,9 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
     (all-or-nothing per chunk, not for the whole input) and, with ``expected_last_seq``, each chunk
     must start where the previous one ended. A ``producer_function`` is read once: each chunk is
     validated just before it is sent, and every message gets a deterministic msg id (``dedupe_key``,
-    or one derived from dag, task, run and map index, plus the position), so a retried task skips
-    what an earlier try committed, within the stream's ``duplicate_window``.
+    or one derived from dag, task, run and map index, plus the position). With those ids each atomic
+    chunk is also fenced, so a retried task or a re-run stores nothing an earlier try committed, at any
+    later time (fast mode: within the stream's ``duplicate_window``).
 
     Returns a summary of constant size: ``{"stream", "mode", "batch", "batch_prefix", "chunks",
     "count", "first_seq", "last_seq", "already_committed", "already_committed_chunks",
@@ -153,6 +154,11 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
     :param batch_size: messages per batch (for atomic batches at most the server's
         ``jetstream.limits.batch.max_msgs``, 1000 by default).
     :param dedupe_key: prefix for automatic msg ids (``<key>-<index>``) of messages without one (templated).
+        In atomic mode it also fences chunk ``n`` as ``<key>-<n>``: a retry or re-run with the same key and
+        input stores nothing twice, however late (the stream needs ``_FENCE.<stream>.>``, which
+        ``JetStreamEnsureStreamOperator`` adds to atomic streams).
+    :param fence: with ``False`` chunks are not fenced: a retry after the stream's ``duplicate_window``
+        stores again what an earlier try committed.
     :param mode: ``"atomic"`` (all-or-nothing chunks) or ``"fast"`` (fast batches: bulk ingest,
         not atomic, the stream needs ``allow_batched``).
     :param nats_conn_id: the ``nats`` connection to use.
@@ -181,6 +187,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         batch_size: int = DEFAULT_MAX_BATCH_MSGS,
         dedupe_key: str | None = None,
         mode: str = "atomic",
+        fence: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -199,6 +206,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         self.batch_size = batch_size
         self.dedupe_key = dedupe_key
         self.mode = mode
+        self.fence = fence
 
     def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
         """Render the templated fields, ``messages`` included, keeping its payloads for :meth:`execute`:
@@ -298,9 +306,11 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
                        prefix: str) -> ChunksSummary:
         from airflow_jetstream.client.batches.publish_chunks import check_target_stream, publish_chunks, validate_chunk
 
-        target = await check_target_stream(conn, self.stream, mode=self.mode) if self.stream else None
+        fence_prefix = key if key and self.fence and self.mode == "atomic" else None
+        target = await check_target_stream(conn, self.stream, mode=self.mode,
+                                           fence=fence_prefix is not None) if self.stream else None
         delay = self.retry_delay.total_seconds() if self.retries and self.retry_delay else 0.0
-        if target is not None and key and delay > target.duplicate_window:
+        if target is not None and key and not fence_prefix and delay > target.duplicate_window:
             self.log.warning("retry_delay is %.0f s but stream %s remembers msg ids for %.0f s (duplicate_window): "
                              "a retry after that publishes again; raise the stream's duplicate_window",
                              delay, target.name, target.duplicate_window)
@@ -318,4 +328,4 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
                           total_chunks, self.mode, self.batch_size)
         return await publish_chunks(conn, self._chunks(self._items(), key), stream=self.stream, mode=self.mode,
                                     expected_last_seq=expected, max_msgs=self.batch_size, batch_prefix=prefix,
-                                    total_chunks=total_chunks, log=self.log)
+                                    fence_prefix=fence_prefix, total_chunks=total_chunks, log=self.log)

@@ -233,13 +233,14 @@ async def find_stream(conn: JetStreamConnection, name: str) -> dict[str, Any] | 
         return None
 
 
-def with_fence_subjects(cfg: dict[str, Any]) -> dict[str, Any]:
+def with_fence_subjects(cfg: dict[str, Any], current: dict[str, Any] | None = None) -> dict[str, Any]:
     """``cfg`` with the fence namespace ``_FENCE.<name>.>`` added to the subjects of a stream that takes atomic
-    batches (``allow_atomic``) and keeps what it stores (limits or workqueue retention), so atomic writes to it are
-    exactly once (:mod:`~airflow_jetstream.client.batches.fence`); a stream whose subjects already cover it, or
-    that has none of its own, is left as it is."""
+    batches (``allow_atomic``, in ``cfg`` or the ``current`` config it updates) and keeps what it stores (limits
+    or workqueue retention), so atomic writes to it are exactly once (:mod:`~airflow_jetstream.client.batches.fence`);
+    a stream whose subjects already cover it, or that has none of its own, is left as it is."""
     subjects = cfg.get("subjects")
-    if not cfg.get("allow_atomic") or not subjects or cfg.get("retention", "limits") == "interest":
+    merged = {**(current or {}), **cfg}
+    if not merged.get("allow_atomic") or not subjects or merged.get("retention", "limits") == "interest":
         return cfg
     probe = fence_subject(cfg["name"], "x")
     if any(subject_matches(pattern, probe) for pattern in subjects):
@@ -255,10 +256,11 @@ async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
     Fields not named in ``config`` keep their current values on update; ``create_defaults`` only
     fill fields ``config`` leaves out when the stream is created (e.g. a default ``num_replicas``).
     """
-    cfg = with_fence_subjects(normalize_stream_config(config))
+    cfg = normalize_stream_config(config)
     name = cfg["name"]
     server_features.check_stream_config(conn, cfg)
     current = await find_stream(conn, name)
+    cfg = with_fence_subjects(cfg, None if current is None else current["config"])
     if current is None:
         defaulted = "num_replicas" not in cfg and "num_replicas" in (create_defaults or {})
         cfg = {**normalize_stream_config({"name": name, **(create_defaults or {})}), **cfg}

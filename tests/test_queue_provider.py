@@ -302,32 +302,41 @@ def test_consumer_must_be_an_explicit_ack_pull_consumer(orders):
     assert isinstance(wrong[0], ConsumerConfigError) and wrong[0].reason == "not_explicit_pull_consumer"
 
 
-def test_missing_consumer_is_waited_out_with_one_line_per_back_off(orders, monkeypatch, caplog):
-    """No failure (Airflow would restart the watcher every 2 s with a traceback): one warning per growing
-    back-off, and the watcher starts once the consumer exists."""
+def test_a_missing_stream_or_consumer_is_waited_out_and_said_once_per_cause(orders, monkeypatch, caplog):
+    """No failure (Airflow would restart the watcher every 2 s with a traceback): the watcher retries with a growing
+    back-off, says a cause once at WARNING (issue 39: a watcher waiting for a stream that did not exist yet logged
+    the same error 22 times) and its retries at DEBUG, says the next cause once too, and starts once both exist."""
     monkeypatch.setattr(message_module, "BACKOFF_FIRST", 0.1)
+    stream = "NOT_YET"
 
-    def waits() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if "not started" in r.getMessage()]
+    def waits(level: int) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "not started" in r.getMessage() and r.levelno == level]
 
     async def scenario():
         fake = FakeTriggerer()
-        fake.start(1, make_trigger(consumer_config=None))
-        await async_wait_until(lambda: len(waits()) >= 3, timeout=20, what="three back-off lines")
+        fake.start(1, JetStreamMessageTrigger(stream=stream, consumer=CONSUMER, fetch_timeout=0.5))
+        await async_wait_until(lambda: len(waits(logging.DEBUG)) >= 3, timeout=20, what="three retries")
         async with open_connection(orders) as conn:
-            await ensure_consumer(conn, STREAM, {"durable_name": CONSUMER, "ack_policy": "explicit"})
-            await _publish(conn, 1)
+            await ensure_stream(conn, {"name": stream, "subjects": ["not_yet.>"]})
+            await async_wait_until(lambda: any("consumer_not_found" in r.getMessage() for r in waits(logging.WARNING)),
+                                   timeout=20, what="the missing consumer said")
+            await async_wait_until(lambda: len(waits(logging.DEBUG)) >= 5, timeout=20, what="its retries")
+            await ensure_consumer(conn, stream, {"durable_name": CONSUMER, "ack_policy": "explicit"})
+            await conn.js.publish("not_yet.1", b"{}")
         await async_wait_until(lambda: fake.stored, timeout=30, what="the event after the consumer was created")
         await fake.stop()
+        async with open_connection(orders) as conn:
+            await conn.api_request(f"STREAM.DELETE.{stream}")
         return fake
 
-    with caplog.at_level(logging.WARNING, logger=message_module.__name__):
+    with caplog.at_level(logging.DEBUG, logger=message_module.__name__):
         fake = asyncio.run(scenario())
-    assert fake.failures == [] and fake.seqs() == [1]
-    lines = waits()
-    assert all(r.exc_info is None for r in lines), "a back-off line carries no traceback"
-    assert "consumer_not_found" in lines[0].getMessage()
-    delays = [float(r.getMessage().rsplit("; retry ", 1)[1].split(" in ")[1].split(" s")[0]) for r in lines[:3]]
+    assert fake.failures == [] and len(fake.stored) == 1
+    said = waits(logging.WARNING)
+    assert [r.getMessage().split("(")[-1].split(")")[0] for r in said] == ["stream_not_found", "consumer_not_found"]
+    assert all(r.exc_info is None for r in said), "a back-off line carries no traceback"
+    retries = waits(logging.DEBUG)
+    delays = [float(r.getMessage().rsplit("; retry ", 1)[1].split(" in ")[1].split(" s")[0]) for r in retries[:3]]
     assert delays == sorted(delays) and delays[0] < delays[2], delays
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from html.parser import HTMLParser
@@ -30,6 +31,8 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from airflow_jetstream.client.admin.consumers import ensure_consumer
+from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.advisories import ensure_capture_stream
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
 from airflow_jetstream.client.ledger import BatchLedger
@@ -56,6 +59,9 @@ ERROR_TEXT = "<svg onload=alert('error')>"
 ADVISED = {"stream": "<iframe src=javascript:alert(5)>", "consumer": "<a href=javascript:alert(6)>x</a>",
            "batch": "<b onclick=alert(7)>", "reason": "<style>*{display:none}</style>"}
 STORED = (STREAM, CONSUMER, SUBJECT, RUN_ID, BATCH_ID, ERROR_TEXT, *ADVISED.values())
+# A misbehaving consumer that gave up GIVEN_UP messages, and a read cursor made at a start position.
+QUIET, MISBEHAVING, GIVEN_UP = "QUIET", "misbehaving", 5
+CURSOR, CURSOR_START = "cursor", 20_001
 PAYLOADS = ("<img src=x onerror=alert(1)>", "\"><script>alert(1)</script>", "'onmouseover='alert(1)",
             "javascript:alert(1)")
 QUERY = ("ledger_bucket", "capture_stream", "stream", "run_id", "ledger_before", "per_page", "problems_page",
@@ -121,8 +127,15 @@ async def _seed(conn: JetStreamConnection) -> None:
                                                    "paused": "<b>yes</b>", "pause_until": ["<i>"]}),
         ("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.X", {"type": "<script>", "timestamp": 12, "leader": "<b>"}),
     ]
+    for seq in range(1, GIVEN_UP + 1):  # a misbehaving consumer: one max_deliveries advisory per message given up
+        forged.append((f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{QUIET}.{MISBEHAVING}", {
+            "type": "io.nats.jetstream.advisory.v1.max_deliver", "timestamp": now, "stream": QUIET,
+            "consumer": MISBEHAVING, "stream_seq": seq, "deliveries": 5}))
     for subject, body in forged:
         await conn.js.publish(subject, json.dumps(body).encode())
+    await ensure_stream(conn, {"name": QUIET, "subjects": ["quiet.>"]})
+    await ensure_consumer(conn, QUIET, {"name": CURSOR, "durable_name": CURSOR, "ack_policy": "explicit",
+                                        "deliver_policy": "by_start_sequence", "opt_start_seq": CURSOR_START})
 
     async def captured() -> bool:
         info = await conn.api_request("STREAM.INFO.ADVISORIES")
@@ -185,6 +198,32 @@ def test_the_connection_id_in_the_path_and_the_box_take_a_payload_as_text(admin:
         box = admin.get("/jetstream/connections", params={"connection_id": payload}, headers=HTML)
         assert box.status_code == 303 and box.headers["location"].endswith(quote(payload, safe=""))
     _parsed(admin.get("/jetstream/", headers=HTML))
+
+
+# ------------------------------------------------------------------------------------------ a misbehaving consumer
+
+
+def test_a_consumer_giving_up_messages_is_one_problem_with_a_count_and_the_newest_time(admin: TestClient) -> None:
+    problems = admin.get(API, params={"per_page": 1000}).json()["problems"]["problems"]
+    [given_up] = [p for p in problems if p["kind"] == "max_deliveries" and p["object"]["consumer"] == MISBEHAVING]
+    assert given_up["count"] == GIVEN_UP and given_up["newest"] >= given_up["since"]
+    assert f"gave up on {GIVEN_UP} messages (stream seq {GIVEN_UP}, 4, 3, 2, 1)" in given_up["why"], given_up
+    page = admin.get(PAGE, params={"per_page": 1000}, headers=HTML).text
+    rows = [row for row in re.findall(r'<tr class="row-error" data-kind="max_deliveries">(.*?)</tr>', page, re.S)
+            if MISBEHAVING in row]
+    assert len(rows) == 1 and f"<b>x{GIVEN_UP}</b>, newest at" in rows[0], rows
+
+
+def test_a_cursor_at_a_start_position_shows_nothing_delivered_yet(admin: TestClient) -> None:
+    """nats-server reports a consumer made at sequence 20,001 as delivered up to 20,000 with no delivery: the row
+    said "delivered seq 20,000" beside "last delivery never"."""
+    [row] = [r for r in admin.get(API, params={"per_page": 1000}).json()["consumers"]["consumers"]
+             if r["name"] == CURSOR]
+    assert (row["delivered_stream_seq"], row["delivered_count"], row["last_active"]) == (CURSOR_START - 1, 0, None)
+    page = admin.get(PAGE, params={"per_page": 1000, "stream": QUIET}, headers=HTML).text
+    [cells] = re.findall(rf'<tr id="consumer-{QUIET}-{CURSOR}"[^>]*>(.*?)</tr>', page, re.S)
+    assert f"none yet, starts after {CURSOR_START - 1:,}" in cells and "never" in cells
+    assert f'<td class="n">{CURSOR_START - 1:,}</td>' not in cells
 
 
 # ------------------------------------------------------------------------------------------ the OpenAPI schema

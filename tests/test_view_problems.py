@@ -113,6 +113,24 @@ def test_advisories_are_problems_while_younger_than_the_window() -> None:
     assert "(bad payload)" in found[1]["why"] and found[1]["anchor"] == "advisory-3"
 
 
+def test_advisories_of_one_kind_about_one_object_are_one_problem_with_a_count() -> None:
+    given_up = [{"capture_seq": 20 - i, "kind": "max_deliveries", "stream": "S", "consumer": "c", "stream_seq": 9 - i,
+                 "deliveries": 3, "timestamp": _iso(i)} for i in range(5)]  # newest first, as the window reads
+    other = {"capture_seq": 14, "kind": "max_deliveries", "stream": "S", "consumer": "d", "stream_seq": 1,
+             "deliveries": 3, "timestamp": _iso(6)}
+    abandoned = [{"capture_seq": 13 - i, "kind": "batch_abandoned", "stream": "S", "batch": f"b-{i}",
+                  "reason": "timeout", "timestamp": _iso(7 + i)} for i in range(3)]
+    found = find_problems({"advisories": {"advisories": [*given_up, other, *abandoned], "capture": _capture()}},
+                          Thresholds(), Observations(), NOW)
+    by = {(p["kind"], p["object"].get("consumer")): p for p in found}
+    assert sorted(by) == [("batch_abandoned", None), ("max_deliveries", "c"), ("max_deliveries", "d")]
+    five = by["max_deliveries", "c"]
+    assert (five["count"], five["since"], five["newest"], five["anchor"]) == (5, _iso(4), _iso(0), "advisory-20")
+    assert "gave up on 5 messages (stream seq 9, 8, 7, 6, 5)" in five["why"]
+    assert by["max_deliveries", "d"]["count"] == 1 and by["batch_abandoned", None]["count"] == 3
+    assert "abandoned 3 atomic batches on stream 'S' ('b-0', 'b-1', 'b-2'" in by["batch_abandoned", None]["why"]
+
+
 def _capture(**fields) -> dict:
     return {"captures_api_audits": False, "allow_direct": True, "direct_reads": True, **fields}
 

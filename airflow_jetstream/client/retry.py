@@ -78,7 +78,7 @@ async def retry(
     max_retries: int | None = None,
     backoff: Backoff = ELECTION,
     advice: str = "",
-    logger: logging.Logger = log,
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger] = log,
     before_retry: Callable[[], Awaitable[None]] | None = None,
 ) -> T:
     """``await attempt()``, re-running it while it raises a :class:`JetStreamError` that ``transient`` names.

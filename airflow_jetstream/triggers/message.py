@@ -89,6 +89,21 @@ def message_payload(message: Message) -> dict[str, Any]:
     return payload
 
 
+class EachCauseOnce(logging.LoggerAdapter[logging.Logger]):
+    """A watcher waits for its stream or consumer without a time limit (it may not exist for hours): each cause is
+    logged once, at WARNING, and its retries at DEBUG; a new cause (the stream came, the consumer is missing) is
+    logged again. Keys on :func:`~airflow_jetstream.client.retry.retry`'s line: (what, why, reason, retry, ...)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__(logger, {})
+        self.said: set[tuple[Any, ...]] = set()
+
+    def warning(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        cause = args[:3]
+        self.log(logging.DEBUG if cause in self.said else logging.WARNING, msg, *args, **kwargs)
+        self.said.add(cause)
+
+
 def _log_expired(where: str, lease: DeliveryLease) -> None:
     log.warning("%s: message %d held %.1f s, past ack_wait %.0f s (the triggerer was stalled): not fired; the "
                 "server redelivers it", where, lease.msg.metadata.sequence.stream, lease.held_for(), lease.ack_wait)
@@ -165,7 +180,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             return exc.message if waited_out else None
 
         return await retry(f"Watcher on {self.stream}/{self.consumer} not started", attempt, transient=why,
-                           budget=None, backoff=Backoff(BACKOFF_FIRST, BACKOFF_MAX), logger=log)
+                           budget=None, backoff=Backoff(BACKOFF_FIRST, BACKOFF_MAX), logger=EachCauseOnce(log))
 
     async def open_stream(self) -> AsyncIterator[tuple[Message, int]]:
         from airflow_jetstream.client.reading.lease import DeliveryLease

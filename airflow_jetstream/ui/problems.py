@@ -110,7 +110,7 @@ def _problem(kind: str, obj: dict[str, Any], why: str, anchor: str, since: datet
              since_means: str | None = None) -> dict[str, Any]:
     severity, fix = KINDS[kind]
     return {"kind": kind, "severity": severity, "object": obj, "why": why, "since": _iso(since),
-            "since_means": since_means if since else None, "fix": fix, "anchor": anchor}
+            "since_means": since_means if since else None, "fix": fix, "anchor": anchor, "count": 1, "newest": None}
 
 
 def anchor(kind: str, *names: Any) -> str:
@@ -126,29 +126,51 @@ def _seconds(delta: timedelta) -> str:
     return f"{seconds} s"
 
 
+def _advisory_why(kind: str, rows: list[dict[str, Any]]) -> str:
+    """What the advisories of one kind about one object say; ``rows`` newest first."""
+    newest, count = rows[0], len(rows)
+    stream, consumer = newest.get("stream"), newest.get("consumer")
+    seqs = ", ".join(str(row.get("stream_seq")) for row in rows[:5]) + (" ..." if count > 5 else "")
+    if kind == "batch_abandoned":
+        batches = ", ".join(repr(row.get("batch")) for row in rows[:5]) + (" ..." if count > 5 else "")
+        return (f"the server abandoned atomic batch {newest.get('batch')!r} on stream {stream!r} "
+                f"(reason {newest.get('reason') or 'unknown'})" if count == 1 else
+                f"the server abandoned {count} atomic batches on stream {stream!r} ({batches}; newest: reason "
+                f"{newest.get('reason') or 'unknown'})")
+    if kind == "max_deliveries":
+        return (f"consumer {consumer!r} of stream {stream!r} gave up on message {newest.get('stream_seq')} after "
+                f"{newest.get('deliveries')} deliveries" if count == 1 else
+                f"consumer {consumer!r} of stream {stream!r} gave up on {count} messages (stream seq {seqs}), the "
+                f"newest after {newest.get('deliveries')} deliveries")
+    reason = f" ({newest['reason']})" if newest.get("reason") else ""
+    return (f"consumer {consumer!r} of stream {stream!r} terminated message {newest.get('stream_seq')}{reason}"
+            if count == 1 else
+            f"consumer {consumer!r} of stream {stream!r} terminated {count} messages (stream seq {seqs}){reason}")
+
+
 def advisory_problems(rows: list[dict[str, Any]], limits: Thresholds, now: datetime) -> list[dict[str, Any]]:
-    """Abandoned batches, given-up and terminated messages among the advisories younger than ``advisory_age``."""
-    out = []
-    for row in rows:
+    """Abandoned batches, given-up and terminated messages among the advisories younger than ``advisory_age``:
+    one problem per kind and object (a stream's abandoned batches, a consumer's given-up or terminated messages)
+    with their ``count``, since the oldest and ``newest`` the newest; it names the newest advisory's row."""
+    groups: dict[tuple[Any, ...], list[tuple[dict[str, Any], datetime]]] = {}
+    for row in rows:  # newest first
         when = parse_timestamp(row.get("timestamp"))
         if row.get("kind") not in ("batch_abandoned", "max_deliveries", "msg_terminated") or when is None \
                 or now - when > timedelta(seconds=limits.advisory_age):
             continue
-        stream, consumer = row.get("stream"), row.get("consumer")
-        obj = {"type": "advisory", "capture_seq": row["capture_seq"], "stream": stream}
-        if row["kind"] == "batch_abandoned":
-            obj["batch"] = row.get("batch")
-            why = f"the server abandoned atomic batch {row.get('batch')!r} on stream {stream!r} " \
-                  f"(reason {row.get('reason') or 'unknown'})"
-        elif row["kind"] == "max_deliveries":
-            obj.update(consumer=consumer, stream_seq=row.get("stream_seq"))
-            why = f"consumer {consumer!r} of stream {stream!r} gave up on message {row.get('stream_seq')} after " \
-                  f"{row.get('deliveries')} deliveries"
+        consumer = None if row["kind"] == "batch_abandoned" else str(row.get("consumer"))
+        groups.setdefault((row["kind"], str(row.get("stream")), consumer), []).append((row, when))
+    out = []
+    for (kind, _, _), found in groups.items():
+        newest = found[0][0]
+        obj = {"type": "advisory", "capture_seq": newest["capture_seq"], "stream": newest.get("stream")}
+        if kind == "batch_abandoned":
+            obj["batch"] = newest.get("batch")
         else:
-            obj.update(consumer=consumer, stream_seq=row.get("stream_seq"))
-            why = f"consumer {consumer!r} of stream {stream!r} terminated message {row.get('stream_seq')}" + \
-                  (f" ({row['reason']})" if row.get("reason") else "")
-        out.append(_problem(row["kind"], obj, why, anchor("advisory", row["capture_seq"]), when, "advisory time"))
+            obj.update(consumer=newest.get("consumer"), stream_seq=newest.get("stream_seq"))
+        problem = _problem(kind, obj, _advisory_why(kind, [row for row, _ in found]),
+                           anchor("advisory", newest["capture_seq"]), min(when for _, when in found), "advisory time")
+        out.append({**problem, "count": len(found), "newest": _iso(max(when for _, when in found))})
     return out
 
 

@@ -74,6 +74,8 @@ class Problem(BaseModel):
     fix: str
     anchor: str
     at: At
+    count: int
+    newest: str | None
 
 
 class Problems(BaseModel):

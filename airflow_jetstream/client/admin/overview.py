@@ -91,6 +91,7 @@ def consumer_row(info: dict[str, Any]) -> dict[str, Any]:
         "num_redelivered": int(info.get("num_redelivered") or 0),
         "num_waiting": int(info.get("num_waiting") or 0),
         "delivered_stream_seq": int(delivered.get("stream_seq") or 0),
+        "delivered_count": int(delivered.get("consumer_seq") or 0),  # deliveries: 0 while the start is only a cursor
         "ack_floor_stream_seq": int(ack_floor.get("stream_seq") or 0),
         "last_active": delivered.get("last_active"),
         "last_ack": ack_floor.get("last_active"),

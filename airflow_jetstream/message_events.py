@@ -39,8 +39,13 @@ def _message(event: Any) -> dict[str, Any] | None:
 
 def asset_messages(asset: Any, triggering_asset_events: Mapping[Any, Any] | None,
                    inlet_events: Mapping[Any, Any] | None = None, *,
-                   limit: int = STRANDED_LIMIT) -> list[dict[str, Any]]:
+                   limit: int = STRANDED_LIMIT,
+                   nats_conn_id: str = JetStreamHook.default_conn_name) -> list[dict[str, Any]]:
     """The message payloads of this run's events of ``asset`` and of those stored after its first one.
+
+    An event carries only where its message is (the watcher's default, so that no body reaches the triggerer's
+    log or the asset event); the body and headers are read back here from the stream (``nats_conn_id``), one
+    request per message, into the payload the watcher saw (``json`` or ``data``, ``encoding``, ``headers``).
 
     With ``inlet_events`` (the task declares ``inlets=[asset]``), events Airflow stored after this run's
     first event are included too: an event that got no run of its own (stranded) is stored before the
@@ -57,7 +62,41 @@ def asset_messages(asset: Any, triggering_asset_events: Mapping[Any, Any] | None
         message = _message(event)
         if message is not None:
             messages.setdefault((message["stream"], message["stream_seq"]), message)
-    return [messages[key] for key in sorted(messages, key=lambda k: (k[0], k[1]))]
+    ordered = [messages[key] for key in sorted(messages, key=lambda k: (k[0], k[1]))]
+    if all(map(_has_body, ordered)):
+        return ordered
+    return JetStreamHook(nats_conn_id=nats_conn_id).run(_read_back, ordered)
+
+
+def _has_body(payload: dict[str, Any]) -> bool:
+    """The event carried the body (``body_in_event``) or an advisory watcher's parsed advisory."""
+    return any(key in payload for key in ("json", "data", "advisory"))
+
+
+async def _read_back(conn: Any, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``payloads`` with the body and headers of each reference read from its stream (by ``stream_seq``)."""
+    from airflow_jetstream.client.errors import JetStreamError
+    from airflow_jetstream.client.reading.direct import get_message
+    from airflow_jetstream.client.reading.headers import headers_json
+    from airflow_jetstream.client.reading.messages import body_fields
+
+    complete = []
+    for payload in payloads:
+        if _has_body(payload):
+            complete.append(payload)
+            continue
+        stream, seq = payload["stream"], payload["stream_seq"]
+        stored = await get_message(conn, stream, seq=seq)
+        if stored is None:
+            raise JetStreamError(
+                f"message {seq} of stream {stream!r} (an asset event's) is no longer stored when the task reads it "
+                "(a workqueue or interest stream removes it once the watcher acks, max_age once it is old): use a "
+                "limits stream whose max_age outlasts the runs, or the watcher's body_in_event=True",
+                reason="message_gone")
+        where = f"stream {stream!r} at sequence {seq}"
+        complete.append({**payload, "headers": headers_json(stored.headers),
+                         **body_fields(stored.data, where=where, limit=len(stored.data))})
+    return complete
 
 
 def process_each_once(messages: Iterable[dict[str, Any]], work: Callable[[dict[str, Any]], Any], *, bucket: str,

@@ -113,7 +113,8 @@ with DAG(dag_id="process_ready_orders", schedule=[orders_ready], start_date=STAR
         from airflow_jetstream.message_events import asset_messages, process_each_once
 
         def handle(message: dict) -> None:
-            print(f"order message {message['stream_seq']} on {message['subject']}: {message.get('json')}")
+            order = (message.get("json") or {}).get("order")  # the order's id, not the whole body, in the task log
+            print(f"order message {message['stream_seq']} on {message['subject']}: order {order}")
 
         messages = asset_messages(orders_ready, triggering_asset_events, inlet_events)
         return process_each_once(messages, handle, bucket=PROCESSED_BUCKET)

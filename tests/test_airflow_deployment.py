@@ -229,6 +229,37 @@ def test_event_driven_exactly_once_across_triggerer_stops(airflow: LocalAirflow,
     print(f"SIGKILL: {repeats} of {len(published)} message(s) repeated, each processed once")
 
 
+#: Personal data and a credential in a message: the run reads them, nothing a viewer can read holds them.
+PLANTED = ("078-05-1120", "Bearer planted-9a0e")
+
+
+def _files_holding(folder: Path, text: str) -> list[str]:
+    return [str(path.relative_to(folder)) for path in folder.rglob("*")
+            if path.is_file() and text.encode() in path.read_bytes()]
+
+
+def test_no_message_body_in_the_triggerers_log_or_the_asset_events(airflow: LocalAirflow,
+                                                                   nats_settings: ConnectionSettings) -> None:
+    """Airflow's triggerer logs every event it fires (``Trigger fired event ... result=``) and keeps it as an
+    asset event (``/api/v2/assets/events``), both readable by a viewer; the watcher's event says where the message
+    is, and process_ready_orders reads the body back (asset_messages) and processes it."""
+    async def go() -> int:
+        async with open_connection(nats_settings) as conn:
+            body = json.dumps({"order": 4242, "ssn": PLANTED[0]}).encode()
+            return (await conn.js.publish("orders.ready", body, headers={"Authorization": PLANTED[1]})).seq
+
+    seq = asyncio.run(go())
+    wait_until(lambda: seq in processed_seqs(nats_settings) and not active_runs(airflow),
+               "process_ready_orders to process the planted message", timeout=240, every=0.5)
+    events = Api(airflow).text("GET", "/api/v2/assets/events?limit=200&order_by=-timestamp")
+    assert f'"stream_seq": {seq}' in events.replace('\\"', '"') or f'"stream_seq":{seq}' in events, events[:2000]
+    fired = [line for line in airflow.log_tail("triggerer", chars=10**7).splitlines() if "Trigger fired event" in line]
+    assert any(str(seq) in line for line in fired), fired[-3:]
+    for secret in PLANTED:
+        assert secret not in events, "an asset event holds the message's body or headers"
+        assert _files_holding(airflow.home, secret) == [], "a log (triggerer, task) holds the body or headers"
+
+
 def _abandon_batches(settings: ConnectionSettings, batch_ids: list[str]) -> None:
     """Open an atomic batch on ORDERS_GUARDED per id and never commit it: the server abandons each one."""
     async def go() -> None:

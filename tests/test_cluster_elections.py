@@ -232,7 +232,7 @@ def test_message_and_kv_sensors_and_triggers_wait_through_a_leaderless_stream(
     pokes, published, (message_event, kv_event) = asyncio.run(main())
     assert [bool(p) for p in pokes] == [False, False]  # "not yet", not a failed task
     assert published.ok, published.to_dict()
-    assert message_event["status"] == "matched" and message_event["message"]["data"] == "ready"
+    assert message_event["status"] == "matched" and message_event["message"]["seq"] == published.seq
     assert kv_event["status"] == "matched" and kv_event["entry"]["value"] == "ready"
 
 

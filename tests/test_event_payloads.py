@@ -1,17 +1,22 @@
-"""What an asset event stores of a JetStream message (Airflow keeps every event in its metadata DB): the body
-once (``json`` when it is JSON, else ``data``), and at most EVENT_BODY_LIMIT bytes of it, with a note when cut."""
+"""What an asset event stores of a JetStream message (Airflow logs every event in the triggerer and keeps it in its
+metadata DB): by default where the message is, read back by the task; with ``body_in_event`` the body once
+(``json`` when it is JSON, else ``data``), and at most EVENT_BODY_LIMIT bytes of it, with a note when cut."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
+from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
+from airflow_jetstream.client.errors import JetStreamError
 from airflow_jetstream.client.reading.messages import EVENT_BODY_LIMIT, Message, body_fields
-from airflow_jetstream.triggers.message import JetStreamMessageTrigger, message_payload
+from airflow_jetstream.message_events import asset_messages
+from airflow_jetstream.triggers.message import EVENT_REFERENCE, JetStreamMessageTrigger, message_payload
 
 
 @pytest.mark.parametrize(("body", "expected"), [
@@ -74,3 +79,53 @@ def test_an_advisory_event_carries_the_advisory_once() -> None:
     assert event is not None
     assert event.payload["advisory"]["stream"] == "WATCHED" and "json" not in event.payload
     assert event.payload["advisory"]["advisory_kind"] == "stream_created"
+
+
+#: A body with personal data: no event may carry it by default (Airflow's triggerer logs every event).
+PERSONAL = b'{"order": 5, "ssn": "078-05-1120"}'
+
+
+def _delivered(settings: ConnectionSettings, stream: str, config: dict, body: bytes) -> Message:
+    """The message a watcher gets, published with ``body`` (and an Authorization header)."""
+    async def main() -> Message:
+        async with open_connection(settings) as conn:
+            await ensure_stream(conn, {"name": stream, "subjects": [f"{stream.lower()}.>"], **config})
+            await conn.js.publish(f"{stream.lower()}.a", body, headers={"Authorization": "Bearer planted-7c1d"})
+            sub = await conn.js.pull_subscribe(f"{stream.lower()}.a", durable="w", stream=stream)
+            (msg,) = await sub.fetch(1, timeout=5)
+            await msg.ack_sync()
+            return Message.from_delivery(msg)
+
+    return asyncio.run(main())
+
+
+def test_an_event_carries_where_the_message_is_and_the_task_reads_the_body_back(nats_server, nats_conn) -> None:
+    """``Trigger fired event ... result=<payload>`` is in the triggerer's log and the asset event in Airflow's
+    database: both hold the reference only; ``asset_messages`` gives the task the payload the watcher saw."""
+    settings = ConnectionSettings(servers=nats_server.url, connect_timeout=2, request_timeout=5)
+    delivered = _delivered(settings, "PII", {}, PERSONAL)
+    trigger = JetStreamMessageTrigger(stream="PII", consumer="w")
+    event = trigger.event_for(delivered)
+    assert event is not None and set(event.payload) == set(EVENT_REFERENCE)
+    logged = json.dumps(event.payload)
+    assert "078-05-1120" not in logged and "planted-7c1d" not in logged, logged
+    assert trigger.serialize()[1]["body_in_event"] is False
+
+    asset = object()
+    stored = SimpleNamespace(timestamp=datetime.now(UTC), extra={"payload": event.payload})
+    (read,) = asset_messages(asset, {asset: [stored]})
+    assert read == message_payload(delivered), "the same payload as with the body in the event"
+
+    opted_in = JetStreamMessageTrigger(stream="PII", consumer="w", body_in_event=True).event_for(delivered)
+    assert opted_in is not None and opted_in.payload == read and "078-05-1120" in json.dumps(opted_in.payload)
+
+
+def test_a_message_gone_before_the_task_reads_it_is_a_typed_error(nats_server, nats_conn) -> None:
+    settings = ConnectionSettings(servers=nats_server.url, connect_timeout=2, request_timeout=5)
+    delivered = _delivered(settings, "PII_WQ", {"retention": "workqueue"}, PERSONAL)  # the ack removed it
+    event = JetStreamMessageTrigger(stream="PII_WQ", consumer="w").event_for(delivered)
+    asset = object()
+    stored = SimpleNamespace(timestamp=datetime.now(UTC), extra={"payload": event.payload})
+    with pytest.raises(JetStreamError, match="body_in_event=True") as gone:
+        asset_messages(asset, {asset: [stored]})
+    assert gone.value.reason == "message_gone"

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.connection_pool import POOL
-from airflow_jetstream.client.errors import InvalidFunctionError
+from airflow_jetstream.client.errors import InvalidFunctionError, JetStreamError
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.hooks.jetstream import JetStreamHook
@@ -109,7 +109,12 @@ def test_deferrable_sensor_defers_and_the_trigger_fires_on_a_new_match(conn_id, 
     assert info["shared"] == 1, "two triggers of one connection id share one NATS connection"
     assert (first_event["status"], first_event["message"]["seq"]) == ("matched", 3)
     assert second_event["message"]["seq"] == 2
-    assert sensor.execute_complete({}, first_event)["result"] == {"total": 20}
+    assert first_event["message"] == {"stream": "AWAIT_DEFER", "subject": "await_defer.created", "seq": 3,
+                                      "time": first_event["message"]["time"], "delivered": 1}, \
+        "the event (in the triggerer's log) says where the message is, not what it says"
+    completed = sensor.execute_complete({}, first_event)
+    assert completed["result"] == {"total": 20} and json.loads(completed["data"]) == {"order": 2, "total": 20}
+    assert completed["headers"] == {"Order-Id": "2"}, "read back by the task: the XCom keeps its form"
     with pytest.raises(AirflowException, match="apply_function_failed"):
         sensor.execute_complete({}, {"status": "error", "error": {"message": "x", "reason": "apply_function_failed"}})
 
@@ -146,3 +151,25 @@ def test_bad_input_is_a_typed_error_naming_the_fix(conn_id, server) -> None:
     with pytest.raises(Exception, match="'new', 'first'") as bad_start:
         _sensor("AWAIT_WQ2", apply_function_kwargs={"order_id": 1}, start="yesterday", deferrable=False).poke({})
     assert bad_start.value.reason == "invalid_start"
+
+
+def test_the_body_is_in_the_event_only_when_asked_and_a_message_gone_is_a_typed_error(conn_id, server) -> None:
+    asyncio.run(_publish(server, "AWAIT_OPT", [1, 2]))
+    kwargs = {"stream": "AWAIT_OPT", "apply_function": "tests.test_message_sensor.is_order", "start_seq": 1,
+              "apply_function_kwargs": {"order_id": 2}}
+    opted_in = JetStreamHook(nats_conn_id=conn_id).run(
+        JetStreamAwaitMessageTrigger(**kwargs, body_in_event=True).check)
+    assert json.loads(opted_in["message"]["data"]) == {"order": 2, "total": 20} and opted_in["message"]["result"]
+
+    reference = JetStreamHook(nats_conn_id=conn_id).run(JetStreamAwaitMessageTrigger(**kwargs).check)
+    assert set(reference["message"]) == {"stream", "subject", "seq", "time", "delivered"}
+    asyncio.run(_purge(server, "AWAIT_OPT"))  # e.g. max_age removed it before the task ran
+    sensor = _sensor("AWAIT_OPT", apply_function_kwargs={"order_id": 2}, deferrable=True)
+    with pytest.raises(JetStreamError, match="body_in_event=True") as gone:
+        sensor.execute_complete({}, reference)
+    assert gone.value.reason == "message_gone"
+
+
+async def _purge(server: EmbeddedNatsServer, stream: str) -> None:
+    async with open_connection(_settings(server)) as conn:
+        await conn.api_request(f"STREAM.PURGE.{stream}", {}, context="test")

@@ -13,6 +13,7 @@ import html
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -290,6 +291,25 @@ def test_nats_unreachable_is_503_with_the_typed_error(admin: TestClient, monkeyp
     assert body["error"]["reason"] and "127.0.0.1" in body["error"]["message"] and "streams" not in body
     page = admin.get("/jetstream/connections/nats_dead", headers=HTML)
     assert page.status_code == 503 and "NATS cannot be read" in page.text
+
+
+@pytest.mark.parametrize("credential", ["wrong_token", "malformed_seed", "not_a_creds_file"])
+def test_a_bad_credential_is_a_typed_4xx_or_503_never_500(admin: TestClient, server: EmbeddedNatsServer,
+                                                           monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                           credential: str) -> None:
+    """A malformed NKey seed answered 500 (nats-py's AssertionError from closing a client that never connected)."""
+    garbage = tmp_path / "garbage.creds"
+    garbage.write_text("PLANTED-not-a-creds-file")
+    extra = {"wrong_token": {"token": "PLANTED-wrong-token"}, "malformed_seed": {"nkey_seed_secret": "SUAPLANTED"},
+             "not_a_creds_file": {"creds_file": str(garbage)}}[credential]
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_BAD", nats_conn_json(server.url, extra=extra))
+    for headers in ({}, HTML):
+        reply = admin.get("/jetstream/api/connections/nats_bad" if not headers else "/jetstream/connections/nats_bad",
+                          headers=headers)
+        assert reply.status_code in (400, 503), (reply.status_code, reply.text[:500])
+        assert "PLANTED" not in reply.text
+    assert admin.get("/jetstream/api/connections/nats_bad").json()["error"]["reason"] in (
+        "authentication_failed", "invalid_settings")
 
 
 def test_a_stalled_nats_is_503_within_the_request_bound(airflow_app: FastAPI, monkeypatch: pytest.MonkeyPatch,

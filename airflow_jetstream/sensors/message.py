@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.providers.common.compat.sdk import conf
 
 from airflow_jetstream.client.durations import to_seconds
+from airflow_jetstream.client.errors import JetStreamError
 from airflow_jetstream.client.reading.apply_function import function_path, load_function
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.base import JetStreamBaseSensor, failure
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
 
 
 def _templated(value: Any) -> bool:
@@ -53,6 +57,11 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         through the subscription its triggerer process shares for the stream); accepted so that DAGs keep parsing.
     :param deferrable: wait in the triggerer; default ``[operators] default_deferrable``.
     :param nats_conn_id: the ``nats`` connection to use (templated).
+    :param body_in_event: put the whole matching message (body, headers, the function's result) in the
+        trigger's event. Off by default: Airflow's triggerer logs each event where anyone allowed to read task
+        logs reads it; the event then carries only where the message is and the task reads it back (the
+        message must still be stored then: a workqueue or interest stream, or a short ``max_age``, may have
+        removed it; the task then fails with reason ``message_gone``).
     """
 
     template_fields: Sequence[str] = ("stream", "filter_subject", "start", "apply_function_args",
@@ -72,6 +81,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         fetch_timeout: float | str | timedelta | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         nats_conn_id: str = JetStreamHook.default_conn_name,
+        body_in_event: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -89,6 +99,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         self.start = start
         self.fetch_timeout = to_seconds(5.0 if fetch_timeout is None else fetch_timeout, field="fetch_timeout")
         self.nats_conn_id = nats_conn_id
+        self.body_in_event = body_in_event
         self._first_seq: int | None = None
 
     def _start_seq(self, context: Any) -> int:
@@ -108,13 +119,31 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
             stream=self.stream, apply_function=self.apply_function, start_seq=self._start_seq(context),
             filter_subject=self.filter_subject or None, apply_function_args=self.apply_function_args,
             apply_function_kwargs=self.apply_function_kwargs, nats_conn_id=self.nats_conn_id,
+            body_in_event=self.body_in_event,
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") == "matched" and event.get("message"):
             message: dict[str, Any] = event["message"]
+            if "encoding" not in message:  # a reference (the body stays out of the triggerer's log): read it here
+                message = self.hook.run(self._read_back, message)
             self.log.info("Matched message seq %s on %s", message["seq"], message["subject"])
             return message
         if event.get("status") == "timeout":
             self.timed_out(f"no message of stream {self.stream} matched")
         raise failure("a message", event.get("error") or event)
+
+    async def _read_back(self, conn: JetStreamConnection, reference: dict[str, Any]) -> dict[str, Any]:
+        """The referenced message as the sensor returns it, with the function's result computed again here."""
+        from airflow_jetstream.client.reading.apply_function import bind_function, call_function, with_result
+        from airflow_jetstream.client.reading.direct import get_message
+
+        stored = await get_message(conn, reference["stream"], seq=reference["seq"])
+        if stored is None:
+            raise JetStreamError(
+                f"message {reference['seq']} of stream {reference['stream']!r} matched but is no longer stored when "
+                "the task reads it (the stream's retention or max_age removed it): keep messages longer, or pass "
+                "body_in_event=True to carry the body in the trigger's event", reason="message_gone")
+        match = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
+        message = {**stored.to_dict(), "delivered": reference.get("delivered", 1)}
+        return with_result(message, await call_function(match, stored))

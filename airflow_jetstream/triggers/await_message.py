@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from airflow_jetstream.client.reading.apply_function import FunctionSpec
 
 
+#: What a matched message's event carries by default: where the message is, not what it says.
+MESSAGE_REFERENCE = ("stream", "subject", "seq", "time", "delivered")
+
+
 class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
     """Fire once a message of ``stream`` (on ``filter_subject``) from ``start_seq`` on satisfies ``apply_function``.
 
@@ -29,13 +33,18 @@ class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
 
     Events: ``{"status": "matched", "message": {...}, "next_seq", "scanned"}`` or
     ``{"status": "error", "error": {...}}`` or, once ``timeout_at`` (ISO time) passed, ``{"status": "timeout"}``.
+    The matched message is a reference, ``{"stream", "subject", "seq", "time", "delivered"}``: Airflow's triggerer
+    logs every event (``Trigger fired event ... result=...``) where anyone who may read task logs reads it, so the
+    body, headers and the function's result stay out of it and the sensor reads them back. ``body_in_event=True``
+    puts the whole message in the event instead (as the sensor returns it).
     """
 
     what = "a message"
 
     def __init__(self, *, stream: str, apply_function: FunctionSpec, start_seq: int, filter_subject: str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
-                 fetch_timeout: float | str | timedelta | None = None, **kwargs: Any) -> None:
+                 fetch_timeout: float | str | timedelta | None = None, body_in_event: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
         self.apply_function = apply_function
@@ -44,12 +53,14 @@ class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
         self.apply_function_args = list(apply_function_args or [])
         self.apply_function_kwargs = dict(apply_function_kwargs or {})
         self.fetch_timeout = None if fetch_timeout is None else to_seconds(fetch_timeout, field="fetch_timeout")
+        self.body_in_event = body_in_event
         self.last_seen = f"no message of stream {stream} from seq {self.start_seq} looked at yet"
 
     def _kwargs(self) -> dict[str, Any]:
         return {"stream": self.stream, "apply_function": self.apply_function, "start_seq": self.start_seq,
                 "filter_subject": self.filter_subject, "apply_function_args": self.apply_function_args,
-                "apply_function_kwargs": self.apply_function_kwargs, "fetch_timeout": self.fetch_timeout}
+                "apply_function_kwargs": self.apply_function_kwargs, "fetch_timeout": self.fetch_timeout,
+                "body_in_event": self.body_in_event}
 
     def goal(self) -> str:
         return (f"a message of stream {self.stream} ({self.filter_subject or 'all subjects'}) "
@@ -68,6 +79,8 @@ class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
         message = found["message"]
         answer = f"match at seq {message['seq']}" if message else "no match yet"
         self.last_seen = f"looked at {found['scanned']} message(s) of stream {self.stream} from seq {first}: {answer}"
+        if message and not self.body_in_event:
+            found["message"] = {key: message[key] for key in MESSAGE_REFERENCE}
         return found
 
     async def check(self, conn: JetStreamConnection) -> dict[str, Any] | None:

@@ -70,8 +70,13 @@ BACKOFF_FIRST, BACKOFF_MAX = 2.0, 30.0
 _ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "batch_id", "reason", "match")
 
 
+#: What an asset event keeps of a message by default: where it is and how it was delivered, not what it says.
+EVENT_REFERENCE = ("stream", "consumer", "subject", "stream_seq", "consumer_seq", "delivered", "published", "size")
+
+
 def message_payload(message: Message) -> dict[str, Any]:
-    """A delivered message as a JSON-able dict (what each asset event carries)."""
+    """A delivered message as a JSON-able dict: what an asset event carries with ``body_in_event`` (else only its
+    :data:`EVENT_REFERENCE` fields), and what ``asset_messages`` gives the task."""
     from airflow_jetstream.client.reading.headers import headers_json
 
     payload: dict[str, Any] = {
@@ -314,6 +319,12 @@ class JetStreamMessageTrigger(BaseEventTrigger):
     :param batch_size, fetch_timeout: pull request size and server-side wait (seconds).
     :param max_unconfirmed: at most this many messages handed to Airflow and not yet confirmed stored
         (None: ``batch_size``); bounds the repeat events after a stopped, killed or stalled triggerer.
+    :param body_in_event: put the message's body and headers in the asset event. Off by default: Airflow's
+        triggerer logs every event (``Trigger fired event ... result=...``) and stores it as an asset event, both
+        readable by users who may not read the stream; the event then carries only where the message is
+        (:data:`EVENT_REFERENCE`) and :func:`~airflow_jetstream.message_events.asset_messages` reads the body
+        back in the task (the message must still be stored: a limits stream, not workqueue or interest, whose
+        ``max_age`` outlasts the runs). An advisory watcher's event carries the parsed advisory either way.
     """
 
 
@@ -334,6 +345,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
         batch_size: int = 64,
         fetch_timeout: float | str | timedelta = 5.0,
         max_unconfirmed: int | None = None,
+        body_in_event: bool = False,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseEventTrigger is not annotated
         self.stream = validate_name(stream, what="stream name")
@@ -356,6 +368,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
             raise InvalidRequestError(f"max_unconfirmed must be a positive int or None, got {max_unconfirmed!r}",
                                       reason="invalid_option")
         self.max_unconfirmed = max_unconfirmed
+        self.body_in_event = body_in_event
 
     def _advisory_filter(self) -> AdvisoryFilter | None:
         if all(getattr(self, key) is None for key in _ADVISORY_KEYS):
@@ -376,6 +389,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
                 "batch_size": self.batch_size,
                 "fetch_timeout": self.fetch_timeout,
                 "max_unconfirmed": self.max_unconfirmed,
+                "body_in_event": self.body_in_event,
             },
         )
 
@@ -410,7 +424,9 @@ class JetStreamMessageTrigger(BaseEventTrigger):
             if advisory is None or not self.advisory_filter.matches(advisory):
                 return None
             payload["advisory"] = advisory.to_dict()  # the body's fields and more: it replaces "json"
-            del payload["json"]
+            payload.pop("json", None)
+        if not self.body_in_event:  # Airflow's triggerer logs the event, and keeps an asset event's for every reader
+            payload = {key: payload[key] for key in (*EVENT_REFERENCE, "advisory") if key in payload}
         return TriggerEvent(payload)
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:

@@ -183,6 +183,35 @@ def test_html_puts_problems_on_top_and_marks_rows_worst_first(admin: TestClient)
     assert TOKEN not in html
 
 
+def test_an_event_watcher_waiting_for_a_stream_that_does_not_exist_is_a_problem(admin: TestClient) -> None:
+    """The asset watcher's trigger, as the scheduler stores it: the view lists it until its stream exists."""
+    from airflow.models.trigger import Trigger
+    from airflow.utils.session import create_session
+
+    from airflow_jetstream.triggers.message import JetStreamMessageTrigger
+
+    with create_session() as session:
+        row = Trigger.from_object(JetStreamMessageTrigger(stream="ORDERS_LATER", consumer="airflow_later",
+                                                          nats_conn_id=CONN))
+        other = Trigger.from_object(JetStreamMessageTrigger(stream="ORDERS_ELSEWHERE", consumer="c",
+                                                            nats_conn_id="nats_other"))
+        session.add_all([row, other])
+        session.flush()
+        trigger_id = row.id
+    try:
+        body = admin.get(API, params={"per_page": 1000}).json()
+        [waiting] = [p for p in body["problems"]["problems"] if p["kind"] == "watcher_waiting"]
+        assert waiting["object"] == {"type": "watcher", "stream": "ORDERS_LATER", "consumer": "airflow_later",
+                                     "trigger_id": trigger_id, "name": None}
+        assert waiting["severity"] == "warning" and waiting["since_means"] == "watcher created"
+        page = admin.get(PAGE, headers=HTML).text
+        assert 'data-kind="watcher_waiting"' in page and "ORDERS_LATER" in page
+    finally:
+        with create_session() as session:
+            session.query(Trigger).filter(Trigger.classpath.like("airflow_jetstream.%")).delete()
+    assert not [p for p in admin.get(API).json()["problems"]["problems"] if p["kind"] == "watcher_waiting"]
+
+
 # ------------------------------------------------------------------------------------------ reading never writes
 
 

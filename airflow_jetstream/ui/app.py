@@ -40,6 +40,7 @@ from airflow_jetstream.ui.config import ViewSettings, view_settings
 from airflow_jetstream.ui.paging import PAGED, PageQuery, shape
 from airflow_jetstream.ui.schema import INDEX_RESPONSES, PAGE_RESPONSES, RESPONSES
 from airflow_jetstream.ui.snapshot import ReadKey, read_snapshot
+from airflow_jetstream.ui.watchers import event_watchers
 from airflow_jetstream.version import __version__
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,8 @@ def _connection_settings(connection_id: str) -> Any:
 def _reader(key: ReadKey, view: ViewSettings) -> Any:
     async def read(deadline: float, seen: Any) -> dict[str, Any]:
         own = await asyncio.to_thread(_connection_settings, key.connection_id)
-        snapshot = await read_snapshot(key, own, view, seen, deadline=deadline)
+        watchers = await asyncio.to_thread(event_watchers, key.connection_id)
+        snapshot = await read_snapshot(key, own, view, seen, deadline=deadline, watchers=watchers)
         problems = snapshot.get("problems") or []
         log.info("JetStream view of %s: %s, %d problem(s) (%d error(s)), read in %d ms", key.connection_id,
                  f"NATS unreadable ({snapshot['error']['reason']})" if "error" in snapshot else "read",

@@ -63,6 +63,9 @@ KINDS: dict[str, tuple[str, str]] = {
                         "seen: run JetStreamAdvisoryStreamOperator (or set capture_stream)"),
     "capture_writes_on_read": (WARNING, "reading this capture stream adds messages to it (it captures API audits or "
                                "lacks allow_direct): run JetStreamAdvisoryStreamOperator once to update it"),
+    "watcher_waiting": (WARNING, "an event watcher waits for a stream that does not exist: no event comes until it "
+                        "does; create the stream (JetStreamEnsureStreamOperator, or the DAG that makes it) or fix "
+                        "the watcher's stream name"),
     "section_unreadable": (WARNING, "part of the view could not be read: see the section's error; what it would "
                            "show is unknown"),
     "read_incomplete": (WARNING, "more exists than the view reads: problems in what was not read are not shown; "
@@ -295,6 +298,25 @@ def capture_problems(section: dict[str, Any] | None, capture_stream: str) -> lis
     return []
 
 
+def watcher_problems(watchers: dict[str, Any] | None, streams: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Event watchers of the connection waiting for a stream that does not exist (judged on a complete listing)."""
+    if not watchers or "error" in watchers or not streams or "error" in streams \
+            or streams.get("total", 0) > streams.get("read", 0) or streams.get("missing"):
+        return []
+    names = {row["name"] for row in streams.get("streams") or []}
+    out = []
+    for watcher in watchers.get("watchers") or []:
+        if watcher["stream"] in names:
+            continue
+        obj = {"type": "watcher", "stream": watcher["stream"], "consumer": watcher["consumer"],
+               "trigger_id": watcher["trigger_id"], "name": ", ".join(watcher["names"]) or None}
+        out.append(_problem("watcher_waiting", obj, f"event watcher {', '.join(watcher['names']) or '(unnamed)'} "
+                            f"(trigger {watcher['trigger_id']}) waits for stream {watcher['stream']!r}, which does "
+                            "not exist", "section-streams", parse_timestamp(watcher.get("created")),
+                            "watcher created"))
+    return out
+
+
 def read_problems(sections: dict[str, Any]) -> list[dict[str, Any]]:
     """Sections that could not be read, and listings cut at the view's bounds."""
     out = []
@@ -338,8 +360,9 @@ def find_problems(snapshot: dict[str, Any], limits: Thresholds, seen: Observatio
     for run in ledger.get("runs") or []:
         found += ledger_problems(run, ledger.get("bucket", ""))
     found += capture_problems(snapshot.get("advisories"), snapshot.get("capture_stream", ""))
+    found += watcher_problems(snapshot.get("watchers"), snapshot.get("streams"))
     found += read_problems({name: snapshot.get(name) for name in ("streams", "consumers", "sources", "ledger",
-                                                                   "advisories")})
+                                                                   "advisories", "watchers")})
     keys = set()
     for problem in found:
         key = f"{problem['kind']}|{problem['anchor']}|{problem['object']}"

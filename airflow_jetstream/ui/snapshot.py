@@ -114,8 +114,9 @@ def _close_later(conn: JetStreamConnection, timeout: float) -> None:
 
 
 async def read_snapshot(key: ReadKey, own: ConnectionSettings, view: ViewSettings, seen: Observations, *,
-                        deadline: float) -> dict[str, Any]:
-    """Everything the view shows for ``key`` (JSON-able, no secret), ended by ``deadline`` (loop time).
+                        deadline: float, watchers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the view shows for ``key`` (JSON-able, no secret), ended by ``deadline`` (loop time); with the
+    connection's event ``watchers`` (ui/watchers.py) those waiting for a missing stream are problems.
 
     A connection that cannot be opened, or streams that cannot be listed, give ``{"error": ...}`` with the
     typed error and no sections.
@@ -124,7 +125,7 @@ async def read_snapshot(key: ReadKey, own: ConnectionSettings, view: ViewSetting
     result: dict[str, Any] = {"connection_id": key.connection_id, "servers": list(own.servers),
                               "ledger_bucket": key.ledger_bucket, "capture_stream": key.capture_stream,
                               "run_id": key.run_id, "ledger_before": key.ledger_before,
-                              "read_at": datetime.now(UTC).isoformat()}
+                              "read_at": datetime.now(UTC).isoformat(), "watchers": watchers}
     settings = view_connection_settings(own, view)
     conn: JetStreamConnection | None = None
     try:

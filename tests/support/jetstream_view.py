@@ -68,7 +68,7 @@ AIRFLOW_ENV = {
 @contextlib.contextmanager
 def mounted_view(connections: dict[str, str]) -> Iterator[FastAPI]:
     """The view mounted under ``/jetstream`` as the api-server does, behind Airflow's auth manager and the tables its
-    JWT check and connection listing read; ``connections`` are ``AIRFLOW_CONN_*`` values by connection id."""
+    JWT check, connection listing and event watchers read; ``connections`` are ``AIRFLOW_CONN_*`` values by id."""
     import pytest
 
     from airflow_jetstream.ui import app as view_app
@@ -80,11 +80,16 @@ def mounted_view(connections: dict[str, str]) -> Iterator[FastAPI]:
             mp.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", value)
         from airflow import settings
         from airflow.api_fastapi.app import init_auth_manager
+        from airflow.models.asset import AssetModel, AssetWatcherModel
         from airflow.models.base import Base
         from airflow.models.connection import Connection
         from airflow.models.revoked_token import RevokedToken
+        from airflow.models.trigger import Trigger
 
-        Base.metadata.create_all(settings.engine, tables=[RevokedToken.__table__, Connection.__table__])
+        team = next(iter(Trigger.__table__.foreign_keys)).column.table  # the trigger table refers to it
+        Base.metadata.create_all(settings.engine, tables=[RevokedToken.__table__, Connection.__table__, team,
+                                                          Trigger.__table__, AssetModel.__table__,
+                                                          AssetWatcherModel.__table__])
         parent = FastAPI()
         init_auth_manager(parent)
         parent.mount("/jetstream", view_app.app)

@@ -248,6 +248,9 @@ def test_every_section_says_showing_n_of_m_and_pages(admin: TestClient, snapshot
         row["name"] for row in first["streams"]["streams"]}
     html = admin.get(PAGE, params={"per_page": 10}).text
     assert "showing 1-10 of" in html and 'href="?per_page=10&amp;streams_page=2#section-streams"' in html
+    pages = re.search(r'<p class="count" data-count="streams">[^<]*&middot; page (<b>1</b> <a [^>]*>2</a> .*?)</p>',
+                      html)
+    assert pages and re.sub(r"<[^>]+>", "", pages.group(1)).split() == ["1", "2", str(first["streams"]["pages"])]
 
 
 def test_a_stream_past_the_first_page_keeps_its_consumers_sources_and_anchor(admin: TestClient) -> None:

@@ -23,6 +23,7 @@ def event_watchers(connection_id: str) -> dict[str, Any]:
     from airflow.models.asset import AssetWatcherModel
     from airflow.models.trigger import Trigger
     from airflow.utils.session import create_session
+    from cryptography.fernet import InvalidToken
     from sqlalchemy import select
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.orm import lazyload
@@ -41,9 +42,9 @@ def event_watchers(connection_id: str) -> dict[str, Any]:
                 watchers.append({"trigger_id": trigger.id, "stream": kwargs.get("stream"),
                                  "consumer": kwargs.get("consumer"), "names": sorted(names),
                                  "created": trigger.created_date.isoformat() if trigger.created_date else None})
-    except SQLAlchemyError as exc:
+    except (SQLAlchemyError, InvalidToken) as exc:  # a database that cannot be read; kwargs under another key
         log.warning("JetStream view: Airflow's trigger table could not be read", exc_info=True)
         return {"error": {"error": type(exc).__name__, "reason": "metadata_unreadable", "code": None,
                           "err_code": None, "message": f"Airflow's trigger table could not be read "
-                                                       f"({type(exc).__name__}; the api-server's log has it)"}}
+                                                       f"({type(exc).__name__}; the api-server's log has why)"}}
     return {"watchers": watchers}

@@ -23,6 +23,9 @@ shape (``mapInArrow``: each of the 2 tasks publishes its rows as fast batches of
 client's ``publish_chunk`` with the same per-row msg ids; no stream check, ledger or job record),
 in ``--rounds`` interleaved rounds, and prints the median ratio (target >= 0.8x).
 
+``--fence`` instead compares the atomic write (chunks fenced, the default) with ``fence=false`` in
+``--rounds`` interleaved rounds, and prints the median ratio (target >= 0.9x: fences cost under 10 %).
+
 ``--standalone`` instead compares the data source on ``local[2]`` with the same writes and read on a
 Spark standalone cluster (master + 2 workers of 1 core each, ``EmbeddedSparkCluster``), same rows,
 same nats-server, in one run: executors are separate JVMs with their own Python workers there.
@@ -48,7 +51,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from streaming_bound import fixed_costs
 
-from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection, stream_info
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.spark import register
 
@@ -91,8 +94,45 @@ async def make_stream(settings: ConnectionSettings, name: str, subject: str, **f
 
 
 async def stored(settings: ConnectionSettings, name: str) -> int:
+    """Rows in stream ``name``: its messages but the write fences of atomic chunks."""
     async with open_connection(settings) as conn:
-        return int((await stream_info(conn, name))["state"]["messages"])
+        info = await conn.api_request(f"STREAM.INFO.{name}", {"subjects_filter": f"_FENCE.{name}.>"})
+        return int(info["state"]["messages"]) - len(info["state"].get("subjects") or {})
+
+
+def fenced_vs_unfenced(rows: int, rounds: int) -> int:
+    """The atomic write with its chunks fenced (the default) against ``fence=false`` (today's writes before
+    fences), interleaved rounds in one run; the target is >= 0.9x."""
+    print(f"spark_io --fence: {rows:,} rows, local[2], {rounds} interleaved rounds, {os.cpu_count()} CPUs, "
+          f"Python {platform.python_version()}")
+    with EmbeddedNatsServer() as server:
+        settings = ConnectionSettings(servers=server.url, request_timeout=30)
+        spark = session("local[2]")
+        frame = make_frame(spark, rows)
+        frame.count()
+        pid = server.process.pid
+        rates: dict[str, list[float]] = {"unfenced": [], "fenced": []}
+        for index in range(rounds + 1):  # round 0 warms both paths up and is not counted
+            for kind in ("unfenced", "fenced"):
+                name = f"{kind.upper()}{index}"
+                asyncio.run(make_stream(settings, name, name.lower(), allow_atomic=True))
+                prefixed = frame.withColumn("subject", F.concat(F.lit(f"{name.lower()}."), "subject"))
+
+                def write(data: Any = prefixed, stream: str = name, fence: str = str(kind == "fenced")) -> None:
+                    data.write.format("jetstream").mode("append").options(
+                        servers=server.url, stream=stream, job_id=stream.lower(), fence=fence.lower()).save()
+
+                rate = timed(f"round {index}: atomic, {kind}" + (" (warm-up)" if index == 0 else ""), rows, write, pid)
+                if asyncio.run(stored(settings, name)) != rows:
+                    raise SystemExit(f"stream {name} does not hold {rows} rows")
+                if index:
+                    rates[kind].append(rate)
+        spark.stop()
+    ratios = [f / u for f, u in zip(rates["fenced"], rates["unfenced"], strict=True)]
+    median = statistics.median(ratios)
+    print(f"fenced / unfenced per round: {' / '.join(f'{r:.2f}' for r in ratios)}; median {median:.2f}x "
+          f"(>= 0.9x) {'met' if median >= 0.9 else 'NOT met'}")
+    return 0 if median >= 0.9 else 2
 
 
 async def pull_fetch_baseline(settings: ConnectionSettings, stream: str, expected: int, *, ack: bool) -> float:
@@ -433,11 +473,14 @@ def main() -> int:
     parser.add_argument("--standalone", action="store_true", help="compare local[2] with a standalone cluster")
     parser.add_argument("--streaming", action="store_true", help="only the streaming read and sink comparisons")
     parser.add_argument("--bulk", action="store_true", help="compare mode=fast with a bare fast batch")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of --bulk")
+    parser.add_argument("--fence", action="store_true", help="compare fenced atomic writes with fence=false")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of --bulk and --fence")
     args = parser.parse_args()
     rows = args.rows
     if args.bulk:
         return bulk_vs_bare(rows, args.rounds)
+    if args.fence:
+        return fenced_vs_unfenced(rows, args.rounds)
     if args.standalone:
         return standalone_vs_local(rows)
     if args.streaming:

@@ -19,7 +19,8 @@ SERVER = {"servers": "nats://127.0.0.1:4222"}
 def test_write_options_defaults_and_case_insensitive_keys() -> None:
     opts = WriteOptions.parse({**SERVER, "STREAM": "ORDERS", "Job_Id": "orders-1"})
     assert (opts.stream, opts.mode, opts.job_id, opts.run_id) == ("ORDERS", "atomic", "orders-1", "orders-1")
-    assert opts.job_id_given and opts.batch_size == 1000 and opts.ledger_bucket == "batch_ledger"
+    # 999 rows and the fence of the chunk: the server's max_msgs of 1000
+    assert opts.job_id_given and opts.batch_size == 999 and opts.ledger_bucket == "batch_ledger"
     assert opts.settings.servers == ("nats://127.0.0.1:4222",)
 
 

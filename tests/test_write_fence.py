@@ -20,7 +20,7 @@ from airflow_jetstream.client import BatchMessage, ensure_stream, publish_atomic
 from airflow_jetstream.client.batches.fence import fence_namespace, fence_subject
 from airflow_jetstream.client.batches.msg_id_probe import stored_sequences
 from airflow_jetstream.client.batches.publish_chunks import publish_chunks
-from airflow_jetstream.client.errors import BatchPublishError
+from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.embedded import EmbeddedNatsServer
@@ -78,6 +78,10 @@ def test_a_fenced_batch_commits_once_at_any_later_time(server: EmbeddedNatsServe
     assert again.batch == first.batch
     assert call_on(server, ids_stored, "FONE") == [0, 1, 2, 3, 4]
     assert call_on(server, stream_info, "FONE")["state"]["messages"] == 6  # five rows and their fence
+
+    with pytest.raises(InvalidRequestError) as full:  # the fence is one more message than the caller's
+        call_on(server, publish_atomic_batch, rows(0, 1000, "fone.a"), fence="job-1-1")
+    assert full.value.reason == "batch_too_large" and "at most 999" in full.value.message
 
     with pytest.raises(BatchPublishError) as conflict:
         call_on(server, publish_atomic_batch, rows(0, 4, "fone.a"), fence="job-1-0")

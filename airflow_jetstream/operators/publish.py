@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_jetstream.client.batches.fence import FENCED_MAX_MSGS
 from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, BatchMessage, new_batch_id
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.reading.apply_function import load_function
@@ -119,7 +120,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
     ``batch_size`` messages, whatever the input size.
 
     ``messages`` and ``messages_file`` are validated whole (a first pass that holds nothing) before
-    the first message is sent. More than ``batch_size`` messages (1000 by default, the server's limit)
+    the first message is sent. More than ``batch_size`` messages (999 or 1000 by default, the server's limit)
     fail before anything is sent unless ``split=True``: then each chunk is its own atomic batch
     (all-or-nothing per chunk, not for the whole input) and, with ``expected_last_seq``, each chunk
     must start where the previous one ended. A ``producer_function`` is read once: each chunk is
@@ -152,7 +153,8 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
     :param expected_last_seq: the stream's last sequence before the (first) batch; atomic only (templated).
     :param split: allow more than ``batch_size`` messages, as several atomic batches.
     :param batch_size: messages per batch (for atomic batches at most the server's
-        ``jetstream.limits.batch.max_msgs``, 1000 by default).
+        ``jetstream.limits.batch.max_msgs``, 1000 by default, less one for a fenced chunk's fence). Default:
+        999 for fenced atomic chunks (with their fence, the server's 1000), else 1000.
     :param dedupe_key: prefix for automatic msg ids (``<key>-<index>``) of messages without one (templated).
         In atomic mode it also fences chunk ``n`` as ``<key>-<n>``: a retry or re-run with the same key and
         input stores nothing twice, however late (the stream needs ``_FENCE.<stream>.>``, which
@@ -184,7 +186,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         stream: str | None = None,
         expected_last_seq: int | str | None = None,
         split: bool = False,
-        batch_size: int = DEFAULT_MAX_BATCH_MSGS,
+        batch_size: int | None = None,
         dedupe_key: str | None = None,
         mode: str = "atomic",
         fence: bool = True,
@@ -229,7 +231,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
     def _items(self) -> Iterator[Any]:
         """A fresh pass over the input's message dicts."""
         if self.messages_file:
-            return read_messages_file(self.messages_file, parquet_batch_rows=self.batch_size)
+            return read_messages_file(self.messages_file, parquet_batch_rows=self.batch_size or DEFAULT_MAX_BATCH_MSGS)
         if self.producer_function is not None:
             return self._produce(self.producer_function)
         messages = self._payloads if self._payloads is not None else self.messages
@@ -285,15 +287,18 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_jetstream.client.batches.publish_chunks import check_mode
 
-        self._check_sources()
-        check_mode(self.mode)
-        expected = self._expected()
         key = self.dedupe_key
         if self.producer_function is not None and not key:
             key = task_dedupe_key(context)
             if key is None:
                 raise InvalidRequestError("producer_function needs deterministic msg ids: give dedupe_key, or run "
                                           "the operator as an Airflow task", reason="invalid_request")
+        if self.batch_size is None:
+            fenced = bool(key) and self.fence and self.mode == "atomic"
+            self.batch_size = FENCED_MAX_MSGS if fenced else DEFAULT_MAX_BATCH_MSGS
+        self._check_sources()
+        check_mode(self.mode)
+        expected = self._expected()
         prefix = new_batch_id()[:16]
         summary = self.hook.run(self._publish, expected=expected, key=key, prefix=prefix)
         result = {**summary.to_dict(), "batch_prefix": prefix, "msg_id_prefix": key}
@@ -306,6 +311,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
                        prefix: str) -> ChunksSummary:
         from airflow_jetstream.client.batches.publish_chunks import check_target_stream, publish_chunks, validate_chunk
 
+        size = self.batch_size or DEFAULT_MAX_BATCH_MSGS
         fence_prefix = key if key and self.fence and self.mode == "atomic" else None
         target = await check_target_stream(conn, self.stream, mode=self.mode,
                                            fence=fence_prefix is not None) if self.stream else None
@@ -318,14 +324,14 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         if self.producer_function is None:
             count, total_chunks = 0, 0
             for chunk in self._chunks(self._items(), key):
-                validate_chunk(conn, chunk, mode=self.mode, max_msgs=self.batch_size)
+                validate_chunk(conn, chunk, mode=self.mode, max_msgs=size)
                 if target is not None:
                     await target.require(conn, {m.subject for m in chunk})
                 count, total_chunks = count + len(chunk), total_chunks + 1
             if not count:
                 raise InvalidRequestError("there are no messages to publish", reason="empty_batch")
             self.log.info("Validated %d message(s); publishing them as %d %s batch(es) of at most %d", count,
-                          total_chunks, self.mode, self.batch_size)
+                          total_chunks, self.mode, size)
         return await publish_chunks(conn, self._chunks(self._items(), key), stream=self.stream, mode=self.mode,
-                                    expected_last_seq=expected, max_msgs=self.batch_size, batch_prefix=prefix,
+                                    expected_last_seq=expected, max_msgs=size, batch_prefix=prefix,
                                     fence_prefix=fence_prefix, total_chunks=total_chunks, log=self.log)

@@ -15,6 +15,7 @@ from typing import Any
 
 from airflow_jetstream.client.admin.streams import check_replicas, normalize_placement
 from airflow_jetstream.client.batches.fast import DEFAULT_FLOW
+from airflow_jetstream.client.batches.fence import FENCED_MAX_MSGS
 from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError
@@ -180,6 +181,7 @@ class WriteOptions:
         job_bucket = validate_name(opts.get("job_bucket") or DEFAULT_JOB_BUCKET, what="option job_bucket")
         job_id = job_id or uuid.uuid4().hex[:32]
         mode = _choice(opts, "mode", WRITE_MODES, "atomic")
+        fence = _bool(opts, "fence", True)
         return cls(
             settings=connection_settings(opts),
             stream=_stream(opts),
@@ -190,7 +192,9 @@ class WriteOptions:
             subject_column=opts.get("subject_column") or "subject",
             payload_column=opts.get("payload_column") or "payload",
             headers_column=opts.get("headers_column") or "headers",
-            batch_size=_int(opts, "batch_size", None, maximum=100_000) or BATCH_SIZE_DEFAULTS[mode],
+            # a fenced atomic chunk and its fence fill the server's default max_msgs (1000)
+            batch_size=_int(opts, "batch_size", None, maximum=100_000) or (
+                FENCED_MAX_MSGS if mode == "atomic" and fence else BATCH_SIZE_DEFAULTS[mode]),
             flow=_int(opts, "flow", DEFAULT_FLOW, maximum=10_000) or DEFAULT_FLOW,
             ledger_bucket=ledger_bucket,
             run_id=opts.get("run_id") or job_id,
@@ -200,7 +204,7 @@ class WriteOptions:
             ledger_placement=normalize_placement({"cluster": opts.get("ledger_placement_cluster") or None,
                                                   "tags": opts.get("ledger_placement_tags") or None}),
             ledger_ttl=to_seconds(opts["ledger_ttl"], field="option ledger_ttl") if opts.get("ledger_ttl") else None,
-            fence=_bool(opts, "fence", True),
+            fence=fence,
         )
 
 

@@ -199,6 +199,7 @@ async def publish_atomic_batch(
         raise InvalidRequestError(f"flow_every must be an int >= 0, got {flow_every!r}", reason="invalid_request")
     fenced = None
     if fence is not None:
+        _check_fenced_size(items, max_msgs)
         if stream is None:
             owners = await streams_for_subject(conn, items[0].subject)
             stream = owners[0] if owners else None
@@ -211,11 +212,21 @@ async def publish_atomic_batch(
                                     _timeout(conn, timeout), retries, deadline, fenced)
 
 
+def _check_fenced_size(messages: Sequence[BatchMessage], max_msgs: int) -> None:
+    """A fenced batch is its messages and the fence: refuse, before sending, one the server's limit cannot hold."""
+    if isinstance(messages, Sequence) and len(messages) >= max_msgs:
+        raise InvalidRequestError(
+            f"the batch has {len(messages)} messages; a fenced batch holds at most {max_msgs - 1} (its fence is "
+            f"one more, and the server's jetstream.limits.batch.max_msgs is {max_msgs}); use smaller chunks",
+            reason="batch_too_large")
+
+
 async def publish_fenced_batch(conn: JetStreamConnection, messages: Sequence[BatchMessage], *, stream: str,
                                fence_id: str, batch_id: str | None = None, expected_last_seq: int | None = None,
                                max_msgs: int = DEFAULT_MAX_BATCH_MSGS) -> BatchResult:
     """:func:`publish_atomic_batch` with ``fence=fence_id`` to ``stream``, which the caller already checked for
     fences (:func:`~airflow_jetstream.client.batches.publish_chunks.check_target_stream` with ``fence=True``)."""
+    _check_fenced_size(messages, max_msgs)
     items = validate_messages(messages, max_msgs=max_msgs, max_payload=conn.max_payload,
                               refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=BATCH_HEADER_BYTES)
     return await _publish_validated(conn, items, validate_batch_id(batch_id), expected_last_seq, DEFAULT_FLOW_EVERY,

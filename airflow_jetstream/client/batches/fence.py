@@ -37,6 +37,8 @@ FENCE_PREFIX = "_FENCE"
 _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 #: Longest subject token of a fence id; a longer id is named by its SHA-256.
 _MAX_TOKEN = 128
+#: Messages of a fenced batch the caller gives, for the server's ``max_msgs`` (default 1000): one is the fence.
+FENCED_MAX_MSGS = 999
 #: ``retention`` values under which a stored fence stays until the stream's limits remove it.
 _KEEPING_RETENTION = ("limits", "workqueue")
 

@@ -132,7 +132,7 @@ async def publish_chunk(conn: JetStreamConnection, messages: Sequence[BatchMessa
         if fence_id is not None and target is not None and target.fenced:
             return await publish_fenced_batch(conn, messages, stream=target.name, fence_id=fence_id,
                                               batch_id=batch_id, expected_last_seq=expected_last_seq,
-                                              max_msgs=max_msgs)
+                                              max_msgs=max_msgs + 1)  # max_msgs of the caller's, and the fence
         return await publish_atomic_batch(conn, messages, batch_id=batch_id, expected_last_seq=expected_last_seq,
                                           max_msgs=max_msgs)
     return await publish_fast_batch(conn, messages, batch_id=batch_id, flow=flow)

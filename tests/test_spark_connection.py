@@ -4,6 +4,7 @@ file, precedence of options, the one field parser, the shipped package and the o
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
 import subprocess
@@ -16,7 +17,7 @@ from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettings
 from airflow_jetstream.client.settings import SECRET_FIELDS, ConnectionSettings, settings_from_fields
 from airflow_jetstream.get_provider_info import CONN_FIELDS
 from airflow_jetstream.hooks.connection_settings import settings_from_connection
-from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator, write_properties_file
+from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator, handed_properties, properties_text
 from airflow_jetstream.spark.connection import (
     conf_key,
     fields_from_conf,
@@ -53,13 +54,17 @@ def test_conf_round_trip_and_secret_keys_match_sparks_redaction(tls_files) -> No
         fields_from_conf([("spark.jetstream.password", "x")])  # a secret outside the redacted prefix
 
 
-def test_properties_file_is_private_and_keeps_the_defaults(tmp_path) -> None:
+def test_properties_file_is_private_nameless_and_keeps_the_defaults(tmp_path) -> None:
     base = tmp_path / "spark-defaults.conf"
     base.write_text("spark.executor.memory 512m\n")
     settings = ConnectionSettings(servers="127.0.0.1:4222", user="airflow", password="p\\w\nline")
-    path = write_properties_file(tmp_path / "job.properties", settings, base)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    lines = path.read_text().splitlines()
+    text = properties_text(settings, base)
+    with handed_properties(text, tmp_path) as (path, fds):
+        assert path == f"/dev/fd/{fds[0]}" and list(tmp_path.iterdir()) == [base], "the file has no name"
+        assert stat.S_IMODE(os.fstat(fds[0]).st_mode) == 0o600 and os.fstat(fds[0]).st_nlink == 0
+        # spark-submit's launcher and its JVM each open the path: both read the whole file
+        assert Path(path).read_text() == Path(path).read_text() == text
+    lines = text.splitlines()
     assert lines[0] == "spark.executor.memory 512m"
     assert "spark.jetstream.secret.password=p\\\\w\\nline" in lines and "spark.jetstream.user=airflow" in lines
 

@@ -1,6 +1,6 @@
 """A failed Spark job ends its task with one clear cause, not spark-submit's exit code: the job's driver
 records it (airflow_jetstream/spark/failure.py), the operator reads it; the Spark provider's hook is used as
-Airflow builds it (no method of it replaced)."""
+Airflow builds it (no method of it replaced but ``submit``, which starts spark-submit as the task's child)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from airflow.exceptions import AirflowException
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator
+from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator, TaskChildSubmitHook
 from airflow_jetstream.spark.failure import FAILURE_FILE_CONF, SparkFailureCause, record_failures
 from tests.support.airflow_cli import nats_conn_json
 
@@ -105,8 +105,8 @@ def test_a_failed_job_ends_the_task_with_its_cause(nats_server, tmp_path: Path, 
     assert "(reason: stream_not_found)" in str(failed.value)
     assert "Cannot execute" in str(failed.value.__cause__), "spark-submit's own error stays chained"
     hook = operator._hook
-    assert type(hook) is SparkSubmitHook and "_process_spark_submit_log" not in vars(hook), \
-        "the provider's hook runs as Airflow built it"
+    assert isinstance(hook, SparkSubmitHook) and type(hook) is TaskChildSubmitHook, "started as the task's child"
+    assert "_process_spark_submit_log" not in vars(hook), "the provider's hook runs as Airflow built it"
 
 
 #: Values planted in the task's environment; none may reach spark-submit, the driver or a Python worker.

@@ -9,17 +9,22 @@ which imports pyspark) is imported when the task runs.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import re
+import signal
+import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 from airflow.providers.common.compat.sdk import AirflowOptionalProviderFeatureException
 from airflow.sdk.exceptions import AirflowException
 
 try:
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 except ModuleNotFoundError as missing:
     if not (missing.name or "").startswith("airflow.providers.apache"):
@@ -69,22 +74,76 @@ def default_properties_file() -> Path | None:
     return path if path and path.is_file() else None
 
 
-def write_properties_file(path: str | Path, settings: ConnectionSettings, base: str | Path | None = None,
-                          job_conf: Mapping[str, str] | None = None) -> Path:
-    """Write ``base`` (a properties file, or spark-defaults.conf) plus the connection's ``spark.jetstream.*``
-    entries (and ``job_conf``, the operator's ``spark.jetstream.job.*`` keys) to a new file readable by its
-    owner only; return its path."""
+def properties_text(settings: ConnectionSettings, base: str | Path | None = None,
+                    job_conf: Mapping[str, str] | None = None) -> str:
+    """``base`` (a properties file, or spark-defaults.conf) plus the connection's ``spark.jetstream.*`` entries
+    (and ``job_conf``, the operator's ``spark.jetstream.job.*`` keys), as a properties file's text."""
     from airflow_jetstream.spark.connection import settings_to_conf
 
-    path = Path(path)
     base = Path(base) if base else default_properties_file()
     lines = [base.read_text(encoding="utf-8").rstrip("\n")] if base else []
     entries = {**settings_to_conf(settings), **(job_conf or {})}
     lines += [f"{key}={_escape(value)}" for key, value in sorted(entries.items())]
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write("\n".join(lines) + "\n")
-    return path
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def handed_properties(text: str, folder: str | Path) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """The properties ``text`` as (the path spark-submit reads, the descriptors it must inherit for it).
+
+    On Linux the file has no name (``O_TMPFILE``, readable by its owner only): spark-submit reads it as
+    ``/dev/fd/N`` of a descriptor it inherits, so the kernel frees it with the last process holding it, even
+    one killed with SIGKILL. Elsewhere it is ``folder``/jetstream-spark.properties (``0600``), removed with
+    ``folder`` when spark-submit returns.
+    """
+    if sys.platform.startswith("linux"):
+        with tempfile.TemporaryFile("w", encoding="utf-8", dir=folder) as unnamed:
+            _write_all(unnamed, text)
+            yield f"/dev/fd/{unnamed.fileno()}", (unnamed.fileno(),)
+        return
+    fd = os.open(Path(folder, PROPERTIES_NAME), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as named:
+        _write_all(named, text)
+    yield str(Path(folder, PROPERTIES_NAME)), ()
+
+
+def _write_all(fh: IO[str], text: str) -> None:
+    fh.write(text)
+    fh.flush()
+
+
+#: prctl(2) option: the signal the kernel sends this process when the thread that started it ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def dies_with_this_process() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when the process starting it dies, however it
+    dies (prctl ``PR_SET_PDEATHSIG``; it survives ``exec``, so it holds for spark-submit's JVM). None where
+    the kernel has no such signal (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
+class TaskChildSubmitHook(SparkSubmitHook):
+    """The provider's hook, starting spark-submit as a child that cannot outlive the task: killed by the kernel
+    when the task process dies (:func:`dies_with_this_process`), inheriting the descriptor of its properties."""
+
+    inherited_fds: tuple[int, ...] = ()
+
+    def submit(self, application: str = "", **kwargs: Any) -> str | None:
+        preexec = dies_with_this_process()
+        if preexec is not None:
+            kwargs.setdefault("preexec_fn", preexec)
+        return super().submit(application, pass_fds=self.inherited_fds, **kwargs)
 
 
 class JetStreamSparkSubmitOperator(SparkSubmitOperator):
@@ -136,23 +195,34 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         self.env_vars = {**blanked, **(given_env or {})} if blanked else given_env
         with tempfile.TemporaryDirectory(prefix="jetstream-spark-") as tmp:
             failure = Path(tmp, FAILURE_NAME)
-            self.properties_file = str(write_properties_file(Path(tmp, PROPERTIES_NAME), settings, given_properties,
-                                                             {FAILURE_FILE_CONF: str(failure)}))
-            if self.ship_package:
-                shipped = str(build_py_files(Path(tmp, PACKAGE_ZIP)))
-                self.py_files = f"{given_py_files},{shipped}" if given_py_files else shipped
-            self.log.info("nats connection %r handed to the Spark job: %d server(s), auth %s, via --properties-file%s",
-                          self.nats_conn_id, len(settings.servers), _auth_kind(settings),
-                          " (package shipped with --py-files)" if self.ship_package else "")
-            try:
-                super().execute(context)  # type: ignore[arg-type]
-            except AirflowException as exc:
-                cause = _failure_cause(failure, exc)
-                if cause is None:
-                    raise
-                raise AirflowException(f"the Spark job failed: {cause}") from exc
-            finally:
-                self.properties_file, self.py_files, self.env_vars = given_properties, given_py_files, given_env
+            text = properties_text(settings, given_properties, {FAILURE_FILE_CONF: str(failure)})
+            with handed_properties(text, tmp) as (properties, fds):
+                if self.ship_package:
+                    shipped = str(build_py_files(Path(tmp, PACKAGE_ZIP)))
+                    self.py_files = f"{given_py_files},{shipped}" if given_py_files else shipped
+                self.properties_file = properties
+                self._hook = self._task_child_hook(fds)
+                self.log.info("nats connection %r handed to the Spark job: %d server(s), auth %s, via "
+                              "--properties-file%s", self.nats_conn_id, len(settings.servers), _auth_kind(settings),
+                              " (package shipped with --py-files)" if self.ship_package else "")
+                try:
+                    super().execute(context)  # type: ignore[arg-type]
+                except AirflowException as exc:
+                    cause = _failure_cause(failure, exc)
+                    if cause is None:
+                        raise
+                    raise AirflowException(f"the Spark job failed: {cause}") from exc
+                finally:
+                    self.properties_file, self.py_files, self.env_vars = given_properties, given_py_files, given_env
+
+    def _task_child_hook(self, fds: tuple[int, ...]) -> TaskChildSubmitHook:
+        """The hook the provider builds (its arguments change between provider versions), as a
+        :class:`TaskChildSubmitHook` that hands spark-submit ``fds``."""
+        hook = self._get_hook()
+        hook.__class__ = TaskChildSubmitHook
+        child = cast("TaskChildSubmitHook", hook)
+        child.inherited_fds = fds
+        return child
 
     def _refuse_conf_overrides(self) -> None:
         from airflow_jetstream.spark.connection import CONF_PREFIX

@@ -109,6 +109,11 @@ def process_each_once(messages: Iterable[dict[str, Any]], work: Callable[[dict[s
     the claim is deleted again before the error propagates, so a retry processes the message. Returns
     JSON-able ``{"processed": [...], "repeated": [...]}`` (stream sequences).
 
+    ``work`` gets the message with ``claim_revision``: the KV revision of this run's claim, a token that is
+    higher for any later claim of the message (after the claim's ``ttl``). Store it with the output and let
+    readers take the highest one, so a run frozen past the ttl whose message was claimed again cannot
+    replace the later run's output (docs/ledger.md, "Fencing outputs").
+
     The bucket keeps a claim ``ttl`` after it was made (and, with ``max_bytes``, at most that many bytes of
     claims; a full bucket refuses new claims): keep the ttl longer than a message can take to come back, since a
     message whose claim expired is processed again. The bucket is created with these, or changed to them.
@@ -133,7 +138,7 @@ def process_each_once(messages: Iterable[dict[str, Any]], work: Callable[[dict[s
                 done["repeated"].append(seq)
                 continue
             try:
-                work(message)
+                work({**message, "claim_revision": revision})
             except BaseException:
                 await release(conn, bucket, key, revision)
                 raise

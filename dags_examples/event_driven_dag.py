@@ -114,7 +114,9 @@ with DAG(dag_id="process_ready_orders", schedule=[orders_ready], start_date=STAR
 
         def handle(message: dict) -> None:
             order = (message.get("json") or {}).get("order")  # the order's id, not the whole body, in the task log
-            print(f"order message {message['stream_seq']} on {message['subject']}: order {order}")
+            # the claim's token goes with the output: a later claim of the message has a higher one
+            print(f"order message {message['stream_seq']} on {message['subject']} (claim {message['claim_revision']}): "
+                  f"order {order}")
 
         messages = asset_messages(orders_ready, triggering_asset_events, inlet_events)
         return process_each_once(messages, handle, bucket=PROCESSED_BUCKET)

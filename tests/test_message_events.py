@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -13,6 +15,7 @@ from airflow_jetstream.client import ConnectionSettings
 from airflow_jetstream.client.kv import get_key
 from airflow_jetstream.message_events import asset_messages, process_each_once
 from tests.support.nats_calls import call_on_server
+from tests.support.polling import wait_until
 
 BUCKET = "processed_once"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -90,3 +93,42 @@ def test_asset_messages_adds_the_events_stored_after_the_runs_first_one() -> Non
     # without inlet events: the run's own; a run without events of the asset: none
     assert [m["stream_seq"] for m in asset_messages(asset, {asset: own})] == [11, 12]
     assert asset_messages(asset, {}, stored) == []
+
+
+class StaleClaim(Exception):
+    """An output write with a claim token lower than one already written."""
+
+
+def test_a_run_held_past_the_claim_ttl_neither_replaces_nor_releases_the_later_runs_work(
+        settings: ConnectionSettings, nats_conn: str) -> None:
+    """The server ends a claim at the bucket's ttl; a later run claims the message again with a higher
+    ``claim_revision`` and processes it. The held run, resumed, cannot replace that output (the output store keeps
+    the highest token) and its failure deletes nothing of the later run's claim (the delete is a compare-and-set
+    on its own claim's revision)."""
+    outputs: dict[int, int] = {}  # an output store fenced by the token: stream_seq -> highest claim_revision
+
+    def write(m: dict[str, Any]) -> None:
+        if m["claim_revision"] < outputs.get(m["stream_seq"], 0):
+            raise StaleClaim(f"claim {m['claim_revision']} is older than {outputs[m['stream_seq']]}")
+        outputs[m["stream_seq"]] = m["claim_revision"]
+
+    held, resume = threading.Event(), threading.Event()
+
+    def held_work(m: dict[str, Any]) -> None:
+        held.set()
+        assert resume.wait(60), "the test resumes the held run"
+        write(m)
+
+    bucket = "processed_ttl"
+    with ThreadPoolExecutor(1) as pool:
+        zombie = pool.submit(process_each_once, [message(7)], held_work, bucket=bucket, ttl=1)
+        assert held.wait(60), "the held run claimed the message"
+        wait_until(lambda: call_on_server(settings, get_key, bucket, "ORDERS.7") is None,
+                   "the server to end the held run's claim (ttl 1 s)", timeout=30, every=0.2)
+        later = process_each_once([message(7, delivered=2)], write, bucket=bucket, ttl="1h")
+        resume.set()
+        with pytest.raises(StaleClaim):
+            zombie.result(60)
+    assert later == {"processed": [7], "repeated": []}
+    claim = call_on_server(settings, get_key, bucket, "ORDERS.7")
+    assert claim is not None and claim["revision"] == outputs[7], "the later run's claim and output stay"

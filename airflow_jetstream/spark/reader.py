@@ -274,9 +274,15 @@ class Consumption:
         self.claimed = claimed
         self.removed: int | None = None
 
+    @property
+    def claim_revisions(self) -> dict[str, int]:
+        """Each claimed batch's fencing token: the ledger revision its claim was written at (a later claim of the
+        batch has a higher one). Store it with the output so readers can trust the latest claim's only."""
+        return {b.batch_id: b.revision for b in self.claimed}
+
     def to_dict(self) -> dict[str, Any]:
         return {**self.plan.to_dict(), "claimed_batches": [b.batch_id for b in self.claimed],
-                "removed": self.removed}
+                "claim_revisions": self.claim_revisions, "removed": self.removed}
 
 
 async def _claim(options: ReadOptions, run_id: str | None, ledger_bucket: str, owner: str) -> list[BatchRecord]:

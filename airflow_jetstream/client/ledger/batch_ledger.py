@@ -17,8 +17,17 @@ States::
 A claim holds a batch for ``visibility_timeout``. A consumer that dies never marks its batch: once
 the timeout has passed, :meth:`BatchLedger.reap` (or the next :meth:`BatchLedger.claim`) returns
 it to ``published`` for the next attempt, or moves it to ``failed`` when it already had
-``max_attempts`` attempts. Deadlines use the wall clocks of the claimer and the reaper: keep the
-visibility timeout far above the clock skew of your hosts.
+``max_attempts`` attempts. Deadlines are set and judged by the server's clock
+(:class:`~airflow_jetstream.client.times.ServerClock`), never a host's: a host whose clock is skewed
+neither takes over a live claim nor keeps one past its deadline.
+
+A claim is a token: the record :meth:`BatchLedger.claim` returns carries ``revision``, the KV revision
+its claim was written at (higher for every later claim of the batch). Every later change by its holder
+(:meth:`~BatchLedger.extend`, :meth:`~BatchLedger.mark_consumed`, :meth:`~BatchLedger.release`) is a
+compare-and-set the server checks at commit, made only while the batch is still held by that claim:
+a holder frozen past its deadline whose batch was claimed again gets :class:`ClaimLostError`
+(``claim_lost``) and changes nothing of its successor's. Fence your own outputs with ``revision``
+(docs/ledger.md, "Fencing outputs").
 
 Writer side (a Spark partition, after the server acknowledged its atomic batch)::
 
@@ -61,6 +70,7 @@ record holds exactly what was written.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import weakref
@@ -81,6 +91,7 @@ from airflow_jetstream.client.errors import (
     LedgerConflictError,
     LedgerWaitTimeoutError,
     RequestTimeoutError,
+    StreamNotFoundError,
 )
 from airflow_jetstream.client.ledger import store
 from airflow_jetstream.client.ledger.counts import (
@@ -118,6 +129,7 @@ from airflow_jetstream.client.ledger.records import (
 )
 from airflow_jetstream.client.ledger.store import BUSY, CasConflict, Write
 from airflow_jetstream.client.subjects import validate_name
+from airflow_jetstream.client.times import ServerClock
 
 #: Claims (or settlings) in flight at once in :meth:`BatchLedger.claim_available` and :meth:`BatchLedger.settle`.
 CLAIM_WINDOW = 256
@@ -134,12 +146,14 @@ class BatchLedger:
 
     :param visibility_timeout: how long a claim holds a batch (seconds, ``"10m"`` or a timedelta).
     :param max_attempts: consume attempts per batch before it goes to ``failed``.
-    :param clock: seconds since the epoch (``time.time``); tests pass a controllable clock.
+    :param clock: seconds since the epoch; by default the server's clock
+        (:class:`~airflow_jetstream.client.times.ServerClock`), so that no host's clock decides when a claim
+        expired; tests pass a controllable clock.
     """
 
     def __init__(self, conn: JetStreamConnection, bucket: str = DEFAULT_BUCKET, *,
                  visibility_timeout: float | str | timedelta = "10m", max_attempts: int = 3,
-                 clock: Callable[[], float] = time.time, config: dict[str, Any] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, config: dict[str, Any] | None = None) -> None:
         self.conn = conn
         self.bucket = store.check_bucket_name(bucket)
         seconds = to_seconds(visibility_timeout, field="visibility_timeout")
@@ -149,7 +163,7 @@ class BatchLedger:
             raise InvalidRequestError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
         self.visibility_timeout = float(seconds)
         self.max_attempts = max_attempts
-        self.clock = clock
+        self.clock = clock or ServerClock()
         #: The bucket's stream config as :meth:`open` left it (None when built directly).
         self.config = config
 
@@ -158,7 +172,7 @@ class BatchLedger:
                    history: int = 1, ttl: float | str | timedelta | None = None, max_bytes: int | None = None,
                    replicas: int | None = None, placement: dict[str, Any] | None = None,
                    visibility_timeout: float | str | timedelta = "10m", max_attempts: int = 3,
-                   clock: Callable[[], float] = time.time) -> BatchLedger:
+                   clock: Callable[[], float] | None = None) -> BatchLedger:
         """Open the ledger bucket, creating it when missing (``create``), ready for writing.
 
         ``ttl``: how long a key is kept after its last change (seconds, ``"30d"``; 0: forever);
@@ -268,7 +282,7 @@ class BatchLedger:
         visibility deadline. Returns the claimed record (pass it to :meth:`mark_consumed`), or None
         when another attempt holds it, it is consumed or failed. Exactly one of racing claimers wins.
         An expired claim is treated as a dead attempt first (as :meth:`reap` would)."""
-        take = partial(claimed, now=self.clock(), owner=owner, visibility_timeout=self.visibility_timeout,
+        take = partial(claimed, now=await self._now(), owner=owner, visibility_timeout=self.visibility_timeout,
                        max_attempts=self.max_attempts)
         rec, changed = await self._apply(run_id, batch_id, take)
         if changed and rec.state == IN_PROGRESS:
@@ -282,7 +296,7 @@ class BatchLedger:
                               limit: int | None = None) -> list[BatchRecord]:
         """Claim up to ``limit`` claimable batches of a run (published, or with an expired claim), in batch id
         order. Lists the run once and claims many at a time (the claims of one counts shard share a write)."""
-        now = self.clock()
+        now = await self._now()
         candidates = [rec.batch_id for rec in await self.batches(run_id) if rec.state == PUBLISHED or rec.expired(now)]
         taken: list[BatchRecord] = []
         while candidates and (limit is None or len(taken) < limit):
@@ -304,7 +318,7 @@ class BatchLedger:
 
     async def extend(self, claim: BatchRecord) -> BatchRecord:
         """Push the visibility deadline of a held claim forward (long processing)."""
-        push = partial(extended, claim=claim, now=self.clock(), visibility_timeout=self.visibility_timeout)
+        push = partial(extended, claim=claim, now=await self._now(), visibility_timeout=self.visibility_timeout)
         rec, _ = await self._apply(claim.run_id, claim.batch_id, push)
         return rec
 
@@ -338,7 +352,7 @@ class BatchLedger:
         shard's ``claims`` moved), which leaves the older, earlier bound: still a correct lower bound, so
         nothing is ever missed.
         """
-        now = self.clock()
+        now = await self._now()
         due: set[int] | None = None  # None: every shard (all runs, or a run without counts)
         shards: dict[int, dict[str, Any]] = {}
         reaped: dict[str, list[dict[str, Any]]] = {"returned": [], "failed": []}
@@ -429,6 +443,13 @@ class BatchLedger:
                                 max(0.0, min(poll_interval, deadline - time.monotonic())))
 
     # internals
+
+    async def _now(self) -> float:
+        """The time a claim's deadline is set or judged by: the server's clock unless the ledger was given one."""
+        if isinstance(self.clock, ServerClock):
+            with contextlib.suppress(StreamNotFoundError):  # no bucket holds no claim: the call reports it
+                await self.clock.sync(self.conn, store.stream_of(self.bucket))
+        return self.clock()
 
     async def read_entries(self, keys: list[str], *, leader: bool = False) -> dict[str, Entry]:
         """The last value of ledger keys (batch records, counts shards, filters of them), by key, in one request;

@@ -3,7 +3,8 @@
 Counted per run:
 
 - ``lost``: messages of operations reported stored that no stream holds;
-- ``duplicated``: extra copies of a message (a unique payload stored more than once);
+- ``duplicated``: extra copies of a message (a unique payload stored more than once); a job written by a
+  zombie writer and its replacement is counted by row id: every row exactly once;
 - ``partial``: atomic batches of which some but not all messages are stored;
 - ``misreported``: operations whose report is false: reported ok but absent, a definite failure
   (the error says nothing was written) but present, or a wrong count, sequence or range;
@@ -29,14 +30,14 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from tests.chaos.history import History, Op, key_of
 from tests.chaos.nemesis import Nemesis
-from tests.chaos.workloads import AGGREGATE, ATOMIC, BATCHED, FAST, LEDGER_BUCKET, LEDGER_DATA
+from tests.chaos.workloads import AGGREGATE, ATOMIC, BATCHED, FAST, LEDGER_BUCKET, LEDGER_DATA, ZOMBIE
 from tests.support.kv_keys import kv_keys
 
 GRACE = 15.0
 LATE_MARGIN = 15.0
 BLAMES_CLUSTER = re.compile(r"quorum|no leader|has no leader|leader_unavailable", re.IGNORECASE)
 ATOMIC_WORKLOADS = ("atomic-ids", "atomic-noid", "ledger")
-READ_STREAMS = (ATOMIC, FAST, BATCHED, AGGREGATE, LEDGER_DATA)
+READ_STREAMS = (ATOMIC, FAST, BATCHED, AGGREGATE, LEDGER_DATA, ZOMBIE)
 #: Where the read-back puts the ledger's counts among its records (no batch id has a space).
 COUNTS = "counts of runs"
 T = TypeVar("T")
@@ -190,6 +191,8 @@ def check(history: History, stored: Stored, records: dict[str, dict[str, Any]], 
             _check_item(op, stored, report)
         elif op.workload == "reset":
             _check_reset(op, report)
+        elif op.workload == "zombie-writer":
+            _check_rows_once(op, stored, report)
         if op.workload == "ledger":
             _check_ledger(op, stored, records.get(op.id), report)
         if not op.ok:
@@ -279,6 +282,16 @@ def _check_reset(op: Op, report: Report) -> None:
     wanted, answered, delivered = op.result["wanted"], op.result["reset_seq"], op.result["delivered"]
     if answered != wanted or delivered != wanted:
         report.add("misreported", f"{op.brief()}: reset to {wanted} answered {answered}, delivered {delivered}")
+
+
+def _check_rows_once(op: Op, stored: Stored, report: Report) -> None:
+    """A job its replacement finished: every row id stored, each once (copies are counted for every workload);
+    a replacement that failed may leave rows out, never in twice."""
+    absent = _absent(op, stored)
+    if op.ok and absent:
+        _reported_ok_but_absent(op, absent, report)
+    elif not op.ok and not op.definite:
+        report.unknown += 1
 
 
 def _check_ledger(op: Op, stored: Stored, record: dict[str, Any] | None, report: Report) -> None:

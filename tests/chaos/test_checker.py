@@ -17,7 +17,9 @@ from airflow_jetstream.client import ConnectionSettings, open_connection
 from airflow_jetstream.client.ledger import BatchLedger, batch_key
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.chaos import checker
-from tests.chaos.workloads import LEDGER_BUCKET
+from tests.chaos.history import History
+from tests.chaos.nemesis import Nemesis
+from tests.chaos.workloads import LEDGER_BUCKET, ZOMBIE
 
 
 async def _fill(url: str, keys_per_stream: int, *, ledger: bool = True) -> None:
@@ -109,3 +111,17 @@ def test_ledger_counts_are_checked_against_the_records(nats_server: EmbeddedNats
     report = checker.Report()
     checker._check_ledger_counts(records, report)
     assert report.misreported == 0
+
+
+def test_a_zombie_writers_job_is_counted_by_row_id() -> None:
+    """Every row of a job a zombie writer and its replacement wrote is stored once: a row twice is ``duplicated``
+    (the replacement re-stored what the frozen writer committed), a row missing from a job reported done is
+    ``lost`` and ``misreported``."""
+    history = History()
+    job = history.begin("zombie-writer", 4)
+    job.succeed(count=4)
+    stored = checker.Stored()
+    for seq, key in enumerate([*job.keys[:3], job.keys[0]], start=1):  # row 0 twice, row 3 never
+        stored.places[key].append((ZOMBIE, seq))
+    report = checker.check(history, stored, {}, Nemesis(cluster=None, topology=None, streams=[]), leader_wait=30)
+    assert (report.duplicated, report.lost, report.misreported) == (1, 1, 1), report.details

@@ -8,12 +8,20 @@ told to stop or after ``MAX_OPS`` operations, and each operation is bounded by `
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import os
 import random
+import signal
+import sys
+import time
+from asyncio.subprocess import PIPE
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import nats.errors
+import psutil
 
 from airflow_jetstream.client import (
     Batcher,
@@ -30,18 +38,23 @@ from airflow_jetstream.client.errors import FastBatchError, JetStreamError
 from airflow_jetstream.client.ledger import BatchLedger
 from airflow_jetstream.client.sourcing import DurableSource, provision_durable_source
 from tests.chaos.history import PROBE_FAILED, History, Op, payload
+from tests.chaos.zombie_writer import write_job
 
 log = logging.getLogger(__name__)
 
 MAX_OPS = 5000
 ATOMIC, FAST, BATCHED, WORKQUEUE, AGGREGATE, RESET, LEDGER_DATA = "CHA", "CHF", "CHB", "CHW", "CHAGG", "CHR", "CHL"
+ZOMBIE = "CHZ"
+#: The zombie stream's duplicate window (shortened, as tests do): the frozen writer resumes after it passed.
+ZOMBIE_WINDOW = 1.0
+ZOMBIE_CHUNK = 5
 LEDGER_BUCKET, LEDGER_RUN = "chaos_ledger", "chaos-run"
 RESET_CONSUMER, RESET_SIZE = "reader", 30
 #: Streams whose replicas must agree after the run (the WorkQueue origin and the reset stream change on reads).
-CHECKED_REPLICAS = (ATOMIC, FAST, BATCHED, AGGREGATE, LEDGER_DATA)
+CHECKED_REPLICAS = (ATOMIC, FAST, BATCHED, AGGREGATE, LEDGER_DATA, ZOMBIE)
 #: The stream each workload writes: the nemesis kills or cuts off the leaders of the running workloads' streams.
 WRITES = {"atomic-ids": ATOMIC, "atomic-noid": ATOMIC, "fast": FAST, "batcher": BATCHED, "batcher-wq": WORKQUEUE,
-          "reset": RESET, "ledger": LEDGER_DATA}
+          "reset": RESET, "ledger": LEDGER_DATA, "zombie-writer": ZOMBIE}
 
 
 def fault_streams(names: tuple[str, ...]) -> list[str]:
@@ -60,6 +73,7 @@ STREAMS = [
     _stream(WORKQUEUE, "chw.>", retention="workqueue"),
     _stream(RESET, "chr.>"),
     _stream(LEDGER_DATA, "chl.>", allow_atomic=True),
+    _stream(ZOMBIE, "chz.>", allow_atomic=True, duplicate_window=ZOMBIE_WINDOW),
 ]
 
 
@@ -201,6 +215,39 @@ async def ledger(ctx: Context, conn: JetStreamConnection) -> None:
     await _repeat(ctx, "ledger", (2, 10), one)
 
 
+async def zombie_writer(ctx: Context, conn: JetStreamConnection) -> None:
+    """The zombie-writer fault: a job's writer (its own process, tests/chaos/zombie_writer.py) freezes itself
+    after the server committed its first chunk; once the stream's duplicate window has passed, a replacement
+    writes the same job (same rows, same msg ids) to the end; then the frozen writer resumes and goes on. The
+    checker wants every row of the job exactly once."""
+    servers = ",".join(ctx.settings.servers)
+
+    async def one(op: Op) -> None:
+        args = [sys.executable, "-m", "tests.chaos.zombie_writer", servers, ZOMBIE, "chz.x", op.id,
+                str(len(op.keys)), str(ZOMBIE_CHUNK)]
+        zombie = await asyncio.create_subprocess_exec(*args, "--freeze-after-first-chunk", stdout=PIPE)
+        try:
+            await _frozen(zombie.pid, ctx.op_limit)
+            await asyncio.sleep(ZOMBIE_WINDOW * 1.5)  # the fault itself: the window passes while it is frozen
+            result = await write_job(ctx.settings, ZOMBIE, "chz.x", op.id, op.keys, ZOMBIE_CHUNK)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(zombie.pid, signal.SIGCONT)
+        late, _ = await zombie.communicate()
+        op.succeed(**result, zombie=json.loads(late or b"null"))
+
+    await _repeat(ctx, "zombie-writer", (ZOMBIE_CHUNK + 1, 4 * ZOMBIE_CHUNK), one, pause=(0.5, 1.0))
+
+
+async def _frozen(pid: int, limit: float) -> None:
+    """Return once process ``pid`` is stopped (it stops itself); fail after ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while psutil.Process(pid).status() != psutil.STATUS_STOPPED:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the zombie writer {pid} did not freeze in {limit:.0f}s")
+        await asyncio.sleep(0.05)
+
+
 WORKLOADS: dict[str, Callable[[Context, JetStreamConnection], Awaitable[None]]] = {
     "atomic-ids": lambda ctx, conn: atomic(ctx, conn, ids=True),
     "atomic-noid": lambda ctx, conn: atomic(ctx, conn, ids=False),
@@ -209,6 +256,7 @@ WORKLOADS: dict[str, Callable[[Context, JetStreamConnection], Awaitable[None]]] 
     "batcher-wq": lambda ctx, conn: batcher(ctx, conn, workqueue=True),
     "reset": consumer_reset,
     "ledger": ledger,
+    "zombie-writer": zombie_writer,
 }
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from airflow_jetstream.client import ensure_stream, stream_info
+from airflow_jetstream.client.errors import ClaimLostError
 from airflow_jetstream.client.kv.job_records import get_job_record
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.embedded import EmbeddedNatsServer
@@ -243,6 +245,36 @@ def test_consume_workqueue_acks_only_after_success(server: EmbeddedNatsServer, s
     with consume(spark, options) as (df, consumption):
         assert df.count() == 50
     assert consumption.removed == 50 and call_on(server, _state, "WQ")["messages"] == 4  # the fences stay
+
+
+async def _take_over(conn: Any, run_id: str) -> dict[str, int]:
+    """Another consume job, an hour later by its clock (the first one's claims long expired), claims and consumes
+    every batch of the run; returns its claims' tokens."""
+    later = await BatchLedger.open(conn, clock=lambda: time.time() + 3600)
+    claims = await later.claim_available(run_id, owner="successor")
+    await later.settle(claims)
+    return {claim.batch_id: claim.revision for claim in claims}
+
+
+def test_a_consume_job_whose_claims_were_taken_over_removes_nothing(server: EmbeddedNatsServer,
+                                                                      spark: SparkSession) -> None:
+    """A consume job frozen past its claims' deadline: another job claims and consumes the run meanwhile. When
+    the frozen job's block ends, its marks are refused (claim_lost) and it acknowledges nothing (before, it removed
+    the messages first). Its claims' tokens are lower than the successor's: an output fenced by them is not read."""
+    call_on(server, ensure_stream, {"name": "ZQ", "subjects": ["zq.>"], "retention": "workqueue",
+                                    "allow_direct": True, "allow_atomic": True})
+    spark.range(0, 300, numPartitions=1).select(F.lit("zq.jobs").alias("subject"), F.col("id").alias("n")) \
+        .write.format("jetstream").mode("append").options(servers=server.url, stream="ZQ", job_id="zq-run",
+                                                           batch_size="100").save()
+    with pytest.raises(ClaimLostError) as lost, \
+            consume(spark, {"servers": server.url, "stream": "ZQ"}, run_id="zq-run") as (_df, consumption):
+        tokens = consumption.claim_revisions
+        successor = call_on(server, _take_over, "zq-run")
+    assert lost.value.reason == "claim_lost"
+    assert consumption.removed is None and call_on(server, _state, "ZQ")["messages"] == 300
+    assert len(tokens) == 3 and all(successor[batch] > token for batch, token in tokens.items())
+    ledger = call_on(server, lambda conn: _ledger_summary(conn, "zq-run"))
+    assert ledger["states"]["consumed"] == 3
 
 
 async def _interest_setup(conn: Any) -> None:

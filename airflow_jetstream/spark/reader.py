@@ -294,12 +294,14 @@ async def _claim(options: ReadOptions, run_id: str | None, ledger_bucket: str, o
 
 
 async def _finish(options: ReadOptions, consumption: Consumption, ledger_bucket: str, error: str | None) -> None:
+    """Settle the claims, then acknowledge the read: a job whose claims were taken over while it was frozen gets
+    ``ClaimLostError`` from the ledger and acknowledges nothing (its cursor may lag its successor's)."""
     async with open_connection(options.settings) as conn:
-        if error is None:
-            consumption.removed = await acknowledge_read(conn, consumption.plan)
         if consumption.claimed:
             ledger = await BatchLedger.open(conn, ledger_bucket)
             await ledger.settle(consumption.claimed, error=error)
+        if error is None:
+            consumption.removed = await acknowledge_read(conn, consumption.plan)
 
 
 @contextmanager
@@ -322,7 +324,9 @@ def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str 
     block raises, nothing is removed (a re-run reads the same messages plus newer ones); write the
     output idempotently (overwrite) so a re-run after a failure between writing and removing
     leaves each message in the output exactly once. With ``run_id`` the run's batches in the batch
-    ledger are claimed on entry and marked consumed after the removal (released on failure).
+    ledger are claimed on entry and marked consumed before the removal (released on failure); a job whose
+    claims were lost meanwhile raises ``ClaimLostError`` and removes nothing. ``Consumption.claim_revisions``
+    are the claims' tokens, to fence the output with (docs/ledger.md).
     """
     opts = {**lowered(options), "consume": "true"}
     parsed = ReadOptions.parse(with_connection_defaults(session_connection_fields(spark), opts))

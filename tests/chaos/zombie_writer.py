@@ -1,5 +1,6 @@
 """A writer of one job, run as its own process so the chaos suite can freeze it: the publish operator's write
-path (``publish_chunks``: atomic chunks, msg ids ``<job>-<row>`` as ``dedupe_key`` gives them).
+path (``publish_chunks``: atomic chunks, msg ids ``<job>-<row>``, chunk n fenced as ``<job>-<n>``, as
+``dedupe_key`` does).
 
 ``python -m tests.chaos.zombie_writer SERVERS STREAM SUBJECT JOB ROWS CHUNK [--freeze-after-first-chunk]``
 publishes rows ``<job>-0`` .. ``<job>-<ROWS-1>`` (payloads keyed like every chaos write) in chunks of ``CHUNK``.
@@ -38,7 +39,7 @@ async def write_job(settings: ConnectionSettings, stream: str, subject: str, job
                     freeze: bool = False) -> dict[str, object]:
     async with open_connection(settings) as conn:
         summary = await publish_chunks(conn, chunks(subject, keys, size, freeze=freeze), stream=stream,
-                                       batch_prefix=job)
+                                       batch_prefix=job, fence_prefix=job)
         return summary.to_dict()
 
 

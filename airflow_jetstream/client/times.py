@@ -46,10 +46,6 @@ class ServerClock:
     def __init__(self) -> None:
         self._base: tuple[float, float] | None = None  # (server epoch seconds, monotonic seconds) at the sync
 
-    @property
-    def synced(self) -> bool:
-        return self._base is not None
-
     async def sync(self, conn: JetStreamConnection, stream: str) -> None:
         """Read the server's time once (a STREAM.INFO of ``stream``); later calls do nothing."""
         if self._base is not None:

@@ -87,6 +87,7 @@ from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     BatchNotFoundError,
+    ClaimLostError,
     InvalidRequestError,
     LedgerConflictError,
     LedgerWaitTimeoutError,
@@ -580,7 +581,8 @@ async def _commit(ledger: BatchLedger, group: list[Pending]) -> None:
     """Write ``group``'s changes and the counts of the shards they touch as atomic batches until each is settled."""
     conn, bucket = ledger.conn, ledger.bucket
     silent_since: float | None = None
-    leader = False  # a replica answers first; after a refused write, the leader (a replica may be catching up)
+    leader = False  # a replica answers first; after a refused write, or to refuse a change, the leader (a replica
+    # may be catching up: what it lacks is no reason to refuse)
     while group:
         ckeys = sorted({item.ckey for item in group})
         found = await ledger.read_entries([item.key for item in group] + ckeys, leader=leader)
@@ -591,6 +593,7 @@ async def _commit(ledger: BatchLedger, group: list[Pending]) -> None:
                   for ckey in ckeys}
         writes: list[Write] = []
         written: list[tuple[Pending, BatchRecord]] = []
+        unsure: list[Pending] = []  # refused or left alone on a replica's read: the leader decides
         for item in group:
             entry = found.get(item.key)
             current = None if entry is None or entry.deleted else BatchRecord.decode(entry.data, entry.seq, item.key)
@@ -604,19 +607,26 @@ async def _commit(ledger: BatchLedger, group: list[Pending]) -> None:
                                              "not recorded; record() it after publishing")
                 new = item.change(current)
                 if new is None:
+                    if conn.clustered and not leader:
+                        unsure.append(item)
+                        continue
                     _settle(item, (current, False) if current is not None else
                             LedgerConflictError(f"batch {item.batch_id!r}: nothing to write"))
                     continue
                 payload = new.encode()
                 counts[item.ckey] = counted(counts[item.ckey], item.run_id, item.shard, current, new, ledger.clock())
             except Exception as exc:  # this change's own error (e.g. ClaimLostError) is its caller's
+                if conn.clustered and not leader and isinstance(exc, BatchNotFoundError | ClaimLostError):
+                    unsure.append(item)  # a replica that has not applied the latest write yet
+                    continue
                 _settle(item, exc)
                 continue
             writes.append(Write(item.key, payload, entry.seq if entry else 0))
             written.append((item, new))
         group = [item for item, _ in written]
         if not writes:
-            return
+            group, leader = unsure, True
+            continue
         touched = {item.ckey: counts[item.ckey] for item in group}  # each counted its change in its shard
         writes += [Write(ckey, encode_counts(value), found[ckey].seq if ckey in found else 0)
                    for ckey, value in sorted(touched.items()) if value is not None]
@@ -626,8 +636,9 @@ async def _commit(ledger: BatchLedger, group: list[Pending]) -> None:
             metrics.incr("ledger.cas_retry")
             leader = conn.clustered
             _count_attempt(group, bucket)
-            if group:
-                await asyncio.sleep(BUSY.pause(group[0].attempts))
+            pause = BUSY.pause(group[0].attempts) if group else 0.0
+            group += unsure
+            await asyncio.sleep(pause)
             continue
         except RequestTimeoutError:
             silent_since = silent_since or time.monotonic()
@@ -635,11 +646,12 @@ async def _commit(ledger: BatchLedger, group: list[Pending]) -> None:
                 raise
             for (item, _), sent in zip(written, writes, strict=False):
                 item.unanswered = sent.data
+            group += unsure
             continue
         first = last - len(writes) + 1
         for number, (item, new) in enumerate(written):
             _settle(item, (replace(new, revision=first + number), True))
-        return
+        group, leader = unsure, True
 
 
 async def _recounted(ledger: BatchLedger, group: list[Pending], found: Mapping[str, Entry]) -> bool:

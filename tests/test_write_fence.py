@@ -165,3 +165,28 @@ def test_an_attempt_stopped_anywhere_and_its_retry_after_the_window_store_every_
         assert count == CHUNK and last_seq - first_seq + 1 == CHUNK, batch_id
     report = json.loads(out)
     assert report["rows"] == ATTEMPT_ROWS
+
+
+def test_a_fenced_batcher_stores_each_msg_id_once_however_late_it_comes_again(server: EmbeddedNatsServer) -> None:
+    from airflow_jetstream.client import Batcher
+
+    call_on(server, ensure_stream, stream("FBAT"))
+
+    async def publish(conn: Any, ids: range) -> list[Any]:
+        async with Batcher(conn, fence=True) as batcher:
+            futures = [await batcher.submit(BatchMessage("fbat.a", json.dumps({"id": n}).encode(), msg_id=f"i-{n}"))
+                       for n in ids]
+            return [await f for f in futures]
+
+    first = call_on(server, publish, range(0, 6))
+    assert all(r.ok and not r.duplicate for r in first)
+    wait_until(lambda: forgotten(server, "fbat.a", "i-0"), "the stream to forget msg id i-0 (1 s duplicate window)")
+    again = call_on(server, publish, range(3, 9))  # three stored long ago, three new, in one group
+    assert [r.duplicate for r in again] == [True] * 3 + [False] * 3 and all(r.ok for r in again)
+    assert [r.seq for r in again[:3]] == [r.seq for r in first[3:]]
+    assert sorted(call_on(server, ids_stored, "FBAT")) == list(range(9))
+
+    async def without_id(conn: Any) -> Any:
+        async with Batcher(conn, fence=True) as batcher:
+            return await batcher.publish("fbat.a", b"{}")
+    assert call_on(server, without_id).error == "invalid_msg_id"

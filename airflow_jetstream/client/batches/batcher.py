@@ -43,15 +43,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
+from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.admin.subject_streams import streams_for_subject
 from airflow_jetstream.client.batches.atomic import ATOMIC_REFUSED_HEADERS, publish_atomic_batch
 from airflow_jetstream.client.batches.fast import FAST_REFUSED_HEADERS
+from airflow_jetstream.client.batches.fence import check_fence_config, fence_message
 from airflow_jetstream.client.batches.frames import encode_frame, message_header_lines, write_frames
 from airflow_jetstream.client.batches.replies import BatchReplies
-from airflow_jetstream.client.batches.types import BatchItemResult, BatchMessage, validate_messages
+from airflow_jetstream.client.batches.types import (
+    DEFAULT_MAX_BATCH_MSGS,
+    BatchItemResult,
+    BatchMessage,
+    validate_messages,
+)
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
+    BatchPublishError,
     ConnectionFailedError,
     InvalidRequestError,
     JetStreamError,
@@ -89,6 +97,11 @@ class Batcher:
     :param atomic: send groups as atomic batches (needs ``allow_atomic`` on the stream; falls back
         to individual publishes by itself when the stream refuses). Default: pipelined individual publishes.
     :param timeout: seconds to wait for each server reply (default: the connection's request timeout).
+    :param fence: every item needs a msg id and is fenced by it (:mod:`~airflow_jetstream.client.batches.fence`):
+        stored at most once however late it is published again (a re-run the next day), not only within the
+        stream's duplicate window. Each group is one atomic batch of its items, each followed by its fence; a
+        refused group is resolved item by item, an item already stored answered ``duplicate`` with its seq.
+        The streams need ``allow_atomic`` and the fence namespace (``stream_not_fenced`` otherwise).
     """
 
     def __init__(
@@ -100,14 +113,18 @@ class Batcher:
         max_pending: int = DEFAULT_MAX_PENDING,
         atomic: bool = False,
         timeout: float | None = None,
+        fence: bool = False,
     ) -> None:
         if not isinstance(max_batch, int) or max_batch < 1:
             raise InvalidRequestError(f"max_batch must be an int >= 1, got {max_batch!r}", reason="invalid_request")
         flush_interval = to_seconds(flush_interval, field="flush_interval")
         if not isinstance(max_pending, int) or max_pending < max_batch:
             raise InvalidRequestError("max_pending must be an int >= max_batch", reason="invalid_request")
-        if atomic:
+        if atomic or fence:
             server_features.require(conn, server_features.ATOMIC_BATCH, what="Batcher(atomic=True)")
+        self.fence = fence
+        #: The checked stream of each subject a fenced item went to.
+        self._fence_streams: dict[str, str] = {}
         self.conn = conn
         self.max_batch = max_batch
         self.flush_interval = flush_interval
@@ -171,9 +188,12 @@ class Batcher:
         return future
 
     def _check(self, message: BatchMessage) -> None:
-        refused = ATOMIC_REFUSED_HEADERS if self.atomic else FAST_REFUSED_HEADERS
+        refused = ATOMIC_REFUSED_HEADERS if self.atomic or self.fence else FAST_REFUSED_HEADERS
         validate_messages([message], max_msgs=None, max_payload=self.conn.max_payload,
                           refused_headers=refused, reserved_header_bytes=256)
+        if self.fence and not message.msg_id:
+            raise InvalidRequestError("Batcher(fence=True) fences each item by its msg id: give every item a msg_id",
+                                      reason="invalid_msg_id")
 
     async def close(self) -> None:
         """Publish everything still pending, then stop. Idempotent."""
@@ -234,6 +254,8 @@ class Batcher:
     async def _send(self, group: list[_Item], deadline: Deadline) -> list[BatchItemResult]:
         """Publish ``group``, retrying until ``deadline`` (its oldest item's), so no item waits past its own."""
         messages = [item.message for item in group]
+        if self.fence:
+            return await self._send_fenced(messages, deadline)
         if self.atomic and len(messages) > 1:
             try:
                 batch = await publish_atomic_batch(self.conn, messages, max_msgs=len(messages),
@@ -252,6 +274,45 @@ class Batcher:
                             for i in range(len(messages))]
         results = await self._publish_individually(messages)
         return await self._ride_out_elections(messages, results, deadline)
+
+    async def _fence_stream(self, subject: str) -> str:
+        """The stream of ``subject``, checked once for fences (``stream_not_fenced``, ``no_stream_for_subject``)."""
+        if subject not in self._fence_streams:
+            owners = await streams_for_subject(self.conn, subject)
+            if not owners:
+                raise BatchPublishError(f"no stream captures subject {subject!r}; create the stream or fix the "
+                                        "subject", reason="no_stream_for_subject")
+            check_fence_config(owners[0], (await stream_info(self.conn, owners[0]))["config"])
+            self._fence_streams[subject] = owners[0]
+        return self._fence_streams[subject]
+
+    async def _send_fenced(self, messages: list[BatchMessage], deadline: Deadline) -> list[BatchItemResult]:
+        """``messages`` as one atomic batch, each followed by its fence; when the server refuses it (an item was
+        stored before, or an item is bad) or its outcome is unknown, item by item, each its own fenced batch."""
+        try:
+            streams = [await self._fence_stream(m.subject) for m in messages]
+        except JetStreamError as exc:
+            return [BatchItemResult.failed(exc)] * len(messages)
+        if len(set(streams)) == 1 and 2 * len(messages) <= DEFAULT_MAX_BATCH_MSGS:
+            fenced = [part for m in messages for part in (m, fence_message(streams[0], str(m.msg_id), [m]))]
+            try:
+                batch = await publish_atomic_batch(self.conn, fenced, max_msgs=len(fenced), timeout=self.timeout,
+                                                   deadline=deadline)
+            except JetStreamError as exc:
+                metrics.incr("batcher.resent_individually", tags={"reason": exc.reason})
+            else:
+                return [BatchItemResult(stream=batch.stream, seq=batch.last_seq - len(fenced) + 1 + 2 * i)
+                        for i in range(len(messages))]
+
+        async def one(msg: BatchMessage, stream: str) -> BatchItemResult:
+            try:
+                result = await publish_atomic_batch(self.conn, [msg], fence=msg.msg_id, stream=stream,
+                                                    timeout=self.timeout, deadline=deadline)
+            except JetStreamError as exc:
+                return BatchItemResult.failed(exc)
+            return BatchItemResult(stream=result.stream, seq=result.last_seq, duplicate=result.already_committed)
+
+        return list(await asyncio.gather(*(one(m, s) for m, s in zip(messages, streams, strict=True))))
 
     async def _publish_individually(self, messages: list[BatchMessage]) -> list[BatchItemResult]:
         if self._replies is None:

@@ -111,8 +111,9 @@ class StoredFence:
 async def stored_fence(conn: JetStreamConnection, stream: str, fence_id: str) -> StoredFence | None:
     """The earlier commit of ``fence_id`` in ``stream``, read from its fence (one message get), or None.
 
-    A fence is stored as the last message of its batch, so its ``Nats-Batch-Sequence`` k says the batch took the
-    k sequences ending at the fence's; the fence's own count must agree (k - 1), or the fence is not one of ours.
+    A fence follows the messages it covers (all of its batch before it, or in a Batcher's group the one item just
+    before it): its count n names the n sequences before its own, which its ``Nats-Batch-Sequence`` k must allow
+    (1 <= n < k), or the fence is not one of ours.
     """
     subject = fence_subject(stream, fence_id)
 
@@ -134,7 +135,7 @@ async def stored_fence(conn: JetStreamConnection, stream: str, fence_id: str) ->
         count, digest = int(body.get("count", -1)), str(body.get("digest", ""))
     except (TypeError, ValueError, AttributeError):
         position, count, digest = 0, -1, ""
-    if position < 1 or count != position - 1:
+    if not 1 <= count < position:
         raise BatchPublishError(
             f"stream {stream!r} seq {raw.seq} on fence subject {subject!r} is not a fence this provider wrote "
             f"(batch position {position}, count {count}); nothing was published. Leave the {FENCE_PREFIX} "

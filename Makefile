@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 CONSTRAINTS ?= constraints/constraints-$(PYVER).txt
 
-.PHONY: install wheel demo demo-cluster up test test-fast test-e2e test-durations screenshots lint docs bench clean compat constraints constraints-lowest chaos
+.PHONY: install wheel demo demo-cluster up up-hosts test test-fast test-e2e test-durations screenshots lint docs bench clean compat constraints constraints-lowest chaos
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ demo-cluster: install
 # apt-get where missing; SQLite as a fallback) + nats-server with the examples; Ctrl-C stops it.
 up: install
 	$(PY) -m tests.infra.airflow_local
+
+# Airflow on the CeleryExecutor across five hosts of this machine (network namespaces, root only): PostgreSQL and Redis,
+# api-server/scheduler/dag-processor, two worker hosts (Celery worker, triggerer, NATS node, Spark worker), NATS and
+# the Spark master; TLS and a password on NATS, R3 streams (docs/deployment.md, "Celery across hosts"). Ctrl-C stops it.
+up-hosts: install
+	$(PY) -m tests.infra.hosts_deployment
 
 # The suite runs on PYTEST_WORKERS pytest-xdist workers: a test module (or a group of modules sharing a session
 # fixture) runs whole on one worker, the longest first (tests/conftest.py). 3 on the 2-core reference box: much of the
@@ -108,4 +114,4 @@ constraints-lowest:
 	mv constraints/constraints-lowest-$(PYVER).txt.new constraints/constraints-lowest-$(PYVER).txt
 
 clean:
-	rm -rf $(VENV) tests/interop/node_modules .venv-compat-lowest .venv-compat-servers .venv-install .demo .up site dist build
+	rm -rf $(VENV) tests/interop/node_modules .venv-compat-lowest .venv-compat-servers .venv-install .demo .up .up-hosts site dist build

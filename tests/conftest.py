@@ -213,7 +213,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 E2E_FILES = re.compile(
     r"test_(cluster_\w+|chaos\w*|embedded_cluster|airflow_deployment|spark_\w+|example_dags|interop_js|docs_snippets|"
     r"docs_traps|kafka_style_dag|\w+_browser|packaging|provider_cli|compat_install|"
-    r"leafnode_sourcing|\w+_dag)\.py$"
+    r"leafnode_sourcing|hosts_\w+|\w+_dag)\.py$"
 )
 
 

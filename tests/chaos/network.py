@@ -53,15 +53,18 @@ def enter_namespace_fd(fd: int, name: str) -> None:
 class Topology:
     """The namespaces and links of one chaos run (see the module docstring)."""
 
-    def __init__(self, node_names: Iterable[str], tag: str | None = None) -> None:
+    def __init__(self, node_names: Iterable[str], tag: str | None = None, *, prefix: str = "chaos",
+                 route_net: bool = True) -> None:
         self.tag = tag or str(os.getpid())
+        self.prefix = prefix  # of every namespace name: another suite's runs never meet this one's
+        self.route_net = route_net  # False: one link per node (the client bridge) and no route bridge
         self.node_names = list(node_names)
-        self.hub = f"chaos-{self.tag}-hub"
-        self.client = f"chaos-{self.tag}-c"
+        self.hub = f"{prefix}-{self.tag}-hub"
+        self.client = f"{prefix}-{self.tag}-c"
         self.made: list[str] = []
 
     def namespace(self, node: str) -> str:
-        return f"chaos-{self.tag}-{node}"
+        return f"{self.prefix}-{self.tag}-{node}"
 
     def address(self, node: str) -> str:
         """The server's client (and monitoring) address."""
@@ -80,7 +83,7 @@ class Topology:
         """Make the namespaces, bridges and links; on any failure remove what was made and raise."""
         try:
             self._add_namespace(self.hub)
-            for bridge in ("brc", "brr"):
+            for bridge in ("brc", "brr") if self.route_net else ("brc",):
                 ip("-n", self.hub, "link", "add", bridge, "type", "bridge")
                 ip("-n", self.hub, "link", "set", bridge, "up")
             self._add_namespace(self.client)
@@ -89,7 +92,8 @@ class Topology:
                 ns = self.namespace(node)
                 self._add_namespace(ns)
                 self._link(ns, self._hub_link("c", node), "brc", "eth0", f"{self.address(node)}/24")
-                self._link(ns, self._hub_link("r", node), "brr", "eth1", f"{self.route_address(node)}/24")
+                if self.route_net:
+                    self._link(ns, self._hub_link("r", node), "brr", "eth1", f"{self.route_address(node)}/24")
         except BaseException:
             self.remove()
             raise
@@ -109,12 +113,12 @@ class Topology:
 
     def cut(self, node: str, *, routes_only: bool = False) -> None:
         """Partition ``node``: from everyone, or (``routes_only``) only from the other servers."""
-        nets = ("r",) if routes_only else ("c", "r")
+        nets = ("r",) if routes_only else ("c", "r") if self.route_net else ("c",)
         for net in nets:
             ip("-n", self.hub, "link", "set", self._hub_link(net, node), "down")
 
     def heal(self, node: str) -> None:
-        for net in ("c", "r"):
+        for net in ("c", "r") if self.route_net else ("c",):
             ip("-n", self.hub, "link", "set", self._hub_link(net, node), "up")
 
     def remove(self) -> list[str]:
@@ -129,16 +133,16 @@ class Topology:
         return failures
 
 
-def leftover_namespaces(tag: str) -> list[str]:
+def leftover_namespaces(tag: str, prefix: str = "chaos") -> list[str]:
     """Namespaces of run ``tag`` that still exist (a clean run leaves none)."""
     try:
         names = os.listdir("/run/netns")
     except FileNotFoundError:
         return []
-    return sorted(n for n in names if n.startswith(f"chaos-{tag}-"))
+    return sorted(n for n in names if n.startswith(f"{prefix}-{tag}-"))
 
 
-def remove_leftovers(tag: str) -> None:
+def remove_leftovers(tag: str, prefix: str = "chaos") -> None:
     """Delete the namespaces of run ``tag`` (a run killed before its own clean-up)."""
-    for name in leftover_namespaces(tag):
+    for name in leftover_namespaces(tag, prefix):
         ip("netns", "del", name)

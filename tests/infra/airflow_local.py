@@ -25,6 +25,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -64,10 +65,14 @@ class LocalAirflowError(RuntimeError):
     """A component of the local deployment did not start or exited; the message holds its log tail."""
 
 
-def nats_connection(url: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``nats_default`` connection for a ``nats://host:port`` (or comma-separated) server URL."""
+def nats_connection(url: str, extra: dict[str, Any] | None = None,
+                    login: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The ``nats_default`` connection for a ``nats://host:port`` (or comma-separated) server URL and an optional
+    ``(user, password)``."""
     hosts = [part.split("://", 1)[-1] for part in url.split(",")]
     conn: dict[str, Any] = {"conn_type": "nats", "host": ",".join(hosts)}
+    if login:
+        conn.update(login=login[0], password=login[1])
     if len(hosts) == 1:
         host, port = hosts[0].rsplit(":", 1)
         conn.update(host=host, port=int(port))
@@ -89,17 +94,27 @@ class LocalAirflow:
     :param connections_in_db: store ``nats_default``/``spark_default`` in the database (visible and
         testable in the UI) instead of ``AIRFLOW_CONN_*`` variables.
     :param nats_extra: the ``extra`` of ``nats_default`` (credentials such as ``nkey_seed_secret``, timeouts).
+    :param nats_login: ``nats_default``'s user and password.
     :param extra_env: more environment (``AIRFLOW__SECTION__KEY`` settings, ``JETSTREAM_*``).
     :param database_url: the metadata database (``[database] sql_alchemy_conn``); default sqlite in ``home``.
+    :param host: the address the api-server binds and the components reach it at (``tests/infra/hosts.py``: a
+        network namespace's own address).
+    :param spark_master: the ``spark_default`` connection's master (client deploy mode).
+    :param launch: wraps each component's command, e.g. to run it inside a network namespace.
     """
 
     user = "admin"
 
     def __init__(self, home: Path, *, nats_url: str, dags_folder: Path, port: int | None = None,
                  password: str | None = None, connections_in_db: bool = False,
-                 nats_extra: dict[str, Any] | None = None, extra_env: dict[str, str] | None = None,
-                 database_url: str | None = None) -> None:
+                 nats_extra: dict[str, Any] | None = None, nats_login: tuple[str, str] | None = None,
+                 extra_env: dict[str, str] | None = None,
+                 database_url: str | None = None, host: str = "127.0.0.1", spark_master: str = "local[2]",
+                 launch: Callable[[list[str]], list[str]] | None = None) -> None:
         self.home = Path(home).resolve()
+        self.host = host
+        self.spark_connection = {"conn_type": "spark", "host": spark_master, "extra": {"deploy-mode": "client"}}
+        self.launch = launch or (lambda command: command)
         self.database_url = database_url or f"sqlite:///{self.home / 'airflow.db'}"
         self.nats_url = nats_url
         self.dags_folder = Path(dags_folder).resolve()
@@ -108,16 +123,18 @@ class LocalAirflow:
                          or secrets.token_urlsafe(12))
         self.connections_in_db = connections_in_db
         self.nats_extra = dict(nats_extra or {})
+        self.nats_login = nats_login
         self.extra_env = dict(extra_env or {})
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._component_of: dict[str, str] = {}  # key ("triggerer-2") -> component ("triggerer")
+        self._args_of: dict[str, tuple[str, ...]] = {}  # key -> the arguments it was started with
         self._exits: dict[str, list[float]] = {}  # key -> monotonic times it exited on its own
         self._api_secrets = self._stored_api_secrets()  # shared by the components, in their environment only
         self._engine: sqlalchemy.Engine | None = None  # the tests' reads of the metadata database
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def _stored(self, name: str, key: str) -> str | None:
         """``key`` of the JSON file ``home/name`` an earlier start wrote, if any."""
@@ -154,7 +171,7 @@ class LocalAirflow:
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{self.url}/execution/",
             AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=self.database_url,
             AIRFLOW__API__BASE_URL=self.url,
-            AIRFLOW__API__HOST="127.0.0.1",
+            AIRFLOW__API__HOST=self.host,
             AIRFLOW__API__PORT=str(self.port),
             AIRFLOW__API_AUTH__JWT_SECRET=self._api_secrets["jwt_secret"],
             AIRFLOW__API__SECRET_KEY=self._api_secrets["secret_key"],
@@ -168,11 +185,12 @@ class LocalAirflow:
             PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")])),
             PYSPARK_PYTHON=sys.executable,
             PYSPARK_DRIVER_PYTHON=sys.executable,
-            SPARK_LOCAL_IP="127.0.0.1",
+            SPARK_LOCAL_IP=self.host,
         )
         if not self.connections_in_db:
-            env["AIRFLOW_CONN_NATS_DEFAULT"] = json.dumps(nats_connection(self.nats_url, self.nats_extra))
-            env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "local[2]"})
+            nats_default = nats_connection(self.nats_url, self.nats_extra, self.nats_login)
+            env["AIRFLOW_CONN_NATS_DEFAULT"] = json.dumps(nats_default)
+            env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(self.spark_connection)
         env.update(self.extra_env)
         return env
 
@@ -204,8 +222,8 @@ class LocalAirflow:
         if self.connections_in_db:
             conns = self.home / "connections.json"  # may hold credentials: private, and gone once imported
             write_private(conns, {
-                "nats_default": nats_connection(self.nats_url, self.nats_extra),
-                "spark_default": {"conn_type": "spark", "host": "local[2]"},
+                "nats_default": nats_connection(self.nats_url, self.nats_extra, self.nats_login),
+                "spark_default": self.spark_connection,
             })
             try:
                 self.cli("connections", "import", "--overwrite", str(conns))
@@ -221,14 +239,15 @@ class LocalAirflow:
             self.wait_healthy(timeout)
         return self
 
-    def start_component(self, name: str, key: str | None = None) -> subprocess.Popen[bytes]:
-        """Start one component (``key`` names a second instance, e.g. ``"triggerer-2"``)."""
+    def start_component(self, name: str, key: str | None = None, args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+        """Start one component (``key`` names a second instance, e.g. ``"triggerer-2"``; ``args`` follow the
+        command, e.g. ``start_component("celery", "celery-worker", ("worker",))``)."""
         key = key or name
         if key in self.processes and self.processes[key].poll() is None:
             raise LocalAirflowError(f"{key} is already running (pid {self.processes[key].pid})")
-        command = [AIRFLOW, name]
+        command = [AIRFLOW, name, *args]
         if name == "api-server":
-            command += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+            command += ["--host", self.host, "--port", str(self.port), "--workers", "1"]
         elif name in ("scheduler", "triggerer"):
             command += ["--skip-serve-logs"]
         log_dir = self.home / "components"
@@ -238,10 +257,11 @@ class LocalAirflow:
             env.update(LOCAL_AIRFLOW_COMPONENT=key,
                        AIRFLOW__CORE__HOSTNAME_CALLABLE="tests.infra.airflow_local.component_hostname")
         with (log_dir / f"{key}.log").open("ab") as out:
-            proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(self.launch(command), env=env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         self.processes[key] = proc
         self._component_of[key] = name
+        self._args_of[key] = args
         return proc
 
     def restart_exited(self) -> list[str]:
@@ -267,7 +287,7 @@ class LocalAirflow:
                   f"({len(exits)} exit(s) within {CRASH_LOOP_WINDOW:.0f} s). Its log ends:\n    {last_lines}",
                   file=sys.stderr, flush=True)
             del self.processes[key]
-            self.start_component(self._component_of[key], key)
+            self.start_component(self._component_of[key], key, self._args_of[key])
             restarted.append(key)
         return restarted
 

@@ -54,18 +54,27 @@ def install_postgres_binaries() -> Path:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise EmbeddedPostgresError("no PostgreSQL binaries in /usr/lib/postgresql/*/bin: install Debian's "
                                     "postgresql package (apt-get install postgresql) or set POSTGRES_BIN_DIR")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    command = ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"]
-    if subprocess.run(command, env=env, capture_output=True, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=False)
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise EmbeddedPostgresError(f"apt-get install postgresql failed (exit {done.returncode}): "
-                                        f"{(done.stdout + done.stderr)[-1500:]}")
+    failure = apt_install("postgresql")
+    if failure:
+        raise EmbeddedPostgresError(failure)
     bin_dir = find_postgres_bin_dir()
     if bin_dir is None:
         raise EmbeddedPostgresError("apt-get installed postgresql but no initdb is in /usr/lib/postgresql/*/bin")
     return bin_dir
+
+
+def apt_install(package: str) -> str | None:
+    """Install Debian's ``package`` with apt-get (``apt-get update`` first when the lists are stale); None when it
+    worked, else what failed with the tail of apt-get's output."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    command = ["apt-get", "install", "-y", "--no-install-recommends", package]
+    if subprocess.run(command, env=env, capture_output=True, check=False).returncode == 0:
+        return None
+    subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=False)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return f"apt-get install {package} failed (exit {done.returncode}): {(done.stdout + done.stderr)[-1500:]}"
+    return None
 
 
 def _reachable_by(path: Path, uid: int) -> bool:
@@ -82,11 +91,18 @@ class EmbeddedPostgres:
 
     :param root: the cluster's directory (created). Its parents must be traversable by the ``postgres``
         user when running as root.
-    :param port: the TCP port on 127.0.0.1 (default: the one used last time if free, else a free one).
+    :param port: the TCP port (default: the one used last time if free, else a free one).
+    :param host: the address it listens on and is reached at.
+    :param clients: a network (``10.77.1.0/24``) whose hosts may log in with the password, beside the loopback.
+    :param command_prefix: runs every PostgreSQL tool (so the server too) under it, e.g. ``ip netns exec NAME``.
     """
 
-    def __init__(self, root: Path, *, port: int | None = None) -> None:
+    def __init__(self, root: Path, *, port: int | None = None, host: str = "127.0.0.1", clients: str | None = None,
+                 command_prefix: tuple[str, ...] = ()) -> None:
         self.root = Path(root).resolve()
+        self.host = host
+        self.clients = clients
+        self.command_prefix = command_prefix
         self.bin_dir = install_postgres_binaries()
         self._as_root = os.geteuid() == 0
         self.port = port or self._last_port()
@@ -103,7 +119,7 @@ class EmbeddedPostgres:
     @property
     def sqlalchemy_url(self) -> str:
         """What ``[database] sql_alchemy_conn`` is set to (it holds the password: never print it)."""
-        return f"postgresql+psycopg2://{ROLE}:{self.password}@127.0.0.1:{self.port}/{DATABASE}"
+        return f"postgresql+psycopg2://{ROLE}:{self.password}@{self.host}:{self.port}/{DATABASE}"
 
     def _last_port(self) -> int:
         saved = self.root / "port"
@@ -126,6 +142,7 @@ class EmbeddedPostgres:
         command = [str(self.bin_dir / tool), *args]
         if self._as_root:
             command = ["runuser", "-u", SERVICE_USER, "--", *command]
+        command = [*self.command_prefix, *command]
         done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120,
                               env={**os.environ, **(env or {})}, cwd=self.root)
         if done.returncode != 0:
@@ -154,6 +171,9 @@ class EmbeddedPostgres:
                       "--auth", "scram-sha-256", "-E", "UTF8", "--locale", "C")
         finally:
             pwfile.unlink()
+        if self.clients:
+            with (self.data_dir / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.clients} scram-sha-256\n")
 
     def running_port(self) -> int | None:
         """The port of a server still running on this cluster (its ``postmaster.pid``), else None."""
@@ -179,15 +199,15 @@ class EmbeddedPostgres:
         else:
             self.socket_dir.mkdir(exist_ok=True)
             self._own(self.root, self.socket_dir)
-            if not port_free(self.port):
+            if self.host == "127.0.0.1" and not port_free(self.port):
                 self.port = free_port()
-            options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.socket_dir} "
+            options = (f"-p {self.port} -c listen_addresses={self.host} -c unix_socket_directories={self.socket_dir} "
                        "-c max_connections=200")
             self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.root / "server.log"), "-o", options,
                       "-w", "-t", "120", "start")
         (self.root / "port").write_text(str(self.port))
         env = {"PGPASSWORD": self.password}
-        target = ["-h", "127.0.0.1", "-p", str(self.port), "-U", ROLE]
+        target = ["-h", self.host, "-p", str(self.port), "-U", ROLE]
         exists = self._run("psql", *target, "-d", "postgres", "-tAc",
                            f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'", env=env).stdout.strip()
         if not exists:

@@ -51,8 +51,9 @@ def _issue(ca_key, ca_name, common_name: str, usage, san: list[x509.GeneralName]
     return key, builder.sign(ca_key, hashes.SHA256())
 
 
-def make_tls_files(directory: Path, ca_name: str = "airflow-jetstream test CA") -> TLSFiles:
-    """Write a CA, a server cert for 127.0.0.1/localhost and a client cert into ``directory``."""
+def make_tls_files(directory: Path, ca_name: str = "airflow-jetstream test CA",
+                   addresses: tuple[str, ...] = ()) -> TLSFiles:
+    """Write a CA, a server cert for 127.0.0.1/localhost (and ``addresses``) and a client cert into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
@@ -74,7 +75,8 @@ def make_tls_files(directory: Path, ca_name: str = "airflow-jetstream test CA") 
         )
         .sign(ca_key, hashes.SHA256())
     )
-    san = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    san: list[x509.GeneralName] = [x509.DNSName("localhost")]
+    san += [x509.IPAddress(ipaddress.ip_address(address)) for address in ("127.0.0.1", *addresses)]
     server_key, server_cert = _issue(ca_key, ca_subject, "localhost", ExtendedKeyUsageOID.SERVER_AUTH, san)
     client_key, client_cert = _issue(ca_key, ca_subject, "airflow", ExtendedKeyUsageOID.CLIENT_AUTH, None)
     files = TLSFiles(

@@ -5,8 +5,11 @@ One deployment for the module (:class:`tests.infra.hosts_deployment.HostsDeploym
 worker on each of ``w1`` and ``w2``; the third NATS node and the Spark master on ``edge``. It proves that each host
 is its own (address, ``/tmp``, files; the code read-only; every server on its host's address), that the examples
 run there (the orders pipeline's Spark jobs submitted in client mode from a worker host to the master on ``edge``,
-the event-driven DAG from a watcher on a triggerer host, the hourly incremental DAG on its own schedule) and that
-the JetStream view and the connection Test button answer from the api-server host.
+the event-driven DAG from a watcher on a triggerer host, the hourly incremental DAG on its own schedule), that the
+JetStream view and the connection Test button answer from the api-server host, and that host faults cost time,
+not data: a worker host killed while its task publishes (Airflow's retry runs on the other one), the scheduler
+killed and restarted. Each fault's run must give every order exactly once in the aggregate stream and the
+output, and its ledger must say consumed.
 
 Needs root and ``ip netns``; without them the module skips and says why.
 """
@@ -15,49 +18,39 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
+import signal
 import subprocess
-import tempfile
+import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from nats.js.errors import NotFoundError
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
-from tests.infra.airflow_local import LocalAirflow
-from tests.infra.hosts import REPO, namespaces_unavailable
-from tests.infra.hosts_deployment import NATS_USER, WORKER_HOSTS, HostsDeployment
+from tests.infra.hosts import REPO
+from tests.infra.hosts_deployment import WORKER_HOSTS, HostsDeployment
 from tests.support.airflow_api import Api
+from tests.support.hosts_tier import nats_settings, started_deployment, stream_messages, task_rows, trigger, wait_run
 from tests.support.kv_keys import kv_keys
 from tests.support.polling import wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
-PIPELINE, INCREMENTAL, PUBLISH_READY, PROCESS_READY = (
-    "jetstream_orders_pipeline", "jetstream_orders_incremental", "publish_ready_orders", "process_ready_orders")
+PIPELINE, INCREMENTAL = "jetstream_orders_pipeline", "jetstream_orders_incremental"
+PUBLISH_READY = "publish_ready_orders"
 ROWS = 2_000
+FAULT_ROWS = 20_000  # enough that the producer is still publishing when its host dies
 
 
 @pytest.fixture(scope="module")
-def deployment() -> Iterator[HostsDeployment]:
-    why_not = namespaces_unavailable()
-    if why_not:
-        pytest.skip(f"the multi-host tier needs network namespaces: {why_not}")
-    root = Path(tempfile.mkdtemp(prefix="airflow-jetstream-hosts-", dir="/var/tmp"))  # not under /tmp: see hosts.py
-    hosts = HostsDeployment(root)
-    try:
-        hosts.start()  # this thread enters the hosts' client namespace until close()
-        yield hosts
-    finally:
-        hosts.close(graceful=False)
-        shutil.rmtree(root, ignore_errors=True)
+def hosts_deployment() -> Iterator[HostsDeployment]:
+    with started_deployment() as deployment:
+        yield deployment
 
 
 @pytest.fixture(scope="module")
-def nats_settings(deployment: HostsDeployment) -> ConnectionSettings:
-    return ConnectionSettings(servers=deployment.nats_servers, user=NATS_USER, password=deployment.nats_password,
-                              tls_ca_file=str(deployment.root / "control" / "tls" / "ca.pem"), connect_timeout=5,
-                              request_timeout=10)
+def hosts_nats(hosts_deployment: HostsDeployment) -> ConnectionSettings:
+    return nats_settings(hosts_deployment)
 
 
 def on_host(deployment: HostsDeployment, name: str, script: str) -> str:
@@ -69,12 +62,12 @@ def on_host(deployment: HostsDeployment, name: str, script: str) -> str:
     return done.stdout
 
 
-def test_each_host_has_its_own_address_tmp_and_files(deployment: HostsDeployment) -> None:
-    hosts = deployment.hosts.hosts
+def test_each_host_has_its_own_address_tmp_and_files(hosts_deployment: HostsDeployment) -> None:
+    hosts = hosts_deployment.hosts.hosts
     for name in hosts:
-        on_host(deployment, name, f"echo {name} > /tmp/written-by-{name}")
+        on_host(hosts_deployment, name, f"echo {name} > /tmp/written-by-{name}")
     for name, host in hosts.items():
-        seen = on_host(deployment, name, "ip -4 -o addr show; echo TMP; ls /tmp; echo PRIVATE; "
+        seen = on_host(hosts_deployment, name, "ip -4 -o addr show; echo TMP; ls /tmp; echo PRIVATE; "
                        f"ls {host.root / 'private'}/*; echo SHARED; ls -d {host.root / 'shared'}/* 2>/dev/null; "
                        f"echo RO; touch {REPO / 'dags_examples' / '.written'} 2>&1 || true")
         addresses, rest = seen.split("TMP", 1)
@@ -83,79 +76,62 @@ def test_each_host_has_its_own_address_tmp_and_files(deployment: HostsDeployment
         shared, read_only = rest.split("RO", 1)
         assert f"inet {host.address}/24" in addresses, addresses
         assert [line for line in tmp.split() if line.startswith("written-by-")] == [f"written-by-{name}"]
-        for other in hosts:
-            if other != name:
-                assert f"private/{other}:\n\n" in private or f"private/{other}:\n" in private, private
+        listed = {block.split(":", 1)[0].rsplit("/", 1)[-1]: block.split(":", 1)[1].split()
+                  for block in private.strip().split("\n\n")}
+        assert all(not files for other, files in listed.items() if other != name), listed
         assert "Read-only file system" in read_only, read_only
-        assert bool(shared.strip()) == (name in WORKER_HOSTS) or not shared.strip(), shared
-    listening = {name: on_host(deployment, name, "ss -ltnH") for name in hosts}
-    for name, table in listening.items():
+        if name not in WORKER_HOSTS:
+            assert not shared.strip(), f"{name} sees the workers' shared volume: {shared}"
+    for name, host in hosts.items():
+        table = on_host(hosts_deployment, name, "ss -ltnH")
         local = {line.split()[3].rsplit(":", 1)[0].removeprefix("[::ffff:").rstrip("]")  # a JVM's IPv4-mapped form
                  for line in table.splitlines() if line.strip()}
-        assert local <= {hosts[name].address}, f"{name} listens on {local}, not only on {hosts[name].address}"
+        assert local <= {host.address}, f"{name} listens on {local}, not only on {host.address}"
 
 
-def wait_dag_parsed(airflow: LocalAirflow, dag_id: str) -> None:
-    wait_until(lambda: airflow.query("SELECT 1 FROM dag WHERE dag_id = :dag AND NOT is_stale", dag=dag_id),
-               f"the dag-processor to load {dag_id}", timeout=240, every=0.5)
-
-
-def trigger(airflow: LocalAirflow, dag_id: str, conf: dict | None = None) -> str:
-    wait_dag_parsed(airflow, dag_id)
-    run = Api(airflow).call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
-    return str(run["dag_run_id"])
-
-
-def run_state(airflow: LocalAirflow, dag_id: str, run_id: str) -> str | None:
-    rows = airflow.query("SELECT state FROM dag_run WHERE dag_id = :dag AND run_id = :run", dag=dag_id, run=run_id)
-    return rows[0][0] if rows else None
-
-
-def wait_run(airflow: LocalAirflow, dag_id: str, run_id: str, timeout: float = 900) -> None:
-    wait_until(lambda: run_state(airflow, dag_id, run_id) in ("success", "failed"), f"{dag_id} {run_id} to finish",
-               timeout=timeout, every=1)
-    states = dict(airflow.query("SELECT task_id, state FROM task_instance WHERE dag_id = :dag AND run_id = :run",
-                                dag=dag_id, run=run_id))
-    assert run_state(airflow, dag_id, run_id) == "success", states
-
-
-def task_hosts(airflow: LocalAirflow, dag_id: str, run_id: str) -> dict[str, str]:
-    return dict(airflow.query("SELECT task_id, hostname FROM task_instance WHERE dag_id = :dag AND run_id = :run",
-                              dag=dag_id, run=run_id))
+def check_pipeline_run(deployment: HostsDeployment, run_id: str, rows: int) -> dict:
+    """The run's summary after asserting it is exact: every order once in the output, nothing left in the raw
+    stream, every task on a worker host."""
+    workers = {deployment.hosts[name].address for name in WORKER_HOSTS}
+    ran_on = {task: host for task, (_state, host, _tries) in task_rows(deployment.airflow, PIPELINE, run_id).items()}
+    assert set(ran_on.values()) <= workers, ran_on
+    summary = json.loads((deployment.root / "shared" / "output" / "summary.json").read_text())
+    assert summary["rows_produced"] == summary["rows_consumed"] == summary["distinct_orders"] == rows, summary
+    assert summary["messages_left_in_raw"] == 0, summary
+    assert set(summary["batches_by_state"]) == {"consumed"}, summary
+    return dict(summary)
 
 
 def test_orders_pipeline_runs_its_spark_jobs_from_a_worker_host_on_the_master_of_another(
-        deployment: HostsDeployment) -> None:
-    airflow = deployment.airflow
-    run_id = trigger(airflow, PIPELINE, {"rows": ROWS})
-    wait_run(airflow, PIPELINE, run_id)
-    workers = {deployment.hosts[name].address for name in WORKER_HOSTS}
-    ran_on = task_hosts(airflow, PIPELINE, run_id)
-    assert set(ran_on.values()) <= workers, ran_on
-    summary = json.loads((deployment.root / "shared" / "output" / "summary.json").read_text())
-    assert summary["rows_produced"] == summary["rows_consumed"] == summary["distinct_orders"] == ROWS, summary
-    assert summary["messages_left_in_raw"] == 0, summary
-    assert deployment.spark is not None
-    apps = deployment.spark.status()["completedapps"]
-    assert {"produce-orders", "consume-orders"} <= {app["name"] for app in apps}, apps
+        hosts_deployment: HostsDeployment) -> None:
+    run_id = trigger(hosts_deployment.airflow, PIPELINE, {"rows": ROWS})
+    wait_run(hosts_deployment.airflow, PIPELINE, run_id)
+    check_pipeline_run(hosts_deployment, run_id, ROWS)
+    assert hosts_deployment.spark is not None
+    apps = [app["name"] for app in hosts_deployment.spark.status()["completedapps"]]
+    assert "consume-orders" in apps and len(apps) >= 2, apps  # the producer, the consumer (and the incremental DAG)
 
 
 def processed(settings: ConnectionSettings) -> set[int]:
     async def go() -> set[int]:
         async with open_connection(settings) as conn:
-            return {int(key.split(".")[1]) for key in await kv_keys(conn.js, "orders_ready_processed")}
+            try:
+                keys = await kv_keys(conn.js, "orders_ready_processed")
+            except NotFoundError:  # the first run of process_ready_orders makes the bucket
+                return set()
+            return {int(key.split(".")[1]) for key in keys}
 
     return asyncio.run(go())
 
 
-def test_event_driven_and_incremental_dags_run_on_their_own(deployment: HostsDeployment,
-                                                              nats_settings: ConnectionSettings) -> None:
-    airflow = deployment.airflow
+def test_event_driven_and_incremental_dags_run_on_their_own(hosts_deployment: HostsDeployment,
+                                                              hosts_nats: ConnectionSettings) -> None:
+    airflow = hosts_deployment.airflow
     run_id = trigger(airflow, PUBLISH_READY, {"count": 5})
     wait_run(airflow, PUBLISH_READY, run_id, timeout=300)
-    wait_until(lambda: len(processed(nats_settings)) >= 5, "process_ready_orders to process the 5 orders",
+    wait_until(lambda: len(processed(hosts_nats)) >= 5, "process_ready_orders to process the 5 orders",
                timeout=300, every=1)
-    assert processed(nats_settings) == {1, 2, 3, 4, 5}
+    assert processed(hosts_nats) == {1, 2, 3, 4, 5}
     triggerers = {host for (host,) in airflow.query("SELECT hostname FROM job WHERE job_type = 'TriggererJob'")}
     assert len(triggerers) == 2, triggerers
     wait_until(lambda: airflow.query("SELECT 1 FROM dag_run WHERE dag_id = :dag AND run_type = 'scheduled' "
@@ -163,12 +139,89 @@ def test_event_driven_and_incremental_dags_run_on_their_own(deployment: HostsDep
                "the hourly incremental DAG's scheduled run to succeed", timeout=600, every=2)
 
 
-def test_view_and_test_button_answer_from_the_api_server_host(deployment: HostsDeployment) -> None:
-    api = Api(deployment.airflow)
+def test_view_and_test_button_answer_from_the_api_server_host(hosts_deployment: HostsDeployment) -> None:
+    api = Api(hosts_deployment.airflow)
     view = api.call("GET", "/jetstream/api/connections/nats_default")
-    assert any(stream["name"] == "ORDERS_AGG" for stream in view["streams"]), view
+    assert "ORDERS_AGG" in {row["name"] for row in view["streams"]["streams"]}, view
+    assert "error" not in view, view
     conn = {c["connection_id"]: c for c in api.call("GET", "/api/v2/connections")["connections"]}["nats_default"]
     tested = api.call("POST", "/api/v2/connections/test",
                       {k: conn[k] for k in ("connection_id", "conn_type", "host", "port", "login", "extra")} |
-                      {"password": deployment.nats_password})
+                      {"password": hosts_deployment.nats_password})
     assert tested["status"] is True and "JetStream enabled" in tested["message"], tested
+
+
+#: Which hosts' disks may hold each secret: the one whose server checks it (and the NATS hosts' server config).
+SECRET_HOMES = {"nats password": {"w1", "w2", "edge"}, "broker password": {"db"}, "database password": {"db"},
+                "admin password": {"ctl"}, "jwt secret": set(), "fernet key": set()}
+
+
+def secrets_of(deployment: HostsDeployment) -> dict[str, str]:
+    assert deployment.redis is not None and deployment.pg is not None
+    return {"nats password": deployment.nats_password, "broker password": deployment.redis.password,
+            "database password": deployment.pg.password, "admin password": deployment.airflow.password,
+            "jwt secret": deployment.jwt_secret, "fernet key": deployment.fernet_key}
+
+
+def test_no_secret_on_the_disk_of_a_host_that_does_not_need_it(hosts_deployment: HostsDeployment) -> None:
+    """After the runs above: every file in each host's private directory (its disk, /tmp included) is read."""
+    found: dict[str, set[str]] = {name: set() for name in SECRET_HOMES}
+    for name, host in hosts_deployment.hosts.hosts.items():
+        for path in host.private.rglob("*"):
+            if not path.is_file() or path.is_symlink() or path.stat().st_size > 50_000_000:
+                continue
+            data = path.read_bytes()
+            for what, secret in secrets_of(hosts_deployment).items():
+                if secret.encode() in data:
+                    found[what].add(name)
+    misplaced = {what: hosts - SECRET_HOMES[what] for what, hosts in found.items() if hosts - SECRET_HOMES[what]}
+    assert not misplaced, f"secrets on hosts that do not need them: {misplaced}"
+
+
+def wait_publishing(deployment: HostsDeployment, settings: ConnectionSettings, run_id: str,
+                    before: int) -> tuple[str, int]:
+    """Wait until the run's producer has published some but not all of its orders; returns its host's name and
+    how many orders the aggregate had gained then."""
+    by_address = {host.address: name for name, host in deployment.hosts.hosts.items()}
+    seen: dict[str, tuple[str, int]] = {}
+
+    def publishing() -> bool:
+        state, address, _tries = task_rows(deployment.airflow, PIPELINE, run_id).get("produce_orders", ("", "", 0))
+        if state != "running" or not address:
+            return False
+        gained = stream_messages(settings, "ORDERS_AGG") + stream_messages(settings, "ORDERS_RAW") - before
+        seen["now"] = (by_address[address], gained)
+        return gained > 0
+
+    wait_until(publishing, "the producer to publish its first orders", timeout=600, every=0.2)
+    return seen["now"]
+
+
+def test_worker_host_killed_while_it_publishes_then_the_retry_runs_on_the_other(
+        hosts_deployment: HostsDeployment, hosts_nats: ConnectionSettings) -> None:
+    before = stream_messages(hosts_nats, "ORDERS_AGG") + stream_messages(hosts_nats, "ORDERS_RAW")
+    run_id = trigger(hosts_deployment.airflow, PIPELINE, {"rows": FAULT_ROWS})
+    victim, gained = wait_publishing(hosts_deployment, hosts_nats, run_id, before)
+    killed_at = time.monotonic()
+    assert hosts_deployment.hosts[victim].kill(), f"nothing ran on {victim}"
+    assert gained < FAULT_ROWS, "the host died in the middle of the publish"
+    try:
+        wait_run(hosts_deployment.airflow, PIPELINE, run_id, timeout=1200)
+        print(f"the run finished {time.monotonic() - killed_at:.0f} s after {victim} was killed")
+    finally:
+        hosts_deployment.restart_host(victim)
+    state, address, tries = task_rows(hosts_deployment.airflow, PIPELINE, run_id)["produce_orders"]
+    survivor = next(name for name in WORKER_HOSTS if name != victim)
+    assert (state, address) == ("success", hosts_deployment.hosts[survivor].address) and tries >= 2
+    check_pipeline_run(hosts_deployment, run_id, FAULT_ROWS)
+
+
+def test_scheduler_killed_and_restarted_mid_run(hosts_deployment: HostsDeployment) -> None:
+    airflow = hosts_deployment.airflow
+    run_id = trigger(airflow, PIPELINE, {"rows": ROWS})
+    wait_until(lambda: task_rows(airflow, PIPELINE, run_id).get("produce_orders", ("",))[0] == "running",
+               "the producer to run", timeout=600, every=0.5)
+    airflow.stop("scheduler", signal.SIGKILL)
+    airflow.start_component("scheduler")
+    wait_run(airflow, PIPELINE, run_id)
+    check_pipeline_run(hosts_deployment, run_id, ROWS)

@@ -36,6 +36,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -128,24 +129,31 @@ class HostsSpark:
             return answer
 
     def start(self) -> HostsSpark:
+        self.start_master()
+        for host in self.workers:
+            self.start_worker(host)
+        return self
+
+    def start_master(self) -> None:
         a = self.master.address
         self._launch(self.master, "spark-master", ["org.apache.spark.deploy.master.Master", "--host", a,
                                                    "--port", str(SPARK_PORT), "--webui-port", str(SPARK_WEB_PORT)])
         self._wait(lambda status: True, "the master's status page")
-        for host in self.workers:
-            self._launch(host, "spark-worker", [
-                "org.apache.spark.deploy.worker.Worker", "--host", host.address, "--webui-port",
-                str(SPARK_WORKER_WEB_PORT), "--cores", "1", "--memory", "1g",
-                "--work-dir", str(host.private / "spark" / "work"), self.master_url])
-        self._wait(lambda status: status.get("aliveworkers", 0) >= len(self.workers),
-                   f"{len(self.workers)} alive workers")
-        return self
+
+    def start_worker(self, host: Host) -> None:
+        """Start the worker of ``host`` and wait until the master counts it."""
+        self._launch(host, "spark-worker", [
+            "org.apache.spark.deploy.worker.Worker", "--host", host.address, "--webui-port",
+            str(SPARK_WORKER_WEB_PORT), "--cores", "1", "--memory", "1g",
+            "--work-dir", str(host.private / "spark" / "work"), self.master_url])
+        self._wait(lambda status: any(w.get("host") == host.address and w.get("state") == "ALIVE"
+                                      for w in status.get("workers", [])), f"an alive worker on {host.name}")
 
     def _wait(self, ready: Any, what: str) -> None:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             for host, key, process in self.processes:
-                if process.poll() is not None:
+                if process.poll() is not None and process.returncode != -signal.SIGKILL:  # a host killed on purpose
                     raise HostError(f"host {host.name}: {key} exited with {process.returncode}: {host.log_tail(key)}")
             with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
                 if ready(self.status()):
@@ -331,6 +339,23 @@ class HostsDeployment:
             **self.settings,
         }
 
+    def restart_host(self, name: str) -> None:
+        """Start again what runs on host ``name`` after it was killed (:meth:`Host.kill`): its NATS node (same store),
+        Spark daemon and Airflow components."""
+        assert self.nats is not None and self.spark is not None
+        host = self.hosts[name]
+        host.kill()  # whatever a half-finished kill left
+        self.spark.processes = [entry for entry in self.spark.processes if entry[0] is not host]
+        for node, node_host in NATS_HOSTS.items():
+            if node_host == name:
+                self.nats.restart(node)
+        if host is self.spark.master:
+            self.spark.start_master()
+        if host in self.spark.workers:
+            self.spark.start_worker(host)
+        if name in WORKER_HOSTS:
+            self.start_worker_host(name)
+
     def restart_exited(self) -> list[str]:
         """Start again each Airflow component that exited on its own (``make up-hosts``' supervision)."""
         return [key for airflow in self.airflows.values() for key in airflow.restart_exited()]
@@ -342,10 +367,12 @@ class HostsDeployment:
         if not graceful:
             self._client.close()
             return self.hosts.remove()
-        for name in (*WORKER_HOSTS, "ctl"):
-            if name in self.airflows:
-                with contextlib.suppress(LocalAirflowError, OSError, subprocess.SubprocessError):
-                    self.airflows[name].close()
+        def close_airflow(airflow: LocalAirflow) -> None:
+            with contextlib.suppress(LocalAirflowError, OSError, subprocess.SubprocessError):
+                airflow.close()
+
+        with ThreadPoolExecutor(max_workers=len(self.airflows) or 1) as pool:  # the hosts stop at once, as real ones
+            list(pool.map(close_airflow, self.airflows.values()))
         if self.spark is not None:
             self.spark.close()
         if self.nats is not None:

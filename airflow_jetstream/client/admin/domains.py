@@ -8,9 +8,13 @@ Take a view of the connection with :func:`api_view`; every admin function then t
 
 from __future__ import annotations
 
-from airflow_jetstream.client.connection import JetStreamConnection
+from typing import TYPE_CHECKING
+
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.subjects import validate_name, validate_subject
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
 
 
 def domain_api_prefix(domain: str) -> str:

@@ -21,15 +21,14 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import nats.errors
-import nats.js.errors
+from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.batches.types import HEADER_BATCH_ID, HEADER_BATCH_SEQUENCE, BatchMessage
-from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
 from airflow_jetstream.client.subjects import subject_matches
+
+if TYPE_CHECKING:
+    from airflow_jetstream.client.connection import JetStreamConnection
 
 #: First token of every fence subject.
 FENCE_PREFIX = "_FENCE"
@@ -115,6 +114,9 @@ async def stored_fence(conn: JetStreamConnection, stream: str, fence_id: str) ->
     before it): its count n names the n sequences before its own, which its ``Nats-Batch-Sequence`` k must allow
     (1 <= n < k), or the fence is not one of ours.
     """
+    import nats.errors  # here, not at the top: DAG files import the fence's names; nats-py loads when one is read
+    import nats.js.errors
+
     subject = fence_subject(stream, fence_id)
 
     async def get() -> Any:

@@ -19,7 +19,7 @@ from airflow_jetstream.client.errors import ClaimLostError
 from airflow_jetstream.client.kv.job_records import get_job_record
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.embedded import EmbeddedNatsServer
-from tests.support.nats_calls import call_on
+from tests.support.nats_calls import call_on, stored_rows
 from tests.support.servers import module_server
 from tests.support.spark_session import module_spark
 
@@ -343,3 +343,37 @@ def test_subject_partitioned_consume_with_per_worker_consumers(server: EmbeddedN
     assert call_on(server, _state, "SUBJ")["messages"] == 395  # a Limits stream keeps its messages
     with pytest.raises(Exception, match="worker_subjects sets the partitions"):
         spark.read.format("jetstream").options(**options, num_partitions="3").load().count()
+
+
+async def _ledger_ranges(conn: Any, bucket: str, run_id: str) -> dict[str, tuple[int, int | None, int | None]]:
+    ledger = await BatchLedger.open(conn, bucket)
+    return {r.batch_id: (r.count, r.first_seq, r.last_seq) for r in await ledger.batches(run_id)}
+
+
+async def _drop_bucket(conn: Any, bucket: str) -> None:
+    await conn.js.delete_key_value(bucket)
+
+
+def test_chunks_committed_but_never_recorded_are_not_stored_again_after_the_window(
+        server: EmbeddedNatsServer, spark: SparkSession) -> None:
+    """Every chunk of a job committed and none recorded (its tasks killed between the commit and the ledger
+    entry), re-run with the same job_id after the duplicate window: each chunk's fence refuses the second
+    commit, every row is stored once, and the ledger records the sequences the server committed."""
+    call_on(server, ensure_stream, {"name": "UNREC", "subjects": ["unrec.>"], "allow_atomic": True,
+                                    "duplicate_window": "200ms"})
+    frame = spark.range(0, 600, numPartitions=2).select(F.lit("unrec.rows").alias("subject"),
+                                                        F.col("id").cast("string").alias("payload"))
+    options = {"servers": server.url, "stream": "UNREC", "job_id": "unrec-1", "batch_size": "100",
+               "ledger_bucket": "LEDGER_UNREC"}
+    frame.write.format("jetstream").mode("append").options(**options).save()
+    committed = call_on(server, _ledger_ranges, "LEDGER_UNREC", "unrec-1")
+    call_on(server, _drop_bucket, "LEDGER_UNREC")  # what tasks killed after their commits leave: no entries
+    probes = call_on(server, _publish_until_window_passed, "unrec.probe")
+
+    frame.write.format("jetstream").mode("append").options(**options).save()
+    assert call_on(server, stored_rows, "UNREC") == 600 + probes
+    payloads = [m[4] for m in call_on(server, _all_messages, "UNREC") if m[0] == "unrec.rows"]
+    assert sorted(int(p) for p in payloads) == list(range(600))
+    record = call_on(server, get_job_record, "unrec-1")
+    assert (record["stored"], record["duplicate_batches"]) == (0, 6)
+    assert call_on(server, _ledger_ranges, "LEDGER_UNREC", "unrec-1") == committed

@@ -281,3 +281,46 @@ def test_scheduled_available_now_steps_read_each_interval_once_and_a_cleared_run
     assert_exactly_once(server, "IN_LARGE", range(150))
 
 
+
+
+def test_micro_batch_replayed_after_the_window_without_its_records_stores_nothing_twice(
+        server: EmbeddedNatsServer, spark: SparkSession, tmp_path: Path) -> None:
+    """Micro-batch 1 committed its chunks, then everything that remembers it is gone but the stream: Spark's
+    commit for it (the driver died before writing it), the job record and the ledger entries (its tasks died
+    between the commit and the record), and the duplicate window has passed. The restarted query replays it;
+    the chunks' fences refuse every second commit, so each row is stored once."""
+    from pyspark.sql import functions as F
+
+    from airflow_jetstream.client import BatchMessage
+    from airflow_jetstream.client.batches.msg_id_probe import stored_sequences
+
+    make_streams(server, "rp", ["rp.dst.>"], duplicate_window="200ms")
+    publish(server, "rp", range(200))
+
+    def run() -> str:
+        source = (spark.readStream.format("jetstream")
+                  .options(servers=server.url, stream="rp_SRC", max_messages_per_trigger="100").load())
+        query = (source.select(F.lit("rp.dst.x").alias("subject"), "payload").writeStream.format("jetstream")
+                 .options(servers=server.url, stream="rp_DST", ledger_bucket="LEDGER_RP", job_bucket="JOBS_RP")
+                 .option("checkpointLocation", str(tmp_path)).trigger(availableNow=True).start())
+        query.awaitTermination()
+        return str(query.id)
+
+    query_id = run()
+    assert_exactly_once(server, "rp_DST", range(200))
+    for written in ("1", ".1.crc"):  # the commit and its checksum file
+        (tmp_path / "commits" / written).unlink(missing_ok=True)
+
+    async def forget(conn: Any) -> None:
+        for bucket in ("LEDGER_RP", "JOBS_RP"):
+            await conn.js.delete_key_value(bucket)
+
+    call_on(server, forget)
+    chunk = BatchMessage("rp.dst.x", b"", msg_id=f"{micro_batch_job_id(query_id, 1)}-0-c0")
+
+    async def remembered(conn: Any) -> bool:
+        return (await stored_sequences(conn, [chunk]))[0] is not None
+
+    wait_until(lambda: not call_on(server, remembered), "the stream to forget micro-batch 1's chunk msg id")
+    assert run() == query_id
+    assert_exactly_once(server, "rp_DST", range(200))

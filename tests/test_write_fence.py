@@ -23,9 +23,10 @@ from airflow_jetstream.client.batches.publish_chunks import publish_chunks
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.reading.range_read import read_range
-from airflow_jetstream.embedded import EmbeddedNatsServer
+from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer
+from tests.support.cluster_tools import call
 from tests.support.nats_calls import call_on
-from tests.support.polling import wait_until
+from tests.support.polling import wait_for, wait_until
 from tests.support.servers import module_server
 
 server = module_server("fence")
@@ -118,8 +119,9 @@ def test_published_chunks_rerun_after_the_window_store_nothing_twice(server: Emb
 ATTEMPT_ROWS, CHUNK, STOP_CHUNK = 60, 20, 1
 
 
-def attempt(srv: EmbeddedNatsServer, name: str, number: int, tmp: Path, **stop: Any) -> subprocess.Popen[str]:
-    spec = {"servers": srv.url, "stream": name, "job_id": f"job-{name.lower()}", "subject": f"{name.lower()}.rows",
+def attempt(srv: Any, name: str, number: int, tmp: Path, **stop: Any) -> subprocess.Popen[str]:
+    servers = srv.servers if isinstance(srv, EmbeddedNatsCluster) else srv.url
+    spec = {"servers": servers, "stream": name, "job_id": f"job-{name.lower()}", "subject": f"{name.lower()}.rows",
             "rows": ATTEMPT_ROWS, "batch_size": CHUNK, "ledger_bucket": f"LEDGER_{name}", "attempt": number,
             "marker": str(tmp / f"stopped-{number}"), "at_chunk": STOP_CHUNK, **stop}
     return subprocess.Popen([sys.executable, "-m", "tests.support.fenced_writer", json.dumps(spec)], cwd=ROOT,
@@ -190,3 +192,38 @@ def test_a_fenced_batcher_stores_each_msg_id_once_however_late_it_comes_again(se
         async with Batcher(conn, fence=True) as batcher:
             return await batcher.publish("fbat.a", b"{}")
     assert call_on(server, without_id).error == "invalid_msg_id"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("point", ["mid_batch", "after_commit"])
+def test_on_a_cluster_the_leader_killed_under_a_fenced_commit_and_a_late_retry_store_every_row_once(
+        nats_cluster: EmbeddedNatsCluster, tmp_path: Path, point: str) -> None:
+    """R3 stream: attempt 0 freezes at ``point`` of chunk 1 (its batch open on the leader, or committed and not
+    recorded), the stream leader is SIGKILLed, the retry runs on the new leader after the duplicate window, then
+    the zombie resumes (its open batch died with the old leader; its commit is refused by the fence)."""
+    name = f"FC{point.upper().replace('_', '')[:8]}"
+    call(nats_cluster, ensure_stream, stream(name, num_replicas=3))
+    first = attempt(nats_cluster, name, 0, tmp_path, point=point, signal="SIGSTOP")
+    wait_until(lambda: (tmp_path / "stopped-0").exists() and stopped(first), f"attempt 0 to stop at {point}",
+               timeout=60)
+    leader = wait_for(lambda: nats_cluster.stream_leader(name), f"the leader of {name}")
+    nats_cluster.kill(leader)
+    try:
+        wait_for(lambda: nats_cluster.stream_leader(name) not in (None, leader), f"a new leader of {name}", limit=30)
+
+        async def remembered(conn: Any) -> bool:
+            chunk0 = BatchMessage(f"{name.lower()}.rows", b"", msg_id=f"job-{name.lower()}-0-c0")
+            return (await stored_sequences(conn, [chunk0]))[0] is not None
+
+        wait_until(lambda: not call(nats_cluster, remembered), "the stream to forget chunk 0's msg id", timeout=30)
+        retry = attempt(nats_cluster, name, 1, tmp_path)
+        _, err = retry.communicate(timeout=180)
+        assert retry.returncode == 0, err
+        os.kill(first.pid, signal.SIGCONT)
+        first.communicate(timeout=180)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        nats_cluster.restart(leader)
+    ids = call(nats_cluster, ids_stored, name)
+    assert sorted(ids) == list(range(ATTEMPT_ROWS)), f"rows stored more than once: {len(ids) - len(set(ids))}"

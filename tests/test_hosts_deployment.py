@@ -8,8 +8,8 @@ run there (the orders pipeline's Spark jobs submitted in client mode from a work
 the event-driven DAG from a watcher on a triggerer host, the hourly incremental DAG on its own schedule), that the
 JetStream view and the connection Test button answer from the api-server host, and that host faults cost time,
 not data: a worker host killed while its task publishes (Airflow's retry runs on the other one), the scheduler
-killed and restarted. Each fault's run must give every order exactly once in the aggregate stream and the
-output, and its ledger must say consumed.
+killed and restarted, a NATS node's host killed during the pipeline. Each fault's run must give every order
+exactly once in the aggregate stream and the output, and its ledger must say consumed.
 
 Needs root and ``ip netns``; without them the module skips and says why.
 """
@@ -225,3 +225,18 @@ def test_scheduler_killed_and_restarted_mid_run(hosts_deployment: HostsDeploymen
     airflow.start_component("scheduler")
     wait_run(airflow, PIPELINE, run_id)
     check_pipeline_run(hosts_deployment, run_id, ROWS)
+
+
+def test_nats_node_host_killed_during_the_pipeline(hosts_deployment: HostsDeployment,
+                                                    hosts_nats: ConnectionSettings) -> None:
+    before = stream_messages(hosts_nats, "ORDERS_AGG") + stream_messages(hosts_nats, "ORDERS_RAW")
+    run_id = trigger(hosts_deployment.airflow, PIPELINE, {"rows": FAULT_ROWS})
+    wait_publishing(hosts_deployment, hosts_nats, run_id, before)
+    assert hosts_deployment.hosts["edge"].kill(), "nothing ran on edge"  # NATS n3 and the Spark master
+    try:
+        wait_until(lambda: task_rows(hosts_deployment.airflow, PIPELINE, run_id)["produce_orders"][0] != "running",
+                   "the producer to finish without n3", timeout=600, every=1)
+    finally:
+        hosts_deployment.restart_host("edge")
+    wait_run(hosts_deployment.airflow, PIPELINE, run_id, timeout=1200)
+    check_pipeline_run(hosts_deployment, run_id, FAULT_ROWS)

@@ -1,6 +1,6 @@
 """What in an overview needs a person: one problem per thing, with its kind, the object it names, why and since when.
 
-:func:`find_problems` reads the rows of the overview (``client/admin/overview.py``, ``overview_ledger.py``,
+:func:`find_problems` reads the rows of the overview (``ui/overview.py``, ``overview_ledger.py``,
 ``overview_advisories.py``: plain dicts) and returns problems worst first: errors (something was lost, failed or
 cannot work: an abandoned batch, a message given up after its last delivery, failed ledger batches, a stream
 without a leader, a replica or source that is down) before warnings (something is

@@ -1,7 +1,7 @@
 """One read of a ``nats`` connection for the JetStream view: async, bounded, creating nothing on the server.
 
 Streams are listed first; consumers, the ledger and the advisory window are then read side by side, and
-sources are built from what was read (client/admin/overview*.py, no consumer, no write). Everything
+sources are built from what was read (ui/overview*.py, no consumer, no write). Everything
 ends by ``ViewSettings.timeout``: a connection that cannot be opened, or a stream listing that does not
 come back by then (server down, stalled, unreachable), is the snapshot's ``error``; a later section
 that fails or runs out of time carries its own typed error and the others still show. Then
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_jetstream.client.admin import overview, overview_advisories, overview_ledger
 from airflow_jetstream.client.connection import JetStreamConnection, connect
 from airflow_jetstream.client.errors import InvalidSubjectError, JetStreamError, RequestTimeoutError
 from airflow_jetstream.client.kv.names import stream_of
@@ -25,6 +24,7 @@ from airflow_jetstream.client.natspy_internals import server_info
 from airflow_jetstream.client.server_features import server_version
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import validate_name
+from airflow_jetstream.ui import overview, overview_advisories, overview_ledger
 from airflow_jetstream.ui.config import ViewSettings
 from airflow_jetstream.ui.problems import Observations, find_problems
 

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.admin.config_diff import changed_fields
+from airflow_jetstream.client.admin.streams import list_pages
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
     ConsumerConfigError,
@@ -125,14 +126,8 @@ async def find_consumer(conn: JetStreamConnection, stream: str, name: str) -> di
 async def list_consumers(conn: JetStreamConnection, stream: str) -> list[dict[str, Any]]:
     """Info of every consumer on ``stream`` (follows the API's paging)."""
     validate_name(stream, what="stream name")
-    found: list[dict[str, Any]] = []
-    while True:
-        reply = await conn.api_request(f"CONSUMER.LIST.{stream}", {"offset": len(found)},
-                                       context=f"list consumers of stream {stream!r}")
-        page = reply.get("consumers") or []
-        found.extend(page)
-        if not page or len(found) >= int(reply.get("total", 0)):
-            return found
+    infos, _, _ = await list_pages(conn, f"CONSUMER.LIST.{stream}", "consumers", f"list consumers of stream {stream!r}")
+    return infos
 
 
 def filter_config(subjects: Sequence[str]) -> dict[str, Any]:

@@ -225,6 +225,24 @@ async def stream_info(conn: JetStreamConnection, name: str) -> dict[str, Any]:
     return await conn.api_request(f"STREAM.INFO.{name}", context=f"stream {name!r}")
 
 
+async def list_pages(conn: JetStreamConnection, api: str, key: str, context: str, *,
+                     limit: int | None = None) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """Every item of a paged API listing (``STREAM.LIST``, ``CONSUMER.LIST.<stream>``; the server pages them by
+    256) up to ``limit``: (items, total, names a clustered server listed as missing: no answer from their leader)."""
+    items: list[dict[str, Any]] = []
+    missing: list[str] = []
+    total = 0
+    while limit is None or len(items) < limit:
+        reply = await conn.api_request(api, {"offset": len(items)}, context=context)
+        page = reply.get(key) or []
+        total = max(int(reply.get("total") or 0), len(items) + len(page))
+        missing.extend(str(name) for name in reply.get("missing") or [])
+        items.extend(page)
+        if not page or len(items) >= total:
+            break
+    return items[:limit], total, missing
+
+
 async def find_stream(conn: JetStreamConnection, name: str) -> dict[str, Any] | None:
     """Stream info, or None when the stream does not exist."""
     try:

@@ -5,9 +5,7 @@ out is counted (``total``, ``read``), never dropped silently. Sources are built 
 and joined with the consumers already listed, so they cost no request of their own. Nothing is
 created or changed on the server: only ``STREAM.LIST`` and ``CONSUMER.LIST`` requests are sent.
 The ledger and advisory sections are in :mod:`.overview_ledger` and :mod:`.overview_advisories`;
-what needs a person is decided in :mod:`.problems`.
-
-The results are plain dicts (JSON-able) for the Airflow UI view and for scripts.
+what needs a person is decided in :mod:`.problems`. The results are plain dicts (JSON-able).
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from airflow_jetstream.client.admin.consumers import consumer_filters
+from airflow_jetstream.client.admin.streams import list_pages
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import JetStreamError, error_from_api
 from airflow_jetstream.client.subjects import validate_name
@@ -104,27 +103,10 @@ def consumer_row(info: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _list_pages(conn: JetStreamConnection, api: str, key: str, limit: int,
-                      context: str) -> tuple[list[dict[str, Any]], int, list[str]]:
-    """Every item of a paged listing up to ``limit``: (items, total, names the server listed as missing)."""
-    items: list[dict[str, Any]] = []
-    missing: list[str] = []
-    total = 0
-    while len(items) < limit:
-        reply = await conn.api_request(api, {"offset": len(items)}, context=context)
-        page = reply.get(key) or []
-        total = max(int(reply.get("total") or 0), len(items) + len(page))
-        missing.extend(str(name) for name in reply.get("missing") or [])
-        items.extend(page)
-        if not page or len(items) >= total:
-            break
-    return items[:limit], total, missing
-
-
 async def list_streams(conn: JetStreamConnection, *, limit: int = MAX_STREAMS) -> dict[str, Any]:
     """Every stream's info (up to ``limit``), by name; ``total`` counts all of them, ``missing`` names the
     streams a clustered server listed without info (no answer from their leader)."""
-    infos, total, missing = await _list_pages(conn, "STREAM.LIST", "streams", limit, "list streams")
+    infos, total, missing = await list_pages(conn, "STREAM.LIST", "streams", "list streams", limit=limit)
     infos.sort(key=lambda info: (info.get("config") or {}).get("name") or "")
     return {"streams": [stream_row(info) for info in infos], "infos": infos, "total": total, "read": len(infos),
             "missing": sorted(missing)}
@@ -133,8 +115,8 @@ async def list_streams(conn: JetStreamConnection, *, limit: int = MAX_STREAMS) -
 async def list_consumers(conn: JetStreamConnection, stream: str, *, limit: int = MAX_CONSUMERS) -> dict[str, Any]:
     """Every consumer of ``stream`` (up to ``limit``), by name; ``total`` counts all of them."""
     validate_name(stream, what="stream name")
-    infos, total, missing = await _list_pages(conn, f"CONSUMER.LIST.{stream}", "consumers", limit,
-                                              f"list consumers of stream {stream!r}")
+    infos, total, missing = await list_pages(conn, f"CONSUMER.LIST.{stream}", "consumers",
+                                             f"list consumers of stream {stream!r}", limit=limit)
     rows = sorted((consumer_row(info) for info in infos), key=lambda row: row["name"] or "")
     return {"stream": stream, "consumers": rows, "total": total, "read": len(rows), "missing": sorted(missing)}
 

@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -100,17 +102,26 @@ async def stored(settings: ConnectionSettings, name: str) -> int:
         return int(info["state"]["messages"]) - len(info["state"].get("subjects") or {})
 
 
-def fenced_vs_unfenced(rows: int, rounds: int) -> int:
-    """The atomic write with its chunks fenced (the default) against ``fence=false`` (today's writes before
-    fences), interleaved rounds in one run; the target is >= 0.9x."""
-    print(f"spark_io --fence: {rows:,} rows, local[2], {rounds} interleaved rounds, {os.cpu_count()} CPUs, "
+@contextlib.contextmanager
+def comparison(what: str, rows: int, rounds: int) -> Iterator[tuple[Any, ConnectionSettings, SparkSession, Any, int]]:
+    """One nats-server and a ``local[2]`` session with the bench frame cached, for ``--<what>``'s interleaved rounds:
+    yields (server, settings, spark, frame, the server's pid)."""
+    print(f"spark_io --{what}: {rows:,} rows, local[2], {rounds} interleaved rounds, {os.cpu_count()} CPUs, "
           f"Python {platform.python_version()}")
     with EmbeddedNatsServer() as server:
-        settings = ConnectionSettings(servers=server.url, request_timeout=30)
         spark = session("local[2]")
         frame = make_frame(spark, rows)
         frame.count()
-        pid = server.process.pid
+        try:
+            yield server, ConnectionSettings(servers=server.url, request_timeout=30), spark, frame, server.process.pid
+        finally:
+            spark.stop()
+
+
+def fenced_vs_unfenced(rows: int, rounds: int) -> int:
+    """The atomic write with its chunks fenced (the default) against ``fence=false`` (today's writes before
+    fences), interleaved rounds in one run; the target is >= 0.9x."""
+    with comparison("fence", rows, rounds) as (server, settings, _, frame, pid):
         rates: dict[str, list[float]] = {"unfenced": [], "fenced": []}
         for index in range(rounds + 1):  # round 0 warms both paths up and is not counted
             for kind in ("unfenced", "fenced"):
@@ -127,7 +138,6 @@ def fenced_vs_unfenced(rows: int, rounds: int) -> int:
                     raise SystemExit(f"stream {name} does not hold {rows} rows")
                 if index:
                     rates[kind].append(rate)
-        spark.stop()
     ratios = [f / u for f, u in zip(rates["fenced"], rates["unfenced"], strict=True)]
     median = statistics.median(ratios)
     print(f"fenced / unfenced per round: {' / '.join(f'{r:.2f}' for r in ratios)}; median {median:.2f}x "
@@ -329,16 +339,7 @@ def bare_fast_batches(url: str, job_id: str, batch_size: int = 10_000) -> Any:
 
 def bulk_vs_bare(rows: int, rounds: int) -> int:
     """The data source's bulk write against a bare fast batch with the same ids, interleaved rounds."""
-    import statistics
-
-    print(f"spark_io --bulk: {rows:,} rows, local[2], {rounds} interleaved rounds, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}")
-    with EmbeddedNatsServer() as server:
-        settings = ConnectionSettings(servers=server.url, request_timeout=30)
-        spark = session("local[2]")
-        frame = make_frame(spark, rows)
-        frame.count()
-        pid = server.process.pid
+    with comparison("bulk", rows, rounds) as (server, settings, _, frame, pid):
 
         def bare(name: str) -> None:
             prefixed = frame.withColumn("subject", F.concat(F.lit(f"{name.lower()}."), "subject"))
@@ -386,7 +387,6 @@ def bulk_vs_bare(rows: int, rounds: int) -> int:
                     (prefixed.write.format("jetstream").mode("append")
                      .options(servers=server.url, stream=name, mode="fast", job_id=name.lower()).save())
                 fixed[kind].append(time.perf_counter() - started)
-        spark.stop()
     ratios = [bulk / bare_rate for bulk, bare_rate in zip(rates["fast"], rates["bare"], strict=True)]
     median = statistics.median(ratios)
     extra = statistics.median(fixed["fast"]) - statistics.median(fixed["bare"])

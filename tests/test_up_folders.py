@@ -97,30 +97,39 @@ def test_a_chosen_port_is_kept_and_a_taken_one_refused(tmp_path: Path, monkeypat
         up_port(tmp_path, "api-server")
 
 
-#: A component that takes a moment to stop (the triggerer closes its triggers) and writes down every SIGTERM.
+#: A component that takes a moment to stop (the triggerer closes its triggers) and writes down every SIGTERM and
+#: its exit into one shared file: ``<key> TERM`` / ``<key> exit``.
 SLOW_STOPPER = """
 import signal, sys, time
-terms = []
-signal.signal(signal.SIGTERM, lambda *_: terms.append(time.monotonic()) or open(sys.argv[1], "a").write("TERM\\n"))
-open(sys.argv[1], "a").write("ready\\n")
+log, key, terms = sys.argv[1], sys.argv[2], []
+def note(what):
+    with open(log, "a") as out:
+        out.write(f"{key} {what}\\n")
+signal.signal(signal.SIGTERM, lambda *_: terms.append(time.monotonic()) or note("TERM"))
+note("ready")
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline and not (terms and time.monotonic() - terms[0] > 1):
     time.sleep(0.05)
+note("exit")
 sys.exit(0 if terms else 3)
 """
 
 
-def test_close_sends_each_component_one_sigterm_and_waits_for_it(tmp_path: Path) -> None:
+def test_close_sends_each_component_one_sigterm_and_stops_the_api_server_last(tmp_path: Path) -> None:
     """A second SIGTERM makes Airflow's triggerer kill its trigger runner ("Forcing exit due to second exit
-    signal"): `make up`'s Ctrl-C sends one to each component and waits for all of them to exit on their own."""
+    signal"): `make up`'s Ctrl-C sends one to each component and waits for them to exit on their own; the
+    api-server last, since the scheduler's running tasks call its Execution API until they finish."""
     airflow = LocalAirflow(tmp_path / "home", nats_url="nats://127.0.0.1:4222", dags_folder=tmp_path)
-    logs = {key: tmp_path / f"{key}.log" for key in ("api-server", "triggerer")}
-    for key, log in logs.items():
-        airflow.processes[key] = subprocess.Popen([sys.executable, "-c", SLOW_STOPPER, str(log)],
+    log = tmp_path / "signals.log"
+    for key in ("api-server", "scheduler", "triggerer"):
+        airflow.processes[key] = subprocess.Popen([sys.executable, "-c", SLOW_STOPPER, str(log), key],
                                                   start_new_session=True)
-        wait_until(lambda log=log: log.exists() and "ready" in log.read_text(), f"{key} to set its handler",
+        airflow._component_of[key] = key
+        wait_until(lambda key=key: log.exists() and f"{key} ready" in log.read_text(), f"{key} to set its handler",
                    timeout=30, every=0.05)
     procs = dict(airflow.processes)
     airflow.close()
-    assert {key: proc.returncode for key, proc in procs.items()} == {"api-server": 0, "triggerer": 0}
-    assert {key: log.read_text().count("TERM") for key, log in logs.items()} == {"api-server": 1, "triggerer": 1}
+    assert {key: proc.returncode for key, proc in procs.items()} == dict.fromkeys(procs, 0)
+    lines = log.read_text().splitlines()
+    assert {key: lines.count(f"{key} TERM") for key in procs} == dict.fromkeys(procs, 1)
+    assert lines.index("api-server TERM") > max(lines.index("scheduler exit"), lines.index("triggerer exit"))

@@ -201,6 +201,10 @@ def test_event_driven_exactly_once_across_triggerer_stops(airflow: LocalAirflow,
 
     # (c) two triggerers at once: each message is one event
     airflow.start_component("triggerer", key="triggerer-2")
+    # running, its signal handlers set (the line before it sets them): else the burst may be over before it starts,
+    # and a SIGTERM before its handlers ends it by the default action (exit -15; seen with the box loaded)
+    wait_until(lambda: "Starting the triggerer" in airflow.log_tail("triggerer-2", chars=10**7),
+               "the second triggerer to start", timeout=180, every=0.5)
     published = publish(nats_settings, 30)
     expected |= set(published)
     _wait_events(airflow, nats_settings, expected, "all events with two triggerers")

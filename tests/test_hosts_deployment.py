@@ -153,7 +153,7 @@ def test_view_and_test_button_answer_from_the_api_server_host(hosts_deployment: 
 
 #: Which hosts' disks may hold each secret: the one whose server checks it (and the NATS hosts' server config).
 SECRET_HOMES = {"nats password": {"w1", "w2", "edge"}, "broker password": {"db"}, "database password": {"db"},
-                "admin password": {"ctl"}, "jwt secret": set(), "fernet key": set()}
+                "admin password": {"ctl"}, "jwt secret": {"ctl"}, "fernet key": set()}
 
 
 def secrets_of(deployment: HostsDeployment) -> dict[str, str]:

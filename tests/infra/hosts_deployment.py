@@ -231,7 +231,6 @@ class HostsDeployment:
         self.settings = dict(settings or {})
         self._password = password
         self.nats_password = secrets.token_urlsafe(18)
-        self.jwt_secret = secrets.token_urlsafe(32)  # the api-server signs, the workers' log servers check
         self.pg: EmbeddedPostgres | None = None
         self.redis: HostRedis | None = None
         self.nats: HostsNatsCluster | None = None
@@ -240,6 +239,7 @@ class HostsDeployment:
         self._client = contextlib.ExitStack()
 
     fernet_key = ""  # set at start: the connections in the database (ctl and the triggerers read them)
+    jwt_secret = ""  # set at start: the api-server signs task tokens and log requests, the workers check them
 
     @property
     def airflow(self) -> LocalAirflow:
@@ -293,6 +293,11 @@ class HostsDeployment:
                 nats_extra={"tls_ca_file": str(self.ca_file)}, nats_login=(NATS_USER, self.nats_password),
                 database_url=self.pg.sqlalchemy_url, spark_master=self.spark.master_url,
                 extra_env={**common, **host.variables()}, launch=host.command)
+        # the api-server's signing secret, kept in its home (api-secrets.json, mode 600): the workers' log servers
+        # check the requests it signs for task logs
+        self.jwt_secret = self.airflow.env()["AIRFLOW__API_AUTH__JWT_SECRET"]
+        for name in WORKER_HOSTS:
+            self.airflows[name].extra_env["AIRFLOW__API_AUTH__JWT_SECRET"] = self.jwt_secret
         self.airflow.start(("api-server", "scheduler", "dag-processor"))
         for name in WORKER_HOSTS:
             self.start_worker_host(name)
@@ -330,7 +335,6 @@ class HostsDeployment:
             "AIRFLOW__CELERY__RESULT_BACKEND": f"{self.redis.url}/1",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api}/execution/",
             "AIRFLOW__API__BASE_URL": api,
-            "AIRFLOW__API_AUTH__JWT_SECRET": self.jwt_secret,
             "AIRFLOW__CORE__FERNET_KEY": self.fernet_key,
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": "tests.infra.hosts.host_address",
             "AIRFLOW__CORE__PARALLELISM": "8",

@@ -124,6 +124,7 @@ with DAG(
     def report(params: dict, run_id: str, ti=None) -> dict:
         """Summarise the run: rows, messages, batches, output; also written next to the output."""
         from airflow_jetstream.client import stream_info
+        from airflow_jetstream.client.batches.fence import fence_count
         from airflow_jetstream.hooks.jetstream import JetStreamHook
 
         root = Path(params["output_dir"])
@@ -136,7 +137,8 @@ with DAG(
         summary = {
             "rows_produced": params["rows"],
             "messages_in_aggregate": agg["messages"],
-            "messages_left_in_raw": raw["messages"],
+            # the raw stream keeps each chunk's write fence (never sourced): they are not orders left over
+            "messages_left_in_raw": raw["messages"] - hook.run(fence_count, RAW_STREAM),
             "batches": ledger.get("batches"),
             "batches_by_state": {k: v for k, v in (ledger.get("states") or {}).items() if v},
             "rows_consumed": consumed_summary["rows_consumed"],

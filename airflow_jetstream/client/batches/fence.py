@@ -144,3 +144,11 @@ async def stored_fence(conn: JetStreamConnection, stream: str, fence_id: str) ->
             "subjects to the provider", reason="fence_invalid")
     return StoredFence(batch=str(headers.get(HEADER_BATCH_ID, "")), count=count,
                        first_seq=raw.seq - count, last_seq=raw.seq - 1, digest=digest)
+
+
+async def fence_count(conn: JetStreamConnection, stream: str) -> int:
+    """How many write fences ``stream`` holds (one per fenced batch, up to the server's 100,000 subjects per
+    answer): its message count less this is its data."""
+    info = await conn.api_request(f"STREAM.INFO.{stream}", {"subjects_filter": f"{FENCE_PREFIX}.{stream}.>"},
+                                  context=f"stream {stream!r}")
+    return len((info.get("state") or {}).get("subjects") or {})

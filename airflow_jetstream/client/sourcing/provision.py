@@ -39,6 +39,7 @@ from airflow_jetstream.client.admin.streams import (
     replication_config,
     stream_info,
 )
+from airflow_jetstream.client.batches.fence import is_fence_subject
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
     ConsumerConfigError,
@@ -264,6 +265,17 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
     return {"migrated_after_seq": last}
 
 
+def _without_fences(spec: DurableSource, origin_config: dict[str, Any]) -> DurableSource:
+    """``spec`` filtered to the origin's own subjects when it names none and the origin keeps write fences: the
+    fences stay in the origin (a WorkQueue origin would otherwise hand them to the source and lose them) and the
+    aggregate holds only data (:mod:`~airflow_jetstream.client.batches.fence`)."""
+    subjects = origin_config.get("subjects") or []
+    own = tuple(s for s in subjects if not is_fence_subject(s))
+    if spec.filter_subjects or len(own) == len(subjects) or not own:
+        return spec
+    return replace(spec, filter_subjects=own)
+
+
 async def provision_durable_source(conn: JetStreamConnection, spec: DurableSource, *, health_timeout: float = 30.0,
                                    create_consumer: bool = True) -> dict[str, Any]:
     """Make ``spec.stream`` durably source (or mirror) ``spec.source``; idempotent.
@@ -282,6 +294,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
     except StreamNotFoundError:
         raise StreamNotFoundError(f"origin stream {spec.source!r} does not exist{spec.where}; create it first",
                                   reason="stream_not_found") from None
+    spec = _without_fences(spec, origin["config"])
     retention = origin["config"].get("retention", "limits")
     if not spec.user_managed and retention == "limits":
         raise StreamConfigError(

@@ -56,8 +56,9 @@ from airflow_jetstream.client import (
     open_connection,
     publish_fast_batch,
 )
-from airflow_jetstream.client.admin.streams import purge_stream
+from airflow_jetstream.client.admin.streams import purge_stream, stream_info
 from airflow_jetstream.client.batches.atomic import publish_atomic_batches
+from airflow_jetstream.client.batches.fence import fence_count
 from airflow_jetstream.client.batches.publish_chunks import publish_chunks
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer
@@ -73,8 +74,7 @@ TARGETS = (
 
 async def stored(conn: JetStreamConnection, stream: str) -> int:
     """Messages in ``stream`` but the write fences of fenced atomic batches."""
-    info = await conn.api_request(f"STREAM.INFO.{stream}", {"subjects_filter": f"_FENCE.{stream}.>"})
-    return int(info["state"]["messages"]) - len(info["state"].get("subjects") or {})
+    return int((await stream_info(conn, stream))["state"]["messages"]) - await fence_count(conn, stream)
 
 
 async def wait_stored(conn: JetStreamConnection, stream: str, count: int, deadline: float = 120.0) -> None:

@@ -53,7 +53,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from streaming_bound import fixed_costs
 
-from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection, stream_info
+from airflow_jetstream.client.batches.fence import fence_count
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.spark import register
 
@@ -98,8 +99,7 @@ async def make_stream(settings: ConnectionSettings, name: str, subject: str, **f
 async def stored(settings: ConnectionSettings, name: str) -> int:
     """Rows in stream ``name``: its messages but the write fences of atomic chunks."""
     async with open_connection(settings) as conn:
-        info = await conn.api_request(f"STREAM.INFO.{name}", {"subjects_filter": f"_FENCE.{name}.>"})
-        return int(info["state"]["messages"]) - len(info["state"].get("subjects") or {})
+        return int((await stream_info(conn, name))["state"]["messages"]) - await fence_count(conn, name)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection, stream_info
+from airflow_jetstream.client.batches.fence import fence_count
 from airflow_jetstream.embedded import EmbeddedNatsServer
 
 
@@ -39,5 +40,4 @@ def with_streams(settings: ConnectionSettings, body: Callable[[Any], Awaitable[A
 
 async def stored_rows(conn: Any, stream: str) -> int:
     """Messages in ``stream`` other than the write fences of its atomic batches (one per fenced chunk)."""
-    info = await conn.api_request(f"STREAM.INFO.{stream}", {"subjects_filter": f"_FENCE.{stream}.>"})
-    return int(info["state"]["messages"]) - len(info["state"].get("subjects") or {})
+    return int((await stream_info(conn, stream))["state"]["messages"]) - await fence_count(conn, stream)

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
+from airflow_jetstream.client.batches.fence import is_fence_subject
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.infra.airflow_local import LocalAirflow, write_private
 from tests.infra.postgres import EmbeddedPostgres
@@ -224,12 +225,14 @@ def _step_log(api: Api, run_id: str, try_number: int) -> tuple[str, int]:
 
 
 def _stored(settings: ConnectionSettings, stream: str) -> list[tuple[datetime, dict[str, Any]]]:
-    """Every message of ``stream``: the time the server stored it and its JSON payload."""
+    """Every message of ``stream`` but its write fences: the time the server stored it and its JSON payload."""
     async def read(conn: Any) -> list[tuple[datetime, dict[str, Any]]]:
         last = (await conn.api_request(f"STREAM.INFO.{stream}", {}, context="test"))["state"]["last_seq"]
         out = []
         for seq in range(1, last + 1):
             msg = (await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": seq}, context="test"))["message"]
+            if is_fence_subject(msg["subject"]):
+                continue
             stamp = re.sub(r"(\.\d{6})\d*", r"\1", msg["time"].replace("Z", "+00:00"))
             out.append((datetime.fromisoformat(stamp), json.loads(base64.b64decode(msg["data"]))))
         return out

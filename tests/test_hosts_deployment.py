@@ -65,9 +65,9 @@ def on_host(deployment: HostsDeployment, name: str, script: str) -> str:
 def test_each_host_has_its_own_address_tmp_and_files(hosts_deployment: HostsDeployment) -> None:
     hosts = hosts_deployment.hosts.hosts
     for name in hosts:
-        on_host(hosts_deployment, name, f"echo {name} > /tmp/written-by-{name}")
+        on_host(hosts_deployment, name, f'echo {name} > "$TMPDIR/written-by-{name}"')  # /tmp, unless code is there
     for name, host in hosts.items():
-        seen = on_host(hosts_deployment, name, "ip -4 -o addr show; echo TMP; ls /tmp; echo PRIVATE; "
+        seen = on_host(hosts_deployment, name, "ip -4 -o addr show; echo TMP; ls \"$TMPDIR\"; echo PRIVATE; "
                        f"ls {host.root / 'private'}/*; echo SHARED; ls -d {host.root / 'shared'}/* 2>/dev/null; "
                        f"echo RO; touch {REPO / 'dags_examples' / '.written'} 2>&1 || true")
         addresses, rest = seen.split("TMP", 1)

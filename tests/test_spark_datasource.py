@@ -6,7 +6,6 @@ test uses its own streams and job ids.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -19,7 +18,14 @@ from airflow_jetstream.client.errors import ClaimLostError
 from airflow_jetstream.client.kv.job_records import get_job_record
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.embedded import EmbeddedNatsServer
-from tests.support.nats_calls import call_on, stored_rows
+from tests.support.nats_calls import (
+    all_messages,
+    call_on,
+    drop_bucket,
+    ledger_ranges,
+    publish_until_window_passed,
+    stored_rows,
+)
 from tests.support.servers import module_server
 from tests.support.spark_session import module_spark
 
@@ -39,16 +45,6 @@ async def _state(conn: Any, name: str) -> dict[str, Any]:
     return (await stream_info(conn, name))["state"]
 
 
-async def _all_messages(conn: Any, name: str) -> list[Any]:
-    from airflow_jetstream.client.reading.range_read import read_range
-
-    info = await stream_info(conn, name)
-    out = []
-    async for chunk in read_range(conn, name, info["state"]["first_seq"], info["state"]["last_seq"]):
-        out.extend(chunk)
-    return out
-
-
 def orders(spark: SparkSession, rows: int, prefix: str) -> Any:
     return spark.range(0, rows, numPartitions=2).select(
         F.concat(F.lit(prefix + "."), F.when(F.col("id") % 2 == 0, "eu").otherwise("us")).alias("subject"),
@@ -66,7 +62,7 @@ def test_atomic_write_then_parallel_read_round_trip(server: EmbeddedNatsServer, 
 
     state = call_on(server, _state, "RT")
     assert state["messages"] == rows + 8  # and the fence of each of the 8 atomic chunks
-    stored = call_on(server, _all_messages, "RT")
+    stored = call_on(server, all_messages, "RT")
     # deterministic chunks: per partition (1250 rows) batches of 400, 400, 400, 50
     batch_ids = {m[3]["Nats-Batch-Id"] for m in stored}
     assert sorted(b.rsplit("-a", 1)[0] for b in batch_ids) == sorted(
@@ -107,21 +103,6 @@ async def _ledger_summary(conn: Any, run_id: str) -> dict[str, Any]:
     return await (await BatchLedger.open(conn)).summary(run_id)
 
 
-async def _publish_until_window_passed(conn: Any, subject: str) -> int:
-    """Publish a probe msg id until the stream stops reporting it as a duplicate; returns probes stored."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    stored = 0
-    first = await conn.js.publish(subject, b"probe", headers={"Nats-Msg-Id": "window-probe"})
-    stored += not first.duplicate
-    while loop.time() < deadline:
-        ack = await conn.js.publish(subject, b"probe", headers={"Nats-Msg-Id": "window-probe"})
-        if not ack.duplicate:
-            return stored + 1
-        await asyncio.sleep(0.05)
-    raise AssertionError("the duplicate window did not pass within 30s")
-
-
 def test_failed_job_rerun_completes_without_duplicates_after_the_window(
         server: EmbeddedNatsServer, spark: SparkSession) -> None:
     call_on(server, ensure_stream, {"name": "RERUN", "subjects": ["rerun.>"], "allow_atomic": True,
@@ -146,13 +127,13 @@ def test_failed_job_rerun_completes_without_duplicates_after_the_window(
     assert (ledger["batches"], ledger["messages"]["published"]) == (3, 900)
     assert call_on(server, get_job_record, "rerun-1")["state"] == "aborted"
 
-    probes = call_on(server, _publish_until_window_passed, "rerun.probe")
+    probes = call_on(server, publish_until_window_passed, "rerun.probe")
     frame(bad_row=None).write.format("jetstream").mode("append").options(**options).save()
 
     assert call_on(server, _state, "RERUN")["messages"] == rows + probes + 4  # 4 chunks, 4 fences
     record = call_on(server, get_job_record, "rerun-1")
     assert (record["state"], record["skipped_batches"], record["stored"]) == ("committed", 3, 100)
-    payloads = [m[4] for m in call_on(server, _all_messages, "RERUN") if m[0] == "rerun.orders"]
+    payloads = [m[4] for m in call_on(server, all_messages, "RERUN") if m[0] == "rerun.orders"]
     assert sorted(int(p) for p in payloads) == list(range(rows))
 
 
@@ -164,7 +145,7 @@ def test_bulk_write_and_bad_input_rejected_before_sending(server: EmbeddedNatsSe
     assert call_on(server, _state, "BULK")["messages"] == 3000
     assert call_on(server, get_job_record, "bulk-1")["stored"] == 3000
     # bulk chunks can be stored in part, so every message carries its own msg id
-    ids = {m[3]["Nats-Msg-Id"] for m in call_on(server, _all_messages, "BULK")}
+    ids = {m[3]["Nats-Msg-Id"] for m in call_on(server, all_messages, "BULK")}
     assert ids == {f"bulk-1-{p}-{r}" for p in (0, 1) for r in range(1500)}
 
     with pytest.raises(Exception, match="allow_atomic"):
@@ -345,15 +326,6 @@ def test_subject_partitioned_consume_with_per_worker_consumers(server: EmbeddedN
         spark.read.format("jetstream").options(**options, num_partitions="3").load().count()
 
 
-async def _ledger_ranges(conn: Any, bucket: str, run_id: str) -> dict[str, tuple[int, int | None, int | None]]:
-    ledger = await BatchLedger.open(conn, bucket)
-    return {r.batch_id: (r.count, r.first_seq, r.last_seq) for r in await ledger.batches(run_id)}
-
-
-async def _drop_bucket(conn: Any, bucket: str) -> None:
-    await conn.js.delete_key_value(bucket)
-
-
 def test_chunks_committed_but_never_recorded_are_not_stored_again_after_the_window(
         server: EmbeddedNatsServer, spark: SparkSession) -> None:
     """Every chunk of a job committed and none recorded (its tasks killed between the commit and the ledger
@@ -366,14 +338,14 @@ def test_chunks_committed_but_never_recorded_are_not_stored_again_after_the_wind
     options = {"servers": server.url, "stream": "UNREC", "job_id": "unrec-1", "batch_size": "100",
                "ledger_bucket": "LEDGER_UNREC"}
     frame.write.format("jetstream").mode("append").options(**options).save()
-    committed = call_on(server, _ledger_ranges, "LEDGER_UNREC", "unrec-1")
-    call_on(server, _drop_bucket, "LEDGER_UNREC")  # what tasks killed after their commits leave: no entries
-    probes = call_on(server, _publish_until_window_passed, "unrec.probe")
+    committed = call_on(server, ledger_ranges, "LEDGER_UNREC", "unrec-1")
+    call_on(server, drop_bucket, "LEDGER_UNREC")  # what tasks killed after their commits leave: no entries
+    probes = call_on(server, publish_until_window_passed, "unrec.probe")
 
     frame.write.format("jetstream").mode("append").options(**options).save()
     assert call_on(server, stored_rows, "UNREC") == 600 + probes
-    payloads = [m[4] for m in call_on(server, _all_messages, "UNREC") if m[0] == "unrec.rows"]
+    payloads = [m[4] for m in call_on(server, all_messages, "UNREC") if m[0] == "unrec.rows"]
     assert sorted(int(p) for p in payloads) == list(range(600))
     record = call_on(server, get_job_record, "unrec-1")
     assert (record["stored"], record["duplicate_batches"]) == (0, 6)
-    assert call_on(server, _ledger_ranges, "LEDGER_UNREC", "unrec-1") == committed
+    assert call_on(server, ledger_ranges, "LEDGER_UNREC", "unrec-1") == committed

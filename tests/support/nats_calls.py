@@ -8,6 +8,8 @@ from typing import Any
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection, stream_info
 from airflow_jetstream.client.batches.fence import fence_count
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.embedded import EmbeddedNatsServer
 
 
@@ -41,3 +43,38 @@ def with_streams(settings: ConnectionSettings, body: Callable[[Any], Awaitable[A
 async def stored_rows(conn: Any, stream: str) -> int:
     """Messages in ``stream`` other than the write fences of its atomic batches (one per fenced chunk)."""
     return int((await stream_info(conn, stream))["state"]["messages"]) - await fence_count(conn, stream)
+
+
+async def publish_until_window_passed(conn: Any, subject: str) -> int:
+    """Publish a probe msg id until the stream stops reporting it as a duplicate; returns probes stored."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    stored = 0
+    first = await conn.js.publish(subject, b"probe", headers={"Nats-Msg-Id": "window-probe"})
+    stored += not first.duplicate
+    while loop.time() < deadline:
+        ack = await conn.js.publish(subject, b"probe", headers={"Nats-Msg-Id": "window-probe"})
+        if not ack.duplicate:
+            return stored + 1
+        await asyncio.sleep(0.05)
+    raise AssertionError("the duplicate window did not pass within 30s")
+
+
+async def ledger_ranges(conn: Any, bucket: str, run_id: str) -> dict[str, tuple[int, int | None, int | None]]:
+    """The ledger's batches of ``run_id``: batch id -> (rows, first and last sequence the server committed)."""
+    ledger = await BatchLedger.open(conn, bucket)
+    return {r.batch_id: (r.count, r.first_seq, r.last_seq) for r in await ledger.batches(run_id)}
+
+
+async def all_messages(conn: Any, stream: str) -> list[Any]:
+    """Every message of ``stream``, first to last sequence (write fences included)."""
+    info = await stream_info(conn, stream)
+    out = []
+    async for chunk in read_range(conn, stream, info["state"]["first_seq"], info["state"]["last_seq"]):
+        out.extend(chunk)
+    return out
+
+
+async def drop_bucket(conn: Any, bucket: str) -> None:
+    """Delete a KV bucket (a ledger whose entries were never written)."""
+    await conn.js.delete_key_value(bucket)

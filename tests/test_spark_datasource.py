@@ -252,7 +252,7 @@ def test_a_consume_job_whose_claims_were_taken_over_removes_nothing(server: Embe
         tokens = consumption.claim_revisions
         successor = call_on(server, _take_over, "zq-run")
     assert lost.value.reason == "claim_lost"
-    assert consumption.removed is None and call_on(server, _state, "ZQ")["messages"] == 300
+    assert consumption.removed is None and call_on(server, stored_rows, "ZQ") == 300
     assert len(tokens) == 3 and all(successor[batch] > token for batch, token in tokens.items())
     ledger = call_on(server, lambda conn: _ledger_summary(conn, "zq-run"))
     assert ledger["states"]["consumed"] == 3

@@ -22,6 +22,7 @@ from tests.conftest import AUTH_PASSWORD, AUTH_USER
 from tests.infra.spark_connect import EmbeddedSparkConnectServer
 from tests.support.airflow_cli import dag_test_env, nats_conn_json, run_airflow
 from tests.support.bare_python import make_bare_python
+from tests.support.nats_calls import stored_rows
 from tests.support.spark_connect import bare_connect_server
 
 pytest.importorskip("pyspark")
@@ -56,9 +57,10 @@ def returned_xcom(home: Path, task_id: str) -> tuple[str, dict]:
 def order_ids_in_stream(settings: ConnectionSettings) -> tuple[int, list[int]]:
     async def read() -> tuple[int, list[int]]:
         async with open_connection(settings) as conn:
-            messages = (await stream_info(conn, STREAM))["state"]["messages"]
+            last = (await stream_info(conn, STREAM))["state"]["last_seq"]
+            messages = await stored_rows(conn, STREAM)  # the rows, not the chunks' write fences
             ids: list[int] = []
-            async for chunk in read_range(conn, STREAM, 1, messages):
+            async for chunk in read_range(conn, STREAM, 1, last):
                 ids.extend(json.loads(bytes(m[4]))["order_id"] for m in chunk)
             return messages, ids
 

@@ -123,8 +123,7 @@ with DAG(
     @task
     def report(params: dict, run_id: str, ti=None) -> dict:
         """Summarise the run: rows, messages, batches, output; also written next to the output."""
-        from airflow_jetstream.client import stream_info
-        from airflow_jetstream.client.batches.fence import fence_count
+        from airflow_jetstream.client import fence_count, stream_info
         from airflow_jetstream.hooks.jetstream import JetStreamHook
 
         root = Path(params["output_dir"])

@@ -14,7 +14,7 @@ import pytest
 from airflow.exceptions import AirflowException
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator, TaskChildSubmitHook
+from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator, _TaskChildSubmitHook
 from airflow_jetstream.spark.failure import FAILURE_FILE_CONF, SparkFailureCause, record_failures
 from tests.support.airflow_cli import nats_conn_json
 
@@ -105,7 +105,7 @@ def test_a_failed_job_ends_the_task_with_its_cause(nats_server, tmp_path: Path, 
     assert "(reason: stream_not_found)" in str(failed.value)
     assert "Cannot execute" in str(failed.value.__cause__), "spark-submit's own error stays chained"
     hook = operator._hook
-    assert isinstance(hook, SparkSubmitHook) and type(hook) is TaskChildSubmitHook, "started as the task's child"
+    assert isinstance(hook, SparkSubmitHook) and type(hook) is _TaskChildSubmitHook, "started as the task's child"
     assert "_process_spark_submit_log" not in vars(hook), "the provider's hook runs as Airflow built it"
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from airflow_jetstream.client.batches.atomic import publish_atomic_batch
     from airflow_jetstream.client.batches.batcher import Batcher
     from airflow_jetstream.client.batches.fast import publish_fast_batch
+    from airflow_jetstream.client.batches.fence import fence_count
     from airflow_jetstream.client.batches.types import BatchMessage
     from airflow_jetstream.client.connection import open_connection
     from airflow_jetstream.client.errors import JetStreamError, KeyRevisionError
@@ -40,6 +41,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "batches.atomic": ("publish_atomic_batch",),
     "batches.batcher": ("Batcher",),
     "batches.fast": ("publish_fast_batch",),
+    "batches.fence": ("fence_count",),
     "batches.types": ("BatchMessage",),
     "connection": ("open_connection",),
     "errors": ("JetStreamError", "KeyRevisionError"),
@@ -59,6 +61,7 @@ __all__ = [
     "ensure_consumer",
     "ensure_stream",
     "ensure_worker_consumer",
+    "fence_count",
     "open_connection",
     "publish_atomic_batch",
     "publish_fast_batch",

@@ -133,7 +133,7 @@ def dies_with_this_process() -> Callable[[], None] | None:
     return arm
 
 
-class TaskChildSubmitHook(SparkSubmitHook):
+class _TaskChildSubmitHook(SparkSubmitHook):
     """The provider's hook, starting spark-submit as a child that cannot outlive the task: killed by the kernel
     when the task process dies (:func:`dies_with_this_process`), inheriting the descriptor of its properties."""
 
@@ -215,12 +215,12 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
                 finally:
                     self.properties_file, self.py_files, self.env_vars = given_properties, given_py_files, given_env
 
-    def _task_child_hook(self, fds: tuple[int, ...]) -> TaskChildSubmitHook:
+    def _task_child_hook(self, fds: tuple[int, ...]) -> _TaskChildSubmitHook:
         """The hook the provider builds (its arguments change between provider versions), as a
-        :class:`TaskChildSubmitHook` that hands spark-submit ``fds``."""
+        :class:`_TaskChildSubmitHook` that hands spark-submit ``fds``."""
         hook = self._get_hook()
-        hook.__class__ = TaskChildSubmitHook
-        child = cast("TaskChildSubmitHook", hook)
+        hook.__class__ = _TaskChildSubmitHook
+        child = cast("_TaskChildSubmitHook", hook)
         child.inherited_fds = fds
         return child
 

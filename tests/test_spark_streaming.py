@@ -294,33 +294,33 @@ def test_micro_batch_replayed_after_the_window_without_its_records_stores_nothin
     from airflow_jetstream.client import BatchMessage
     from airflow_jetstream.client.batches.msg_id_probe import stored_sequences
 
-    make_streams(server, "rp", ["rp.dst.>"], duplicate_window="200ms")
-    publish(server, "rp", range(200))
+    make_streams(server, "rz", ["rz.dst.>"], duplicate_window="200ms")
+    publish(server, "rz", range(200))
 
     def run() -> str:
         source = (spark.readStream.format("jetstream")
-                  .options(servers=server.url, stream="rp_SRC", max_messages_per_trigger="100").load())
-        query = (source.select(F.lit("rp.dst.x").alias("subject"), "payload").writeStream.format("jetstream")
-                 .options(servers=server.url, stream="rp_DST", ledger_bucket="LEDGER_RP", job_bucket="JOBS_RP")
+                  .options(servers=server.url, stream="rz_SRC", max_messages_per_trigger="100").load())
+        query = (source.select(F.lit("rz.dst.x").alias("subject"), "payload").writeStream.format("jetstream")
+                 .options(servers=server.url, stream="rz_DST", ledger_bucket="LEDGER_RZ", job_bucket="JOBS_RZ")
                  .option("checkpointLocation", str(tmp_path)).trigger(availableNow=True).start())
         query.awaitTermination()
         return str(query.id)
 
     query_id = run()
-    assert_exactly_once(server, "rp_DST", range(200))
+    assert_exactly_once(server, "rz_DST", range(200))
     for written in ("1", ".1.crc"):  # the commit and its checksum file
         (tmp_path / "commits" / written).unlink(missing_ok=True)
 
     async def forget(conn: Any) -> None:
-        for bucket in ("LEDGER_RP", "JOBS_RP"):
+        for bucket in ("LEDGER_RZ", "JOBS_RZ"):
             await conn.js.delete_key_value(bucket)
 
     call_on(server, forget)
-    chunk = BatchMessage("rp.dst.x", b"", msg_id=f"{micro_batch_job_id(query_id, 1)}-0-c0")
+    chunk = BatchMessage("rz.dst.x", b"", msg_id=f"{micro_batch_job_id(query_id, 1)}-0-c0")
 
     async def remembered(conn: Any) -> bool:
         return (await stored_sequences(conn, [chunk]))[0] is not None
 
     wait_until(lambda: not call_on(server, remembered), "the stream to forget micro-batch 1's chunk msg id")
     assert run() == query_id
-    assert_exactly_once(server, "rp_DST", range(200))
+    assert_exactly_once(server, "rz_DST", range(200))

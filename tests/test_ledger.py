@@ -426,3 +426,40 @@ def test_reaper_and_a_late_consumer_racing_on_one_expired_claim_never_both_win(s
     else:
         assert reaped["returned_count"] == reaped["failed_count"] == 0 and final.state == "consumed"
     assert final.revision == claim.revision + 2  # exactly one more write: the record and its counts, one batch
+
+
+def test_a_claim_whose_write_got_no_answer_but_landed_late_is_held_by_its_claimer(settings, monkeypatch):
+    """The chaos suite's misreport (seed 144): a claim's write timed out, its next try met no stream leader,
+    and the first write was then stored after all. The claimer must get its claim, not None while the batch
+    stays in progress under a claim nobody holds until its deadline."""
+    from airflow_jetstream.client.errors import LeaderUnavailableError, RequestTimeoutError
+    from airflow_jetstream.client.ledger import store
+
+    real_write = store.write
+    held: list[tuple] = []
+
+    async def lossy_write(conn, bucket, writes, *, context):
+        if not held:  # the first try: the server gets it late, its answer is lost
+            held.append((conn, bucket, writes, context))
+            raise RequestTimeoutError(f"{context}: no answer")
+        if len(held) == 1:  # the next try meets no leader, while the first one is stored now
+            first = held.pop()
+            held.append(None)
+            await real_write(*first[:3], context=first[3])
+            raise LeaderUnavailableError(f"{context}: no stream leader answered")
+        return await real_write(conn, bucket, writes, context=context)
+
+    async def scenario(ledger: BatchLedger):
+        await ledger.record(RUN, "late", stream="ORDERS", count=3, first_seq=1, last_seq=3)
+        monkeypatch.setattr(store, "write", lossy_write)
+        claim = await ledger.claim(RUN, "late", owner="task-1")
+        monkeypatch.setattr(store, "write", real_write)
+        stored = (await ledger.get(RUN, "late"))
+        consumed = await ledger.mark_consumed(claim) if claim is not None else None
+        return claim, stored, consumed
+
+    claim, stored, consumed = run(settings, scenario)
+    assert held == [None], "the injected faults did not both happen"
+    assert claim is not None, f"the claim was stored ({stored.state}, claim {stored.claim_id}) but not handed over"
+    assert (claim.state, claim.claim_id, claim.attempts) == ("in_progress", stored.claim_id, 1)
+    assert consumed.state == "consumed"

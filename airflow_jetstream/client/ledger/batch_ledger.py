@@ -63,6 +63,7 @@ import asyncio
 import contextlib
 import json
 import time
+import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable
 from contextlib import aclosing
 from datetime import timedelta
@@ -263,11 +264,15 @@ class BatchLedger:
         visibility deadline. Returns the claimed record (pass it to :meth:`mark_consumed`), or None
         when another attempt holds it, it is consumed or failed. Exactly one of racing claimers wins.
         An expired claim is treated as a dead attempt first (as :meth:`reap` would)."""
+        # One claim id for every try of this claim: a try whose write got no answer but was stored shows on
+        # the next read as the batch in progress under this id, which is this claim, not another attempt's.
+        claim_id = uuid.uuid4().hex
         take = partial(claimed, now=await self._now(), owner=owner, visibility_timeout=self.visibility_timeout,
-                       max_attempts=self.max_attempts)
+                       max_attempts=self.max_attempts, claim_id=claim_id)
         rec, changed = await self._apply(run_id, batch_id, take)
-        if changed and rec.state == IN_PROGRESS:
-            metrics.incr("ledger.claimed", tags={"stream": rec.stream})
+        if rec.state == IN_PROGRESS and rec.claim_id == claim_id:
+            if changed:
+                metrics.incr("ledger.claimed", tags={"stream": rec.stream})
             return rec
         if changed:
             report_transition(rec)  # the expired attempt was the last one: the dead letter is stored

@@ -78,8 +78,10 @@ class Pending:
     creates: bool
     done: asyncio.Future[tuple[BatchRecord, bool]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
-    #: What an unanswered write put under ``key``: found there on the next read, it was stored.
-    unanswered: bytes | None = None
+    #: What each unanswered write put under ``key``: one found there on a later read was stored. All of them are
+    #: kept: each was conditioned on the revision its read saw, so at most one can be stored, possibly an earlier
+    #: one (a write that timed out can commit late, after the next try met no stream leader).
+    unanswered: list[bytes] = field(default_factory=list)
     attempts: int = 0
 
 
@@ -159,8 +161,7 @@ async def _commit(ledger: Ledger, group: list[Pending]) -> None:
             entry = found.get(item.key)
             current = None if entry is None or entry.deleted else BatchRecord.decode(entry.data, entry.seq, item.key)
             try:
-                if item.unanswered is not None and current is not None and entry is not None \
-                        and entry.data == item.unanswered:
+                if current is not None and entry is not None and entry.data in item.unanswered:
                     _settle(item, (current, True))  # the unanswered write was stored
                     continue
                 if current is None and not item.creates:
@@ -206,7 +207,7 @@ async def _commit(ledger: Ledger, group: list[Pending]) -> None:
             if time.monotonic() - silent_since > conn.settings.leader_wait:
                 raise
             for (item, _), sent in zip(written, writes, strict=False):
-                item.unanswered = sent.data
+                item.unanswered.append(sent.data)
             group += unsure
             continue
         first = last - len(writes) + 1

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 import zlib
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, replace
@@ -287,9 +286,9 @@ def check_location(count: int, first_seq: int | None, last_seq: int | None) -> N
 
 
 def claimed(rec: BatchRecord, now: float, *, owner: str | None, visibility_timeout: float,
-            max_attempts: int) -> BatchRecord | None:
-    """``published`` -> ``in_progress`` until ``now + visibility_timeout``; None when not claimable.
-    An expired claim ends first (the dead letter, when that was the last attempt)."""
+            max_attempts: int, claim_id: str) -> BatchRecord | None:
+    """``published`` -> ``in_progress`` under ``claim_id`` until ``now + visibility_timeout``; None when not
+    claimable. An expired claim ends first (the dead letter, when that was the last attempt)."""
     if rec.expired(now):
         rec = expired(rec, now, max_attempts=max_attempts)
         if rec.state == FAILED:
@@ -298,7 +297,7 @@ def claimed(rec: BatchRecord, now: float, *, owner: str | None, visibility_timeo
         return None
     return replace(
         rec, state=IN_PROGRESS, attempts=rec.attempts + 1, max_attempts=max_attempts, owner=owner,
-        claim_id=uuid.uuid4().hex,
+        claim_id=claim_id,
         claimed_at=iso_time(now), deadline=iso_time(now + visibility_timeout), updated_at=iso_time(now),
     )
 

@@ -11,7 +11,7 @@ from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.sourcing.spec import SERVER_MANAGED, USER_MANAGED, DurableSource
 from airflow_jetstream.operators.base import JetStreamBaseOperator, templated_int
-from airflow_jetstream.triggers.describe import human_duration
+from airflow_jetstream.triggers.consumer import human_duration
 from airflow_jetstream.ui.links import JetStreamViewLink
 
 USER_MANAGED_OPTIONS = ("consumer", "deliver_subject", "deliver_policy", "replay_policy", "max_ack_pending",

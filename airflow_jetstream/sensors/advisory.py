@@ -6,14 +6,12 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow.providers.common.compat.sdk import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_jetstream.client.advisories.filter import AdvisoryFilter, predicate_path
 from airflow_jetstream.client.advisories.types import DEFAULT_CAPTURE_STREAM, parse_timestamp
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.times import parse_time
-from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor, failure
 from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger, filter_kwargs
 from airflow_jetstream.triggers.base import JetStreamWaitTrigger
@@ -72,7 +70,6 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
     template_fields: Sequence[str] = ("advisory", "advisory_stream", "advisory_consumer", "batch_id", "reason",
                                       "start_time",
                                       "capture_stream", "nats_conn_id")
-    ui_color = "#27aae1"
     defer_backstop = TIMEOUT_BACKSTOP
 
     def __init__(
@@ -88,8 +85,6 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         expect: str = "present",
         capture_stream: str | None = DEFAULT_CAPTURE_STREAM,
         quiet_period: float | str | timedelta = 60.0,
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        nats_conn_id: str = JetStreamHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -105,8 +100,6 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         self.expect = expect
         self.capture_stream = capture_stream
         self.quiet_period = to_seconds(quiet_period, field="quiet_period")
-        self.deferrable = deferrable
-        self.nats_conn_id = nats_conn_id
         self._guard_started: datetime | None = None
         self._gap_reported = False
         self._last_seen = "nothing (no poke finished)"

@@ -1,13 +1,15 @@
 """What every JetStream sensor shares: the hook, one condition for poke and trigger, poke-then-defer, the timeout
-and failure messages, SIGTERM."""
+and failure messages, SIGTERM; and the base of the sensors that wait for a state (caught up, drained, ledger)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any, NoReturn
 
+from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import (
     AirflowException,
@@ -20,14 +22,15 @@ from airflow.sdk.exceptions import (
 
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.triggers.base import JetStreamWaitTrigger
+from airflow_jetstream.triggers.base import JetStreamPollingTrigger, JetStreamWaitTrigger
 
 #: Airflow's own deferral timeout comes this many seconds after the trigger's (which reports the last state).
 TIMEOUT_BACKSTOP = 60
 
 
 class JetStreamBaseSensor(BaseSensorOperator):
-    """Base of the provider's sensors (each sets ``nats_conn_id`` and ``deferrable``).
+    """Base of the provider's sensors: ``nats_conn_id``, and ``deferrable`` defaulting to Airflow's
+    ``[operators] default_deferrable``.
 
     ``execute``: poke (or reschedule) mode is Airflow's; deferred, one poke first, then
     :meth:`deferred_trigger` waits in the triggerer and ``execute_complete`` gets its event.
@@ -42,12 +45,17 @@ class JetStreamBaseSensor(BaseSensorOperator):
     ended the wait): then it returns, so the task fails with ``AirflowTaskTimeout`` and its retries apply.
     """
 
-    nats_conn_id: str
-    deferrable: bool
+    ui_color = "#27aae1"
     #: seconds Airflow's deferral timeout adds to ``timeout`` (``TIMEOUT_BACKSTOP`` when the trigger has its own)
     defer_backstop: float = 0
     _last_seen: str | None = None
     _poked: JetStreamWaitTrigger | None = None
+
+    def __init__(self, *, deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+                 nats_conn_id: str = JetStreamHook.default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.deferrable = deferrable
+        self.nats_conn_id = nats_conn_id
 
     @cached_property
     def hook(self) -> JetStreamHook:
@@ -120,6 +128,36 @@ class JetStreamBaseSensor(BaseSensorOperator):
         if self.soft_fail:
             raise AirflowSkipException(message)
         raise AirflowSensorTimeout(message)
+
+
+class JetStreamStateSensor(JetStreamBaseSensor):
+    """Base of the sensors that poll a state until it is done. ``trigger()`` builds the condition (a
+    :class:`~airflow_jetstream.triggers.base.JetStreamPollingTrigger`): each poke runs its ``check``, and
+    deferred it polls in the triggerer."""
+
+    template_fields: Sequence[str] = ("nats_conn_id",)
+    what = "condition"
+    defer_backstop = TIMEOUT_BACKSTOP  # the trigger reports its own timeout with the last state
+    _last_seen = "nothing (no poke finished)"
+
+    def trigger(self) -> JetStreamPollingTrigger:
+        """The condition with this task's parameters (``poll_interval`` is the sensor's ``poke_interval``)."""
+        raise NotImplementedError
+
+    def make_trigger(self, context: Any) -> JetStreamPollingTrigger:
+        return self.trigger()
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        status = event.get("status")
+        if status == "success":
+            result: dict[str, Any] = event["result"]
+            self.log.info("Done: %s", self.trigger().describe(result))
+            return result
+        if status == "error":
+            raise failure(self.what, event.get("error") or {})
+        if status == "timeout":
+            self.timed_out(f"{self.what} not reached", event.get("description"))
+        raise AirflowException(f"unexpected trigger event {event!r}")
 
 
 def failure(what: str, error: dict[str, Any]) -> AirflowException:

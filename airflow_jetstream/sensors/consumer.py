@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_jetstream.sensors.state import JetStreamStateSensor
+from airflow_jetstream.sensors.base import JetStreamStateSensor
 from airflow_jetstream.triggers.consumer import JetStreamConsumerDrainedTrigger, JetStreamSourceCaughtUpTrigger
 
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow.providers.common.compat.sdk import conf
-
 from airflow_jetstream.client.kv.condition import KeyCondition
 from airflow_jetstream.client.kv.names import check_bucket, validate_key
 from airflow_jetstream.client.reading.apply_function import function_path
-from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.base import JetStreamBaseSensor, failure
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
 
@@ -48,7 +45,6 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
 
     template_fields: Sequence[str] = ("bucket", "key", "value", "apply_function_args", "apply_function_kwargs",
                                       "nats_conn_id")
-    ui_color = "#27aae1"
 
     def __init__(
         self,
@@ -59,8 +55,6 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
         apply_function: Callable[..., Any] | str | None = None,
         apply_function_args: Sequence[Any] | None = None,
         apply_function_kwargs: dict[str, Any] | None = None,
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        nats_conn_id: str = JetStreamHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -68,7 +62,7 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
             check_bucket(bucket)
         if "{{" not in str(key):
             validate_key(key)
-        if apply_function is not None and deferrable:
+        if apply_function is not None and self.deferrable:
             apply_function = function_path(apply_function)
         self.bucket = bucket
         self.key = key
@@ -76,14 +70,10 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
         self.apply_function = apply_function
         self.apply_function_args = apply_function_args
         self.apply_function_kwargs = apply_function_kwargs
-        self.deferrable = deferrable
-        self.nats_conn_id = nats_conn_id
         self.condition()  # a bad function fails when the DAG is parsed
 
     def condition(self) -> KeyCondition:
-        return KeyCondition(value=self.value, apply_function=self.apply_function,
-                            apply_function_args=tuple(self.apply_function_args or ()),
-                            apply_function_kwargs=dict(self.apply_function_kwargs or {}))
+        return self.make_trigger(None).condition()
 
     def make_trigger(self, context: Any) -> JetStreamKeyValueTrigger:
         return JetStreamKeyValueTrigger(bucket=self.bucket, key=self.key, value=self.value,

@@ -9,9 +9,8 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_jetstream.client.ledger.counts import check_waitable_state
 from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET
-from airflow_jetstream.sensors.state import JetStreamStateSensor
-from airflow_jetstream.triggers.describe import describe_progress
-from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
+from airflow_jetstream.sensors.base import JetStreamStateSensor
+from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger, describe_progress
 
 __all__ = ["JetStreamBatchLedgerSensor", "describe_progress"]
 

@@ -6,13 +6,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from airflow.providers.common.compat.sdk import conf
-
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import JetStreamError
 from airflow_jetstream.client.reading.apply_function import function_path, load_function
 from airflow_jetstream.client.subjects import validate_name, validate_subject
-from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.base import JetStreamBaseSensor, failure
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
 
@@ -67,7 +64,6 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
     template_fields: Sequence[str] = ("stream", "filter_subject", "start", "apply_function_args",
                                       "apply_function_kwargs",
                                       "nats_conn_id")
-    ui_color = "#27aae1"
 
     def __init__(
         self,
@@ -79,14 +75,11 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         filter_subject: str | None = None,
         start: int | str | datetime = "new",
         fetch_timeout: float | str | timedelta | None = None,
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        nats_conn_id: str = JetStreamHook.default_conn_name,
         body_in_event: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.deferrable = deferrable
-        self.apply_function = function_path(apply_function) if deferrable else apply_function
+        self.apply_function = function_path(apply_function) if self.deferrable else apply_function
         load_function(self.apply_function)  # a bad function fails when the DAG is parsed
         if not _templated(stream):
             validate_name(stream, what="stream name")
@@ -98,7 +91,6 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         self.apply_function_kwargs = apply_function_kwargs
         self.start = start
         self.fetch_timeout = to_seconds(5.0 if fetch_timeout is None else fetch_timeout, field="fetch_timeout")
-        self.nats_conn_id = nats_conn_id
         self.body_in_event = body_in_event
         self._first_seq: int | None = None
 

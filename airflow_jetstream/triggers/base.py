@@ -30,7 +30,6 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.triggers.deadline import within
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
@@ -70,6 +69,23 @@ async def retrying(log: logging.Logger | Any, what: str, attempt: Callable[[], A
     except JetStreamError as exc:
         log.error("%s failed: %s", what, exc)
         return {"status": "error", "error": exc.to_dict()}
+
+
+async def within(timeout_at: str | None, waiting: Awaitable[dict[str, Any]],
+                 timed_out: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``await waiting``, or ``timed_out()`` (default ``{"status": "timeout"}``) once ``timeout_at`` (ISO time)
+    has passed.
+
+    ``airflow dags test`` runs a deferred task's trigger inline and ignores the deferral timeout, so a
+    sensor whose condition never came true waited forever; with this it ends at its ``timeout``.
+    """
+    if timeout_at is None:
+        return await waiting
+    remaining = (datetime.fromisoformat(timeout_at) - datetime.now(UTC)).total_seconds()
+    try:
+        return await asyncio.wait_for(waiting, max(remaining, 0.0))
+    except TimeoutError:
+        return timed_out() if timed_out is not None else {"status": "timeout"}
 
 
 def staggered(seconds: float) -> float:
@@ -198,18 +214,25 @@ class JetStreamPollingTrigger(JetStreamWaitTrigger):
         return dict(await asyncio.shield(asked[1]))
 
     async def check(self, conn: JetStreamConnection) -> dict[str, Any] | None:
-        status = self.last_status = await self.shared_status(conn)
+        return self.verdict(await self.shared_status(conn))
+
+    def verdict(self, status: dict[str, Any]) -> dict[str, Any] | None:
+        """The event ``status`` calls for (its error, or success once done), else None; ``last_seen`` describes it."""
+        self.last_status = status
         if status.get("error") and isinstance(status["error"], dict):
             return {"status": "error", "error": {**status["error"], "state": status}}
         self.last_seen = self.describe(status)
         return {"status": "success", "result": status} if self.is_done(status) else None
+
+    def past_deadline(self) -> bool:
+        return self.timeout_at is not None and datetime.now(UTC) >= datetime.fromisoformat(self.timeout_at)
 
     async def wait(self, conn: JetStreamConnection) -> dict[str, Any]:
         while True:
             event = await self.check(conn)
             if event is not None:
                 return event
-            if self.timeout_at is not None and datetime.now(UTC) >= datetime.fromisoformat(self.timeout_at):
+            if self.past_deadline():
                 return self.timeout_event()
             self.log.info("Waiting for %s: %s", self.what, self.last_seen)
             await asyncio.sleep(staggered(self.poll_interval))

@@ -12,11 +12,21 @@ from airflow_jetstream.client.ledger.counts import shards_of
 from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET, Entry, counts_pattern, epoch_of
 from airflow_jetstream.client.ledger.wait import LedgerWait
 from airflow_jetstream.triggers.base import JetStreamPollingTrigger
-from airflow_jetstream.triggers.describe import describe_progress
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
     from airflow_jetstream.client.reading.shared_tail import TailListener
+
+def describe_progress(status: dict[str, Any]) -> str:
+    """``run 'R': 7/10 batch(es) reached consumed (at least 1 expected; published 2, ...)``."""
+    states = ", ".join(f"{name} {count}" for name, count in (status.get("states") or {}).items())
+    line = (f"run {status.get('run_id')!r}: {status.get('reached')}/{status.get('batches')} batch(es) reached "
+            f"{status.get('awaited')} (at least {status.get('min_batches')} expected; {states})")
+    reaped = status.get("reaped") or {}
+    if reaped.get("returned") or reaped.get("failed"):
+        line += f"; reaped expired claims: returned {reaped.get('returned')}, failed {reaped.get('failed')}"
+    return line
+
 
 #: Seconds between checks that do not wait for an event (a run recorded before the ledger kept counts,
 #: a bucket that does not exist yet) are drawn from 0.8-1.2x ``poll_interval``: polls of many triggers spread out.
@@ -61,8 +71,7 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
     def is_done(self, status: dict[str, Any]) -> bool:
         return LedgerWait.is_done(status)
 
-    def describe(self, status: dict[str, Any]) -> str:
-        return describe_progress(status)
+    describe = staticmethod(describe_progress)
 
     async def wait(self, conn: JetStreamConnection) -> dict[str, Any]:
         from airflow_jetstream.client.errors import StreamNotFoundError
@@ -116,13 +125,10 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
 
     def _event(self, status: dict[str, Any]) -> dict[str, Any] | None:
         """The trigger's event for ``status`` (as :meth:`check` gives it), or None to wait on (logging progress)."""
-        self.last_status = status
-        if status.get("error") and isinstance(status["error"], dict):
-            return {"status": "error", "error": {**status["error"], "state": status}}
-        self.last_seen = self.describe(status)
-        if self.is_done(status):
-            return {"status": "success", "result": status}
-        if self.timeout_at is not None and datetime.now(UTC) >= datetime.fromisoformat(self.timeout_at):
+        event = self.verdict(status)
+        if event is not None:
+            return event
+        if self.past_deadline():
             return self.timeout_event()
         if time.monotonic() - self._logged_at >= self.poll_interval:  # events can come fast: a line per interval
             self._logged_at = time.monotonic()

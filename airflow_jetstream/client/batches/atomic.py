@@ -22,16 +22,14 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.admin.subject_streams import streams_for_subject
 from airflow_jetstream.client.batches.atomic_retry import AtomicBatchRetry, already_committed
 from airflow_jetstream.client.batches.fence import check_fence_config, fence_message, stored_fence
 from airflow_jetstream.client.batches.frames import message_header_lines, write_frames
-from airflow_jetstream.client.batches.replies import CONNECTION_ERRORS, BatchReplies
+from airflow_jetstream.client.batches.replies import CONNECTION_ERRORS, BatchReplies, capturing_stream, reply_timeout
 from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
     HEADER_BATCH_COMMIT,
@@ -49,7 +47,6 @@ from airflow_jetstream.client.batches.types import (
     validate_messages,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     BatchPublishError,
     ConnectionFailedError,
@@ -149,9 +146,17 @@ async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batc
         await replies.close()
 
 
-def _timeout(conn: JetStreamConnection, timeout: float | str | timedelta | None) -> float:
-    """Seconds to wait for each reply: ``timeout`` (seconds, "30s", timedelta) or the connection's request timeout."""
-    return to_seconds(timeout, field="timeout") if timeout else conn.settings.request_timeout
+def validate_atomic(conn: JetStreamConnection, messages: Sequence[BatchMessage], max_msgs: int) -> list[BatchMessage]:
+    """The local checks of an atomic batch (:func:`~airflow_jetstream.client.batches.types.validate_messages`)."""
+    return validate_messages(messages, max_msgs=max_msgs, max_payload=conn.max_payload,
+                             refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=BATCH_HEADER_BYTES)
+
+
+async def fenced_stream(conn: JetStreamConnection, subject: str, context: str, stream: str | None = None) -> str:
+    """``stream`` (or the one capturing ``subject``) once checked to keep write fences (``stream_not_fenced``)."""
+    stream = stream or await capturing_stream(conn, subject, context)
+    check_fence_config(stream, (await stream_info(conn, stream))["config"])
+    return stream
 
 
 async def publish_atomic_batch(
@@ -189,8 +194,7 @@ async def publish_atomic_batch(
     :param timeout: seconds to wait for each server reply (default: the connection's request timeout).
     :param deadline: retry until then (default: for ``leader_wait`` from the first failure).
     """
-    items = validate_messages(messages, max_msgs=max_msgs, max_payload=conn.max_payload,
-                              refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=BATCH_HEADER_BYTES)
+    items = validate_atomic(conn, messages, max_msgs)
     batch_id = validate_batch_id(batch_id)
     if expected_last_seq is not None and (not isinstance(expected_last_seq, int) or expected_last_seq < 0):
         raise InvalidRequestError(f"expected_last_seq must be an int >= 0, got {expected_last_seq!r}",
@@ -200,16 +204,9 @@ async def publish_atomic_batch(
     fenced = None
     if fence is not None:
         _check_fenced_size(items, max_msgs)
-        if stream is None:
-            owners = await streams_for_subject(conn, items[0].subject)
-            stream = owners[0] if owners else None
-        if stream is None:
-            raise BatchPublishError(f"atomic batch {batch_id}: no stream captures {items[0].subject!r}; create the "
-                                    "stream or fix the subject", reason="no_stream_for_subject")
-        check_fence_config(stream, (await stream_info(conn, stream))["config"])
-        fenced = (stream, fence)
+        fenced = (await fenced_stream(conn, items[0].subject, f"atomic batch {batch_id}", stream), fence)
     return await _publish_validated(conn, items, batch_id, expected_last_seq, flow_every,
-                                    _timeout(conn, timeout), retries, deadline, fenced)
+                                    reply_timeout(conn, timeout), retries, deadline, fenced)
 
 
 def _check_fenced_size(messages: Sequence[BatchMessage], max_msgs: int) -> None:
@@ -227,10 +224,9 @@ async def publish_fenced_batch(conn: JetStreamConnection, messages: Sequence[Bat
     """:func:`publish_atomic_batch` with ``fence=fence_id`` to ``stream``, which the caller already checked for
     fences (:func:`~airflow_jetstream.client.batches.publish_chunks.check_target_stream` with ``fence=True``)."""
     _check_fenced_size(messages, max_msgs)
-    items = validate_messages(messages, max_msgs=max_msgs, max_payload=conn.max_payload,
-                              refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=BATCH_HEADER_BYTES)
-    return await _publish_validated(conn, items, validate_batch_id(batch_id), expected_last_seq, DEFAULT_FLOW_EVERY,
-                                    _timeout(conn, None), DEFAULT_RETRIES, fence=(stream, fence_id))
+    return await _publish_validated(conn, validate_atomic(conn, messages, max_msgs), validate_batch_id(batch_id),
+                                    expected_last_seq, DEFAULT_FLOW_EVERY, reply_timeout(conn, None), DEFAULT_RETRIES,
+                                    fence=(stream, fence_id))
 
 
 async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage], batch_id: str,
@@ -340,10 +336,8 @@ async def publish_atomic_batches(
     chunks = [list(messages[i:i + batch_size]) for i in range(0, len(messages), batch_size)]
     if not chunks:
         raise InvalidRequestError("there are no messages to publish", reason="empty_batch")
-    chunks = [validate_messages(chunk, max_msgs=batch_size, max_payload=conn.max_payload,
-                                refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=BATCH_HEADER_BYTES)
-              for chunk in chunks]
-    request_timeout = _timeout(conn, timeout)
+    chunks = [validate_atomic(conn, chunk, batch_size) for chunk in chunks]
+    request_timeout = reply_timeout(conn, timeout)
     results: list[BatchResult | None] = [None] * len(chunks)
     pending = iter(range(len(chunks)))
     failed: list[JetStreamError] = []

@@ -8,9 +8,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import nats.errors
-import nats.js.errors
-
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.admin.subject_streams import streams_for_subject
 from airflow_jetstream.client.batches.msg_id_probe import PROBE_WINDOW, stored_sequences
@@ -29,6 +26,8 @@ from airflow_jetstream.client.errors import (
     LeaderUnavailableError,
     RequestTimeoutError,
 )
+from airflow_jetstream.client.reading.direct import get_message
+from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.retry import Deadline
 
 log = logging.getLogger(__name__)
@@ -45,7 +44,8 @@ async def already_committed(conn: JetStreamConnection, messages: list[BatchMessa
     if not with_ids:
         raise error
     streams = await streams_for_subject(conn, messages[0].subject)  # a batch goes to one stream
-    seqs = await stored_sequences(conn, [msg for _, msg in with_ids], timeout, stream=streams[0] if streams else None)
+    stream = streams[0] if streams else ""
+    seqs = await stored_sequences(conn, [msg for _, msg in with_ids], timeout, stream=stream or None)
     missing = [index for (index, _), seq in zip(with_ids, seqs, strict=True) if seq is None]
     if missing:
         stored = [(msg.msg_id, seq) for (_, msg), seq in zip(with_ids, seqs, strict=True) if seq is not None]
@@ -66,19 +66,17 @@ async def already_committed(conn: JetStreamConnection, messages: list[BatchMessa
             reason="duplicate_msg_id", code=error.code, err_code=error.err_code, description=error.description,
         )
     first_seq = starts.pop()
-    streams = await streams_for_subject(conn, messages[0].subject)
-    stream = streams[0] if streams else ""
     if stream:
-        await _check_stored_batch(conn, stream, messages, first_seq, batch_id, timeout, error)
+        await _check_stored_batch(conn, stream, messages, first_seq, batch_id, error)
     return BatchResult(stream=stream, batch=batch_id, count=len(messages),
                        first_seq=first_seq, last_seq=first_seq + len(messages) - 1, already_committed=True)
 
 
 async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: list[BatchMessage],
-                              first_seq: int, batch_id: str, timeout: float, error: BatchPublishError) -> None:
+                              first_seq: int, batch_id: str, error: BatchPublishError) -> None:
     """Raise ``msg_id_reused`` unless ``first_seq ..`` holds one committed batch with these messages.
 
-    The stored messages are read back (``get_msg``, nothing is written) and must form one whole batch
+    The stored messages are read back (message gets, nothing is written) and must form one whole batch
     (one ``Nats-Batch-Id``, ``Nats-Batch-Sequence`` 1..n, ``Nats-Batch-Commit`` on the n-th) whose
     subjects, payloads, msg ids and headers are this batch's. Messages the stream already removed
     (work-queue or interest retention, limits) cannot be compared and are skipped; when none is left
@@ -86,18 +84,9 @@ async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: 
     """
     semaphore = asyncio.Semaphore(PROBE_WINDOW)
 
-    async def read(seq: int) -> Any:
-        try:
-            return await conn.js.get_msg(stream, seq)
-        except nats.js.errors.NotFoundError:
-            return None
-        except nats.errors.TimeoutError:  # on a cluster: an election, retried by retry_leader
-            raise conn.unanswered(f"atomic batch {batch_id}: reading back stream {stream!r} seq {seq} "
-                                  f"timed out after {timeout}s") from None
-
-    async def stored(seq: int) -> Any:
+    async def stored(seq: int) -> Message | None:
         async with semaphore:
-            return await conn.retry_leader(f"atomic batch {batch_id}: read-back of seq {seq}", lambda: read(seq))
+            return await get_message(conn, stream, seq=seq)
 
     found = await asyncio.gather(*(stored(first_seq + i) for i in range(len(messages))))
     count = len(messages)
@@ -106,13 +95,13 @@ async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: 
     for index, (msg, raw) in enumerate(zip(messages, found, strict=True)):
         if raw is None:
             continue
-        headers = raw.headers or {}
+        headers = raw.headers
         stored_ids.add(headers.get(HEADER_BATCH_ID))
         if headers.get(HEADER_BATCH_SEQUENCE) != str(index + 1):
             problem = f"seq {first_seq + index} is not message {index + 1} of one atomic batch"
         elif index == count - 1 and headers.get(HEADER_BATCH_COMMIT) != "1":
             problem = f"seq {first_seq + index} is not the last message of a batch of {count}"
-        elif raw.subject != msg.subject or bytes(raw.data or b"") != bytes(msg.data):
+        elif raw.subject != msg.subject or raw.data != bytes(msg.data):
             problem = f"seq {first_seq + index} holds another subject or payload than message {index}"
         elif msg.msg_id is not None and headers.get(HEADER_MSG_ID) != msg.msg_id:
             problem = f"seq {first_seq + index} has msg id {headers.get(HEADER_MSG_ID)!r}, not {msg.msg_id!r}"

@@ -26,9 +26,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
-from airflow_jetstream.client.batches.fast_count import count_duplicates, count_in_stream, stream_and_last_seq
+from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.batches.fast_run import (
     ERR_BATCH_UNKNOWN,
     RESUME_PAUSE_FIRST,
@@ -36,21 +37,24 @@ from airflow_jetstream.client.batches.fast_run import (
     FastBatchRun,
     Interrupted,
     Prepared,
+    settle_wait,
 )
 from airflow_jetstream.client.batches.frames import message_header_lines
+from airflow_jetstream.client.batches.msg_id_probe import stored_sequences
+from airflow_jetstream.client.batches.replies import capturing_stream, reply_timeout
 from airflow_jetstream.client.batches.types import (
     HEADER_BATCH_COMMIT,
     HEADER_BATCH_ID,
     HEADER_BATCH_SEQUENCE,
     HEADER_EXPECTED_LAST_MSG_ID,
+    HEADER_MSG_ID,
     MAX_BATCH_ID_LENGTH,
     BatchMessage,
     BatchResult,
     validate_batch_id,
     validate_messages,
 )
-from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.durations import to_seconds
+from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.errors import (
     BatchPublishError,
     ConnectionFailedError,
@@ -59,6 +63,8 @@ from airflow_jetstream.client.errors import (
     JetStreamError,
     error_from_api,
 )
+from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.retry import Deadline, is_leader_unavailable, retry
 
 FAST_REFUSED_HEADERS = {
     HEADER_BATCH_ID.lower(): "batch headers belong to atomic batches; the fast batch protocol uses reply subjects",
@@ -125,10 +131,12 @@ async def publish_fast_batch(
         raise InvalidRequestError(f"flow must be an int between 1 and {MAX_FLOW}, got {flow!r}",
                                   reason="invalid_request")
     server_features.require(conn, server_features.FAST_BATCH)
-    timeout = to_seconds(timeout, field="timeout") if timeout else conn.settings.request_timeout
+    timeout = reply_timeout(conn, timeout)
     frames = _prepare(items)
     started = time.monotonic()
-    stream, mark = await stream_and_last_seq(conn, items[0].subject, batch_id)
+    # the stream capturing the batch and its last sequence before it (where counting starts)
+    stream = await capturing_stream(conn, items[0].subject, f"fast batch {batch_id}")
+    mark = int((await stream_info(conn, stream))["state"]["last_seq"])
     total = len(frames)
     stored = 0
     resumes = gap_resumes = 0
@@ -153,7 +161,7 @@ async def publish_fast_batch(
             else:
                 how = "counted in the stream"
                 try:
-                    accepted, found_last, mark = await count_in_stream(conn, stream, mark, items[stored:])
+                    accepted, found_last, mark = await _count_in_stream(conn, stream, mark, items[stored:])
                 except JetStreamError as exc:
                     raise _failed(exc, stream, stored, total, unknown_after=mark) from None
                 own_last = found_last or own_last
@@ -176,11 +184,11 @@ async def publish_fast_batch(
                 run_items = items[stored:stored + count]
                 if count > own_last - mark and any(m.msg_id for m in run_items):
                     # the stream grew by fewer messages than the server accepted: some were duplicates
-                    run_dups, _ = await count_duplicates(conn, stream, run_items, mark)
+                    run_dups, _ = await _count_duplicates(conn, stream, run_items, mark)
                     duplicates += run_dups
             elif count:
                 # the last message was a duplicate (the ack's seq is 0): find where the stream holds them
-                run_dups, own_last = await count_duplicates(conn, stream, items[stored:stored + count], mark)
+                run_dups, own_last = await _count_duplicates(conn, stream, items[stored:stored + count], mark)
                 duplicates += run_dups
             mark = max(mark, own_last or 0)
             stored += count
@@ -233,3 +241,53 @@ def _failed(error: JetStreamError, stream: str, stored: int, total: int, *,
         stored=stored, total=total, stream=stream, reason=error.reason, code=error.code,
         err_code=error.err_code, description=error.description)
 
+
+
+def _matches(item: BatchMessage, stored: tuple[str, int, int, Any, bytes]) -> bool:
+    subject, _seq, _ts, headers, data = stored
+    if subject != item.subject or bytes(data or b"") != bytes(item.data):
+        return False
+    headers = headers or {}
+    if item.msg_id is not None and headers.get(HEADER_MSG_ID) != item.msg_id:
+        return False
+    return all(headers.get(k) == v for k, v in (item.headers or {}).items())
+
+
+async def _count_in_stream(conn: JetStreamConnection, stream: str, after: int,
+                           items: Sequence[BatchMessage]) -> tuple[int, int | None, int]:
+    """What a fast batch stored when the server cannot say, counted by reading the stream back: how many of
+    ``items`` (an in-order prefix) the stream holds after seq ``after``, the sequence of the last of them (None
+    when none), and the stream's last sequence read. Messages of other publishers in between are skipped.
+    Waits for a leader (:func:`~airflow_jetstream.client.batches.fast_run.settle_wait`)."""
+
+    async def count() -> tuple[int, int | None, int]:
+        info = await stream_info(conn, stream)
+        retention = info["config"].get("retention", "limits")
+        if retention != "limits":
+            raise JetStreamError(f"stream {stream!r} has {retention} retention: its messages may be consumed "
+                                 "before they can be counted", reason="stored_unknown")
+        last = int(info["state"]["last_seq"])
+        found = 0
+        found_last: int | None = None
+        via = "direct" if info["config"].get("allow_direct") else "consumer"
+        async for chunk in read_range(conn, stream, after + 1, last, via=via):
+            for stored in chunk:
+                if found < len(items) and _matches(items[found], stored):
+                    found += 1
+                    found_last = stored[1]
+        return found, found_last, last
+
+    return await retry(f"counting a fast batch in stream {stream!r}", count, transient=is_leader_unavailable,
+                       budget=None, deadline=Deadline(settle_wait(conn)), advice=QUORUM_ADVICE, logger=log)
+
+
+async def _count_duplicates(conn: JetStreamConnection, stream: str, run: Sequence[BatchMessage],
+                            mark: int) -> tuple[int, int | None]:
+    """For a run the server skipped some messages of as duplicates: how many of its messages were
+    stored at or before seq ``mark`` (by msg id, probed without writing) and the sequence of its last
+    one (None when its msg id is not in the duplicate window any more)."""
+    seqs = await stored_sequences(conn, run, stream=stream)
+    earlier = sum(1 for seq in seqs if seq is not None and seq <= mark)
+    log.info("fast batch on stream %s: %d of %d message(s) were already stored (msg ids), the last at seq %s",
+             stream, earlier, len(run), seqs[-1] if seqs else None)
+    return earlier, seqs[-1] if seqs else None

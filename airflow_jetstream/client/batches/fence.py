@@ -114,23 +114,14 @@ async def stored_fence(conn: JetStreamConnection, stream: str, fence_id: str) ->
     before it): its count n names the n sequences before its own, which its ``Nats-Batch-Sequence`` k must allow
     (1 <= n < k), or the fence is not one of ours.
     """
-    import nats.errors  # here, not at the top: DAG files import the fence's names; nats-py loads when one is read
-    import nats.js.errors
+    # here, not at the top: DAG files import the fence's names; nats-py loads when a fence is read
+    from airflow_jetstream.client.reading.direct import get_message
 
     subject = fence_subject(stream, fence_id)
-
-    async def get() -> Any:
-        try:
-            return await conn.js.get_msg(stream, subject=subject)
-        except nats.js.errors.NotFoundError:
-            return None
-        except nats.errors.TimeoutError:  # on a cluster: an election, retried by retry_leader
-            raise conn.unanswered(f"reading fence {subject!r} of stream {stream!r} timed out") from None
-
-    raw = await conn.retry_leader(f"fence {subject!r}", get)
+    raw = await get_message(conn, stream, subject=subject)
     if raw is None:
         return None
-    headers = raw.headers or {}
+    headers = raw.headers
     try:
         position = int(headers.get(HEADER_BATCH_SEQUENCE, "0"))
         body = json.loads(raw.data or b"{}")

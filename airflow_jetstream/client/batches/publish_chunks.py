@@ -14,12 +14,7 @@ from typing import Any
 
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.admin.subject_streams import streams_for_subject
-from airflow_jetstream.client.batches.atomic import (
-    ATOMIC_REFUSED_HEADERS,
-    BATCH_HEADER_BYTES,
-    publish_atomic_batch,
-    publish_fenced_batch,
-)
+from airflow_jetstream.client.batches.atomic import publish_atomic_batch, publish_fenced_batch, validate_atomic
 from airflow_jetstream.client.batches.fast import DEFAULT_FLOW, FAST_REFUSED_HEADERS, publish_fast_batch
 from airflow_jetstream.client.batches.fence import check_fence_config
 from airflow_jetstream.client.batches.types import (
@@ -114,8 +109,7 @@ def validate_chunk(conn: JetStreamConnection, messages: Sequence[BatchMessage], 
                    max_msgs: int = DEFAULT_MAX_BATCH_MSGS) -> list[BatchMessage]:
     """The local checks :func:`publish_chunk` makes before sending, without sending (for a first pass)."""
     if check_mode(mode) == "atomic":
-        return validate_messages(messages, max_msgs=max_msgs, max_payload=conn.max_payload,
-                                 refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=BATCH_HEADER_BYTES)
+        return validate_atomic(conn, messages, max_msgs)
     return validate_messages(messages, max_msgs=None, max_payload=conn.max_payload,
                              refused_headers=FAST_REFUSED_HEADERS)
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import timedelta
 from typing import Any
 
 import nats.errors
 
+from airflow_jetstream.client.admin.subject_streams import streams_for_subject
 from airflow_jetstream.client.batches.types import HEADER_STATUS
 from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     BatchPublishError,
     ConnectionFailedError,
@@ -56,9 +59,22 @@ async def request(conn: JetStreamConnection, subject: str, payload: bytes, heade
 def no_stream_error(context: str, subject: str) -> BatchPublishError:
     """A no-responders answer: no stream captures ``subject`` (or, on a cluster, its stream has no leader)."""
     return BatchPublishError(
-        f"{context}: no stream captures subject {subject!r}; create the stream or fix the subject",
-        reason="no_stream_for_subject",
+        f"{context + ': ' if context else ''}no stream captures subject {subject!r}; create the stream or fix the "
+        "subject", reason="no_stream_for_subject",
     )
+
+
+async def capturing_stream(conn: JetStreamConnection, subject: str, context: str) -> str:
+    """The stream that captures ``subject``, or ``no_stream_for_subject`` before anything is sent."""
+    owners = await streams_for_subject(conn, subject)
+    if not owners:
+        raise no_stream_error(context, subject)
+    return owners[0]
+
+
+def reply_timeout(conn: JetStreamConnection, timeout: float | str | timedelta | None) -> float:
+    """Seconds to wait for each reply: ``timeout`` (seconds, "30s", timedelta) or the connection's request timeout."""
+    return to_seconds(timeout, field="timeout") if timeout else conn.settings.request_timeout
 
 
 class BatchReplies:

@@ -10,8 +10,8 @@ import pytest
 
 from airflow_jetstream.client import BatchMessage, metrics, publish_atomic_batch, stream_info
 from airflow_jetstream.client.batches.atomic import publish_atomic_batches
-from airflow_jetstream.client.batches.frames import encode_frame, write_frames
-from airflow_jetstream.client.batches.msg_id_probe import stored_sequences
+from airflow_jetstream.client.batches.resend import stored_sequences
+from airflow_jetstream.client.batches.wire import encode_frame, write_frames
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, InvalidSubjectError
 from tests.support.nats_calls import with_streams
 
@@ -307,7 +307,7 @@ def test_many_batches_with_two_in_flight(settings, nats_server):
 )
 def test_every_batch_error_of_the_server_is_typed(err_code, code, reason):
     """The server's refusals (wire facts table) become BatchPublishErrors with a reason and a hint."""
-    from airflow_jetstream.client.batches.replies import parse_reply
+    from airflow_jetstream.client.batches.wire import parse_reply
 
     reply = json.dumps({"error": {"code": code, "err_code": err_code, "description": "server text"},
                         "stream": "ATOM", "seq": 0}).encode()

@@ -306,7 +306,7 @@ def test_json_rows_written_with_rfc3339_times_exact_decimals_and_base64() -> Non
 
 
 def test_publish_operator_sends_a_list_header_as_a_repeated_header() -> None:
-    from airflow_jetstream.client.batches.frames import encode_header_lines
+    from airflow_jetstream.client.batches.wire import encode_header_lines
     from airflow_jetstream.operators.publish import to_batch_message
 
     msg = to_batch_message({"subject": "a.b", "data": {"k": 1}, "headers": {"X-Tag": ["a", "b"], "X-N": 1}},

@@ -20,7 +20,7 @@ from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
 from airflow_jetstream.client.batches.atomic import publish_atomic_batch
 from airflow_jetstream.client.batches.batcher import Batcher
 from airflow_jetstream.client.batches.fence import fence_count
-from airflow_jetstream.client.batches.msg_id_probe import stored_sequences
+from airflow_jetstream.client.batches.resend import stored_sequences
 from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import (

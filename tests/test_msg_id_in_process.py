@@ -12,7 +12,7 @@ import asyncio
 import json
 
 from airflow_jetstream.client.batches.batcher import Batcher
-from airflow_jetstream.client.batches.msg_id_probe import stored_sequences
+from airflow_jetstream.client.batches.resend import stored_sequences
 from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import BatchPublishError, error_from_api

@@ -6,12 +6,11 @@ intermediate messages are plain publishes with no reply, every ``flow_every``-th
 whose (empty) answer bounds how far the client runs ahead, and the last message carries
 ``Nats-Batch-Commit: 1`` and gets the PubAck. Nothing is visible in the stream before the commit.
 
-Retry-safety (:mod:`~airflow_jetstream.client.batches.atomic_retry`): when the server refuses a batch
-with ``duplicate_msg_id``, the msg ids it carries are probed without writing
-(:mod:`~airflow_jetstream.client.batches.msg_id_probe`); if every one is stored, at the positions one
-earlier commit of this batch gives them, the batch is reported as ``already_committed`` instead of
-failing or being written twice. Because a batch is stored whole and in one run of sequences, one msg
-id per batch (on its first message, naming the batch) is enough, and keeps the stream's duplicate
+Retry-safety (:mod:`~airflow_jetstream.client.batches.resend`): when the server refuses a batch with
+``duplicate_msg_id``, the msg ids it carries are probed without writing; if every one is stored, at the
+positions one earlier commit of this batch gives them, the batch is reported as ``already_committed``
+instead of failing or being written twice. Because a batch is stored whole and in one run of sequences,
+one msg id per batch (on its first message, naming the batch) is enough, and keeps the stream's duplicate
 window at one entry per batch instead of one per message.
 """
 
@@ -26,10 +25,8 @@ from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.batches.atomic_retry import AtomicBatchRetry, already_committed
 from airflow_jetstream.client.batches.fence import check_fence_config, fence_message, stored_fence
-from airflow_jetstream.client.batches.frames import message_header_lines, write_frames
-from airflow_jetstream.client.batches.replies import CONNECTION_ERRORS, BatchReplies, capturing_stream, reply_timeout
+from airflow_jetstream.client.batches.resend import AtomicBatchRetry, already_committed
 from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
     HEADER_BATCH_COMMIT,
@@ -45,6 +42,14 @@ from airflow_jetstream.client.batches.types import (
     new_batch_id,
     validate_batch_id,
     validate_messages,
+)
+from airflow_jetstream.client.batches.wire import (
+    CONNECTION_ERRORS,
+    BatchReplies,
+    capturing_stream,
+    message_header_lines,
+    reply_timeout,
+    write_frames,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (

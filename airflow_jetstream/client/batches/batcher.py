@@ -48,14 +48,13 @@ from airflow_jetstream.client.admin.subject_streams import streams_for_subject
 from airflow_jetstream.client.batches.atomic import ATOMIC_REFUSED_HEADERS, publish_atomic_batch
 from airflow_jetstream.client.batches.fast import FAST_REFUSED_HEADERS
 from airflow_jetstream.client.batches.fence import check_fence_config, fence_message
-from airflow_jetstream.client.batches.frames import encode_frame, message_header_lines, write_frames
-from airflow_jetstream.client.batches.replies import BatchReplies
 from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
     BatchItemResult,
     BatchMessage,
     validate_messages,
 )
+from airflow_jetstream.client.batches.wire import BatchReplies, encode_frame, message_header_lines, write_frames
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (

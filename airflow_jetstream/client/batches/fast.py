@@ -39,9 +39,7 @@ from airflow_jetstream.client.batches.fast_run import (
     Prepared,
     settle_wait,
 )
-from airflow_jetstream.client.batches.frames import message_header_lines
-from airflow_jetstream.client.batches.msg_id_probe import stored_sequences
-from airflow_jetstream.client.batches.replies import capturing_stream, reply_timeout
+from airflow_jetstream.client.batches.resend import stored_sequences
 from airflow_jetstream.client.batches.types import (
     HEADER_BATCH_COMMIT,
     HEADER_BATCH_ID,
@@ -54,6 +52,7 @@ from airflow_jetstream.client.batches.types import (
     validate_batch_id,
     validate_messages,
 )
+from airflow_jetstream.client.batches.wire import capturing_stream, message_header_lines, reply_timeout
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.errors import (
     BatchPublishError,

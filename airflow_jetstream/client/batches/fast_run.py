@@ -10,9 +10,8 @@ from typing import Any
 
 import nats.errors
 
-from airflow_jetstream.client.batches.frames import encode_frame, write_frames
-from airflow_jetstream.client.batches.replies import CONNECTION_ERRORS
 from airflow_jetstream.client.batches.types import HEADER_STATUS
+from airflow_jetstream.client.batches.wire import CONNECTION_ERRORS, encode_frame, write_frames
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
     ConnectionFailedError,

@@ -1,4 +1,4 @@
-"""Value types, header names and local checks shared by the batch publishers (framing: frames.py).
+"""Value types, header names and local checks shared by the batch publishers (framing: wire.py).
 
 Atomic batches, fast batches and the :class:`~airflow_jetstream.client.batches.batcher.Batcher` take
 :class:`BatchMessage` items and return :class:`BatchResult` / :class:`BatchItemResult` values

@@ -167,3 +167,34 @@ def test_worst_first_then_oldest_and_rows_sorted_by_their_worst_problem() -> Non
     assert view["other_streams"] == ["C"]
     located = {p["anchor"]: p["at"] for p in view["problems"]["problems"]}
     assert located["stream-B"] == {"section": "streams", "page": 1}
+
+
+def test_the_views_ledger_rows_are_the_ledgers_own_run_summary() -> None:
+    """Issue 41: one run summary. A run's row counts what the ledger's summary counts (states, batches, messages,
+    attempts, streams, expired claims) and adds only what the view shows beside it."""
+    from airflow_jetstream.client.ledger.counts import summarized
+    from airflow_jetstream.client.ledger.records import BatchRecord
+    from airflow_jetstream.ui.overview_ledger import run_rows
+
+    now = NOW.timestamp()
+    records = [
+        BatchRecord("r1", "b1", "A", 10, state="consumed", attempts=1, created_at=_iso(30), updated_at=_iso(20)),
+        BatchRecord("r1", "b2", "B", 5, state="failed", attempts=3, created_at=_iso(40), updated_at=_iso(10),
+                    failed_at=_iso(10), last_error="boom"),
+        BatchRecord("r1", "b3", "A", 7, state="in_progress", attempts=2, owner="w1", deadline=_iso(1),
+                    created_at=_iso(35), updated_at=_iso(5)),
+        BatchRecord("r2", "c1", "A", 1, created_at=_iso(50), updated_at=_iso(50)),
+    ]
+    rows = run_rows(records, bucket="L", now=now)
+    assert [row["run_id"] for row in rows] == ["r1", "r2"]  # newest update first
+    summary = summarized("r1", "L", records[:3], now)
+    row = rows[0]
+    for name in ("batches", "states", "attempts", "streams", "expired_claims", "next_deadline"):
+        assert row[name] == summary[name], name
+    assert row["messages"] == sum(summary["messages"].values()) == 22
+    assert (row["failed_count"], row["overdue_count"], row["max_attempts"]) == (1, 1, 3)
+    assert (row["created_at"], row["updated_at"]) == (_iso(40), _iso(5))
+    assert row["failed"] == [{"batch_id": "b2", "attempts": 3, "last_error": "boom", "failed_at": _iso(10)}]
+    assert row["overdue"] == [{"batch_id": "b3", "owner": "w1", "deadline": _iso(1), "attempts": 2}]
+    assert [p["kind"] for p in find_problems({"ledger": {"bucket": "L", "runs": rows}}, Thresholds(), Observations(),
+                                             NOW)] == ["ledger_failed", "ledger_overdue"]

@@ -10,12 +10,13 @@ entries (``run_id``) are read whole, wherever they are in the stream.
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import JetStreamError, LedgerNotFoundError, StreamNotFoundError
-from airflow_jetstream.client.ledger.records import FAILED, IN_PROGRESS, STATES, BatchRecord, key_token
+from airflow_jetstream.client.ledger.counts import summarized
+from airflow_jetstream.client.ledger.records import FAILED, BatchRecord, key_token
 from airflow_jetstream.client.ledger.store import check_bucket_name, is_marker
 from airflow_jetstream.client.reading.direct import get_messages
 
@@ -71,41 +72,34 @@ async def ledger_runs(conn: JetStreamConnection, bucket: str, *, limit: int = MA
             latest[key] = BatchRecord.decode(msg.data, msg.seq, key)
         except JetStreamError as exc:
             errors.append({"key": key, "seq": msg.seq, **exc.to_dict()})
-    runs = summarize_runs((rec for rec in latest.values() if rec is not None), now=time.time() if now is None else now)
+    runs = run_rows((rec for rec in latest.values() if rec is not None), bucket=bucket,
+                    now=time.time() if now is None else now)
     return {"bucket": bucket, "runs": runs, "entries": int(state.get("messages") or 0), "read": len(page.messages),
             "first_read_seq": start, "older": start > first and run_id is None, "run_id": run_id,
             "method": page.method, "unreadable": errors[:LISTED_PER_RUN], "unreadable_count": len(errors),
             "allow_direct": bool((info.get("config") or {}).get("allow_direct"))}
 
 
-def summarize_runs(records: Any, *, now: float) -> list[dict[str, Any]]:
-    """Per run: counts by state, messages, attempts, streams, first and last update, failed and overdue batches."""
-    runs: dict[str, dict[str, Any]] = {}
+def run_rows(records: Iterable[BatchRecord], *, bucket: str, now: float) -> list[dict[str, Any]]:
+    """One row per run, newest update first: the ledger's own summary of the run's records
+    (:func:`~airflow_jetstream.client.ledger.counts.summarized`, what sensors and ``BatchLedger.summary`` count),
+    with what only the view shows: messages in all, the most attempts of one batch, first and last update, and the
+    failed and overdue batches with their times (``failed_count``, ``overdue_count``: all of them)."""
+    by_run: dict[str, list[BatchRecord]] = {}
     for rec in records:
-        run = runs.setdefault(rec.run_id, {"run_id": rec.run_id, "batches": 0, "states": Counter(), "messages": 0,
-                                           "attempts": 0, "max_attempts": 0, "streams": set(), "created_at": None,
-                                           "updated_at": "", "failed": [], "overdue": [], "failed_count": 0,
-                                           "overdue_count": 0})
-        run["batches"] += 1
-        run["states"][rec.state] += 1
-        run["messages"] += rec.count
-        run["attempts"] += rec.attempts
-        run["max_attempts"] = max(run["max_attempts"], rec.attempts)
-        run["streams"].add(rec.stream)
-        run["updated_at"] = max(run["updated_at"], rec.updated_at or "")
-        if rec.created_at and (run["created_at"] is None or rec.created_at < run["created_at"]):
-            run["created_at"] = rec.created_at
-        if rec.state == FAILED:
-            run["failed_count"] += 1
-            if len(run["failed"]) < LISTED_PER_RUN:
-                run["failed"].append({"batch_id": rec.batch_id, "attempts": rec.attempts, "last_error": rec.last_error,
-                                      "failed_at": rec.failed_at})
-        elif rec.state == IN_PROGRESS and rec.expired(now):
-            run["overdue_count"] += 1
-            if len(run["overdue"]) < LISTED_PER_RUN:
-                run["overdue"].append({"batch_id": rec.batch_id, "owner": rec.owner, "deadline": rec.deadline,
-                                       "attempts": rec.attempts})
-    rows = [{**run, "states": {state: run["states"].get(state, 0) for state in STATES},
-             "streams": sorted(run["streams"])} for run in runs.values()]
+        by_run.setdefault(rec.run_id, []).append(rec)
+    rows = []
+    for run_id, held in by_run.items():
+        summary = summarized(run_id, bucket, held, now)
+        failed = [{"batch_id": rec.batch_id, "attempts": rec.attempts, "last_error": rec.last_error,
+                   "failed_at": rec.failed_at} for rec in held if rec.state == FAILED]
+        overdue = [{"batch_id": rec.batch_id, "owner": rec.owner, "deadline": rec.deadline, "attempts": rec.attempts}
+                   for rec in held if rec.expired(now)]
+        rows.append({**summary, "messages": sum(summary["messages"].values()),
+                     "max_attempts": max(rec.attempts for rec in held),
+                     "created_at": min((rec.created_at for rec in held if rec.created_at), default=None),
+                     "updated_at": max(rec.updated_at or "" for rec in held),
+                     "failed": failed[:LISTED_PER_RUN], "failed_count": summary["states"][FAILED],
+                     "overdue": overdue[:LISTED_PER_RUN], "overdue_count": summary["expired_claims"]})
     rows.sort(key=lambda run: run["updated_at"], reverse=True)
     return rows

@@ -186,6 +186,14 @@ def merged(run_id: str, bucket: str, shards: Mapping[int, Mapping[str, Any]], no
             "failed": failed[:MAX_LISTED], "next_deadline": _earliest(*deadlines), "counted_by": "counts"}
 
 
+def summarized(run_id: str, bucket: str, records: Iterable[BatchRecord], now: float) -> dict[str, Any]:
+    """A run's summary from its records (one per batch, as a listing holds them): the counts' summary
+    (:func:`merged` of a :func:`recounted`) with ``expired_claims`` exact, since every claim was seen."""
+    held = list(records)
+    return {**merged(run_id, bucket, recounted(run_id, held, {}, now), now),
+            "expired_claims": sum(rec.expired(now) for rec in held), "counted_by": "listing"}
+
+
 def decode_counts(data: bytes, key: str, seq: int) -> dict[str, Any]:
     """A stored counts value, checked against the counts schema."""
     try:

@@ -70,6 +70,7 @@ from airflow_jetstream.client.ledger.counts import (
     merged,
     recounted,
     shards_of,
+    summarized,
 )
 from airflow_jetstream.client.ledger.records import (
     KEY_SAFE,
@@ -398,9 +399,7 @@ async def listed_summary(conn: JetStreamConnection, bucket: str, run_id: str, no
         else:
             return {**merged(run_id, bucket, shards, now), "expired_claims": expired, "counted_by": "listing"}
     metrics.incr("ledger.summary_relisted")
-    held = await list_batches(conn, bucket, run_id)
-    return {**merged(run_id, bucket, recounted(run_id, held, {}, now), now),
-            "expired_claims": sum(rec.expired(now) for rec in held), "counted_by": "listing"}
+    return summarized(run_id, bucket, await list_batches(conn, bucket, run_id), now)
 
 
 async def needs_recount(conn: JetStreamConnection, bucket: str, run_id: str, *, has_record: bool) -> bool:

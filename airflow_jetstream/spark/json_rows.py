@@ -205,6 +205,18 @@ def _converter(data_type: DataType) -> Callable[[Any], Any]:
     raise InvalidRequestError(f"decode=json cannot fill a {data_type.simpleString()} column", reason="invalid_schema")
 
 
+def headers_kind(data_type: DataType) -> str | None:
+    """A headers column's type: ``"joined"`` for map<string,string> (a repeated name's values joined by ``, ``),
+    ``"all"`` for map<string,array<string>> (every value), else None (neither reads nor writes it)."""
+    if not isinstance(data_type, MapType) or not isinstance(data_type.keyType, StringType):
+        return None
+    if isinstance(data_type.valueType, StringType):
+        return "joined"
+    if isinstance(data_type.valueType, ArrayType) and isinstance(data_type.valueType.elementType, StringType):
+        return "all"
+    return None
+
+
 def bad_json_error(seq: int, subject: str, problem: str, column: str | None = None) -> InvalidRequestError:
     """The typed error for a message ``decode=json`` cannot turn into a row."""
     where = f"column {column!r}: " if column else ""

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
-from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
+from pyspark.sql.types import BinaryType, StringType, StructType
 
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
@@ -42,7 +42,7 @@ from airflow_jetstream.client.reading.read_plan import (
 )
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.spark.connection import session_connection_fields, with_connection_defaults
-from airflow_jetstream.spark.json_rows import BadValue, bad_json_error, converter, parse_payload
+from airflow_jetstream.spark.json_rows import BadValue, bad_json_error, converter, headers_kind, parse_payload
 from airflow_jetstream.spark.options import ReadOptions, lowered
 from airflow_jetstream.spark.progress import progress, rate
 
@@ -75,7 +75,7 @@ def check_read_schema(schema: StructType, options: ReadOptions) -> None:
         if f.name == options.corrupt_record_column and not isinstance(f.dataType, StringType):
             raise InvalidRequestError(f"column {f.name} (the corrupt record column) must be a string",
                                       reason="invalid_schema")
-        if f.name == "headers" and not _headers_type(f.dataType):
+        if f.name == "headers" and not headers_kind(f.dataType):
             raise InvalidRequestError(
                 f"column headers must be map<string,string> (a repeated name's values joined by ', ') or "
                 f"map<string,array<string>> (every value), not {f.dataType.simpleString()}",
@@ -88,17 +88,6 @@ def check_read_schema(schema: StructType, options: ReadOptions) -> None:
                     f"column payload must be {wanted().simpleString()} with decode={options.decode}",
                     reason="invalid_schema",
                 )
-
-
-def _headers_type(data_type: Any) -> str | None:
-    """``"joined"`` for map<string,string>, ``"all"`` for map<string,array<string>>, else None."""
-    if not isinstance(data_type, MapType) or not isinstance(data_type.keyType, StringType):
-        return None
-    if isinstance(data_type.valueType, StringType):
-        return "joined"
-    if isinstance(data_type.valueType, ArrayType) and isinstance(data_type.valueType.elementType, StringType):
-        return "all"
-    return None
 
 
 def _default_partitions(plan: ReadPlan) -> int:
@@ -142,7 +131,7 @@ class _Columns:
         self.json_fields = [(f.name, converter(f.dataType)) for f in schema.fields
                             if f.name not in METADATA_COLUMNS and f.name != self.corrupt]
         headers = next((f for f in schema.fields if f.name == "headers"), None)
-        self.all_header_values = headers is not None and _headers_type(headers.dataType) == "all"
+        self.all_header_values = headers is not None and headers_kind(headers.dataType) == "all"
 
     def _decode(self, chunk: list[Row]) -> tuple[dict[str, list[Any]], list[str | None]]:
         """The JSON columns' values and the corrupt records (raw payloads of bad messages, permissive mode)."""

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
-from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
+from pyspark.sql.types import BinaryType, StringType, StructType
 
 from airflow_jetstream.client import server_features
 from airflow_jetstream.client.batches.publish_chunks import TargetStream, check_target_stream, publish_chunk
@@ -38,7 +38,7 @@ from airflow_jetstream.client.connection import JetStreamConnection, open_connec
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.kv.job_records import put_job_record
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.spark.json_rows import encode_rows
+from airflow_jetstream.spark.json_rows import encode_rows, headers_kind
 from airflow_jetstream.spark.options import WriteOptions
 from airflow_jetstream.spark.progress import progress, rate
 
@@ -84,6 +84,12 @@ class PartitionReport(WriterCommitMessage):
 def partition_reports(messages: list[WriterCommitMessage | None]) -> list[PartitionReport]:
     """The tasks' reports among what Spark hands to ``commit()``/``abort()`` (None for a task that sent none)."""
     return [m for m in messages if isinstance(m, PartitionReport)]
+
+
+def _totals(reports: list[PartitionReport]) -> dict[str, int]:
+    """The job's sums of what its tasks reported (the job record's counts)."""
+    return {name: sum(getattr(r, name) for r in reports)
+            for name in ("rows", "stored", "batches", "skipped_batches", "duplicate_batches")}
 
 
 def message_id(job_id: str, partition: int, row: int) -> str:
@@ -148,12 +154,7 @@ def check_write_schema(schema: StructType, options: WriteOptions) -> None:
             reason="invalid_column",
         )
     headers_type = types.get(options.headers_column)
-    if headers_type is not None and not (
-        isinstance(headers_type, MapType) and isinstance(headers_type.keyType, StringType)
-        and (isinstance(headers_type.valueType, StringType) or (
-            isinstance(headers_type.valueType, ArrayType) and isinstance(headers_type.valueType.elementType,
-                                                                         StringType)))
-    ):
+    if headers_type is not None and not headers_kind(headers_type):
         raise InvalidRequestError(f"column {options.headers_column!r} must be map<string,string> or "
                                   f"map<string,array<string>> (a repeated header), not "
                                   f"{headers_type.simpleString()}", reason="invalid_column")
@@ -341,15 +342,15 @@ class JetStreamWriter(DataSourceArrowWriter):
             progress(f"write {self.options.stream} job {self.options.job_id} partition {r.partition}: "
                      f"{r.stored} of {r.rows} rows stored in {r.batches} batch(es) ({r.skipped_batches} skipped) "
                      f"in {r.seconds:.1f} s ({rate(r.rows, r.seconds)})")
-        rows, stored = sum(r.rows for r in reports), sum(r.stored for r in reports)
+        total = _totals(reports)
         busiest = max((r.seconds for r in reports), default=0.0)
-        progress(f"write {self.options.stream} job {self.options.job_id} {state}: {stored} of {rows} rows stored in "
-                 f"{sum(r.batches for r in reports)} batch(es) from {len(reports)} of {len(messages)} partition(s), "
+        progress(f"write {self.options.stream} job {self.options.job_id} {state}: {total['stored']} of {total['rows']} "
+                 f"rows stored in {total['batches']} batch(es) from {len(reports)} of {len(messages)} partition(s), "
                  f"slowest partition {busiest:.1f} s")
 
     async def _record(self, state: str, messages: list[WriterCommitMessage | None]) -> None:
         opts = self.options
-        reports = [m.to_dict() for m in partition_reports(messages)]
+        reports = partition_reports(messages)
         record = {
             "job_id": opts.job_id,
             "run_id": opts.run_id,
@@ -358,14 +359,10 @@ class JetStreamWriter(DataSourceArrowWriter):
             "state": state,
             "partitions": len(messages),
             "partitions_reported": len(reports),
-            "rows": sum(r["rows"] for r in reports),
-            "stored": sum(r["stored"] for r in reports),
-            "batches": sum(r["batches"] for r in reports),
-            "skipped_batches": sum(r["skipped_batches"] for r in reports),
-            "duplicate_batches": sum(r["duplicate_batches"] for r in reports),
+            **_totals(reports),
             "ledger_bucket": opts.ledger_bucket,
             "finished_at": datetime.now(UTC).isoformat(),
-            "reports": reports,
+            "reports": [r.to_dict() for r in reports],
         }
         async with open_connection(opts.settings) as conn:
             await put_job_record(conn, opts.job_id, record, bucket=opts.job_bucket, replicas=opts.ledger_replicas,

@@ -18,9 +18,8 @@ from airflow.sdk.observability.metrics import stats_utils
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.errors import StreamConfigError
-from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.hooks.jetstream import AirflowStatsSink, JetStreamHook, install_airflow_stats
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
-from airflow_jetstream.stats import AirflowStatsSink, install_airflow_stats
 
 REPO = Path(__file__).resolve().parents[1]
 

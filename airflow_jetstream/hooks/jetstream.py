@@ -1,4 +1,10 @@
-"""JetStreamHook: the ``nats`` Airflow connection turned into NATS JetStream connections."""
+"""JetStreamHook: the ``nats`` Airflow connection turned into NATS JetStream connections.
+
+Importing this module makes Airflow's ``Stats`` the sink of the client's metrics
+(``airflow_jetstream.client.metrics``), so every operator, sensor and trigger reports through the StatsD /
+OpenTelemetry / Datadog backend configured in ``[metrics]``. Names get the ``jetstream.`` prefix; tags (e.g.
+``reason``) reach backends that support tags.
+"""
 
 from __future__ import annotations
 
@@ -11,18 +17,40 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from airflow.providers.common.compat.sdk import AirflowNotFoundException
 from airflow.sdk import BaseHook
+from airflow.sdk.observability import stats as airflow_stats
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.errors import JetStreamError
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.hooks.connection_settings import CONN_TYPE, connection_not_found, settings_from_connection
-from airflow_jetstream.stats import install_airflow_stats
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
 
 T = TypeVar("T")
 P = ParamSpec("P")
+PREFIX = "jetstream."
+# Airflow 3.3 has module-level functions; Airflow 3.2 (task-sdk 1.2) only the ``Stats`` object.
+_STATS = airflow_stats if hasattr(airflow_stats, "incr") else airflow_stats.Stats
+
+
+class AirflowStatsSink:
+    """A :class:`~airflow_jetstream.client.metrics.MetricsSink` writing to Airflow's ``Stats``."""
+
+    def incr(self, name: str, count: int = 1, tags: dict[str, str] | None = None) -> None:
+        _STATS.incr(PREFIX + name, count, tags=tags)
+
+    def timing(self, name: str, millis: float, tags: dict[str, str] | None = None) -> None:
+        _STATS.timing(PREFIX + name, millis, tags=tags)
+
+    def gauge(self, name: str, value: float, tags: dict[str, str] | None = None) -> None:
+        _STATS.gauge(PREFIX + name, value, tags=tags)
+
+
+def install_airflow_stats() -> None:
+    """Make Airflow's ``Stats`` the sink of the client's metrics."""
+    metrics.set_metrics_sink(AirflowStatsSink())
+
 
 install_airflow_stats()
 
@@ -47,13 +75,6 @@ def _loop_running() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def _mask(settings: ConnectionSettings) -> None:
-    from airflow.sdk.log import mask_secret
-
-    for secret in settings.secrets():
-        mask_secret(secret)
 
 
 class JetStreamHook(BaseHook):
@@ -100,9 +121,7 @@ class JetStreamHook(BaseHook):
             conn = self.get_connection(self.nats_conn_id)
         except AirflowNotFoundException:
             raise connection_not_found(self.nats_conn_id) from None
-        settings = settings_from_connection(conn, **self.settings_overrides)
-        _mask(settings)
-        return settings
+        return self._masked_settings(conn)
 
     async def aget_settings(self) -> ConnectionSettings:
         """Async variant for triggers: resolves the connection without blocking the event loop."""
@@ -110,8 +129,14 @@ class JetStreamHook(BaseHook):
             conn = await self.aget_connection(self.nats_conn_id)
         except AirflowNotFoundException:
             raise connection_not_found(self.nats_conn_id) from None
+        return self._masked_settings(conn)
+
+    def _masked_settings(self, conn: Any) -> ConnectionSettings:
+        from airflow.sdk.log import mask_secret
+
         settings = settings_from_connection(conn, **self.settings_overrides)
-        _mask(settings)
+        for secret in settings.secrets():
+            mask_secret(secret)
         return settings
 
     def get_conn(self) -> ConnectionSettings:

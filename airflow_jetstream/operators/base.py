@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
@@ -11,15 +12,22 @@ from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 
 
-def templated_int(value: Any, name: str) -> int | None:
+def templated_int(value: Any, name: str, *, reason: str = "invalid_option") -> int | None:
     """A whole-number argument that may arrive as a rendered template (``"5"``); None when unset."""
     if value is None or value == "":
         return None
     if isinstance(value, str) and value.strip().isdigit():
         return int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name} must be a whole number, got {value!r}", reason="invalid_option")
+        raise InvalidRequestError(f"{name} must be a whole number, got {value!r}", reason=reason)
     return value
+
+
+def subject_list(subjects: Sequence[str] | str | None) -> list[str]:
+    """Subjects given as a list or as one (rendered) comma-separated string."""
+    if isinstance(subjects, str):
+        return [s.strip() for s in subjects.split(",") if s.strip()]
+    return list(subjects or ())
 
 
 class JetStreamBaseOperator(BaseOperator):

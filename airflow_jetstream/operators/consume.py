@@ -14,7 +14,7 @@ from airflow_jetstream.client.reading.consume_options import (
     ConsumeOptions,
     Duration,
 )
-from airflow_jetstream.operators.base import JetStreamBaseOperator, templated_int
+from airflow_jetstream.operators.base import JetStreamBaseOperator, subject_list, templated_int
 from airflow_jetstream.ui.links import JetStreamViewLink
 
 
@@ -129,13 +129,6 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
             classes.append(found)
         return tuple(classes)
 
-    def _subjects(self) -> list[str]:
-        if not self.filter_subjects:
-            return []
-        if isinstance(self.filter_subjects, str):
-            return [s.strip() for s in self.filter_subjects.split(",") if s.strip()]
-        return list(self.filter_subjects)
-
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_jetstream.client.reading.consume import consume
 
@@ -153,7 +146,7 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
                       self.stream, source, options.max_messages or "all", options.batch_size,
                       options.fetch_timeout_seconds)
         summary = self.hook.run(
-            consume, self.stream, func, consumer=consumer, subjects=self._subjects(),
+            consume, self.stream, func, consumer=consumer, subjects=subject_list(self.filter_subjects),
             start_seq=templated_int(self.start_seq, "start_seq"), start_time=self.start_time or None,
             end_seq=templated_int(self.end_seq, "end_seq"), create=self.create_consumer,
             ack_wait=self.ack_wait, max_deliver=self.max_deliver, options=options,

@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow_jetstream.client.admin.consumer_reset import reset_consumer
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.operators.base import JetStreamBaseOperator
+from airflow_jetstream.operators.base import JetStreamBaseOperator, templated_int
 from airflow_jetstream.ui.links import JetStreamViewLink
 
 
@@ -50,19 +50,8 @@ class JetStreamConsumerResetOperator(JetStreamBaseOperator):
         self.start_seq = start_seq
         self.start_time = start_time
 
-    def _seq(self) -> int | None:
-        seq = self.start_seq
-        if seq is None or seq == "":
-            return None
-        if isinstance(seq, str):
-            if not seq.strip().isdigit():
-                raise InvalidRequestError(f"start_seq must be a stream sequence (digits), got {seq!r}",
-                                          reason="invalid_seq")
-            return int(seq)
-        return seq
-
     def execute(self, context: Any) -> dict[str, Any]:
-        seq = self._seq()
+        seq = templated_int(self.start_seq, "start_seq", reason="invalid_seq")
         when = self.start_time or None
         if seq is not None and when is not None:
             raise InvalidRequestError("give either start_seq or start_time, not both", reason="invalid_reset")

@@ -10,7 +10,7 @@ from airflow_jetstream.client.admin.streams import check_replicas
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.sourcing.spec import SERVER_MANAGED, USER_MANAGED, DurableSource
-from airflow_jetstream.operators.base import JetStreamBaseOperator, templated_int
+from airflow_jetstream.operators.base import JetStreamBaseOperator, subject_list, templated_int
 from airflow_jetstream.triggers.consumer import human_duration
 from airflow_jetstream.ui.links import JetStreamViewLink
 
@@ -111,15 +111,12 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
 
     def spec(self) -> DurableSource:
         """The validated provisioning request (raises before any call on bad input)."""
-        filters = self.filter_subjects
-        if isinstance(filters, str):
-            filters = [f.strip() for f in filters.split(",") if f.strip()]
         user = self.user_managed or {}
         return DurableSource(
             stream=self.stream, source=self.source, mode=self.mode, consumer=user.get("consumer") or None,
             deliver_subject=user.get("deliver_subject") or None, mirror=self.mirror,
-            filter_subjects=tuple(filters or ()), start_seq=templated_int(self.start_seq, "start_seq"),
-            start_time=self.start_time or None,
+            filter_subjects=tuple(subject_list(self.filter_subjects)),
+            start_seq=templated_int(self.start_seq, "start_seq"), start_time=self.start_time or None,
             deliver_policy=user.get("deliver_policy"), replay_policy=user.get("replay_policy"),
             max_ack_pending=user.get("max_ack_pending"), domain=self.domain or None,
             api_prefix=self.api_prefix or None, num_replicas=check_replicas(self.num_replicas),

@@ -9,7 +9,8 @@ One run, one embedded nats-server, 100-byte messages, for each stream storage (f
   fence makes 1000), target >= 0.9x ``atomic`` in messages of the caller per second;
 - fast: :func:`publish_fast_batch`, all messages in one fast batch (default flow, 1000);
 - batcher: :class:`Batcher` under 64 concurrent publishers, each awaiting its own result
-  (default pipelined mode, and with ``atomic=True``);
+  (``fence=False``: pipelined publishes, and with ``atomic=True``; ``batcher_fenced``: the default, every item
+  with a msg id and its fence in atomic groups, in items per second);
 - ceiling: fire-and-forget core ``nc.publish`` into the stream (no acks), timed until the stream
   holds every message.
 
@@ -112,14 +113,16 @@ async def fast(conn: JetStreamConnection, subject: str, n: int) -> None:
     await publish_fast_batch(conn, [BatchMessage(subject, PAYLOAD)] * n)
 
 
-def batcher(atomic_groups: bool) -> Callable[[JetStreamConnection, str, int], Awaitable[None]]:
+def batcher(atomic_groups: bool, fence: bool = False) -> Callable[[JetStreamConnection, str, int], Awaitable[None]]:
     async def run(conn: JetStreamConnection, subject: str, n: int) -> None:
-        async with Batcher(conn, max_batch=1000, atomic=atomic_groups) as pool:
-            async def publisher() -> None:
-                for _ in range(n // PUBLISHERS):
-                    (await pool.publish(subject, PAYLOAD)).raise_for_error()
+        prefix = uuid.uuid4().hex
+        async with Batcher(conn, max_batch=1000, atomic=atomic_groups, fence=fence) as pool:
+            async def publisher(k: int) -> None:
+                for i in range(n // PUBLISHERS):
+                    msg_id = f"{prefix}-{k}-{i}" if fence else None
+                    (await pool.publish(subject, PAYLOAD, msg_id=msg_id)).raise_for_error()
 
-            await asyncio.gather(*(publisher() for _ in range(PUBLISHERS)))
+            await asyncio.gather(*(publisher(k) for k in range(PUBLISHERS)))
 
     return run
 
@@ -161,6 +164,7 @@ async def bench_storage(conn: JetStreamConnection, storage: str, args: argparse.
         ("fast", fast, args.messages, False),
         ("batcher", batcher(False), args.batcher_messages, False),
         ("batcher_atomic", batcher(True), args.batcher_messages, False),
+        ("batcher_fenced", batcher(False, fence=True), args.batcher_messages, False),
         ("ceiling", None, args.messages, True),
     ]
     runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name, *_ in plan}

@@ -1,9 +1,10 @@
-"""The Batcher (client-side batching) against a real nats-server."""
+"""The Batcher (client-side batching) against a real nats-server: fenced by default, and the fence=False opt-out."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 
 import pytest
 
@@ -48,7 +49,7 @@ def batch_sizes():
 
 def test_concurrent_publishers_get_their_own_results_in_order(settings, batch_sizes):
     async def body(conn):
-        async with Batcher(conn, max_batch=50) as batcher:
+        async with Batcher(conn, max_batch=50, fence=False) as batcher:
             async def publisher(k):
                 return [await batcher.publish(f"atom.p{k}", b"%d:%d" % (k, i)) for i in range(15)]
 
@@ -71,11 +72,80 @@ def test_concurrent_publishers_get_their_own_results_in_order(settings, batch_si
     assert max(batch_sizes) > 1, "concurrent calls are coalesced"
 
 
+def test_by_default_every_item_is_fenced_in_atomic_groups_of_up_to_500(settings, batch_sizes):
+    """1,000 items in one group of max_batch 1000: two atomic batches of 500 items and their 500 fences (the
+    server's max_msgs is 1000), no item re-sent on its own; each item's seq holds it, its fence the seq after."""
+    resent: list[str] = []
+
+    class Sink(BatchSizes):
+        def incr(self, name, count=1, tags=None):
+            if name == "batcher.resent_individually":
+                resent.append((tags or {}).get("reason", ""))
+
+    sink = Sink()
+    metrics.set_metrics_sink(sink)
+
+    async def body(conn):
+        async with Batcher(conn, max_batch=1000, flush_interval=60) as batcher:
+            futures = [await batcher.submit(BatchMessage("atom.f", b"%d" % i, msg_id=f"f-{i}")) for i in range(1000)]
+            results = [await f for f in futures]
+        stored = [await data_at(conn, "ATOM", r.seq) for r in results[:3] + results[-3:]]
+        return results, stored, (await stream_info(conn, "ATOM"))["state"]
+
+    try:
+        results, stored, state = run(settings, body)
+    finally:
+        metrics.set_metrics_sink(None)
+    assert all(r.ok and not r.duplicate for r in results)
+    assert [r.seq for r in results] == list(range(1, 2000, 2)), "each item is followed by its fence"
+    assert stored == [b"0", b"1", b"2", b"997", b"998", b"999"]
+    assert state["messages"] == 2000
+    assert sink.sizes == [1000] and resent == []
+
+
+def test_fenced_items_fail_alone_before_anything_is_sent(settings):
+    """No msg id, a stream without allow_atomic, a stream without its fence namespace: typed errors per item,
+    nothing of them stored, the other items of the group stored."""
+    unfenced = {"name": "NOFNS", "subjects": ["nofns.>"], "allow_atomic": True}
+
+    async def body(conn):
+        await conn.api_request("STREAM.UPDATE.NOFNS", {**unfenced, "subjects": ["nofns.>"]}, context="test")
+        async with Batcher(conn, flush_interval=0.05) as batcher:
+            results = await asyncio.gather(
+                batcher.publish("atom.a", b"1", msg_id="a-1"),
+                batcher.publish("atom.a", b"2"),
+                batcher.publish("plain.a", b"3", msg_id="p-1"),
+                batcher.publish("nofns.a", b"4", msg_id="n-1"),
+                batcher.publish("atom.a", b"5", msg_id="a-2"),
+            )
+        states = [(await stream_info(conn, name))["state"]["messages"] for name in ("ATOM", "PLAIN", "NOFNS")]
+        return results, states
+
+    results, states = run(settings, body, streams=(ATOM, {"name": "PLAIN", "subjects": ["plain.>"]}, unfenced))
+    assert [r.error for r in results] == ["", "invalid_msg_id", "stream_not_atomic", "stream_not_fenced", ""]
+    assert "fence=False" in results[1].message
+    assert states == [4, 0, 0], "two items and their fences; nothing of the refused ones"
+
+
+def test_the_unfenced_opt_out_warns_once_when_items_carry_msg_ids(settings, caplog):
+    async def body(conn):
+        async with Batcher(conn, fence=False) as batcher:
+            plain = await batcher.publish("atom.o", b"0")
+            with_ids = [await batcher.publish("atom.o", b"%d" % i, msg_id=f"o-{i}") for i in range(3)]
+        return [plain, *with_ids]
+
+    with caplog.at_level(logging.WARNING, logger="airflow_jetstream.client.batches.batcher"):
+        results = run(settings, body)
+    assert [r.seq for r in results] == [1, 2, 3, 4], "no fences"
+    warnings = [r.getMessage() for r in caplog.records if "fence=False" in r.getMessage()]
+    assert len(warnings) == 1 and "duplicate_window" in warnings[0] and "'o-0'" in warnings[0]
+
+
 @pytest.mark.parametrize("atomic", [False, True])
 def test_per_item_errors_do_not_fail_the_other_items(settings, atomic):
     async def body(conn):
         await conn.js.publish("atom.k", b"first")
-        async with Batcher(conn, flush_interval=0.05, atomic=atomic) as batcher:
+        async with Batcher(conn, flush_interval=0.05, atomic=atomic, fence=False) as batcher:
             results = await asyncio.gather(
                 batcher.publish("atom.a", b"1"),
                 batcher.publish("atom bad", b"2"),
@@ -101,7 +171,7 @@ def test_per_item_errors_do_not_fail_the_other_items(settings, atomic):
 
 def test_atomic_groups_use_one_batch_each(settings):
     async def body(conn):
-        async with Batcher(conn, atomic=True, max_batch=10, flush_interval=0.3) as batcher:
+        async with Batcher(conn, atomic=True, max_batch=10, flush_interval=0.3, fence=False) as batcher:
             futures = [await batcher.submit(BatchMessage("atom.g", b"%d" % i)) for i in range(25)]
             results = [await f for f in futures]
         return results, batcher.atomic
@@ -113,7 +183,7 @@ def test_atomic_groups_use_one_batch_each(settings):
 
 def test_stream_without_atomic_falls_back_to_individual_publishes(settings):
     async def body(conn):
-        async with Batcher(conn, atomic=True) as batcher:
+        async with Batcher(conn, atomic=True, fence=False) as batcher:
             results = await asyncio.gather(*(batcher.publish("plain.x", b"%d" % i) for i in range(30)))
             return results, batcher.atomic
 
@@ -124,7 +194,7 @@ def test_stream_without_atomic_falls_back_to_individual_publishes(settings):
 
 def test_no_stream_is_a_per_item_error(settings):
     async def body(conn):
-        async with Batcher(conn, timeout=2) as batcher:
+        async with Batcher(conn, timeout=2, fence=False) as batcher:
             return await asyncio.gather(batcher.publish("atom.ok", b"1"), batcher.publish("nowhere.x", b"2"))
 
     ok, missing = run(settings, body)
@@ -133,7 +203,7 @@ def test_no_stream_is_a_per_item_error(settings):
 
 def test_closed_connection_is_a_per_item_error_not_a_hang(settings):
     async def body(conn):
-        batcher = Batcher(conn, timeout=2)
+        batcher = Batcher(conn, timeout=2, fence=False)
         first = await batcher.publish("atom.ok", b"1")  # opens the batcher's reply inbox
         await conn.nc.close()
         lost = await asyncio.gather(batcher.publish("atom.ok", b"2"), batcher.publish("atom.ok", b"3"))
@@ -148,7 +218,7 @@ def test_closed_connection_is_a_per_item_error_not_a_hang(settings):
 def test_closed_connection_before_the_first_group(settings):
     async def body(conn):
         await conn.nc.close()
-        async with Batcher(conn, timeout=2) as batcher:
+        async with Batcher(conn, timeout=2, fence=False) as batcher:
             return await batcher.publish("atom.ok", b"1")
 
     assert run(settings, body).error == "connection_lost"
@@ -156,7 +226,7 @@ def test_closed_connection_before_the_first_group(settings):
 
 def test_close_flushes_pending_and_rejects_new_items(settings):
     async def body(conn):
-        batcher = Batcher(conn, max_batch=7, flush_interval=10)
+        batcher = Batcher(conn, max_batch=7, flush_interval=10, fence=False)
         futures = [await batcher.submit(BatchMessage("atom.x", b"%d" % i)) for i in range(20)]
         await batcher.close()
         assert all(f.done() for f in futures)
@@ -172,7 +242,7 @@ def test_close_flushes_pending_and_rejects_new_items(settings):
 
 def test_cancelled_callers_lose_no_items(settings):
     async def body(conn):
-        async with Batcher(conn, flush_interval=5) as batcher:
+        async with Batcher(conn, flush_interval=5, fence=False) as batcher:
             tasks = [asyncio.ensure_future(batcher.publish("atom.c", b"%d" % i)) for i in range(40)]
             deadline = asyncio.get_running_loop().time() + 5
             while len(batcher._queue) < 40:  # all 40 accepted, none sent yet (flush_interval is long)

@@ -117,7 +117,7 @@ def test_batcher_publishes_and_msg_id_probes_are_retried_while_the_stream_has_no
             down = await asyncio.to_thread(quorum_lost, cluster)
             try:
                 with seen_logs() as seen:
-                    batcher = Batcher(conn, max_batch=2, flush_interval=60)  # both items in one group
+                    batcher = Batcher(conn, max_batch=2, flush_interval=60, fence=False)  # one group
                     items = asyncio.gather(batcher.publish("gaps.b", b"with-id", msg_id="b1"),
                                            batcher.publish("gaps.b", b"without-id"))
                     probed = asyncio.ensure_future(stored_sequences(conn, probes))
@@ -223,7 +223,7 @@ def test_message_and_kv_sensors_and_triggers_wait_through_a_leaderless_stream(
             await asyncio.to_thread(restart, cluster, down)
         settings = ConnectionSettings(servers=cluster.servers, connect_timeout=2, request_timeout=3,
                                       leader_wait=60)
-        async with open_connection(settings) as conn, Batcher(conn) as batcher:  # both ride out the election
+        async with open_connection(settings) as conn, Batcher(conn, fence=False) as batcher:  # both ride it out
             published = await batcher.publish("gapm.x", b"ready")
             await conn.retry_leader("put model", lambda: put_key(conn, "gapkv", "model", "ready"))
         async with asyncio.timeout(120):

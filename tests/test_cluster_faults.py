@@ -98,7 +98,7 @@ def test_batcher_items_wait_no_longer_than_their_own_deadline(nats_cluster_modul
                 result = await batcher.publish("noquorum.x", b"%d" % i, msg_id=f"nq-{i}")
                 return result.error, loop.time() - started
 
-            async with Batcher(conn, max_batch=1, timeout=timeout) as batcher:  # one group per item
+            async with Batcher(conn, max_batch=1, timeout=timeout, fence=False) as batcher:  # a group per item
                 return await asyncio.gather(*(one(batcher, i) for i in range(4)))
 
     try:
@@ -131,7 +131,7 @@ def test_an_aggregate_drops_what_its_workqueue_origin_stored_twice(nats_cluster_
             async def drained() -> None:  # the aggregate's server sources and acks what the origin holds
                 await async_wait_until(origin_empty, "the origin drained into the aggregate", timeout=20)
 
-            async with Batcher(conn) as batcher:
+            async with Batcher(conn, fence=False) as batcher:  # individual publishes, their msg ids
                 for i in range(5):
                     await batcher.publish("wqo.x", b"%d" % i, msg_id=f"wq-{i}")
                 await drained()

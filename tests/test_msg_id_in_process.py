@@ -58,7 +58,7 @@ def test_msg_id_probe_asks_again_after_10158(nats_server: EmbeddedNatsServer) ->
 
 def test_batcher_re_sends_an_item_refused_with_10158(nats_server: EmbeddedNatsServer) -> None:
     async def publish(conn):
-        async with Batcher(conn, max_batch=1, flush_interval=60) as batcher:
+        async with Batcher(conn, max_batch=1, flush_interval=60, fence=False) as batcher:
             return await batcher.publish("inproc.b", b"x", msg_id="b1")
 
     result, calls = _with_in_process_responder(nats_server, "inproc.b", 11, publish)

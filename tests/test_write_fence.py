@@ -169,14 +169,16 @@ def test_an_attempt_stopped_anywhere_and_its_retry_after_the_window_store_every_
     assert report["rows"] == ATTEMPT_ROWS
 
 
-def test_a_fenced_batcher_stores_each_msg_id_once_however_late_it_comes_again(server: EmbeddedNatsServer) -> None:
+def test_a_batcher_stores_each_msg_id_once_however_late_it_comes_again(server: EmbeddedNatsServer) -> None:
+    """A Batcher as users open it (fenced by default) re-run after the duplicate window stores nothing twice;
+    the explicit fence=False opt-out is bounded by the window, and stores the same items again after it."""
     from airflow_jetstream.client import Batcher
 
     call_on(server, ensure_stream, stream("FBAT"))
 
-    async def publish(conn: Any, ids: range) -> list[Any]:
-        async with Batcher(conn, fence=True) as batcher:
-            futures = [await batcher.submit(BatchMessage("fbat.a", json.dumps({"id": n}).encode(), msg_id=f"i-{n}"))
+    async def publish(conn: Any, ids: range, subject: str = "fbat.a", **options: Any) -> list[Any]:
+        async with Batcher(conn, **options) as batcher:
+            futures = [await batcher.submit(BatchMessage(subject, json.dumps({"id": n}).encode(), msg_id=f"i-{n}"))
                        for n in ids]
             return [await f for f in futures]
 
@@ -189,9 +191,16 @@ def test_a_fenced_batcher_stores_each_msg_id_once_however_late_it_comes_again(se
     assert sorted(call_on(server, ids_stored, "FBAT")) == list(range(9))
 
     async def without_id(conn: Any) -> Any:
-        async with Batcher(conn, fence=True) as batcher:
+        async with Batcher(conn) as batcher:
             return await batcher.publish("fbat.a", b"{}")
     assert call_on(server, without_id).error == "invalid_msg_id"
+
+    call_on(server, ensure_stream, stream("FBOPT"))
+    assert all(r.ok for r in call_on(server, publish, range(0, 3), "fbopt.a", fence=False))
+    wait_until(lambda: forgotten(server, "fbopt.a", "i-0"), "the stream to forget msg id i-0 (1 s duplicate window)")
+    late = call_on(server, publish, range(0, 3), "fbopt.a", fence=False)
+    assert [r.duplicate for r in late] == [False] * 3, "the opt-out is bounded by the duplicate window"
+    assert sorted(call_on(server, ids_stored, "FBOPT")) == [0, 0, 1, 1, 2, 2]
 
 
 @pytest.mark.e2e

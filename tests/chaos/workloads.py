@@ -155,7 +155,7 @@ async def fast(ctx: Context, conn: JetStreamConnection) -> None:
 async def batcher(ctx: Context, conn: JetStreamConnection, *, workqueue: bool) -> None:
     """Rounds of 5-20 concurrent single publishes (with msg ids) through one long-lived Batcher."""
     name, subject = ("batcher-wq", "chw.x") if workqueue else ("batcher", "chb.x")
-    async with Batcher(conn) as coalescer:
+    async with Batcher(conn, fence=False) as coalescer:  # individual publishes; the checker places them
         for _ in range(MAX_OPS):
             if ctx.stop.is_set():
                 return

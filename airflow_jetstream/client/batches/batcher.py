@@ -1,21 +1,33 @@
 """Batcher: coalesce many single publishes into batches, each caller getting its own result.
 
-Many tasks call ``await batcher.publish(subject, data)`` concurrently; the batcher groups the
+Many tasks call ``await batcher.publish(subject, data, msg_id=...)`` concurrently; the batcher groups the
 calls by size (``max_batch``) and time (``flush_interval``; by default a group goes out as soon as
-the previous one is answered, so groups grow with the load) and sends each group in one write as
-pipelined acknowledged publishes, then hands every caller its own acknowledgement, which is far
-cheaper than one round trip per message. Items keep their own semantics: there is no cross-item
-atomicity, and every item gets its own result and machine-readable error.
-
-With ``atomic=True`` each group goes out as one atomic batch instead (one acknowledgement per
-group; seqs follow from the batch range). That pays off on memory streams and large groups; on
-file streams the server stages every atomic batch in its own file store, which makes small groups
-slower. A refused atomic group (one bad item, a failed per-subject expectation, a duplicate msg
-id, a stream without ``allow_atomic``) is re-sent item by item, so errors stay per item::
+the previous one is answered, so groups grow with the load), sends each group in one write and hands
+every caller its own result, which is far cheaper than one round trip per message. Items keep their own
+semantics: there is no cross-item atomicity, and every item gets its own result and machine-readable error::
 
     async with Batcher(conn, max_batch=500) as batcher:
-        results = await asyncio.gather(*(batcher.publish("orders.new", row) for row in rows))
+        results = await asyncio.gather(*(batcher.publish("orders.new", row, msg_id=f"order-{n}")
+                                         for n, row in enumerate(rows)))
     failed = [r.to_dict() for r in results if not r.ok]
+
+Fenced by default: every item needs a msg id, and is stored at most once however late it is published again
+(a task retry after the stream's ``duplicate_window``, a re-run the next day, a zombie that resumes). Each group
+is one atomic batch in which every item is followed by its write fence (:mod:`~airflow_jetstream.client.batches.
+fence`, the fence id is the msg id), which the server checks at commit; a refused group (an item stored before, a
+bad item) is resolved item by item, an item stored before answered ``duplicate`` with its seq. So the streams need
+``allow_atomic`` and their fence namespace (``ensure_stream`` gives every ``allow_atomic`` stream both): an item
+without a msg id fails with ``invalid_msg_id``, one to a stream that cannot keep fences with ``stream_not_fenced``
+or ``stream_not_atomic``, before anything of it is sent. A fence is one more stored message per item, on a
+subject of its own that consumers of the user's subjects never see.
+
+``fence=False`` is the explicit opt-out (publishes without ids, streams without ``allow_atomic``): each group goes
+out as pipelined acknowledged publishes, and msg ids de-duplicate only within the stream's ``duplicate_window``
+(the batcher warns once when an item carries one). With ``atomic=True`` too, each group goes out as one atomic
+batch instead (one acknowledgement per group; seqs follow from the batch range). That pays off on memory streams
+and large groups; on file streams the server stages every atomic batch in its own file store, which makes small
+groups slower. A refused atomic group (one bad item, a failed per-subject expectation, a duplicate msg id, a
+stream without ``allow_atomic``) is re-sent item by item, so errors stay per item.
 
 Results come back in submission order (sequence numbers increase in the order items were
 submitted, except for items re-sent after a leader election, see below).
@@ -43,11 +55,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
-from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.admin.subject_streams import streams_for_subject
 from airflow_jetstream.client.batches.atomic import ATOMIC_REFUSED_HEADERS, publish_atomic_batch
 from airflow_jetstream.client.batches.fast import FAST_REFUSED_HEADERS
-from airflow_jetstream.client.batches.fence import check_fence_config, fence_message
+from airflow_jetstream.client.batches.fence import fence_message
+from airflow_jetstream.client.batches.publish_chunks import check_target_stream
 from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
     BatchItemResult,
@@ -71,6 +83,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH = 256
 DEFAULT_FLUSH_INTERVAL = 0.0
 DEFAULT_MAX_PENDING = 10_000
+#: Most items of one fenced atomic batch: each item and its fence fill the server's default max_msgs (1000).
+FENCED_GROUP = DEFAULT_MAX_BATCH_MSGS // 2
 # Errors after which the outcome of a group is unknown: re-sending could store items twice.
 _OUTCOME_UNKNOWN = (RequestTimeoutError, ConnectionFailedError)
 
@@ -93,14 +107,14 @@ class Batcher:
         that arrive meanwhile form the next group: under load groups grow by themselves, when idle
         a single item is sent at once. One group is in flight at a time.
     :param max_pending: items accepted but not yet answered; ``publish`` waits beyond this (back-pressure).
-    :param atomic: send groups as atomic batches (needs ``allow_atomic`` on the stream; falls back
-        to individual publishes by itself when the stream refuses). Default: pipelined individual publishes.
+    :param atomic: with ``fence=False``, send groups as atomic batches (needs ``allow_atomic`` on the stream; falls
+        back to individual publishes by itself when the stream refuses). Default: pipelined individual publishes.
     :param timeout: seconds to wait for each server reply (default: the connection's request timeout).
-    :param fence: every item needs a msg id and is fenced by it (:mod:`~airflow_jetstream.client.batches.fence`):
-        stored at most once however late it is published again (a re-run the next day), not only within the
-        stream's duplicate window. Each group is one atomic batch of its items, each followed by its fence; a
-        refused group is resolved item by item, an item already stored answered ``duplicate`` with its seq.
-        The streams need ``allow_atomic`` and the fence namespace (``stream_not_fenced`` otherwise).
+    :param fence: True (the default): every item needs a msg id and is fenced by it
+        (:mod:`~airflow_jetstream.client.batches.fence`), stored at most once however late it is published again
+        (a re-run the next day), not only within the stream's duplicate window; the streams need ``allow_atomic``
+        and the fence namespace. False: the explicit opt-out, items without ids allowed, msg ids de-duplicate only
+        within the stream's ``duplicate_window`` (warned once).
     """
 
     def __init__(
@@ -112,7 +126,7 @@ class Batcher:
         max_pending: int = DEFAULT_MAX_PENDING,
         atomic: bool = False,
         timeout: float | None = None,
-        fence: bool = False,
+        fence: bool = True,
     ) -> None:
         if not isinstance(max_batch, int) or max_batch < 1:
             raise InvalidRequestError(f"max_batch must be an int >= 1, got {max_batch!r}", reason="invalid_request")
@@ -120,8 +134,11 @@ class Batcher:
         if not isinstance(max_pending, int) or max_pending < max_batch:
             raise InvalidRequestError("max_pending must be an int >= max_batch", reason="invalid_request")
         if atomic or fence:
-            server_features.require(conn, server_features.ATOMIC_BATCH, what="Batcher(atomic=True)")
+            server_features.require(conn, server_features.ATOMIC_BATCH,
+                                    what="Batcher(atomic=True)" if atomic else "Batcher (fenced by default)")
         self.fence = fence
+        #: Whether the opt-out's warning was logged (once per batcher, at the first item with a msg id).
+        self._warned_unfenced = False
         #: The checked stream of each subject a fenced item went to.
         self._fence_streams: dict[str, str] = {}
         self.conn = conn
@@ -191,8 +208,16 @@ class Batcher:
         validate_messages([message], max_msgs=None, max_payload=self.conn.max_payload,
                           refused_headers=refused, reserved_header_bytes=256)
         if self.fence and not message.msg_id:
-            raise InvalidRequestError("Batcher(fence=True) fences each item by its msg id: give every item a msg_id",
-                                      reason="invalid_msg_id")
+            raise InvalidRequestError(
+                f"publish to {message.subject!r} has no msg_id: the Batcher fences each item by its msg id, so that "
+                "a retry or re-run stores it at most once; give every item a msg_id, or open the Batcher with "
+                "fence=False to publish without ids (nothing then keeps a re-published item from being stored "
+                "twice)", reason="invalid_msg_id")
+        if not self.fence and message.msg_id and not self._warned_unfenced:
+            self._warned_unfenced = True
+            log.warning("Batcher(fence=False): msg ids such as %r de-duplicate only within the stream's "
+                        "duplicate_window; a retry or re-run after it stores the item again (the default fence=True "
+                        "stores it once at any later time)", message.msg_id)
 
     async def close(self) -> None:
         """Publish everything still pending, then stop. Idempotent."""
@@ -275,35 +300,54 @@ class Batcher:
         return await self._ride_out_elections(messages, results, deadline)
 
     async def _fence_stream(self, subject: str) -> str:
-        """The stream of ``subject``, checked once for fences (``stream_not_fenced``, ``no_stream_for_subject``)."""
+        """The stream of ``subject``, checked once for fenced atomic batches (``no_stream_for_subject``,
+        ``stream_not_atomic``, ``stream_not_fenced``)."""
         if subject not in self._fence_streams:
             owners = await streams_for_subject(self.conn, subject)
             if not owners:
                 raise BatchPublishError(f"no stream captures subject {subject!r}; create the stream or fix the "
                                         "subject", reason="no_stream_for_subject")
-            check_fence_config(owners[0], (await stream_info(self.conn, owners[0]))["config"])
+            await check_target_stream(self.conn, owners[0], [subject], mode="atomic", fence=True)
             self._fence_streams[subject] = owners[0]
         return self._fence_streams[subject]
 
     async def _send_fenced(self, messages: list[BatchMessage], deadline: Deadline) -> list[BatchItemResult]:
-        """``messages`` as one atomic batch, each followed by its fence; when the server refuses it (an item was
-        stored before, or an item is bad) or its outcome is unknown, item by item, each its own fenced batch."""
-        try:
-            streams = [await self._fence_stream(m.subject) for m in messages]
-        except JetStreamError as exc:
-            return [BatchItemResult.failed(exc)] * len(messages)
-        if len(set(streams)) == 1 and 2 * len(messages) <= DEFAULT_MAX_BATCH_MSGS:
-            fenced = [part for m in messages for part in (m, fence_message(streams[0], str(m.msg_id), [m]))]
+        """Each stream's items as atomic batches of up to :data:`FENCED_GROUP` items, each followed by its fence.
+
+        An item whose stream cannot take fenced batches fails alone, before anything of it is sent."""
+        results: dict[int, BatchItemResult] = {}
+        by_stream: dict[str, list[int]] = {}
+        for index, msg in enumerate(messages):
+            try:
+                by_stream.setdefault(await self._fence_stream(msg.subject), []).append(index)
+            except JetStreamError as exc:
+                results[index] = BatchItemResult.failed(exc)
+        for stream, indexes in by_stream.items():
+            for start in range(0, len(indexes), FENCED_GROUP):
+                part = indexes[start:start + FENCED_GROUP]
+                sent = await self._send_fenced_group(stream, [messages[i] for i in part], deadline)
+                for index, result in zip(part, sent, strict=True):
+                    results[index] = result
+        return [results[index] for index in range(len(messages))]
+
+    async def _send_fenced_group(self, stream: str, messages: list[BatchMessage],
+                                 deadline: Deadline) -> list[BatchItemResult]:
+        """``messages`` (all to ``stream``) as one atomic batch, each followed by its fence; when the server refuses
+        it (an item was stored before, or an item is bad) or its outcome is unknown, item by item, each its own
+        fenced batch, which answers an item stored before as a ``duplicate`` with its seq."""
+        if len(messages) > 1:
+            fenced = [part for m in messages for part in (m, fence_message(stream, str(m.msg_id), [m]))]
             try:
                 batch = await publish_atomic_batch(self.conn, fenced, max_msgs=len(fenced), timeout=self.timeout,
                                                    deadline=deadline)
             except JetStreamError as exc:
                 metrics.incr("batcher.resent_individually", tags={"reason": exc.reason})
             else:
-                return [BatchItemResult(stream=batch.stream, seq=batch.last_seq - len(fenced) + 1 + 2 * i)
-                        for i in range(len(messages))]
+                if not batch.already_committed and batch.first_seq is not None:
+                    return [BatchItemResult(stream=batch.stream, seq=batch.first_seq + 2 * i)
+                            for i in range(len(messages))]
 
-        async def one(msg: BatchMessage, stream: str) -> BatchItemResult:
+        async def one(msg: BatchMessage) -> BatchItemResult:
             try:
                 result = await publish_atomic_batch(self.conn, [msg], fence=msg.msg_id, stream=stream,
                                                     timeout=self.timeout, deadline=deadline)
@@ -311,7 +355,7 @@ class Batcher:
                 return BatchItemResult.failed(exc)
             return BatchItemResult(stream=result.stream, seq=result.last_seq, duplicate=result.already_committed)
 
-        return list(await asyncio.gather(*(one(m, s) for m, s in zip(messages, streams, strict=True))))
+        return list(await asyncio.gather(*(one(m) for m in messages)))
 
     async def _publish_individually(self, messages: list[BatchMessage]) -> list[BatchItemResult]:
         if self._replies is None:

@@ -14,8 +14,7 @@ import pytest
 from airflow.providers.common.compat.sdk import AirflowNotFoundException
 
 from airflow_jetstream.client.errors import InvalidSettingsError, JetStreamError
-from airflow_jetstream.hooks.connection_settings import ConnectionNotFoundError, ConnectionTypeError
-from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.hooks.jetstream import ConnectionNotFoundError, ConnectionTypeError, JetStreamHook
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
 from airflow_jetstream.sensors.consumer import JetStreamConsumerDrainedSensor
 from airflow_jetstream.triggers.consumer import JetStreamConsumerDrainedTrigger

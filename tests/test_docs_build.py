@@ -112,7 +112,7 @@ def test_connection_page_examples_are_valid_connections() -> None:
     from airflow.sdk import Connection
 
     from airflow_jetstream.client.errors import InvalidSettingsError
-    from airflow_jetstream.hooks.connection_settings import settings_from_connection
+    from airflow_jetstream.hooks.jetstream import settings_from_connection
 
     examples = re.findall(r"export (AIRFLOW_CONN_\w+)='(.*?)'", (DOCS / "connection.md").read_text(), flags=re.S)
     assert len(examples) >= 5

@@ -13,8 +13,7 @@ from airflow_jetstream.client import ConnectionSettings
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
 from airflow_jetstream.client.connection import account_info
 from airflow_jetstream.client.errors import InvalidSettingsError, StreamNotFoundError
-from airflow_jetstream.hooks.connection_settings import settings_from_connection
-from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.hooks.jetstream import JetStreamHook, settings_from_connection
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
 from tests.conftest import AUTH_PASSWORD, AUTH_TOKEN, AUTH_USER, set_nats_connection
 from tests.support.polling import wait_until

@@ -16,7 +16,7 @@ import pytest
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError
 from airflow_jetstream.client.settings import SECRET_FIELDS, ConnectionSettings, settings_from_fields
 from airflow_jetstream.get_provider_info import CONN_FIELDS
-from airflow_jetstream.hooks.connection_settings import settings_from_connection
+from airflow_jetstream.hooks.jetstream import settings_from_connection
 from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator, handed_properties, properties_text
 from airflow_jetstream.spark.connection import (
     conf_key,

@@ -319,7 +319,7 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
         last_error.append(exc)
         typed = _classify_connect_error(exc)
         if typed is None and len(last_error) >= len(settings.servers) and all(map(_refused, last_error)):
-            typed = _refused_by_all(settings)
+            typed = _unreachable(settings, last_error, refused=True)
         if typed is not None and not fatal.done():
             fatal.set_result(typed)
 
@@ -383,22 +383,15 @@ def _refused(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionRefusedError) or (isinstance(exc, OSError) and "[Errno 111]" in str(exc))
 
 
-def _refused_by_all(settings: ConnectionSettings) -> ConnectionFailedError:
-    """Every server refused the TCP connection: fail at once instead of waiting the connect timeout."""
-    return ConnectionFailedError(
-        f"could not connect to NATS at {', '.join(settings.servers)}: every server refused the connection "
-        "(nothing listens at that host and port); check that the server runs and the connection's host/port "
-        "are right"
-    )
-
-
-def _unreachable(settings: ConnectionSettings, errors: list[BaseException]) -> ConnectionFailedError:
+def _unreachable(settings: ConnectionSettings, errors: list[BaseException], *,
+                 refused: bool = False) -> ConnectionFailedError:
+    """No server reached: every one ``refused`` the TCP connection (failing at once instead of waiting the connect
+    timeout), or none answered within it."""
     seen = f" (last error: {type(errors[-1]).__name__})" if errors else ""
-    return ConnectionFailedError(
-        f"could not connect to NATS at {', '.join(settings.servers)} within "
-        f"{settings.connect_timeout}s per server{seen}; check that the server runs and the "
-        "connection's host/port are right"
-    )
+    why = ("every server refused the connection (nothing listens at that host and port)" if refused
+           else f"within {settings.connect_timeout}s per server{seen}")
+    return ConnectionFailedError(f"could not connect to NATS at {', '.join(settings.servers)}{':' if refused else ''} "
+                                 f"{why}; check that the server runs and the connection's host/port are right")
 
 
 @asynccontextmanager

@@ -313,6 +313,9 @@ class InvalidKeyError(InvalidRequestError):
     default_reason = "invalid_key"
 
 
+_ELECTION = (LeaderUnavailableError, "leader_unavailable",
+             "the cluster is electing a leader; retry shortly, or check that a quorum of servers runs")
+_WRONG_LAST_SEQUENCE = (BatchPublishError, "wrong_last_sequence", "re-read the stream's last sequence and retry")
 # err_code -> (error class, reason, what the user can do). Codes from nats-server 2.15.
 _API_ERRORS: dict[int, tuple[type[JetStreamError], str, str]] = {
     10059: (StreamNotFoundError, "stream_not_found", "create it first (JetStreamEnsureStreamOperator)"),
@@ -330,8 +333,8 @@ _API_ERRORS: dict[int, tuple[type[JetStreamError], str, str]] = {
     10179: (BatchPublishError, "batch_id_invalid", "use a batch id of at most 64 characters"),
     10200: (BatchPublishError, "batch_commit_invalid", "commit with '1' or 'eob'"),
     10210: (BatchPublishError, "too_many_inflight", "retry later or raise max_inflight_per_stream"),
-    10071: (BatchPublishError, "wrong_last_sequence", "re-read the stream's last sequence and retry"),
-    10164: (BatchPublishError, "wrong_last_sequence", "re-read the stream's last sequence and retry"),
+    10071: _WRONG_LAST_SEQUENCE,
+    10164: _WRONG_LAST_SEQUENCE,
     10201: (BatchPublishError, "duplicate_msg_id", "the batch (or part of it) is already stored"),
     10158: (BatchPublishError, "msg_id_in_process",
             "a message with this msg id is being stored right now; asking again shortly is safe"),
@@ -362,10 +365,8 @@ _API_ERRORS: dict[int, tuple[type[JetStreamError], str, str]] = {
             "the default) or delete consumers nobody reads"),
     10027: (LimitReachedError, "stream_limit",
             "the account's maximum number of streams is reached: delete unused streams or raise the account limit"),
-    10008: (LeaderUnavailableError, "leader_unavailable",
-            "the cluster is electing a leader; retry shortly, or check that a quorum of servers runs"),
-    10009: (LeaderUnavailableError, "leader_unavailable",
-            "the cluster is electing a leader; retry shortly, or check that a quorum of servers runs"),
+    10008: _ELECTION,
+    10009: _ELECTION,
     10005: (PlacementError, "placement_failed",
             "lower num_replicas to at most the number of JetStream servers, or fix the placement cluster/tags"),
     10074: (PlacementError, "replicas_need_cluster", "a single server holds only num_replicas=1; set it to 1"),

@@ -15,11 +15,10 @@ Work that yields results between failures (a range read) calls :func:`retry` onc
 attempt closure keeps the position, so a retry resumes after what was already returned, and the
 budget counts from the first failure since the last progress.
 
-Separate: the fast batch (client/batches/fast.py) settles and resumes an interrupted batch in loops of
-its own with the same pauses. Establishing what it stored (a ping for the server's count, else a count
-read from the stream) waits for a leader at least 30 s whatever ``leader_wait`` says, since that count
-is owed to the caller even when nothing is re-sent; the resume loop sends the rest under a new batch id
-each round, logging how many messages are stored so far.
+The fast batch (client/batches/fast.py) establishes what an interrupted batch stored (a ping for the
+server's count, else a count read from the stream) with :func:`retry` too, waiting for a leader at least
+30 s whatever ``leader_wait`` says, since that count is owed to the caller even when nothing is re-sent;
+its resume loop, which sends the rest under a new batch id each round, pauses as :data:`ELECTION` does.
 """
 
 from __future__ import annotations

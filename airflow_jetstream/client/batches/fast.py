@@ -32,8 +32,6 @@ from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.batches.fast_run import (
     ERR_BATCH_UNKNOWN,
-    RESUME_PAUSE_FIRST,
-    RESUME_PAUSE_MAX,
     FastBatchRun,
     Interrupted,
     Prepared,
@@ -63,7 +61,7 @@ from airflow_jetstream.client.errors import (
     error_from_api,
 )
 from airflow_jetstream.client.reading.range_read import read_range
-from airflow_jetstream.client.retry import Deadline, is_leader_unavailable, retry
+from airflow_jetstream.client.retry import ELECTION, Deadline, is_leader_unavailable, retry
 
 FAST_REFUSED_HEADERS = {
     HEADER_BATCH_ID.lower(): "batch headers belong to atomic batches; the fast batch protocol uses reply subjects",
@@ -139,7 +137,6 @@ async def publish_fast_batch(
     total = len(frames)
     stored = 0
     resumes = gap_resumes = 0
-    pause = RESUME_PAUSE_FIRST
     own_last: int | None = None  # stream seq of the last of these messages known stored
     duplicates = 0
     current_id = batch_id
@@ -172,7 +169,7 @@ async def publish_fast_batch(
             if now - interrupted_since >= conn.settings.leader_wait:
                 raise _failed(stop.cause, stream, stored, total) from None
             log.warning("%s interrupted (%s): %d of %d messages stored (%s); resuming the rest in %.2f s",
-                        run.context, stop.cause.reason, stored, total, how, pause)
+                        run.context, stop.cause.reason, stored, total, how, ELECTION.pause(resumes + 1))
         else:
             if "error" in ack:
                 raise _failed(error_from_api(ack["error"], context=run.context), stream, stored, total)
@@ -208,11 +205,10 @@ async def publish_fast_batch(
                     f"{run.context}: the server saw gaps {run.state.gaps}; gave up after {max_resumes} resumes",
                     reason="batch_gap"), stream, stored, total)
             log.warning("%s: the server saw gaps %s; %d of %d messages stored, resuming the rest in %.2f s",
-                        run.context, run.state.gaps, stored, total, pause)
+                        run.context, run.state.gaps, stored, total, ELECTION.pause(resumes + 1))
         resumes += 1
         metrics.incr("fast_batch.resumed")
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, RESUME_PAUSE_MAX)
+        await asyncio.sleep(ELECTION.pause(resumes))
         current_id = f"{batch_id}-r{resumes % 100}"  # ids of closed batches may be reused
     metrics.incr("fast_batch.committed")
     metrics.incr("fast_batch.messages", stored)
@@ -228,18 +224,15 @@ def _failed(error: JetStreamError, stream: str, stored: int, total: int, *,
             unknown_after: int | None = None) -> FastBatchError:
     """The error raised for a failed fast batch: the cause, and how many of its messages are stored."""
     if unknown_after is not None:
-        return FastBatchError(
-            f"{error.message}; {stored} message(s) of the fast batch are known to be stored, and how many more "
-            f"could not be established: read stream {stream!r} after seq {unknown_after} before re-sending "
-            "(or re-send with msg ids set, which the stream de-duplicates)",
-            stored=None, total=total, stream=stream, reason=error.reason, code=error.code,
-            err_code=error.err_code, description=error.description)
-    return FastBatchError(
-        f"{error.message}; the first {stored} of its {total} messages are stored in stream {stream!r} (fast "
-        f"batches are not atomic): re-send messages {stored + 1}..{total}",
-        stored=stored, total=total, stream=stream, reason=error.reason, code=error.code,
-        err_code=error.err_code, description=error.description)
-
+        how_many = (f"{stored} message(s) of the fast batch are known to be stored, and how many more could not be "
+                    f"established: read stream {stream!r} after seq {unknown_after} before re-sending (or re-send "
+                    "with msg ids set, which the stream de-duplicates)")
+    else:
+        how_many = (f"the first {stored} of its {total} messages are stored in stream {stream!r} (fast batches are "
+                    f"not atomic): re-send messages {stored + 1}..{total}")
+    return FastBatchError(f"{error.message}; {how_many}", stored=None if unknown_after is not None else stored,
+                          total=total, stream=stream, reason=error.reason, code=error.code, err_code=error.err_code,
+                          description=error.description)
 
 
 def _matches(item: BatchMessage, stored: tuple[str, int, int, Any, bytes]) -> bool:

@@ -4,7 +4,9 @@ gaps and errors, and, when a run is interrupted, closing it on the server to lea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     error_from_api,
 )
+from airflow_jetstream.client.retry import Deadline, is_leader_unavailable, retry
 
 # The op token of a reply subject: what the message does to the batch.
 OP_START, OP_APPEND, OP_COMMIT, OP_PING = 0, 1, 2, 4
@@ -29,11 +32,10 @@ ERR_BATCH_UNKNOWN = 10208
 WINDOW_FLOWS = 4
 # Every reply subject ends in this token: it marks a message as part of a fast batch.
 _SUFFIX = b"$FI"
-# Pause before a resume: doubles from the first to the last value (seconds).
-RESUME_PAUSE_FIRST, RESUME_PAUSE_MAX = 0.25, 2.0
 # Establishing what an interrupted batch stored waits for a leader at least this long (seconds), also
 # with a shorter leader_wait: the count is owed to the caller even when the publish is not retried.
 _SETTLE_WAIT_MIN = 30.0
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -201,13 +203,11 @@ class FastBatchRun:
         """
         nc = self.conn.nc
         state = self.state
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + settle_wait(self.conn)
         subject = self.messages[max(self.sent, 1) - 1][0]
         ping = encode_frame(subject, self.reply_subject(self.sent + 1, OP_PING), b"", b"")
-        pause = RESUME_PAUSE_FIRST
-        while True:
-            state.done = loop.create_future()
+
+        async def ask() -> tuple[int, int] | None:
+            state.done = asyncio.get_running_loop().create_future()
             state.unavailable, state.answered = False, True
             state.errors.clear()
             state.changed.clear()
@@ -227,10 +227,12 @@ class FastBatchRun:
                 return None
             if state.errors:
                 return None
-            if loop.time() >= deadline:
-                return None
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, RESUME_PAUSE_MAX)
+            raise LeaderUnavailableError(f"{self.context}: no leader answered the ping that closes the batch")
+
+        with contextlib.suppress(LeaderUnavailableError):
+            return await retry(f"{self.context}: closing it", ask, transient=is_leader_unavailable, budget=None,
+                               deadline=Deadline(settle_wait(self.conn)), logger=log)
+        return None
 
 
 class Interrupted(Exception):

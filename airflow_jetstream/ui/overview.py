@@ -17,7 +17,8 @@ from typing import Any
 from airflow_jetstream.client.admin.consumers import consumer_filters
 from airflow_jetstream.client.admin.streams import list_pages
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import JetStreamError, error_from_api
+from airflow_jetstream.client.errors import JetStreamError
+from airflow_jetstream.client.sourcing.status import source_progress
 from airflow_jetstream.client.subjects import validate_name
 
 #: Default bounds of one overview (the UI passes its own).
@@ -162,8 +163,8 @@ def _source_kind(entry: dict[str, Any], config_entry: dict[str, Any], consumer: 
 def source_rows(stream_infos: Iterable[dict[str, Any]], consumers: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every source and mirror of ``stream_infos``: lag, last activity, error, and the durable consumer on the
     origin when it is among ``consumers`` (a user-managed source's named consumer, or the consumer the server
-    made for a server-managed one). ``caught_up`` is :func:`~airflow_jetstream.client.sourcing.status.source_status`'s
-    rule: no error, active, no lag, nothing pending or in flight on a known consumer."""
+    made for a server-managed one); lag, activity, error and ``caught_up`` are
+    :func:`~airflow_jetstream.client.sourcing.status.source_progress`, the caught-up sensor's own rule."""
     by_name = {(row["stream"], row["name"]): row for row in consumers}
     managed = {(row["stream"], row["source_for"]): row for row in consumers if row.get("source_for")}
     rows: list[dict[str, Any]] = []
@@ -183,20 +184,11 @@ def source_rows(stream_infos: Iterable[dict[str, Any]], consumers: Iterable[dict
             consumer = by_name.get((origin, named)) if named else managed.get((origin, stream))
             if entry.get("external") or config_entry.get("external"):
                 consumer = None  # another domain or account: its consumers are not listed here
-            active = int(entry.get("active", -1))
-            lag = int(entry.get("lag") or 0)
-            error = error_from_api(entry["error"], context=f"source {origin!r} of stream {stream!r}").to_dict() \
-                if entry.get("error") else None
-            pending = consumer["num_pending"] if consumer else None
-            in_flight = consumer["num_ack_pending"] if consumer else None
-            rows.append({
-                "stream": stream, "source": origin, "mirror": mirror,
-                "kind": _source_kind(entry, config_entry, consumer),
-                "consumer": consumer["name"] if consumer else named,
-                "lag": lag, "active": active, "active_s": active / 1e9 if active >= 0 else None, "error": error,
-                "consumer_num_pending": pending, "consumer_num_ack_pending": in_flight,
-                "caught_up": not error and active >= 0 and lag == 0 and not pending and not in_flight,
-                "read_at": info.get("ts"),
-            })
+            progress = source_progress(entry, consumer, context=f"source {origin!r} of stream {stream!r}")
+            rows.append({"stream": stream, "source": origin, "mirror": mirror,
+                         "kind": _source_kind(entry, config_entry, consumer),
+                         "consumer": consumer["name"] if consumer else named, **progress,
+                         "active_s": progress["active"] / 1e9 if progress["active"] >= 0 else None,
+                         "read_at": info.get("ts")})
     rows.sort(key=lambda row: (row["stream"] or "", row["source"] or ""))
     return rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -48,28 +49,28 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
             consumer = await server_managed_consumer(origin_conn, spec, timeout=0)
         except SourceUnhealthyError:
             consumer = None
+    progress = source_progress(entry, consumer, context=f"source {source!r} of {where}")
+    metrics.gauge("sourcing.lag", progress["lag"] + (progress["consumer_num_pending"] or 0),
+                  tags={"stream": stream, "source": source})
+    caught_up = progress["caught_up"]
+    return {"stream": stream, "source": source, "domain": domain, "mirror": spec.mirror, **progress,
+            "consumer": consumer["name"] if consumer else consumer_name,
+            "origin_left_behind": await left_behind(origin_conn, source, consumer) if caught_up and consumer else None}
+
+
+def source_progress(entry: Mapping[str, Any], consumer: Mapping[str, Any] | None, *, context: str) -> dict[str, Any]:
+    """How far one source or mirror entry of a stream info is, with the durable consumer on its origin when known:
+    ``lag``, ``active``, ``error`` (typed, or None), what is pending and in flight on the consumer, and
+    ``caught_up``. The one rule :func:`source_status` (the caught-up sensor and trigger) and the JetStream view's
+    sources apply."""
     active = int(entry.get("active", -1))
-    lag = int(entry.get("lag", 0))
+    lag = int(entry.get("lag") or 0)
+    error = error_from_api(entry["error"], context=context).to_dict() if entry.get("error") else None
     pending = int(consumer.get("num_pending", 0)) if consumer else None
     in_flight = int(consumer.get("num_ack_pending", 0)) if consumer else None
-    error = error_from_api(entry["error"], context=f"source {source!r} of {where}").to_dict() if entry.get("error") \
-        else None
-    metrics.gauge("sourcing.lag", lag + (pending or 0), tags={"stream": stream, "source": source})
-    caught_up = not error and active >= 0 and lag == 0 and not pending and not in_flight
-    return {
-        "stream": stream,
-        "source": source,
-        "domain": domain,
-        "mirror": spec.mirror,
-        "lag": lag,
-        "active": active,
-        "error": error,
-        "consumer": consumer["name"] if consumer else consumer_name,
-        "consumer_num_pending": pending,
-        "consumer_num_ack_pending": in_flight,
-        "caught_up": caught_up,
-        "origin_left_behind": await left_behind(origin_conn, source, consumer) if caught_up and consumer else None,
-    }
+    return {"lag": lag, "active": active, "error": error, "consumer_num_pending": pending,
+            "consumer_num_ack_pending": in_flight,
+            "caught_up": not error and active >= 0 and lag == 0 and not pending and not in_flight}
 
 
 async def left_behind(origin_conn: JetStreamConnection, source: str, consumer: dict[str, Any]) -> int | None:

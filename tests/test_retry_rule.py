@@ -179,10 +179,10 @@ def test_a_ledger_change_whose_answer_is_lost_is_found_on_the_reread_not_made_tw
     election, a cut connection) is read again: the record holding exactly what was written is this change's own
     success. A claim is not taken a second time (which would count two attempts) nor reported as lost."""
     from airflow_jetstream.client.errors import RequestTimeoutError
-    from airflow_jetstream.client.ledger import store
+    from airflow_jetstream.client.kv import keys
     from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 
-    real_send = store._send
+    real_send = keys._send
     lost: list[str] = []
 
     async def answer_lost(conn, bucket, writes, context):
@@ -193,10 +193,10 @@ def test_a_ledger_change_whose_answer_is_lost_is_found_on_the_reread_not_made_tw
     async def main():
         async with open_connection(settings) as conn:
             ledger = await BatchLedger.open(conn, "lost_answers")
-            monkeypatch.setattr(store, "_send", answer_lost)
+            monkeypatch.setattr(keys, "_send", answer_lost)
             recorded = await ledger.record("run-1", "b-1", stream="S", count=2, first_seq=1, last_seq=2)
             claim = await ledger.claim("run-1", "b-1", owner="me")
-            monkeypatch.setattr(store, "_send", real_send)
+            monkeypatch.setattr(keys, "_send", real_send)
             return recorded, claim, await ledger.get("run-1", "b-1"), await ledger.summary("run-1")
 
     recorded, claim, stored, summary = asyncio.run(main())

@@ -15,9 +15,10 @@ from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import JetStreamError, LedgerNotFoundError, StreamNotFoundError
+from airflow_jetstream.client.kv.keys import is_marker
 from airflow_jetstream.client.ledger.counts import summarized
 from airflow_jetstream.client.ledger.records import FAILED, BatchRecord, key_token
-from airflow_jetstream.client.ledger.store import check_bucket_name, is_marker
+from airflow_jetstream.client.ledger.store import check_bucket_name
 from airflow_jetstream.client.reading.direct import get_messages
 
 #: Ledger entries (KV messages) one overview reads unless told otherwise.

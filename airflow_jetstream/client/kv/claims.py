@@ -14,30 +14,20 @@ forgetting old ones: the task fails, naming the bound.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from datetime import timedelta
 from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import (
-    JetStreamError,
-    JetStreamNotEnabledError,
-    KeyValueError,
-    RequestTimeoutError,
-    error_from_api,
-)
+from airflow_jetstream.client.errors import KeyValueError, RequestTimeoutError
 from airflow_jetstream.client.kv.bucket import ensure_bucket
+from airflow_jetstream.client.kv.keys import CasConflict, Write, is_marker, write
 from airflow_jetstream.client.kv.names import validate_key
 from airflow_jetstream.client.reading.direct import get_message
 
 #: How long a claim is kept after it was made.
 DEFAULT_CLAIM_TTL = "7d"
-_WRONG_LAST = 10071
-#: On a cluster, another write of the key is still in flight at the leader: a lost race, nothing stored (read again).
-_IN_FLIGHT = 10164
 _ATTEMPTS = 3
-_LAST_SEQ = re.compile(r"wrong last sequence: (\d+)")
 
 
 async def open_claims(conn: JetStreamConnection, bucket: str, *, ttl: float | str | timedelta = DEFAULT_CLAIM_TTL,
@@ -65,7 +55,7 @@ async def claim(conn: JetStreamConnection, bucket: str, key: str, value: dict[st
         stored = await get_message(conn, f"KV_{bucket}", subject=f"$KV.{bucket}.{key}")
         if stored is not None and stored.data == data:
             return stored.seq  # this call's claim: its answer was lost
-        if stored is not None and stored.headers.get("KV-Operation") not in ("DEL", "PURGE"):
+        if stored is not None and not is_marker(stored.headers):
             return None  # someone's claim
         expected = stored.seq if stored is not None else 0  # released (a delete marker), or nothing yet
     raise conn.unanswered(f"{context}: no answer in {_ATTEMPTS} tries")
@@ -80,23 +70,14 @@ async def release(conn: JetStreamConnection, bucket: str, key: str, revision: in
 
 async def _put(conn: JetStreamConnection, bucket: str, key: str, data: bytes, *, expected: int, context: str,
                headers: dict[str, str] | None = None) -> int | str:
-    """Publish ``data`` under ``key`` if its last sequence is ``expected``: the new sequence, or ``"moved"``."""
-    subject = f"$KV.{bucket}.{key}"
+    """Write ``data`` under ``key`` if its last sequence is ``expected``: the new sequence, or ``"moved"``."""
     try:
-        reply = await conn.request(subject, data, headers={
-            "Nats-Expected-Last-Subject-Sequence": str(expected), **(headers or {})})
-    except JetStreamNotEnabledError:
-        raise KeyValueError(f"{context}: no stream stores {subject!r}: the bucket does not exist (open it with "
-                            "open_claims) or, on a cluster, has no leader right now", reason="bucket_not_found") \
-            from None
-    try:
-        ack = json.loads(reply.data or b"{}")
-    except ValueError:
-        raise JetStreamError(f"{context}: the server answered non-JSON data") from None
-    error = ack.get("error")
-    if error is None:
-        return int(ack["seq"])
-    if (error.get("err_code") == _WRONG_LAST and _LAST_SEQ.search(str(error.get("description")))) \
-            or error.get("err_code") == _IN_FLIGHT:
+        return await write(conn, bucket, [Write(key, data, expected, headers or {})], context=context,
+                           missing=_no_bucket)
+    except CasConflict:
         return "moved"
-    raise error_from_api(error, context=context)
+
+
+def _no_bucket(context: str) -> KeyValueError:
+    return KeyValueError(f"{context}: no stream stores its key: the bucket does not exist (open it with open_claims)",
+                         reason="bucket_not_found")

@@ -1,4 +1,5 @@
-"""Write and read keys of a KV bucket: put, create (only if absent), update at a revision, delete, get.
+"""Write and read keys of a KV bucket: put, create (only if absent), update at a revision, delete, get; and the
+toolkit's own compare-and-set writes of several keys at once (:func:`write`: the batch ledger's and the claims').
 
 Values: ``bytes`` as they are, ``str`` as UTF-8, anything else (dict, list, number, bool) as JSON.
 Entries are returned as JSON-able dicts: ``{"bucket", "key", "revision", "value", "encoding",
@@ -11,15 +12,37 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import nats.js.errors
 
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import InvalidRequestError, KeyRevisionError
+from airflow_jetstream.client.errors import (
+    BatchPublishError,
+    InvalidRequestError,
+    JetStreamError,
+    JetStreamNotEnabledError,
+    KeyRevisionError,
+    LedgerConflictError,
+    error_from_api,
+)
 from airflow_jetstream.client.kv.bucket import open_bucket
-from airflow_jetstream.client.kv.errors import kv_errors
+from airflow_jetstream.client.kv.errors import bucket_missing, kv_errors
 from airflow_jetstream.client.kv.names import validate_key
+from airflow_jetstream.client.retry import Backoff, retry
+
+#: Server answers that mean the batch was not stored and may be sent again: too many batches in flight on the
+#: stream (429/10210; nats-server 2.12 answers a full table with 10176 "incomplete", as it does a lost message).
+_NOT_STORED = {10210: "too many atomic batches in flight", 10176: "atomic batch incomplete"}
+_BUSY = "atomic_batch_busy"
+#: A key moved since it was read (10071, "wrong last sequence: N"), or on a cluster another write of the key is still
+#: in flight at the leader (10164, "last sequence by subject mismatch"): a lost race either way, nothing stored.
+_WRONG_LAST = frozenset({10071, 10164})
+_ATOMIC_DISABLED = 10174
+BUSY = Backoff(0.01, 0.5, jitter=True)
 
 
 def encode_value(value: Any) -> bytes:
@@ -144,9 +167,99 @@ async def delete_key(conn: JetStreamConnection, bucket: str, key: str, *, revisi
             else:
                 await kv.delete(key, last=revision)
         except nats.js.errors.APIError as exc:
-            if exc.err_code not in (10071, 10164):
+            if exc.err_code not in _WRONG_LAST:
                 raise
             current = await _current_revision(kv, key)
             raise KeyRevisionError(f"KV bucket {bucket!r}: key {key!r} is at revision {current}, not {revision}; "
                                    "nothing was deleted", reason="wrong_revision") from None
     return {"bucket": bucket, "key": key, "operation": "purge" if purge else "delete", "revision": revision}
+
+
+class CasConflict(Exception):
+    """A key moved since it was read (the server's wrong last sequence): nothing of the write was stored."""
+
+
+@dataclass(frozen=True)
+class Write:
+    """Put ``data`` under ``key`` if the key's last revision is still ``expected`` (0: the key must not exist), with
+    ``headers`` (``KV-Operation: DEL`` makes it a delete marker)."""
+
+    key: str
+    data: bytes
+    expected: int
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def is_marker(headers: Mapping[str, str] | None) -> bool:
+    """Whether a KV message is a delete or purge marker (or the server's marker of an expired key)."""
+    if not headers:
+        return False
+    return headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers
+
+
+async def write(conn: JetStreamConnection, bucket: str, writes: Sequence[Write], *, context: str,
+                missing: Callable[[str], JetStreamError] = bucket_missing) -> int:
+    """Store every write or none (several writes are one atomic batch: the bucket's stream needs ``allow_atomic``),
+    each only if its key is still at its expected revision; returns the stream sequence of the last one (the others
+    precede it in order). Raises :class:`CasConflict` when a key moved, ``missing(context)`` when no stream stores
+    the bucket (on a cluster, no answer may also be an election: then it is unanswered). A batch the server turned
+    away because it is busy is sent again (nothing of it was stored). A write that got no answer may or may not be
+    stored: callers read again and compare, never send it twice blindly."""
+
+    def busy(exc: JetStreamError) -> str | None:
+        return exc.message if exc.reason == _BUSY else None
+
+    try:
+        async with kv_errors(conn, bucket, context, missing=missing):  # a refused publish names the first subject
+            return await retry(context, lambda: _send(conn, bucket, writes, context), transient=busy,
+                               budget=conn.settings.leader_wait, backoff=BUSY)
+    except JetStreamNotEnabledError:  # no responder on a single server: no stream stores the bucket
+        raise missing(context) from None
+
+
+async def _send(conn: JetStreamConnection, bucket: str, writes: Sequence[Write], context: str) -> int:
+    batch_id = uuid.uuid4().hex
+    last = len(writes)
+    reply = None
+    for number, item in enumerate(writes, start=1):
+        headers = {**item.headers, "Nats-Expected-Last-Subject-Sequence": str(item.expected)}
+        if last > 1:
+            headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(number)})
+            if number == last:
+                headers["Nats-Batch-Commit"] = "1"
+        subject = f"$KV.{bucket}.{item.key}"
+        if number < last:
+            await conn.nc.publish(subject, item.data, headers=headers)  # answered by the commit's ack
+        else:
+            try:
+                reply = await conn.request(subject, item.data, headers=headers)
+            except JetStreamNotEnabledError:  # no responder: no stream stores the key (or, on a cluster, no leader)
+                if conn.clustered:
+                    raise conn.unanswered(f"{context}: no stream leader answered {subject!r}") from None
+                raise
+    ack = _parse(reply.data if reply is not None else b"", context)
+    if "error" in ack:
+        error = ack["error"]
+        err_code = error.get("err_code")
+        if err_code in _WRONG_LAST:
+            raise CasConflict(error.get("description"))
+        if err_code in _NOT_STORED:
+            raise BatchPublishError(f"{context}: {_NOT_STORED[err_code]} (err_code {err_code}), nothing stored",
+                                    reason=_BUSY, code=error.get("code"), err_code=err_code)
+        if err_code == _ATOMIC_DISABLED:
+            raise LedgerConflictError(
+                f"{context}: the ledger bucket {bucket!r} does not allow atomic batches; open it once with "
+                "BatchLedger.open(conn, bucket) (a writer), which enables allow_atomic and allow_direct",
+                reason="ledger_not_atomic", code=error.get("code"), err_code=err_code)
+        raise error_from_api(error, context=context)
+    return int(ack["seq"])
+
+
+def _parse(data: bytes, context: str) -> dict[str, Any]:
+    try:
+        ack = json.loads(data or b"{}")
+    except ValueError:
+        raise JetStreamError(f"{context}: the server answered non-JSON data") from None
+    if not isinstance(ack, dict) or ("error" not in ack and "seq" not in ack):
+        raise JetStreamError(f"{context}: the server answered {ack!r}, not a publish acknowledgement")
+    return ack

@@ -80,6 +80,7 @@ from airflow_jetstream.client.errors import (
     LedgerWaitTimeoutError,
     StreamNotFoundError,
 )
+from airflow_jetstream.client.kv.keys import CasConflict, Write
 from airflow_jetstream.client.ledger import group_commit, store
 from airflow_jetstream.client.ledger.counts import (
     MAX_LISTED,
@@ -113,7 +114,6 @@ from airflow_jetstream.client.ledger.records import (
     report_transition,
     shard_of,
 )
-from airflow_jetstream.client.ledger.store import CasConflict, Write
 from airflow_jetstream.client.subjects import validate_name
 from airflow_jetstream.client.times import ServerClock
 

@@ -24,10 +24,10 @@ from typing import Protocol
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import BatchNotFoundError, ClaimLostError, LedgerConflictError, RequestTimeoutError
+from airflow_jetstream.client.kv.keys import BUSY, CasConflict, Write
 from airflow_jetstream.client.ledger import store
 from airflow_jetstream.client.ledger.counts import counted, decode_counts, encode_counts
 from airflow_jetstream.client.ledger.records import BatchRecord, Entry, batch_key, counts_key, shard_of
-from airflow_jetstream.client.ledger.store import BUSY, CasConflict, Write
 
 #: Records written in one atomic batch with their shard (the server allows 1,000 messages per batch).
 GROUP = 256

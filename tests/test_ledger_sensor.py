@@ -13,8 +13,8 @@ from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP
-from airflow_jetstream.sensors.ledger import JetStreamBatchLedgerSensor, describe_progress
-from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
+from airflow_jetstream.sensors.ledger import JetStreamBatchLedgerSensor
+from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger, describe_progress
 from tests.support.triggers import first_event_payload
 
 RUN = "scheduled__2026-11-25T00:00:00+00:00"

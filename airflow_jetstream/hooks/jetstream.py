@@ -17,7 +17,7 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.providers.common.compat.sdk import AirflowNotFoundException
 from airflow.sdk import BaseHook
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
 
 T = TypeVar("T")
-P = ParamSpec("P")
 PREFIX = "jetstream."
 # Airflow 3.3 has module-level functions; Airflow 3.2 (task-sdk 1.2) only the ``Stats`` object.
 _STATS = airflow_stats if hasattr(airflow_stats, "incr") else airflow_stats.Stats
@@ -66,8 +65,6 @@ install_airflow_stats()
 
 #: The Airflow connection type this provider's hook serves.
 CONN_TYPE = "nats"
-#: Extra fields of the ``nats`` connection (stored in ``extra`` as JSON), with their types.
-EXTRA_FIELDS = {name: spec.kind for name, spec in CONNECTION_FIELDS.items()}
 
 
 class ConnectionNotFoundError(InvalidSettingsError, AirflowNotFoundException):

@@ -38,7 +38,6 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
     """
 
     template_fields: Sequence[str] = ("capture_stream", "max_age", "num_replicas", "placement", "nats_conn_id")
-    ui_color = "#27aae1"
 
     def __init__(self, *, capture_stream: str | None = None, max_age: Any = None, max_bytes: int | None = None,
                  subjects: Sequence[str] | None = None, storage: str | None = None, num_replicas: int | None = None,

@@ -36,6 +36,8 @@ class JetStreamBaseOperator(BaseOperator):
     ``nats_conn_id`` is a template field of every subclass (``"{{ var.value.nats_conn }}"`` works).
     """
 
+    ui_color = "#27aae1"
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "nats_conn_id" not in cls.template_fields:

@@ -71,7 +71,6 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
 
     template_fields: Sequence[str] = ("stream", "consumer", "filter_subjects", "start_seq", "start_time", "end_seq",
                                       "apply_function_args", "apply_function_kwargs", "nats_conn_id")
-    ui_color = "#27aae1"
     operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(

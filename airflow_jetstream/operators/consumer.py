@@ -39,7 +39,6 @@ class JetStreamConsumerResetOperator(JetStreamBaseOperator):
     """
 
     template_fields: Sequence[str] = ("stream", "consumer", "start_seq", "start_time", "nats_conn_id")
-    ui_color = "#27aae1"
     operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(self, *, stream: str, consumer: str, start_seq: int | str | None = None,

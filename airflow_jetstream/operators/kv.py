@@ -71,7 +71,6 @@ class JetStreamKeyValueOperator(JetStreamBaseOperator):
     """
 
     template_fields: Sequence[str] = ("bucket", "key", "value", "revision", "nats_conn_id")
-    ui_color = "#27aae1"
 
     def __init__(self, *, bucket: str, key: str, value: Any = None, operation: str = "put",
                  revision: int | str | None = None, bucket_config: dict[str, Any] | None = None,

@@ -171,7 +171,6 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         "producer_function_args", "producer_function_kwargs",
     )
     template_fields_renderers = {"messages": "json", "producer_function_kwargs": "json"}
-    ui_color = "#27aae1"
     operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(

@@ -71,7 +71,6 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
     template_fields: Sequence[str] = ("stream", "source", "user_managed", "filter_subjects", "start_seq",
                                       "start_time", "domain", "api_prefix", "num_replicas", "placement", "nats_conn_id")
     template_fields_renderers = {"user_managed": "json"}
-    ui_color = "#27aae1"
     operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(

@@ -39,7 +39,6 @@ class JetStreamEnsureStreamOperator(JetStreamBaseOperator):
 
     template_fields: Sequence[str] = ("config",)
     template_fields_renderers = {"config": "json"}
-    ui_color = "#27aae1"
 
     def __init__(self, *, config: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -10,9 +10,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_jetstream.client.ledger.counts import check_waitable_state
 from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET
 from airflow_jetstream.sensors.base import JetStreamStateSensor
-from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger, describe_progress
-
-__all__ = ["JetStreamBatchLedgerSensor", "describe_progress"]
+from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
 
 
 class JetStreamBatchLedgerSensor(JetStreamStateSensor):

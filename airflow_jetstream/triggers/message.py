@@ -79,7 +79,7 @@ def message_payload(message: Message) -> dict[str, Any]:
     :data:`EVENT_REFERENCE` fields), and what ``asset_messages`` gives the task."""
     from airflow_jetstream.client.reading.headers import headers_json
 
-    payload: dict[str, Any] = {
+    return {
         "stream": message.stream,
         "consumer": message.consumer,
         "subject": message.subject,
@@ -91,7 +91,6 @@ def message_payload(message: Message) -> dict[str, Any]:
         # the body once: "json" when it is JSON, else "data"; cut at EVENT_BODY_LIMIT with a "truncated" note
         **body_fields(message.data, where=f"stream {message.stream!r} at sequence {message.seq}"),
     }
-    return payload
 
 
 class EachCauseOnce(logging.LoggerAdapter[logging.Logger]):

@@ -18,6 +18,7 @@ from airflow_jetstream.client.admin.consumers import consumer_filters
 from airflow_jetstream.client.admin.streams import list_pages
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import JetStreamError
+from airflow_jetstream.client.sourcing.spec import SOURCE_OWNER
 from airflow_jetstream.client.sourcing.status import source_progress
 from airflow_jetstream.client.subjects import validate_name
 
@@ -26,8 +27,6 @@ MAX_STREAMS = 1000
 MAX_CONSUMERS = 5000
 #: Consumer listings in flight at once.
 CONCURRENT_LISTINGS = 4
-#: Metadata the server puts on the consumer it creates for a server-managed durable source.
-SOURCE_STREAM_METADATA = "_nats.src.stream"
 
 
 def _replica_health(cluster: dict[str, Any] | None) -> dict[str, Any]:
@@ -99,7 +98,7 @@ def consumer_row(info: dict[str, Any]) -> dict[str, Any]:
         "read_at": info.get("ts"),
         "paused": bool(info.get("paused")),
         "pause_until": config.get("pause_until") if info.get("paused") else None,
-        "source_for": (config.get("metadata") or {}).get(SOURCE_STREAM_METADATA),
+        "source_for": (config.get("metadata") or {}).get(SOURCE_OWNER),
         "leader": (info.get("cluster") or {}).get("leader"),
     }
 

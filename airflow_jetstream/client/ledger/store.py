@@ -17,10 +17,11 @@ them on a bucket an older version created; readers (sensors, triggers, the view)
 Retention: a new bucket keeps every key :data:`DEFAULT_TTL` after its last change (``ttl``); a size bound
 (``max_bytes``) is optional. An existing bucket keeps its own unless told otherwise.
 
-A run's summary (:func:`run_summary`, what sensors, triggers, the view and :meth:`BatchLedger.summary` show) is
-its counts merged (:func:`~.counts.merged`): one direct get. A run without counts is either not recorded yet (one
-more small read tells) or recorded before the ledger kept counts: that run is listed instead (O(n), as before),
-counted the same way, and says so with ``counted_by: "listing"``. Observing never writes.
+A run's summary (:func:`run_summary`, what sensors, triggers and :meth:`BatchLedger.summary` show) is its counts
+merged (:func:`~.counts.merged`): one direct get. A run without counts is either not recorded yet (one more small
+read tells) or recorded before the ledger kept counts: that run is listed instead (O(n), as before), counted the
+same way (:func:`~.counts.summarized`, as the view counts the records it read), and says so with
+``counted_by: "listing"``. Observing never writes.
 
 Counts drift from the records only when something writes records without them: a service that does not follow
 the ledger contract, a record deleted or edited by hand, or a run recorded by a version before the ledger kept

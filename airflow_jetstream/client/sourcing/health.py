@@ -12,7 +12,13 @@ from airflow_jetstream.client.admin.domains import api_view
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import ConsumerNotFoundError, JetStreamError, StreamConfigError, error_from_api
-from airflow_jetstream.client.sourcing.spec import USER_MANAGED_HINT, DurableSource, find_entry
+from airflow_jetstream.client.sourcing.spec import (
+    MIRROR_OWNER,
+    SOURCE_OWNER,
+    USER_MANAGED_HINT,
+    DurableSource,
+    find_entry,
+)
 
 _POLL_SECONDS = 0.1
 
@@ -70,7 +76,7 @@ async def server_managed_consumer(origin_conn: JetStreamConnection, spec: Durabl
     """The ``JS_SRC_``/``JS_MIRROR_`` consumer the server made on the origin for stream A."""
     deadline = time.monotonic() + timeout
     prefix = "JS_MIRROR_" if spec.mirror else "JS_SRC_"
-    owner_key = "_nats.mirror.stream" if spec.mirror else "_nats.src.stream"
+    owner_key = MIRROR_OWNER if spec.mirror else SOURCE_OWNER
     while True:
         for info in await list_consumers(origin_conn, spec.source):
             cfg = info["config"]

@@ -55,7 +55,14 @@ from airflow_jetstream.client.sourcing.health import (
     wait_messages_flow,
     wait_source_healthy,
 )
-from airflow_jetstream.client.sourcing.spec import USER_MANAGED_HINT, DurableSource, entry_filters, find_entry
+from airflow_jetstream.client.sourcing.spec import (
+    MIRROR_OWNER,
+    SOURCE_OWNER,
+    USER_MANAGED_HINT,
+    DurableSource,
+    entry_filters,
+    find_entry,
+)
 from airflow_jetstream.client.subjects import subjects_overlap
 
 #: Header the server puts on every sourced message.
@@ -142,7 +149,7 @@ def _feeds_other_stream(info: dict[str, Any], spec: DurableSource, own: set[str]
     (``own``: the consumers stream ``spec.stream`` already sources through)."""
     cfg = info["config"]
     meta = cfg.get("metadata") or {}
-    owner = meta.get("_nats.mirror.stream") or meta.get("_nats.src.stream")
+    owner = meta.get(MIRROR_OWNER) or meta.get(SOURCE_OWNER)
     if cfg.get("sourcing") and owner:
         return None if owner == spec.stream else f"server-managed consumer {info['name']!r} feeding stream {owner!r}"
     if cfg.get("ack_policy") == "flow_control" and cfg.get("deliver_subject"):

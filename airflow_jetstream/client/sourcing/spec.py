@@ -24,6 +24,8 @@ FLOW_CONTROL_CONSUMER = {
     "max_deliver": -1,
 }
 DEFAULT_MAX_ACK_PENDING = 1000
+#: Metadata naming the stream fed by the consumer the server makes on the origin (server-managed source or mirror).
+SOURCE_OWNER, MIRROR_OWNER = "_nats.src.stream", "_nats.mirror.stream"
 
 #: How error messages name a user-managed durable source, in the client's and the operator's terms.
 USER_MANAGED_HINT = "a user-managed source (mode='user'; user_managed={...} on JetStreamDurableSourceOperator)"

@@ -1,27 +1,30 @@
-"""Open a KV bucket, or ensure it exists with the given config (created, updated in place, or left alone).
+"""Open a KV bucket, or ensure it exists with the given config (created, updated in place, or left alone); the
+replicas and placement of every bucket the provider creates (the user's, the batch ledger's, the job records').
 
 A bucket ``B`` is the stream ``KV_B`` holding subjects ``$KV.B.<key>``; its ``history`` is the
 stream's ``max_msgs_per_subject`` and its ``ttl`` the stream's ``max_age``. Fields not given keep
-their current values on an existing bucket (a re-run never changes replicas it was not told to).
+their current values on an existing bucket (a re-run never changes replicas it was not told to). Unset
+replication gives a new bucket :func:`~airflow_jetstream.client.admin.streams.default_replicas` (3 on a cluster).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
 import nats.errors
 import nats.js.errors
-from nats.js.api import StorageType
+from nats.js.api import Placement, StorageType, StreamConfig, StreamInfo
+from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from airflow_jetstream.client.admin.streams import ensure_stream, replication_config
+from airflow_jetstream.client.admin.streams import default_replicas, ensure_stream, replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.kv.errors import kv_errors
 from airflow_jetstream.client.kv.names import check_bucket, stream_of
-from airflow_jetstream.client.kv.replication import create_bucket
 
 MAX_HISTORY = 64
 
@@ -92,3 +95,40 @@ def _placement_dict(placement: Any) -> dict[str, Any] | None:
         return None
     out = {"cluster": placement.cluster, "tags": list(placement.tags or [])}
     return {k: v for k, v in out.items() if v} or None
+
+
+def bucket_replicas(conn: JetStreamConnection, replication: dict[str, Any]) -> int:
+    """The replicas a new bucket gets: the given ones, else :func:`default_replicas`."""
+    return replication.get("num_replicas") or default_replicas(conn)
+
+
+async def create_bucket(conn: JetStreamConnection, replication: dict[str, Any], **kwargs: Any) -> KeyValue:
+    """nats-py's ``create_key_value(**kwargs)`` with ``replication``'s replicas and placement.
+
+    ``replication`` is :func:`~airflow_jetstream.client.admin.streams.replication_config`'s output.
+    nats-py (2.16) builds the bucket's stream config without the placement it is given, so a placed
+    bucket is created through :class:`_PlacingContext`, a JetStream context of the same connection.
+    """
+    placement = replication.get("placement")
+    js = _PlacingContext(conn, Placement(**placement)) if placement else conn.js
+    return await js.create_key_value(replicas=bucket_replicas(conn, replication), **kwargs)
+
+
+class _PlacingContext(JetStreamContext):
+    """nats-py's JetStream context whose ``add_stream`` gives each stream it creates one placement."""
+
+    def __init__(self, conn: JetStreamConnection, placement: Placement) -> None:
+        super().__init__(conn.nc, prefix=conn.api_prefix, timeout=conn.settings.request_timeout)
+        self.placement = placement
+
+    async def add_stream(self, config: StreamConfig | None = None, **params: Any) -> StreamInfo:
+        placed = dataclasses.replace(config or StreamConfig(), placement=self.placement)
+        return await super().add_stream(placed, **params)
+
+
+async def ensure_bucket_replication(conn: JetStreamConnection, bucket: str, replication: dict[str, Any]) -> bool:
+    """Change an existing bucket's replicas/placement to the given ones; True when it changed."""
+    if not replication:
+        return False
+    result = await ensure_stream(conn, {"name": f"KV_{bucket}", **replication})
+    return bool(result["action"] == "updated")

@@ -57,8 +57,8 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
 )
 from airflow_jetstream.client.kv import errors, keys
+from airflow_jetstream.client.kv.bucket import bucket_replicas, create_bucket
 from airflow_jetstream.client.kv.keys import CasConflict, Write, is_marker
-from airflow_jetstream.client.kv.replication import bucket_replicas, create_bucket
 from airflow_jetstream.client.ledger.counts import (
     count_record,
     empty_counts,

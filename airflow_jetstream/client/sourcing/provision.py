@@ -49,12 +49,6 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
 )
 from airflow_jetstream.client.reading.direct import get_message
-from airflow_jetstream.client.sourcing.health import (
-    SourceUnhealthyError,
-    server_managed_consumer,
-    wait_messages_flow,
-    wait_source_healthy,
-)
 from airflow_jetstream.client.sourcing.spec import (
     MIRROR_OWNER,
     SOURCE_OWNER,
@@ -62,6 +56,12 @@ from airflow_jetstream.client.sourcing.spec import (
     DurableSource,
     entry_filters,
     find_entry,
+)
+from airflow_jetstream.client.sourcing.status import (
+    SourceUnhealthyError,
+    server_managed_consumer,
+    wait_messages_flow,
+    wait_source_healthy,
 )
 from airflow_jetstream.client.subjects import subjects_overlap
 

@@ -408,6 +408,47 @@ def test_replica_stopping_mid_stream_hands_over_without_loss_or_duplicates(order
     assert sorted(seqs) == list(range(1, 201))
 
 
+def test_message_handed_out_while_the_last_watcher_leaves_is_given_back_at_once(orders, monkeypatch):
+    """Airflow's manager can broadcast a message to nobody between the last watcher's unsubscribe and the poll's
+    cancellation (a triggerer stopping mid-stream). Left unacknowledged, the next triggerer got it only after ack_wait
+    (10 minutes by default); given back when the producer closes, it gets it at once."""
+    gate = asyncio.Event()
+    make_producer = JetStreamMessageTrigger.create_shared_stream_producer
+    producers = []
+
+    def held_at_the_gate(kwargs):
+        producer = make_producer(kwargs)
+        opened = producer.open_stream
+
+        async def open_stream():
+            async for item in opened():
+                await gate.wait()  # the test chooses the loop turn on which the poll hands the message out
+                yield item
+
+        producer.open_stream = open_stream
+        producers.append(producer)
+        return producer
+
+    monkeypatch.setattr(JetStreamMessageTrigger, "create_shared_stream_producer", held_at_the_gate)
+
+    async def scenario() -> FakeTriggerer:
+        manager, trigger = SharedStreamManager(), make_trigger()
+        manager.subscribe(trigger_id=1, trigger=trigger, key=trigger.shared_stream_key())
+        async with open_connection(orders) as conn:
+            await _publish(conn, 1)
+        await async_wait_until(lambda: producers and producers[0]._outstanding, "the message pulled, held at the gate")
+        gate.set()  # the poll hands it out on the loop's next turn: after the unsubscribe below, before the cancel
+        await manager.unsubscribe(1, trigger.shared_stream_key())
+        following = FakeTriggerer()
+        following.start(1, make_trigger())
+        await async_wait_until(lambda: following.stored, "the message at the next triggerer", timeout=20)
+        await following.stop()
+        return following
+
+    following = asyncio.run(scenario())
+    assert [(p["stream_seq"], p["delivered"]) for _, p in following.stored] == [(1, 2)]
+
+
 CRASHING_TRIGGERER = """
 import asyncio, json, sys
 from airflow.triggers.shared_stream import SharedStreamManager

@@ -12,8 +12,8 @@ is not fired: the server redelivered it or will (:class:`~airflow_jetstream.clie
 
 Outcomes per message: accepted by every watcher -> ``ack`` (confirmed by the server);
 refused by a watcher (``reject_shared_stream_event``) -> ``term`` (no redelivery; the server
-publishes a ``msg_terminated`` advisory); a watcher failed or nobody was listening -> ``nak``
-(redelivered).
+publishes a ``msg_terminated`` advisory); a watcher failed -> ``nak`` (redelivered); nobody was listening
+(the group is being stopped) -> ``nak`` when the producer closes.
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         self._tokens = itertools.count()
         self._progress_task: asyncio.Task[None] | None = None
         self._yielded: set[int] = set()  # handed to the watchers, not advanced yet
+        self._unwatched: list[DeliveryLease] = []  # advanced while no watcher listened: given back by aclose
 
     async def _check_consumer(self, conn: JetStreamConnection) -> dict[str, Any]:
         info: dict[str, Any]
@@ -246,9 +247,13 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
                 # act on its delivery. (One fired past ack_wait is still acked: no later reader fires it then.)
                 metrics.incr("queue.expired", tags={"stream": self.stream, "consumer": self.consumer})
             elif nobody_listened:
-                # No watcher was subscribed: leave it unacknowledged, the server redelivers it after ack_wait.
-                # Not a nak: every nak raises a MSG_NAKED advisory, which on a watched advisory capture stream
-                # would come back as a new message, be naked again, and so on without end.
+                # No watcher was subscribed: Airflow broadcasts to nobody only while its watchers leave (the last
+                # one left or failed, the poll is not cancelled yet), so the group is stopping. Not naked now:
+                # every nak raises a MSG_NAKED advisory, which on a watched advisory capture stream would come
+                # back as a new message, be naked again, and so on without end while nobody listens. Given back
+                # once by aclose instead, or it would wait out ack_wait (10 minutes by default) on a rolling restart.
+                self._unwatched = [kept for kept in self._unwatched if not kept.expired()]
+                self._unwatched.append(lease)
                 metrics.incr("queue.redelivered", tags={"stream": self.stream, "consumer": self.consumer})
             elif outcome.failed:
                 await msg.nak()  # redeliver to the healthy watchers now
@@ -266,8 +271,9 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         self._confirmed.set()
 
     async def aclose(self) -> None:
-        """Give back what was not advanced (nak: redelivered now, not after ack_wait), including what the open
-        pull request still delivers (waiting up to ``fetch_timeout`` for its end), and release the connection."""
+        """Give back what was not advanced or was advanced while nobody listened (nak: redelivered now, not after
+        ack_wait), including what the open pull request still delivers (waiting up to ``fetch_timeout`` for its
+        end), and release the connection."""
         from airflow_jetstream.client.connection_pool import POOL
 
         if self._progress_task is not None:
@@ -280,11 +286,12 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             if not conn.nc.is_closed:
                 if self._pull is not None:  # first: what is naked while its pull request is open comes back to it
                     await self._pull.close(leftover=lambda msg: msg.nak())
-                for lease in self._outstanding.values():
+                for lease in [*self._outstanding.values(), *self._unwatched]:
                     if not lease.expired():  # an expired delivery may be another reader's now
                         await lease.msg.nak()
         finally:
             self._outstanding.clear()
+            self._unwatched.clear()
             await POOL.release(self._settings)
 
 

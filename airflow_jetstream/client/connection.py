@@ -293,9 +293,7 @@ class JetStreamConnection:
             return
         try:
             if self.nc.is_connected:
-                await self.nc.flush(timeout=self.settings.request_timeout)  # type: ignore[arg-type]  # float s work
-        except (TimeoutError, nats.errors.Error):
-            pass
+                await self.round_trip()
         finally:
             await self.nc.close()
 

@@ -47,6 +47,7 @@ from airflow_jetstream.client.batches.wire import (
     CONNECTION_ERRORS,
     BatchReplies,
     capturing_stream,
+    connection_lost,
     message_header_lines,
     reply_timeout,
     write_frames,
@@ -54,7 +55,6 @@ from airflow_jetstream.client.batches.wire import (
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
     BatchPublishError,
-    ConnectionFailedError,
     InvalidRequestError,
     JetStreamError,
 )
@@ -144,9 +144,8 @@ async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batc
             outstanding = seq
         return await replies.wait(reply_of[outstanding], items[outstanding - 1].subject)
     except CONNECTION_ERRORS as exc:
-        raise ConnectionFailedError(f"{context}: the connection was lost mid-batch ({type(exc).__name__}); the "
-                                    "server abandons an uncommitted batch, so re-send it (with msg ids a re-send "
-                                    "is safe even if the commit got through)", reason="connection_lost") from None
+        raise connection_lost(context, exc, "the server abandons an uncommitted batch, so re-send it (with msg ids "
+                              "a re-send is safe even if the commit got through)") from None
     finally:
         await replies.close()
 

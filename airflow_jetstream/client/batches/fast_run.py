@@ -13,10 +13,9 @@ from typing import Any
 import nats.errors
 
 from airflow_jetstream.client.batches.types import HEADER_STATUS
-from airflow_jetstream.client.batches.wire import CONNECTION_ERRORS, encode_frame, write_frames
+from airflow_jetstream.client.batches.wire import CONNECTION_ERRORS, connection_lost, encode_frame, write_frames
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
-    ConnectionFailedError,
     JetStreamError,
     LeaderUnavailableError,
     RequestTimeoutError,
@@ -74,6 +73,11 @@ class FastBatchRun:
     def reply_subject(self, seq: int, op: int) -> bytes:
         return b"%b%d.%d.%b" % (self.reply_base, seq, op, _SUFFIX)
 
+    def _ping(self, seq: int) -> bytes:
+        """A ping as batch message ``seq`` (on the subject of the last message sent): the server answers with its
+        flow ack, or sees a gap and commits what it has."""
+        return encode_frame(self.messages[max(self.sent, 1) - 1][0], self.reply_subject(seq, OP_PING), b"", b"")
+
     def encode(self, first: int, last: int) -> bytes:
         """Frames for batch sequences ``first..last`` (1-based, inclusive); the final message commits."""
         total = len(self.messages)
@@ -127,13 +131,12 @@ class FastBatchRun:
         if state.unavailable:
             raise LeaderUnavailableError(f"{self.context}: the stream has no leader (no responders)")
 
-    async def _wait_for_window(self, sent: int) -> None:
+    async def _wait_for_window(self) -> None:
         """Wait for a flow ack; after a silent timeout, ping once so the server resends it (or reports a gap)."""
         try:
             await self._wait_change("flow-control ack")
         except RequestTimeoutError:
-            subject = self.messages[sent - 1][0]
-            await write_frames(self.conn.nc, encode_frame(subject, self.reply_subject(sent, OP_PING), b"", b""))
+            await write_frames(self.conn.nc, self._ping(self.sent))
             await self._wait_change("flow-control ack after a ping")
 
     async def run(self) -> dict[str, Any]:
@@ -142,7 +145,7 @@ class FastBatchRun:
         try:
             sub = await nc.subscribe(f"{self.prefix}.>", cb=self._on_reply)
         except CONNECTION_ERRORS as exc:
-            raise Interrupted(_connection_lost(self.context, exc), (0, 0)) from None
+            raise Interrupted(connection_lost(self.context, exc), (0, 0)) from None
         try:
             try:
                 ack = await self._send()
@@ -154,7 +157,7 @@ class FastBatchRun:
                 raise Interrupted(error_from_api(error, context=self.context), None)
             return ack
         except CONNECTION_ERRORS as exc:
-            raise Interrupted(_connection_lost(self.context, exc), None) from None
+            raise Interrupted(connection_lost(self.context, exc), None) from None
         finally:
             if not nc.is_closed:
                 await sub.unsubscribe()
@@ -172,15 +175,14 @@ class FastBatchRun:
         while self.sent < total and not state.done.done() and not state.errors:
             limit = min(total, state.acked + WINDOW_FLOWS * state.flow)
             if limit <= self.sent:
-                await self._wait_for_window(self.sent)
+                await self._wait_for_window()
                 continue
             await write_frames(nc, self.encode(self.sent + 1, limit))
             self.sent = limit
         if state.errors and not state.done.done():
             # Stop at the first error; a ping past the last persisted message makes the server
             # see the gap and commit what it has, so the final ack says how much is stored.
-            await write_frames(nc, encode_frame(self.messages[self.sent - 1][0],
-                                                self.reply_subject(self.sent, OP_PING), b"", b""))
+            await write_frames(nc, self._ping(self.sent))
         try:
             async with asyncio.timeout(self.timeout):
                 while not state.done.done():
@@ -203,8 +205,7 @@ class FastBatchRun:
         """
         nc = self.conn.nc
         state = self.state
-        subject = self.messages[max(self.sent, 1) - 1][0]
-        ping = encode_frame(subject, self.reply_subject(self.sent + 1, OP_PING), b"", b"")
+        ping = self._ping(self.sent + 1)
 
         async def ask() -> tuple[int, int] | None:
             state.done = asyncio.get_running_loop().create_future()
@@ -243,11 +244,6 @@ class Interrupted(Exception):
         super().__init__(str(cause))
         self.cause = cause
         self.settled = settled
-
-
-def _connection_lost(context: str, exc: BaseException) -> ConnectionFailedError:
-    return ConnectionFailedError(f"{context}: the connection is closed ({type(exc).__name__})",
-                                 reason="connection_lost")
 
 
 def settle_wait(conn: JetStreamConnection) -> float:

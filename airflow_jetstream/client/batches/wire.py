@@ -76,6 +76,13 @@ CONNECTION_ERRORS = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDr
                      nats.errors.OutboundBufferLimitError)
 
 
+def connection_lost(context: str, exc: BaseException, then: str = "") -> ConnectionFailedError:
+    """``connection_lost``: nats-py refused a write (``exc``, one of :data:`CONNECTION_ERRORS`); ``then`` says what
+    that means for what was sent."""
+    return ConnectionFailedError(f"{context}: the connection is closed ({type(exc).__name__})"
+                                 + (f"; {then}" if then else ""), reason="connection_lost")
+
+
 def parse_reply(data: bytes, context: str) -> dict[str, Any]:
     """An empty reply is an intermediate ack ({}); otherwise JSON, raising typed errors."""
     if not data:
@@ -101,8 +108,7 @@ async def request(conn: JetStreamConnection, subject: str, payload: bytes, heade
         await conn.raise_if_denied(subject)
         raise RequestTimeoutError(f"{context}: no reply within {timeout}s") from None
     except CONNECTION_ERRORS as exc:
-        raise ConnectionFailedError(f"{context}: the connection was lost ({type(exc).__name__})",
-                                    reason="connection_lost") from None
+        raise connection_lost(context, exc) from None
     return parse_reply(msg.data, context)
 
 
@@ -142,8 +148,7 @@ class BatchReplies:
         try:
             self.sub = await self.conn.nc.subscribe(f"{self.inbox}.*", cb=self._on_reply)
         except CONNECTION_ERRORS as exc:
-            raise ConnectionFailedError(f"{self.context}: the connection is closed ({type(exc).__name__}); "
-                                        "nothing was sent", reason="connection_lost") from None
+            raise connection_lost(self.context, exc, "nothing was sent") from None
         return self
 
     async def _on_reply(self, msg: Any) -> None:

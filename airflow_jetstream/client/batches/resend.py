@@ -41,6 +41,7 @@ PROBE_WINDOW = 256
 _UNREACHABLE_SEQ = 2**53 - 1
 #: The refusals of a probe's expectation (wrong last msg id, wrong last sequence): the id is not stored.
 _PROBE_REFUSED = frozenset({10070, 10071})
+log = logging.getLogger(__name__)
 
 
 async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMessage],
@@ -122,9 +123,6 @@ async def probe_expectation(conn: JetStreamConnection, subject: str, *, stream: 
         if int((info.get("config") or {}).get("num_replicas") or 1) > 1:
             return {HEADER_EXPECTED_LAST_SEQ: str(_UNREACHABLE_SEQ)}
     return {HEADER_EXPECTED_LAST_MSG_ID: f"probe-{uuid.uuid4().hex}"}
-
-
-log = logging.getLogger(__name__)
 
 
 async def already_committed(conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str,

@@ -28,7 +28,6 @@ from airflow_jetstream.ui import overview, overview_advisories, overview_ledger
 from airflow_jetstream.ui.config import ViewSettings
 from airflow_jetstream.ui.problems import Observations, find_problems
 
-SECTIONS = ("streams", "consumers", "sources", "ledger", "advisories")
 #: Connections being closed after a read (a close can wait on a stalled server; nobody waits for it).
 _CLOSING: set[asyncio.Task[None]] = set()
 

@@ -124,11 +124,3 @@ class _PlacingContext(JetStreamContext):
     async def add_stream(self, config: StreamConfig | None = None, **params: Any) -> StreamInfo:
         placed = dataclasses.replace(config or StreamConfig(), placement=self.placement)
         return await super().add_stream(placed, **params)
-
-
-async def ensure_bucket_replication(conn: JetStreamConnection, bucket: str, replication: dict[str, Any]) -> bool:
-    """Change an existing bucket's replicas/placement to the given ones; True when it changed."""
-    if not replication:
-        return False
-    result = await ensure_stream(conn, {"name": f"KV_{bucket}", **replication})
-    return bool(result["action"] == "updated")

@@ -13,9 +13,9 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 
-from airflow_jetstream.client.admin.streams import replication_config
+from airflow_jetstream.client.admin.streams import ensure_stream, replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.kv.bucket import create_bucket, ensure_bucket_replication
+from airflow_jetstream.client.kv.bucket import create_bucket
 from airflow_jetstream.client.kv.errors import kv_errors
 from airflow_jetstream.client.subjects import validate_name
 
@@ -34,7 +34,8 @@ async def _bucket(conn: JetStreamConnection, bucket: str, *, create: bool,
             return None
         return await create_bucket(conn, replication or {}, bucket=bucket, history=5,
                                    description="airflow-jetstream job records")
-    await ensure_bucket_replication(conn, bucket, replication or {})
+    if replication:  # given: an existing bucket is changed to it
+        await ensure_stream(conn, {"name": f"KV_{bucket}", **replication})
     return kv
 
 

@@ -76,9 +76,9 @@ def _has_body(payload: dict[str, Any]) -> bool:
 async def _read_back(conn: Any, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``payloads`` with the body and headers of each reference read from its stream (by ``stream_seq``)."""
     from airflow_jetstream.client.errors import JetStreamError
-    from airflow_jetstream.client.reading.direct import get_message
     from airflow_jetstream.client.reading.headers import headers_json
     from airflow_jetstream.client.reading.messages import body_fields
+    from airflow_jetstream.client.reading.stored import get_message
 
     complete = []
     for payload in payloads:

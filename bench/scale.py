@@ -60,8 +60,8 @@ from airflow_jetstream.client.ledger.counts import encode_counts, recounted
 from airflow_jetstream.client.ledger.records import SHARDS, BatchRecord, batch_key, counts_key
 from airflow_jetstream.client.ledger.store import Write, write
 from airflow_jetstream.client.reading.consume import ConsumeOptions, consume
-from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.reading.read_plan import acknowledge_read, plan_read
+from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.embedded import EmbeddedNatsServer
 
 PATHS = ("operator", "ledger_list", "ledger_batches", "ledger_watch", "ledger_reap", "capture", "cursor", "consume",

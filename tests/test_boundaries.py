@@ -25,7 +25,7 @@ from airflow_jetstream.client.ledger.counts import LEDGER_COUNTS_SCHEMA, empty_c
 from airflow_jetstream.client.ledger.records import LEDGER_RECORD_SCHEMA, batch_key, record_problem, schema_problem
 from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.headers import header_values, headers_json, parse_header_lines
-from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.conftest import set_nats_connection

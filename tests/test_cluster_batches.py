@@ -19,7 +19,7 @@ from airflow_jetstream.client.batches.fast import publish_fast_batch
 from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
 from airflow_jetstream.client.errors import FastBatchError, JetStreamError
-from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from tests.support.polling import async_wait_until, wait_until

@@ -34,7 +34,7 @@ from airflow_jetstream.client.kv.bucket import ensure_bucket
 from airflow_jetstream.client.kv.keys import put_key
 from airflow_jetstream.client.reading import await_message
 from airflow_jetstream.client.reading.messages import Message
-from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from airflow_jetstream.embedded.cluster import CLUSTER_NAME

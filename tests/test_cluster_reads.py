@@ -11,7 +11,7 @@ from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.batches.fast import publish_fast_batch
 from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.connection import open_connection
-from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 

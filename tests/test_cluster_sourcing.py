@@ -15,7 +15,7 @@ from airflow_jetstream.client.admin.consumers import delete_consumer, ensure_con
 from airflow_jetstream.client.admin.streams import ensure_stream, find_stream, stream_info
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import ConsumerNotFoundError, PlacementError
-from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator

@@ -16,7 +16,7 @@ import pytest
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
 from airflow_jetstream.client.kv.job_records import get_job_record
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from tests.support.cluster_tools import call, wait_for
 from tests.support.nats_calls import stored_rows

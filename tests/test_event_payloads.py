@@ -46,6 +46,13 @@ def test_a_long_body_is_cut_with_a_note_saying_where_the_whole_message_is() -> N
     assert base64.b64decode(cut["data"]) == binary[:10] and cut["encoding"] == "base64" and "truncated" in cut
 
 
+def test_a_stored_time_is_cut_to_microseconds_never_rounded_past_the_message() -> None:
+    """A read from a message's own time (``start_time``) finds the message: its time is never later than stored."""
+    nanos = 1_700_000_000_999_999_999  # ns since the epoch; as a float of seconds it rounds up to the next second
+    message = Message.from_stored("S", ("s.a", 1, nanos, None, b""))
+    assert message.time == datetime(2023, 11, 14, 22, 13, 20, 999999, tzinfo=UTC)
+
+
 def test_asset_event_payloads_from_a_real_stream(nats_server) -> None:
     settings = ConnectionSettings(servers=nats_server.url, connect_timeout=2, request_timeout=5)
     big = json.dumps({"blob": "x" * EVENT_BODY_LIMIT}).encode()

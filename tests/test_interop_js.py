@@ -28,7 +28,7 @@ from airflow_jetstream.client.errors import BatchPublishError, LedgerRecordError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.records import batch_key, counts_key, shard_of
 from airflow_jetstream.client.reading.headers import header_values
-from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.support.spark_session import local_spark

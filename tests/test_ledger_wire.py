@@ -9,7 +9,7 @@ import uuid
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
 from airflow_jetstream.client.ledger.store import CasConflict, Write, read_last, write
-from airflow_jetstream.client.reading.direct import last_per_subject
+from airflow_jetstream.client.reading.stored import last_per_subject
 
 
 def on_server(settings: ConnectionSettings, scenario):

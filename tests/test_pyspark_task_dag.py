@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, open_connection, stream_info
-from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.stored import read_range
 from tests.conftest import AUTH_PASSWORD, AUTH_USER
 from tests.infra.spark_connect import EmbeddedSparkConnectServer
 from tests.support.airflow_cli import dag_test_env, nats_conn_json, run_airflow

@@ -1,4 +1,4 @@
-"""Reads without a consumer (client/reading/direct.py) against a real nats-server: direct get and message get
+"""Reads without a consumer (client/reading/stored.py) against a real nats-server: direct get and message get
 read the same messages, and neither creates anything on the server (no consumer, no advisory from a direct get)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import StreamNotFoundError
-from airflow_jetstream.client.reading.direct import direct_allowed, get_message, get_messages
+from airflow_jetstream.client.reading.stored import direct_allowed, get_message, method_of, read_messages, read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from tests.support.polling import async_wait_until
 
@@ -63,21 +63,21 @@ def test_many_messages_from_a_sequence_a_time_and_on_a_subject(settings: Connect
             assert direct_allowed(conn, info, batch=True) is direct
             method = "direct_batch" if direct else "message_get"
 
-            page = await get_messages(conn, stream, start_seq=3, limit=5, info=info)
-            assert page.method == method
-            assert [m.seq for m in page.messages] == ([3, 4, 6, 7, 8] if direct else [3, 4, 6, 7])  # 5 is deleted
-            assert page.messages[0].headers == {"X-Index": "2"}
-            assert page.next_seq == page.messages[-1].seq + 1 and page.pending == MESSAGES - page.messages[-1].seq
+            assert method_of(conn, info) == method
+            window = await read_messages(conn, stream, 3, 8, info=info)
+            assert [m.seq for m in window] == [3, 4, 6, 7, 8]  # 5 is deleted
+            assert window[0].headers == {"X-Index": "2"}
+            assert [m.seq for m in await read_messages(conn, stream, 3, None, limit=4)] == [3, 4, 6, 7]
 
-            everything = await get_messages(conn, stream, limit=100)
-            assert [m.seq for m in everything.messages] == [s for s in range(1, MESSAGES + 1) if s != 5]
-            assert everything.pending == 0
+            everything = await read_messages(conn, stream, 1, None)
+            assert [m.seq for m in everything] == [s for s in range(1, MESSAGES + 1) if s != 5]
 
-            on_two = await get_messages(conn, stream, subject=f"{prefix}.2", start_seq=1, limit=3)
-            assert [(m.seq, m.data) for m in on_two.messages] == [(3, b"m2"), (6, b"m5"), (9, b"m8")]
+            on_two = await read_messages(conn, stream, 1, None, subjects=[f"{prefix}.2"], limit=3)
+            assert [(m.seq, m.data) for m in on_two] == [(3, b"m2"), (6, b"m5"), (9, b"m8")]
 
-            later = await get_messages(conn, stream, start_time=everything.messages[-2].time, limit=10)
-            assert [m.seq for m in later.messages] == [MESSAGES - 1, MESSAGES]
+            later = read_range(conn, stream, 1, None, via=None, start_time=everything[-2].time)
+            assert [m[1] async for chunk in later for m in chunk] == [MESSAGES - 1, MESSAGES]
+            assert [m async for m in read_range(conn, stream, 1, None, via=None, start_time=datetime.now(UTC))] == []
 
     asyncio.run(main())
 
@@ -98,15 +98,14 @@ def test_reads_create_nothing_on_the_server(settings: ConnectionSettings) -> Non
                 """Subjects stored after a marker published now (what the reads before it made the server store)."""
                 ack = await conn.js.publish(marker, b"{}")
                 await conn.js.publish(marker, b"{}")
-                page = await get_messages(conn, capture, start_seq=ack.seq, limit=100)
-                return [m.subject for m in page.messages]
+                return [m.subject for m in await read_messages(conn, capture, ack.seq, None)]
 
             await stored_after_marker()
             for _ in range(3):
-                await get_messages(conn, direct_stream, limit=100)
+                await read_messages(conn, direct_stream, 1, None)
                 await get_message(conn, direct_stream, seq=2, direct=True)
-                await get_messages(conn, plain_stream, limit=100)
-                await get_messages(conn, plain_stream, subject=f"{plain_stream.lower()}.1", limit=100)
+                await read_messages(conn, plain_stream, 1, None)
+                await read_messages(conn, plain_stream, 1, None, subjects=[f"{plain_stream.lower()}.1"])
                 await get_message(conn, plain_stream, seq=2)
             assert (await stored_after_marker()) == [marker, marker]
             for stream in (direct_stream, plain_stream):
@@ -115,8 +114,7 @@ def test_reads_create_nothing_on_the_server(settings: ConnectionSettings) -> Non
             await conn.js.pull_subscribe(f"{plain_stream.lower()}.0", stream=plain_stream)  # the control
 
             async def consumer_created() -> bool:
-                page = await get_messages(conn, capture, limit=1000)
-                return any(".CONSUMER.CREATED." in m.subject for m in page.messages)
+                return any(".CONSUMER.CREATED." in m.subject for m in await read_messages(conn, capture, 1, None))
 
             await async_wait_until(consumer_created, "the control consumer's CONSUMER.CREATED advisory")
 

@@ -20,7 +20,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     StreamNotFoundError,
 )
-from airflow_jetstream.client.reading import range_read
+from airflow_jetstream.client.reading import stored as range_read
 from airflow_jetstream.client.retry import Backoff, is_leader_unavailable, retry
 
 

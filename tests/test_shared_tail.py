@@ -170,9 +170,9 @@ def test_a_missing_stream_reaches_every_waiter(settings: ConnectionSettings, sub
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct_get", "message_get"])
-def test_read_until_stops_at_the_last_sequence_even_with_old_stream_info(settings: ConnectionSettings, direct):
+def test_read_range_stops_at_the_last_sequence_even_with_old_stream_info(settings: ConnectionSettings, direct):
     """What a waiter reads from before it joined: up to ``since`` exactly, whatever its cached stream info says."""
-    from airflow_jetstream.client.reading.direct import read_until
+    from airflow_jetstream.client.reading.stored import read_range
 
     stream = _name("UNTIL")
 
@@ -183,12 +183,13 @@ def test_read_until_stops_at_the_last_sequence_even_with_old_stream_info(setting
             for i in range(1, 31):
                 await conn.js.publish(f"{stream}.{'ab'[i % 2]}", str(i).encode())
 
-            async def seqs(last, **kwargs):
-                return [m.seq async for chunk in read_until(conn, stream, last, info=stale, **kwargs) for m in chunk]
+            async def seqs(last, first=1, subjects=()):
+                reader = read_range(conn, stream, first, last, subjects=subjects, via=None, info=stale)
+                return [m[1] async for chunk in reader for m in chunk]
 
             assert await seqs(25) == list(range(1, 26))
-            assert await seqs(25, start_seq=20, subject=f"{stream}.a") == [20, 22, 24]
-            assert await seqs(3, subject=f"{stream}.b") == [1, 3]
+            assert await seqs(25, 20, (f"{stream}.a",)) == [20, 22, 24]
+            assert await seqs(3, subjects=(f"{stream}.b",)) == [1, 3]
             assert await seqs(0) == []
 
     asyncio.run(main())

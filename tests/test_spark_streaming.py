@@ -50,7 +50,7 @@ def publish(server: EmbeddedNatsServer, prefix: str, numbers: range, subject: st
 
 
 async def _payloads(conn: Any, stream: str) -> list[bytes]:
-    from airflow_jetstream.client.reading.range_read import read_range
+    from airflow_jetstream.client.reading.stored import read_range
 
     state = (await stream_info(conn, stream))["state"]
     out: list[bytes] = []

@@ -22,7 +22,7 @@ from airflow_jetstream.client.batches.publish_chunks import publish_chunks
 from airflow_jetstream.client.batches.resend import stored_sequences
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer
 from tests.support.cluster_tools import call
 from tests.support.nats_calls import call_on

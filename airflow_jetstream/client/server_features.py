@@ -35,7 +35,7 @@ FAST_BATCH = Feature("fast batch publish (stream allow_batched)", (2, 14, 0))
 CONSUMER_RESET = Feature("consumer reset", (2, 14, 0))
 DURABLE_SOURCING = Feature("durable sourcing (server- or user-managed consumer, sources[].consumer)", (2, 14, 0))
 MESSAGE_TTL = Feature("per-message TTL (stream allow_msg_ttl)", (2, 11, 0))
-#: Reads without a consumer (client/reading/direct.py): one message per direct get (stream allow_direct), batches
+#: Reads without a consumer (client/reading/stored.py): one message per direct get (stream allow_direct), batches
 #: of messages per direct get request, and a message get from a time (``start_time``).
 DIRECT_GET = Feature("direct get (stream allow_direct)", (2, 9, 0))
 DIRECT_GET_BATCH = Feature("batched direct get (batch, next_by_subj, start_time)", (2, 11, 0))

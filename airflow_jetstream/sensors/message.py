@@ -128,7 +128,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
     async def _read_back(self, conn: JetStreamConnection, reference: dict[str, Any]) -> dict[str, Any]:
         """The referenced message as the sensor returns it, with the function's result computed again here."""
         from airflow_jetstream.client.reading.apply_function import bind_function, call_function, with_result
-        from airflow_jetstream.client.reading.direct import get_message
+        from airflow_jetstream.client.reading.stored import get_message
 
         stored = await get_message(conn, reference["stream"], seq=reference["seq"])
         if stored is None:

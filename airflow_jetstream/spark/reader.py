@@ -31,8 +31,7 @@ from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.records import BatchRecord
 from airflow_jetstream.client.reading.headers import header_values
-from airflow_jetstream.client.reading.messages import is_utf8
-from airflow_jetstream.client.reading.range_read import Row, read_range
+from airflow_jetstream.client.reading.messages import Row, is_utf8
 from airflow_jetstream.client.reading.read_plan import (
     ReadPlan,
     acknowledge_read,
@@ -40,6 +39,7 @@ from airflow_jetstream.client.reading.read_plan import (
     plan_worker_read,
     read_method,
 )
+from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.spark.connection import session_connection_fields, with_connection_defaults
 from airflow_jetstream.spark.json_rows import BadValue, bad_json_error, converter, headers_kind, parse_payload

@@ -1,7 +1,7 @@
 """The last advisories of the capture stream, read without a consumer: the JetStream view's advisory window.
 
 The window is the capture stream's last ``limit`` messages, read with
-:func:`~airflow_jetstream.client.reading.direct.get_messages` (direct batches when the stream allows
+:func:`~airflow_jetstream.client.reading.stored.read_messages` (direct batches when the stream allows
 direct gets, message gets otherwise), newest first. Reading it writes nothing into the capture stream
 when the stream is the provider's (``allow_direct``, no API audits): ``capture`` says when it is not.
 """
@@ -13,7 +13,7 @@ from typing import Any
 from airflow_jetstream.client.advisories.capture import capture_info
 from airflow_jetstream.client.advisories.types import ADVISORY_PREFIX, decode_advisory
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.reading.direct import direct_allowed, get_messages
+from airflow_jetstream.client.reading.stored import direct_allowed, method_of, read_messages
 from airflow_jetstream.client.subjects import subject_matches, validate_name
 
 #: Captured messages one overview reads unless told otherwise.
@@ -68,9 +68,9 @@ async def recent_advisories(conn: JetStreamConnection, capture_stream: str, *,
     facts = capture_facts(conn, info)
     first, last = max(facts["first_seq"], 1), facts["last_seq"]
     start = max(first, last - limit + 1)
-    page = await get_messages(conn, capture_stream, start_seq=start, limit=max(last - start + 1, 0), info=info)
-    rows = [row for msg in reversed(page.messages) if (row := advisory_row(msg.data, msg.subject, msg.seq))]
+    messages = await read_messages(conn, capture_stream, start, last, info=info)
+    rows = [row for msg in reversed(messages) if (row := advisory_row(msg.data, msg.subject, msg.seq))]
     audits = sum(row["kind"] == "api_audit" for row in rows)
     return {"capture_stream": capture_stream, "advisories": [row for row in rows if row["kind"] != "api_audit"],
-            "api_audit_skipped": audits, "read": len(page.messages), "messages": facts["messages"],
-            "window_start_seq": start, "method": page.method, "capture": facts}
+            "api_audit_skipped": audits, "read": len(messages), "messages": facts["messages"],
+            "window_start_seq": start, "method": method_of(conn, info) if last >= start else "none", "capture": facts}

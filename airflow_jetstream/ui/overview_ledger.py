@@ -1,6 +1,6 @@
 """The batch ledger per run, read without a consumer: what the JetStream view shows in its ledger section.
 
-The ledger bucket's stream (``KV_<bucket>``) is read with :func:`~airflow_jetstream.client.reading.direct.get_messages`
+The ledger bucket's stream (``KV_<bucket>``) is read with :func:`~airflow_jetstream.client.reading.stored.read_messages`
 (direct batches when the bucket allows direct gets, message gets otherwise), newest first: the last
 ``limit`` sequences hold the most recently written ledger entries, so every entry shown was written after
 every entry left out. ``before_seq`` reads the window below an earlier one (the older page). One run's
@@ -19,7 +19,7 @@ from airflow_jetstream.client.kv.keys import is_marker
 from airflow_jetstream.client.ledger.counts import summarized
 from airflow_jetstream.client.ledger.records import FAILED, BatchRecord, key_token
 from airflow_jetstream.client.ledger.store import check_bucket_name
-from airflow_jetstream.client.reading.direct import get_messages
+from airflow_jetstream.client.reading.stored import method_of, read_messages
 
 #: Ledger entries (KV messages) one overview reads unless told otherwise.
 MAX_LEDGER_ENTRIES = 5000
@@ -52,17 +52,17 @@ async def ledger_runs(conn: JetStreamConnection, bucket: str, *, limit: int = MA
     first, last = int(state.get("first_seq") or 0), int(state.get("last_seq") or 0)
     stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
     if run_id is not None:
-        page = await get_messages(conn, stream, start_seq=first, limit=limit, info=info,
-                                  subject=f"{prefix}{key_token(run_id)}.*")
-        start = first
+        messages = await read_messages(conn, stream, first, last, limit=limit, info=info,
+                                       subjects=[f"{prefix}{key_token(run_id)}.*"])
+        start, method = first, method_of(conn, info) if limit else "none"
     else:
         end = min(last, before_seq - 1) if before_seq else last
         start = max(first, end - limit + 1, 1)
-        page = await get_messages(conn, stream, start_seq=start, limit=end - start + 1 if end >= start else 0,
-                                  info=info)
+        messages = await read_messages(conn, stream, start, end, info=info)
+        method = method_of(conn, info) if end >= start else "none"
     latest: dict[str, BatchRecord | None] = {}
     errors: list[dict[str, Any]] = []
-    for msg in page.messages:
+    for msg in messages:
         key = msg.subject[len(prefix):]
         if key.count(".") != 1:  # not a batch record (<run>.<batch>): e.g. a run's counts (<run>./counts.<n>)
             continue
@@ -75,9 +75,9 @@ async def ledger_runs(conn: JetStreamConnection, bucket: str, *, limit: int = MA
             errors.append({"key": key, "seq": msg.seq, **exc.to_dict()})
     runs = run_rows((rec for rec in latest.values() if rec is not None), bucket=bucket,
                     now=time.time() if now is None else now)
-    return {"bucket": bucket, "runs": runs, "entries": int(state.get("messages") or 0), "read": len(page.messages),
+    return {"bucket": bucket, "runs": runs, "entries": int(state.get("messages") or 0), "read": len(messages),
             "first_read_seq": start, "older": start > first and run_id is None, "run_id": run_id,
-            "method": page.method, "unreadable": errors[:LISTED_PER_RUN], "unreadable_count": len(errors),
+            "method": method, "unreadable": errors[:LISTED_PER_RUN], "unreadable_count": len(errors),
             "allow_direct": bool((info.get("config") or {}).get("allow_direct"))}
 
 

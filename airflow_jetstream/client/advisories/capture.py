@@ -37,10 +37,10 @@ from airflow_jetstream.client.advisories.types import (
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import InvalidRequestError, StreamNotFoundError
-from airflow_jetstream.client.reading.direct import read_until
 from airflow_jetstream.client.reading.listener_index import KeyOf
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.shared_tail import TailListener, follow
+from airflow_jetstream.client.reading.stored import BATCH, messages_of, read_range
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subjects
 from airflow_jetstream.client.times import parse_time
 
@@ -270,10 +270,11 @@ def _key_of(names: tuple[str, ...]) -> KeyOf:
 async def _stored(conn: JetStreamConnection, capture_stream: str, subject: str, last_seq: int, *,
                   start_time: datetime, info: dict[str, Any]) -> AsyncGenerator[Advisory, None]:
     """The advisories on ``subject`` stored from ``start_time`` up to ``last_seq`` (no consumer)."""
-    pages = read_until(conn, capture_stream, last_seq, start_time=start_time, subject=subject, info=info)
+    pages = read_range(conn, capture_stream, 1, last_seq, start_time=start_time, subjects=(subject,), via=None,
+                       batch=BATCH, info=info)
     async with aclosing(pages):
         async for page in pages:
-            for message in page:
+            for message in messages_of(capture_stream, page):
                 advisory = _decoded(message)
                 if advisory is not None:
                     yield advisory

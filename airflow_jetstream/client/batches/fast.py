@@ -60,7 +60,7 @@ from airflow_jetstream.client.errors import (
     JetStreamError,
     error_from_api,
 )
-from airflow_jetstream.client.reading.range_read import read_range
+from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.client.retry import ELECTION, Deadline, is_leader_unavailable, retry
 
 FAST_REFUSED_HEADERS = {

@@ -115,7 +115,7 @@ async def stored_fence(conn: JetStreamConnection, stream: str, fence_id: str) ->
     (1 <= n < k), or the fence is not one of ours.
     """
     # here, not at the top: DAG files import the fence's names; nats-py loads when a fence is read
-    from airflow_jetstream.client.reading.direct import get_message
+    from airflow_jetstream.client.reading.stored import get_message
 
     subject = fence_subject(stream, fence_id)
     raw = await get_message(conn, stream, subject=subject)

@@ -31,8 +31,8 @@ from airflow_jetstream.client.errors import (
     LeaderUnavailableError,
     RequestTimeoutError,
 )
-from airflow_jetstream.client.reading.direct import get_message
 from airflow_jetstream.client.reading.messages import Message
+from airflow_jetstream.client.reading.stored import get_message
 from airflow_jetstream.client.retry import Deadline
 
 #: Probes (and read-backs) in flight at once.

@@ -23,7 +23,7 @@ from airflow_jetstream.client.errors import KeyValueError, RequestTimeoutError
 from airflow_jetstream.client.kv.bucket import ensure_bucket
 from airflow_jetstream.client.kv.keys import CasConflict, Write, is_marker, write
 from airflow_jetstream.client.kv.names import validate_key
-from airflow_jetstream.client.reading.direct import get_message
+from airflow_jetstream.client.reading.stored import get_message
 
 #: How long a claim is kept after it was made.
 DEFAULT_CLAIM_TTL = "7d"

@@ -18,9 +18,9 @@ from airflow_jetstream.client.kv.errors import bucket_missing
 from airflow_jetstream.client.kv.keys import entry_dict, get_key
 from airflow_jetstream.client.kv.names import stream_of, validate_key
 from airflow_jetstream.client.reading.apply_function import with_result
-from airflow_jetstream.client.reading.direct import direct_allowed, get_message
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.shared_tail import follow
+from airflow_jetstream.client.reading.stored import direct_allowed, get_message
 
 _REMOVED = ("DEL", "PURGE")
 log = logging.getLogger(__name__)

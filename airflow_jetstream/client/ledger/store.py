@@ -80,8 +80,7 @@ from airflow_jetstream.client.ledger.records import (
     key_token,
     shard_of,
 )
-from airflow_jetstream.client.reading.direct import get_message, last_per_subject
-from airflow_jetstream.client.reading.range_read import read_latest_per_subject
+from airflow_jetstream.client.reading.stored import get_message, last_per_subject, read_latest_per_subject
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ messages (``follow=True``) shares the one subscription the connection holds for 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from contextlib import aclosing
 from datetime import datetime
 from typing import Any
@@ -25,9 +25,9 @@ from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import ApplyFunctionError, InvalidRequestError
 from airflow_jetstream.client.reading.apply_function import call_function, with_result
-from airflow_jetstream.client.reading.direct import read_until
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.shared_tail import follow
+from airflow_jetstream.client.reading.stored import BATCH, messages_of, read_range
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.client.times import parse_time
 
@@ -90,10 +90,14 @@ class _Search:
                 return _found(message, result, self.scanned)
         return None
 
-    async def look_through(self, pages: AsyncGenerator[list[Message], None]) -> dict[str, Any] | None:
+    async def look_through(self, conn: JetStreamConnection, stream: str, subject: str | None, last: int,
+                           info: dict[str, Any]) -> dict[str, Any] | None:
+        """Look at what is stored from ``next_seq`` up to ``last``, without a consumer."""
+        pages = read_range(conn, stream, self.next_seq, last, subjects=(subject or ">",), via=None, batch=BATCH,
+                           info=info)
         async with aclosing(pages):
             async for page in pages:
-                found = await self.look(page)
+                found = await self.look(messages_of(stream, page))
                 if found is not None:
                     return found
         return None
@@ -118,8 +122,7 @@ async def find_message(conn: JetStreamConnection, stream: str, match: Callable[[
     if not follow:
         info = await stream_info(conn, stream)
         last = int(info["state"].get("last_seq") or 0)
-        found = await search.look_through(read_until(conn, stream, last, start_seq=start_seq, subject=subject,
-                                                     info=info))
+        found = await search.look_through(conn, stream, subject, last, info)
         return found or {"message": None, "next_seq": max(search.next_seq, last + 1), "scanned": search.scanned}
     return await _follow(conn, stream, subject, search)
 
@@ -127,9 +130,7 @@ async def find_message(conn: JetStreamConnection, stream: str, match: Callable[[
 async def _follow(conn: JetStreamConnection, stream: str, subject: str | None, search: _Search) -> dict[str, Any]:
     async with follow(conn, stream, subject or ">") as listener:
         async with listener.catching_up():
-            stored = read_until(conn, stream, listener.since, start_seq=search.next_seq, subject=subject,
-                                info=await listener.tail.info())
-            found = await search.look_through(stored)
+            found = await search.look_through(conn, stream, subject, listener.since, await listener.tail.info())
         search.next_seq = max(search.next_seq, listener.since + 1)
         while found is None:
             found = await search.look(await listener.next_batch())

@@ -65,8 +65,8 @@ from airflow_jetstream.client.reading.consume_options import (
 )
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.pull import PullSubscription
-from airflow_jetstream.client.reading.range_read import read_range
 from airflow_jetstream.client.reading.read_plan import plan_read, read_method
+from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.client.subjects import validate_name, validate_subjects
 from airflow_jetstream.client.times import to_rfc3339
 

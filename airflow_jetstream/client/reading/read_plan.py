@@ -3,7 +3,7 @@ per-worker subject groups), how the stream can be read, and what a consume job r
 
 :func:`plan_read` fixes the last sequence at that moment and splits the read into sequence ranges that
 separate processes (Spark partitions) read in parallel with
-:func:`~airflow_jetstream.client.reading.range_read.read_range`. Reading removes nothing:
+:func:`~airflow_jetstream.client.reading.stored.read_range`. Reading removes nothing:
 :func:`acknowledge_read` removes what a consume job read once its output is safe: from a WorkQueue stream
 by a purge of the read's filters up to the planned last sequence; from an Interest stream by moving the
 job's durable consumer past the planned last sequence (a consumer reset), after which the server drops

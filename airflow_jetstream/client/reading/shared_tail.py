@@ -15,7 +15,7 @@ filter and gets the messages matching it, from the sequence after :attr:`TailLis
                 ...
 
 What a waiter needs from before it joined (up to ``since``) it reads without a consumer
-(:mod:`~airflow_jetstream.client.reading.direct`); nothing between is lost or seen twice.
+(:mod:`~airflow_jetstream.client.reading.stored`); nothing between is lost or seen twice.
 
 The tail recovers by itself: a gap in the consumer's sequence, missed heartbeats (a server restart, a dropped
 consumer, a node that died) or a deleted consumer make it subscribe again from the next sequence it has not
@@ -33,7 +33,7 @@ import random
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Hashable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +47,9 @@ from airflow_jetstream.client.errors import (
     LimitReachedError,
     RequestTimeoutError,
 )
-from airflow_jetstream.client.reading.direct import direct_allowed, get_messages
 from airflow_jetstream.client.reading.listener_index import KeyOf, ListenerIndex
 from airflow_jetstream.client.reading.messages import Message
+from airflow_jetstream.client.reading.stored import BATCH, messages_of, read_range
 from airflow_jetstream.client.retry import Backoff
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 
@@ -385,18 +385,15 @@ class StreamTail:
         while not self._closed:
             await asyncio.sleep(POLL_INTERVAL * random.uniform(0.8, 1.2))
             try:
-                more = True
-                while more:
-                    info = await self.info()
-                    if not direct_allowed(self.conn, info, batch=True):  # message gets read up to its last_seq
-                        info = await self.info(max_age=0)
-                    page = await get_messages(self.conn, self.stream, limit=256, start_seq=self.delivered + 1,
-                                              subject=self.filter, info=info)
-                    for message in page.messages:
-                        if message.seq > self.delivered:
-                            self._dispatch(message)
-                            await self._let_others_run()
-                    more = bool(page.messages) and bool(page.pending)
+                # every message on the filter (">": write fences too, as the consumer of a tail hands them on)
+                reader = read_range(self.conn, self.stream, self.delivered + 1, None, via=None, batch=BATCH,
+                                    subjects=(self.filter or ">",), info=await self.info())
+                async with aclosing(reader):
+                    async for chunk in reader:
+                        for message in messages_of(self.stream, chunk):
+                            if message.seq > self.delivered:
+                                self._dispatch(message)
+                                await self._let_others_run()
                 attempt = 0
             except (RequestTimeoutError, ConnectionFailedError) as exc:
                 attempt += 1

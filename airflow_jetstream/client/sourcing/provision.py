@@ -48,7 +48,7 @@ from airflow_jetstream.client.errors import (
     StreamConfigError,
     StreamNotFoundError,
 )
-from airflow_jetstream.client.reading.direct import get_message
+from airflow_jetstream.client.reading.stored import get_message
 from airflow_jetstream.client.sourcing.spec import (
     MIRROR_OWNER,
     SOURCE_OWNER,

@@ -1,0 +1,469 @@
+"""A stream's stored messages, read one way: one message (:func:`get_message`), a sequence range
+(:func:`read_range`), or the last message of each subject (:func:`last_per_subject`, :func:`read_latest_per_subject`).
+
+:func:`read_range` yields the messages ``first <= seq <= last`` in order, in chunks of :data:`Row`, read ``via``:
+
+- ``"consumer"``: a short-lived read consumer (:mod:`.read_consumer`), the fastest way for bulk reads (Spark) of
+  a Limits stream; WorkQueue streams refuse such consumers.
+- ``"direct"``: batched **direct get** ``$JS.API.DIRECT.GET.<stream>`` (``batch``: a reply of many messages
+  ending with an ``EOB`` status that says how many more match; nats-server 2.11+ and the stream's
+  ``allow_direct``). Any replica answers (one still applying the latest writes may not have them yet), and it
+  is not a JetStream API call, so no API audit advisory is published for it.
+- ``"get"``: **message get** ``$JS.API.STREAM.MSG.GET.<stream>``: every stream, one message per request,
+  answered by the stream leader; an API call (audited like any other).
+- ``None``: without a consumer: direct where the server and the stream allow, else message gets.
+
+A consumer, even a short-lived ephemeral one, is created on the server: it counts against the stream's
+``max_consumers`` (1,000 when unset), its creation and deletion are advisories a capture stream stores, and a
+reader that dies leaves it until its inactive threshold. The view, sensor pokes and status reads therefore read
+with ``via=None`` (DESIGN.md: observing never writes). No way removes anything (planning a read and
+acknowledging it: :mod:`.read_plan`).
+
+A read is complete up to ``last``: one that ends early on a cluster is checked against the stream leader (a
+consumer or direct get answered by a replica still catching up sees fewer messages); a direct read then reads
+on from the leader, a consumer read starts again (:func:`_resuming`). Everything is safe to repeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import AsyncGenerator, Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import nats.errors
+import nats.js.errors
+
+from airflow_jetstream.client import server_features
+from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
+from airflow_jetstream.client.batches.fence import is_fence_subject
+from airflow_jetstream.client.batches.types import HEADER_STATUS
+from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
+from airflow_jetstream.client.errors import (
+    InvalidRequestError,
+    JetStreamError,
+    LeaderUnavailableError,
+    StreamNotFoundError,
+    error_from_api,
+)
+from airflow_jetstream.client.reading.headers import Headers, parse_header_lines, without
+from airflow_jetstream.client.reading.messages import Message, Row
+from airflow_jetstream.client.reading.read_consumer import read_with_consumer
+from airflow_jetstream.client.retry import retry
+from airflow_jetstream.client.subjects import validate_name
+from airflow_jetstream.client.times import parse_time, to_rfc3339
+
+#: Messages a reader that only looks asks for in one direct batch request (the reply is bounded in memory and time).
+BATCH = 256
+#: Message gets in flight at once when reading without a subject filter.
+CONCURRENT_GETS = 32
+#: Headers a direct get adds to the stored message's own (where it came from, what is left to read).
+DIRECT_HEADERS = frozenset({"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Num-Pending",
+                            "Nats-Last-Sequence", "Nats-UpTo-Sequence"})
+_NO_MESSAGE = 10037
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def direct_allowed(conn: JetStreamConnection, info: dict[str, Any], *, batch: bool = False) -> bool:
+    """Whether ``info``'s stream answers direct gets (``allow_direct``) on a server that has them (batches: 2.11+)."""
+    feature = server_features.DIRECT_GET_BATCH if batch else server_features.DIRECT_GET
+    return bool((info.get("config") or {}).get("allow_direct")) and server_features.supports(conn, feature)
+
+
+def messages_of(stream: str, chunk: Sequence[Row]) -> list[Message]:
+    """A chunk of :func:`read_range` as :class:`Message` objects."""
+    return [Message.from_stored(stream, row) for row in chunk]
+
+
+def method_of(conn: JetStreamConnection, info: dict[str, Any]) -> str:
+    """How ``via=None`` reads the stream of ``info``: ``direct_batch`` or ``message_get``."""
+    return "direct_batch" if direct_allowed(conn, info, batch=True) else "message_get"
+
+
+async def read_messages(conn: JetStreamConnection, stream: str, first: int, last: int | None, *,
+                        limit: int | None = None, subjects: Sequence[str] = (),
+                        info: dict[str, Any] | None = None) -> list[Message]:
+    """Up to ``limit`` messages of :func:`read_range` without a consumer (``via=None``), as a list."""
+    out: list[Message] = []
+    reader = read_range(conn, stream, first, last, subjects=subjects, via=None, batch=BATCH, info=info)
+    async with contextlib.aclosing(reader):
+        async for chunk in reader:
+            out.extend(messages_of(stream, chunk[:None if limit is None else limit - len(out)]))
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- one message
+
+
+def _typed(conn: JetStreamConnection, exc: BaseException, stream: str, subject: str) -> JetStreamError:
+    """A nats-py error of a get as the client's typed error."""
+    what = f"read from stream {stream!r}"
+    if isinstance(exc, nats.js.errors.APIError):
+        error = {"code": exc.code, "err_code": exc.err_code, "description": exc.description}
+        return error_from_api(error, context=what)
+    if isinstance(exc, nats.errors.NoRespondersError):
+        return StreamNotFoundError(
+            f"{what}: nothing answers direct gets on {subject!r}: the stream does not exist or does not allow "
+            "direct gets (allow_direct)", reason="stream_not_found")
+    return conn.permission_error(subject) or conn.unanswered(f"{what}: no reply to {subject!r}")
+
+
+def _from_natspy(stream: str, raw: Any, direct: bool) -> Message:
+    headers = raw.headers or {}
+    stamp = headers.get("Nats-Time-Stamp")
+    kept = without(headers if isinstance(headers, Headers) else Headers(dict(headers)), DIRECT_HEADERS)
+    return Message(stream=stream, subject=raw.subject, seq=int(raw.seq or 0), data=raw.data or b"",
+                   headers=(kept or {}) if direct else dict(headers),
+                   time=datetime.fromisoformat(stamp) if stamp else getattr(raw, "time", None))
+
+
+async def get_message(conn: JetStreamConnection, stream: str, *, seq: int | None = None, subject: str | None = None,
+                      next_after: bool = False, direct: bool = False) -> Message | None:
+    """One stored message through nats-py's ``get_msg``, or None when there is none.
+
+    ``seq`` alone: that message. ``subject`` alone: the last message on it (a KV key:
+    ``$KV.<bucket>.<key>``). ``seq`` and ``subject`` with ``next_after``: the first message at or after
+    ``seq`` on ``subject`` (a wildcard filter works). ``direct`` uses direct get: only for a stream
+    whose ``allow_direct`` is set (:func:`direct_allowed`).
+    """
+    validate_name(stream, what="stream name")
+    if seq is None and subject is None:
+        raise InvalidRequestError("get_message needs a seq, a subject or both", reason="invalid_request")
+    if next_after and (seq is None or subject is None):
+        raise InvalidRequestError("next_after needs both seq and subject", reason="invalid_request")
+    api = f"{conn.api_prefix}.{'DIRECT.GET' if direct else 'STREAM.MSG.GET'}.{stream}"
+
+    async def attempt() -> Message | None:
+        try:
+            raw = await conn.js.get_msg(stream, seq=seq, subject=subject, next=next_after, direct=direct)
+        except nats.js.errors.NotFoundError as exc:
+            if exc.err_code in (None, _NO_MESSAGE):  # a direct get's 404 carries no err_code
+                return None
+            raise _typed(conn, exc, stream, api) from None
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise _typed(conn, exc, stream, api) from None
+        return _from_natspy(stream, raw, direct)
+
+    return await conn.retry_leader(f"read from stream {stream!r}", attempt)
+
+
+# ------------------------------------------------------------------------------------------------- rows
+
+
+def _ts_nanos(rfc3339: str) -> int:
+    """Nanoseconds since the epoch from the server's RFC 3339 time with up to 9 fraction digits."""
+    text = rfc3339.rstrip("Z")
+    base, _, frac = text.partition(".")
+    seconds = int(datetime.fromisoformat(base + "+00:00").timestamp())
+    return seconds * 1_000_000_000 + int((frac + "000000000")[:9])
+
+
+def _direct_row(headers: Any, msg: Any) -> Row:
+    """A direct get's message as a :data:`Row`: its own headers (repeated names keep every value)."""
+    own = without(headers, DIRECT_HEADERS)
+    return headers["Nats-Subject"], int(headers["Nats-Sequence"]), _ts_nanos(headers["Nats-Time-Stamp"]), own, msg.data
+
+
+def _stored_headers(hdrs: str | None) -> Headers | None:
+    """The base64 header block of a message get's JSON (``NATS/1.0`` line, then header lines) as headers."""
+    if not hdrs:
+        return None
+    block = base64.b64decode(hdrs).split(b"\r\n", 1)
+    return parse_header_lines(block[1]) if len(block) == 2 and block[1].strip() else None
+
+
+async def _get_next(conn: JetStreamConnection, stream: str, seq: int, subject: str) -> Row | None:
+    """The first message at or after ``seq`` on ``subject`` (``>``: any), asked of the stream leader."""
+    try:
+        reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": seq, "next_by_subj": subject},
+                                       context=f"read from stream {stream!r}")
+    except JetStreamError as exc:
+        if exc.err_code == _NO_MESSAGE:
+            return None
+        raise
+    message = reply["message"]
+    return (message["subject"], int(message["seq"]), _ts_nanos(message["time"]), _stored_headers(message.get("hdrs")),
+            base64.b64decode(message.get("data") or ""))
+
+
+async def direct_batch(conn: JetStreamConnection, stream: str, request: dict[str, Any],
+                       row: Callable[[Any, Any], T], *, election: bool = False) -> tuple[list[T], int | None]:
+    """One direct batch request: its messages, each as ``row(headers, msg)``, and how many more match after
+    them (the EOB's count). A 503 (nothing answers direct gets on the stream) is :class:`StreamNotFoundError`;
+    with ``election`` (a stream known to exist, on a cluster) it is :class:`LeaderUnavailableError`."""
+    subject = f"{conn.api_prefix}.DIRECT.GET.{stream}"
+    inbox = conn.nc.new_inbox()
+    sub = await conn.nc.subscribe(inbox, pending_bytes_limit=256 * 1024 * 1024)
+    got: list[T] = []
+    timeout = conn.settings.request_timeout
+    try:
+        await conn.nc.publish(subject, json.dumps(request).encode(), reply=inbox)
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=timeout)
+            except (nats.errors.TimeoutError, TimeoutError):
+                raise conn.permission_error(subject) or conn.unanswered(
+                    f"read from stream {stream!r}: no reply to {subject!r} within {timeout}s") from None
+            headers = msg.headers or {}
+            status = headers.get(HEADER_STATUS)
+            if status is None:
+                got.append(row(headers, msg))
+                continue
+            if status == "204":  # EOB: the batch ended; how many more match
+                return got, _int(headers.get("Nats-Num-Pending"))
+            if status == "404":  # nothing (more) at or after the sequence
+                return got, 0
+            if status == "503" and election:
+                raise LeaderUnavailableError(f"read from stream {stream!r}: direct get answered 503 (no replica "
+                                             "answers right now)")
+            if status == "503":
+                raise StreamNotFoundError(
+                    f"read from stream {stream!r}: nothing answers direct gets on {subject!r}: the stream does "
+                    "not exist or does not allow direct gets (allow_direct)", reason="stream_not_found")
+            description = str(headers.get("Description") or "").strip()
+            raise JetStreamError(f"read from stream {stream!r}: the server answered {status} {description}",
+                                 reason="direct_get_failed", code=_int(status), description=description)
+    finally:
+        if not conn.nc.is_closed:
+            await sub.unsubscribe()
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------------- the three ways
+
+
+async def _read_via_get(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
+                        batch: int) -> AsyncGenerator[list[Row], None]:
+    """Message gets of "the first at or after": ``CONCURRENT_GETS`` sequences at once without a filter (deleted
+    sequences answer with the next stored one), one after the other on a subject."""
+    subject = subjects[0] if subjects else ">"
+    seq = first
+    while seq <= last:
+        window = range(seq, min(last, seq + (CONCURRENT_GETS if subject == ">" else 1) - 1) + 1)
+        found = await asyncio.gather(*(_get_next(conn, stream, at, subject) for at in window))
+        rows = sorted({row[1]: row for row in found if row is not None and row[1] <= last}.values(),
+                      key=lambda row: row[1])
+        if rows:
+            yield rows
+        if found[-1] is None or not rows:
+            return
+        seq = rows[-1][1] + 1
+
+
+async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
+                           batch: int) -> AsyncGenerator[list[Row], None]:
+    """Batched direct gets (:func:`direct_batch`) of one subject (or all); a 503 on a cluster is an election (the
+    stream exists: the read was planned on it)."""
+    seq = first
+    while seq <= last:
+        request: dict[str, Any] = {"seq": seq, "batch": min(batch, last - seq + 1)}
+        if subjects:
+            request["next_by_subj"] = subjects[0]
+        got, pending = await direct_batch(conn, stream, request, _direct_row, election=conn.clustered)
+        chunk = [message for message in got if message[1] <= last]
+        if chunk:
+            yield chunk
+        if not got or len(chunk) < len(got) or pending == 0:
+            return
+        seq = got[-1][1] + 1
+
+
+async def _read_via_consumer(conn: JetStreamConnection, stream: str, first: int, last: int,
+                             subjects: Sequence[str], batch: int) -> AsyncGenerator[list[Row], None]:
+    start = {"deliver_policy": "by_start_sequence", "opt_start_seq": first}
+    async for chunk in read_with_consumer(conn, stream, start, last, subjects, batch):
+        yield chunk
+
+
+VIAS = ("consumer", "direct", "get")
+
+
+async def read_range(conn: JetStreamConnection, stream: str, first: int, last: int | None, *,
+                     subjects: Sequence[str] = (), via: str | None = "consumer", batch: int = 5000,
+                     start_time: datetime | str | None = None,
+                     info: dict[str, Any] | None = None) -> AsyncGenerator[list[Row], None]:
+    """Yield the messages with ``first <= seq <= last`` (matching ``subjects``) in chunks, in order.
+
+    Without ``subjects`` every message but the write fences (:mod:`~airflow_jetstream.client.batches.fence`).
+    ``start_time``: from the first message stored at or after it (and not before ``first``). ``last`` None: up to
+    what the server that answers holds (a poll: what it misses comes with the next). ``via`` None chooses direct or
+    message gets from ``info``, the stream's info (read when not given). ``batch``: messages per pull or direct
+    batch request."""
+    validate_name(stream, what="stream name")
+    if via is None:
+        info = info if info is not None else await stream_info(conn, stream)
+        via = "direct" if direct_allowed(conn, info, batch=True) else "get"
+    if via not in VIAS:
+        raise InvalidRequestError(f"via={via!r}: use 'consumer', 'direct' or 'get'", reason="invalid_option")
+    if start_time is not None:
+        server_features.require(conn, server_features.MSG_GET_START_TIME,
+                                what=f"reading stream {stream!r} from a time")
+        since = await _first_at_or_after(conn, stream, parse_time(start_time, field="start_time"), via == "direct")
+        if since is None:
+            return
+        first = max(first, since)
+    first = max(first, 1)
+    if last is not None and last < first:
+        return
+    if via != "consumer" and len(subjects) > 1:
+        # gets read one subject after the other, each in sequence order: each resumes on its own
+        for subject in subjects:
+            async for chunk in read_range(conn, stream, first, last, subjects=(subject,), via=via, batch=batch):
+                yield chunk
+        return
+    reader = {"consumer": _read_via_consumer, "direct": _read_via_direct, "get": _read_via_get}[via]
+    end = sys.maxsize if last is None else last
+
+    def read_from(start: int) -> AsyncGenerator[list[Row], None]:
+        return reader(conn, stream, start, end, subjects, batch)
+
+    checked = last is not None and conn.clustered and via != "get"  # a single server is its own leader
+    async for chunk in _resuming(conn, stream, first, end, subjects, checked, via, read_from):
+        if not subjects:
+            chunk = [m for m in chunk if not is_fence_subject(m[0])]
+        if chunk:
+            yield chunk
+
+
+async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
+                    checked: bool, via: str, read_from: Callable[[int], AsyncGenerator[list[Row], None]],
+                    ) -> AsyncGenerator[list[Row], None]:
+    """Yield ``read_from(first)``; after a :class:`LeaderUnavailableError` (a node restart or leader
+    election) read again from the sequence after the last one yielded, with the client's retry rule
+    (:func:`~airflow_jetstream.client.retry.retry`: 0.25 s doubling up to 2 s) for up to the connection's
+    ``leader_wait`` seconds without progress: each chunk is one call of it. Nothing is yielded twice.
+
+    With ``checked``, a read that ends before ``last`` is checked against the stream leader: a read consumer or
+    a direct get answered by a replica that is still catching up (just restarted) sees fewer messages, so when
+    the leader holds a matching message at or below ``last`` the read goes on instead of ending short: a direct
+    read from the leader (message gets), a consumer read with a new consumer."""
+    start = first
+    reader: AsyncGenerator[list[Row], None] | None = None
+
+    def from_leader(at: int) -> AsyncGenerator[list[Row], None]:
+        return _read_via_get(conn, stream, at, last, subjects, BATCH)
+
+    async def next_chunk() -> list[Row] | None:
+        """The next chunk from ``first`` on (from a new reader after an interruption), or None at the end."""
+        nonlocal reader, read_from, checked
+        if reader is None:
+            if first > last:
+                return None
+            reader = read_from(first)
+        try:
+            return await anext(reader)
+        except StopAsyncIteration:
+            reader = None
+        except LeaderUnavailableError:
+            reader = None
+            raise
+        behind = await _next_stored_seq(conn, stream, first, subjects) if checked and first <= last else None
+        if behind is None or behind > last:
+            return None
+        if via != "consumer":  # the leader reads on (one get when the replica was current)
+            checked, read_from = False, from_leader
+            return await next_chunk()
+        raise LeaderUnavailableError(
+            f"stream {stream!r}: the read ended before seq {behind}, which the stream leader holds "
+            "(the server that answered is a replica still catching up)")
+
+    def interrupted(exc: JetStreamError) -> str | None:
+        return f"read interrupted at seq {first}" if isinstance(exc, LeaderUnavailableError) else None
+
+    try:
+        while True:
+            chunk = await retry(f"stream {stream}", next_chunk, transient=interrupted,
+                                budget=conn.settings.leader_wait, logger=log,
+                                advice=f"the read of seq {start}..{last} stopped at seq {first}; {QUORUM_ADVICE}")
+            if chunk is None:
+                return
+            first = chunk[-1][1] + 1
+            yield chunk
+    finally:
+        if reader is not None:
+            await reader.aclose()
+
+
+async def _first_at_or_after(conn: JetStreamConnection, stream: str, since: datetime, direct: bool) -> int | None:
+    """The sequence of the first message stored at or after ``since``, None when there is none. A direct get
+    answers without an API call (nothing for a capture stream of API audits to store); on a cluster a replica
+    that has none yet (still catching up) is not the last word, the leader is asked."""
+    if direct:
+        request = {"start_time": to_rfc3339(since), "batch": 1}
+        got, _ = await direct_batch(conn, stream, request, _direct_row, election=conn.clustered)
+        if got or not conn.clustered:
+            return got[0][1] if got else None
+    return await first_seq_at_or_after(conn, stream, since)  # none: the sequence after the last
+
+
+async def _next_stored_seq(conn: JetStreamConnection, stream: str, first: int, subjects: Sequence[str]) -> int | None:
+    """The first sequence >= ``first`` the stream leader holds on ``subjects`` (any subject when empty)."""
+    found = [await _get_next(conn, stream, first, subject) for subject in subjects or (">",)]
+    return min((row[1] for row in found if row is not None), default=None)
+
+
+# ------------------------------------------------------------------------------------------------- last per subject
+
+
+async def last_per_subject(conn: JetStreamConnection, stream: str,
+                           subjects: Sequence[str]) -> dict[str, Message]:
+    """The last message of each subject matching ``subjects`` (literal subjects and wildcard filters mixed), by
+    subject, in one direct get (``multi_last``; nats-server 2.11+ and the stream's ``allow_direct``): a KV
+    key's delete marker comes as its last message. A stream without ``allow_direct`` (or none at all) is
+    :class:`StreamNotFoundError`. The answer is one consistent snapshot of the stream."""
+    validate_name(stream, what="stream name")
+    if not subjects:
+        return {}
+    server_features.require(conn, server_features.DIRECT_GET_BATCH, what=f"reading the last messages of {stream!r}")
+    request = {"multi_last": list(subjects)}  # no "batch": a batch below the number of matches is refused (413)
+    got, _ = await conn.retry_leader(f"read from stream {stream!r}",
+                                     lambda: direct_batch(conn, stream, request, _direct_row))
+    return {row[0]: Message.from_stored(stream, row) for row in got}
+
+
+async def read_latest_per_subject(conn: JetStreamConnection, stream: str, subjects: Sequence[str], *,
+                                  batch: int = 1000) -> AsyncGenerator[list[Row], None]:
+    """Yield the last message of every subject matching ``subjects`` (a KV bucket's current values), however
+    many, in sequence order; updates stored while reading come after (a later one for a subject replaces the
+    earlier). Ends when the consumer reports nothing pending, so it never stops early the way a KV watch's
+    "initial values done" marker can (nats-py sends it when a consumer info answer overtakes the deliveries).
+
+    On a cluster the read consumer must sit on the stream leader or on a current replica: one placed
+    on a replica still catching up (just restarted) would list only the keys it has so far, and a
+    short listing cannot be told from a complete one. Such a consumer is dropped and placed again with
+    the client's retry rule (:func:`~airflow_jetstream.client.retry.retry`: 0.25 s doubling up to 2 s) for
+    up to the connection's ``leader_wait``."""
+
+    async def started() -> tuple[AsyncGenerator[list[Row], None], list[Row] | None]:
+        reader = read_with_consumer(conn, stream, {"deliver_policy": "last_per_subject"}, sys.maxsize, subjects,
+                                     batch, current_host=True)
+        try:
+            return reader, await anext(reader)  # a lagging host is refused before anything is yielded
+        except StopAsyncIteration:
+            return reader, None
+
+    def not_started(exc: JetStreamError) -> str | None:
+        return f"listing not started: {exc.message}" if isinstance(exc, LeaderUnavailableError) else None
+
+    reader, first = await retry(f"stream {stream}", started, transient=not_started,
+                                budget=conn.settings.leader_wait, advice=QUORUM_ADVICE, logger=log)
+    async with contextlib.aclosing(reader):
+        if first is None:
+            return
+        yield first
+        async for chunk in reader:
+            yield chunk

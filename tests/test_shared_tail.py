@@ -13,10 +13,9 @@ from contextlib import AsyncExitStack
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
-from airflow_jetstream.client.reading.listener_index import ListenerIndex
+from airflow_jetstream.client.reading.listener_index import ListenerIndex, SubjectIndex
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.shared_tail import follow, tail_stats
-from airflow_jetstream.client.reading.subject_index import SubjectIndex
 from tests.support.polling import async_wait_until
 
 

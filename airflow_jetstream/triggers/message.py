@@ -8,7 +8,7 @@ channel), so a triggerer crash loses nothing: unacked messages are redelivered a
 consumer's ``ack_wait``. While a message waits for persistence the producer keeps it "in
 progress" (``+WPI``, each confirmed by the server) so that the server does not hand it to another
 triggerer replica in the meantime. A delivery held past its ``ack_wait`` (a stalled triggerer)
-is not fired: the server redelivered it or will (:class:`~airflow_jetstream.client.reading.lease.DeliveryLease`).
+is not fired: the server redelivered it or will (:class:`~airflow_jetstream.client.reading.pull.DeliveryLease`).
 
 Outcomes per message: accepted by every watcher -> ``ack`` (confirmed by the server);
 refused by a watcher (``reject_shared_stream_event``) -> ``term`` (no redelivery; the server
@@ -58,8 +58,7 @@ from airflow_jetstream.hooks.jetstream import JetStreamHook
 
 if TYPE_CHECKING:  # the modules that use nats-py are imported when the trigger runs, not when a DAG file is parsed
     from airflow_jetstream.client.connection import JetStreamConnection
-    from airflow_jetstream.client.reading.lease import DeliveryLease
-    from airflow_jetstream.client.reading.pull import PullSubscription
+    from airflow_jetstream.client.reading.pull import DeliveryLease, PullSubscription
 
 #: Longer than Airflow's shared-stream ack timeout (300 s), so a message is not redelivered while it waits.
 DEFAULT_ACK_WAIT = "10m"
@@ -188,8 +187,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
                            budget=None, backoff=Backoff(BACKOFF_FIRST, BACKOFF_MAX), logger=EachCauseOnce(log))
 
     async def open_stream(self) -> AsyncIterator[tuple[Message, int]]:
-        from airflow_jetstream.client.reading.lease import DeliveryLease
-        from airflow_jetstream.client.reading.pull import PullSubscription
+        from airflow_jetstream.client.reading.pull import DeliveryLease, PullSubscription
 
         self._settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
         conn, info = await self._open_consumer(self._settings)

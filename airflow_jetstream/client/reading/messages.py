@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_jetstream.client.reading.lease import DeliveryLease
+    from airflow_jetstream.client.reading.pull import DeliveryLease
 
 #: Bytes of a message body an asset event carries at most: Airflow keeps every event in its metadata DB.
 EVENT_BODY_LIMIT = 64 * 1024

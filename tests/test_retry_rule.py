@@ -20,7 +20,7 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     StreamNotFoundError,
 )
-from airflow_jetstream.client.reading import stored as range_read
+from airflow_jetstream.client.reading import stored
 from airflow_jetstream.client.retry import Backoff, is_leader_unavailable, retry
 
 
@@ -88,7 +88,7 @@ def test_a_loop_bounded_by_max_retries_names_that_setting_and_jitter_never_excee
 def interrupt_range_reads(monkeypatch, starts: list[int], *, resume: bool) -> None:
     """Every range reader (its first sequence noted in ``starts``) returns one chunk, then its leader goes
     away (503); with ``resume=False`` only the first reader returns a chunk."""
-    real_read = range_read._read_via_consumer
+    real_read = stored._read_via_consumer
 
     async def one_chunk_then_no_leader(conn, stream, first, last, subjects, batch):
         starts.append(first)
@@ -98,7 +98,7 @@ def interrupt_range_reads(monkeypatch, starts: list[int], *, resume: bool) -> No
         if first + batch <= last:
             raise LeaderUnavailableError(f"stream {stream!r}: the read consumer answered status 503")
 
-    monkeypatch.setattr(range_read, "_read_via_consumer", one_chunk_then_no_leader)
+    monkeypatch.setattr(stored, "_read_via_consumer", one_chunk_then_no_leader)
 
 
 def read_30_in_fives(settings, leader_wait: float) -> tuple[list[int], LeaderUnavailableError | None]:
@@ -111,7 +111,7 @@ def read_30_in_fives(settings, leader_wait: float) -> tuple[list[int], LeaderUna
             for i in range(30):
                 await conn.js.publish("range.x", b"%d" % i)
             try:
-                async for chunk in range_read.read_range(conn, "RANGE", 1, 30, batch=5):
+                async for chunk in stored.read_range(conn, "RANGE", 1, 30, batch=5):
                     returned.extend(m[1] for m in chunk)
             except LeaderUnavailableError as exc:
                 error = exc
@@ -127,11 +127,11 @@ def test_a_range_read_resumes_after_each_interruption_with_the_budget_counted_si
     last progress."""
     starts: list[int] = []
     interrupt_range_reads(monkeypatch, starts, resume=True)
-    with caplog.at_level(logging.WARNING, logger=range_read.__name__):
+    with caplog.at_level(logging.WARNING, logger=stored.__name__):
         seqs, error = read_30_in_fives(settings, leader_wait=1.0)
     assert seqs == list(range(1, 31)) and error is None
     assert starts == [1, 6, 11, 16, 21, 26]
-    retries = [r.getMessage() for r in caplog.records if r.name == range_read.__name__]
+    retries = [r.getMessage() for r in caplog.records if r.name == stored.__name__]
     # each interruption starts a new retry loop with the whole leader_wait: every line is its "retry 1"
     # (the time left it prints is not checked: it depends on how fast the box runs the loop)
     assert [re.sub(r"\d+\.\d s of", "<left> s of", line) for line in retries] == [

@@ -44,6 +44,7 @@ class JetStreamAdvisoryTrigger(JetStreamWaitTrigger):
     """
 
     what = "an advisory"
+    serialized = ("start_time", "expect", "capture_stream", "quiet_until", "fetch_timeout", "report_gap")
 
     def __init__(
         self,
@@ -84,9 +85,7 @@ class JetStreamAdvisoryTrigger(JetStreamWaitTrigger):
                           f"{start_time or 'the trigger started'}")
 
     def _kwargs(self) -> dict[str, Any]:
-        return {**filter_kwargs(self.advisory_filter), "start_time": self.start_time, "expect": self.expect,
-                "capture_stream": self.capture_stream, "quiet_until": self.quiet_until,
-                "fetch_timeout": self.fetch_timeout, "report_gap": self.report_gap}
+        return {**filter_kwargs(self.advisory_filter), **super()._kwargs()}
 
     def _since(self) -> datetime:
         if not self.start_time:

@@ -40,6 +40,8 @@ class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
     """
 
     what = "a message"
+    serialized = ("stream", "apply_function", "start_seq", "filter_subject", "apply_function_args",
+                  "apply_function_kwargs", "fetch_timeout", "body_in_event")
 
     def __init__(self, *, stream: str, apply_function: FunctionSpec, start_seq: int, filter_subject: str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
@@ -55,12 +57,6 @@ class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
         self.fetch_timeout = None if fetch_timeout is None else to_seconds(fetch_timeout, field="fetch_timeout")
         self.body_in_event = body_in_event
         self.last_seen = f"no message of stream {stream} from seq {self.start_seq} looked at yet"
-
-    def _kwargs(self) -> dict[str, Any]:
-        return {"stream": self.stream, "apply_function": self.apply_function, "start_seq": self.start_seq,
-                "filter_subject": self.filter_subject, "apply_function_args": self.apply_function_args,
-                "apply_function_kwargs": self.apply_function_kwargs, "fetch_timeout": self.fetch_timeout,
-                "body_in_event": self.body_in_event}
 
     def goal(self) -> str:
         return (f"a message of stream {self.stream} ({self.filter_subject or 'all subjects'}) "

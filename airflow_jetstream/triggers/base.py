@@ -98,7 +98,7 @@ class JetStreamWaitTrigger(BaseTrigger):
 
     Subclasses implement :meth:`check` (one look now: the event when the condition holds, else None; it sets
     ``last_seen`` to one line saying what it saw) and :meth:`wait` (until the condition holds), and
-    ``_kwargs`` (their own serialized arguments). ``run`` waits on the loop's shared connection, retries
+    name their own arguments in ``serialized``. ``run`` waits on the loop's shared connection, retries
     transient errors (:func:`retrying`) and ends at ``timeout_at`` (ISO time) with
     ``{"status": "timeout", "description": <last seen>}``.
     """
@@ -108,6 +108,8 @@ class JetStreamWaitTrigger(BaseTrigger):
     checks_deadline = False
     #: Errors after which ``wait`` is attempted again (from the start: each wait picks up where the server is).
     transient: tuple[type[JetStreamError], ...] = TRANSIENT_ERRORS
+    #: The attributes ``serialize`` stores (as the keyword arguments of the same names), besides the base's.
+    serialized: tuple[str, ...] = ()
 
     def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, timeout_at: str | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger is not annotated
@@ -116,7 +118,7 @@ class JetStreamWaitTrigger(BaseTrigger):
         self.last_seen = "nothing (no look finished)"
 
     def _kwargs(self) -> dict[str, Any]:
-        raise NotImplementedError
+        return {name: getattr(self, name) for name in self.serialized}
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",

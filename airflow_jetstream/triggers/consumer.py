@@ -64,6 +64,7 @@ class JetStreamSourceCaughtUpTrigger(JetStreamPollingTrigger):
     nothing pending or in flight on the origin's consumer)."""
 
     what = "source caught up"
+    serialized = ("stream", "source", "domain", "api_prefix")
 
     def __init__(self, *, stream: str, source: str, domain: str | None = None, api_prefix: str | None = None,
                  **kwargs: Any) -> None:
@@ -72,9 +73,6 @@ class JetStreamSourceCaughtUpTrigger(JetStreamPollingTrigger):
         self.source = source
         self.domain = domain
         self.api_prefix = api_prefix
-
-    def _kwargs(self) -> dict[str, Any]:
-        return {"stream": self.stream, "source": self.source, "domain": self.domain, "api_prefix": self.api_prefix}
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
         from airflow_jetstream.client.sourcing.status import source_status
@@ -91,14 +89,12 @@ class JetStreamConsumerDrainedTrigger(JetStreamPollingTrigger):
     """Fire when ``consumer`` on ``stream`` has nothing pending and nothing awaiting an ack."""
 
     what = "consumer drained"
+    serialized = ("stream", "consumer")
 
     def __init__(self, *, stream: str, consumer: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
         self.consumer = consumer
-
-    def _kwargs(self) -> dict[str, Any]:
-        return {"stream": self.stream, "consumer": self.consumer}
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
         return await consumer_status(conn, self.stream, self.consumer)

@@ -25,6 +25,7 @@ class JetStreamKeyValueTrigger(JetStreamWaitTrigger):
     """
 
     what = "a KV key"
+    serialized = ("bucket", "key", "value", "apply_function", "apply_function_args", "apply_function_kwargs")
 
     def __init__(self, *, bucket: str, key: str, value: Any = None, apply_function: FunctionSpec | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
@@ -37,10 +38,6 @@ class JetStreamKeyValueTrigger(JetStreamWaitTrigger):
         self.apply_function_args = list(apply_function_args or [])
         self.apply_function_kwargs = dict(apply_function_kwargs or {})
         self.last_seen = f"KV {bucket}/{key} not read yet"
-
-    def _kwargs(self) -> dict[str, Any]:
-        return {"bucket": self.bucket, "key": self.key, "value": self.value, "apply_function": self.apply_function,
-                "apply_function_args": self.apply_function_args, "apply_function_kwargs": self.apply_function_kwargs}
 
     def condition(self) -> KeyCondition:
         """The condition (built when the trigger runs: a bad function is the trigger's error event, not the

@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 WAITED_OUT_ERRORS = (StreamNotFoundError, ConsumerNotFoundError, RequestTimeoutError, ConnectionFailedError)
 BACKOFF_FIRST, BACKOFF_MAX = 2.0, 30.0
 _ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "batch_id", "reason", "match")
+#: The message trigger's arguments, as ``serialize`` stores them.
+_SERIALIZED = ("stream", "consumer", "nats_conn_id", "filter_subject", *_ADVISORY_KEYS, "consumer_config", "batch_size",
+               "fetch_timeout", "max_unconfirmed", "body_in_event")
 
 
 #: What an asset event keeps of a message by default: where it is and how it was delivered, not what it says.
@@ -381,21 +384,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
                               batch=self.batch_id, reason=self.reason, match=self.match)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "stream": self.stream,
-                "consumer": self.consumer,
-                "nats_conn_id": self.nats_conn_id,
-                "filter_subject": self.filter_subject,
-                **{key: getattr(self, key) for key in _ADVISORY_KEYS},
-                "consumer_config": self.consumer_config,
-                "batch_size": self.batch_size,
-                "fetch_timeout": self.fetch_timeout,
-                "max_unconfirmed": self.max_unconfirmed,
-                "body_in_event": self.body_in_event,
-            },
-        )
+        return f"{type(self).__module__}.{type(self).__qualname__}", {key: getattr(self, key) for key in _SERIALIZED}
 
     def shared_stream_key(self) -> Hashable:
         """Triggers on the same connection id, stream and durable consumer share one subscription."""

@@ -236,3 +236,19 @@ def test_on_a_cluster_the_leader_killed_under_a_fenced_commit_and_a_late_retry_s
         nats_cluster.restart(leader)
     ids = call(nats_cluster, ids_stored, name)
     assert sorted(ids) == list(range(ATTEMPT_ROWS)), f"rows stored more than once: {len(ids) - len(set(ids))}"
+
+
+def test_a_fence_digest_names_one_content() -> None:
+    """Equal for the same subjects and payloads however they are held; different when a byte moves between a
+    subject and its payload, between two payloads, or when the order changes."""
+    from airflow_jetstream.client.batches.fence import content_digest
+
+    def digest(*pairs: tuple[str, bytes]) -> str:
+        return content_digest([BatchMessage(subject, data) for subject, data in pairs])
+
+    base = digest(("a.b", b"xy"), ("a.c", b"z"))
+    assert base == content_digest([BatchMessage("a.b", bytearray(b"xy")), BatchMessage("a.c", memoryview(b"z"))])
+    others = {digest(("a.b", b"x"), ("a.c", b"yz")), digest(("a.c", b"z"), ("a.b", b"xy")),
+              digest(("a.bx", b"y"), ("a.c", b"z")), digest(("a.b", b"xy"), ("a.c", b"z"), ("a.c", b"")),
+              digest(("a.b", b"xya.c"), ("", b"z"))}
+    assert base not in others and len(others) == 5

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -82,10 +83,17 @@ def check_fence_config(stream: str, config: dict[str, Any]) -> None:
 
 
 def content_digest(messages: Sequence[BatchMessage]) -> str:
-    """A digest of the messages' subjects and payloads: what a fence says its batch held."""
-    digest = hashlib.sha256()
-    for msg in messages:
-        digest.update(b"%d %d\n%b%b" % (len(msg.subject), len(msg.data), msg.subject.encode(), bytes(msg.data)))
+    """A digest of the messages' subjects and payloads: what a fence says its batch held.
+
+    Every fenced chunk pays for it on every attempt, so it hashes three joined parts (every length, little-endian,
+    then the subjects, then the payloads: unambiguous together) instead of formatting one update per message,
+    which cost about three times as much (docs/performance.md, write fences).
+    """
+    subjects = [msg.subject for msg in messages]
+    payloads = [msg.data for msg in messages]
+    digest = hashlib.sha256(struct.pack(f"<{2 * len(subjects)}Q", *map(len, subjects), *map(len, payloads)))
+    digest.update("".join(subjects).encode())
+    digest.update(b"".join(payloads))
     return digest.hexdigest()[:32]
 
 

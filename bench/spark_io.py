@@ -24,7 +24,9 @@ client's ``publish_chunk`` with the same per-row msg ids; no stream check, ledge
 in ``--rounds`` interleaved rounds, and prints the median ratio (target >= 0.8x).
 
 ``--fence`` instead compares the atomic write (chunks fenced, the default) with ``fence=false`` in
-``--rounds`` interleaved rounds, and prints the median ratio (target >= 0.9x: fences cost under 10 %).
+``--rounds`` interleaved rounds (which goes first alternates), and prints the median ratio (target >= 0.9x:
+fences cost under 10 %) and the median ratios of CPU per row, of this process with Spark's JVM and Python
+workers below it and of the nats-server, which a loaded box moves far less than the rates.
 
 ``--standalone`` instead compares the data source on ``local[2]`` with the same writes and read on a
 Spark standalone cluster (master + 2 workers of 1 core each, ``EmbeddedSparkCluster``), same rows,
@@ -48,7 +50,7 @@ from typing import Any
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from cpu_time import process_cpu_seconds
+from cpu_time import process_cpu_seconds, tree_cpu_seconds
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from streaming_bound import fixed_costs
@@ -122,9 +124,9 @@ def fenced_vs_unfenced(rows: int, rounds: int) -> int:
     """The atomic write with its chunks fenced (the default) against ``fence=false`` (today's writes before
     fences), interleaved rounds in one run; the target is >= 0.9x."""
     with comparison("fence", rows, rounds) as (server, settings, _, frame, pid):
-        rates: dict[str, list[float]] = {"unfenced": [], "fenced": []}
+        rates: dict[str, list[tuple[float, float, float]]] = {"unfenced": [], "fenced": []}
         for index in range(rounds + 1):  # round 0 warms both paths up and is not counted
-            for kind in ("unfenced", "fenced"):
+            for kind in ("unfenced", "fenced") if index % 2 == 0 else ("fenced", "unfenced"):
                 name = f"{kind.upper()}{index}"
                 asyncio.run(make_stream(settings, name, name.lower(), allow_atomic=True))
                 prefixed = frame.withColumn("subject", F.concat(F.lit(f"{name.lower()}."), "subject"))
@@ -133,15 +135,20 @@ def fenced_vs_unfenced(rows: int, rounds: int) -> int:
                     data.write.format("jetstream").mode("append").options(
                         servers=server.url, stream=stream, job_id=stream.lower(), fence=fence.lower()).save()
 
-                rate = timed(f"round {index}: atomic, {kind}" + (" (warm-up)" if index == 0 else ""), rows, write, pid)
+                measured = timed_cpu(f"round {index}: atomic, {kind}" + (" (warm-up)" if index == 0 else ""), rows,
+                                     write, pid)
                 if asyncio.run(stored(settings, name)) != rows:
                     raise SystemExit(f"stream {name} does not hold {rows} rows")
                 if index:
-                    rates[kind].append(rate)
-    ratios = [f / u for f, u in zip(rates["fenced"], rates["unfenced"], strict=True)]
+                    rates[kind].append(measured)
+    ratios = [f[0] / u[0] for f, u in zip(rates["fenced"], rates["unfenced"], strict=True)]
     median = statistics.median(ratios)
     print(f"fenced / unfenced per round: {' / '.join(f'{r:.2f}' for r in ratios)}; median {median:.2f}x "
           f"(>= 0.9x) {'met' if median >= 0.9 else 'NOT met'}")
+    for column, what in ((1, "Spark (driver, JVM, Python workers)"), (2, "nats-server")):
+        fenced, unfenced = (statistics.median(r[column] for r in rates[k]) for k in ("fenced", "unfenced"))
+        print(f"CPU per row, {what}: fenced {fenced:.1f} us, unfenced {unfenced:.1f} us (medians): "
+              f"{fenced / unfenced:.2f}x")
     return 0 if median >= 0.9 else 2
 
 
@@ -262,13 +269,21 @@ def streaming_rates(spark: SparkSession, settings: ConnectionSettings, source: s
 
 
 def timed(label: str, rows: int, action: Any, server_pid: int) -> float:
-    server_before = process_cpu_seconds(server_pid)
+    return timed_cpu(label, rows, action, server_pid)[0]
+
+
+def timed_cpu(label: str, rows: int, action: Any, server_pid: int) -> tuple[float, float, float]:
+    """Rows per second of ``action``, and the CPU microseconds per row of this process with everything below it
+    (Spark's JVM and Python workers) and of the nats-server."""
+    server_before, spark_before = process_cpu_seconds(server_pid), tree_cpu_seconds(os.getpid())
     started = time.perf_counter()
     action()
     rate = rows / (time.perf_counter() - started)
     server_us = (process_cpu_seconds(server_pid) - server_before) * 1e6 / rows
-    print(f"  {label:<44} {rate:>10,.0f} rows/s   server CPU {server_us:5.1f} us/row", flush=True)
-    return rate
+    spark_us = (tree_cpu_seconds(os.getpid()) - spark_before) * 1e6 / rows
+    print(f"  {label:<44} {rate:>10,.0f} rows/s   server CPU {server_us:5.1f} us/row   Spark CPU {spark_us:5.1f} "
+          "us/row", flush=True)
+    return rate, spark_us, server_us
 
 
 def session(master: str) -> SparkSession:

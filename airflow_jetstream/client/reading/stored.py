@@ -404,7 +404,8 @@ async def _first_at_or_after(conn: JetStreamConnection, stream: str, since: date
     that has none yet (still catching up) is not the last word, the leader is asked."""
     if direct:
         request = {"start_time": to_rfc3339(since), "batch": 1}
-        got, _ = await direct_batch(conn, stream, request, _direct_row, election=conn.clustered)
+        got, _ = await conn.retry_leader(f"read from stream {stream!r}", lambda: direct_batch(
+            conn, stream, request, _direct_row, election=conn.clustered))
         if got or not conn.clustered:
             return got[0][1] if got else None
     return await first_seq_at_or_after(conn, stream, since)  # none: the sequence after the last

@@ -97,18 +97,6 @@ def free_port() -> int:
     raise EmbeddedServerError("no free TCP port on 127.0.0.1 that this process did not hand out recently")
 
 
-def stop_process_group(process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    """SIGTERM to the process group a ``start_new_session`` child leads, SIGKILL after ``timeout`` seconds."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-
-
 def _render(value: Any, indent: int = 0) -> str:
     """Render a Python value as nats-server config (a JSON superset)."""
     pad = "  " * indent

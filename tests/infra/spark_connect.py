@@ -13,19 +13,32 @@ real server::
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from airflow_jetstream.embedded.server import EmbeddedServerError, free_port, stop_process_group
+from airflow_jetstream.embedded.server import EmbeddedServerError, free_port
 from tests.infra.spark_cluster import spark_home
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 READY_LINE = "Spark Connect server started at"
 #: The server's log when its port was taken meanwhile (Spark Connect does not move to the next port).
 PORT_TAKEN = "Failed to bind to address"
+
+
+def stop_process_group(process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """SIGTERM to the process group a ``start_new_session`` child leads, SIGKILL after ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
 
 
 class EmbeddedSparkConnectServer:

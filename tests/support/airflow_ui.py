@@ -30,7 +30,7 @@ from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.embedded.server import free_port
 from tests.support import jetstream_view
-from tests.support.airflow_cli import AIRFLOW, isolated_airflow_env, nats_conn_json, run_airflow
+from tests.support.airflow_cli import AIRFLOW, isolated_airflow_env, migrated_database, nats_conn_json
 from tests.support.chromium import CHROMIUM, install_chromium
 
 CHROMIUM_FLAGS = [
@@ -109,8 +109,7 @@ def running_api_server(home: Path, user: str, password: str, **settings: str) ->
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
         **settings,
     )
-    migrate = run_airflow(["db", "migrate"], env)
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    migrated_database(env)
     port = free_port()
     log = home / "api-server.log"  # AirflowUI.log
     with log.open("w") as out:

@@ -140,6 +140,44 @@ def test_batcher_publishes_and_msg_id_probes_are_retried_while_the_stream_has_no
     assert sorted(stored) == [b"1", b"2", b"3", b"with-id", b"without-id"]  # each once
 
 
+def test_a_fenced_batcher_group_rides_out_a_leaderless_stream_and_stores_each_item_once(
+        nats_cluster_module: EmbeddedNatsCluster) -> None:
+    """The default Batcher's group is a fenced atomic batch: re-sent while its R3 stream has no leader, stored once
+    with its fences when the quorum is back, and the same items sent again are answered as duplicates."""
+    cluster = nats_cluster_module
+    call(cluster, ensure_stream, {"name": "GAPF", "subjects": ["gapf.>"], "num_replicas": 3, "allow_atomic": True})
+    move_leader_off(cluster, "GAPF", SURVIVOR)
+    settings = ConnectionSettings(servers=cluster.node(SURVIVOR).url, connect_timeout=2, request_timeout=3,
+                                  leader_wait=120)
+
+    async def main():
+        async with open_connection(settings) as conn:
+            async with Batcher(conn, max_batch=2, flush_interval=60) as batcher:  # each group: two items
+                warm = await asyncio.gather(batcher.publish("gapf.a", b"w1", msg_id="w1"),
+                                            batcher.publish("gapf.a", b"w2", msg_id="w2"))
+                down = await asyncio.to_thread(quorum_lost, cluster)
+                try:
+                    with seen_logs() as seen:
+                        items = asyncio.gather(batcher.publish("gapf.a", b"f1", msg_id="f1"),
+                                               batcher.publish("gapf.a", b"f2", msg_id="f2"))
+                        await seen.wait("gapf.a")
+                finally:
+                    await asyncio.to_thread(restart, cluster, down)
+                results = await items
+                again = await asyncio.gather(batcher.publish("gapf.a", b"f1", msg_id="f1"),
+                                             batcher.publish("gapf.a", b"f2", msg_id="f2"))
+            last = int((await stream_info(conn, "GAPF"))["state"]["last_seq"])
+            stored = [bytes(m[4]) async for chunk in read_range(conn, "GAPF", 1, last, subjects=["gapf.>"])
+                      for m in chunk]
+            return warm, results, again, stored
+
+    warm, results, again, stored = asyncio.run(main())
+    assert [r.seq for r in warm] == [1, 3] and all(r.ok for r in warm + results)
+    assert [r.seq for r in results] == [5, 7], "each item followed by its fence"
+    assert [(r.duplicate, r.seq) for r in again] == [(True, 5), (True, 7)]
+    assert stored == [b"w1", b"w2", b"f1", b"f2"]
+
+
 def test_msg_id_probes_leave_a_replicated_stream_writable(nats_cluster_module: EmbeddedNatsCluster) -> None:
     """nats-server 2.14/2.15 stop storing into a replicated stream after a publish whose
     Nats-Expected-Last-Msg-Id mismatches (checked when the message is applied): probes of ids that

@@ -307,6 +307,7 @@ def test_a_missing_stream_or_consumer_is_waited_out_and_said_once_per_cause(orde
     back-off, says a cause once at WARNING (issue 39: a watcher waiting for a stream that did not exist yet logged
     the same error 22 times) and its retries at DEBUG, says the next cause once too, and starts once both exist."""
     monkeypatch.setattr(message_module, "BACKOFF_FIRST", 0.1)
+    monkeypatch.setattr(message_module, "BACKOFF_MAX", 0.4)  # doubles over the three retries checked, then stays
     stream = "NOT_YET"
 
     def waits(level: int) -> list[logging.LogRecord]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -136,9 +137,7 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
         assert function is not None  # __init__ requires exactly one of them
         func = bind_function(function, self.apply_function_args, self.apply_function_kwargs,
                              what="apply_function" if per_message else "apply_function_batch")
-        options = ConsumeOptions(per_batch=self.options.per_batch, max_messages=self.options.max_messages,
-                                 batch_size=self.options.batch_size, fetch_timeout=self.options.fetch_timeout,
-                                 nak_delay=self.options.nak_delay, term_on=self._term_classes())
+        options = replace(self.options, term_on=self._term_classes())
         consumer = self.consumer or None
         source = f"consumer {consumer}" if consumer else "an ordered read"
         self.log.info("Consuming stream %s via %s: up to %s message(s), batches of %d, waiting %.1f s for more",

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from airflow_jetstream.client import ConnectionSettings, open_connection
+from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
 from airflow_jetstream.client.admin.consumers import consumer_status
 from airflow_jetstream.client.errors import ConsumerNotFoundError, StreamNotFoundError
 from airflow_jetstream.embedded import EmbeddedNatsServer
@@ -54,6 +54,8 @@ PIPELINE, GUARDED, PUBLISH_READY, PROCESS_READY, ABANDONED = (
     "jetstream_orders_pipeline", "publish_orders_guarded", "publish_ready_orders", "process_ready_orders",
     "handle_abandoned_batches")
 READY_STREAM, READY_CONSUMER, PROCESSED_BUCKET = "ORDERS_READY", "airflow_orders_ready", "orders_ready_processed"
+PROBE = "deferred_message_probe"  # tests/airflow_dags: a JetStreamMessageSensor deferred to the triggerer
+LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
 MAX_UNCONFIRMED = 4  # the watcher's bound on messages handed to Airflow and not yet confirmed stored: bounds repeats
 
 
@@ -68,8 +70,12 @@ def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServe
 def airflow(nats: EmbeddedNatsServer, postgres: EmbeddedPostgres,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
     home = tmp_path_factory.mktemp("deploy-airflow")
+    bundles = [{"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {}},  # the examples (DAGS_FOLDER)
+               {"name": "test-probes", "classpath": LOCAL_BUNDLE,
+                "kwargs": {"path": str(ROOT / "tests" / "airflow_dags")}}]
     with LocalAirflow(home, nats_url=nats.url, dags_folder=ROOT / "dags_examples", database_url=postgres.sqlalchemy_url,
-                      extra_env={"JETSTREAM_DEMO_MAX_UNCONFIRMED": str(MAX_UNCONFIRMED)}) as deployment:
+                      extra_env={"JETSTREAM_DEMO_MAX_UNCONFIRMED": str(MAX_UNCONFIRMED),
+                                 "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles)}) as deployment:
         deployment.start()
         yield deployment
 
@@ -261,6 +267,36 @@ def test_no_message_body_in_the_triggerers_log_or_the_asset_events(airflow: Loca
     assert any(str(seq) in line for line in fired), fired[-3:]
     for secret in PLANTED:
         assert secret not in events, "an asset event holds the message's body or headers"
+        assert _files_holding(airflow.home, secret) == [], "a log (triggerer, task) holds the body or headers"
+
+
+def test_a_deferred_message_sensor_leaves_no_body_in_the_triggerers_log(airflow: LocalAirflow,
+                                                                        nats_settings: ConnectionSettings) -> None:
+    """A JetStreamMessageSensor deferred to the triggerer: its trigger's event (logged by the triggerer as ``Trigger
+    fired event ... result=``) says where the matching message is, and no log of the deployment holds the body or
+    headers the message carried."""
+    async def ensure() -> None:
+        async with open_connection(nats_settings) as conn:
+            await ensure_stream(conn, {"name": "PROBE", "subjects": ["probe.>"]})
+
+    async def plant() -> int:
+        async with open_connection(nats_settings) as conn:
+            body = json.dumps({"order": 4343, "ssn": PLANTED[0]}).encode()
+            return (await conn.js.publish("probe.orders", body, headers={"Authorization": PLANTED[1]})).seq
+
+    asyncio.run(ensure())
+    run_id = trigger(airflow, PROBE)
+    wait_until(lambda: task_states(airflow, PROBE, run_id).get("wait_for_the_planted_message") == "deferred",
+               "the message sensor to defer to the triggerer", timeout=300, every=0.5)
+    seq = asyncio.run(plant())
+    state = wait_run_finished(airflow, PROBE, run_id, timeout=300)
+    assert state == "success", [(str(path), path.read_text(errors="replace")[-6000:])
+                                for path in airflow.home.rglob("*.log") if PROBE in str(path)]
+    # Airflow writes a deferred task's trigger log beside its task log (attempt=1.log.trigger.<id>.log)
+    fired = [line for path in (airflow.home / "logs").rglob("*.log*") if f"dag_id={PROBE}" in str(path)
+             for line in path.read_text(errors="replace").splitlines() if "Trigger fired event" in line]
+    assert fired and "matched" in fired[-1] and re.search(rf"\bseq\W+{seq}\b", fired[-1]), fired[-5:]
+    for secret in PLANTED:
         assert _files_holding(airflow.home, secret) == [], "a log (triggerer, task) holds the body or headers"
 
 

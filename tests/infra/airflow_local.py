@@ -34,6 +34,7 @@ import sqlalchemy
 
 from airflow_jetstream.embedded.server import free_port
 from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError, port_free
+from tests.infra.supervise import StopRequest, serve
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -454,14 +455,7 @@ def main() -> int:
 
     home, dags = up_folders()
     home.mkdir(parents=True, exist_ok=True)
-    stop_requested = False
-
-    def request_stop(signum: int, frame: Any) -> None:
-        nonlocal stop_requested
-        stop_requested = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = StopRequest()
     ports = {}
     for name in UP_PORTS:
         ports[name], line = up_port(home, name)
@@ -469,34 +463,32 @@ def main() -> int:
             print(line, flush=True)
     pg, database_url, database_line = metadata_database(home)
     print(database_line, flush=True)
-    stop_began = airflow_stopped = 0.0
+    stopped: list[float] = []  # when stopping began, when Airflow had stopped
     try:
         with EmbeddedNatsServer(store_dir=home / "nats", port=ports["nats-server"]) as nats:
             print(f"nats-server (JetStream) at {nats.url}", flush=True)
             airflow = LocalAirflow(home / "airflow", nats_url=nats.url, dags_folder=dags, port=ports["api-server"],
                                    connections_in_db=True, database_url=database_url)
-            try:
+
+            def start() -> str:
                 print("preparing Airflow (db migrate, login, connections) ...", flush=True)
                 airflow.start()
-                print(f"\nAirflow UI: {airflow.url}\n  login: {airflow.user} / {airflow.password}"
-                      "   (the same on the next runs; set AIRFLOW_UP_PASSWORD to choose it)\n"
-                      f"  component logs: {airflow.home / 'components'}\n"
-                      "Ctrl-C stops everything.", flush=True)
-                while not stop_requested:
-                    airflow.restart_exited()
-                    time.sleep(1)
-            except LocalAirflowError as exc:
-                print(f"up FAILED: {exc}", file=sys.stderr)
-                return 1
-            finally:
-                print("stopping Airflow and nats-server ...", flush=True)
-                stop_began = time.monotonic()
+                return (f"\nAirflow UI: {airflow.url}\n  login: {airflow.user} / {airflow.password}"
+                        "   (the same on the next runs; set AIRFLOW_UP_PASSWORD to choose it)\n"
+                        f"  component logs: {airflow.home / 'components'}\nCtrl-C stops everything.")
+
+            def close() -> None:
+                stopped.append(time.monotonic())
                 airflow.close()
-                airflow_stopped = time.monotonic()
+                stopped.append(time.monotonic())
+
+            if serve(stop, "up", start=start, restart_exited=airflow.restart_exited,
+                     stopping="stopping Airflow and nats-server ...", close=close, errors=(LocalAirflowError,)):
+                return 1
     finally:
         if pg is not None:
             pg.stop()
-    print(f"stopped in {time.monotonic() - stop_began:.0f} s (Airflow {airflow_stopped - stop_began:.0f} s)",
+    print(f"stopped in {time.monotonic() - stopped[0]:.0f} s (Airflow {stopped[1] - stopped[0]:.0f} s)",
           flush=True)
     return 0
 

@@ -50,6 +50,7 @@ from tests.infra.airflow_local import LocalAirflow, LocalAirflowError
 from tests.infra.hosts import NETWORK, REPO, Host, HostError, Hosts, namespaces_unavailable
 from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError, apt_install
 from tests.infra.spark_cluster import spark_home
+from tests.infra.supervise import StopRequest, serve
 from tests.support.tls import make_tls_files
 
 NATS_PORT, NATS_ROUTE_PORT, NATS_MONITOR_PORT = 4222, 6222, 8222
@@ -414,14 +415,7 @@ def main() -> int:
     the namespaces exist only while it runs. A component that exits is restarted (one line on stderr each time).
     """
     root = Path(os.environ.get("UP_HOSTS_HOME") or REPO / ".up-hosts")
-    stop_requested = False
-
-    def request_stop(signum: int, frame: Any) -> None:
-        nonlocal stop_requested
-        stop_requested = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = StopRequest()
     deployment = HostsDeployment(root, password=os.environ.get("AIRFLOW_UP_PASSWORD"))
     print("starting the hosts (db, ctl, w1, w2, edge) in network namespaces ...", flush=True)
     try:
@@ -429,24 +423,21 @@ def main() -> int:
     except (HostError, LocalAirflowError, EmbeddedServerError, EmbeddedPostgresError) as exc:
         print(f"up-hosts FAILED: {exc}", file=sys.stderr)
         return 1
-    try:
+    def banner() -> str:
         airflow = deployment.airflow
         client = deployment.hosts.topology.client
-        print(f"\n{describe(deployment)}\n\nAirflow UI: {airflow.url} (inside the hosts' network: e.g. "
-              f"`ip netns exec {client} curl {airflow.url}/api/v2/monitor/health`)\n  login: {airflow.user} / "
-              f"{airflow.password}\n  each host's files and logs: {deployment.root / 'private'}/<host>/\n"
-              "Ctrl-C stops everything.", flush=True)
-        while not stop_requested:
-            deployment.restart_exited()
-            time.sleep(1)
-    except LocalAirflowError as exc:
-        print(f"up-hosts FAILED: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        print("stopping every host ...", flush=True)
-        left = deployment.close()
-        for line in left:
+        return (f"\n{describe(deployment)}\n\nAirflow UI: {airflow.url} (inside the hosts' network: e.g. "
+                f"`ip netns exec {client} curl {airflow.url}/api/v2/monitor/health`)\n  login: {airflow.user} / "
+                f"{airflow.password}\n  each host's files and logs: {deployment.root / 'private'}/<host>/\n"
+                "Ctrl-C stops everything.")
+
+    def close() -> None:
+        for line in deployment.close():
             print(f"not removed: {line}", file=sys.stderr)
+
+    if serve(stop, "up-hosts", start=banner, restart_exited=deployment.restart_exited,
+             stopping="stopping every host ...", close=close, errors=(LocalAirflowError,)):
+        return 1
     print("stopped; no namespace left", flush=True)
     return 0
 

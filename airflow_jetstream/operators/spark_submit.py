@@ -184,10 +184,12 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context: Mapping[str, Any]) -> None:
         from airflow_jetstream.spark.failure import FAILURE_FILE_CONF
+        from airflow_jetstream.spark.java import check_java
         from airflow_jetstream.spark.package import PACKAGE_ZIP, build_py_files
         from airflow_jetstream.spark.versions import check_pyspark_install
 
         check_pyspark_install()  # spark-submit comes from the installed pyspark
+        check_java({**os.environ, **(self.env_vars or {})})  # spark-submit's environment (the Spark provider's)
         settings = JetStreamHook(nats_conn_id=self.nats_conn_id).get_settings()  # registers secrets for masking
         self._refuse_conf_overrides()
         given_properties, given_py_files, given_env = self.properties_file, self.py_files, self.env_vars

@@ -209,11 +209,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 #: The end-to-end tier: a 3-node cluster, Spark (local[2] or standalone), the airflow CLI or a real
-#: deployment, a browser, nats.js, built wheels. Everything else is the unit and real-server tier.
+#: deployment, a browser, nats.js, built wheels, and the runs at production size (50k messages sourced under
+#: every retention, 300k messages published from a file, 200 randomised batches with faults). Everything else is
+#: the unit and real-server tier, which `make test-fast` runs in under 2 minutes.
 E2E_FILES = re.compile(
     r"test_(cluster_\w+|chaos\w*|embedded_cluster|airflow_deployment|spark_\w+|example_dags|interop_js|docs_snippets|"
     r"docs_traps|kafka_style_dag|\w+_browser|packaging|provider_cli|compat_install|"
-    r"leafnode_sourcing|hosts_\w+|\w+_dag)\.py$"
+    r"leafnode_sourcing|hosts_\w+|\w+_dag|sourcing_loss|scale_memory|batch_faults)\.py$"
 )
 
 

@@ -17,6 +17,9 @@ SPARK_APPS = Path(__file__).resolve().parent / "spark_apps"
 OUTPUT_DIR = os.environ.get("JETSTREAM_DEMO_OUTPUT", "/tmp/airflow-jetstream-demo")
 #: Stream replicas: 3 on a 3-node cluster (``make demo-cluster``), 1 on a single server.
 REPLICAS = int(os.environ.get("JETSTREAM_DEMO_REPLICAS", "1"))
+#: How long the raw stream remembers msg ids; the multi-host tier shortens it, so that a host cut off for longer than
+#: the window costs seconds, not ten minutes (the write fences, not the window, keep a late retry out).
+DUPLICATE_WINDOW = os.environ.get("JETSTREAM_DEMO_DUPLICATE_WINDOW", "10m")
 
 RAW_STREAM_CONFIG = {
     "name": RAW_STREAM,
@@ -25,7 +28,7 @@ RAW_STREAM_CONFIG = {
     "retention": "workqueue",
     "allow_atomic": True,
     "allow_batched": True,
-    "duplicate_window": "10m",
+    "duplicate_window": DUPLICATE_WINDOW,
     "max_age": "7d",
     "num_replicas": REPLICAS,
 }

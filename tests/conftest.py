@@ -219,7 +219,7 @@ E2E_FILES = re.compile(
 )
 
 
-#: The multi-host tier (hosts in network namespaces, ~11 min of one worker idle, 27 min loaded) runs with
+#: The multi-host tier (hosts in network namespaces, nine tests: 25 min of one worker under load 10-15) runs with
 #: `make test-hosts` (HOSTS_TIER=1), not inside `make test`: with it the whole CI run would pass its 30-minute budget.
 HOSTS_FILES = re.compile(r"test_hosts_\w+\.py$")
 HOSTS_SKIP = "the multi-host tier runs with `make test-hosts` (HOSTS_TIER=1), not in make test (docs/deployment.md)"

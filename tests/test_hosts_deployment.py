@@ -7,9 +7,11 @@ is its own (address, ``/tmp``, files; the code read-only; every server on its ho
 run there (the orders pipeline's Spark jobs submitted in client mode from a worker host to the master on ``edge``,
 the event-driven DAG from a watcher on a triggerer host, the hourly incremental DAG on its own schedule), that the
 JetStream view and the connection Test button answer from the api-server host, and that host faults cost time,
-not data: a worker host killed while its task publishes (Airflow's retry runs on the other one), the scheduler
-killed and restarted, a NATS node's host killed during the pipeline. Each fault's run must give every order
-exactly once in the aggregate stream and the output, and its ledger must say consumed.
+not data: the scheduler killed and restarted and a Spark executor killed while it writes (in the pipeline's first
+run), a worker host killed while its task publishes (Airflow's retry runs on the other one), a NATS node's host
+killed during the pipeline, and a worker host cut off from Airflow (the zombie: its retry runs elsewhere while it
+may still publish) or from NATS, each for longer than the raw stream's duplicate window. Each fault's run must give
+every order exactly once in the aggregate stream and the output, and its ledger must say consumed.
 
 Needs root and ``ip netns``; without them the module skips and says why.
 """
@@ -17,20 +19,33 @@ Needs root and ``ip netns``; without them the module skips and says why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from nats.js.errors import NotFoundError
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
 from tests.infra.hosts import REPO
-from tests.infra.hosts_deployment import WORKER_HOSTS, HostsDeployment
+from tests.infra.hosts_deployment import NATS_PORT, NATS_ROUTE_PORT, WORKER_HOSTS, HostsDeployment
 from tests.support.airflow_api import Api
-from tests.support.hosts_tier import nats_settings, started_deployment, stream_messages, task_rows, trigger, wait_run
+from tests.support.hosts_tier import (
+    DUPLICATE_WINDOW_SECONDS,
+    nats_settings,
+    run_state,
+    started_deployment,
+    stream_messages,
+    task_rows,
+    trigger,
+    wait_run,
+)
 from tests.support.kv_keys import kv_keys
 from tests.support.polling import wait_until
 
@@ -40,6 +55,8 @@ PIPELINE, INCREMENTAL = "jetstream_orders_pipeline", "jetstream_orders_increment
 PUBLISH_READY = "publish_ready_orders"
 ROWS = 2_000
 FAULT_ROWS = 20_000  # enough that the producer is still publishing when its host dies
+#: How long a host stays cut off: longer than the raw stream's duplicate window (the tier's FAULT_SETTINGS).
+CUT_SECONDS = DUPLICATE_WINDOW_SECONDS + 10
 
 
 @pytest.fixture(scope="module")
@@ -103,13 +120,33 @@ def check_pipeline_run(deployment: HostsDeployment, run_id: str, rows: int) -> d
 
 
 def test_orders_pipeline_runs_its_spark_jobs_from_a_worker_host_on_the_master_of_another(
-        hosts_deployment: HostsDeployment) -> None:
-    run_id = trigger(hosts_deployment.airflow, PIPELINE, {"rows": ROWS})
-    wait_run(hosts_deployment.airflow, PIPELINE, run_id)
-    check_pipeline_run(hosts_deployment, run_id, ROWS)
+        hosts_deployment: HostsDeployment, hosts_nats: ConnectionSettings) -> None:
+    """Also two faults that cost seconds: the scheduler killed and started again once the producer runs, and a
+    Spark executor killed (SIGKILL) while it writes; Spark runs its tasks again, the fences store nothing twice."""
+    airflow = hosts_deployment.airflow
+    before = stream_messages(hosts_nats, "ORDERS_AGG") + stream_messages(hosts_nats, "ORDERS_RAW")
+    run_id = trigger(airflow, PIPELINE, {"rows": FAULT_ROWS})
+    writer, gained = wait_publishing(hosts_deployment, hosts_nats, run_id, before)
+    killed = kill_executors(hosts_deployment, writer)
+    assert killed and gained < FAULT_ROWS, (killed, gained)
+    airflow.stop("scheduler", signal.SIGKILL)
+    airflow.start_component("scheduler")
+    wait_run(airflow, PIPELINE, run_id, timeout=1200)
+    check_pipeline_run(hosts_deployment, run_id, FAULT_ROWS)
     assert hosts_deployment.spark is not None
     apps = [app["name"] for app in hosts_deployment.spark.status()["completedapps"]]
     assert "consume-orders" in apps and len(apps) >= 2, apps  # the producer, the consumer (and the incremental DAG)
+
+
+def kill_executors(deployment: HostsDeployment, name: str) -> list[int]:
+    """SIGKILL the Spark executors (JVM and its Python workers) running on host ``name``; returns their ids."""
+    killed = []
+    for pid in deployment.hosts[name].pids():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
 
 
 def processed(settings: ConnectionSettings) -> set[int]:
@@ -216,17 +253,6 @@ def test_worker_host_killed_while_it_publishes_then_the_retry_runs_on_the_other(
     check_pipeline_run(hosts_deployment, run_id, FAULT_ROWS)
 
 
-def test_scheduler_killed_and_restarted_mid_run(hosts_deployment: HostsDeployment) -> None:
-    airflow = hosts_deployment.airflow
-    run_id = trigger(airflow, PIPELINE, {"rows": ROWS})
-    wait_until(lambda: task_rows(airflow, PIPELINE, run_id).get("produce_orders", ("",))[0] == "running",
-               "the producer to run", timeout=600, every=0.5)
-    airflow.stop("scheduler", signal.SIGKILL)
-    airflow.start_component("scheduler")
-    wait_run(airflow, PIPELINE, run_id)
-    check_pipeline_run(hosts_deployment, run_id, ROWS)
-
-
 def test_nats_node_host_killed_during_the_pipeline(hosts_deployment: HostsDeployment,
                                                     hosts_nats: ConnectionSettings) -> None:
     before = stream_messages(hosts_nats, "ORDERS_AGG") + stream_messages(hosts_nats, "ORDERS_RAW")
@@ -240,3 +266,96 @@ def test_nats_node_host_killed_during_the_pipeline(hosts_deployment: HostsDeploy
         hosts_deployment.restart_host("edge")
     wait_run(hosts_deployment.airflow, PIPELINE, run_id, timeout=1200)
     check_pipeline_run(hosts_deployment, run_id, FAULT_ROWS)
+
+
+def start_publishing(deployment: HostsDeployment, settings: ConnectionSettings) -> tuple[str, str, str]:
+    """Trigger a pipeline run and wait until its producer publishes: the run id, the producer's host and the other."""
+    before = stream_messages(settings, "ORDERS_AGG") + stream_messages(settings, "ORDERS_RAW")
+    run_id = trigger(deployment.airflow, PIPELINE, {"rows": FAULT_ROWS})
+    victim, gained = wait_publishing(deployment, settings, run_id, before)
+    assert gained < FAULT_ROWS, "the host is cut off in the middle of the publish"
+    return run_id, victim, next(name for name in WORKER_HOSTS if name != victim)
+
+
+def hold_cut(cut_at: float) -> None:
+    """Keep the cut until it has lasted longer than the raw stream's duplicate window: a retry's msg ids are then
+    new to the stream, and only the write fences keep its chunks from being stored twice."""
+    time.sleep(max(0.0, cut_at + CUT_SECONDS - time.monotonic()))  # the fault's length, not a synchronisation
+
+
+def producer_tries(deployment: HostsDeployment, run_id: str) -> dict[int, tuple[str, str]]:
+    """``try_number -> (state, hostname)`` of the run's earlier producer attempts (Airflow's task history)."""
+    rows = deployment.airflow.query(
+        "SELECT try_number, state, hostname FROM task_instance_history WHERE dag_id = :dag AND run_id = :run "
+        "AND task_id = 'produce_orders'", dag=PIPELINE, run=run_id)
+    return {tries: (state, host) for tries, state, host in rows}
+
+
+def test_worker_host_cut_off_from_airflow_while_it_publishes(hosts_deployment: HostsDeployment,
+                                                             hosts_nats: ConnectionSettings) -> None:
+    """The zombie across hosts: the producer's host loses the database, the broker and the api-server but not NATS.
+    The scheduler fails the silent task and its retry runs on the other host while the zombie's Spark job may still
+    publish; healed after the duplicate window, the zombie's attempt is not the one that succeeded."""
+    deployment = hosts_deployment
+    run_id, victim, survivor = start_publishing(deployment, hosts_nats)
+    host = deployment.hosts[victim]
+    for side in ("db", "ctl"):
+        host.block(to=deployment.hosts[side].address)
+    cut_at = time.monotonic()
+    retry_on = deployment.hosts[survivor].address
+    try:
+        def retried() -> bool:
+            _state, address, tries = task_rows(deployment.airflow, PIPELINE, run_id)["produce_orders"]
+            return address == retry_on and tries >= 2
+
+        wait_until(retried, f"the producer's retry to run on {survivor}", timeout=600, every=1)
+        hold_cut(cut_at)
+    finally:
+        host.heal()
+    print(f"{victim} cut off from Airflow for {time.monotonic() - cut_at:.0f} s")
+    wait_run(deployment.airflow, PIPELINE, run_id, timeout=1200)
+    deployment.restart_exited()  # a component of the cut host that gave up meanwhile
+    state, address, tries = task_rows(deployment.airflow, PIPELINE, run_id)["produce_orders"]
+    assert (state, address) == ("success", retry_on) and tries >= 2
+    cut_attempts = {n: row for n, row in producer_tries(deployment, run_id).items() if row[1] == host.address}
+    assert cut_attempts and all(state != "success" for state, _ in cut_attempts.values()), cut_attempts
+    check_pipeline_run(deployment, run_id, FAULT_ROWS)
+
+
+def test_worker_host_cut_off_from_nats_while_it_publishes(hosts_deployment: HostsDeployment,
+                                                          hosts_nats: ConnectionSettings) -> None:
+    """The producer's host loses NATS but not Airflow: its clients and its own NATS node (cut from its peers) reach
+    no JetStream leader. Its Spark tasks fail or wait and are run again; the ledger ends complete. An atomic batch
+    open at the cut is abandoned by the server (its batch timeout, 10 s, is shorter than the cut): the guard
+    ``no_batch_abandoned`` then fails the run, as it should (it cannot tell a re-sent batch from a lost one). An
+    operator who sees the ledger complete marks the guard done and clears the consumer: every order once."""
+    deployment = hosts_deployment
+    airflow = deployment.airflow
+    run_id, victim, _survivor = start_publishing(deployment, hosts_nats)
+    host = deployment.hosts[victim]
+    host.block(ports=(NATS_PORT, NATS_ROUTE_PORT))
+    cut_at = time.monotonic()
+    try:
+        hold_cut(cut_at)
+    finally:
+        host.heal()
+    wait_until(lambda: run_state(airflow, PIPELINE, run_id) in ("success", "failed"), "the run to finish",
+               timeout=1200, every=1)
+    deployment.restart_exited()
+    tasks = task_rows(airflow, PIPELINE, run_id)
+    if run_state(airflow, PIPELINE, run_id) == "failed":
+        failed = {task for task, (state, _host, _tries) in tasks.items() if state == "failed"}
+        assert failed == {"no_batch_abandoned"}, tasks  # the guard, telling the truth; nothing else
+        assert tasks["wait_batches_published"][0] == "success", tasks  # the ledger holds every chunk
+        print(f"the cut of {victim} abandoned a batch: the guard failed the run; resumed as an operator would")
+        api = Api(airflow)
+        runs = f"/api/v2/dags/{PIPELINE}/dagRuns/{urllib.parse.quote(run_id)}"
+        api.call("PATCH", f"{runs}/taskInstances/no_batch_abandoned",
+                 {"new_state": "success", "note": "batch re-sent: the ledger is complete"})
+        api.call("POST", f"/api/v2/dags/{PIPELINE}/clearTaskInstances",
+                 {"dry_run": False, "dag_run_id": run_id, "task_ids": ["consume_orders"], "include_downstream": True,
+                  "only_failed": False, "reset_dag_runs": True})
+        wait_run(airflow, PIPELINE, run_id, timeout=1200)
+    else:
+        assert not [task for task, (state, _h, _t) in tasks.items() if state != "success"], tasks
+    check_pipeline_run(deployment, run_id, FAULT_ROWS)

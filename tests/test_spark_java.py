@@ -1,5 +1,6 @@
-"""A host without Java fails the Spark task in one line naming the host and the fix (airflow_jetstream/spark/java.py),
-before spark-submit starts: spark-class alone says "JAVA_HOME is not set" inside the provider's "Cannot execute"."""
+"""A host without Java fails the Spark task in one line naming the host and the fix
+(airflow_jetstream/operators/spark_java.py), before spark-submit starts: spark-class alone says "JAVA_HOME is not
+set" inside the provider's "Cannot execute"."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from airflow_jetstream.client.errors import SparkInstallError
+from airflow_jetstream.operators.spark_java import check_java, java_missing
 from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator
-from airflow_jetstream.spark.java import check_java, java_missing
 from tests.support.airflow_cli import nats_conn_json
 
 

@@ -183,8 +183,8 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         self.stream = stream
 
     def execute(self, context: Mapping[str, Any]) -> None:
+        from airflow_jetstream.operators.spark_java import check_java
         from airflow_jetstream.spark.failure import FAILURE_FILE_CONF
-        from airflow_jetstream.spark.java import check_java
         from airflow_jetstream.spark.package import PACKAGE_ZIP, build_py_files
         from airflow_jetstream.spark.versions import check_pyspark_install
 

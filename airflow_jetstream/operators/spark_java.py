@@ -1,4 +1,5 @@
-"""spark-submit needs Java on the host that runs it: a Celery worker host runs the Spark driver (client mode).
+"""spark-submit needs Java on the host that runs it: a Celery worker host runs the Spark driver (client mode). This
+is the operator's check (it imports Airflow, so it is not in spark/, which executors receive as a zip without Airflow).
 
 Without it, ``spark-class`` prints "JAVA_HOME is not set" and the task fails with the Spark provider's
 "Cannot execute: spark-submit ..." and the whole command line: nothing says which host lacks what. The operator checks

@@ -12,29 +12,10 @@ from airflow_jetstream.operators.base import JetStreamBaseOperator
 class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
     """Create (or bring up to date) the stream that stores advisories, so that none is missed.
 
-    The server publishes advisories only while someone listens; this stream listens all the time
-    and keeps them for ``max_age`` (and at most ``max_bytes``), so that
-    ``JetStreamAdvisorySensor`` can look back to the start of a run. Idempotent: run it at the
-    top of every DAG that waits on advisories, or once in a setup DAG::
-
-        capture = JetStreamAdvisoryStreamOperator(task_id="capture_advisories", capture_stream="ADVISORIES",
-                                                  max_age="7d")
-        capture >> publish >> JetStreamAdvisorySensor(task_id="no_abandoned", advisory="batch_abandoned",
-                                                      advisory_stream="ORDERS", expect="absent", quiet_period=30)
-
-    Options left unset (None) take a default when the stream is created and keep what an existing
-    stream has: a re-run never turns an R3 capture stream into R1 or shortens its ``max_age``.
-
-    :param capture_stream: the capture stream's name (default ``ADVISORIES``). Templated.
-    :param max_age: how long advisories are kept (``"7d"``, seconds or a timedelta; new stream: 7 days). Templated.
-    :param max_bytes: optional size cap; the oldest advisories are dropped first.
-    :param subjects: subjects to capture (new stream: ``$JS.EVENT.ADVISORY.*.>``, every advisory but API audits).
-    :param storage: ``file`` or ``memory`` (new stream: ``file``; cannot change later).
-    :param num_replicas: replicas in a cluster, 1-5 (new stream: 3 on a cluster, else 1). Templated.
-    :param placement: ``{"cluster": ..., "tags": [...]}`` where the replicas go. Templated.
-    :param max_consumers: consumers the stream allows (new stream: 1,000, stated in its config). Each triggerer
-        process holds one however many advisory sensors wait in it; event-driven DAGs' durable consumers count too.
-    :param nats_conn_id: the ``nats`` connection to use. Templated.
+    The server publishes advisories only while someone listens; this stream listens all the time, so that
+    ``JetStreamAdvisorySensor`` can look back to the start of a run. Options left unset keep what an existing
+    stream has: a re-run never turns an R3 capture stream into R1 or shortens its ``max_age``. Each triggerer
+    process holds one consumer on it (``max_consumers``). See docs/operators/advisory.md.
     """
 
     template_fields: Sequence[str] = ("capture_stream", "max_age", "num_replicas", "placement", "nats_conn_id")

@@ -20,54 +20,15 @@ from airflow_jetstream.ui.links import JetStreamViewLink
 
 
 class JetStreamConsumeOperator(JetStreamBaseOperator):
-    """Read messages from a stream and call ``apply_function`` on each one (or on each batch).
+    """Read messages from a stream and call ``apply_function`` on each one (or ``apply_function_batch`` per batch).
 
-    **Durable** (``consumer`` given): reads a durable pull consumer, created when missing (explicit
-    acks, filtered to ``filter_subjects``, from ``start_seq``/``start_time`` or the stream's start) or bound as
-    it is. A message is acknowledged only after ``apply_function`` returned for it (its batch with
-    ``apply_function_batch``). When the function raises an exception listed in ``term_on`` the message
-    is terminated (never redelivered, a ``msg_terminated`` advisory is published) and consuming goes
-    on; any other exception naks it with a back-off delay (``nak_delay``, by delivery count), naks what
-    else was delivered, and fails the task. A task retry reads the consumer again: nothing
-    unacknowledged is lost or skipped, nothing acknowledged is processed twice.
-
-    **Ordered read** (no ``consumer``): the messages from ``start_seq`` (or ``start_time``, or the first)
-    to ``end_seq`` (default: the last one stored when the task starts), in order, nothing acknowledged;
-    a retry reads the same range again from its start. Chain runs with the summary's ``next_seq``.
-
-    Reads until ``max_messages`` were processed or no message arrives within ``fetch_timeout``. Returns
-    a JSON summary: ``processed``, ``acked``, ``terminated``, ``batches``, ``first_seq``, ``last_seq``,
-    ``stopped`` (and ``num_pending`` for a consumer, ``next_seq`` for an ordered read)::
-
-        JetStreamConsumeOperator(
-            task_id="bill_orders",
-            stream="ORDERS",
-            consumer="billing",
-            filter_subjects=["orders.created"],
-            apply_function="my_pkg.billing.bill_order",   # bill_order(message, *args, **kwargs)
-            max_messages=500,
-        )
-
-    :param stream: the stream (templated).
-    :param apply_function: called as ``f(message, *apply_function_args, **apply_function_kwargs)`` with a
-        :class:`~airflow_jetstream.client.reading.messages.Message` (``subject``, ``seq``, ``data``,
-        ``headers``, ``time``, ``delivered``, ``text``, ``json()``); a callable or a dotted path.
-    :param apply_function_batch: instead, called with the list of messages of each batch.
-    :param apply_function_args, apply_function_kwargs: extra arguments (templated).
-    :param consumer: durable pull consumer name (templated); None for an ordered read.
-    :param filter_subjects: the subjects to read (wildcards allowed; templated).
-    :param start_seq, start_time: where a new consumer or an ordered read starts (templated).
-    :param end_seq: last sequence of an ordered read (templated).
-    :param max_messages: stop after this many messages (None: until nothing arrives within ``fetch_timeout``).
-    :param batch_size: messages per pull request (and per ``apply_function_batch`` call).
-    :param fetch_timeout: how long one pull request waits on the server (seconds, "30s" or timedelta); a pull
-        that gets nothing ends the task.
-    :param nak_delay: seconds before a failed message is redelivered; a list is indexed by delivery count.
-    :param term_on: exception classes (or dotted paths) that terminate the message instead.
-    :param create_consumer: create the consumer when missing (default) or fail.
-    :param ack_wait: a created consumer's ack wait (longer than the function takes per batch).
-    :param max_deliver: a created consumer's maximum deliveries per message (default unlimited).
-    :param nats_conn_id: the ``nats`` connection to use (templated).
+    Durable (``consumer`` given): a message is acknowledged only after the function returned for it; an
+    exception listed in ``term_on`` terminates it (no redelivery) and consuming goes on, any other naks it with
+    ``nak_delay`` and fails the task, so a retry loses and repeats nothing. Ordered read (no ``consumer``):
+    ``start_seq``..``end_seq`` in order, nothing acknowledged; chain runs with the summary's ``next_seq``.
+    Reads until ``max_messages`` or until no message arrives within ``fetch_timeout``. Returns a JSON summary
+    (``processed``, ``acked``, ``terminated``, ``first_seq``, ``last_seq``, ``stopped``, ...); see
+    docs/operators/consume.md.
     """
 
     template_fields: Sequence[str] = ("stream", "consumer", "filter_subjects", "start_seq", "start_time", "end_seq",

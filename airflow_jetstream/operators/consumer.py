@@ -13,29 +13,11 @@ from airflow_jetstream.ui.links import JetStreamViewLink
 
 
 class JetStreamConsumerResetOperator(JetStreamBaseOperator):
-    """Reset a consumer's delivery state, for replays and backfills.
+    """Reset a consumer's delivery state, for replays and backfills: to its ack floor (no ``start_seq`` or
+    ``start_time``), to a stream sequence, or to the first message stored at or after a time.
 
-    - no ``start_seq``/``start_time``: back to the ack floor (pending messages are delivered again);
-    - ``start_seq``: the next message delivered is the first with stream sequence >= ``start_seq``
-      (backward replays or forward skips; needs deliver policy all, by_start_sequence or by_start_time);
-    - ``start_time``: the same from the first message stored at or after it (ISO 8601, naive = UTC).
-
-    An unknown stream or consumer fails at once (the server itself would never answer), and resets
-    the consumer's deliver policy or start forbid fail with the reason. Returns
-    ``{"reset_seq", "delivered", "ack_floor", "num_pending", "num_ack_pending", ...}``::
-
-        JetStreamConsumerResetOperator(
-            task_id="replay_day",
-            stream="ORDERS",
-            consumer="billing",
-            start_time="{{ data_interval_start }}",
-        )
-
-    :param stream: the stream (templated).
-    :param consumer: the durable consumer (templated).
-    :param start_seq: stream sequence to restart from (templated; int or digits).
-    :param start_time: restart from the first message at or after this time (templated; ISO 8601 or datetime).
-    :param nats_conn_id: the ``nats`` connection to use (templated).
+    An unknown stream or consumer fails at once (the server itself would never answer). Returns
+    ``{"reset_seq", "delivered", "ack_floor", "num_pending", ...}``; see docs/operators/consumer.md.
     """
 
     template_fields: Sequence[str] = ("stream", "consumer", "start_seq", "start_time", "nats_conn_id")

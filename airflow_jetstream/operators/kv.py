@@ -38,36 +38,13 @@ async def write_key(conn: JetStreamConnection, bucket: str, key: str, operation:
 
 
 class JetStreamKeyValueOperator(JetStreamBaseOperator):
-    """Write a key of a JetStream KV bucket, ensuring the bucket first.
+    """Write a key of a JetStream KV bucket (``put``, ``create``, ``update`` at ``revision``, ``delete``,
+    ``purge``), ensuring the bucket first (``bucket_config=None``: it must exist).
 
-    Operations: ``put`` (write whatever the key holds), ``create`` (only if the key does not exist:
-    fails with reason ``key_exists`` otherwise), ``update`` (only if the key is still at ``revision``:
-    compare-and-set, fails with reason ``wrong_revision``), ``delete`` (optionally only at
-    ``revision``) and ``purge`` (delete with the key's history). Values: ``str`` as UTF-8, ``bytes`` as
-    they are, anything else as JSON. The bucket is created when missing, or updated where it differs
-    from ``bucket_config`` (fields not given are left alone); ``bucket_config=None`` requires it to exist.
-
-    Returns ``{"bucket", "key", "operation", "revision", "bucket_action"}``; the key is added to the
-    task's outlets as the asset ``jetstream://<server>/KV_<bucket>/%24KV.<bucket>.<key>`` (see
-    :func:`airflow_jetstream.assets.kv.kv_asset`), so DAGs scheduled on it run after a write::
-
-        JetStreamKeyValueOperator(
-            task_id="publish_model",
-            bucket="models",
-            key="churn.latest",
-            value={"version": 42, "path": "s3://models/churn/42"},
-            bucket_config={"history": 10, "num_replicas": 3},
-        )
-
-    :param bucket: bucket name (templated).
-    :param key: key (templated).
-    :param value: the value for put/create/update (templated).
-    :param operation: ``put``, ``create``, ``update``, ``delete`` or ``purge``.
-    :param revision: the expected current revision for update (required) and delete (templated).
-    :param bucket_config: ``history``, ``ttl`` (seconds or "7d"), ``num_replicas``, ``placement``
-        (``{"cluster": ..., "tags": [...]}``), ``max_value_size``, ``max_bytes``, ``storage``,
-        ``description``; ``{}`` ensures the bucket with defaults.
-    :param nats_conn_id: the ``nats`` connection to use (templated).
+    ``create`` fails with ``key_exists`` and ``update`` with ``wrong_revision`` (compare-and-set). Returns
+    ``{"bucket", "key", "operation", "revision", "bucket_action"}``; the key is added to the task's outlets as
+    an asset (:func:`airflow_jetstream.assets.kv.kv_asset`), so DAGs scheduled on it run after a write. See
+    docs/operators/kv.md.
     """
 
     template_fields: Sequence[str] = ("bucket", "key", "value", "revision", "nats_conn_id")

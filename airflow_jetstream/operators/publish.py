@@ -111,59 +111,16 @@ def task_dedupe_key(context: Any) -> str | None:
 class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
     """Publish messages to JetStream as atomic batches (or fast batches), streaming any input size.
 
-    Messages come from exactly one of ``messages`` (a templated list, or an upstream task's XCom
-    such as ``producer.output``), ``messages_file`` (JSON Lines read line by line, or Parquet read
-    record batch by record batch when pyarrow is installed) or ``producer_function`` (a callable or
-    dotted path returning an iterable, usually a generator, of messages). Each message is a dict with
-    ``subject`` (or the operator's ``subject``), ``data`` (str, bytes or anything JSON-serialisable,
-    sent as JSON) and optional ``headers`` and ``msg_id``. Memory is bounded by one chunk of
-    ``batch_size`` messages, whatever the input size.
+    Messages come from exactly one of ``messages`` (a list, or an upstream task's XCom), ``messages_file``
+    (JSON Lines, or Parquet with pyarrow) or ``producer_function`` (an iterable, usually a generator). Memory is
+    bounded by one chunk of ``batch_size`` messages. ``messages`` and ``messages_file`` are validated whole
+    before the first message is sent; more than ``batch_size`` messages fail unless ``split=True`` (each chunk
+    is then its own all-or-nothing batch). A ``producer_function`` is read once, so its messages get
+    deterministic msg ids (``dedupe_key`` or one derived from the task instance) and each atomic chunk is
+    fenced: a retry or re-run stores nothing an earlier try committed, however late.
 
-    ``messages`` and ``messages_file`` are validated whole (a first pass that holds nothing) before
-    the first message is sent. More than ``batch_size`` messages (999 or 1000 by default, the server's limit)
-    fail before anything is sent unless ``split=True``: then each chunk is its own atomic batch
-    (all-or-nothing per chunk, not for the whole input) and, with ``expected_last_seq``, each chunk
-    must start where the previous one ended. A ``producer_function`` is read once: each chunk is
-    validated just before it is sent, and every message gets a deterministic msg id (``dedupe_key``,
-    or one derived from dag, task, run and map index, plus the position). With those ids each atomic
-    chunk is also fenced, so a retried task or a re-run stores nothing an earlier try committed, at any
-    later time (fast mode: within the stream's ``duplicate_window``).
-
-    Returns a summary of constant size: ``{"stream", "mode", "batch", "batch_prefix", "chunks",
-    "count", "first_seq", "last_seq", "already_committed", "already_committed_chunks",
-    "duplicates", "stored_exact", "msg_id_prefix"}``; atomic chunk ``n`` is stored with the batch id
-    ``<batch_prefix>-<n>`` in its headers, and each chunk is logged::
-
-        publish = JetStreamAtomicBatchPublishOperator(
-            task_id="publish_orders",
-            messages_file="/data/{{ ds }}/orders.jsonl",
-            subject="orders.new",
-            stream="ORDERS",
-            split=True,
-            dedupe_key="orders-{{ ds }}",   # msg ids: a retried task does not publish twice
-        )
-
-    :param messages: list of message dicts, or a JSON string of one (templated).
-    :param messages_file: path of a JSON Lines or Parquet file of message dicts (templated).
-    :param producer_function: callable, or dotted path of one, returning an iterable of message dicts.
-    :param producer_function_args: positional arguments for ``producer_function`` (templated).
-    :param producer_function_kwargs: keyword arguments for ``producer_function`` (templated).
-    :param subject: default subject for messages without one (templated).
-    :param stream: the stream the messages must land in; checked before publishing (templated).
-    :param expected_last_seq: the stream's last sequence before the (first) batch; atomic only (templated).
-    :param split: allow more than ``batch_size`` messages, as several atomic batches.
-    :param batch_size: messages per batch (for atomic batches at most the server's
-        ``jetstream.limits.batch.max_msgs``, 1000 by default, less one for a fenced chunk's fence). Default:
-        999 for fenced atomic chunks (with their fence, the server's 1000), else 1000.
-    :param dedupe_key: prefix for automatic msg ids (``<key>-<index>``) of messages without one (templated).
-        In atomic mode it also fences chunk ``n`` as ``<key>-<n>``: a retry or re-run with the same key and
-        input stores nothing twice, however late (the stream needs ``_FENCE.<stream>.>``, which
-        ``JetStreamEnsureStreamOperator`` adds to atomic streams).
-    :param fence: with ``False`` chunks are not fenced: a retry after the stream's ``duplicate_window``
-        stores again what an earlier try committed.
-    :param mode: ``"atomic"`` (all-or-nothing chunks) or ``"fast"`` (fast batches: bulk ingest,
-        not atomic, the stream needs ``allow_batched``).
-    :param nats_conn_id: the ``nats`` connection to use.
+    Returns a summary of constant size (``count``, ``chunks``, ``first_seq``, ``last_seq``, ``batch_prefix``,
+    ...). Parameters, results and examples: docs/operators/publish.md.
     """
 
     template_fields: Sequence[str] = (

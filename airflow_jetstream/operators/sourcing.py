@@ -21,51 +21,13 @@ USER_MANAGED_OPTIONS = ("consumer", "deliver_subject", "deliver_policy", "replay
 class JetStreamDurableSourceOperator(JetStreamBaseOperator):
     """Make ``stream`` source (or, with ``mirror=True``, mirror) ``source`` without losing messages.
 
-    - server-managed (default, no ``user_managed``): a plain source on a WorkQueue or Interest origin;
-      the server creates and manages a durable flow-control consumer (``JS_SRC_*`` / ``JS_MIRROR_*``)
-      on the origin. A Limits origin is refused (the server would use an ephemeral consumer there):
-      use ``user_managed``.
-    - ``user_managed={...}`` (or ``True`` for the defaults): the operator creates or updates the durable
-      push consumer on the origin (ack policy flow_control, flow control, 1 s heartbeat, max_deliver -1)
-      with the filter, start and deliver/replay policy, and points the source at it through its deliver
-      subject. An existing plain source of the same origin is migrated without loss or duplicates.
-
-    ``stream`` is created when missing; its other sources are kept; re-runs are no-ops. Success is
-    only returned once the server reports the source active without error (``health_timeout``).
-    ``domain`` is the origin's JetStream domain when it lives on a leaf node or another domain.
-    Returns ``{"mode", "action", "consumer", "deliver_subject", "source_state", ...}``::
-
-        JetStreamDurableSourceOperator(
-            task_id="aggregate_from_edge",
-            stream="AGG",
-            source="ORDERS_EDGE",
-            user_managed={"consumer": "AGG_FROM_EDGE"},
-            domain="edge",
-            filter_subjects=["orders.eu.>"],
-            start_time="{{ data_interval_start }}",
-        )
-
-    :param stream: the aggregate stream (templated).
-    :param source: the origin stream (templated).
-    :param user_managed: None for a server-managed source; a dict (templated) for a user-managed one, with
-        any of ``consumer`` (durable name, default ``<stream>_SRC_<source>``), ``deliver_subject`` (default
-        ``_SRC.<stream>.<source>``), ``deliver_policy`` (``all``, ``last``, ``new``, ``last_per_subject``
-        (needs a filter) ...), ``replay_policy`` (``instant`` or ``original``), ``max_ack_pending`` (messages
-        in flight before sourcing waits, default 1000) and ``create_consumer`` (False to use a consumer
-        someone else created; it is checked). ``True`` is ``{}``.
-    :param mirror: mirror instead of source.
-    :param filter_subjects: only these origin subjects (templated).
-    :param start_seq: start at this origin sequence (templated).
-    :param start_time: start at this time, ISO 8601 (templated).
-    :param domain: the origin's JetStream domain, if not the connection's.
-    :param api_prefix: or the origin's JetStream API prefix (e.g. ``$JS.edge.API`` or an imported prefix).
-    :param num_replicas: replicas of ``stream``, 1-5 (templated). Unset: a new stream gets 3 on a cluster
-        (1 on a single server) and an existing one keeps its own; set: an existing stream is changed to it.
-    :param allow_shared_origin: let a WorkQueue/Interest origin that already feeds another stream feed this one
-        too (every message is then copied into both); refused by default with ``origin_already_sourced``.
-    :param placement: where ``stream``'s replicas go, ``{"cluster": ..., "tags": [...]}`` (templated; unset: kept).
-    :param health_timeout: seconds to wait for the source to become healthy.
-    :param nats_conn_id: the ``nats`` connection to use (templated).
+    Server-managed (default): a plain source on a WorkQueue or Interest origin, whose durable consumer the
+    server manages; a Limits origin is refused (the server would use an ephemeral consumer there).
+    ``user_managed={...}`` (``True``: the defaults): the operator creates or updates the durable push consumer
+    on the origin and points the source at it; an existing plain source of the origin is migrated without loss
+    or duplicates. ``stream`` is created when missing, its other sources are kept, and success is returned only
+    once the server reports the source active without error (``health_timeout``). Parameters, the
+    ``user_managed`` options and the result: docs/operators/sourcing.md.
     """
 
     template_fields: Sequence[str] = ("stream", "source", "user_managed", "filter_subjects", "start_seq",

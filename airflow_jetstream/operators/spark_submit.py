@@ -149,27 +149,13 @@ class _TaskChildSubmitHook(SparkSubmitHook):
 class JetStreamSparkSubmitOperator(SparkSubmitOperator):
     """A ``SparkSubmitOperator`` whose job reaches NATS with the ``nats_conn_id`` connection.
 
-    The connection's servers and auth (user/password, token, nkey seed, creds file, TLS files,
-    domain) reach the job as ``spark.jetstream.*`` Spark conf in a private (0600) properties file
-    given to spark-submit with ``--properties-file`` and deleted after the run: never on the command
-    line. Secrets sit under ``spark.jetstream.secret.*``, which Spark redacts in its UI and event
-    log. The application calls :func:`airflow_jetstream.spark.register` and then uses
-    ``format("jetstream")`` without ``servers`` or credentials; explicit options still win::
-
-        JetStreamSparkSubmitOperator(task_id="produce", application="produce.py",
-                                     nats_conn_id="nats_default", ship_package=True)
-
-    :param nats_conn_id: the ``nats`` connection handed to the job (templated).
-    :param ship_package: add a zip of ``airflow_jetstream`` (client + spark) and nats-py to
-        ``py_files``, for executors that do not have the package installed.
-    :param stream: the stream the job reads or writes, for the task's "JetStream" extra link (it opens the
-        view at that stream's row); not passed to the job (templated).
-    Every other argument is ``SparkSubmitOperator``'s. A ``properties_file`` given is merged into the
-    generated file; without one, spark-defaults.conf (``SPARK_CONF_DIR`` or ``SPARK_HOME/conf``) is.
-
-    spark-submit, and so the driver and its Python workers, does not inherit the task's secret variables
-    (:func:`secret_variables`: ``AIRFLOW_CONN_*`` and the like): they are set empty in its ``env_vars`` (the Spark
-    provider starts spark-submit with the task's environment and ``env_vars`` on top). ``env_vars`` you give win.
+    The connection reaches the job as ``spark.jetstream.*`` conf in a private properties file given with
+    ``--properties-file``, never on the command line (secrets under ``spark.jetstream.secret.*``, which Spark
+    redacts); a given ``properties_file`` (else spark-defaults.conf) is merged into it. The application calls
+    :func:`airflow_jetstream.spark.register`. ``ship_package`` adds a zip of the package and nats-py to
+    ``py_files``; ``stream`` only feeds the task's "JetStream" link. spark-submit does not inherit the task's
+    secret variables (:func:`secret_variables`): they are set empty in ``env_vars`` (yours win). See
+    docs/operators/spark-submit.md.
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "nats_conn_id", "stream")

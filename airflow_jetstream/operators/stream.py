@@ -12,29 +12,11 @@ from airflow_jetstream.operators.base import JetStreamBaseOperator
 
 
 class JetStreamEnsureStreamOperator(JetStreamBaseOperator):
-    """Create a stream, update it where it differs from ``config``, or leave it alone.
+    """Create a stream, update it where it differs from ``config`` (JetStream's JSON names), or leave it alone.
 
-    ``config`` uses JetStream's own JSON field names; durations (``max_age``, ``duplicate_window``)
-    may be nanoseconds or strings such as ``"7d"``. Unknown keys fail before any call; changing an
-    immutable field (e.g. ``storage``) fails naming the field. Returns the stream info (JSON-able)::
-
-        JetStreamEnsureStreamOperator(
-            task_id="ensure_orders",
-            config={
-                "name": "ORDERS",
-                "subjects": ["orders.>"],
-                "retention": "workqueue",
-                "allow_atomic": True,
-                "duplicate_window": "2m",
-            },
-        )
-
-    On success the stream is added to the task's outlets as ``jetstream://<first server>/<stream>``
-    (see :func:`airflow_jetstream.assets.jetstream_asset`) and reported to hook lineage: DAGs scheduled
-    on that asset run after this task succeeds.
-
-    :param config: the stream config (templated).
-    :param nats_conn_id: the ``nats`` connection to use.
+    Unknown keys fail before any call; changing an immutable field fails naming the field. The stream is
+    added to the task's outlets (``jetstream://<first server>/<stream>``) and reported to hook lineage, so
+    DAGs scheduled on that asset run after this task. Returns the stream info; see docs/operators/stream.md.
     """
 
     template_fields: Sequence[str] = ("config",)

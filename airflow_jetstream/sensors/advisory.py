@@ -20,51 +20,13 @@ from airflow_jetstream.triggers.base import JetStreamWaitTrigger
 class JetStreamAdvisorySensor(JetStreamBaseSensor):
     """Wait for a matching JetStream advisory and return it on XCom, or guard that none appears.
 
-    Advisories are read from the capture stream (see ``JetStreamAdvisoryStreamOperator``) starting
-    at ``start_time`` (default: the run's data interval start, else its logical date), so an advisory
-    published before the sensor started is still found, across reschedules and deferral. With
-    ``capture_stream=None`` the sensor subscribes live and sees only what is published while it
-    listens.
-
-    * ``expect="present"`` (default): succeed with the first matching advisory as a dict of its
-      JSON fields (``type``, ``stream``, ``batch``, ``reason`` ...) plus ``advisory_kind``.
-    * ``expect="absent"``: a guard. Fail as soon as a matching advisory is found; succeed once
-      ``quiet_period`` has passed since the sensor started with none found.
-
-    ::
-
-        wait_abandoned = JetStreamAdvisorySensor(
-            task_id="no_abandoned_batches",
-            advisory="batch_abandoned",
-            advisory_stream="ORDERS",
-            expect="absent",
-            quiet_period=30,          # batches time out after ~10 s on the server
-            deferrable=True,
-        )
-
-        dead_letters = JetStreamAdvisorySensor(
-            task_id="poison_message",
-            advisory="max_deliveries",
-            advisory_stream="ORDERS",
-            advisory_consumer="spark_reader",
-            match="my_pkg.checks.is_order_message",   # importable predicate(advisory_dict) -> bool
-            mode="reschedule",
-            poke_interval=30,
-        )
-
-    :param advisory: a kind (``batch_abandoned``, ``max_deliveries``, ``msg_terminated``, ... see
-        ``airflow_jetstream.client.advisories.types.KINDS``) or an advisory subject (wildcards allowed). Templated.
-    :param advisory_stream, advisory_consumer, batch_id, reason: only advisories whose ``stream``,
-        ``consumer``, ``batch`` and ``reason`` JSON fields have these values. Templated.
-    :param match: a dict of further field values, a dotted path to a predicate, or a module-level
-        function (stored by its dotted path, as triggers must serialize).
-    :param start_time: start of the window: datetime or ISO string. Templated.
-    :param expect: ``"present"`` or ``"absent"``.
-    :param capture_stream: the stream capturing advisories (``$JS.EVENT.ADVISORY.*.>``); None for a live subscription.
-    :param quiet_period: guard mode: seconds without a matching advisory before succeeding.
-    :param deferrable: wait in the triggerer (``JetStreamAdvisoryTrigger``) instead of a worker slot; default
-        ``[operators] default_deferrable``.
-    :param nats_conn_id: the ``nats`` connection to use. Templated.
+    Advisories are read from the capture stream (``JetStreamAdvisoryStreamOperator``) from ``start_time``
+    (default: the run's data interval start, else its logical date), so one published before the sensor
+    started is still found, across reschedules and deferral; ``capture_stream=None`` subscribes live and sees
+    only what is published while it listens. ``expect="present"`` succeeds with the first match (its JSON fields
+    plus ``advisory_kind``); ``expect="absent"`` is a guard: it fails on a match and succeeds once
+    ``quiet_period`` passed with none. ``match`` may be a module-level function: it is stored by its dotted
+    path, as triggers must serialize. Parameters and examples: docs/sensors/advisory.md.
     """
 
     template_fields: Sequence[str] = ("advisory", "advisory_stream", "advisory_consumer", "batch_id", "reason",

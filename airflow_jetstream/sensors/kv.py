@@ -15,32 +15,12 @@ from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
 class JetStreamKeyValueSensor(JetStreamBaseSensor):
     """Wait until ``key`` of the KV ``bucket`` exists, equals ``value``, or satisfies ``apply_function``.
 
-    A signal between systems ("model v42 is ready"): poke mode reads the key's current value each
-    poke; deferred, the trigger watches the key (a KV watch: no polling) and fires on the first
-    value that matches. A deleted or purged key does not exist. ``value``: a ``str`` is compared with
-    the value's text, anything else (dict, list, number, bool) with the value parsed as JSON.
-    ``apply_function(entry, *args, **kwargs)`` gets the entry dict and matches when truthy.
-
-    Returns (XCom ``return_value``) the entry ``{"bucket", "key", "revision", "value", "encoding",
-    "json" (when the value is JSON), "operation", "created"}`` plus ``result`` when the function
-    returned something other than ``True``::
-
-        model_ready = JetStreamKeyValueSensor(
-            task_id="model_ready",
-            bucket="models",
-            key="churn.status",
-            value="ready",
-            deferrable=True,
-        )
-
-    :param bucket: the bucket (templated); it must exist.
-    :param key: the key (templated).
-    :param value: the value to wait for (templated); None waits for the key to exist.
-    :param apply_function: instead, a predicate: callable or dotted path (deferrable mode needs a
-        module-level function, stored by its dotted path).
-    :param apply_function_args, apply_function_kwargs: extra arguments (templated).
-    :param deferrable: wait in the triggerer; default ``[operators] default_deferrable``.
-    :param nats_conn_id: the ``nats`` connection to use (templated).
+    A signal between systems ("model v42 is ready"): a poke reads the key's current value; deferred, the
+    trigger watches the key (no polling). A deleted or purged key does not exist. A ``str`` value is compared
+    with the value's text, anything else with the value parsed as JSON; ``apply_function(entry, ...)`` matches
+    when truthy (deferred: a module-level function, stored by its dotted path). Returns the entry
+    (``bucket``, ``key``, ``revision``, ``value``, ...) plus ``result`` when the function returned other than
+    ``True``; see docs/sensors/kv.md.
     """
 
     template_fields: Sequence[str] = ("bucket", "key", "value", "apply_function_args", "apply_function_kwargs",

@@ -14,37 +14,15 @@ from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
 
 
 class JetStreamBatchLedgerSensor(JetStreamStateSensor):
-    """Wait until at least ``min_batches`` batches of ``run_id`` exist in the batch ledger and all of
-    them reached ``state`` (``published`` < ``in_progress`` < ``consumed``).
+    """Wait until at least ``min_batches`` batches of ``run_id`` exist in the batch ledger and all reached
+    ``state`` (``published`` < ``in_progress`` < ``consumed``).
 
-    Each poke reads the run's counts: one request, whatever the number of batches. A batch in ``failed``
-    (a dead letter: its consume attempts ran out) fails the task at once with the failed batches and their
-    last errors, since waiting cannot fix it; ``fail_on_failed=False`` waits on instead (until the batches
-    are requeued or the sensor times out). With ``reap_expired`` every poke also returns batches whose claim
-    expired (a consumer that died) to ``published``, or to ``failed`` past their max attempts. Deferred, the
-    trigger waits for the run's counts to change (one shared subscription per triggerer process), checking
-    the same condition (:class:`~airflow_jetstream.client.ledger.wait.LedgerWait`). Returns the run's ledger
-    summary (``{"batches", "states", "messages", "attempts", "failed", ...}``)::
-
-        consumed = JetStreamBatchLedgerSensor(
-            task_id="all_batches_consumed",
-            run_id="{{ run_id }}",          # the default: batches recorded by this DAG run
-            state="consumed",
-            min_batches="{{ ti.xcom_pull(task_ids='produce')['batches'] }}",
-            reap_expired=True,
-            deferrable=True, poke_interval=10, timeout=3600,
-        )
-        produce >> consume >> consumed >> report
-
-    :param run_id: the run whose batches to wait for (templated; default ``{{ run_id }}``).
-    :param state: ``published``, ``in_progress`` or ``consumed`` (templated; default ``consumed``).
-    :param ledger_bucket: the ledger's KV bucket (templated; default ``batch_ledger``).
-    :param min_batches: wait until at least this many batches are recorded (templated; default 1).
-    :param reap_expired: reap expired claims on every poke.
-    :param fail_on_failed: fail as soon as a batch is ``failed`` (default True).
-    :param deferrable: wait in the triggerer (``JetStreamBatchLedgerTrigger``); default
-        ``[operators] default_deferrable``.
-    :param nats_conn_id: the ``nats`` connection to use.
+    Each poke reads the run's counts: one request, whatever the number of batches. A ``failed`` batch (a dead
+    letter) fails the task at once, since waiting cannot fix it (``fail_on_failed=False`` waits on);
+    ``reap_expired`` returns batches whose claim expired to ``published`` on every poke. Deferred, the trigger
+    waits for the run's counts to change, checking the same condition
+    (:class:`~airflow_jetstream.client.ledger.wait.LedgerWait`). Returns the run's ledger summary; see
+    docs/sensors/ledger.md.
     """
 
     template_fields: Sequence[str] = ("run_id", "state", "ledger_bucket", "min_batches", "nats_conn_id")

@@ -24,41 +24,14 @@ def _templated(value: Any) -> bool:
 class JetStreamMessageSensor(JetStreamBaseSensor):
     """Wait until a message of ``stream`` (on ``filter_subject``) satisfies ``apply_function``; push it to XCom.
 
-    ``apply_function(message, *apply_function_args, **apply_function_kwargs)`` gets a
-    :class:`~airflow_jetstream.client.reading.messages.Message`; a truthy result is a match.
-    The sensor returns (XCom ``return_value``) the matching message as ``{"stream", "subject", "seq",
-    "headers", "data", "encoding", "time", "delivered"}`` plus ``result`` when the function returned
-    something other than ``True``. Nothing is consumed or acknowledged: the stream is only read.
-
-    ``start``: ``"new"`` (messages stored after the sensor started; in reschedule mode after its first
-    poke began), ``"first"``, a stream sequence, or a time (ISO 8601 or datetime). Each poke resumes
-    after the last message it looked at; deferred, the trigger keeps reading new messages::
-
-        order_arrived = JetStreamMessageSensor(
-            task_id="order_42_arrived",
-            stream="ORDERS",
-            filter_subject="orders.created",
-            apply_function="my_pkg.checks.is_order",      # is_order(message, order_id) -> bool
-            apply_function_kwargs={"order_id": "{{ params.order_id }}"},
-            start="{{ data_interval_start }}",
-            deferrable=True,
-        )
-
-    :param stream: the stream (templated).
-    :param apply_function: a callable or dotted path; deferrable mode needs a module-level function
-        (stored by its dotted path). Runs in the triggerer when deferred: keep it quick.
-    :param apply_function_args, apply_function_kwargs: extra arguments (templated).
-    :param filter_subject: only messages on this subject (wildcards allowed; templated).
-    :param start: where to start looking (templated).
-    :param fetch_timeout: not used any more (the trigger holds no pull request of its own: new messages come
-        through the subscription its triggerer process shares for the stream); accepted so that DAGs keep parsing.
-    :param deferrable: wait in the triggerer; default ``[operators] default_deferrable``.
-    :param nats_conn_id: the ``nats`` connection to use (templated).
-    :param body_in_event: put the whole matching message (body, headers, the function's result) in the
-        trigger's event. Off by default: Airflow's triggerer logs each event where anyone allowed to read task
-        logs reads it; the event then carries only where the message is and the task reads it back (the
-        message must still be stored then: a workqueue or interest stream, or a short ``max_age``, may have
-        removed it; the task then fails with reason ``message_gone``).
+    ``apply_function(message, *args, **kwargs)`` gets a :class:`~airflow_jetstream.client.reading.messages.Message`;
+    a truthy result is a match, returned as ``{"stream", "subject", "seq", "headers", "data", "encoding", "time",
+    "delivered"}`` plus ``result`` when it is not ``True``. Nothing is consumed: the stream is only read.
+    ``start``: ``"new"`` (stored after the sensor started; in reschedule mode after its first poke), ``"first"``,
+    a sequence or a time; each poke resumes after the last message it looked at. ``fetch_timeout`` is unused
+    (accepted so that DAGs keep parsing). The trigger's event carries only where the message is, since Airflow's
+    triggerer logs every event, and the task reads the message back (``message_gone`` when it is no longer
+    stored); ``body_in_event=True`` carries the whole message instead. See docs/sensors/message.md.
     """
 
     template_fields: Sequence[str] = ("stream", "filter_subject", "start", "apply_function_args",

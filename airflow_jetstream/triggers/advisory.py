@@ -27,20 +27,13 @@ def filter_kwargs(advisory_filter: AdvisoryFilter) -> dict[str, Any]:
 
 
 class JetStreamAdvisoryTrigger(JetStreamWaitTrigger):
-    """Fire once a matching advisory is found; in guard mode, also fire when ``quiet_until`` passes.
+    """Fire once a matching advisory is found; in guard mode (``expect="absent"``), also once ``quiet_until`` passes.
 
-    Reads the capture stream from ``start_time`` (so advisories published before the trigger started are found)
-    without a consumer, then what is captured next through the one subscription its triggerer process shares for
-    the capture stream; with ``capture_stream=None`` it subscribes live. ``check`` is the sensor's poke: what the
-    capture stream holds now (or, live, what arrives within ``listen_for`` seconds).
-
-    ``fetch_timeout`` is not used any more (the trigger holds no pull request of its own); it is still accepted so
-    that triggers deferred by an earlier release resume.
-
-    Events: ``{"status": "matched", "advisory": {...}}``, ``{"status": "quiet", ...}`` (guard mode,
-    nothing matched until ``quiet_until``), ``{"status": "timeout", "description": ...}`` (nothing matched
-    until ``timeout_at``) or ``{"status": "error", "error": {...}}``. ``report_gap=False`` leaves the
-    capture-gap warning to the sensor that already logged it.
+    Reads the capture stream from ``start_time`` without a consumer (so earlier advisories are found), then
+    what is captured next through the one subscription its triggerer process shares; with
+    ``capture_stream=None`` it subscribes live. ``fetch_timeout`` is unused, accepted so that triggers deferred
+    by an earlier release resume. Events: ``matched`` (with ``advisory``), ``quiet``, ``timeout`` or ``error``.
+    ``report_gap=False`` leaves the capture-gap warning to the sensor that already logged it.
     """
 
     what = "an advisory"

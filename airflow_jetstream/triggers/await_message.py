@@ -21,22 +21,14 @@ MESSAGE_REFERENCE = ("stream", "subject", "seq", "time", "delivered")
 class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
     """Fire once a message of ``stream`` (on ``filter_subject``) from ``start_seq`` on satisfies ``apply_function``.
 
-    ``apply_function`` is a dotted path (triggers are serialized; a sensor's poke, never serialized, may hand a
-    callable); it runs on the triggerer's event loop,
-    so it must be quick and must not block. What is stored from ``start_seq`` is read without a consumer; new
-    messages come through the one subscription a triggerer process shares for the stream
-    (:func:`~airflow_jetstream.client.reading.await_message.find_message`). ``check`` is the sensor's poke: it
-    looks at what is stored now and moves ``start_seq`` past what it looked at.
+    ``apply_function`` is a dotted path (triggers are serialized) and runs on the triggerer's event loop, so it
+    must be quick. What is stored is read without a consumer; new messages come through the one subscription a
+    triggerer process shares for the stream. ``check`` moves ``start_seq`` past what it looked at.
+    ``fetch_timeout`` is unused, accepted so that triggers deferred by an earlier release resume.
 
-    ``fetch_timeout`` is not used any more (the trigger holds no pull request of its own); it is still accepted
-    so that triggers deferred by an earlier release resume.
-
-    Events: ``{"status": "matched", "message": {...}, "next_seq", "scanned"}`` or
-    ``{"status": "error", "error": {...}}`` or, once ``timeout_at`` (ISO time) passed, ``{"status": "timeout"}``.
-    The matched message is a reference, ``{"stream", "subject", "seq", "time", "delivered"}``: Airflow's triggerer
-    logs every event (``Trigger fired event ... result=...``) where anyone who may read task logs reads it, so the
-    body, headers and the function's result stay out of it and the sensor reads them back. ``body_in_event=True``
-    puts the whole message in the event instead (as the sensor returns it).
+    Events: ``{"status": "matched", "message", "next_seq", "scanned"}``, ``error`` or ``timeout``. The matched
+    message is a reference (:data:`MESSAGE_REFERENCE`), since Airflow's triggerer logs every event: the body,
+    headers and the function's result stay out and the sensor reads them back (``body_in_event=True``: all in).
     """
 
     what = "a message"

@@ -14,14 +14,11 @@ if TYPE_CHECKING:
 
 
 class JetStreamKeyValueTrigger(JetStreamWaitTrigger):
-    """Fire when ``key`` of ``bucket`` satisfies the condition (see :class:`KeyCondition`): its current value
-    first, then each change. Every KV trigger of one triggerer process on one bucket shares one subscription to
-    it (:func:`~airflow_jetstream.client.kv.watch.wait_for_key`); ``apply_function`` is a dotted path (a callable
-    only for a sensor's poke, which is never serialized) and runs on the triggerer's event loop. ``check`` is the
-    sensor's poke: the key's current value.
+    """Fire when ``key`` of ``bucket`` satisfies the condition (:class:`KeyCondition`): its current value first,
+    then each change, through the one subscription the triggerer process shares per bucket.
 
-    Events: ``{"status": "matched", "entry": {...}}``, ``{"status": "error", "error": {...}}`` or, once
-    ``timeout_at`` (ISO time) passed, ``{"status": "timeout", "description": ...}``.
+    ``apply_function`` is a dotted path (a callable only for a sensor's poke, never serialized) and runs on the
+    triggerer's event loop. Events: ``matched`` (with ``entry``), ``error`` or ``timeout``.
     """
 
     what = "a KV key"

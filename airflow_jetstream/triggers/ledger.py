@@ -36,17 +36,12 @@ JITTER = (0.8, 1.2)
 class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
     """Fire when at least ``min_batches`` batches of ``run_id`` exist and all reached ``state``.
 
-    Waits for the run's counts to change rather than polling: every trigger of a triggerer process that
-    waits on the same ledger bucket shares one subscription to the bucket's counts subjects
-    (:func:`~airflow_jetstream.client.reading.shared_tail.follow`), and a change is evaluated from the
-    message itself, without a request. The check is :class:`~airflow_jetstream.client.ledger.wait.LedgerWait`'s,
-    the same as the sensor's poke. With ``reap_expired`` it also wakes when the earliest claim of the run
-    may have expired and reaps. A run recorded before the ledger kept counts, or a bucket that does not exist
-    yet, is polled every ``poll_interval`` (jittered) instead.
-
-    Events: ``{"status": "success", "result": <ledger summary>}``, or ``{"status": "error", "error":
-    {...}}`` when batches went to ``failed`` (``reason: batches_failed``, with the failed batches)
-    or the ledger could not be read.
+    Waits for the run's counts to change rather than polling: the triggers of a process on one ledger bucket
+    share one subscription to its counts subjects, and a change is evaluated from the message itself. The check
+    is :class:`~airflow_jetstream.client.ledger.wait.LedgerWait`'s, as the sensor's poke. With ``reap_expired``
+    it also wakes when a claim may have expired. A run recorded before the ledger kept counts, or a missing
+    bucket, is polled every ``poll_interval`` instead. Events: ``success`` with the ledger summary, or ``error``
+    (``batches_failed`` with the failed batches, or the ledger could not be read).
     """
 
     what = "batch ledger"

@@ -118,17 +118,10 @@ def _log_expired(where: str, lease: DeliveryLease) -> None:
 class JetStreamSharedStreamProducer(SharedStreamProducer):
     """Broker side of a shared JetStream stream: one pull subscription, acks gated on persistence.
 
-    :param nats_conn_id: the ``nats`` connection.
-    :param stream, consumer: the durable pull consumer (``ack_policy: explicit``) to read.
-    :param consumer_config: when given, the consumer is created or updated with it first
-        (``ensure_consumer``); otherwise it must exist.
-    :param batch_size: messages per pull request.
-    :param max_unconfirmed: hand out no more messages while this many wait for Airflow's confirmation
-        (None: ``batch_size``). It bounds the repeats after a stopped, killed or stalled triggerer, at the cost
-        of at most this many events per state sync of the triggerer (about a second).
-    :param fetch_timeout: seconds a pull request waits on the server.
-    :param progress_interval: seconds between "in progress" signals for messages awaiting
-        persistence; default a third of the consumer's ``ack_wait``.
+    ``consumer_config`` creates or updates the consumer first (else it must exist). ``max_unconfirmed``
+    (default ``batch_size``) stops handing out messages while that many wait for Airflow's confirmation: it
+    bounds the repeats after a stopped, killed or stalled triggerer. ``progress_interval`` (default a third of
+    the consumer's ``ack_wait``) spaces the "in progress" signals for messages awaiting persistence.
     """
 
     def __init__(self, *, nats_conn_id: str, stream: str, consumer: str, consumer_config: dict[str, Any] | None = None,
@@ -299,39 +292,14 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
 class JetStreamMessageTrigger(BaseEventTrigger):
     """Fire an asset event for each message on a JetStream durable consumer (event-driven scheduling).
 
-    Use it through common-messaging (``MessageQueueTrigger(scheme="jetstream", ...)``) or directly
-    in an ``AssetWatcher``::
-
-        from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
-        from airflow.sdk import Asset, AssetWatcher
-
-        orders = Asset("jetstream://nats.example.com:4222/ORDERS/orders.ready", watchers=[AssetWatcher(
-            name="orders_watcher",
-            trigger=MessageQueueTrigger(scheme="jetstream", stream="ORDERS", consumer="airflow",
-                                        consumer_config={"filter_subject": "orders.ready"}),
-        )])
-
-    Triggers with the same ``nats_conn_id``, ``stream`` and ``consumer`` share one subscription;
-    each applies its own ``filter_subject`` / advisory filter. A message is acked only once every
-    derived event is stored, so a triggerer restart loses nothing.
-
-    :param stream, consumer: the durable pull consumer to read (explicit acks).
-    :param nats_conn_id: the ``nats`` connection.
-    :param filter_subject: only fire for messages whose subject matches (wildcards allowed).
-    :param advisory, advisory_stream, advisory_consumer, batch_id, reason, match:
-        for a consumer on the advisory capture stream: only fire for matching advisories; the
-        event then carries the parsed advisory under ``"advisory"``.
-    :param consumer_config: create/update the durable consumer with this config first
-        (JetStream JSON names; default ack_wait 10 minutes). Leave None to require an existing consumer.
-    :param batch_size, fetch_timeout: pull request size and server-side wait (seconds).
-    :param max_unconfirmed: at most this many messages handed to Airflow and not yet confirmed stored
-        (None: ``batch_size``); bounds the repeat events after a stopped, killed or stalled triggerer.
-    :param body_in_event: put the message's body and headers in the asset event. Off by default: Airflow's
-        triggerer logs every event (``Trigger fired event ... result=...``) and stores it as an asset event, both
-        readable by users who may not read the stream; the event then carries only where the message is
-        (:data:`EVENT_REFERENCE`) and :func:`~airflow_jetstream.message_events.asset_messages` reads the body
-        back in the task (the message must still be stored: a limits stream, not workqueue or interest, whose
-        ``max_age`` outlasts the runs). An advisory watcher's event carries the parsed advisory either way.
+    Used through common-messaging (``MessageQueueTrigger(scheme="jetstream", stream=..., consumer=...)``) or
+    directly in an ``AssetWatcher``. Triggers with the same ``nats_conn_id``, ``stream`` and ``consumer`` share
+    one subscription; each applies its own ``filter_subject`` / advisory filter (an advisory watcher's event
+    carries the parsed advisory under ``"advisory"``). A message is acked only once every derived event is
+    stored, so a triggerer restart loses nothing; ``max_unconfirmed`` bounds the repeats after one. The event
+    carries only where the message is (:data:`EVENT_REFERENCE`), since Airflow's triggerer logs every event and
+    stores it for every reader; :func:`~airflow_jetstream.message_events.asset_messages` reads the body back in
+    the task, and ``body_in_event=True`` carries it instead. Parameters: docs/event-driven.md.
     """
 
 

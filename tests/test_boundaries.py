@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from airflow_jetstream.client import BatchMessage, publish_atomic_batch, stream_info
-from airflow_jetstream.client.admin.domains import api_view
-from airflow_jetstream.client.admin.streams import ensure_stream
+from airflow_jetstream.client.admin.streams import api_view, ensure_stream
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.durations import to_nanos, to_seconds
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError, LedgerRecordError

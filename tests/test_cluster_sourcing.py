@@ -10,8 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from airflow_jetstream.client.admin.consumer_reset import reset_consumer
-from airflow_jetstream.client.admin.consumers import delete_consumer, ensure_consumer
+from airflow_jetstream.client.admin.consumers import delete_consumer, ensure_consumer, reset_consumer
 from airflow_jetstream.client.admin.streams import ensure_stream, find_stream, stream_info
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import ConsumerNotFoundError, PlacementError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_jetstream.client.admin.config_diff import changed_fields, config_value_matches
+from airflow_jetstream.client.admin.streams import changed_fields, config_value_matches
 
 
 @pytest.mark.parametrize(("wanted", "current"), [

@@ -9,8 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from airflow_jetstream.client import ensure_stream
-from airflow_jetstream.client.admin.consumer_reset import reset_consumer
-from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer
+from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer, reset_consumer
 from airflow_jetstream.client.errors import (
     ConsumerNotFoundError,
     ConsumerResetError,

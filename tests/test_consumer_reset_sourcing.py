@@ -38,7 +38,7 @@ UNPAUSED_WARNING = "feeds a durable source and is not paused"
 
 def test_backward_reset_while_sourcing_duplicates_nothing(nats_conn, settings, caplog: pytest.LogCaptureFixture):
     run(settings, _setup)
-    with caplog.at_level(logging.WARNING, logger="airflow_jetstream.client.admin.consumer_reset"):
+    with caplog.at_level(logging.WARNING, logger="airflow_jetstream.client.admin.consumers"):
         result = _reset(start_seq=40)
     assert result["reset_seq"] == 40 and result["num_pending"] >= 1
     assert UNPAUSED_WARNING in caplog.text, "an unpaused source consumer's reset is not warned about"
@@ -66,7 +66,7 @@ def test_forward_reset_skips_the_range(nats_conn, settings, caplog: pytest.LogCa
         await publish(conn, "o", 100, start=100)  # origin seqs 101..200, not sourced while paused
 
     run(settings, paused_publish)
-    with caplog.at_level(logging.WARNING, logger="airflow_jetstream.client.admin.consumer_reset"):
+    with caplog.at_level(logging.WARNING, logger="airflow_jetstream.client.admin.consumers"):
         result = _reset(start_seq=151)
     assert UNPAUSED_WARNING not in caplog.text, "a paused source consumer's reset is warned about"
     assert result["reset_seq"] == 151 and result["num_pending"] == 50

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_jetstream.client import ConnectionSettings, JetStreamError, ensure_stream, open_connection, stream_info
 from airflow_jetstream.client.admin.consumers import find_consumer
-from airflow_jetstream.client.admin.domains import api_view
+from airflow_jetstream.client.admin.streams import api_view
 from airflow_jetstream.client.reading.stored import read_messages
 from airflow_jetstream.client.sourcing.status import source_status
 from airflow_jetstream.embedded.server import EmbeddedNatsServer, free_port

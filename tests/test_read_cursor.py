@@ -7,8 +7,7 @@ import asyncio
 import pytest
 
 from airflow_jetstream.client import ensure_stream, open_connection
-from airflow_jetstream.client.admin.consumer_reset import reset_consumer
-from airflow_jetstream.client.admin.consumers import consumer_info
+from airflow_jetstream.client.admin.consumers import consumer_info, reset_consumer
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.reading.read_plan import acknowledge_read, ensure_cursor, plan_read, read_method
 

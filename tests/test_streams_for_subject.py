@@ -8,7 +8,7 @@ import pytest
 from nats.js.manager import JetStreamManager
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
-from airflow_jetstream.client.admin.subject_streams import streams_for_subject
+from airflow_jetstream.client.admin.streams import streams_for_subject
 from airflow_jetstream.client.errors import JetStreamNotEnabledError, PermissionDeniedError
 
 

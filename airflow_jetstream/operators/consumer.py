@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from airflow_jetstream.client.admin.consumer_reset import reset_consumer
+from airflow_jetstream.client.admin.consumers import reset_consumer
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.operators.base import JetStreamBaseOperator, templated_int
 from airflow_jetstream.ui.links import JetStreamViewLink

@@ -31,8 +31,7 @@ from airflow_jetstream.client import (
     publish_atomic_batch,
     publish_fast_batch,
 )
-from airflow_jetstream.client.admin.consumer_reset import reset_consumer
-from airflow_jetstream.client.admin.consumers import ensure_consumer
+from airflow_jetstream.client.admin.consumers import ensure_consumer, reset_consumer
 from airflow_jetstream.client.connection import JetStreamConnection, connect
 from airflow_jetstream.client.errors import FastBatchError, JetStreamError
 from airflow_jetstream.client.ledger import BatchLedger

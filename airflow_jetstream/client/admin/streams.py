@@ -1,24 +1,32 @@
-"""Stream administration: idempotent create-or-update, info, delete, purge, the first message at a time."""
+"""Stream administration: idempotent create-or-update, info, delete, purge, the first message at a time, the stream
+that captures a subject, and views of a connection on another JetStream domain.
+
+Every function takes a :class:`JetStreamConnection`; for a stream in another domain (a leaf node) or behind another
+API prefix, a view of it: ``await consumer_info(api_view(conn, domain="edge"), "ORIGIN", "AGG_SRC")``.
+"""
 
 from __future__ import annotations
 
 import copy
 import logging
 import weakref
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client import server_features
-from airflow_jetstream.client.admin.config_diff import changed_fields
 from airflow_jetstream.client.batches.fence import fence_namespace, fence_subject
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
+    JetStreamNotEnabledError,
     PlacementError,
     ServerAPIError,
     StreamConfigError,
     StreamNotFoundError,
+    error_from_api,
 )
+from airflow_jetstream.client.retry import Deadline, is_leader_unavailable, retry
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject, validate_subjects
 from airflow_jetstream.client.times import to_rfc3339
 
@@ -109,14 +117,12 @@ def replication_config(num_replicas: Any = None, placement: Any = None) -> dict[
 
 def default_replicas(conn: JetStreamConnection) -> int:
     """Replicas for something the provider creates unasked: 3 when the connected server is part of a
-    cluster, else 1. An existing stream keeps its own. The choice is logged.
+    cluster, else 1 (an existing stream keeps its own). The choice is logged.
 
-    A cluster is recognised by the ``cluster`` name in the server's INFO, which every clustered server
-    sends, also with ``cluster { no_advertise: true }`` (that only hides the other servers' addresses,
-    ``connect_urls``). Live servers are not counted: with one of three nodes down a new stream is still
-    meant to be R3 (creating it is retried while the node is offline, for ``leader_wait``). A lone server
-    with a ``cluster`` block runs JetStream unclustered and refuses R3 (10074); :func:`create_stream`
-    then creates with 1 replica and this connection defaults to 1 from then on.
+    A cluster is recognised by the ``cluster`` name in the server's INFO, which every clustered server sends
+    (also with ``no_advertise``). Live servers are not counted: with one of three nodes down a new stream is
+    still meant to be R3. A lone server with a ``cluster`` block runs JetStream unclustered and refuses R3
+    (10074); :func:`create_stream` then creates with 1 replica and this connection defaults to 1 from then on.
     """
     from airflow_jetstream.client.natspy_internals import server_info  # imports nats-py: DAG files import this module
 
@@ -191,30 +197,22 @@ def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-async def overlapping_streams(conn: JetStreamConnection, subjects: list[str], *,
-                              exclude: str | None = None) -> dict[str, list[str]]:
-    """For each of ``subjects``, the other streams whose subjects overlap it (the server's own matching)."""
-    found: dict[str, list[str]] = {}
-    for subject in subjects:
-        reply = await conn.api_request("STREAM.NAMES", {"subject": subject}, context=f"streams for {subject!r}")
-        others = [stream for stream in reply.get("streams") or [] if stream != exclude]
-        if others:
-            found[subject] = others
-    return found
-
-
 async def _name_overlapping_streams(conn: JetStreamConnection, exc: StreamConfigError, name: str,
                                     cfg: dict[str, Any]) -> StreamConfigError:
-    """``exc`` with the streams that already capture the subjects named, when the server refused an overlap."""
+    """``exc`` naming the streams that already capture the subjects (the server's own matching), when the server
+    refused an overlap."""
     if exc.reason != "subjects_overlap":
         return exc
-    overlaps = await overlapping_streams(conn, list(cfg.get("subjects") or []), exclude=name)
+    overlaps = []
+    for subject in cfg.get("subjects") or []:
+        reply = await conn.api_request("STREAM.NAMES", {"subject": subject}, context=f"streams for {subject!r}")
+        others = [stream for stream in reply.get("streams") or [] if stream != name]
+        if others:
+            overlaps.append(f"{subject!r} overlaps stream(s) {', '.join(map(repr, others))}")
     if not overlaps:
         return exc
-    named = "; ".join(f"{subject!r} overlaps stream(s) {', '.join(map(repr, streams))}"
-                      for subject, streams in overlaps.items())
     return StreamConfigError(
-        f"stream {name!r}: {named}. A subject can be captured by one stream only: narrow the subjects, "
+        f"stream {name!r}: {'; '.join(overlaps)}. A subject can be captured by one stream only: narrow the subjects, "
         "or use the existing stream", reason=exc.reason, code=exc.code, err_code=exc.err_code,
         description=exc.description)
 
@@ -345,6 +343,104 @@ async def first_seq_at_or_after(conn: JetStreamConnection, stream: str, when: da
     except ServerAPIError as exc:
         if exc.err_code != 10037:
             raise
-        info = await conn.api_request(f"STREAM.INFO.{stream}", context=f"stream {stream!r}")
-        return int(info["state"]["last_seq"]) + 1
+        return int((await stream_info(conn, stream))["state"]["last_seq"]) + 1
     return int(reply["message"]["seq"])
+
+
+async def streams_for_subject(conn: JetStreamConnection, subject: str, *,
+                              deadline: Deadline | None = None) -> list[str]:
+    """The stream that captures ``subject`` as a list (empty when none; streams cannot overlap).
+
+    nats-py's ``find_stream_name_by_subject``, with the toolkit's errors: the server's API errors typed,
+    no responder as :class:`JetStreamNotEnabledError`, no reply as a permission error or a leader election
+    (retried for ``leader_wait`` on a cluster, or until ``deadline``).
+    """
+    import nats.errors  # imports nats-py: DAG files import this module
+    import nats.js.errors
+
+    from airflow_jetstream.client.connection import QUORUM_ADVICE
+
+    context = f"streams for {subject!r}"
+
+    async def once() -> list[str]:
+        try:
+            return [await conn.js.find_stream_name_by_subject(subject)]
+        except nats.js.errors.NotFoundError:
+            return []
+        except nats.js.errors.ServiceUnavailableError as exc:
+            if exc.code is None and exc.err_code is None:  # nats-py's stand-in for "no responders"
+                raise JetStreamNotEnabledError(f"{context}: no responder: JetStream is not enabled for this "
+                                               "account, or the domain / API prefix is wrong") from None
+            raise error_from_api(vars(exc), context=context) from None
+        except nats.js.errors.APIError as exc:
+            raise error_from_api(vars(exc), context=context) from None
+        except nats.errors.TimeoutError:
+            denied = conn.permission_error(f"{conn.api_prefix}.STREAM.NAMES")
+            raise denied or conn.unanswered(f"{context}: no reply within {conn.settings.request_timeout:g}s") from None
+
+    return await retry(context, once, transient=is_leader_unavailable, budget=conn.settings.leader_wait,
+                       deadline=deadline, advice=QUORUM_ADVICE, logger=log)
+
+
+def domain_api_prefix(domain: str) -> str:
+    """``$JS.<domain>.API``: the API prefix of a JetStream domain."""
+    validate_name(domain, what="JetStream domain")
+    return f"$JS.{domain}.API"
+
+
+def api_view(conn: JetStreamConnection, *, domain: str | None = None,
+             api_prefix: str | None = None) -> JetStreamConnection:
+    """``conn`` itself, or the same connection with its API requests sent to ``domain`` / ``api_prefix``
+    (:meth:`~airflow_jetstream.client.connection.JetStreamConnection.with_api_prefix`)."""
+    if domain and api_prefix:
+        raise InvalidRequestError("give either a JetStream domain or an API prefix, not both")
+    prefix = domain_api_prefix(domain) if domain else api_prefix
+    if not prefix or prefix == conn.api_prefix:
+        return conn
+    validate_subject(prefix, what="JetStream API prefix")
+    return conn.with_api_prefix(prefix)
+
+
+# Which requested fields of a stream or consumer config differ from what the server has: shared by the idempotent
+# create-or-update of both, so they read "unchanged" the same way. The server leaves zero values out of its JSON
+# (Go ``omitempty``) and adds fields nobody asked for, hence: a falsy requested value matches an absent or falsy
+# one; a dict matches when every requested key does; a list of scalars (subjects) matches as a multiset (order is
+# not config); a list of dicts (sources) element by element; a field the server omitted compares with its default.
+
+
+def config_value_matches(wanted: Any, current: Any) -> bool:
+    """True when the server's ``current`` value already is the requested ``wanted`` value."""
+    if _is_empty(wanted):
+        return _is_empty(current)
+    if isinstance(wanted, dict):
+        return isinstance(current, dict) and all(config_value_matches(v, current.get(k)) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        if not isinstance(current, list) or len(wanted) != len(current):
+            return False
+        if all(not isinstance(x, (dict, list)) for x in wanted):
+            return sorted(map(str, wanted)) == sorted(map(str, current))
+        return all(config_value_matches(w, c) for w, c in zip(wanted, current, strict=True))
+    return bool(wanted == current)
+
+
+def changed_fields(wanted: Mapping[str, Any], current: Mapping[str, Any], *,
+                   defaults: Mapping[str, Any] | None = None,
+                   same: Mapping[str, Callable[[Any, Any], bool]] | None = None) -> list[str]:
+    """Sorted names of the requested fields whose value differs from the current config.
+
+    ``same`` gives a field its own comparison (for example timestamps written in different forms);
+    it is called only when the server has a value for the field.
+    """
+    defaults = defaults or {}
+    same = same or {}
+    changed = []
+    for key, value in wanted.items():
+        have = current.get(key, defaults.get(key))
+        compare = same.get(key) if not _is_empty(have) else None
+        if not (compare or config_value_matches)(value, have):
+            changed.append(key)
+    return sorted(changed)
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or (isinstance(value, (dict, list, str, int, float)) and not value)

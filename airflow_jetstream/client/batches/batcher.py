@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
-from airflow_jetstream.client.admin.subject_streams import streams_for_subject
+from airflow_jetstream.client.admin.streams import streams_for_subject
 from airflow_jetstream.client.batches.atomic import ATOMIC_REFUSED_HEADERS, publish_atomic_batch
 from airflow_jetstream.client.batches.fast import FAST_REFUSED_HEADERS
 from airflow_jetstream.client.batches.fence import fence_message

@@ -12,8 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.admin.subject_streams import streams_for_subject
+from airflow_jetstream.client.admin.streams import stream_info, streams_for_subject
 from airflow_jetstream.client.batches.atomic import publish_atomic_batch, publish_fenced_batch, validate_atomic
 from airflow_jetstream.client.batches.fast import DEFAULT_FLOW, FAST_REFUSED_HEADERS, publish_fast_batch
 from airflow_jetstream.client.batches.fence import check_fence_config

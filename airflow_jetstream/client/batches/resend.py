@@ -11,8 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.admin.subject_streams import streams_for_subject
+from airflow_jetstream.client.admin.streams import stream_info, streams_for_subject
 from airflow_jetstream.client.batches.types import (
     HEADER_BATCH_COMMIT,
     HEADER_BATCH_ID,

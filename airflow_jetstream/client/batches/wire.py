@@ -16,7 +16,7 @@ from typing import Any
 
 import nats.errors
 
-from airflow_jetstream.client.admin.subject_streams import streams_for_subject
+from airflow_jetstream.client.admin.streams import streams_for_subject
 from airflow_jetstream.client.batches.types import (
     HEADER_EXPECTED_LAST_SUBJECT_SEQ,
     HEADER_MSG_ID,

@@ -18,8 +18,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from airflow_jetstream.client.admin.consumer_reset import reset_consumer
-from airflow_jetstream.client.admin.consumers import config_filters, ensure_consumer, filter_config, find_consumer
+from airflow_jetstream.client.admin.consumers import (
+    config_filters,
+    ensure_consumer,
+    filter_config,
+    find_consumer,
+    reset_consumer,
+)
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.admin.worker_consumers import ensure_worker_consumer
 from airflow_jetstream.client.batches.fence import is_fence_subject

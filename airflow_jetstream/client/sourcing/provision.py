@@ -30,8 +30,8 @@ from airflow_jetstream.client.admin.consumers import (
     find_consumer,
     list_consumers,
 )
-from airflow_jetstream.client.admin.domains import api_view
 from airflow_jetstream.client.admin.streams import (
+    api_view,
     create_stream,
     default_replicas,
     ensure_stream,

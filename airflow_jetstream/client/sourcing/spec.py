@@ -7,8 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from airflow_jetstream.client.admin.consumers import DELIVER_POLICIES, REPLAY_POLICIES, filter_config
-from airflow_jetstream.client.admin.domains import domain_api_prefix
-from airflow_jetstream.client.admin.streams import check_replicas, normalize_placement
+from airflow_jetstream.client.admin.streams import check_replicas, domain_api_prefix, normalize_placement
 from airflow_jetstream.client.errors import ConsumerConfigError, InvalidRequestError
 from airflow_jetstream.client.subjects import subjects_overlap, validate_name, validate_subject
 from airflow_jetstream.client.times import to_rfc3339

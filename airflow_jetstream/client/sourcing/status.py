@@ -12,8 +12,7 @@ from typing import Any
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.admin.consumers import config_filters, consumer_filters, find_consumer, list_consumers
-from airflow_jetstream.client.admin.domains import api_view
-from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.admin.streams import api_view, stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import ConsumerNotFoundError, JetStreamError, StreamConfigError, error_from_api
 from airflow_jetstream.client.sourcing.spec import (

@@ -234,3 +234,13 @@ def test_the_cycle_check_sees_imports_under_type_checking_and_inside_functions()
     assert _reexports_only(ast.parse('"""Doc."""\nfrom p.a import X\n__all__ = ["X"]\n__getattr__, __dir__ = f()\n'))
     assert not _reexports_only(ast.parse("from p.a import X\nLIMIT = 5\n"))
     assert not _reexports_only(ast.parse("def helper():\n    pass\n"))
+
+
+def test_natspy_internals_sits_below_the_toolkit_it_serves():
+    """natspy_internals.py is the bottom of the client (reading/headers.py builds on it): it imports no toolkit
+    module but the errors, not even inside a function, so there is no import cycle through it (issue 41)."""
+    path = ROOT / "airflow_jetstream" / "client" / "natspy_internals.py"
+    module = "airflow_jetstream.client.natspy_internals"
+    known = {f"airflow_jetstream.client.{p.stem}" for p in path.parent.glob("*.py")} | {
+        f"airflow_jetstream.client.{p.parent.name}.{p.stem}" for p in path.parent.glob("*/*.py")}
+    assert _imported(module, ast.parse(path.read_text()), known) == {"airflow_jetstream.client.errors"}

@@ -49,6 +49,7 @@ from airflow_jetstream.client.natspy_internals import (
     server_info,
     with_pending_size,
 )
+from airflow_jetstream.client.reading.headers import parse_header_lines
 from airflow_jetstream.client.retry import is_leader_unavailable
 from airflow_jetstream.client.retry import retry as retry_rule
 from airflow_jetstream.client.settings import ConnectionSettings
@@ -112,7 +113,7 @@ class JetStreamConnection:
     def __init__(self, nc: NATS, settings: ConnectionSettings) -> None:
         self.nc = nc
         self.settings = settings
-        install_header_parser(nc)  # nats-py's parser, keeping repeated header names (natspy_internals)
+        install_header_parser(nc, parse_header_lines)  # nats-py's parser, keeping repeated header names
         self.js: JetStreamContext = nc.jetstream(
             prefix=settings.api_subject_prefix, timeout=settings.request_timeout
         )

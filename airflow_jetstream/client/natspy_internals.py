@@ -76,12 +76,11 @@ def natspy_header_pairs(raw: bytes) -> list[tuple[str, str]]:
     return [pair for line in raw.split(b"\r\n") if line for pair in natspy_parse_header_lines(line).items()]
 
 
-def install_header_parser(nc: Any) -> None:
-    """Make ``nc`` parse headers with :func:`~airflow_jetstream.client.reading.headers.parse_header_lines`."""
-    from airflow_jetstream.client.reading.headers import parse_header_lines  # it builds on this module
-
+def install_header_parser(nc: Any, parser: Callable[[bytes], dict[str, str]]) -> None:
+    """Make ``nc`` parse headers with ``parser`` (:func:`~airflow_jetstream.client.reading.headers.parse_header_lines`,
+    passed in by the caller: that module builds on this one)."""
     if getattr(type(nc), "_parse_header_lines", None) is not None:
-        nc._parse_header_lines = parse_header_lines
+        nc._parse_header_lines = parser
 
 
 def install_pong_guard(nc: Any) -> None:

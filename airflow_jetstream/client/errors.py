@@ -11,9 +11,19 @@ from typing import Any
 
 
 class JetStreamError(Exception):
-    """Base class of every error raised by :mod:`airflow_jetstream.client`."""
+    """Base class of every error raised by :mod:`airflow_jetstream.client`.
+
+    A subclass names its ``reason`` in its class line (``class StreamNotFoundError(JetStreamError,
+    reason="stream_not_found")``) and the attributes of its own that :meth:`to_dict` carries in ``facts``.
+    """
 
     default_reason = "jetstream_error"
+    facts: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, reason: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if reason:
+            cls.default_reason = reason
 
     def __init__(
         self,
@@ -39,6 +49,7 @@ class JetStreamError(Exception):
             "message": self.message,
             "code": self.code,
             "err_code": self.err_code,
+            **{name: getattr(self, name) for name in self.facts},
         }
 
     def __str__(self) -> str:
@@ -48,119 +59,83 @@ class JetStreamError(Exception):
         return f"{self.message}{codes} (reason: {self.reason})"
 
 
-class InvalidSettingsError(JetStreamError):
+class InvalidSettingsError(JetStreamError, reason="invalid_settings"):
     """Connection settings are malformed (bad server URL, unknown TLS file, bad extras)."""
 
-    default_reason = "invalid_settings"
 
-
-class ConnectionFailedError(JetStreamError):
+class ConnectionFailedError(JetStreamError, reason="server_unreachable"):
     """No server could be reached within the connect timeout."""
 
-    default_reason = "server_unreachable"
 
-
-class AuthenticationError(ConnectionFailedError):
+class AuthenticationError(ConnectionFailedError, reason="authentication_failed"):
     """The server refused the credentials (user/password, token, nkey or creds)."""
 
-    default_reason = "authentication_failed"
 
-
-class TLSConfigurationError(ConnectionFailedError):
+class TLSConfigurationError(ConnectionFailedError, reason="tls_failed"):
     """The TLS handshake failed: untrusted CA, hostname mismatch, or TLS required/unsupported."""
 
-    default_reason = "tls_failed"
 
-
-class PermissionDeniedError(JetStreamError):
+class PermissionDeniedError(JetStreamError, reason="permission_denied"):
     """The server's permissions deny publishing or subscribing to a subject."""
-
-    default_reason = "permission_denied"
 
     def __init__(self, message: str, *, subject: str | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.subject = subject
 
 
-class JetStreamNotEnabledError(JetStreamError):
+class JetStreamNotEnabledError(JetStreamError, reason="jetstream_not_enabled"):
     """The server or account has no JetStream, or the API prefix/domain is wrong."""
 
-    default_reason = "jetstream_not_enabled"
 
-
-class RequestTimeoutError(JetStreamError):
+class RequestTimeoutError(JetStreamError, reason="timeout"):
     """A JetStream API request got no answer in time."""
 
-    default_reason = "timeout"
 
-
-class LeaderUnavailableError(RequestTimeoutError):
+class LeaderUnavailableError(RequestTimeoutError, reason="leader_unavailable"):
     """A stream, consumer or the JetStream meta layer has no leader (an election in a cluster).
 
     Transient: API calls retry it for the connection's ``leader_wait`` seconds before raising.
     """
 
-    default_reason = "leader_unavailable"
 
-
-class InvalidRequestError(JetStreamError):
+class InvalidRequestError(JetStreamError, reason="invalid_request"):
     """Input rejected locally, before anything was sent to the server."""
 
-    default_reason = "invalid_request"
 
-
-class InvalidSubjectError(InvalidRequestError):
+class InvalidSubjectError(InvalidRequestError, reason="invalid_subject"):
     """A subject is empty, has white space or empty tokens, or a wildcard where none is allowed."""
 
-    default_reason = "invalid_subject"
 
-
-class StreamConfigError(JetStreamError):
+class StreamConfigError(JetStreamError, reason="invalid_stream_config"):
     """A stream configuration is invalid or changes a field the server cannot change."""
 
-    default_reason = "invalid_stream_config"
 
-
-class StreamNotFoundError(JetStreamError):
+class StreamNotFoundError(JetStreamError, reason="stream_not_found"):
     """The stream does not exist."""
 
-    default_reason = "stream_not_found"
 
-
-class ConsumerNotFoundError(JetStreamError):
+class ConsumerNotFoundError(JetStreamError, reason="consumer_not_found"):
     """The consumer does not exist on the stream."""
 
-    default_reason = "consumer_not_found"
 
-
-class ConsumerConfigError(JetStreamError):
+class ConsumerConfigError(JetStreamError, reason="invalid_consumer_config"):
     """A consumer configuration is invalid for the requested use."""
 
-    default_reason = "invalid_consumer_config"
 
-
-class ServerAPIError(JetStreamError):
+class ServerAPIError(JetStreamError, reason="api_error"):
     """Any other error answered by the JetStream API."""
 
-    default_reason = "api_error"
 
-
-class LimitReachedError(ServerAPIError):
+class LimitReachedError(ServerAPIError, reason="limit_reached"):
     """A server or account limit refused the request (``reason`` names it: ``consumer_limit``, ``stream_limit``)."""
 
-    default_reason = "limit_reached"
 
-
-class PlacementError(JetStreamError):
+class PlacementError(JetStreamError, reason="placement_failed"):
     """The cluster cannot place the stream or bucket: too many replicas, unknown cluster or tags, no room."""
 
-    default_reason = "placement_failed"
 
-
-class BatchPublishError(JetStreamError):
+class BatchPublishError(JetStreamError, reason="batch_failed"):
     """An atomic or fast batch was refused; nothing of it was stored unless ``reason`` says so."""
-
-    default_reason = "batch_failed"
 
 
 class FastBatchError(BatchPublishError):
@@ -170,147 +145,103 @@ class FastBatchError(BatchPublishError):
     when that was impossible (then the message says where to look). ``total`` is the batch's size.
     """
 
+    facts = ("stored", "total", "stream")
+
     def __init__(self, message: str, *, stored: int | None, total: int, stream: str = "", **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.stored = stored
         self.total = total
         self.stream = stream
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "stored": self.stored, "total": self.total, "stream": self.stream}
 
-
-class ConsumerResetError(JetStreamError):
+class ConsumerResetError(JetStreamError, reason="invalid_reset"):
     """The server refused a consumer reset (deliver policy or start position forbid it)."""
 
-    default_reason = "invalid_reset"
 
-
-class TooManySubjectsError(InvalidRequestError):
+class TooManySubjectsError(InvalidRequestError, reason="too_many_subjects"):
     """A per-worker consumer was given more filter subjects than its cap allows."""
 
-    default_reason = "too_many_subjects"
 
-
-class LedgerError(JetStreamError):
+class LedgerError(JetStreamError, reason="ledger_error"):
     """Base class of the batch ledger's errors (client/ledger/batch_ledger.py)."""
 
-    default_reason = "ledger_error"
 
-
-class LedgerNotFoundError(LedgerError):
+class LedgerNotFoundError(LedgerError, reason="ledger_not_found"):
     """The ledger's KV bucket does not exist."""
 
-    default_reason = "ledger_not_found"
 
-
-class BatchNotFoundError(LedgerError):
+class BatchNotFoundError(LedgerError, reason="batch_not_found"):
     """No ledger entry exists for this run and batch."""
 
-    default_reason = "batch_not_found"
 
-
-class LedgerConflictError(LedgerError):
+class LedgerConflictError(LedgerError, reason="ledger_conflict"):
     """A ledger entry already holds different data, or kept changing under a compare-and-set."""
 
-    default_reason = "ledger_conflict"
 
-
-class LedgerRecordError(LedgerConflictError):
+class LedgerRecordError(LedgerConflictError, reason="ledger_record_invalid"):
     """A ledger value does not match the record schema (docs/schemas/ledger-record.schema.json)."""
 
-    default_reason = "ledger_record_invalid"
 
-
-class ClaimLostError(LedgerError):
+class ClaimLostError(LedgerError, reason="claim_lost"):
     """The claim on a batch is no longer held (its visibility timeout expired and it was reaped)."""
 
-    default_reason = "claim_lost"
 
-
-class BatchesFailedError(LedgerError):
+class BatchesFailedError(LedgerError, reason="batches_failed"):
     """Batches of a run went to ``failed`` (past max attempts): they need attention, not waiting."""
 
-    default_reason = "batches_failed"
+    facts = ("failed",)
 
     def __init__(self, message: str, *, failed: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.failed = failed or []
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "failed": self.failed}
 
-
-class LedgerWaitTimeoutError(LedgerError):
+class LedgerWaitTimeoutError(LedgerError, reason="wait_timeout"):
     """The batches of a run did not all reach the awaited state in time."""
 
-    default_reason = "wait_timeout"
 
-
-class InvalidFunctionError(InvalidRequestError):
+class InvalidFunctionError(InvalidRequestError, reason="invalid_function"):
     """An ``apply_function`` is not a callable, or its dotted path does not import."""
 
-    default_reason = "invalid_function"
 
-
-class ApplyFunctionError(JetStreamError):
+class ApplyFunctionError(JetStreamError, reason="apply_function_failed"):
     """A user's ``apply_function`` raised: the messages it was given were not acknowledged."""
 
-    default_reason = "apply_function_failed"
 
-
-class ServerFeatureError(JetStreamError):
+class ServerFeatureError(JetStreamError, reason="server_too_old"):
     """The connected nats-server is too old for a feature or stream config field (client/server_features.py)."""
 
-    default_reason = "server_too_old"
 
-
-class AirflowFeatureError(JetStreamError):
+class AirflowFeatureError(JetStreamError, reason="airflow_too_old"):
     """The installed Airflow is too old for a feature (airflow_jetstream/airflow_compat.py)."""
 
-    default_reason = "airflow_too_old"
 
-
-class SparkInstallError(JetStreamError):
+class SparkInstallError(JetStreamError, reason="spark_version_mismatch"):
     """The installed pyspark packages do not fit together (airflow_jetstream/spark/versions.py)."""
 
-    default_reason = "spark_version_mismatch"
 
-
-class NatsPyVersionError(JetStreamError):
+class NatsPyVersionError(JetStreamError, reason="natspy_incompatible"):
     """The installed nats-py changed an internal this toolkit uses (airflow_jetstream/client/natspy_internals.py)."""
 
-    default_reason = "natspy_incompatible"
 
-
-class KeyValueError(JetStreamError):
+class KeyValueError(JetStreamError, reason="kv_error"):
     """Base class of the key-value errors (client/kv/)."""
 
-    default_reason = "kv_error"
 
-
-class BucketNotFoundError(KeyValueError):
+class BucketNotFoundError(KeyValueError, reason="bucket_not_found"):
     """The KV bucket does not exist."""
 
-    default_reason = "bucket_not_found"
 
-
-class KeyNotFoundError(KeyValueError):
+class KeyNotFoundError(KeyValueError, reason="key_not_found"):
     """The key does not exist in the bucket (never written, deleted or purged)."""
 
-    default_reason = "key_not_found"
 
-
-class KeyRevisionError(KeyValueError):
+class KeyRevisionError(KeyValueError, reason="wrong_revision"):
     """A compare-and-set failed: the key exists (create) or is at another revision (update, delete)."""
 
-    default_reason = "wrong_revision"
 
-
-class InvalidKeyError(InvalidRequestError):
+class InvalidKeyError(InvalidRequestError, reason="invalid_key"):
     """A KV key or bucket name is malformed."""
-
-    default_reason = "invalid_key"
 
 
 _ELECTION = (LeaderUnavailableError, "leader_unavailable",

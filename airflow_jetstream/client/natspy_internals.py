@@ -1,46 +1,20 @@
-"""Every use of a nats-py private attribute, in one place, each with why nats-py's public API does not do.
+"""Every use of a nats-py private attribute, in one place; docs/compatibility.md ("nats-py internals") says why
+nats-py's public API does not do each, and what upstream would need to make it public.
 
-nats-py may rename or drop any of these in a release. The package metadata caps nats-py below the next
-minor the suite has not run (``<2.17``); beyond that, :func:`check_natspy` probes each use on the
-installed nats-py when the first connection opens and refuses with :class:`NatsPyVersionError` naming
-the version and what changed, instead of running on a nats-py whose internals moved. What nats-py would
-need to make each use public is written up for upstream in docs/compatibility.md ("nats-py internals").
+- ``_send_command`` / ``_flush_pending``: batches written as one buffer of encoded frames (``nc.publish`` per
+  message costs more Python time than the server needs to store it, docs/performance.md);
+- ``_parse_header_lines`` (per connection): keep every value of a repeated header name;
+- ``_process_pong`` / ``_pongs`` (per connection): a late PONG for a timed-out flush ends nats-py 2.16's read loop;
+- ``_server_info`` (read only): the ``cluster`` name in the server's INFO.
 
-- ``Client._send_command`` / ``Client._flush_pending``: queue already-encoded protocol frames and
-  kick the flusher. The batch publishers write a whole batch as one buffer; ``nc.publish`` per
-  message costs more Python time than the server needs to store it (docs/performance.md), and
-  nats-py has no public raw-write call. (The size check while reconnecting uses the public
-  ``pending_data_size`` and the ``pending_size`` the connection was opened with.)
-- ``Client._parse_header_lines`` (a static method, per connection overridable): nats-py keeps one
-  value per header name; other clients (nats.js ``append``, Go ``Header.Add``) send repeated names
-  (``X-Multi: a`` + ``X-Multi: b``). The toolkit's connections parse headers with
-  :func:`~airflow_jetstream.client.reading.headers.parse_header_lines`, which calls this same nats-py
-  parser and returns its dict unchanged, adding only ``repeated``: nats-py's KV and JetStream code on
-  those connections reads exactly what it reads on any other (tests/test_header_parser.py), at the
-  same speed (one extra count of the block's lines).
-- ``Client._process_pong`` / ``Client._pongs`` (per connection): nats-py 2.16 cancels the future of a
-  ``flush(timeout=...)`` that timed out but leaves it in its queue of PINGs awaiting a PONG; when the
-  late PONG comes (a stalled server resumes), setting its result raises ``InvalidStateError``, which
-  ends nats-py's read loop while the connection still says "connected": nothing is read again and
-  nothing reconnects. The replacement answers the oldest PING as before and skips a future that is
-  already done.
-- ``Client._server_info`` (read only): the server's INFO; the ``cluster`` name in it tells a clustered
-  server apart (the default replicas of what the provider creates, and whether an unanswered API call
-  may be a leader election). nats-py exposes only the INFO's version, max_payload, client id and ip.
+The package metadata caps nats-py below the next minor the suite has not run; beyond that, :func:`check_natspy`
+probes each use on the installed nats-py when the first connection opens and refuses with
+:class:`NatsPyVersionError` naming the version and what changed, instead of running on moved internals.
 
-JetStream API calls go through :meth:`JetStreamConnection.api_request
-<airflow_jetstream.client.connection.JetStreamConnection.api_request>` (raw ``$JS.API`` JSON), not
-nats-py's ``JetStreamManager``, for one error vocabulary: typed errors with the server's codes,
-bounded retries while a clustered stream elects a leader, a permission violation reported at once,
-and the server's JSON kept whole (nats-py's dataclasses drop fields they do not know). Where the
-manager has a call, it also does less than needed (the guard test pins each reason):
-
-- ``purge_stream`` returns only ``success``; purges here report how many messages went (``purged``).
-- ``get_msg`` cannot ask for the first message at or after a time (``start_time``), which
-  consumer resets by time need.
-- ``consumer_info`` / ``pause_consumer`` / ``reset_consumer`` return dataclasses without the fields
-  nats-py does not model (``reset_seq`` comes back, but e.g. priority-group state does not);
-  reset also needs the lookup first, as the server never answers a reset of an unknown consumer.
+JetStream API calls go through ``JetStreamConnection.api_request`` (raw ``$JS.API`` JSON), not nats-py's
+``JetStreamManager``: one error vocabulary (typed errors, leader-election retries, permission violations at
+once) and the server's JSON kept whole; the manager's ``purge_stream`` does not report ``purged``, ``get_msg``
+has no ``start_time``, and its dataclasses drop fields nats-py does not model (the guard test pins each reason).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from airflow_jetstream.client.durations import to_nanos, to_seconds
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError, LedgerRecordError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.counts import LEDGER_COUNTS_SCHEMA, empty_counts
-from airflow_jetstream.client.ledger.records import LEDGER_RECORD_SCHEMA, batch_key, record_problem, schema_problem
+from airflow_jetstream.client.ledger.records import LEDGER_RECORD_SCHEMA, batch_key, schema_problem
 from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.headers import header_values, headers_json, parse_header_lines
 from airflow_jetstream.client.reading.stored import read_range
@@ -235,9 +235,9 @@ def test_the_published_schema_is_the_one_the_ledger_checks() -> None:
     bad = [{**good, "count": "1"}, {**good, "state": "done"}, {**good, "first_seq": 0}, {"run_id": "r"},
            {**good, "stream": ""}, {**good, "deadline": 5}, {**good, "count": True}]
     jsonschema.validate(good, published)
-    assert record_problem(good) is None
+    assert schema_problem(LEDGER_RECORD_SCHEMA, good) is None
     for value in bad:
-        assert record_problem(value) is not None
+        assert schema_problem(LEDGER_RECORD_SCHEMA, value) is not None
         assert not jsonschema.Draft202012Validator(published).is_valid(value), value
 
 

@@ -14,7 +14,6 @@ import pytest
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
 from airflow_jetstream.client.connection import connect
-from airflow_jetstream.client.ledger import store
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.records import SHARDS, batch_key, counts_key, shard_of
 from airflow_jetstream.client.ledger.wait import LedgerWait
@@ -273,7 +272,7 @@ def test_the_counts_of_a_run_are_sixteen_keys_beside_the_records_and_never_liste
         ledger = await BatchLedger.open(conn, bucket)
         await record_many(ledger, RUN, 100)
         keys = await kv_keys(conn.js, bucket)
-        return keys, await ledger.batches(RUN), [r async for r in store.iter_batches(conn, bucket, None)]
+        return keys, await ledger.batches(RUN), [r async for r in BatchLedger(conn, bucket).iter_batches()]
 
     keys, batches, every_run = run(settings, scenario)
     counts = sorted(k for k in keys if "/counts" in k)

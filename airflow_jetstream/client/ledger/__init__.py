@@ -2,9 +2,8 @@
 
 Modules, each importing only those listed before it: ``records`` (what is stored, and the state transitions;
 no I/O), ``counts`` (a run's counts and the summary merged from them; no I/O), ``store`` (the bucket on the
-wire: reads, compare-and-set writes, listings, the run summary, recounts), ``group_commit`` (a process's changes
-to one run, written together), ``batch_ledger`` (:class:`BatchLedger`: claims, the reaper), ``wait``
-(:class:`LedgerWait`, the check sensors and triggers share).
+wire: reads, compare-and-set writes, the group commit, listings, the run summary, recounts), ``batch_ledger``
+(:class:`BatchLedger`: claims, the reaper), ``wait`` (:class:`LedgerWait`, the check sensors and triggers share).
 
 The names below are imported on first use, so reading states and records imports no nats-py."""
 

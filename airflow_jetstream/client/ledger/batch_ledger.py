@@ -1,60 +1,18 @@
 """Batch ledger: the state of every batch of a run in a KV bucket, changed only by compare-and-set, with the
-run's counts kept beside the records so a look at a run costs the same for 10 batches or 1,000,000.
+run's counts kept beside the records so a look at a run costs the same for 10 batches or 1,000,000
+(docs/ledger.md has the states, the record and the examples).
 
-JetStream carries the data; the ledger (KV bucket ``batch_ledger`` by default) carries one entry per
-batch of a run: where the batch is (stream, sequence range, message count), its state, how many
-consume attempts it took, timestamps and the last error. Every change writes the record and its run's
-counts (:mod:`~airflow_jetstream.client.ledger.counts`) as one atomic batch, each compare-and-set on its
-revision: two processes can never both move the same batch, and the counts never miss a change.
+Every change writes the record and its run's counts shard as one atomic batch, each compare-and-set on its
+revision (the group commit, :func:`~airflow_jetstream.client.ledger.store.apply`): two processes can never both
+move the same batch, and the counts never miss a change.
 
-States::
-
-    published --claim--> in_progress --mark_consumed--> consumed
-        ^                     |
-        +--- release / reap --+     while attempts < max_attempts
-                              +---> failed (dead letter: attempts >= max_attempts, reported, kept)
-
-A claim holds a batch for ``visibility_timeout``. A consumer that dies never marks its batch: once
-the timeout has passed, :meth:`BatchLedger.reap` (or the next :meth:`BatchLedger.claim`) returns
-it to ``published`` for the next attempt, or moves it to ``failed`` when it already had
-``max_attempts`` attempts. Deadlines are set and judged by the server's clock
-(:class:`~airflow_jetstream.client.times.ServerClock`), never a host's: a host whose clock is skewed
-neither takes over a live claim nor keeps one past its deadline.
-
-A claim is a token: the record :meth:`BatchLedger.claim` returns carries ``revision``, the KV revision
-its claim was written at (higher for every later claim of the batch). Every later change by its holder
-(:meth:`~BatchLedger.extend`, :meth:`~BatchLedger.mark_consumed`, :meth:`~BatchLedger.release`) is a
-compare-and-set the server checks at commit, made only while the batch is still held by that claim:
-a holder frozen past its deadline whose batch was claimed again gets :class:`ClaimLostError`
-(``claim_lost``) and changes nothing of its successor's. Fence your own outputs with ``revision``
-(docs/ledger.md, "Fencing outputs").
-
-Writer side (a Spark partition, after the server acknowledged its atomic batch)::
-
-    async with open_connection(settings) as conn:
-        ledger = await BatchLedger.open(conn)
-        if await ledger.get(run_id, batch_id) is None:      # a re-run skips stored batches
-            ack = ...                                        # publish the batch, get its PubAck
-            await ledger.record(run_id, batch_id, stream="ORDERS", count=ack.batch_size,
-                                first_seq=ack.seq - ack.batch_size + 1, last_seq=ack.seq)
-
-Reader side (a Spark task that owns one batch)::
-
-    ledger = await BatchLedger.open(conn, visibility_timeout="10m", max_attempts=3)
-    batch = await ledger.claim(run_id, batch_id, owner=f"{app_id}/task-{task_id}")
-    if batch is None:
-        return                                  # another attempt holds it or it is already done
-    try:
-        write_output(read_range(batch.stream, batch.first_seq, batch.last_seq))  # idempotent output
-    except Exception as exc:
-        await ledger.release(batch, error=str(exc))   # back to published, or failed at max attempts
-        raise
-    await ledger.mark_consumed(batch)           # only after the output is written
-
-Airflow waits with ``await ledger.wait_all(run_id, "consumed")`` (the JetStreamBatchLedgerSensor).
-
-Every change goes through the group commit (:mod:`~airflow_jetstream.client.ledger.group_commit`): the changes
-one process makes to one run are written together.
+A claim holds a batch for ``visibility_timeout``; deadlines are set and judged by the server's clock
+(:class:`~airflow_jetstream.client.times.ServerClock`), never a host's, so a host whose clock is skewed neither
+takes over a live claim nor keeps one past its deadline. A consumer that dies never marks its batch: once its
+deadline passed, :meth:`BatchLedger.reap` (or the next :meth:`BatchLedger.claim`) returns it to ``published``,
+or moves it to ``failed`` at ``max_attempts``. A claim is a token: every later change by its holder is a
+compare-and-set made only while the batch is still held by that claim (one ``claim_id`` over all its tries), so
+a holder frozen past its deadline gets :class:`ClaimLostError` and changes nothing of its successor's.
 """
 
 from __future__ import annotations
@@ -77,11 +35,12 @@ from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
     LedgerConflictError,
+    LedgerNotFoundError,
     LedgerWaitTimeoutError,
     StreamNotFoundError,
 )
 from airflow_jetstream.client.kv.keys import CasConflict, Write
-from airflow_jetstream.client.ledger import group_commit, store
+from airflow_jetstream.client.ledger import store
 from airflow_jetstream.client.ledger.counts import (
     MAX_LISTED,
     check_waitable_state,
@@ -90,7 +49,6 @@ from airflow_jetstream.client.ledger.counts import (
     run_reached,
     shards_of,
 )
-from airflow_jetstream.client.ledger.group_commit import Change
 from airflow_jetstream.client.ledger.records import (
     CONSUMED,
     DEFAULT_BUCKET,
@@ -114,6 +72,7 @@ from airflow_jetstream.client.ledger.records import (
     report_transition,
     shard_of,
 )
+from airflow_jetstream.client.ledger.store import Change
 from airflow_jetstream.client.subjects import validate_name
 from airflow_jetstream.client.times import ServerClock
 
@@ -206,13 +165,16 @@ class BatchLedger:
         """
         return await store.list_batches(self.conn, self.bucket, run_id, state)
 
-    def iter_batches(self, run_id: str | None = None, *,
-                     state: str | None = None) -> AsyncGenerator[BatchRecord, None]:
+    async def iter_batches(self, run_id: str | None = None, *,
+                           state: str | None = None) -> AsyncGenerator[BatchRecord, None]:
         """Stream the batches of ``run_id`` (all runs when None) in stream order, holding one read chunk.
 
         A batch updated while the listing runs can come twice, its newer state last.
         """
-        return store.iter_batches(self.conn, self.bucket, run_id, state)
+        async with aclosing(store.latest(self.conn, self.bucket, run_id)) as records:
+            async for _, _, rec in records:
+                if rec is not None and (state is None or rec.state == state):
+                    yield rec
 
     async def summary(self, run_id: str) -> dict[str, Any]:
         """Counts of a run's batches and messages by state, plus the failed (dead-letter) batches: one read of
@@ -440,12 +402,16 @@ class BatchLedger:
     async def read_entries(self, keys: list[str], *, leader: bool = False) -> dict[str, Entry]:
         """The last value of ledger keys (batch records, counts shards, filters of them), by key, in one request;
         ``leader``: from the stream leader, literal keys only (:func:`~.store.read_last`)."""
-        return await store.read_entries(self.conn, self.bucket, keys, leader=leader)
+        try:
+            return await store.read_last(self.conn, self.bucket, keys, leader=leader)
+        except StreamNotFoundError:
+            raise LedgerNotFoundError(
+                f"ledger bucket {self.bucket!r} does not exist, or does not allow direct gets (a bucket an older "
+                "version created): open it with BatchLedger.open(conn, bucket)") from None
 
     async def _apply(self, run_id: str, batch_id: str, change: Change, *,
                      creates: bool = False) -> tuple[BatchRecord, bool]:
-        """Apply ``change`` to the batch (:func:`~airflow_jetstream.client.ledger.group_commit.apply`)."""
-        return await group_commit.apply(self, run_id, batch_id, change, creates=creates)
+        return await store.apply(self, run_id, batch_id, change, creates=creates)
 
     async def _settle_deadline(self, run_id: str, shard: int, claims_before: int, deadline: str | None) -> None:
         """Set the shard's ``next_deadline`` to ``deadline`` (the earliest one the reaper's listing saw in

@@ -1,16 +1,11 @@
 """A run's counts: how many of its batches (and messages) are in each state, kept beside the records, and the
-run's one summary merged from them.
+run's one summary merged from them. Pure: no I/O. The value schema is docs/schemas/ledger-counts.schema.json.
 
 A run's batches are split into :data:`~.records.SHARDS` subsets by ``crc32(batch_id) % 16``; each subset's counts
-are one KV value under ``<run>./counts.<n>`` (3 key tokens, so ``<run>.*`` still lists only the batches). A
-record change and the change of its subset's counts are written as one atomic batch, both compare-and-set,
-so the counts of a subset always describe exactly its records (:mod:`~airflow_jetstream.client.ledger.store`).
-Reading a run's counts is one direct get of at most 16 small values, whatever the run's size.
-
-Each subset's counts are a snapshot (not a delta): a subset whose counts key expired (bucket ``ttl``) had
-every record expire before it, since every record write rewrites its counts too.
-
-Pure: no I/O. The value schema is published as docs/schemas/ledger-counts.schema.json.
+are one KV value under ``<run>./counts.<n>`` (3 key tokens, so ``<run>.*`` still lists only the batches), written
+in the same atomic batch as each record change, both compare-and-set, so a subset's counts always describe exactly
+its records. Reading a run's counts is one direct get of at most 16 small values, whatever the run's size. Each
+value is a snapshot (not a delta): a subset whose counts key expired (bucket ``ttl``) had every record expire first.
 """
 
 from __future__ import annotations
@@ -154,6 +149,30 @@ def recounted(run_id: str, records: Iterable[BatchRecord], previous: Mapping[int
         value["streams"].sort()
         value["updated_at"] = iso_time(now)
     return shards
+
+
+def compared(run_id: str, bucket: str, stored: Mapping[int, dict[str, Any]], records: Iterable[BatchRecord],
+             now: float) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """A recount's result (``{"run_id", "bucket", "counted", "recounted", "drift", "shards", "repaired": False}``:
+    the summaries of the stored counts and of the records, the totals that differ, the shards that differ) and the
+    recounted shards."""
+    fresh = recounted(run_id, records, stored, now)
+    counted_summary = merged(run_id, bucket, stored, now)
+    recounted_summary = merged(run_id, bucket, {n: v for n, v in fresh.items() if v["batches"]}, now)
+    drift = {name: {"counted": counted_summary[name], "recounted": recounted_summary[name]}
+             for name in ("batches", "states", "messages", "attempts", "streams")
+             if counted_summary[name] != recounted_summary[name]}
+    wrong = [n for n in range(SHARDS) if _core(stored.get(n)) != _core(fresh[n])]
+    return {"run_id": run_id, "bucket": bucket, "counted": counted_summary, "recounted": recounted_summary,
+            "drift": drift, "shards": wrong, "repaired": False}, fresh
+
+
+def _core(value: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    """What a recount compares of a shard (a missing shard is one without batches)."""
+    if not value or not value.get("batches"):
+        return (0,)
+    nonzero = [sorted((state, n) for state, n in value[name].items() if n) for name in ("states", "messages")]
+    return (value["batches"], *nonzero, value.get("attempts", 0), sorted(value.get("streams") or []))
 
 
 def merged(run_id: str, bucket: str, shards: Mapping[int, Mapping[str, Any]], now: float) -> dict[str, Any]:

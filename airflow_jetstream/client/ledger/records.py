@@ -1,16 +1,13 @@
-"""What the ledger stores, without I/O: batch states, the KV key of a batch (``batch_key``), :class:`BatchRecord`
-(the JSON value under it, documented in docs/contracts.md), its JSON Schema and the check every value passes on
-read and on write, and a batch's state transitions.
+"""What the ledger stores, without I/O: batch states, the KV keys of a batch and of a run's counts,
+:class:`BatchRecord` (the JSON value, docs/contracts.md), its JSON Schema, and a batch's state transitions.
 
-The check is a small interpreter of the schema's own keywords (``type``, ``required``, ``enum``,
-``minimum``, ``minLength``), so Spark executors and triggerers need no ``jsonschema`` package;
-a test validates the same records with ``jsonschema`` against the published file. One deliberate
-difference: an integer field written as ``3.0`` is refused here (JSON Schema accepts it); write
-integers without a fraction, as every JSON encoder does for whole numbers.
+Values are checked on read and on write by a small interpreter of the schema's own keywords (``type``,
+``required``, ``enum``, ``minimum``, ``minLength``), so Spark executors and triggerers need no ``jsonschema``; a
+test validates the same records with ``jsonschema`` against the published file. One difference: an integer written
+as ``3.0`` is refused here (JSON Schema accepts it).
 
-The transitions are functions from the current record to the new one (None: leave it). Pure: they read no
-clock and write nothing; :class:`~airflow_jetstream.client.ledger.batch_ledger.BatchLedger` applies each with
-a revision-checked update, re-reading on a race.
+The transitions are pure functions from the current record to the new one (None: leave it): they read no clock
+and write nothing; the group commit applies each with a revision-checked write, deciding again on a race.
 """
 
 from __future__ import annotations
@@ -125,20 +122,15 @@ def schema_problem(schema: dict[str, Any], body: Any) -> str | None:
     return None
 
 
-def record_problem(body: Any) -> str | None:
-    """What makes ``body`` not a ledger record (naming the field), or None when it is one."""
-    return schema_problem(LEDGER_RECORD_SCHEMA, body)
-
-
 def check_record(body: Any, *, key: str, when: str) -> dict[str, Any]:
     """``body`` when it is a valid ledger record, else :class:`LedgerRecordError` naming the key and field."""
-    problem = record_problem(body)
+    problem = schema_problem(LEDGER_RECORD_SCHEMA, body)
     if problem:
         raise LedgerRecordError(
             f"ledger key {key!r}: {problem} ({when}); see docs/schemas/ledger-record.schema.json for the "
             "value schema, and fix the service that wrote it",
         )
-    return cast(dict[str, Any], body)  # record_problem checked it is an object
+    return cast(dict[str, Any], body)  # schema_problem checked it is an object
 
 
 @dataclass(frozen=True)

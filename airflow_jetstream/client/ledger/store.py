@@ -1,70 +1,62 @@
-"""The ledger bucket on the wire: the bucket created or brought to what the ledger needs, the last value of
-keys in one direct get, writes that are compare-and-set on every key they touch (several keys as one atomic
-batch), and the listing of a run's records.
+"""The ledger bucket on the wire: the bucket brought to what the ledger needs, the last value of keys in one
+direct get, compare-and-set writes of several keys as one atomic batch, the group commit, the listing of a run.
 
-A write names, for each key, the sequence its last value had when it was read (0: the key must not
-exist); the server checks all of them when the batch commits (``Nats-Expected-Last-Subject-Sequence``
-on each message) and stores all of the batch or nothing (nats-server 2.12+, the bucket's stream needs
-``allow_atomic``). A moved key is :class:`CasConflict`: read again and decide again.
+A write names, for each key, the sequence its last value had when it was read (0: the key must not exist); the
+server checks all of them when the batch commits (``Nats-Expected-Last-Subject-Sequence`` on each message) and
+stores all of it or nothing (nats-server 2.12+: the bucket's stream needs ``allow_atomic`` and, for the reads,
+``allow_direct``; a writer's ``BatchLedger.open`` sets both, readers never change the bucket). A moved key is
+:class:`CasConflict`. A write that got no answer may or may not be stored: the next read shows, change by change,
+whether the record holds exactly what was written; nothing is sent twice blindly.
 
-A write that got no answer may or may not be stored: callers read again and compare (the ledger's
-transitions do), they never send the same write twice blindly.
+Group commit: every record change writes its run's counts shard too, so changes to one shard must take turns, and
+each atomic batch costs the server. The changes a process makes to one run queue in a lane; one task writes the
+queue as atomic batches of up to :data:`GROUP` records plus the counts of the shards they touch (one read, one
+commit). Writers in other processes still race: a moved key fails the batch, which is read and decided again.
 
-The bucket: the ledger writes a record and its run's counts as one atomic batch and reads them with direct
-gets, so its bucket's stream (``KV_<bucket>``) has ``allow_atomic`` and ``allow_direct`` (nats-server 2.12+). A
-writer's :meth:`BatchLedger.open <airflow_jetstream.client.ledger.batch_ledger.BatchLedger.open>` sets
-them on a bucket an older version created; readers (sensors, triggers, the view) never change it.
-Retention: a new bucket keeps every key :data:`DEFAULT_TTL` after its last change (``ttl``); a size bound
-(``max_bytes``) is optional. An existing bucket keeps its own unless told otherwise.
-
-A run's summary (:func:`run_summary`, what sensors, triggers and :meth:`BatchLedger.summary` show) is its counts
-merged (:func:`~.counts.merged`): one direct get. A run without counts is either not recorded yet (one more small
-read tells) or recorded before the ledger kept counts: that run is listed instead (O(n), as before), counted the
-same way (:func:`~.counts.summarized`, as the view counts the records it read), and says so with
-``counted_by: "listing"``. Observing never writes.
-
-Counts drift from the records only when something writes records without them: a service that does not follow
-the ledger contract, a record deleted or edited by hand, or a run recorded by a version before the ledger kept
-counts. A recount (:func:`recount_run`) lists the run (O(n)), counts its records per shard and compares; a
-repair writes the shards that differ as one atomic batch, each compare-and-set on what was read before the
-listing, so a change made meanwhile makes it start over.
-
-Listing a run's batch records is O(n) in the run's size, for what needs every record (claiming a whole
-run, the reaper once a claim may have expired, a recount, runs recorded before the ledger kept counts).
-A run is listed with one short-lived consumer (deliver policy ``last_per_subject`` on ``<run>.*``, read
-until nothing is pending; delete and purge markers are skipped). Counts keys (``<run>./counts.<n>``) are
-not records and never listed.
+A run's summary is its counts merged (one direct get); a run recorded before the ledger kept counts is listed
+(O(n), ``counted_by: "listing"``). A listing (``last_per_subject`` on ``<run>.*``; markers and counts keys
+skipped) serves what needs every record: claiming a whole run, the reaper once a claim may have expired, a
+recount, whose repair rewrites the shards that differ, compare-and-set on what was read before the listing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, aclosing
+import time
+import weakref
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.admin.streams import ensure_stream, find_stream
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
+    BatchNotFoundError,
+    ClaimLostError,
     InvalidRequestError,
     JetStreamError,
     LedgerConflictError,
     LedgerNotFoundError,
+    RequestTimeoutError,
     StreamNotFoundError,
 )
-from airflow_jetstream.client.kv import errors, keys
+from airflow_jetstream.client.kv import keys
 from airflow_jetstream.client.kv.bucket import bucket_replicas, create_bucket
-from airflow_jetstream.client.kv.keys import CasConflict, Write, is_marker
+from airflow_jetstream.client.kv.errors import kv_errors
+from airflow_jetstream.client.kv.keys import BUSY, CasConflict, Write, is_marker
 from airflow_jetstream.client.ledger.counts import (
+    compared,
     count_record,
+    counted,
+    decode_counts,
     empty_counts,
     encode_counts,
     merged,
-    recounted,
     shards_of,
     summarized,
 )
@@ -73,6 +65,7 @@ from airflow_jetstream.client.ledger.records import (
     SHARDS,
     BatchRecord,
     Entry,
+    batch_key,
     check_id,
     counts_key,
     counts_pattern,
@@ -89,23 +82,11 @@ DEFAULT_TTL = 30 * 24 * 3600.0
 #: A create met a stream of that name with another config (another writer created and prepared it meanwhile).
 _NAME_IN_USE = 10058
 _UNBOUNDED_WARNED: set[str] = set()
-_COMPARED = ("batches", "states", "messages", "attempts", "streams")
 #: Repairs one recount tries before giving up while writers keep changing the run.
 REPAIR_ATTEMPTS = 5
 
-def kv_errors(conn: JetStreamConnection, bucket: str, context: str, *,
-              fail_fast: bool = True) -> AbstractAsyncContextManager[None]:
-    """The KV wing's one error mapping (:func:`~airflow_jetstream.client.kv.errors.kv_errors`: permission refusals
-    fail fast naming the subject) for the ledger's calls on ``bucket``, a missing bucket reported as the ledger's."""
-    return errors.kv_errors(conn, bucket, context, fail_fast=fail_fast, missing=_missing)
-
-
 def stream_of(bucket: str) -> str:
     return f"KV_{bucket}"
-
-
-def subject_of(bucket: str, key: str) -> str:
-    return f"$KV.{bucket}.{key}"
 
 
 async def read_last(conn: JetStreamConnection, bucket: str, keys: Sequence[str], *,
@@ -114,7 +95,7 @@ async def read_last(conn: JetStreamConnection, bucket: str, keys: Sequence[str],
     written are absent. One direct get, answered by any replica: one still applying the latest writes may answer
     an older value. ``leader`` (literal keys only) asks the stream leader instead, one message get per key at
     once, for reads that must see every write made before them."""
-    prefix = subject_of(bucket, "")
+    prefix = f"$KV.{bucket}."
     if leader:
         found = await asyncio.gather(*(get_message(conn, stream_of(bucket), subject=prefix + key) for key in keys))
         messages = {msg.subject: msg for msg in found if msg is not None}
@@ -125,26 +106,15 @@ async def read_last(conn: JetStreamConnection, bucket: str, keys: Sequence[str],
             for subject, msg in messages.items()}
 
 
-async def read_entries(conn: JetStreamConnection, bucket: str, keys: list[str], *,
-                       leader: bool = False) -> dict[str, Entry]:
-    """:func:`read_last`, a bucket that cannot be read with direct gets being :class:`LedgerNotFoundError`."""
-    try:
-        return await read_last(conn, bucket, keys, leader=leader)
-    except StreamNotFoundError:
-        raise LedgerNotFoundError(
-            f"ledger bucket {bucket!r} does not exist, or does not allow direct gets (a bucket an older "
-            "version created): open it with BatchLedger.open(conn, bucket)") from None
-
-
 async def run_recorded(conn: JetStreamConnection, bucket: str, run_id: str) -> bool:
     """Whether any batch key of the run is stored (a record, or a delete marker), in one small read."""
-    pattern = subject_of(bucket, f"{key_token(check_id(run_id, 'run_id'))}.*")
+    pattern = f"$KV.{bucket}.{key_token(check_id(run_id, 'run_id'))}.*"
     return await get_message(conn, stream_of(bucket), seq=1, subject=pattern, next_after=True, direct=True) is not None
 
 
 async def write(conn: JetStreamConnection, bucket: str, writes: Sequence[Write], *, context: str) -> int:
-    """:func:`~airflow_jetstream.client.kv.keys.write` to the ledger's bucket: all or none, each compare-and-set
-    (:class:`CasConflict` when a key moved); a missing bucket is :class:`LedgerNotFoundError`."""
+    """:func:`~airflow_jetstream.client.kv.keys.write` to the ledger's bucket (all or none, each compare-and-set),
+    a missing bucket being :class:`LedgerNotFoundError`."""
     return await keys.write(conn, bucket, writes, context=context, missing=_missing)
 
 
@@ -194,7 +164,7 @@ async def ensure_ledger_bucket(conn: JetStreamConnection, bucket: str, *, create
     check_bucket_name(bucket)
     retention = _retention_fields(ttl, max_bytes)
     stream = stream_of(bucket)
-    async with kv_errors(conn, bucket, f"ledger bucket {bucket!r}"):
+    async with kv_errors(conn, bucket, f"ledger bucket {bucket!r}", missing=_missing):
         info = await find_stream(conn, stream)
         if info is None:
             if not create:
@@ -228,8 +198,8 @@ async def latest(conn: JetStreamConnection, bucket: str,
     """``(seq, key, record)`` of every batch key of ``run_id`` (all runs when None), in stream order; record
     None for a deleted, purged or expired key. A key updated during the read comes again."""
     pattern = f"{key_token(check_id(run_id, 'run_id'))}.*" if run_id is not None else ">"
-    prefix = subject_of(bucket, "")
-    async with kv_errors(conn, bucket, f"ledger {bucket!r} listing", fail_fast=False):
+    prefix = f"$KV.{bucket}."
+    async with kv_errors(conn, bucket, f"ledger {bucket!r} listing", fail_fast=False, missing=_missing):
         async for chunk in read_latest_per_subject(conn, stream_of(bucket), [prefix + pattern]):
             for subject, seq, _, headers, data in chunk:
                 key = subject[len(prefix):]
@@ -254,16 +224,6 @@ async def list_batches(conn: JetStreamConnection, bucket: str, run_id: str | Non
     return sorted(chosen, key=lambda r: (r.run_id, r.batch_id))
 
 
-async def iter_batches(conn: JetStreamConnection, bucket: str, run_id: str | None,
-                       state: str | None = None) -> AsyncGenerator[BatchRecord, None]:
-    """The batches of ``run_id`` (all runs when None) in stream order, holding one read chunk; a batch updated
-    while the listing runs can come twice, its newer state last."""
-    async with aclosing(latest(conn, bucket, run_id)) as records:
-        async for _, _, rec in records:
-            if rec is not None and (state is None or rec.state == state):
-                yield rec
-
-
 async def read_counts(conn: JetStreamConnection, bucket: str, run_id: str) -> dict[int, dict[str, Any]] | None:
     """The run's counts shards by number (``{}``: none stored), or None when the bucket cannot be read
     with direct gets (it does not exist, or an older version created it and no writer opened it since)."""
@@ -280,22 +240,17 @@ async def run_summary(conn: JetStreamConnection, bucket: str, run_id: str, now: 
     shards = await read_counts(conn, bucket, run_id)
     if shards:
         return merged(run_id, bucket, shards, now)
-    if shards is None:
-        if await find_stream(conn, stream_of(bucket)) is None:
-            return merged(run_id, bucket, {}, now)
-        return await listed_summary(conn, bucket, run_id, now)
-    if not await run_recorded(conn, bucket, run_id):
-        return merged(run_id, bucket, {}, now)
-    return await listed_summary(conn, bucket, run_id, now)
+    if shards is None:  # no bucket, or one an older version created (no direct gets)
+        recorded = await find_stream(conn, stream_of(bucket)) is not None
+    else:
+        recorded = await run_recorded(conn, bucket, run_id)
+    return await listed_summary(conn, bucket, run_id, now) if recorded else merged(run_id, bucket, {}, now)
 
 
 async def listed_summary(conn: JetStreamConnection, bucket: str, run_id: str, now: float) -> dict[str, Any]:
-    """A run's summary from its records, counted while streaming the listing (``counted_by: "listing"``), with
-    ``expired_claims`` exact (the listing saw every claim).
-
-    Exact when nothing was written to the bucket since the listing started (every key comes once); else
-    counted again from :func:`list_batches` (one record per key held), so no batch is counted twice.
-    """
+    """A run's summary counted while streaming its listing, ``expired_claims`` exact (every claim seen). Exact when
+    nothing was written since the listing started (every key comes once); else counted again from
+    :func:`list_batches` (one record per key), so no batch is counted twice."""
     info = await conn.api_request(f"STREAM.INFO.{stream_of(bucket)}", context=f"ledger {bucket!r}")
     last_seq = int(info["state"].get("last_seq") or 0)
     shards = {n: empty_counts(run_id, n) for n in range(SHARDS)}
@@ -313,42 +268,21 @@ async def listed_summary(conn: JetStreamConnection, bucket: str, run_id: str, no
     return summarized(run_id, bucket, await list_batches(conn, bucket, run_id), now)
 
 
-async def needs_recount(conn: JetStreamConnection, bucket: str, run_id: str, *, has_record: bool) -> bool:
-    """Whether a change of a batch whose counts shard is missing must recount the run first: the batch has a
-    record (it was recorded without counts), or the run has no counts at all but has records."""
-    if has_record:
-        return True
-    if await read_last(conn, bucket, [counts_pattern(run_id)]):
-        return False  # a run with counts: this batch's shard is simply new
-    return await run_recorded(conn, bucket, run_id)
-
-
 async def recount_run(conn: JetStreamConnection, bucket: str, run_id: str, *, repair: bool,
                       now: Callable[[], float]) -> dict[str, Any]:
-    """Compare the run's stored counts with a count of its records; with ``repair`` rewrite the counts from the
-    records when they differ (or are missing while records exist).
-
-    Returns ``{"run_id", "bucket", "counted": <summary from the counts>, "recounted": <summary from the records>,
-    "drift": {field: {"counted": ..., "recounted": ...}}, "shards": [numbers that differ], "repaired": bool}``.
-    """
+    """Compare the run's stored counts with a count of its records (:func:`~.counts.compared`); with ``repair``
+    rewrite the counts of the shards that differ (or are missing while records exist)."""
     for _ in range(REPAIR_ATTEMPTS):
         before = await read_last(conn, bucket, [counts_pattern(run_id)])
-        stored = shards_of(before)
         records = await list_batches(conn, bucket, run_id)
-        fresh = recounted(run_id, records, stored, now())
-        counted_summary = merged(run_id, bucket, stored, now())
-        recounted_summary = merged(run_id, bucket, {n: v for n, v in fresh.items() if v["batches"]}, now())
-        drift = {name: {"counted": counted_summary[name], "recounted": recounted_summary[name]}
-                 for name in _COMPARED if counted_summary[name] != recounted_summary[name]}
-        wrong = [n for n in range(SHARDS) if _core(stored.get(n)) != _core(fresh[n])]
-        result = {"run_id": run_id, "bucket": bucket, "counted": counted_summary, "recounted": recounted_summary,
-                  "drift": drift, "shards": wrong, "repaired": False}
+        result, fresh = compared(run_id, bucket, shards_of(before), records, now())
+        wrong, drift = result["shards"], result["drift"]
         if not repair or not wrong:
             return result
         # only the shards written are compare-and-set: a change of another subset leaves what is rewritten right
-        writes = [Write(counts_key(run_id, n), encode_counts(fresh[n]),
-                        before[counts_key(run_id, n)].seq if counts_key(run_id, n) in before else 0)
-                  for n in wrong]
+        keyed = {n: counts_key(run_id, n) for n in wrong}
+        writes = [Write(key, encode_counts(fresh[n]), before[key].seq if key in before else 0)
+                  for n, key in keyed.items()]
         try:
             await write(conn, bucket, writes, context=f"ledger {bucket!r} recount of run {run_id!r}")
         except CasConflict:
@@ -361,13 +295,203 @@ async def recount_run(conn: JetStreamConnection, bucket: str, run_id: str, *, re
                               "recounts; repair it when its writers are idle")
 
 
-def _core(value: dict[str, Any] | None) -> tuple[Any, ...]:
-    """What a recount compares of a shard (a missing shard is one without batches)."""
-    if not value or not value.get("batches"):
-        return (0,)
-    return (value["batches"], _nonzero(value["states"]), _nonzero(value["messages"]), value.get("attempts", 0),
-            sorted(value.get("streams") or []))
+
+#: Records written in one atomic batch with their shard (the server allows 1,000 messages per batch).
+GROUP = 256
+#: Compare-and-set rounds a change may take before giving up (writers of other processes re-read and retry).
+CAS_ATTEMPTS = 50
+
+Change = Callable[[BatchRecord | None], BatchRecord | None]
 
 
-def _nonzero(counts: dict[str, int]) -> list[tuple[str, int]]:
-    return sorted((state, n) for state, n in counts.items() if n)
+class Ledger(Protocol):
+    """What the group commit needs of a ledger (``BatchLedger``): its bucket, its clock, how it reads keys."""
+
+    conn: JetStreamConnection
+    bucket: str
+    clock: Callable[[], float]
+
+    async def read_entries(self, keys: list[str], *, leader: bool = False) -> dict[str, Entry]: ...
+
+
+@dataclass(eq=False)
+class Pending:
+    """One change waiting in a lane; ``done`` gets (record, changed) or the change's error."""
+
+    run_id: str
+    batch_id: str
+    change: Change
+    creates: bool
+    done: asyncio.Future[tuple[BatchRecord, bool]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+    #: What each unanswered write put under ``key``: one found there on a later read was stored. All of them are
+    #: kept: each was conditioned on the revision its read saw, so at most one can be stored, possibly an earlier
+    #: one (a write that timed out can commit late, after the next try met no stream leader).
+    unanswered: list[bytes] = field(default_factory=list)
+    attempts: int = 0
+
+    def __post_init__(self) -> None:
+        self.key = batch_key(self.run_id, self.batch_id)
+        self.shard = shard_of(self.batch_id)
+        self.ckey = counts_key(self.run_id, self.shard)
+
+
+@dataclass(eq=False)
+class Lane:
+    queue: list[Pending] = field(default_factory=list)
+    worker: asyncio.Task[None] | None = None
+
+
+_LANES: weakref.WeakKeyDictionary[JetStreamConnection, dict[tuple[str, str], Lane]] = weakref.WeakKeyDictionary()
+
+
+async def apply(ledger: Ledger, run_id: str, batch_id: str, change: Change, *,
+                creates: bool = False) -> tuple[BatchRecord, bool]:
+    """Apply ``change`` to the batch's current record (None: not recorded) and its run's counts, as one atomic
+    compare-and-set write shared with this process's other changes of the same run (queued in the run's lane).
+    ``change`` returns the new record, or None to leave it; returns (record, changed)."""
+    item = Pending(run_id=run_id, batch_id=batch_id, change=change, creates=creates)
+    lanes = _LANES.setdefault(ledger.conn, {})
+    lane = lanes.setdefault((ledger.bucket, item.run_id), Lane())
+    lane.queue.append(item)
+    if lane.worker is None:
+        lane.worker = asyncio.get_running_loop().create_task(_drain(ledger, (ledger.bucket, item.run_id), lane,
+                                                                    lanes))
+    return await asyncio.shield(item.done)
+
+
+async def _drain(ledger: Ledger, name: tuple[str, str], lane: Lane, lanes: dict[tuple[str, str], Lane]) -> None:
+    try:
+        while lane.queue:
+            group: list[Pending] = []
+            keys: set[str] = set()
+            for item in list(lane.queue):  # one change per key per batch: a second one waits for the next
+                if len(group) < GROUP and item.key not in keys:
+                    group.append(item)
+                    keys.add(item.key)
+                    lane.queue.remove(item)
+            try:
+                await _commit(ledger, group)
+            except BaseException as exc:  # handed to every waiting caller, which raises it
+                for item in group:
+                    _settle(item, exc)
+                if not isinstance(exc, Exception):
+                    raise
+    finally:
+        lane.worker = None
+        for item in lane.queue:
+            _settle(item, LedgerConflictError("the ledger writer of this run stopped; retry the change"))
+        lane.queue.clear()
+        if lanes.get(name) is lane:
+            del lanes[name]
+
+
+def _settle(item: Pending, outcome: tuple[BatchRecord, bool] | BaseException) -> None:
+    if item.done.done():
+        return
+    if isinstance(outcome, BaseException):
+        item.done.set_exception(outcome)
+    else:
+        item.done.set_result(outcome)
+
+
+async def _commit(ledger: Ledger, group: list[Pending]) -> None:
+    """Write ``group``'s changes and the counts of the shards they touch as atomic batches until each is settled."""
+    conn, bucket = ledger.conn, ledger.bucket
+    silent_since: float | None = None
+    leader = False  # a replica answers first; after a refused write, or to refuse a change, the leader (a replica
+    # may be catching up: what it lacks is no reason to refuse)
+    while group:
+        ckeys = sorted({item.ckey for item in group})
+        found = await ledger.read_entries([item.key for item in group] + ckeys, leader=leader)
+        missing = {ckey for ckey in ckeys if ckey not in found or found[ckey].deleted}
+        if missing and await _recounted(ledger, [item for item in group if item.ckey in missing], found):
+            continue
+        counts = {ckey: None if ckey in missing else decode_counts(found[ckey].data, ckey, found[ckey].seq)
+                  for ckey in ckeys}
+        writes: list[Write] = []
+        written: list[tuple[Pending, BatchRecord]] = []
+        unsure: list[Pending] = []  # refused or left alone on a replica's read: the leader decides
+        for item in group:
+            entry = found.get(item.key)
+            current = None if entry is None or entry.deleted else BatchRecord.decode(entry.data, entry.seq, item.key)
+            try:
+                if current is not None and entry is not None and entry.data in item.unanswered:
+                    _settle(item, (current, True))  # the unanswered write was stored
+                    continue
+                if current is None and not item.creates:
+                    raise BatchNotFoundError(f"ledger {bucket!r} batch {item.batch_id!r} of run {item.run_id!r}: "
+                                             "not recorded; record() it after publishing")
+                new = item.change(current)
+                if new is None:
+                    if conn.clustered and not leader:
+                        unsure.append(item)
+                        continue
+                    _settle(item, (current, False) if current is not None else
+                            LedgerConflictError(f"batch {item.batch_id!r}: nothing to write"))
+                    continue
+                payload = new.encode()
+                counts[item.ckey] = counted(counts[item.ckey], item.run_id, item.shard, current, new, ledger.clock())
+            except Exception as exc:  # this change's own error (e.g. ClaimLostError) is its caller's
+                if conn.clustered and not leader and isinstance(exc, BatchNotFoundError | ClaimLostError):
+                    unsure.append(item)  # a replica that has not applied the latest write yet
+                    continue
+                _settle(item, exc)
+                continue
+            writes.append(Write(item.key, payload, entry.seq if entry else 0))
+            written.append((item, new))
+        group = [item for item, _ in written]
+        if not writes:
+            group, leader = unsure, True
+            continue
+        touched = {item.ckey: counts[item.ckey] for item in group}  # each counted its change in its shard
+        writes += [Write(ckey, encode_counts(value), found[ckey].seq if ckey in found else 0)
+                   for ckey, value in sorted(touched.items()) if value is not None]
+        try:
+            last = await write(conn, bucket, writes, context=f"ledger {bucket!r} run {group[0].run_id!r}")
+        except CasConflict:
+            metrics.incr("ledger.cas_retry")
+            leader = conn.clustered
+            _count_attempt(group, bucket)
+            pause = BUSY.pause(group[0].attempts) if group else 0.0
+            group += unsure
+            await asyncio.sleep(pause)
+            continue
+        except RequestTimeoutError:
+            silent_since = silent_since or time.monotonic()
+            if time.monotonic() - silent_since > conn.settings.leader_wait:
+                raise
+            for (item, _), sent in zip(written, writes, strict=False):
+                item.unanswered.append(sent.data)
+            group += unsure
+            continue
+        first = last - len(writes) + 1
+        for number, (item, new) in enumerate(written):
+            _settle(item, (replace(new, revision=first + number), True))
+        group, leader = unsure, True
+
+
+async def _recounted(ledger: Ledger, group: list[Pending], found: Mapping[str, Entry]) -> bool:
+    """Recount the run first when ``group``'s shards are missing and the run was recorded without counts (a batch
+    of the group has a record, or the run has records but no counts at all); True when the recount rewrote counts
+    (read again), False when the shards are simply new."""
+    conn, bucket, run_id = ledger.conn, ledger.bucket, group[0].run_id
+    has_record = any(item.key in found and not found[item.key].deleted for item in group)
+    if not has_record and (await read_last(conn, bucket, [counts_pattern(run_id)])
+                           or not await run_recorded(conn, bucket, run_id)):
+        return False  # a run with counts (this shard is simply new), or a new run
+    recount = await recount_run(conn, bucket, run_id, repair=True, now=ledger.clock)
+    if not recount["repaired"]:
+        return False  # the records and the counts agree: nothing of this shard was recorded without counts
+    _count_attempt(group, ledger.bucket)
+    return True
+
+
+def _count_attempt(group: list[Pending], bucket: str) -> None:
+    for item in group:
+        item.attempts += 1
+        if item.attempts >= CAS_ATTEMPTS:
+            _settle(item, LedgerConflictError(
+                f"ledger {bucket!r} batch {item.batch_id!r} of run {item.run_id!r}: changed concurrently "
+                f"{CAS_ATTEMPTS} times in a row; retry later"))
+    group[:] = [item for item in group if not item.done.done()]

@@ -11,8 +11,9 @@ import pytest
 from airflow_jetstream.client import BatchMessage, metrics, publish_atomic_batch, stream_info
 from airflow_jetstream.client.batches.atomic import publish_atomic_batches
 from airflow_jetstream.client.batches.resend import stored_sequences
-from airflow_jetstream.client.batches.wire import encode_frame, write_frames
+from airflow_jetstream.client.batches.wire import encode_frame
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, InvalidSubjectError
+from airflow_jetstream.client.natspy_internals import write_raw
 from tests.support.nats_calls import with_streams
 
 ATOM = {"name": "ATOM", "subjects": ["atom.>"], "allow_atomic": True}
@@ -245,14 +246,14 @@ def test_too_many_inflight_is_retried_with_backoff(nats_server_factory):
         reply = conn.nc.new_inbox()
         sub = await conn.nc.subscribe(reply)
         blocker = b"Nats-Batch-Id: blocker\r\nNats-Batch-Sequence: 1\r\n"
-        await write_frames(conn.nc, encode_frame(b"atom.x", reply.encode(), blocker, b"b"))
+        await write_raw(conn.nc, encode_frame(b"atom.x", reply.encode(), blocker, b"b"))
         await sub.next_msg(timeout=2)
         with pytest.raises(BatchPublishError) as refused:
             await publish_atomic_batch(conn, [BatchMessage("atom.x", b"1")], retries=0)
         task = asyncio.ensure_future(publish_atomic_batch(conn, [BatchMessage("atom.y", b"1")] * 3, retries=50))
         await asyncio.wait_for(sink.retried.wait(), 5)
         commit = b"Nats-Batch-Id: blocker\r\nNats-Batch-Sequence: 2\r\nNats-Batch-Commit: 1\r\n"
-        await write_frames(conn.nc, encode_frame(b"atom.x", reply.encode(), commit, b"c"))
+        await write_raw(conn.nc, encode_frame(b"atom.x", reply.encode(), commit, b"c"))
         committed = json.loads((await sub.next_msg(timeout=5)).data)
         assert committed["count"] == 2, committed
         result = await asyncio.wait_for(task, 20)

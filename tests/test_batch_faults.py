@@ -97,7 +97,7 @@ from airflow_jetstream.client import BatchMessage, ConnectionSettings, open_conn
 from airflow_jetstream.client.batches import atomic as atomic_batch
 
 url, batch_id = sys.argv[1], sys.argv[2]
-real_write = atomic_batch.write_frames
+real_write = atomic_batch.write_raw
 writes = []
 
 async def write_then_die(nc, frames):
@@ -107,7 +107,7 @@ async def write_then_die(nc, frames):
         await nc.flush()
         os.kill(os.getpid(), signal.SIGKILL)
 
-atomic_batch.write_frames = write_then_die
+atomic_batch.write_raw = write_then_die
 
 async def main():
     async with open_connection(ConnectionSettings(servers=url)) as conn:
@@ -144,7 +144,7 @@ def test_client_killed_mid_batch_stores_nothing_and_raises_abandoned_advisory(na
 
 def test_connection_cut_mid_batch_stores_nothing(nats_server_factory, monkeypatch):
     server = nats_server_factory(jetstream=BATCH_LIMITS)
-    real_write = atomic_batch_module.write_frames
+    real_write = atomic_batch_module.write_raw
     proxy_box: list[CuttableProxy] = []
     writes: list[int] = []
 
@@ -155,7 +155,7 @@ def test_connection_cut_mid_batch_stores_nothing(nats_server_factory, monkeypatc
         writes.append(len(frames))
         await real_write(nc, frames)
 
-    monkeypatch.setattr(atomic_batch_module, "write_frames", write_then_cut)
+    monkeypatch.setattr(atomic_batch_module, "write_raw", write_then_cut)
 
     async def go():
         proxy = await CuttableProxy(server.port).start()
@@ -187,7 +187,7 @@ def test_randomised_batches_are_all_or_nothing(nats_server_factory, monkeypatch,
     per-subject expectation, a msg id already stored, or the connection cut mid-batch."""
     rng = random.Random(seed)
     server = nats_server_factory(jetstream=BATCH_LIMITS)
-    real_write = atomic_batch_module.write_frames
+    real_write = atomic_batch_module.write_raw
     cut_plan: dict[str, int] = {"at": -1, "writes": 0}
     proxy_box: list[CuttableProxy] = []
 
@@ -198,7 +198,7 @@ def test_randomised_batches_are_all_or_nothing(nats_server_factory, monkeypatch,
         cut_plan["writes"] += 1
         await real_write(nc, frames)
 
-    monkeypatch.setattr(atomic_batch_module, "write_frames", maybe_cut)
+    monkeypatch.setattr(atomic_batch_module, "write_raw", maybe_cut)
     outcomes: dict[int, str] = {}
     sizes: dict[int, int] = {}
 

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_jetstream.client import BatchMessage, publish_fast_batch, stream_info
 from airflow_jetstream.client.batches import fast as fast_batch_module
-from airflow_jetstream.client.batches.fast_run import FastBatchRun
+from airflow_jetstream.client.batches.fast import FastBatchRun
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, LeaderUnavailableError
 from tests.support.nats_calls import with_streams
 

@@ -38,7 +38,7 @@ def install_stop(spec: dict[str, Any]) -> None:
     key = chunk_id(spec["job_id"], 0, spec["at_chunk"])
     batch_marker = f"{key}-a".encode()
     state = {"writes": 0, "fired": False}
-    real_write, real_record = atomic.write_frames, BatchLedger.record
+    real_write, real_record = atomic.write_raw, BatchLedger.record
 
     def stop_at(point: str) -> None:
         if spec["point"] == point and not state["fired"]:
@@ -64,7 +64,7 @@ def install_stop(spec: dict[str, Any]) -> None:
             stop_at("after_record")
         return stored
 
-    atomic.write_frames = write_frames  # type: ignore[assignment]
+    atomic.write_raw = write_frames  # type: ignore[assignment]
     BatchLedger.record = record  # type: ignore[method-assign]
 
 

@@ -1,17 +1,11 @@
 """Atomic batch publish (nats-server 2.12+): every message of the batch is stored, or none is.
 
-nats-py has no batch API, so the protocol is driven here with core publishes and requests:
-the first message is a request (the server answers an empty "batch started" message), the
-intermediate messages are plain publishes with no reply, every ``flow_every``-th one is a request
-whose (empty) answer bounds how far the client runs ahead, and the last message carries
-``Nats-Batch-Commit: 1`` and gets the PubAck. Nothing is visible in the stream before the commit.
-
-Retry-safety (:mod:`~airflow_jetstream.client.batches.resend`): when the server refuses a batch with
-``duplicate_msg_id``, the msg ids it carries are probed without writing; if every one is stored, at the
-positions one earlier commit of this batch gives them, the batch is reported as ``already_committed``
-instead of failing or being written twice. Because a batch is stored whole and in one run of sequences,
-one msg id per batch (on its first message, naming the batch) is enough, and keeps the stream's duplicate
-window at one entry per batch instead of one per message.
+nats-py has no batch API, so the protocol is driven here with core publishes and requests (docs/batch-publishing.md,
+"How it is sent"): the first message and every ``flow_every``-th one are requests whose empty answers bound how far
+the client runs ahead, the rest plain publishes, and the last one carries ``Nats-Batch-Commit: 1`` and gets the
+PubAck. Because a batch is stored whole and in one run of sequences, one msg id per batch is enough to make a
+re-send safe (:mod:`~airflow_jetstream.client.batches.resend`), and keeps the stream's duplicate window at one
+entry per batch instead of one per message.
 """
 
 from __future__ import annotations
@@ -50,14 +44,10 @@ from airflow_jetstream.client.batches.wire import (
     connection_lost,
     message_header_lines,
     reply_timeout,
-    write_frames,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import (
-    BatchPublishError,
-    InvalidRequestError,
-    JetStreamError,
-)
+from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError
+from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.retry import Deadline, retry
 
 ATOMIC_REFUSED_HEADERS = {
@@ -81,12 +71,8 @@ log = logging.getLogger(__name__)
 
 def encode_atomic_batch(messages: Sequence[BatchMessage], batch_id: str, expected_last_seq: int | None,
                         replies: dict[int, bytes]) -> list[bytes]:
-    """The protocol frames of the batch; ``replies`` maps batch sequences to their reply subject.
-
-    Every frame is an ``HPUB`` whose header block is ``NATS/1.0``, the message's own header lines,
-    the batch id and sequence (plus the expectation on the first and the commit on the last
-    message). The constant parts are encoded once per batch and each subject once per batch.
-    """
+    """The ``HPUB`` frames of the batch; ``replies`` maps batch sequences to their reply subject. The constant
+    header parts are encoded once per batch and each subject once per batch."""
     batch_lines = b"%b: %b\r\n%b: " % (HEADER_BATCH_ID.encode(), batch_id.encode(), HEADER_BATCH_SEQUENCE.encode())
     first_extra = b"" if expected_last_seq is None else b"%b: %d\r\n" % (HEADER_EXPECTED_LAST_SEQ.encode(),
                                                                          expected_last_seq)
@@ -132,12 +118,12 @@ async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batc
         # stays one segment ahead of the server. If the first message is refused (stream not atomic,
         # too many batches in flight), the server never opens the batch and drops what follows; that
         # refusal is the first answer awaited, so it is the one raised.
-        await write_frames(nc, frames[0])
+        await write_raw(nc, frames[0])
         progress["commit_written"] = last == 1
         outstanding = 1
         sent = 1
         for seq in asks[1:]:
-            await write_frames(nc, b"".join(frames[sent:seq]))
+            await write_raw(nc, b"".join(frames[sent:seq]))
             sent = seq
             progress["commit_written"] = seq == last
             await replies.wait(reply_of[outstanding], items[outstanding - 1].subject)
@@ -179,17 +165,13 @@ async def publish_atomic_batch(
 ) -> BatchResult:
     """Publish ``messages`` as one atomic batch and return where it was stored.
 
-    With ``fence`` (an id naming this batch's content, e.g. ``"<job>-<part>-<chunk>"``) the batch commits at
-    most once, ever: a later commit of the same fence id, by a retry or a re-run at any time, is refused by the
-    server and reported ``already_committed`` with the earlier commit's sequences
-    (:mod:`~airflow_jetstream.client.batches.fence`). The stream (``stream``, or the one capturing the first
-    subject) must carry ``_FENCE.<stream>.>`` (``stream_not_fenced`` otherwise, before anything is sent).
+    With ``fence`` (an id naming this batch's content, e.g. ``"<job>-<part>-<chunk>"``) the batch commits at most
+    once, ever: a later commit of the same fence id is refused by the server and reported ``already_committed``
+    with the earlier commit's sequences (:mod:`~airflow_jetstream.client.batches.fence`). The stream (``stream``,
+    or the one capturing the first subject) must carry ``_FENCE.<stream>.>`` (``stream_not_fenced`` otherwise).
 
-    Everything is validated before the first byte is sent (empty batch, more than ``max_msgs``,
-    batch id, subjects, payload sizes against ``conn.max_payload``, refused headers): each problem
-    is an :class:`InvalidRequestError` with a ``reason``. Server refusals are
-    :class:`BatchPublishError` (``stream_not_atomic``, ``batch_incomplete``, ``batch_too_large``,
-    ``wrong_last_sequence``, ``duplicate_msg_id``, ...); ``too_many_inflight`` is retried up to
+    Everything is validated before the first byte is sent (each problem an :class:`InvalidRequestError` with a
+    ``reason``); server refusals are :class:`BatchPublishError`; ``too_many_inflight`` is retried up to
     ``retries`` times with jittered exponential backoff.
 
     :param expected_last_seq: the stream's last sequence must be this when the batch commits.

@@ -1,48 +1,21 @@
-"""Batcher: coalesce many single publishes into batches, each caller getting its own result.
+"""Batcher: coalesce many single publishes into batches, each caller getting its own result (docs/batch-publishing.md).
 
-Many tasks call ``await batcher.publish(subject, data, msg_id=...)`` concurrently; the batcher groups the
-calls by size (``max_batch``) and time (``flush_interval``; by default a group goes out as soon as
-the previous one is answered, so groups grow with the load), sends each group in one write and hands
-every caller its own result, which is far cheaper than one round trip per message. Items keep their own
-semantics: there is no cross-item atomicity, and every item gets its own result and machine-readable error::
+Concurrent ``await batcher.publish(subject, data, msg_id=...)`` calls are grouped by size (``max_batch``) and time
+(``flush_interval``; by default a group goes out as soon as the previous one is answered, so groups grow with the
+load), each group in one write: far cheaper than one round trip per message. Items have no cross-item atomicity;
+each gets its own result and machine-readable error, in submission order.
 
-    async with Batcher(conn, max_batch=500) as batcher:
-        results = await asyncio.gather(*(batcher.publish("orders.new", row, msg_id=f"order-{n}")
-                                         for n, row in enumerate(rows)))
-    failed = [r.to_dict() for r in results if not r.ok]
+Fenced by default: every item needs a msg id and is stored at most once however late it is published again. Each
+group is one atomic batch in which every item is followed by its write fence (:mod:`~airflow_jetstream.client.
+batches.fence`, fence id = msg id), checked by the server at commit; a refused group is resolved item by item, an
+item stored before answered ``duplicate`` with its seq. ``fence=False`` is the explicit opt-out: pipelined
+acknowledged publishes (or, with ``atomic=True``, one atomic batch per group, re-sent item by item when refused),
+msg ids then de-duplicating only within the stream's ``duplicate_window``.
 
-Fenced by default: every item needs a msg id, and is stored at most once however late it is published again
-(a task retry after the stream's ``duplicate_window``, a re-run the next day, a zombie that resumes). Each group
-is one atomic batch in which every item is followed by its write fence (:mod:`~airflow_jetstream.client.batches.
-fence`, the fence id is the msg id), which the server checks at commit; a refused group (an item stored before, a
-bad item) is resolved item by item, an item stored before answered ``duplicate`` with its seq. So the streams need
-``allow_atomic`` and their fence namespace (``ensure_stream`` gives every ``allow_atomic`` stream both): an item
-without a msg id fails with ``invalid_msg_id``, one to a stream that cannot keep fences with ``stream_not_fenced``
-or ``stream_not_atomic``, before anything of it is sent. A fence is one more stored message per item, on a
-subject of its own that consumers of the user's subjects never see.
-
-``fence=False`` is the explicit opt-out (publishes without ids, streams without ``allow_atomic``): each group goes
-out as pipelined acknowledged publishes, and msg ids de-duplicate only within the stream's ``duplicate_window``
-(the batcher warns once when an item carries one). With ``atomic=True`` too, each group goes out as one atomic
-batch instead (one acknowledgement per group; seqs follow from the batch range). That pays off on memory streams
-and large groups; on file streams the server stages every atomic batch in its own file store, which makes small
-groups slower. A refused atomic group (one bad item, a failed per-subject expectation, a duplicate msg id, a
-stream without ``allow_atomic``) is re-sent item by item, so errors stay per item.
-
-Results come back in submission order (sequence numbers increase in the order items were
-submitted, except for items re-sent after a leader election, see below).
-
-Individual publishes ride out a leader election (for the connection's ``leader_wait``): an item
-answered with a 503 / no responders on a stream that exists reached no leader, so it is re-sent;
-on a cluster an unacknowledged item is re-sent only when it has a msg id (the server then answers
-a stored one as a duplicate). Re-sent items may be stored after later items of their group.
-Every item has its own deadline, ``leader_wait`` after it was submitted: retries of a group end at
-its oldest item's, so an item waits at most about ``leader_wait`` plus two request timeouts, however
-long the groups before it kept failing.
-
-``close()`` (or leaving the ``async with``) flushes everything still pending; an item
-whose caller was cancelled after submitting is still published (its result is dropped), so
-cancellation never loses an accepted item.
+Individual publishes ride out a leader election for ``leader_wait``, re-sent only where that cannot store an item
+twice (see :meth:`Batcher._ride_out_elections`). Every item has its own deadline, ``leader_wait`` after it was
+submitted: retries of a group end at its oldest item's, however long the groups before it kept failing. An item
+whose caller was cancelled after submitting is still published, so cancellation never loses an accepted item.
 """
 
 from __future__ import annotations
@@ -66,17 +39,17 @@ from airflow_jetstream.client.batches.types import (
     BatchMessage,
     validate_messages,
 )
-from airflow_jetstream.client.batches.wire import BatchReplies, encode_frame, message_header_lines, write_frames
+from airflow_jetstream.client.batches.wire import BatchReplies, capturing_stream, encode_frame, message_header_lines
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
-    BatchPublishError,
     ConnectionFailedError,
     InvalidRequestError,
     JetStreamError,
     LeaderUnavailableError,
     RequestTimeoutError,
 )
+from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.retry import Deadline, is_leader_unavailable, retry
 
 log = logging.getLogger(__name__)
@@ -100,21 +73,14 @@ class _Item:
 class Batcher:
     """Coalesces single publishes into batches (see the module docstring).
 
-    :param conn: an open :class:`~airflow_jetstream.client.connection.JetStreamConnection`.
     :param max_batch: most items per batch (at most the server's atomic ``max_msgs``, 1000 by default).
-    :param flush_interval: seconds to wait for more items once the first one of a batch arrived. With
-        0 (the default) a group goes out as soon as the previous one is answered, and the items
-        that arrive meanwhile form the next group: under load groups grow by themselves, when idle
-        a single item is sent at once. One group is in flight at a time.
+    :param flush_interval: seconds to wait for more items once the first one of a batch arrived. With 0 (the
+        default) a group goes out as soon as the previous one is answered; one group is in flight at a time.
     :param max_pending: items accepted but not yet answered; ``publish`` waits beyond this (back-pressure).
-    :param atomic: with ``fence=False``, send groups as atomic batches (needs ``allow_atomic`` on the stream; falls
-        back to individual publishes by itself when the stream refuses). Default: pipelined individual publishes.
+    :param atomic: with ``fence=False``, send groups as atomic batches (needs ``allow_atomic``; falls back to
+        individual publishes by itself when the stream refuses). Default: pipelined individual publishes.
     :param timeout: seconds to wait for each server reply (default: the connection's request timeout).
-    :param fence: True (the default): every item needs a msg id and is fenced by it
-        (:mod:`~airflow_jetstream.client.batches.fence`), stored at most once however late it is published again
-        (a re-run the next day), not only within the stream's duplicate window; the streams need ``allow_atomic``
-        and the fence namespace. False: the explicit opt-out, items without ids allowed, msg ids de-duplicate only
-        within the stream's ``duplicate_window`` (warned once).
+    :param fence: True (the default): every item needs a msg id and is fenced by it; False: the explicit opt-out.
     """
 
     def __init__(
@@ -281,34 +247,42 @@ class Batcher:
         if self.fence:
             return await self._send_fenced(messages, deadline)
         if self.atomic and len(messages) > 1:
-            try:
-                batch = await publish_atomic_batch(self.conn, messages, max_msgs=len(messages),
-                                                   timeout=self.timeout, deadline=deadline)
-            except _OUTCOME_UNKNOWN:
-                if not all(m.msg_id for m in messages):
-                    raise
-                metrics.incr("batcher.resent_individually", tags={"reason": "outcome_unknown"})
-            except JetStreamError as exc:
-                if exc.reason == "stream_not_atomic":
-                    self.atomic = False
-                metrics.incr("batcher.resent_individually", tags={"reason": exc.reason})
-            else:
-                if not batch.already_committed and batch.first_seq is not None:
-                    return [BatchItemResult(stream=batch.stream, seq=batch.first_seq + i)
-                            for i in range(len(messages))]
+            results = await self._as_one_batch(messages, deadline)
+            if results is not None:
+                return results
         results = await self._publish_individually(messages)
         return await self._ride_out_elections(messages, results, deadline)
+
+    async def _as_one_batch(self, messages: list[BatchMessage], deadline: Deadline,
+                            fenced: bool = False) -> list[BatchItemResult] | None:
+        """The group as one atomic batch (``fenced``: each item followed by its fence), or None when the server
+        refused it or found it committed earlier, so that its items go out one by one and errors stay per item.
+        An unknown outcome of an unfenced group with items without msg ids is raised: a re-send could store them
+        twice."""
+        try:
+            batch = await publish_atomic_batch(self.conn, messages, max_msgs=len(messages), timeout=self.timeout,
+                                               deadline=deadline)
+        except JetStreamError as exc:
+            unknown = isinstance(exc, _OUTCOME_UNKNOWN) and not fenced
+            if unknown and not all(m.msg_id for m in messages):
+                raise
+            if exc.reason == "stream_not_atomic":
+                self.atomic = False
+            metrics.incr("batcher.resent_individually", tags={"reason": "outcome_unknown" if unknown else exc.reason})
+            return None
+        if batch.already_committed or batch.first_seq is None:
+            return None
+        step = 2 if fenced else 1
+        return [BatchItemResult(stream=batch.stream, seq=batch.first_seq + step * i)
+                for i in range(len(messages) // step)]
 
     async def _fence_stream(self, subject: str) -> str:
         """The stream of ``subject``, checked once for fenced atomic batches (``no_stream_for_subject``,
         ``stream_not_atomic``, ``stream_not_fenced``)."""
         if subject not in self._fence_streams:
-            owners = await streams_for_subject(self.conn, subject)
-            if not owners:
-                raise BatchPublishError(f"no stream captures subject {subject!r}; create the stream or fix the "
-                                        "subject", reason="no_stream_for_subject")
-            await check_target_stream(self.conn, owners[0], [subject], mode="atomic", fence=True)
-            self._fence_streams[subject] = owners[0]
+            stream = await capturing_stream(self.conn, subject, "")
+            await check_target_stream(self.conn, stream, [subject], mode="atomic", fence=True)
+            self._fence_streams[subject] = stream
         return self._fence_streams[subject]
 
     async def _send_fenced(self, messages: list[BatchMessage], deadline: Deadline) -> list[BatchItemResult]:
@@ -337,15 +311,9 @@ class Batcher:
         fenced batch, which answers an item stored before as a ``duplicate`` with its seq."""
         if len(messages) > 1:
             fenced = [part for m in messages for part in (m, fence_message(stream, str(m.msg_id), [m]))]
-            try:
-                batch = await publish_atomic_batch(self.conn, fenced, max_msgs=len(fenced), timeout=self.timeout,
-                                                   deadline=deadline)
-            except JetStreamError as exc:
-                metrics.incr("batcher.resent_individually", tags={"reason": exc.reason})
-            else:
-                if not batch.already_committed and batch.first_seq is not None:
-                    return [BatchItemResult(stream=batch.stream, seq=batch.first_seq + 2 * i)
-                            for i in range(len(messages))]
+            results = await self._as_one_batch(fenced, deadline, fenced=True)
+            if results is not None:
+                return results
 
         async def one(msg: BatchMessage) -> BatchItemResult:
             try:
@@ -442,7 +410,7 @@ async def publish_individually(conn: JetStreamConnection, messages: list[BatchMe
             reply_of.append(reply)
             lines = message_header_lines(msg)
             frames.append(encode_frame(msg.subject.encode(), reply, lines, bytes(msg.data)))
-        await write_frames(conn.nc, b"".join(frames))
+        await write_raw(conn.nc, b"".join(frames))
         futures = [replies.futures[reply] for reply in reply_of]
         await asyncio.wait(futures, timeout=timeout)
         results = []

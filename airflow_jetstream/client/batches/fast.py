@@ -1,42 +1,31 @@
 """Fast (non-atomic) batch publish for bulk ingest (nats-server 2.14+, stream ``allow_batched``).
 
-The batch control rides in the reply subject of every message::
+The batch control rides in the reply subject of every message (``<inbox>.<batch id>.<flow>.fail.<batch seq>.<op>.$FI``)
+and the server answers there with flow acks, gaps, per-message errors and a final PubAck (docs/batch-publishing.md).
+The client keeps at most ``WINDOW_FLOWS`` flow windows unacknowledged.
 
-    <inbox>.<batch id>.<flow>.fail.<batch seq>.<op>.$FI     op: 0 start, 1 append, 2 commit, 4 ping
-
-and the server answers on those reply subjects: flow acks ``{"type":"ack","seq":S,"msgs":F}``
-("persisted up to S, next ack after F more"), gaps ``{"type":"gap","last_seq":L,"seq":S}``,
-per-message errors ``{"type":"err","seq":S,"error":{...}}`` and, at the end, a PubAck with
-``batch`` and ``count``. The client keeps at most ``WINDOW_FLOWS`` flow windows unacknowledged.
-
-Messages are stored as they arrive (no all-or-nothing): the batch runs in gap-fail mode, so what
-is stored is always an in-order prefix of the batch. A lost message ends the batch at the last
-persisted one and the server commits what it has; the rest is then published as a new batch (up to
-``max_resumes`` times, with back-off). A leader election (503 / no answer) interrupts a batch: the
-client flushes, pings the batch past its end so the server closes it and says how many it stored,
-or, when no leader knows the batch any more, reads the stream back from the sequence noted before
-the batch to count its messages there; then it resumes with the rest for up to the connection's
-``leader_wait``. Every failure is a :class:`FastBatchError` whose ``stored`` is that server-derived
-count (or None, saying so, when it could not be established).
+Messages are stored as they arrive: the batch runs in gap-fail mode, so what is stored is always an in-order prefix.
+A lost message ends a run at the last persisted one; the rest goes out as a new run (up to ``max_resumes``). A
+leader election interrupts a run: the client flushes and pings the batch past its end, so the server closes it and
+says how many it stored, or, when no leader knows the batch any more, counts its messages in the stream after the
+sequence noted before the batch; then it resumes for up to ``leader_wait``. Every failure is a
+:class:`FastBatchError` whose ``stored`` is that server-derived count (None, saying so, when it is unknown).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import nats.errors
 
 from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.batches.fast_run import (
-    ERR_BATCH_UNKNOWN,
-    FastBatchRun,
-    Interrupted,
-    Prepared,
-    settle_wait,
-)
 from airflow_jetstream.client.batches.resend import stored_sequences
 from airflow_jetstream.client.batches.types import (
     HEADER_BATCH_COMMIT,
@@ -44,13 +33,21 @@ from airflow_jetstream.client.batches.types import (
     HEADER_BATCH_SEQUENCE,
     HEADER_EXPECTED_LAST_MSG_ID,
     HEADER_MSG_ID,
+    HEADER_STATUS,
     MAX_BATCH_ID_LENGTH,
     BatchMessage,
     BatchResult,
     validate_batch_id,
     validate_messages,
 )
-from airflow_jetstream.client.batches.wire import capturing_stream, message_header_lines, reply_timeout
+from airflow_jetstream.client.batches.wire import (
+    CONNECTION_ERRORS,
+    capturing_stream,
+    connection_lost,
+    encode_frame,
+    message_header_lines,
+    reply_timeout,
+)
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.errors import (
     BatchPublishError,
@@ -58,8 +55,11 @@ from airflow_jetstream.client.errors import (
     FastBatchError,
     InvalidRequestError,
     JetStreamError,
+    LeaderUnavailableError,
+    RequestTimeoutError,
     error_from_api,
 )
+from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.client.retry import ELECTION, Deadline, is_leader_unavailable, retry
 
@@ -77,19 +77,202 @@ DEFAULT_FLOW = 1000
 MAX_FLOW = 65535
 # Resumed batches get "-r<k>" appended to the id.
 _RESUME_SUFFIX_ROOM = 4
+# The op token of a reply subject: what the message does to the batch.
+OP_START, OP_APPEND, OP_COMMIT, OP_PING = 0, 1, 2, 4
+#: The server's err_code for a message of a batch it does not know (ended, or opened on another leader).
+ERR_BATCH_UNKNOWN = 10208
+# How many flow windows may be unacknowledged before the client waits for the server.
+WINDOW_FLOWS = 4
+# Establishing what an interrupted batch stored waits for a leader at least this long (seconds), also
+# with a shorter leader_wait: the count is owed to the caller even when the publish is not retried.
+_SETTLE_WAIT_MIN = 30.0
 log = logging.getLogger(__name__)
 
+Prepared = tuple[bytes, bytes, bytes]  # subject, header lines, payload
 
-def _prepare(messages: list[BatchMessage]) -> list[Prepared]:
-    subjects: dict[str, bytes] = {}
-    prepared = []
-    for m in messages:
-        subject = subjects.get(m.subject)
-        if subject is None:
-            subject = subjects[m.subject] = m.subject.encode()
-        lines = message_header_lines(m)
-        prepared.append((subject, lines, bytes(m.data)))
-    return prepared
+
+class FastBatchRun:
+    """Publishes one run of a fast batch (one batch id) and returns the server's final PubAck; what the server told
+    about it so far is kept on the run (flow acks, gaps, errors)."""
+
+    def __init__(self, conn: JetStreamConnection, messages: list[Prepared], batch_id: str, flow: int,
+                 timeout: float) -> None:
+        self.conn = conn
+        self.messages = messages
+        self.timeout = timeout
+        self.prefix = f"{conn.nc.new_inbox()}.{batch_id}"
+        self.reply_base = f"{self.prefix}.{flow}.fail.".encode()
+        self.context = f"fast batch {batch_id}"
+        self.sent = 0
+        self.acked = 0
+        self.flow = flow
+        self.answered = False
+        self.unavailable = False
+        self.done: asyncio.Future[dict[str, Any]] | None = None
+        self.gaps: list[tuple[int, int]] = []
+        self.errors: list[tuple[int, dict[str, Any]]] = []
+        self.changed = asyncio.Event()
+
+    def _ping(self, seq: int) -> bytes:
+        """A ping as batch message ``seq`` (on the subject of the last message sent): the server answers with its
+        flow ack, or sees a gap and commits what it has."""
+        reply = b"%b%d.%d.$FI" % (self.reply_base, seq, OP_PING)
+        return encode_frame(self.messages[max(self.sent, 1) - 1][0], reply, b"", b"")
+
+    def encode(self, first: int, last: int) -> bytes:
+        """Frames for batch sequences ``first..last`` (1-based, inclusive); the final message commits."""
+        total = len(self.messages)
+        frames = []
+        for seq in range(first, last + 1):
+            subject, lines, payload = self.messages[seq - 1]
+            op = OP_COMMIT if seq == total else (OP_START if seq == 1 else OP_APPEND)
+            frames.append(encode_frame(subject, b"%b%d.%d.$FI" % (self.reply_base, seq, op), lines, payload))
+        return b"".join(frames)
+
+    async def _on_reply(self, msg: Any) -> None:
+        if msg.headers and msg.headers.get(HEADER_STATUS) == "503":
+            # no responders: the stream has no leader right now (checked to exist before the batch)
+            self.unavailable = True
+            self.changed.set()
+            return
+        try:
+            reply = json.loads(msg.data) if msg.data else {}
+        except ValueError:
+            reply = {"type": "bad"}
+        kind = reply.get("type") if isinstance(reply, dict) else "bad"
+        first_answer = not self.answered
+        self.answered = True
+        if kind == "ack":
+            self.acked = max(self.acked, int(reply.get("seq", 0)))
+            self.flow = max(1, int(reply.get("msgs") or 1))
+        elif kind == "gap":
+            self.gaps.append((int(reply.get("last_seq", 0)), int(reply.get("seq", 0))))
+        elif kind == "err":
+            self.errors.append((int(reply.get("seq", 0)), reply.get("error") or {}))
+        elif isinstance(reply, dict) and "error" in reply and "batch" not in reply and not first_answer:
+            # A message refused before it reached the batch (e.g. over max_msg_size): the batch goes on.
+            self.errors.append((0, reply["error"]))
+        elif self.done is not None and not self.done.done():
+            self.done.set_result(reply if isinstance(reply, dict) else {})
+        self.changed.set()
+
+    async def _wait(self, what: str, ready: Callable[[], bool]) -> None:
+        """Wait at most ``timeout`` until ``ready()``: silence is :class:`RequestTimeoutError`, a 503
+        :class:`LeaderUnavailableError`."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                while not (self.unavailable or ready()):
+                    await self.changed.wait()
+                    self.changed.clear()
+        except TimeoutError:
+            raise RequestTimeoutError(f"{self.context}: no {what} from the server within {self.timeout}s; the "
+                                      f"messages up to the last flow ack ({self.acked}) are stored") from None
+        if self.unavailable and not ready():
+            raise LeaderUnavailableError(f"{self.context}: the stream has no leader (no responders)")
+
+    async def run(self) -> dict[str, Any]:
+        """The server's final answer; an interrupted batch raises :class:`Interrupted` with what it stored."""
+        nc = self.conn.nc
+        try:
+            sub = await nc.subscribe(f"{self.prefix}.>", cb=self._on_reply)
+        except CONNECTION_ERRORS as exc:
+            raise Interrupted(connection_lost(self.context, exc), (0, 0)) from None
+        try:
+            try:
+                ack = await self._send()
+            except (LeaderUnavailableError, RequestTimeoutError) as exc:
+                raise Interrupted(exc, await self._settle()) from None
+            error = ack.get("error") if isinstance(ack.get("error"), dict) else None
+            if error and error.get("err_code") == ERR_BATCH_UNKNOWN and self.sent > 1:
+                # a new leader does not know the batch: what the old one stored is counted in the stream
+                raise Interrupted(error_from_api(error, context=self.context), None)
+            return ack
+        except CONNECTION_ERRORS as exc:
+            raise Interrupted(connection_lost(self.context, exc), None) from None
+        finally:
+            if not nc.is_closed:
+                await sub.unsubscribe()
+
+    async def _send(self) -> dict[str, Any]:
+        nc = self.conn.nc
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.done = done
+        total = len(self.messages)
+        self.sent = 1
+        await write_raw(nc, self.encode(1, 1))
+        # The first answer is the flow ack for seq 0 (batch started) or a PubAck / error.
+        await self._wait("start ack", lambda: self.answered)
+
+        def window() -> int:
+            return min(total, self.acked + WINDOW_FLOWS * self.flow)
+
+        def window_open() -> bool:
+            return window() > self.sent or done.done() or bool(self.errors)
+
+        while self.sent < total and not done.done() and not self.errors:
+            if window() <= self.sent:
+                try:
+                    await self._wait("flow-control ack", window_open)
+                except RequestTimeoutError:  # ping once, so the server resends its flow ack (or reports a gap)
+                    await write_raw(nc, self._ping(self.sent))
+                    await self._wait("flow-control ack after a ping", window_open)
+                continue
+            limit = window()
+            await write_raw(nc, self.encode(self.sent + 1, limit))
+            self.sent = limit
+        if self.errors and not done.done():
+            # Stop at the first error; a ping past the last persisted message makes the server
+            # see the gap and commit what it has, so the final ack says how much is stored.
+            await write_raw(nc, self._ping(self.sent))
+        await self._wait("final ack", done.done)
+        return done.result()
+
+    async def _settle(self) -> tuple[int, int] | None:
+        """Close the interrupted batch on the server and return (count, stream seq of the last one) it stored.
+
+        First a flush, so no frame of this batch is still on its way (nothing can open or extend it later); then a
+        ping past the last message sent: a leader that knows the batch sees the gap, commits what it has and
+        answers the exact count. None when no leader knows the batch (the caller then counts in the stream) or
+        none answered in :func:`settle_wait`.
+        """
+        nc = self.conn.nc
+        ping = self._ping(self.sent + 1)
+
+        async def ask() -> tuple[int, int] | None:
+            done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            self.done = done
+            self.unavailable, self.answered = False, True
+            self.errors.clear()
+            self.changed.clear()
+            try:
+                await nc.flush(timeout=self.timeout)  # type: ignore[arg-type]  # float s work
+                await write_raw(nc, ping)
+                await self._wait("answer to the closing ping", lambda: done.done() or bool(self.errors))
+            except (RequestTimeoutError, nats.errors.TimeoutError):
+                raise LeaderUnavailableError(f"{self.context}: no leader answered the ping that closes the "
+                                             "batch") from None
+            ack = {} if self.errors else done.result()
+            return (int(ack["count"]), int(ack.get("seq") or 0)) if "error" not in ack and "count" in ack else None
+
+        with contextlib.suppress(LeaderUnavailableError):
+            return await retry(f"{self.context}: closing it", ask, transient=is_leader_unavailable, budget=None,
+                               deadline=Deadline(settle_wait(self.conn)), logger=log)
+        return None
+
+
+class Interrupted(Exception):
+    """A run stopped without a final ack: ``cause`` and the server's (count, last seq) of what it stored
+    (None: no leader knows the batch any more, count its messages in the stream)."""
+
+    def __init__(self, cause: JetStreamError, settled: tuple[int, int] | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.settled = settled
+
+
+def settle_wait(conn: JetStreamConnection) -> float:
+    """Seconds to wait for a leader while establishing what an interrupted batch stored."""
+    return max(conn.settings.leader_wait, _SETTLE_WAIT_MIN)
 
 
 async def publish_fast_batch(
@@ -103,14 +286,11 @@ async def publish_fast_batch(
 ) -> BatchResult:
     """Publish ``messages`` through the fast batch protocol; returns the count and last stream sequence.
 
-    Not atomic: messages are stored as they arrive, other publishers may interleave (so
-    ``first_seq`` is None), and duplicates by msg id are skipped by the server but counted
-    (``count`` is the number of messages the server accepted into the batch). ``last_seq`` is where
-    the stream holds the batch's last message. ``duplicates`` says how many were stored before: the
-    msg ids are probed without writing when the last message was such a duplicate (the server acks
-    seq 0) or when the stream grew by fewer messages than ``count``; so it can only miss duplicates
-    when other publishers wrote to the stream during the batch. The stream needs
-    ``allow_batched: true``. Validation happens before anything is sent.
+    Not atomic: messages are stored as they arrive, other publishers may interleave (so ``first_seq`` is None),
+    and duplicates by msg id are skipped by the server but counted in ``count``. ``duplicates`` says how many were
+    stored before: the msg ids are probed without writing when the last message was such a duplicate (the server
+    acks seq 0) or when the stream grew by fewer messages than ``count``; so it can only miss duplicates when other
+    publishers wrote to the stream during the batch. Validation happens before anything is sent.
 
     :param flow: how many messages the server may persist between flow acks (it starts at
         min(500, flow) and adapts when other fast batches run).
@@ -129,7 +309,7 @@ async def publish_fast_batch(
                                   reason="invalid_request")
     server_features.require(conn, server_features.FAST_BATCH)
     timeout = reply_timeout(conn, timeout)
-    frames = _prepare(items)
+    frames = [(m.subject.encode(), message_header_lines(m), bytes(m.data)) for m in items]
     started = time.monotonic()
     # the stream capturing the batch and its last sequence before it (where counting starts)
     stream = await capturing_stream(conn, items[0].subject, f"fast batch {batch_id}")
@@ -189,8 +369,8 @@ async def publish_fast_batch(
             mark = max(mark, own_last or 0)
             stored += count
             interrupted_since = None
-            errors = run.state.errors
-            if run.state.gaps:
+            errors = run.errors
+            if run.gaps:
                 # Messages sent after the gap ended the batch are answered "unknown batch": expected.
                 errors = [e for e in errors if e[1].get("err_code") != ERR_BATCH_UNKNOWN]
             if errors and stored < total:
@@ -202,10 +382,10 @@ async def publish_fast_batch(
             gap_resumes += 1
             if gap_resumes > max_resumes:
                 raise _failed(BatchPublishError(
-                    f"{run.context}: the server saw gaps {run.state.gaps}; gave up after {max_resumes} resumes",
+                    f"{run.context}: the server saw gaps {run.gaps}; gave up after {max_resumes} resumes",
                     reason="batch_gap"), stream, stored, total)
             log.warning("%s: the server saw gaps %s; %d of %d messages stored, resuming the rest in %.2f s",
-                        run.context, run.state.gaps, stored, total, ELECTION.pause(resumes + 1))
+                        run.context, run.gaps, stored, total, ELECTION.pause(resumes + 1))
         resumes += 1
         metrics.incr("fast_batch.resumed")
         await asyncio.sleep(ELECTION.pause(resumes))
@@ -250,7 +430,7 @@ async def _count_in_stream(conn: JetStreamConnection, stream: str, after: int,
     """What a fast batch stored when the server cannot say, counted by reading the stream back: how many of
     ``items`` (an in-order prefix) the stream holds after seq ``after``, the sequence of the last of them (None
     when none), and the stream's last sequence read. Messages of other publishers in between are skipped.
-    Waits for a leader (:func:`~airflow_jetstream.client.batches.fast_run.settle_wait`)."""
+    Waits for a leader (:func:`settle_wait`)."""
 
     async def count() -> tuple[int, int | None, int]:
         info = await stream_info(conn, stream)

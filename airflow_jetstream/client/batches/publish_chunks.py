@@ -1,10 +1,5 @@
-"""Check the target stream and publish a stream of chunks as batches, in memory bounded by one chunk.
-
-The publish operator and the Spark writer share these: :func:`check_target_stream` (the stream
-exists, allows the batch mode, and captures every subject), :func:`publish_chunk` (one chunk as an
-atomic or a fast batch) and :func:`publish_chunks` (an iterable of chunks, one after the other,
-summarised by counts: the result does not grow with the number of chunks).
-"""
+"""Check the target stream and publish chunks as batches, in memory bounded by one chunk: what the publish operator
+and the Spark writer share (summarised by counts, so the result does not grow with the number of chunks)."""
 
 from __future__ import annotations
 
@@ -37,7 +32,6 @@ _LOG_EVERY = 100
 
 
 def check_mode(mode: str) -> str:
-    """Validate a batch mode name."""
     if mode not in MODES:
         raise InvalidRequestError(f"mode must be one of {', '.join(MODES)}, got {mode!r}", reason="invalid_request")
     return mode
@@ -45,12 +39,9 @@ def check_mode(mode: str) -> str:
 
 @dataclass
 class TargetStream:
-    """A stream checked for a batch mode; :meth:`require` checks subjects against its subject filters.
-
-    JetStream refuses overlapping subjects between streams, so a subject matching one of the
-    stream's filters is captured by this stream and no other: the check is local, one lookup per
-    distinct subject only when it fails (to name the stream that does capture it).
-    """
+    """A stream checked for a batch mode. JetStream refuses overlapping subjects between streams, so a subject
+    matching one of its filters is captured by it and no other: :meth:`require` checks locally, and asks the server
+    only when that fails (to name the stream that does capture it)."""
 
     name: str
     filters: tuple[str, ...]
@@ -83,13 +74,8 @@ class TargetStream:
 
 async def check_target_stream(conn: JetStreamConnection, stream: str, subjects: Iterable[str] = (), *,
                               mode: str = "atomic", fence: bool = False) -> TargetStream:
-    """Fail before publishing unless ``stream`` allows ``mode`` batches and captures every subject.
-
-    With ``fence`` (atomic mode) the stream must also keep fences (``stream_not_fenced`` otherwise), and chunks
-    published to it with a fence id commit at most once. Returns the checked stream, whose
-    :meth:`TargetStream.require` checks further subjects (for input that arrives in chunks) without asking the
-    server again.
-    """
+    """Fail before publishing unless ``stream`` allows ``mode`` batches and captures every subject; with ``fence``
+    (atomic mode) it must also keep fences, and chunks published to it with a fence id commit at most once."""
     flag, reason = _MODE_FLAG[check_mode(mode)]
     config = (await stream_info(conn, stream))["config"]
     if not config.get(flag):
@@ -133,14 +119,10 @@ async def publish_chunk(conn: JetStreamConnection, messages: Sequence[BatchMessa
 
 @dataclass
 class ChunksSummary:
-    """Counts over every published chunk (constant size, JSON-able via :meth:`to_dict`).
-
-    ``count`` is what the server accepted; for fast batches it includes messages the server skipped
-    as duplicates of stored msg ids, and ``duplicates`` counts those the client could establish
-    (all of them unless other publishers wrote to the stream meanwhile), so ``stored_exact`` is
-    False there.
-    ``first_seq``/``last_seq`` bound the sequences of this publish (other publishers may interleave).
-    """
+    """Counts over every published chunk (constant size). ``count`` is what the server accepted; for fast batches
+    it includes messages skipped as duplicates of stored msg ids, of which ``duplicates`` counts those the client
+    could establish, so ``stored_exact`` is False there. ``first_seq``/``last_seq`` bound this publish's sequences
+    (other publishers may interleave)."""
 
     stream: str = ""
     mode: str = "atomic"

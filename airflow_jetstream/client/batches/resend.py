@@ -1,6 +1,5 @@
-"""Safe re-sends of the batch publishers: which msg ids a stream already holds, found without writing anything
-(probes); which failed sends of an atomic batch are re-sent; and whether a batch refused as a duplicate was
-committed earlier (its msg ids stored as one run, read back and compared)."""
+"""Safe re-sends: which msg ids a stream already holds, found without writing (probes); which failed sends of an
+atomic batch are re-sent; whether a batch refused as a duplicate was committed earlier (read back and compared)."""
 
 from __future__ import annotations
 
@@ -47,26 +46,23 @@ async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMe
                            timeout: float | None = None, *, stream: str | None = None) -> list[int | None]:
     """For each message's msg id, the stream sequence that already holds it, or None. Writes nothing.
 
-    Each probe is a publish carrying the msg id and an expectation that cannot be met, one the
-    server checks only after its duplicate check: it answers a duplicate ack (with the stored
-    sequence) when the id is within the stream's duplicate window, and otherwise refuses the probe,
-    storing nothing. Which expectation depends on the stream (see :func:`probe_expectation`): give
-    ``stream`` when every message goes to it, else it is looked up once per subject.
+    Each probe is a publish carrying the msg id and an expectation that cannot be met, which the server checks
+    only after its duplicate check (:func:`probe_expectation`): a stored id within the duplicate window is
+    answered as a duplicate with its sequence, any other probe refused. Give ``stream`` when every message goes
+    to it, else it is looked up once per subject.
     """
     timeout = timeout or conn.settings.request_timeout
     semaphore = asyncio.Semaphore(PROBE_WINDOW)
     expectations: dict[str, asyncio.Task[dict[str, str]]] = {}
 
     def expectation(subject: str) -> asyncio.Task[dict[str, str]]:
-        """One lookup per stream (or per subject when the stream is not given), shared by its probes."""
         key = stream or subject
         if key not in expectations:
             expectations[key] = asyncio.ensure_future(probe_expectation(conn, subject, stream=stream))
         return expectations[key]
 
     async def ask(msg: BatchMessage, headers: dict[str, str]) -> dict[str, Any]:
-        """One probe; an election (a 503 on a stream that exists, or no reply on a cluster) is
-        :class:`LeaderUnavailableError`, which ``retry_leader`` retries (a probe stores nothing)."""
+        # an election (a 503 on a stream that exists, or no reply on a cluster) is retried: a probe stores nothing
         context = f"msg id probe {msg.msg_id!r}"
         try:
             return await request(conn, msg.subject, b"", headers, timeout, context)
@@ -126,11 +122,8 @@ async def probe_expectation(conn: JetStreamConnection, subject: str, *, stream: 
 
 async def already_committed(conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str,
                             timeout: float, error: BatchPublishError) -> BatchResult:
-    """The earlier commit of this batch, when that is why the server refused it as a duplicate.
-
-    An atomic batch is stored whole, in one run of sequences, so it is already committed when every
-    message that carries a msg id is stored at ``first_seq + its position`` for one ``first_seq``.
-    """
+    """The earlier commit of this batch, when that is why the server refused it as a duplicate: every message
+    with a msg id is stored at ``first_seq + its position`` for one ``first_seq`` (a batch is stored whole)."""
     with_ids = [(index, msg) for index, msg in enumerate(messages) if msg.msg_id]
     if not with_ids:
         raise error
@@ -165,14 +158,10 @@ async def already_committed(conn: JetStreamConnection, messages: list[BatchMessa
 
 async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: list[BatchMessage],
                               first_seq: int, batch_id: str, error: BatchPublishError) -> None:
-    """Raise ``msg_id_reused`` unless ``first_seq ..`` holds one committed batch with these messages.
-
-    The stored messages are read back (message gets, nothing is written) and must form one whole batch
-    (one ``Nats-Batch-Id``, ``Nats-Batch-Sequence`` 1..n, ``Nats-Batch-Commit`` on the n-th) whose
-    subjects, payloads, msg ids and headers are this batch's. Messages the stream already removed
-    (work-queue or interest retention, limits) cannot be compared and are skipped; when none is left
-    the msg ids alone vouch for the earlier commit (logged).
-    """
+    """Raise ``msg_id_reused`` unless ``first_seq ..`` holds one committed batch (one ``Nats-Batch-Id``, sequences
+    1..n, the commit on the n-th) with these subjects, payloads, msg ids and headers, read back by message gets.
+    Messages the stream already removed cannot be compared and are skipped; when none is left the msg ids alone
+    vouch for the earlier commit (logged)."""
     semaphore = asyncio.Semaphore(PROBE_WINDOW)
 
     async def stored(seq: int) -> Message | None:
@@ -217,23 +206,9 @@ async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: 
 
 
 class AtomicBatchRetry:
-    """Which failed sends of one atomic batch are re-sent (for the connection's ``leader_wait``), and how it ends.
-
-    Re-sent only when that cannot store the batch twice:
-
-    - a 503 / no responders on a stream that exists: no leader received the batch, so it cannot commit;
-    - on a cluster, no reply or a lost (reconnecting) connection before the commit frame was written
-      (the server abandons an uncommitted batch); after it only when the batch carries msg ids (the
-      server then refuses a stored batch as a duplicate and it is reported ``already_committed``);
-    - ``msg_id_in_process`` (10158): a re-send met its own earlier attempt still being stored; asking
-      again gives a duplicate (stored) or stores it once (the earlier attempt failed);
-    - ``batch_incomplete`` (10176) on a cluster: the leader lost part of the batch (it changed during
-      the send); nothing of it was stored;
-    - ``too_many_inflight``: refused before anything was staged, up to ``retries`` times.
-
-    A batch still failing for one of these reasons at the deadline ends in one error,
-    :class:`LeaderUnavailableError` (``leader_unavailable``), saying whether it may have been stored.
-    """
+    """Which failed sends of one atomic batch are re-sent (for the connection's ``leader_wait``): only those whose
+    re-send cannot store the batch twice (:meth:`_why` says why each is safe). A batch still failing for one of
+    them at the deadline ends in one :class:`LeaderUnavailableError` saying whether it may have been stored."""
 
     def __init__(self, conn: JetStreamConnection, batch_id: str, items: list[BatchMessage], retries: int,
                  deadline: Deadline | None, send_batch: Callable[[dict[str, bool]], Awaitable[dict[str, Any]]],
@@ -290,17 +265,18 @@ class AtomicBatchRetry:
 
     def _why(self, exc: JetStreamError) -> str | None:
         cluster = self.conn.clustered and not self.conn.nc.is_closed
-        if isinstance(exc, LeaderUnavailableError):
+        if isinstance(exc, LeaderUnavailableError):  # a 503 on a stream that exists: no leader received the batch
             return "no stream leader answered; re-sending it"
         if exc.reason == "too_many_inflight":
             if self.inflight_left <= 0:
                 return None
             self.inflight_left -= 1
             return "the stream has too many batches in flight; re-sending it"
-        if exc.reason == "msg_id_in_process":
+        if exc.reason == "msg_id_in_process":  # 10158: asking again gives a duplicate, or stores it once
             return "its msg id is still being stored by an earlier attempt; asking again"
         if exc.reason == "batch_incomplete" and cluster:
             return "the stream leader lost part of the batch (nothing stored); re-sending it"
+        # the server abandons an uncommitted batch; after the commit only msg ids (or a fence) make a re-send safe
         if (isinstance(exc, RequestTimeoutError) or exc.reason == "connection_lost") and cluster:
             if not self.progress.get("commit_written", False):
                 return "no reply before the commit (the server abandons an uncommitted batch); re-sending it"

@@ -1,4 +1,4 @@
-"""Value types, header names and local checks shared by the batch publishers (framing: wire.py).
+"""Value types, header names and local checks shared by the batch publishers (framing: wire.py, which loads nats-py).
 
 Atomic batches, fast batches and the :class:`~airflow_jetstream.client.batches.batcher.Batcher` take
 :class:`BatchMessage` items and return :class:`BatchResult` / :class:`BatchItemResult` values
@@ -114,13 +114,7 @@ class BatchItemResult:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "stream": self.stream,
-            "seq": self.seq,
-            "duplicate": self.duplicate,
-            "error": self.error,
-            "message": self.message,
-        }
+        return {k: v for k, v in asdict(self).items() if k not in ("code", "err_code")}
 
 
 def new_batch_id() -> str:

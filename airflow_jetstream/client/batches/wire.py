@@ -32,7 +32,6 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     error_from_api,
 )
-from airflow_jetstream.client.natspy_internals import write_raw
 
 _HEADER_START = b"NATS/1.0\r\n"
 
@@ -63,12 +62,6 @@ def encode_frame(subject: bytes, reply: bytes, header_lines: bytes, payload: byt
     hdr_len = len(_HEADER_START) + len(header_lines) + 2
     return b"HPUB %b %b %d %d\r\nNATS/1.0\r\n%b\r\n%b\r\n" % (
         subject, reply, hdr_len, hdr_len + len(payload), header_lines, payload)
-
-
-async def write_frames(nc: Any, frames: bytes) -> None:
-    """Queue already-encoded protocol frames on the nats-py connection and kick its flusher
-    (:func:`~airflow_jetstream.client.natspy_internals.write_raw`: nats-py has no public raw write)."""
-    await write_raw(nc, frames)
 
 
 #: What nats-py raises for a write on a closed, draining or overfull connection.

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
-from airflow_jetstream.client.batches.fence import is_fence_subject
+from airflow_jetstream.client.subjects import is_fence_subject
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.infra.airflow_local import LocalAirflow, write_private
 from tests.infra.postgres import EmbeddedPostgres

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 
-from airflow_jetstream.client.errors import InvalidSubjectError
+from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError
 
 _FORBIDDEN = frozenset(" \t\r\n\f\v")
 
@@ -90,3 +91,32 @@ def subjects_overlap(first: str, second: str) -> bool:
         if x != y and "*" not in (x, y):
             return False
     return len(a) == len(b)
+
+
+# Write fences (client/batches/fence.py) are named here, below the admin and reading code that keeps them apart.
+#: First token of every fence subject.
+FENCE_PREFIX = "_FENCE"
+#: Characters a fence id keeps as they are in its subject token; every other byte is written ``~XX``.
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+#: Longest subject token of a fence id; a longer id is named by its SHA-256.
+_MAX_TOKEN = 128
+
+
+def fence_namespace(stream: str) -> str:
+    """The subject filter a stream needs for fenced writes: ``_FENCE.<stream>.>``."""
+    return f"{FENCE_PREFIX}.{stream}.>"
+
+
+def is_fence_subject(subject: str) -> bool:
+    """Whether ``subject`` (or a filter) lies in a fence namespace."""
+    return subject.startswith(f"{FENCE_PREFIX}.")
+
+
+def fence_subject(stream: str, fence_id: str) -> str:
+    """The subject of ``fence_id``'s fence in ``stream``: any id is one valid token, readable when it is plain."""
+    if not isinstance(fence_id, str) or not fence_id:
+        raise InvalidRequestError(f"a fence id must be a non-empty string, got {fence_id!r}", reason="invalid_request")
+    token = "".join(c if c in _PLAIN else "".join(f"~{b:02X}" for b in c.encode()) for c in fence_id)
+    if len(token) > _MAX_TOKEN:
+        token = "sha256~" + hashlib.sha256(fence_id.encode()).hexdigest()
+    return f"{FENCE_PREFIX}.{stream}.{token}"

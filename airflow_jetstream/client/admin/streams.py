@@ -15,7 +15,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client import server_features
-from airflow_jetstream.client.batches.fence import fence_namespace, fence_subject
 from airflow_jetstream.client.durations import to_nanos
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
@@ -27,7 +26,14 @@ from airflow_jetstream.client.errors import (
     error_from_api,
 )
 from airflow_jetstream.client.retry import Deadline, is_leader_unavailable, retry
-from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject, validate_subjects
+from airflow_jetstream.client.subjects import (
+    fence_namespace,
+    fence_subject,
+    subject_matches,
+    validate_name,
+    validate_subject,
+    validate_subjects,
+)
 from airflow_jetstream.client.times import to_rfc3339
 
 if TYPE_CHECKING:

@@ -25,42 +25,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.batches.types import HEADER_BATCH_ID, HEADER_BATCH_SEQUENCE, BatchMessage
-from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
-from airflow_jetstream.client.subjects import subject_matches
+from airflow_jetstream.client.errors import BatchPublishError
+from airflow_jetstream.client.subjects import FENCE_PREFIX, fence_namespace, fence_subject, subject_matches
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
 
-#: First token of every fence subject.
-FENCE_PREFIX = "_FENCE"
-#: Characters a fence id keeps as they are in its subject token; every other byte is written ``~XX``.
-_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
-#: Longest subject token of a fence id; a longer id is named by its SHA-256.
-_MAX_TOKEN = 128
 #: Messages of a fenced batch the caller gives, for the server's ``max_msgs`` (default 1000): one is the fence.
 FENCED_MAX_MSGS = 999
 #: ``retention`` values under which a stored fence stays until the stream's limits remove it.
 _KEEPING_RETENTION = ("limits", "workqueue")
-
-
-def fence_namespace(stream: str) -> str:
-    """The subject filter a stream needs for fenced writes: ``_FENCE.<stream>.>``."""
-    return f"{FENCE_PREFIX}.{stream}.>"
-
-
-def is_fence_subject(subject: str) -> bool:
-    """Whether ``subject`` (or a filter) lies in a fence namespace."""
-    return subject.startswith(f"{FENCE_PREFIX}.")
-
-
-def fence_subject(stream: str, fence_id: str) -> str:
-    """The subject of ``fence_id``'s fence in ``stream``: any id is one valid token, readable when it is plain."""
-    if not isinstance(fence_id, str) or not fence_id:
-        raise InvalidRequestError(f"a fence id must be a non-empty string, got {fence_id!r}", reason="invalid_request")
-    token = "".join(c if c in _PLAIN else "".join(f"~{b:02X}" for b in c.encode()) for c in fence_id)
-    if len(token) > _MAX_TOKEN:
-        token = "sha256~" + hashlib.sha256(fence_id.encode()).hexdigest()
-    return f"{FENCE_PREFIX}.{stream}.{token}"
 
 
 def check_fence_config(stream: str, config: dict[str, Any]) -> None:

@@ -27,10 +27,9 @@ from airflow_jetstream.client.admin.consumers import (
 )
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.admin.worker_consumers import ensure_worker_consumer
-from airflow_jetstream.client.batches.fence import is_fence_subject
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.subjects import validate_name, validate_subjects
+from airflow_jetstream.client.subjects import is_fence_subject, validate_name, validate_subjects
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,6 @@ from airflow_jetstream.client.admin.streams import (
     replication_config,
     stream_info,
 )
-from airflow_jetstream.client.batches.fence import is_fence_subject
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
     ConsumerConfigError,
@@ -63,7 +62,7 @@ from airflow_jetstream.client.sourcing.status import (
     wait_messages_flow,
     wait_source_healthy,
 )
-from airflow_jetstream.client.subjects import subjects_overlap
+from airflow_jetstream.client.subjects import is_fence_subject, subjects_overlap
 
 #: Header the server puts on every sourced message.
 SOURCE_HEADER = "Nats-Stream-Source"

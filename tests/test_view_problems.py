@@ -174,7 +174,7 @@ def test_the_views_ledger_rows_are_the_ledgers_own_run_summary() -> None:
     attempts, streams, expired claims) and adds only what the view shows beside it."""
     from airflow_jetstream.client.ledger.counts import summarized
     from airflow_jetstream.client.ledger.records import BatchRecord
-    from airflow_jetstream.ui.overview_ledger import run_rows
+    from airflow_jetstream.ui.overview import run_rows
 
     now = NOW.timestamp()
     records = [

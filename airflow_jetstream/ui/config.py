@@ -7,6 +7,7 @@ view's code; a value that is not a number or a duration is refused with a typed 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
 
@@ -34,14 +35,15 @@ class ViewSettings:
     thresholds: Thresholds = field(default_factory=Thresholds)
 
 
-def _raw(option: str) -> str:
-    default = CONFIG_SECTION["options"][option]["default"]
-    return str(conf.get(SECTION, option, fallback=default))
-
-
-def _number(option: str, kind: type[int] | type[float], minimum: float) -> float:
-    text = _raw(option)
-    value: float | None
+def _option(option: str, kind: type[int] | type[float] | None, minimum: float = 0) -> Any:
+    """``[jetstream] option`` (its declared default when unset): a number of ``kind`` >= ``minimum``, or with
+    ``kind`` None a duration (seconds, or a string like '90s')."""
+    text = str(conf.get(SECTION, option, fallback=CONFIG_SECTION["options"][option]["default"]))
+    if kind is None:
+        try:
+            return float(to_seconds(text, field=f"[{SECTION}] {option}"))
+        except JetStreamError as exc:
+            raise InvalidSettingsError(exc.message, reason="invalid_setting") from None
     try:
         value = kind(text)
     except ValueError:
@@ -52,31 +54,22 @@ def _number(option: str, kind: type[int] | type[float], minimum: float) -> float
     return value
 
 
-def _duration(option: str) -> float:
-    text = _raw(option)
-    try:
-        seconds = to_seconds(text, field=f"[{SECTION}] {option}")
-    except JetStreamError as exc:
-        raise InvalidSettingsError(exc.message, reason="invalid_setting") from None
-    return float(seconds)
-
-
 def view_settings() -> ViewSettings:
     """The ``[jetstream]`` options as :class:`ViewSettings` (defaults for those not set)."""
     return ViewSettings(
-        cache_seconds=_number("view_cache_seconds", float, 0),
-        concurrent_reads=int(_number("view_concurrent_reads", int, 1)),
-        timeout=_duration("view_timeout"),
-        request_timeout=_duration("view_request_timeout"),
-        page_size=int(_number("view_page_size", int, 1)),
-        max_streams=int(_number("view_max_streams", int, 1)),
-        max_consumers=int(_number("view_max_consumers", int, 0)),
-        ledger_entries=int(_number("view_ledger_entries", int, 1)),
-        advisories=int(_number("view_advisories", int, 0)),
+        cache_seconds=_option("view_cache_seconds", float),
+        concurrent_reads=_option("view_concurrent_reads", int, 1),
+        timeout=_option("view_timeout", None),
+        request_timeout=_option("view_request_timeout", None),
+        page_size=_option("view_page_size", int, 1),
+        max_streams=_option("view_max_streams", int, 1),
+        max_consumers=_option("view_max_consumers", int),
+        ledger_entries=_option("view_ledger_entries", int, 1),
+        advisories=_option("view_advisories", int),
         thresholds=Thresholds(
-            advisory_age=_duration("problem_advisory_age"),
-            pending_idle=_duration("problem_pending_idle"),
-            redelivered=int(_number("problem_redelivered", int, 1)),
-            source_stalled=_duration("problem_source_stalled"),
+            advisory_age=_option("problem_advisory_age", None),
+            pending_idle=_option("problem_pending_idle", None),
+            redelivered=_option("problem_redelivered", int, 1),
+            source_stalled=_option("problem_source_stalled", None),
         ),
     )

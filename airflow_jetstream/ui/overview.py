@@ -1,26 +1,36 @@
-"""A read-only look at an account's JetStream: every stream, consumer and source, as rows an operator reads.
+"""A read-only look at an account's JetStream, as rows an operator reads: every stream, consumer and source,
+the batch ledger per run, and the last advisories of the capture stream.
 
 Listings are read whole (the server pages them by 256) up to a bound the caller sets; what was left
 out is counted (``total``, ``read``), never dropped silently. Sources are built from the stream infos
-and joined with the consumers already listed, so they cost no request of their own. Nothing is
-created or changed on the server: only ``STREAM.LIST`` and ``CONSUMER.LIST`` requests are sent.
-The ledger and advisory sections are in :mod:`.overview_ledger` and :mod:`.overview_advisories`;
-what needs a person is decided in :mod:`.problems`. The results are plain dicts (JSON-able).
+and joined with the consumers already listed, so they cost no request of their own. The ledger bucket's
+stream and the capture stream are read without a consumer
+(:func:`~airflow_jetstream.client.reading.stored.read_messages`: direct batches where the stream allows
+direct gets, message gets otherwise), newest first. Nothing is created or changed on the server; what
+needs a person is decided in :mod:`.problems`. The results are plain dicts (JSON-able).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable
 from typing import Any
 
 from airflow_jetstream.client.admin.consumers import consumer_filters
 from airflow_jetstream.client.admin.streams import list_pages
+from airflow_jetstream.client.advisories.capture import capture_info
+from airflow_jetstream.client.advisories.types import ADVISORY_PREFIX, decode_advisory
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import JetStreamError
+from airflow_jetstream.client.errors import JetStreamError, LedgerNotFoundError, StreamNotFoundError
+from airflow_jetstream.client.kv.keys import is_marker
+from airflow_jetstream.client.ledger.counts import summarized
+from airflow_jetstream.client.ledger.records import FAILED, BatchRecord, key_token
+from airflow_jetstream.client.ledger.store import check_bucket_name
+from airflow_jetstream.client.reading.stored import direct_allowed, method_of, read_messages
 from airflow_jetstream.client.sourcing.spec import SOURCE_OWNER
 from airflow_jetstream.client.sourcing.status import source_progress
-from airflow_jetstream.client.subjects import validate_name
+from airflow_jetstream.client.subjects import subject_matches, validate_name
 
 #: Default bounds of one overview (the UI passes its own).
 MAX_STREAMS = 1000
@@ -191,3 +201,151 @@ def source_rows(stream_infos: Iterable[dict[str, Any]], consumers: Iterable[dict
                          "read_at": info.get("ts")})
     rows.sort(key=lambda row: (row["stream"] or "", row["source"] or ""))
     return rows
+
+
+#: Ledger entries (KV messages) one overview reads unless told otherwise.
+MAX_LEDGER_ENTRIES = 5000
+#: Failed and overdue batches listed per run (all are counted).
+LISTED_PER_RUN = 20
+
+
+async def _bucket_info(conn: JetStreamConnection, bucket: str) -> dict[str, Any]:
+    try:
+        return await conn.api_request(f"STREAM.INFO.KV_{bucket}", context=f"ledger bucket {bucket!r}")
+    except StreamNotFoundError:
+        raise LedgerNotFoundError(
+            f"ledger bucket {bucket!r} does not exist (nothing was recorded in it yet, or the view looks at another "
+            "bucket than the producers use: set ledger_bucket)", reason="ledger_not_found") from None
+
+
+async def ledger_runs(conn: JetStreamConnection, bucket: str, *, limit: int = MAX_LEDGER_ENTRIES,
+                      before_seq: int | None = None, run_id: str | None = None,
+                      now: float | None = None) -> dict[str, Any]:
+    """The ledger in ``bucket`` per run: batches by state, attempts, messages, last update, failed batches and
+    claims past their visibility deadline (``overdue``), newest run first.
+
+    The last ``limit`` sequences hold the most recently written entries, so every entry shown was written after
+    every entry left out. ``entries`` counts the ledger entries stored, ``read`` those read, ``first_read_seq``
+    where the read began (give it as ``before_seq`` for the older page, the window below). With ``run_id`` only
+    that run's entries are read, wherever they are. The bucket is only read (never created); a bucket that does
+    not exist is :class:`LedgerNotFoundError`.
+    """
+    check_bucket_name(bucket)
+    info = await _bucket_info(conn, bucket)
+    state = info.get("state") or {}
+    first, last = int(state.get("first_seq") or 0), int(state.get("last_seq") or 0)
+    stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
+    if run_id is not None:
+        messages = await read_messages(conn, stream, first, last, limit=limit, info=info,
+                                       subjects=[f"{prefix}{key_token(run_id)}.*"])
+        start, method = first, method_of(conn, info) if limit else "none"
+    else:
+        end = min(last, before_seq - 1) if before_seq else last
+        start = max(first, end - limit + 1, 1)
+        messages = await read_messages(conn, stream, start, end, info=info)
+        method = method_of(conn, info) if end >= start else "none"
+    latest: dict[str, BatchRecord | None] = {}
+    errors: list[dict[str, Any]] = []
+    for msg in messages:
+        key = msg.subject[len(prefix):]
+        if key.count(".") != 1:  # not a batch record (<run>.<batch>): e.g. a run's counts (<run>./counts.<n>)
+            continue
+        if is_marker(msg.headers):
+            latest[key] = None
+            continue
+        try:
+            latest[key] = BatchRecord.decode(msg.data, msg.seq, key)
+        except JetStreamError as exc:
+            errors.append({"key": key, "seq": msg.seq, **exc.to_dict()})
+    runs = run_rows((rec for rec in latest.values() if rec is not None), bucket=bucket,
+                    now=time.time() if now is None else now)
+    return {"bucket": bucket, "runs": runs, "entries": int(state.get("messages") or 0), "read": len(messages),
+            "first_read_seq": start, "older": start > first and run_id is None, "run_id": run_id,
+            "method": method, "unreadable": errors[:LISTED_PER_RUN], "unreadable_count": len(errors),
+            "allow_direct": bool((info.get("config") or {}).get("allow_direct"))}
+
+
+def run_rows(records: Iterable[BatchRecord], *, bucket: str, now: float) -> list[dict[str, Any]]:
+    """One row per run, newest update first: the ledger's own summary of the run's records
+    (:func:`~airflow_jetstream.client.ledger.counts.summarized`, what sensors and ``BatchLedger.summary`` count),
+    with what only the view shows: messages in all, the most attempts of one batch, first and last update, and the
+    failed and overdue batches with their times (``failed_count``, ``overdue_count``: all of them)."""
+    by_run: dict[str, list[BatchRecord]] = {}
+    for rec in records:
+        by_run.setdefault(rec.run_id, []).append(rec)
+    rows = []
+    for run_id, held in by_run.items():
+        summary = summarized(run_id, bucket, held, now)
+        failed = [{"batch_id": rec.batch_id, "attempts": rec.attempts, "last_error": rec.last_error,
+                   "failed_at": rec.failed_at} for rec in held if rec.state == FAILED]
+        overdue = [{"batch_id": rec.batch_id, "owner": rec.owner, "deadline": rec.deadline, "attempts": rec.attempts}
+                   for rec in held if rec.expired(now)]
+        rows.append({**summary, "messages": sum(summary["messages"].values()),
+                     "max_attempts": max(rec.attempts for rec in held),
+                     "created_at": min((rec.created_at for rec in held if rec.created_at), default=None),
+                     "updated_at": max(rec.updated_at or "" for rec in held),
+                     "failed": failed[:LISTED_PER_RUN], "failed_count": summary["states"][FAILED],
+                     "overdue": overdue[:LISTED_PER_RUN], "overdue_count": summary["expired_claims"]})
+    rows.sort(key=lambda run: run["updated_at"], reverse=True)
+    return rows
+
+
+#: Captured messages one overview reads unless told otherwise.
+MAX_ADVISORIES = 1000
+#: The API audit advisory's subject (one per JetStream API call of any client).
+API_AUDIT_SUBJECT = f"{ADVISORY_PREFIX}.API"
+#: Advisory fields shown besides kind, time and capture sequence (no client details, no request bodies).
+FIELDS = ("stream", "consumer", "domain", "batch", "reason", "stream_seq", "deliveries", "action", "leader",
+          "paused", "pause_until")
+
+
+def advisory_row(data: bytes, subject: str, seq: int) -> dict[str, Any] | None:
+    """A captured message as a row (None when it is not an advisory's JSON)."""
+    advisory = decode_advisory(data, subject=subject, capture_seq=seq)
+    if advisory is None:
+        return None
+    raw = advisory.raw
+    row: dict[str, Any] = {"capture_seq": seq, "kind": advisory.kind, "type": advisory.type, "subject": subject,
+                           "timestamp": advisory.timestamp.isoformat() if advisory.timestamp else None}
+    row.update({name: raw[name] for name in FIELDS if isinstance(raw.get(name), (str, int, float, bool))})
+    return row
+
+
+def capture_facts(conn: JetStreamConnection, info: dict[str, Any]) -> dict[str, Any]:
+    """What a reader needs to know of the capture stream: whether it answers direct gets and captures API audits
+    (then every JetStream API call, this view's message gets included, adds a message to it)."""
+    config, state = info.get("config") or {}, info.get("state") or {}
+    subjects = list(config.get("subjects") or [])
+    return {
+        "subjects": subjects,
+        "allow_direct": bool(config.get("allow_direct")),
+        "direct_reads": direct_allowed(conn, info, batch=True),
+        "captures_api_audits": any(subject_matches(s, API_AUDIT_SUBJECT) for s in subjects),
+        "messages": int(state.get("messages") or 0),
+        "first_seq": int(state.get("first_seq") or 0),
+        "last_seq": int(state.get("last_seq") or 0),
+        "first_ts": state.get("first_ts"),
+        "max_age_s": int(config.get("max_age") or 0) / 1e9 or None,
+    }
+
+
+async def recent_advisories(conn: JetStreamConnection, capture_stream: str, *,
+                            limit: int = MAX_ADVISORIES) -> dict[str, Any]:
+    """The advisories among the last ``limit`` messages of the capture stream, newest first.
+
+    Reading writes nothing into a capture stream that is the provider's (``allow_direct``, no API audits):
+    ``capture`` says when it is not. API audit advisories (when captured) are counted in ``api_audit_skipped``.
+    ``read`` counts the messages read, ``messages`` those stored. A missing capture stream is
+    :class:`~airflow_jetstream.client.errors.StreamNotFoundError` naming the fix.
+    """
+    validate_name(capture_stream, what="capture stream")
+    info = await capture_info(conn, capture_stream)
+    facts = capture_facts(conn, info)
+    first, last = max(facts["first_seq"], 1), facts["last_seq"]
+    start = max(first, last - limit + 1)
+    messages = await read_messages(conn, capture_stream, start, last, info=info)
+    rows = [row for msg in reversed(messages) if (row := advisory_row(msg.data, msg.subject, msg.seq))]
+    audits = sum(row["kind"] == "api_audit" for row in rows)
+    return {"capture_stream": capture_stream, "advisories": [row for row in rows if row["kind"] != "api_audit"],
+            "api_audit_skipped": audits, "read": len(messages), "messages": facts["messages"],
+            "window_start_seq": start, "method": method_of(conn, info) if last >= start else "none", "capture": facts}

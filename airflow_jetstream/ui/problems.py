@@ -1,12 +1,8 @@
 """What in an overview needs a person: one problem per thing, with its kind, the object it names, why and since when.
 
-:func:`find_problems` reads the rows of the overview (``ui/overview.py``, ``overview_ledger.py``,
-``overview_advisories.py``: plain dicts) and returns problems worst first: errors (something was lost, failed or
-cannot work: an abandoned batch, a message given up after its last delivery, failed ledger batches, a stream
-without a leader, a replica or source that is down) before warnings (something is
-stuck or slow and will hurt if it stays: redeliveries, acknowledgements overdue, pending messages
-nobody pulls, a paused consumer, a source whose backlog does not shrink, a claim past its visibility
-deadline, a capture stream that cannot show the advisories), the oldest first within each.
+:func:`find_problems` reads the rows of the overview (``ui/overview.py``: plain dicts) and returns problems worst
+first: errors (something was lost, failed or cannot work) before warnings (something is stuck or slow and will
+hurt if it stays), the oldest first within each; :data:`KINDS` names each kind and what to do about it.
 
 ``since`` is the server's time where the server says when (an advisory's timestamp, a consumer's last
 delivery or acknowledgement, a ledger entry's times); otherwise the first time this process saw the
@@ -258,24 +254,27 @@ def stream_problems(row: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+#: The lists of a ledger run that are problems: (list, kind, the time of an item, what ``since`` means, what).
+_LEDGER_LISTS = (("failed", "ledger_failed", "failed_at", "first failure", "failed after their last attempt"),
+                 ("overdue", "ledger_overdue", "deadline", "visibility deadline",
+                  "in progress past their visibility deadline"))
+
+
 def ledger_problems(run: dict[str, Any], bucket: str) -> list[dict[str, Any]]:
     """Failed batches and claims past their visibility deadline of one ledger run."""
-    obj = {"type": "ledger_run", "bucket": bucket, "run_id": run["run_id"]}
-    row_id = anchor("run", run["run_id"])
     out = []
-    if run["failed_count"]:
-        ids = ", ".join(f["batch_id"] for f in run["failed"][:5]) + (" ..." if run["failed_count"] > 5 else "")
-        since = min((t for f in run["failed"] if (t := parse_timestamp(f.get("failed_at")))), default=None)
-        out.append(_problem("ledger_failed", {**obj, "batches": [f["batch_id"] for f in run["failed"]]},
-                            f"run {run['run_id']!r}: {run['failed_count']} batch(es) failed after their last attempt "
-                            f"({ids}); last error: {run['failed'][0].get('last_error')}", row_id, since,
-                            "first failure"))
-    if run["overdue_count"]:
-        ids = ", ".join(f["batch_id"] for f in run["overdue"][:5]) + (" ..." if run["overdue_count"] > 5 else "")
-        since = min((t for f in run["overdue"] if (t := parse_timestamp(f.get("deadline")))), default=None)
-        out.append(_problem("ledger_overdue", {**obj, "batches": [f["batch_id"] for f in run["overdue"]]},
-                            f"run {run['run_id']!r}: {run['overdue_count']} batch(es) in progress past their "
-                            f"visibility deadline ({ids})", row_id, since, "visibility deadline"))
+    for part, kind, at, means, what in _LEDGER_LISTS:
+        listed, count = run[part], run[f"{part}_count"]
+        if not count:
+            continue
+        ids = ", ".join(f["batch_id"] for f in listed[:5]) + (" ..." if count > 5 else "")
+        why = f"run {run['run_id']!r}: {count} batch(es) {what} ({ids})"
+        if part == "failed":
+            why += f"; last error: {listed[0].get('last_error')}"
+        since = min((t for f in listed if (t := parse_timestamp(f.get(at)))), default=None)
+        obj = {"type": "ledger_run", "bucket": bucket, "run_id": run["run_id"],
+               "batches": [f["batch_id"] for f in listed]}
+        out.append(_problem(kind, obj, why, anchor("run", run["run_id"]), since, means))
     return out
 
 

@@ -1,7 +1,7 @@
 """One read of a ``nats`` connection for the JetStream view: async, bounded, creating nothing on the server.
 
 Streams are listed first; consumers, the ledger and the advisory window are then read side by side, and
-sources are built from what was read (ui/overview*.py, no consumer, no write). Everything
+sources are built from what was read (ui/overview.py, no consumer, no write). Everything
 ends by ``ViewSettings.timeout``: a connection that cannot be opened, or a stream listing that does not
 come back by then (server down, stalled, unreachable), is the snapshot's ``error``; a later section
 that fails or runs out of time carries its own typed error and the others still show. Then
@@ -24,7 +24,7 @@ from airflow_jetstream.client.natspy_internals import server_info
 from airflow_jetstream.client.server_features import server_version
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import validate_name
-from airflow_jetstream.ui import overview, overview_advisories, overview_ledger
+from airflow_jetstream.ui import overview
 from airflow_jetstream.ui.config import ViewSettings
 from airflow_jetstream.ui.problems import Observations, find_problems
 
@@ -80,17 +80,10 @@ async def _collect(conn: JetStreamConnection, key: ReadKey, view: ViewSettings, 
     infos = listed.pop("infos")
     out["streams"] = listed
 
-    async def consumers() -> dict[str, Any]:
-        return await overview.consumers_of(conn, listed["streams"], limit=view.max_consumers)
-
-    async def ledger() -> dict[str, Any]:
-        return await overview_ledger.ledger_runs(conn, key.ledger_bucket, limit=view.ledger_entries,
-                                                 before_seq=key.ledger_before, run_id=key.run_id)
-
-    async def advisories() -> dict[str, Any]:
-        return await overview_advisories.recent_advisories(conn, key.capture_stream, limit=view.advisories)
-
-    reads = {"consumers": consumers(), "ledger": ledger(), "advisories": advisories()}
+    reads = {"consumers": overview.consumers_of(conn, listed["streams"], limit=view.max_consumers),
+             "ledger": overview.ledger_runs(conn, key.ledger_bucket, limit=view.ledger_entries,
+                                            before_seq=key.ledger_before, run_id=key.run_id),
+             "advisories": overview.recent_advisories(conn, key.capture_stream, limit=view.advisories)}
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(max(deadline - loop.time(), 0)):
             await asyncio.gather(*(_section(name, read, out, view) for name, read in reads.items()))

@@ -17,79 +17,35 @@ from airflow_jetstream.version import __version__
 
 INTEGRATION = "NATS JetStream"
 
-#: The connection form's extra fields: ``form_fields()`` of client/settings.py, as a literal.
+
+def _field(kind: str, label: str, description: str, *, secret: bool = False, default: Any = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": [kind, "null"]}
+    if secret:
+        schema["format"] = "password"
+    if default is not None:
+        schema["default"] = default
+    return {"label": label, "description": description, "schema": schema}
+
+
+#: The connection form's extra fields: ``form_fields()`` of client/settings.py, written out.
 CONN_FIELDS: dict[str, dict[str, Any]] = {
-    "token": {
-        "label": "Token",
-        "description": "Authentication token (instead of login/password).",
-        "schema": {"type": ["string", "null"], "format": "password"},
-    },
-    "nkey_seed_secret": {
-        "label": "NKey seed",
-        "description": "User nkey seed (starts with 'SU'); kept secret.",
-        "schema": {"type": ["string", "null"], "format": "password"},
-    },
-    "creds_file": {
-        "label": "Credentials file",
-        "description": "Path to a .creds file (JWT + nkey seed) on the worker.",
-        "schema": {"type": ["string", "null"]},
-    },
-    "tls_ca_file": {
-        "label": "TLS CA file",
-        "description": "Path to the CA bundle that signed the server certificate.",
-        "schema": {"type": ["string", "null"]},
-    },
-    "tls_cert_file": {
-        "label": "TLS client certificate",
-        "description": "Path to the client certificate (mutual TLS).",
-        "schema": {"type": ["string", "null"]},
-    },
-    "tls_key_file": {
-        "label": "TLS client key",
-        "description": "Path to the client key (mutual TLS).",
-        "schema": {"type": ["string", "null"]},
-    },
-    "tls_verify": {
-        "label": "Verify TLS",
-        "description": "Verify the server certificate (default true).",
-        "schema": {"type": ["boolean", "null"], "default": True},
-    },
-    "tls_hostname": {
-        "label": "TLS server name",
-        "description": "Host name to verify when it differs from the server address.",
-        "schema": {"type": ["string", "null"]},
-    },
-    "connect_timeout": {
-        "label": "Connect timeout (s)",
-        "description": "Seconds to wait per server when connecting (default 5).",
-        "schema": {"type": ["number", "null"]},
-    },
-    "request_timeout": {
-        "label": "Request timeout (s)",
-        "description": "Seconds to wait for JetStream API replies (default 5).",
-        "schema": {"type": ["number", "null"]},
-    },
-    "leader_wait": {
-        "label": "Leader wait (s)",
-        "description": ("Seconds to keep retrying while a clustered stream or consumer elects a leader "
-                        "(default 30; 0 = no retries)."),
-        "schema": {"type": ["number", "null"]},
-    },
-    "client_name": {
-        "label": "Client name",
-        "description": "Connection name shown in the server's monitoring.",
-        "schema": {"type": ["string", "null"]},
-    },
-    "domain": {
-        "label": "JetStream domain",
-        "description": "JetStream domain (e.g. a leaf node's), if any.",
-        "schema": {"type": ["string", "null"]},
-    },
-    "api_prefix": {
-        "label": "JetStream API prefix",
-        "description": "Custom API prefix (instead of a domain), if any.",
-        "schema": {"type": ["string", "null"]},
-    },
+    "token": _field("string", "Token", "Authentication token (instead of login/password).", secret=True),
+    "nkey_seed_secret": _field("string", "NKey seed", "User nkey seed (starts with 'SU'); kept secret.", secret=True),
+    "creds_file": _field("string", "Credentials file", "Path to a .creds file (JWT + nkey seed) on the worker."),
+    "tls_ca_file": _field("string", "TLS CA file", "Path to the CA bundle that signed the server certificate."),
+    "tls_cert_file": _field("string", "TLS client certificate", "Path to the client certificate (mutual TLS)."),
+    "tls_key_file": _field("string", "TLS client key", "Path to the client key (mutual TLS)."),
+    "tls_verify": _field("boolean", "Verify TLS", "Verify the server certificate (default true).", default=True),
+    "tls_hostname": _field("string", "TLS server name", "Host name to verify when it differs from the server address."),
+    "connect_timeout": _field("number", "Connect timeout (s)",
+                              "Seconds to wait per server when connecting (default 5)."),
+    "request_timeout": _field("number", "Request timeout (s)",
+                              "Seconds to wait for JetStream API replies (default 5)."),
+    "leader_wait": _field("number", "Leader wait (s)", "Seconds to keep retrying while a clustered stream or consumer "
+                          "elects a leader (default 30; 0 = no retries)."),
+    "client_name": _field("string", "Client name", "Connection name shown in the server's monitoring."),
+    "domain": _field("string", "JetStream domain", "JetStream domain (e.g. a leaf node's), if any."),
+    "api_prefix": _field("string", "JetStream API prefix", "Custom API prefix (instead of a domain), if any."),
 }
 
 HOOK_MODULES = ["airflow_jetstream.hooks.jetstream"]

@@ -1,18 +1,9 @@
-"""PySpark data source ``jetstream``: bounded parallel reads and atomic/fast batch writes.
+"""PySpark data source ``jetstream``: bounded parallel reads and atomic/fast batch writes (docs/spark.md).
 
-Imports the client toolkit and pyspark, never Airflow, so executors only need this package::
-
-    from airflow_jetstream.spark import register
-
-    register(spark)
-    df.write.format("jetstream").mode("append").option("servers", url).option("stream", "ORDERS") \\
-        .option("job_id", "orders-2026-01-31").save()
-    orders = spark.read.format("jetstream").option("servers", url).option("stream", "ORDERS").load()
-
-Submitted with ``JetStreamSparkSubmitOperator(nats_conn_id=...)`` the ``servers`` option and
-credentials come from the Airflow connection (see :mod:`airflow_jetstream.spark.connection`).
-
-See docs/spark.md for the options and guarantees.
+Imports the client toolkit and pyspark, never Airflow, so executors only need this package: after
+``register(spark)``, ``spark.read.format("jetstream")`` and ``df.write.format("jetstream")``. Submitted with
+``JetStreamSparkSubmitOperator(nats_conn_id=...)``, the ``servers`` option and credentials come from the
+Airflow connection (:mod:`airflow_jetstream.spark.connection`).
 """
 
 from __future__ import annotations

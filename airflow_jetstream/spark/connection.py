@@ -1,13 +1,10 @@
 """How the ``nats`` connection reaches the data source: inside the registered class, from Spark conf.
 
-:func:`airflow_jetstream.spark.register` makes the connection's fields the data source's defaults
-by registering a class built for them (:func:`connected_source`): Spark pickles it by value into
-the tasks (and, on Spark Connect, into the registration sent to the server), so the fields never
-pass through Spark conf. They come either from ``register(spark, settings)`` or from the conf that
-:class:`~airflow_jetstream.operators.spark_submit.JetStreamSparkSubmitOperator` writes into a
-private properties file (``spark.jetstream.*``; secret fields under ``spark.jetstream.secret.*``,
-which Spark's default ``spark.redaction.regex`` redacts in its UI, event log and ``--verbose``
-output, and which Spark Connect hides from its clients: conf cannot carry them over Connect).
+``register`` registers a class built for the connection's fields (:func:`connected_source`): Spark pickles it
+by value into the tasks (and Spark Connect into the registration), so the fields never pass through Spark
+conf. They come from ``register(spark, settings)`` or from the private properties file
+``JetStreamSparkSubmitOperator`` writes (``spark.jetstream.*``; secrets under ``spark.jetstream.secret.*``,
+which Spark redacts and Spark Connect hides from its clients: conf cannot carry them over Connect).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The one cause of a failed Spark job, recorded by the job's driver for the task that submitted it.
 
-Spark prints a Python error of the job several times (the executor's traceback, the lost task, the
-aborted stage, the driver's re-raise) and spark-submit then only says its exit code. The first
-error of this package's vocabulary in that text is the cause (later ones repeat it); without one,
-the last exception line is.
-
-``JetStreamSparkSubmitOperator`` names a file in the conf key :data:`FAILURE_FILE_CONF`; :func:`register
-<airflow_jetstream.spark.register>` in the driver then records there the cause of an exception that ends
-the driver (``sys.excepthook``, chained to the one before), and the operator reads it when spark-submit
-fails. The file is the operator's (0700 temporary folder), so it is written where the driver runs on the
-operator's host (client deploy mode); elsewhere the write fails quietly and the operator falls back to
-the spark-submit output Airflow's own error carries.
+Spark prints a job's Python error several times and spark-submit then only says its exit code. The first
+error of this package's vocabulary in that text is the cause (later ones repeat it); without one, the last
+exception line is. ``JetStreamSparkSubmitOperator`` names a file in :data:`FAILURE_FILE_CONF`; ``register``
+in the driver records there the cause of an exception that ends the driver (``sys.excepthook``). The file is
+on the operator's host, so this works in client deploy mode; elsewhere the write fails quietly and the
+operator falls back to the spark-submit output Airflow's error carries.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""The JSON encoding of data source rows (docs/contracts.md), both ways.
+"""The JSON encoding of data source rows, both ways (the contract is docs/contracts.md).
 
-Writing: one JSON object per row, one member per column. Timestamps are RFC 3339 in UTC with a
-``Z`` (``2026-01-01T12:00:00Z``, microseconds when present), ``timestamp_ntz`` without an offset,
-dates ``YYYY-MM-DD``, decimals exact as JSON strings (``"12.30"``), binary as base64 strings,
-maps as objects, structs as objects, arrays as arrays. NaN and infinities have no JSON form and
-are refused.
-
-Reading (``decode=json``): every payload must be one JSON object in strict UTF-8 (no BOM, no NaN),
-and each value must fit its column exactly (``1.7`` is not a long; an int beyond the column's
-range is refused; timestamps/dates/decimals/binary as written above; decimals and timestamps also
-as JSON numbers/strings other clients write: ``12.3`` for a decimal, a naive timestamp string is
-UTC). A missing member or ``null`` is a null. With ``json_mode=failfast`` (default) the first bad
-message fails the read with a typed error naming its sequence, subject, column and the fix; with
-``json_mode=permissive`` its columns are null and the raw payload goes to the
-``corrupt_record_column`` (default ``_corrupt_record``) when the schema has that column, as in
-Spark's own JSON reader.
+Writing: one JSON object per row (timestamps RFC 3339 UTC with ``Z``, decimals exact as strings, binary as
+base64; NaN and infinities refused). Reading (``decode=json``): one strict UTF-8 JSON object per payload,
+each value fitting its column exactly; ``json_mode=failfast`` fails on the first bad message naming it,
+``permissive`` nulls its columns and keeps the raw payload in the corrupt record column, as Spark's own
+JSON reader does.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""Ship the data source to Python workers that do not have it installed: a zip for ``--py-files``,
-``SparkContext.addPyFile`` or, on Spark Connect, a session artifact.
+"""Ship the data source to Python workers that do not have it: a zip for ``--py-files``, ``addPyFile`` or a
+Spark Connect artifact.
 
-The zip holds what a Spark job needs and nothing of Airflow: the packages executors import
-(``SHIPPED_PACKAGES``), every other module of ``airflow_jetstream`` they import, found by reading
-their import statements when the zip is built (so a new import cannot leave the zip short), and
-nats-py. nkey and creds authentication also need ``nkeys`` with its compiled dependency (PyNaCl),
-which cannot be imported from a zip: install ``nkeys`` on the executors or ship a packed
-environment with ``spark.archives`` (see docs/spark.md).
+The zip holds ``SHIPPED_PACKAGES``, every other module of the package they import (found by reading their
+imports when the zip is built, so a new import cannot leave it short), and nats-py; nothing of Airflow.
+nkey/creds auth also needs ``nkeys`` and PyNaCl, which cannot load from a zip (docs/spark.md).
 """
 
 from __future__ import annotations

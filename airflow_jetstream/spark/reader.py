@@ -1,15 +1,8 @@
-"""The read side of the ``jetstream`` data source: a bounded, parallel read of a stream.
+"""The read side of the ``jetstream`` data source: a bounded, parallel read of a stream (docs/spark.md).
 
-The reader fixes the read's end (the stream's last sequence, or ``end_seq``) when Spark plans the
-job and splits ``first..last`` into ``num_partitions`` sequence ranges read in parallel. Each task
-yields Arrow record batches with the columns ``subject``, ``seq``, ``timestamp``, ``headers`` and
-``payload`` (binary; ``decode=utf-8`` makes it a string; ``decode=json`` with a user schema fills
-the other columns from the JSON object in the payload).
-
-Reading never removes anything. Consuming a stream is :func:`consume`: it pins the bounds, hands
-the DataFrame to the caller and acknowledges exactly what was read (WorkQueue: removed; Interest
-and Limits: a cursor consumer moved past it) only after the caller's block finished without an
-exception (that is, after the output was written).
+The end is fixed once, when Spark plans the job, and ``first..last`` is split into sequence ranges read in
+parallel, so every action sees the same messages. Reading never removes anything; :func:`consume`
+acknowledges exactly what was read, and only after the caller's block (the output's write) succeeded.
 """
 
 from __future__ import annotations

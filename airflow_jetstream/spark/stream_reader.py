@@ -1,24 +1,12 @@
-"""The streaming read of the ``jetstream`` data source: ``spark.readStream.format("jetstream")``.
+"""The streaming read of the ``jetstream`` data source: ``spark.readStream.format("jetstream")`` (docs/streaming.md).
 
-Offsets are stream sequences: ``{"stream": "ORDERS", "seq": n}`` says that Spark has been handed
-every message up to sequence ``n``. A micro-batch from offset ``a`` to ``b`` reads ``a+1..b`` with
-the batch read's range planning (:func:`airflow_jetstream.spark.reader.plan_for`) and Arrow
-columns (:func:`airflow_jetstream.spark.reader.read_batches`). Spark writes the offsets of a
-micro-batch to the query's checkpoint before it runs and a commit after the sink finished, so a
-restarted query re-reads an unfinished micro-batch with the same bounds and then goes on: every
-message is read exactly once per checkpoint.
-
-Read limits (pyspark 4.2+): ``max_messages_per_trigger`` caps the sequences one micro-batch spans
-(with subject filters a micro-batch may hold fewer matching messages); ``max_bytes_per_trigger``
-is a soft cap, turned into sequences with the stream's average stored message size. Under
-``Trigger.AvailableNow`` the query reads, in micro-batches within the limits, up to the last
-sequence stored when it started, then stops. A stop position, ``end_seq`` or ``end_time`` (nothing
-stored at or after that time), bounds every micro-batch: a scheduled run that sets ``end_time`` to its
-data interval's end reads a fixed range however late it runs (docs/streaming.md).
-
-With ``consume=true`` what a micro-batch read is acknowledged (WorkQueue: purged; Interest and
-Limits: the ``consumer`` cursor moved past it) when Spark commits the micro-batch's end offset on
-the source, which it does only after the micro-batch's commit was written to the checkpoint.
+Offsets are stream sequences (``{"stream": "ORDERS", "seq": n}``: Spark has every message up to ``n``); a
+micro-batch from ``a`` to ``b`` reads ``a+1..b`` with the batch read's planning and columns. Spark writes a
+micro-batch's offsets to the checkpoint before it runs and a commit after the sink finished, so every
+message is read exactly once per checkpoint. Read limits need pyspark 4.2 (``max_bytes_per_trigger`` is
+soft: turned into sequences with the stream's average message size); ``end_seq``/``end_time`` bound every
+micro-batch. With ``consume=true`` a micro-batch is acknowledged when Spark commits its end offset, which
+it does only after the micro-batch's commit is in the checkpoint.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
-"""The streaming sink of the ``jetstream`` data source: ``df.writeStream.format("jetstream")``.
+"""The streaming sink of the ``jetstream`` data source: ``df.writeStream.format("jetstream")`` (docs/streaming.md).
 
-Every micro-batch is written like one batch write (:class:`~airflow_jetstream.spark.writer.JetStreamWriter`:
-the same options, chunks, msg ids and ledger) under its own job id, ``<query id>-<batch id>``: the
-query id is kept in the checkpoint and Spark runs a replayed micro-batch under the same batch id,
-so a replay after a failure or restart derives the same msg ids and ledger batch ids
-(``<job id>-<partition>-<chunk>``) for the same rows. A replay therefore stores nothing twice:
-
-* within the stream's duplicate window the server drops the repeated msg ids;
-* at any time the batch ledger names the chunks already stored (a task skips them), and the job
-  record of a micro-batch the driver committed makes its tasks skip it whole.
-
-The driver's ``commit()``/``abort()`` store the micro-batch's job record (state ``committed`` or
-``aborted``); a replay of a committed micro-batch keeps the first record. The driver takes the query
-id from the tasks' reports or, when no task reported (a failure cancelled the others first), from
-the checkpoint's ``metadata`` file, which Spark writes before it builds the sink; that file is read
-only when the checkpoint location is a local path. Replays produce the same
-rows only from a replayable source that plans the same micro-batch again (the jetstream source,
-Kafka, files); that is Spark's own condition for end-to-end exactly once.
+Every micro-batch is written like one batch write under its own job id, ``<query id>-<batch id>``: Spark
+keeps the query id in the checkpoint and replays a micro-batch under the same batch id, so a replay derives
+the same msg ids and ledger batch ids for the same rows and stores nothing twice (the ledger names the chunks
+already stored; a committed micro-batch's job record makes its tasks skip it whole). When no task reported
+(a failure cancelled the others first), the driver takes the query id from the checkpoint's ``metadata``
+file, readable only at a local path. End-to-end exactly once needs a replayable source (Spark's condition).
 """
 
 from __future__ import annotations

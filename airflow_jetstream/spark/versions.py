@@ -1,13 +1,9 @@
 """pyspark's Python files on disk must be of one release with its jars.
 
-``pyspark`` (Python files, jars, spark-submit) and ``pyspark-client`` (the Spark provider's dependency:
-the same Python files, no jars) both install the ``pyspark`` package. With two releases installed, the
-distribution pip installs last owns the shared files: pip writes pyspark-client after pyspark (it
-depends on more), so pyspark 4.3.0 beside pyspark-client 4.2.0 runs 4.2.0 Python code on 4.3.0 jars.
-The ``spark`` extra declares both with the same range, so pip picks one release of each; this check
-reads what is on disk, so it also accepts two releases whose shared files are all pyspark's
-(``pip install --force-reinstall --no-deps pyspark==X`` after the other) and refuses any other mix
-(docs/compatibility.md, "pyspark and pyspark-client").
+``pyspark`` and ``pyspark-client`` both install the ``pyspark`` package; with two releases installed, the
+one pip writes last owns the shared files (pyspark-client after pyspark), so 4.2.0 Python code could run on
+4.3.0 jars. This check reads what is on disk: it accepts two releases whose shared files are all pyspark's
+and refuses any other mix (docs/compatibility.md, "pyspark and pyspark-client").
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""The write side of the ``jetstream`` data source: each Spark task publishes its rows as batches.
+"""The write side of the ``jetstream`` data source: each Spark task publishes its rows as batches (docs/spark.md).
 
-Rows are cut into chunks of ``batch_size`` in the order the task receives them, so chunk ``c`` of
-partition ``p`` always holds the same rows for the same input. Each chunk is
-
-* an **atomic batch** (``mode=atomic``): stored whole or not at all, or
-* a **fast batch** (``mode=fast``): flow-controlled bulk ingest, not all-or-nothing.
-
-An atomic chunk is fenced as ``<job_id>-<p>-<c>`` (:mod:`~airflow_jetstream.client.batches.fence`): it
-commits at most once, whenever and however often it is sent again, and a refused attempt learns from the
-fence where the chunk was stored. Msg ids add de-duplication within the stream's duplicate window: an atomic
-chunk carries one, ``<job_id>-<p>-c<c>`` on its first message; in fast mode, where part of a chunk can be
-stored and no fence applies, every message carries ``<job_id>-<p>-<row>``. Every stored chunk is recorded
-in the batch ledger as batch ``<job_id>-<p>-<c>`` of run ``run_id`` (also one an earlier attempt committed
-and did not record). A retried task or a re-run of the job with the same ``job_id`` skips chunks the
-ledger already has. The
-driver's ``commit()``/``abort()`` store what every partition reported as the job record
-``job_id`` (see :mod:`airflow_jetstream.client.kv.job_records`).
+Chunk ``c`` of partition ``p`` always holds the same rows for the same input, so its ids are stable across
+task attempts and job re-runs: an atomic chunk is fenced as ``<job_id>-<p>-<c>``
+(:mod:`~airflow_jetstream.client.batches.fence`), so it commits at most once however often it is sent; msg
+ids add de-duplication within the duplicate window (fast mode, where no fence applies, has one per row).
+Every stored chunk is recorded in the batch ledger, and a retry or re-run skips chunks the ledger has. The
+driver's ``commit()``/``abort()`` store every partition's report as the job record ``job_id``.
 """
 
 from __future__ import annotations

@@ -38,8 +38,7 @@ def _message(event: Any) -> dict[str, Any] | None:
 
 
 def asset_messages(asset: Any, triggering_asset_events: Mapping[Any, Any] | None,
-                   inlet_events: Mapping[Any, Any] | None = None, *,
-                   limit: int = STRANDED_LIMIT,
+                   inlet_events: Mapping[Any, Any] | None = None, *, limit: int = STRANDED_LIMIT,
                    nats_conn_id: str = JetStreamHook.default_conn_name) -> list[dict[str, Any]]:
     """The message payloads of this run's events of ``asset`` and of those stored after its first one.
 

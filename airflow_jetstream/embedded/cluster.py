@@ -40,16 +40,9 @@ class EmbeddedNatsCluster:
     monitoring endpoint ``/jsz`` of the live nodes.
     """
 
-    def __init__(
-        self,
-        size: int = 3,
-        *,
-        store_dir: str | Path | None = None,
-        config: dict[str, Any] | None = None,
-        jetstream: dict[str, Any] | None = None,
-        cluster: dict[str, Any] | None = None,
-        startup_timeout: float = 30.0,
-    ) -> None:
+    def __init__(self, size: int = 3, *, store_dir: str | Path | None = None, config: dict[str, Any] | None = None,
+                 jetstream: dict[str, Any] | None = None, cluster: dict[str, Any] | None = None,
+                 startup_timeout: float = 30.0) -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         self._own_dir = store_dir is None

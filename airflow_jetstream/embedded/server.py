@@ -117,16 +117,9 @@ class EmbeddedNatsServer:
     Restartable: ``stop()`` then ``start()`` keeps the port and the stored data.
     """
 
-    def __init__(
-        self,
-        *,
-        port: int | None = None,
-        store_dir: str | os.PathLike[str] | None = None,
-        config: dict[str, Any] | None = None,
-        jetstream: dict[str, Any] | None = None,
-        tls_url: bool = False,
-        startup_timeout: float = 15.0,
-    ) -> None:
+    def __init__(self, *, port: int | None = None, store_dir: str | os.PathLike[str] | None = None,
+                 config: dict[str, Any] | None = None, jetstream: dict[str, Any] | None = None, tls_url: bool = False,
+                 startup_timeout: float = 15.0) -> None:
         self.binary = find_nats_server_binary()
         self._chosen_port = port is None
         self.port = port or free_port()

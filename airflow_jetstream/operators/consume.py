@@ -35,29 +35,15 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
                                       "apply_function_args", "apply_function_kwargs", "nats_conn_id")
     operator_extra_links = (JetStreamViewLink(),)
 
-    def __init__(
-        self,
-        *,
-        stream: str,
-        apply_function: Callable[..., Any] | str | None = None,
-        apply_function_batch: Callable[..., Any] | str | None = None,
-        apply_function_args: Sequence[Any] | None = None,
-        apply_function_kwargs: dict[str, Any] | None = None,
-        consumer: str | None = None,
-        filter_subjects: Sequence[str] | str | None = None,
-        start_seq: int | str | None = None,
-        start_time: datetime | str | None = None,
-        end_seq: int | str | None = None,
-        max_messages: int | None = None,
-        batch_size: int = 100,
-        fetch_timeout: Duration = 5.0,
-        nak_delay: Duration | Sequence[Duration] = DEFAULT_NAK_DELAY,
-        term_on: Sequence[type[BaseException] | str] = (),
-        create_consumer: bool = True,
-        ack_wait: Duration = DEFAULT_ACK_WAIT,
-        max_deliver: int | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, stream: str, apply_function: Callable[..., Any] | str | None = None,
+                 apply_function_batch: Callable[..., Any] | str | None = None,
+                 apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
+                 consumer: str | None = None, filter_subjects: Sequence[str] | str | None = None,
+                 start_seq: int | str | None = None, start_time: datetime | str | None = None,
+                 end_seq: int | str | None = None, max_messages: int | None = None, batch_size: int = 100,
+                 fetch_timeout: Duration = 5.0, nak_delay: Duration | Sequence[Duration] = DEFAULT_NAK_DELAY,
+                 term_on: Sequence[type[BaseException] | str] = (), create_consumer: bool = True,
+                 ack_wait: Duration = DEFAULT_ACK_WAIT, max_deliver: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if (apply_function is None) == (apply_function_batch is None):
             raise InvalidFunctionError("give exactly one of apply_function (per message) or apply_function_batch "

@@ -130,24 +130,13 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
     template_fields_renderers = {"messages": "json", "producer_function_kwargs": "json"}
     operator_extra_links = (JetStreamViewLink(),)
 
-    def __init__(
-        self,
-        *,
-        messages: list[dict[str, Any]] | str | None = None,
-        messages_file: str | None = None,
-        producer_function: str | Callable[..., Iterable[dict[str, Any]]] | None = None,
-        producer_function_args: Sequence[Any] | None = None,
-        producer_function_kwargs: dict[str, Any] | None = None,
-        subject: str | None = None,
-        stream: str | None = None,
-        expected_last_seq: int | str | None = None,
-        split: bool = False,
-        batch_size: int | None = None,
-        dedupe_key: str | None = None,
-        mode: str = "atomic",
-        fence: bool = True,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, messages: list[dict[str, Any]] | str | None = None, messages_file: str | None = None,
+                 producer_function: str | Callable[..., Iterable[dict[str, Any]]] | None = None,
+                 producer_function_args: Sequence[Any] | None = None,
+                 producer_function_kwargs: dict[str, Any] | None = None, subject: str | None = None,
+                 stream: str | None = None, expected_last_seq: int | str | None = None, split: bool = False,
+                 batch_size: int | None = None, dedupe_key: str | None = None, mode: str = "atomic", fence: bool = True,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # The payloads live in _payloads; ``messages`` (the template field, stored in the serialized DAG
         # and in rendered fields) shows a summary.

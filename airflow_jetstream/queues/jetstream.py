@@ -27,19 +27,8 @@ if TYPE_CHECKING:
 class JetStreamMessageQueueProvider(BaseMessageQueueProvider):
     """Scheme ``jetstream``: DAG runs from messages on a JetStream durable consumer.
 
-    The keyword arguments of ``MessageQueueTrigger`` go to
-    :class:`~airflow_jetstream.triggers.message.JetStreamMessageTrigger`::
-
-        from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
-        from airflow.sdk import DAG, Asset, AssetWatcher
-
-        trigger = MessageQueueTrigger(scheme="jetstream", stream="ORDERS", consumer="airflow_orders",
-                                      consumer_config={"filter_subject": "orders.ready"})
-        orders = Asset("jetstream://nats.example.com:4222/ORDERS/orders.ready",
-                       watchers=[AssetWatcher(name="orders_watcher", trigger=trigger)])
-
-        with DAG(dag_id="process_orders", schedule=[orders]):
-            ...
+    The keyword arguments of ``MessageQueueTrigger(scheme="jetstream", ...)`` go to
+    :class:`~airflow_jetstream.triggers.message.JetStreamMessageTrigger` (docs/event-driven.md).
     """
 
     scheme = "jetstream"

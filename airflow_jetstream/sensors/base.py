@@ -30,19 +30,12 @@ TIMEOUT_BACKSTOP = 60
 
 class JetStreamBaseSensor(BaseSensorOperator):
     """Base of the provider's sensors: ``nats_conn_id``, and ``deferrable`` defaulting to Airflow's
-    ``[operators] default_deferrable``.
+    ``[operators] default_deferrable``. Deferred, one poke first, then :meth:`deferred_trigger` waits in the
+    triggerer; a poke-mode timeout adds ``_last_seen`` (one line of the last state).
 
-    ``execute``: poke (or reschedule) mode is Airflow's; deferred, one poke first, then
-    :meth:`deferred_trigger` waits in the triggerer and ``execute_complete`` gets its event.
-    Sensors that keep ``_last_seen`` (one line of the last state) add it to a poke-mode timeout.
-
-    Airflow's SIGTERM handler in the task's process only calls ``on_kill()`` and carries on; the
-    default does nothing. Under ``airflow dags test`` a deferred sensor's trigger runs inline in that
-    same process, so SIGTERM was ignored until SIGKILL. Raising here ends the poke, the reschedule
-    wait or the inline trigger at once; the task fails as terminated.
-
-    Airflow also calls ``on_kill()`` while it handles an ``execution_timeout`` (the timeout has already
-    ended the wait): then it returns, so the task fails with ``AirflowTaskTimeout`` and its retries apply.
+    ``on_kill`` raises: Airflow's SIGTERM handler only calls it and carries on, and under ``airflow dags test``
+    a deferred sensor's trigger runs inline in that process, so SIGTERM was ignored until SIGKILL. During an
+    ``execution_timeout`` it returns, so the task fails with ``AirflowTaskTimeout`` and its retries apply.
     """
 
     ui_color = "#27aae1"

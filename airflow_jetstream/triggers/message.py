@@ -1,19 +1,12 @@
 """Event-driven scheduling from a JetStream durable consumer, on Airflow 3.3 shared streams.
 
-Every :class:`JetStreamMessageTrigger` watching the same durable consumer (same connection id,
-stream and consumer) shares one pull subscription in the triggerer. The
-:class:`JetStreamSharedStreamProducer` behind it acks a message on the server only after every
-``TriggerEvent`` derived from it was persisted in Airflow's database (the shared-stream ack
-channel), so a triggerer crash loses nothing: unacked messages are redelivered after the
-consumer's ``ack_wait``. While a message waits for persistence the producer keeps it "in
-progress" (``+WPI``, each confirmed by the server) so that the server does not hand it to another
-triggerer replica in the meantime. A delivery held past its ``ack_wait`` (a stalled triggerer)
-is not fired: the server redelivered it or will (:class:`~airflow_jetstream.client.reading.pull.DeliveryLease`).
-
-Outcomes per message: accepted by every watcher -> ``ack`` (confirmed by the server);
-refused by a watcher (``reject_shared_stream_event``) -> ``term`` (no redelivery; the server
-publishes a ``msg_terminated`` advisory); a watcher failed -> ``nak`` (redelivered); nobody was listening
-(the group is being stopped) -> ``nak`` when the producer closes.
+Every :class:`JetStreamMessageTrigger` on the same durable consumer shares one pull subscription in the
+triggerer. :class:`JetStreamSharedStreamProducer` acks a message only after every ``TriggerEvent`` derived
+from it was persisted (the shared-stream ack channel), so a triggerer crash loses nothing (unacked messages
+are redelivered after ``ack_wait``); meanwhile it keeps the message "in progress" (``+WPI``, confirmed) so the
+server does not hand it to another triggerer. A delivery held past its ``ack_wait`` (a stalled triggerer) is
+not fired. Outcomes: accepted by every watcher -> ``ack``; refused (``reject_shared_stream_event``) ->
+``term``; a watcher failed -> ``nak``; nobody listening (the group is stopping) -> ``nak`` at close.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def process_each_once(messages: Iterable[dict[str, Any]], work: Callable[[dict[s
     pending = list(messages)
 
     async def claim_and_work(conn: Any) -> dict[str, list[int]]:
-        from airflow_jetstream.client.kv.claims import claim, open_claims, release
+        from airflow_jetstream.client.kv.keys import claim, open_claims, release
 
         kept = await open_claims(conn, bucket, ttl=ttl, max_bytes=max_bytes)
         log.info("Claims bucket %s keeps a claim %s%s", bucket,

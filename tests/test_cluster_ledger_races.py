@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from airflow_jetstream.client.connection import open_connection
-from airflow_jetstream.client.kv.claims import claim, open_claims
+from airflow_jetstream.client.kv.keys import claim, open_claims
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.store import CasConflict, Write, read_last, write
 from airflow_jetstream.embedded import EmbeddedNatsCluster

@@ -9,7 +9,7 @@ import json
 import uuid
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
-from airflow_jetstream.client.kv.claims import claim, open_claims, release
+from airflow_jetstream.client.kv.keys import claim, open_claims, release
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.store import DEFAULT_TTL
 from tests.test_ledger_counts import requests_of

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow_jetstream.client.kv.condition import KeyCondition
-from airflow_jetstream.client.kv.names import check_bucket, validate_key
+from airflow_jetstream.client.kv.names import KeyCondition, check_bucket, validate_key
 from airflow_jetstream.client.reading.apply_function import function_path
 from airflow_jetstream.sensors.base import JetStreamBaseSensor, failure
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_jetstream.client.kv.condition import KeyCondition
+from airflow_jetstream.client.kv.names import KeyCondition
 from airflow_jetstream.triggers.base import JetStreamWaitTrigger
 
 if TYPE_CHECKING:

@@ -1,8 +1,8 @@
-"""JetStream key-value buckets: ensure a bucket, write keys (create, update by revision), read a key; once-only
-claims (``claims``) and job records (``job_records``) built on them.
+"""JetStream key-value buckets: ensure a bucket (``bucket``), write and read keys, once-only claims (``keys``),
+job records (``job_records``), wait for a key (``watch``).
 
-The names below are imported on first use, so checking a bucket name or key (``names``) or a condition
-(``condition``) imports no nats-py."""
+The names below are imported on first use, so checking a bucket name, a key or a condition (``names``) imports
+no nats-py."""
 
 from typing import TYPE_CHECKING
 

@@ -15,8 +15,7 @@ import nats.js.errors
 
 from airflow_jetstream.client.admin.streams import ensure_stream, replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.kv.bucket import create_bucket
-from airflow_jetstream.client.kv.errors import kv_errors
+from airflow_jetstream.client.kv.bucket import create_bucket, kv_errors
 from airflow_jetstream.client.subjects import validate_name
 
 DEFAULT_JOB_BUCKET = "jetstream_jobs"

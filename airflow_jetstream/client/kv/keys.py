@@ -1,5 +1,14 @@
-"""Write and read keys of a KV bucket: put, create (only if absent), update at a revision, delete, get; and the
-toolkit's own compare-and-set writes of several keys at once (:func:`write`: the batch ledger's and the claims').
+"""Write and read keys of a KV bucket: put, create (only if absent), update at a revision, delete, get; the
+toolkit's own compare-and-set writes of several keys at once (:func:`write`: the batch ledger's and the claims');
+and once-only claims built on them.
+
+A once-only claim (:func:`claim`) is one KV key per processed item, created by whoever processes it first: one
+publish with ``Nats-Expected-Last-Subject-Sequence: 0``, no bucket lookup. A key that exists is someone else's
+claim, unless its last value is a delete marker (a claim released after its work failed): then the claim is made
+over that marker, compare-and-set on its sequence; a release writes a delete marker only while the key is still at
+the claim's own sequence. The bucket keeps each claim ``ttl`` after it was made and, with ``max_bytes``, at most
+that many bytes: past either, the oldest claims go (an item whose claim went is processed again if it comes back);
+a full bucket refuses new claims rather than forgetting old ones, so the task fails naming the bound.
 
 Values: ``bytes`` as they are, ``str`` as UTF-8, anything else (dict, list, number, bool) as JSON.
 Entries are returned as JSON-able dicts: ``{"bucket", "key", "revision", "value", "encoding",
@@ -15,6 +24,7 @@ import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import nats.js.errors
@@ -26,12 +36,14 @@ from airflow_jetstream.client.errors import (
     JetStreamError,
     JetStreamNotEnabledError,
     KeyRevisionError,
+    KeyValueError,
     LedgerConflictError,
+    RequestTimeoutError,
     error_from_api,
 )
-from airflow_jetstream.client.kv.bucket import open_bucket
-from airflow_jetstream.client.kv.errors import bucket_missing, kv_errors
+from airflow_jetstream.client.kv.bucket import bucket_missing, ensure_bucket, kv_errors, open_bucket
 from airflow_jetstream.client.kv.names import validate_key
+from airflow_jetstream.client.reading.stored import get_message
 from airflow_jetstream.client.retry import Backoff, retry
 
 #: Server answers that mean the batch was not stored and may be sent again: too many batches in flight on the
@@ -263,3 +275,61 @@ def _parse(data: bytes, context: str) -> dict[str, Any]:
     if not isinstance(ack, dict) or ("error" not in ack and "seq" not in ack):
         raise JetStreamError(f"{context}: the server answered {ack!r}, not a publish acknowledgement")
     return ack
+
+
+#: How long a claim is kept after it was made.
+DEFAULT_CLAIM_TTL = "7d"
+_CLAIM_ATTEMPTS = 3
+
+
+async def open_claims(conn: JetStreamConnection, bucket: str, *, ttl: float | str | timedelta = DEFAULT_CLAIM_TTL,
+                      max_bytes: int | None = None) -> dict[str, Any]:
+    """Create the claims bucket, or bring its retention to ``ttl``/``max_bytes``; returns the bucket's settings
+    (:func:`~airflow_jetstream.client.kv.bucket.ensure_bucket`'s ``ttl``, ``values``, ...)."""
+    return await ensure_bucket(conn, bucket, ttl=ttl, max_bytes=max_bytes,
+                               description="airflow-jetstream once-only claims")
+
+
+async def claim(conn: JetStreamConnection, bucket: str, key: str, value: dict[str, Any]) -> int | None:
+    """Claim ``key`` (``value`` is stored with a ``claim_id`` of this call): its revision when this call made the
+    claim, None when the key is claimed already. A claim whose answer was lost is recognised by its ``claim_id``."""
+    validate_key(key)
+    data = json.dumps({**value, "claim_id": uuid.uuid4().hex}, separators=(",", ":")).encode()
+    context = f"claim {key!r} in bucket {bucket!r}"
+    expected = 0
+    for _ in range(_CLAIM_ATTEMPTS):
+        try:
+            made: int | str = await _put(conn, bucket, key, data, expected=expected, context=context)
+        except RequestTimeoutError:
+            made = "unanswered"
+        if isinstance(made, int):
+            return made
+        stored = await get_message(conn, f"KV_{bucket}", subject=f"$KV.{bucket}.{key}")
+        if stored is not None and stored.data == data:
+            return stored.seq  # this call's claim: its answer was lost
+        if stored is not None and not is_marker(stored.headers):
+            return None  # someone's claim
+        expected = stored.seq if stored is not None else 0  # released (a delete marker), or nothing yet
+    raise conn.unanswered(f"{context}: no answer in {_CLAIM_ATTEMPTS} tries")
+
+
+async def release(conn: JetStreamConnection, bucket: str, key: str, revision: int) -> bool:
+    """Delete the claim made at ``revision`` (a delete marker, written only while the key is still there)."""
+    result = await _put(conn, bucket, key, b"", expected=revision, headers={"KV-Operation": "DEL"},
+                        context=f"release claim {key!r} in bucket {bucket!r}")
+    return isinstance(result, int)
+
+
+async def _put(conn: JetStreamConnection, bucket: str, key: str, data: bytes, *, expected: int, context: str,
+               headers: dict[str, str] | None = None) -> int | str:
+    """Write ``data`` under ``key`` if its last sequence is ``expected``: the new sequence, or ``"moved"``."""
+    try:
+        return await write(conn, bucket, [Write(key, data, expected, headers or {})], context=context,
+                           missing=_no_bucket)
+    except CasConflict:
+        return "moved"
+
+
+def _no_bucket(context: str) -> KeyValueError:
+    return KeyValueError(f"{context}: no stream stores its key: the bucket does not exist (open it with open_claims)",
+                         reason="bucket_not_found")

@@ -13,10 +13,9 @@ from typing import Any
 
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import StreamNotFoundError
-from airflow_jetstream.client.kv.condition import KeyCondition
-from airflow_jetstream.client.kv.errors import bucket_missing
+from airflow_jetstream.client.kv.bucket import bucket_missing
 from airflow_jetstream.client.kv.keys import entry_dict, get_key
-from airflow_jetstream.client.kv.names import stream_of, validate_key
+from airflow_jetstream.client.kv.names import KeyCondition, stream_of, validate_key
 from airflow_jetstream.client.reading.apply_function import with_result
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.shared_tail import follow

@@ -46,8 +46,7 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
 )
 from airflow_jetstream.client.kv import keys
-from airflow_jetstream.client.kv.bucket import bucket_replicas, create_bucket
-from airflow_jetstream.client.kv.errors import kv_errors
+from airflow_jetstream.client.kv.bucket import bucket_replicas, create_bucket, kv_errors
 from airflow_jetstream.client.kv.keys import BUSY, CasConflict, Write, is_marker
 from airflow_jetstream.client.ledger.counts import (
     compared,

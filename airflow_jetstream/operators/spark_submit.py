@@ -33,7 +33,7 @@ except ModuleNotFoundError as missing:
         "JetStreamSparkSubmitOperator needs the Spark provider (apache-airflow-providers-apache-spark), which "
         'comes with the spark extra: pip install "airflow-jetstream[spark]"') from missing
 
-from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.client.errors import InvalidRequestError, SparkInstallError
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.ui.links import JetStreamLedgerRunLink, JetStreamViewLink
@@ -42,6 +42,9 @@ PROPERTIES_NAME = "jetstream-spark.properties"
 #: The file the job's driver records the cause of its failure in (airflow_jetstream/spark/failure.py).
 FAILURE_NAME = "failure.txt"
 
+
+#: A cause naming an executor host that cannot run the job (airflow_jetstream/spark/failure.py).
+_INSTALL_CAUSE = re.compile(r"SparkInstallError: (?P<message>.*) \(reason: (?P<reason>\w+)\)")
 
 #: Names of variables that hold or may hold a secret, besides Airflow's connections, variables and sensitive
 #: configuration: the words Airflow's masker and Spark's ``spark.redaction.regex`` hide.
@@ -169,7 +172,7 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         self.stream = stream
 
     def execute(self, context: Mapping[str, Any]) -> None:
-        from airflow_jetstream.operators.spark_java import check_java
+        from airflow_jetstream.operators.spark_host import check_driver_python, check_java, conf_in_properties
         from airflow_jetstream.spark.failure import FAILURE_FILE_CONF
         from airflow_jetstream.spark.package import PACKAGE_ZIP, build_py_files
         from airflow_jetstream.spark.versions import check_pyspark_install
@@ -184,6 +187,9 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         with tempfile.TemporaryDirectory(prefix="jetstream-spark-") as tmp:
             failure = Path(tmp, FAILURE_NAME)
             text = properties_text(settings, given_properties, {FAILURE_FILE_CONF: str(failure)})
+            check_driver_python({**conf_in_properties(text), **{k: str(v) for k, v in (self.conf or {}).items()}},
+                                {**os.environ, **(self.env_vars or {})},
+                                needs_package=not (self.ship_package or given_py_files))
             with handed_properties(text, tmp) as (properties, fds):
                 if self.ship_package:
                     shipped = str(build_py_files(Path(tmp, PACKAGE_ZIP)))
@@ -199,6 +205,9 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
                     cause = _failure_cause(failure, exc)
                     if cause is None:
                         raise
+                    install = _INSTALL_CAUSE.fullmatch(cause)
+                    if install:  # an executor's host cannot run the job: the typed error, in one line
+                        raise SparkInstallError(install["message"], reason=install["reason"]) from exc
                     raise AirflowException(f"the Spark job failed: {cause}") from exc
                 finally:
                     self.properties_file, self.py_files, self.env_vars = given_properties, given_py_files, given_env

@@ -25,17 +25,34 @@ FAILURE_FILE_CONF = "spark.jetstream.job.failureFile"
 #: ``package.module.SomeError: message`` anywhere in a line (Spark prefixes its own text).
 _EXCEPTION_LINE = re.compile(r"(?:^|[\s:])((?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception))): (\S.*)$")
 _OURS = "airflow_jetstream."
+#: Spark's line for a task an executor lost: ``Lost task 0.0 in stage 0.0 (TID 0) (10.0.0.5 executor 1): ...`` or
+#: ``... (TID 1) on 10.0.0.5, executor 1: ...``: the executor's host.
+_LOST_TASK = re.compile(r"Lost task \S+ in stage \S+ \(TID \d+\) (?:\((\S+) executor|on ([^\s,]+), executor)")
+#: An executor's Python that is not the driver's minor version (PySpark's error class).
+_VERSION_MISMATCH = re.compile(r"\[PYTHON_VERSION_MISMATCH\].*?version:? (\d+\.\d+) than that in driver:? (\d+\.\d+)")
+#: The package, or nats-py it ships with, missing on an executor's Python.
+_PACKAGE_MISSING = re.compile(r"No module named '(airflow_jetstream|nats)[.']")
 
 
 class SparkFailureCause:
-    """Reads a failed job's text line by line; :attr:`cause` names the failure."""
+    """Reads a failed job's text line by line; :attr:`cause` names the failure.
+
+    An executor host whose Python cannot run the job (another minor version than the driver's, or no package) is
+    a :class:`~airflow_jetstream.client.errors.SparkInstallError` naming that host and the fix: Spark's own text
+    names the host only in its "Lost task" line, pages away from PySpark's error."""
 
     def __init__(self) -> None:
         self._ours: str | None = None
         self._last: str | None = None
+        self._host: str | None = None
+        self._install: str | None = None
 
     def feed(self, line: str | bytes) -> None:
         text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+        lost = _LOST_TASK.search(text)
+        if lost and self._host is None:
+            self._host = lost.group(1) or lost.group(2)
+        self._install = self._install or _install_problem(text)
         match = _EXCEPTION_LINE.search(text.strip())
         if not match:
             return
@@ -54,7 +71,23 @@ class SparkFailureCause:
 
     @property
     def cause(self) -> str | None:
+        if self._install and not self._ours:
+            return f"SparkInstallError: executor host {self._host or '(unknown)'}: {self._install}"
         return self._ours or self._last
+
+
+def _install_problem(text: str) -> str | None:
+    """What an executor's Python lacks to run the job, with the fix and its reason code, or None."""
+    mismatch = _VERSION_MISMATCH.search(text)
+    if mismatch:
+        worker, driver = mismatch.groups()
+        return (f"its Python is {worker} and the driver's {driver} (PySpark runs one minor version on both): set "
+                f"spark.pyspark.python to a Python {driver} with pyspark on that host (reason: python_mismatch)")
+    missing = _PACKAGE_MISSING.search(text)
+    if missing:
+        return (f"its Python has no {missing.group(1)}: pass ship_package=True to ship the package with the job, or "
+                "install airflow-jetstream[spark] there (reason: package_missing)")
+    return None
 
 
 def cause_in(text: str) -> str | None:

@@ -272,9 +272,8 @@ class JetStreamConnection:
                                 advice=QUORUM_ADVICE, logger=log)
 
     async def retry_leader(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
-        """Run ``attempt``; while it raises :class:`LeaderUnavailableError`, retry it for
-        ``settings.leader_wait`` seconds (the client's one retry rule, :func:`~airflow_jetstream.client.retry.retry`:
-        0.25 s doubling up to 2 s, one log line per retry), then raise the last error saying how long it waited."""
+        """Run ``attempt``, retried while it raises :class:`LeaderUnavailableError` for ``settings.leader_wait``
+        seconds (:func:`~airflow_jetstream.client.retry.retry`)."""
         return await retry_rule(what, attempt, transient=is_leader_unavailable, budget=self.settings.leader_wait,
                                 advice=QUORUM_ADVICE, logger=log)
 

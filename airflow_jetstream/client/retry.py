@@ -1,24 +1,12 @@
 """The one retry rule of the client: re-run an attempt while its failure is transient, until one deadline.
 
-The back-off loops of the provider (API requests, atomic batches, the Batcher, range reads and KV
-listings, worker consumer updates, the triggers) are calls of :func:`retry`. The caller says which failures are safe to
-retry (``transient`` returns why, or None to raise at once); the helper owns the rest, the same everywhere:
-
-- pauses start at ``Backoff.first`` seconds and double up to ``Backoff.most`` (optionally jittered);
-- one deadline: ``budget`` seconds from the first failure (or an absolute ``deadline`` on the loop's
-  clock, for work that has its own, like a Batcher item); the last pause is cut to end at it;
-- one log line per retry, with what is retried, why, the pause and the time left;
-- at the deadline (or after ``max_retries``) the last error is raised, its message saying how many
-  retries over how long, naming the setting that bounds it.
-
-Work that yields results between failures (a range read) calls :func:`retry` once per result: the
-attempt closure keeps the position, so a retry resumes after what was already returned, and the
+The back-off loops of the provider (API requests, atomic and fast batches, the Batcher, range reads and KV
+listings, worker consumer updates, the triggers) are calls of :func:`retry`. The caller says which failures are
+safe to retry; the helper owns the rest, the same everywhere: doubling pauses, one deadline counted from the first
+failure (the last pause cut to end at it), one log line per retry saying what, why, the pause and the time left,
+and at the end the last error, its message saying how many retries over how long and naming the setting that
+bounds it. Work that yields results between failures (a range read) calls :func:`retry` once per result, so the
 budget counts from the first failure since the last progress.
-
-The fast batch (client/batches/fast.py) establishes what an interrupted batch stored (a ping for the
-server's count, else a count read from the stream) with :func:`retry` too, waiting for a leader at least
-30 s whatever ``leader_wait`` says, since that count is owed to the caller even when nothing is re-sent;
-its resume loop, which sends the rest under a new batch id each round, pauses as :data:`ELECTION` does.
 """
 
 from __future__ import annotations
@@ -80,17 +68,13 @@ async def retry(
     logger: logging.Logger | logging.LoggerAdapter[logging.Logger] = log,
     before_retry: Callable[[], Awaitable[None]] | None = None,
 ) -> T:
-    """``await attempt()``, re-running it while it raises a :class:`JetStreamError` that ``transient`` names.
+    """``await attempt()``, re-running it while it raises a :class:`JetStreamError` that ``transient`` names (it
+    returns why, for the log line; None raises at once).
 
-    :param transient: returns why the error is safe to retry (for the log line), or None to raise it now.
-    :param budget: seconds to keep retrying, counted from the first failure; None: no time limit
-        (then ``deadline`` or ``max_retries`` must bound it, or the caller's own deadline does).
-    :param budget_name: the setting that bounds the loop (``budget``'s, or ``max_retries``' without a
-        budget), named in the give-up message.
-    :param deadline: an absolute deadline (wins over ``budget`` when both are given).
-    :param max_retries: give up after this many retries even before the deadline.
-    :param advice: appended to the give-up message (what the user should check).
-    :param before_retry: awaited before each pause (e.g. a round trip that proves the connection).
+    ``budget`` seconds count from the first failure (None: no time limit, then ``deadline``, ``max_retries`` or
+    the caller bounds it); an absolute ``deadline`` wins over it. ``budget_name`` is the setting named in the
+    give-up message, ``advice`` is appended to it. ``before_retry`` is awaited before each pause (e.g. a round
+    trip that proves the connection).
     """
     retries = 0
     while True:

@@ -1,32 +1,14 @@
-"""Consume messages with a user function: a durable pull consumer (acked after success) or an ordered read.
+"""Consume messages with a user function (docs/operators/consume.md): a durable pull consumer or an ordered read.
 
-Two ways to read, one summary::
+* **Durable** (``consumer`` given; created when missing): each message (or batch, ``per_batch``) is acked only after
+  the function returned, the ack confirmed by the server. A failure listed in ``term_on`` terminates it (never
+  redelivered) and consuming goes on; any other naks it with a delay from ``nak_delay``, naks the rest delivered at
+  once and raises :class:`ApplyFunctionError`: nothing unacknowledged is lost, nothing acknowledged runs twice.
+* **Ordered read** (no ``consumer``): ``start_seq`` (or ``start_time``, or the first) up to ``end_seq`` (default:
+  the last stored when it starts), with no cursor on the server; a failure raises and a retry reads it all again.
 
-    summary = await consume(conn, "ORDERS", handle, consumer="billing", max_messages=500)
-    summary = await consume(conn, "ORDERS", handle, start_seq=1000, end_seq=1999)   # ordered read
-
-* **Durable** (``consumer`` given): the durable pull consumer is bound, or created when missing
-  (explicit acks, filtered to ``subjects``, starting at ``start_seq``/``start_time`` or the stream's
-  first message). Each message (or each batch, ``per_batch=True``) is acknowledged only after the
-  function returned, and the ack is confirmed by the server. The rule on failure:
-
-  1. the function raised one of ``term_on``: the message (batch) is terminated, never redelivered
-     (the server publishes a ``msg_terminated`` advisory), and consuming goes on;
-  2. it raised anything else: the message (batch) is nak'ed with a back-off delay chosen by its
-     delivery count from ``nak_delay``, the rest of what was delivered is nak'ed at once, and
-     :class:`ApplyFunctionError` is raised. Everything not acknowledged is delivered again to the
-     next read (an Airflow task retry): nothing is lost or skipped; what was acknowledged before the
-     failure is not processed twice.
-
-* **Ordered read** (no ``consumer``): the stream's messages from ``start_seq`` (or ``start_time``, or
-  the first) up to ``end_seq`` (default: the last one stored when the read starts), in order, with
-  no cursor on the server; nothing is acknowledged. A failure raises :class:`ApplyFunctionError`; a
-  retry reads the same range again from its start.
-
-The summary is JSON-able: ``mode``, ``stream``, ``consumer``, ``processed``, ``acked``,
-``terminated``, ``batches``, ``first_seq``/``last_seq`` (stream sequences processed), ``next_seq``
-and ``stopped`` (``max_messages``, ``no_messages`` or ``end_of_range``); durable reads add the
-consumer's ``num_pending`` and ``num_ack_pending`` afterwards.
+The summary is JSON-able (``mode``, ``processed``, ``acked``, ``terminated``, ``first_seq``/``last_seq``,
+``next_seq``, ``stopped``; durable reads add the consumer's ``num_pending`` and ``num_ack_pending``).
 """
 
 from __future__ import annotations
@@ -66,7 +48,7 @@ from airflow_jetstream.client.reading.consume_options import (
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.reading.read_plan import plan_read, read_method
-from airflow_jetstream.client.reading.stored import read_range
+from airflow_jetstream.client.reading.stored import messages_of, read_range
 from airflow_jetstream.client.subjects import validate_name, validate_subjects
 from airflow_jetstream.client.times import to_rfc3339
 
@@ -88,9 +70,6 @@ class _Tally:
         self.first_seq = min(seqs) if self.first_seq is None else min(self.first_seq, *seqs)
         self.last_seq = max(seqs) if self.last_seq is None else max(self.last_seq, *seqs)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def _describe(messages: Sequence[Message]) -> str:
     first, last = messages[0], messages[-1]
@@ -104,17 +83,8 @@ async def consume(conn: JetStreamConnection, stream: str, apply: Callable[[Any],
                   start_time: datetime | str | None = None, end_seq: int | None = None, create: bool = True,
                   ack_wait: Duration = DEFAULT_ACK_WAIT, max_deliver: int | None = None,
                   options: ConsumeOptions | None = None) -> dict[str, Any]:
-    """Read ``stream`` and call ``apply`` per message (or per batch); see the module docs for the rules.
-
-    :param apply: called with a :class:`Message` (a list of them with ``per_batch``).
-    :param consumer: a durable pull consumer to read (created when missing and ``create``); None for an
-        ordered read of a sequence range.
-    :param subjects: filter subjects (for a created consumer, or for the ordered read).
-    :param start_seq, start_time: where a created consumer or an ordered read starts.
-    :param end_seq: the ordered read's last sequence (default: the last stored when it starts).
-    :param ack_wait, max_deliver: for a created consumer: how long a delivery may stay unacknowledged
-        (longer than the function takes per batch), and how often a message is delivered at most.
-    """
+    """Read ``stream`` and call ``apply`` with each :class:`Message` (a list with ``per_batch``); see the module
+    docs. ``ack_wait`` (longer than the function takes per batch) and ``max_deliver`` go to a created consumer."""
     options = options or ConsumeOptions()
     validate_name(stream, what="stream name")
     subjects = validate_subjects(subjects, what="filter subjects")
@@ -205,12 +175,11 @@ async def _consume_durable(conn: JetStreamConnection, stream: str, consumer: str
     finally:
         if not conn.nc.is_closed:
             await pull.close(leftover=lambda msg: msg.nak())
-    return tally.to_dict()
+    return asdict(tally)
 
 
 async def _release(messages: list[Any], conn: JetStreamConnection) -> None:
-    """Nak delivered messages that were not processed, so they come again at once (best effort: if the
-    connection is gone, the server redelivers them after ack_wait)."""
+    """Nak delivered messages not processed, so they come again at once (else after ``ack_wait``)."""
     with contextlib.suppress(Exception):
         for msg in messages:
             await msg.nak()
@@ -267,7 +236,7 @@ async def _consume_ordered(conn: JetStreamConnection, stream: str, apply: Callab
                         via=read_method(plan, consume=False), batch=options.batch_size)
     async with aclosing(reader):
         async for chunk in reader:
-            messages = [Message.from_stored(stream, stored) for stored in chunk]
+            messages = messages_of(stream, chunk)
             if limit is not None:
                 messages = messages[:limit - tally.processed]
             groups = [messages] if options.per_batch else [[m] for m in messages]
@@ -286,7 +255,7 @@ async def _consume_ordered(conn: JetStreamConnection, stream: str, apply: Callab
             if limit is not None and tally.processed >= limit:
                 tally.stopped = "max_messages"
                 break
-    summary = tally.to_dict()
+    summary = asdict(tally)
     summary["next_seq"] = (tally.last_seq + 1) if tally.last_seq is not None else plan.first_seq
     summary["range"] = [plan.first_seq, plan.last_seq]
     return summary

@@ -1,22 +1,14 @@
 """Which of a tail's waiters get a message: filed by subject filter, and optionally by the value they wait for.
 
-Thousands of advisory sensors wait on one subject of the capture stream, each for its own batch. Checking every
-waiter's filter against every message costs waiters x messages (9,900 advisories reaching 10,000 waiting
-sensors took 16-21 s). A waiter filed with a key, ``(key_of, value)``, is found by one ``key_of(message)`` and
+Checking every waiter's filter against every message costs waiters x messages (9,900 advisories reaching 10,000
+waiting sensors took 16-21 s). Here a message's subject is matched token by token through a tree of filter tokens
+(:class:`SubjectIndex`, as the server's own subscription list does: ``*`` one token, ``>`` the rest), in time
+proportional to its tokens; a waiter filed with a key, ``(key_of, value)``, is found by one ``key_of(message)`` and
 one lookup, however many wait on its subject::
 
     index = ListenerIndex()
     index.add("$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED", listener, key=(batch_of, "b1"))
     index.dispatch(message)   # listeners of the subject without a key, and those keyed batch_of(message)
-
-The subject filters are walked as the server's own subscription list does (:class:`SubjectIndex`): a
-message's subject is matched token by token through a tree of filter tokens (``*`` matches one token, ``>``
-the rest), in time proportional to its tokens, not to the number of filters::
-
-    index = SubjectIndex()
-    index.add("$KV.models.churn", waiter_a)
-    index.add("$KV.models.*", waiter_b)
-    index.match("$KV.models.churn")   # {waiter_a, waiter_b}
 """
 
 from __future__ import annotations

@@ -1,35 +1,15 @@
 """Pull a durable or ephemeral consumer: one pull request at a time on an own inbox.
 
-nats-py's ``fetch`` does the same job, with two gaps that matter to long-running readers such as
-triggerer tasks: it waits with ``asyncio.wait_for``, which on Python 3.11 swallows a cancellation
-that lands while a message arrives (the cancelled task then keeps fetching forever), and messages
-of a pull request still in flight when the caller stops stay unseen in its queue until the
-consumer's ``ack_wait`` passes. :class:`PullSubscription` waits with ``asyncio.timeout`` and, on
-:meth:`~PullSubscription.close`, can hand every message still arriving for the open request to a
-callback once that request has ended (for example ``nak``, so the server redelivers it at once)::
+nats-py's ``fetch`` does the same job with two gaps that matter to long-running readers (triggerer tasks): it waits
+with ``asyncio.wait_for``, which on Python 3.11 swallows a cancellation that lands while a message arrives (the task
+then fetches forever), and messages of a request still in flight when the caller stops stay unseen until the
+consumer's ``ack_wait`` passes. :class:`PullSubscription` waits with ``asyncio.timeout`` and its
+:meth:`~PullSubscription.close` hands what still arrives for the open request to ``leftover`` (e.g. ``nak``).
 
-    pull = PullSubscription(conn, "ORDERS", "airflow", batch=64, expires=5.0)
-    await pull.start()
-    try:
-        for msg in await pull.next_messages(timeout=5.0):
-            ...
-    finally:
-        await pull.close(leftover=lambda msg: msg.nak())
-
-:class:`DeliveryLease`: how long the server leaves one delivery of an explicit-ack consumer to us, as a local
-deadline. The server redelivers a message whose delivery was neither acked nor kept "in progress" within the
-consumer's ``ack_wait``. A reader that was stalled (a stopped process, a long pause) past that point
-no longer holds the delivery: another reader may have it, and acting on it again repeats it.
-:class:`DeliveryLease` keeps a conservative deadline on the local monotonic clock, never later than
-the server's:
-
-* it starts at the time the pull request was sent (the server delivered no sooner),
-* an in-progress signal (``+WPI``) moves it to the time the signal was sent plus ``ack_wait``, but
-  only when the server confirmed the signal before the old deadline (a signal that arrives later
-  extends whoever holds the message now, not us).
-
-A lease past its deadline is expired: do not act on the message, nor ack, nak or term it; the server
-has redelivered it or will.
+:class:`DeliveryLease`: the server redelivers a message neither acked nor kept "in progress" within ``ack_wait``, so a
+reader stalled past that (a stopped process) no longer holds it and acting on it repeats it. The lease is a local
+monotonic deadline never later than the server's: from when the pull request was sent, moved by an in-progress signal
+(``+WPI``) only when the server confirmed it before the old deadline. Past it: do not act on, ack, nak or term it.
 """
 
 from __future__ import annotations
@@ -129,12 +109,9 @@ class PullSubscription:
         self._pause_until = asyncio.get_running_loop().time() + _PAUSE_AFTER_REFUSAL
 
     async def next_messages(self, timeout: float, *, whole_request: bool = False) -> list[Any]:
-        """Messages delivered within ``timeout`` seconds: returns as soon as some arrived ([] if none).
-
-        ``whole_request``: once some arrived, also wait (within ``timeout``) until the open pull request
-        has delivered its ``batch`` or the server ended it, so a batch is not cut where the messages of
-        one request happened to arrive in separate reads. If cancelled while it holds messages, they are
-        kept for :meth:`close`'s ``leftover``."""
+        """Messages delivered within ``timeout`` seconds, as soon as some arrived ([] if none); ``whole_request``:
+        and until the open request delivered its ``batch`` or ended (a batch is not cut where its messages arrived
+        in separate reads). Messages held when cancelled go to :meth:`close`'s ``leftover``."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         out: list[Any] = []
@@ -161,10 +138,8 @@ class PullSubscription:
                 raise
 
     async def close(self, leftover: Callable[[Any], Awaitable[Any]] | None = None) -> None:
-        """Unsubscribe. With ``leftover``: first wait for the open pull request to end (at most
-        ``expires`` plus the request timeout), then pass it every message delivered that
-        :meth:`next_messages` did not return. Waiting first matters: a message naked while the
-        request is open would be delivered straight back to it."""
+        """Unsubscribe; with ``leftover``, first wait for the open request to end (a message naked while it is open
+        would come straight back to it), then pass it every delivered message not returned."""
         if self._sub is None:
             return
         held, self._unreturned = self._unreturned, []

@@ -1,8 +1,8 @@
 """The short-lived read consumer of :func:`~airflow_jetstream.client.reading.stored.read_range` (``via="consumer"``)
 and :func:`~airflow_jetstream.client.reading.stored.read_latest_per_subject`: an ephemeral ``ack_policy: none`` pull
 consumer, one in-memory replica, pulled in large batches with sequence and time read from each delivery's reply
-subject (no API round trip per message). It does not change the stream; it is deleted after a complete read, and
-the server drops one a failed read left once it has been inactive for 30 s."""
+subject (no API round trip per message). It is deleted after a complete read; the server drops one a failed read
+left once inactive for 30 s."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ _LEADER_STATUSES = frozenset({"503", "409"})
 
 
 async def check_current_host(conn: JetStreamConnection, stream: str, name: str, created: dict[str, Any]) -> None:
-    """Raise :class:`LeaderUnavailableError` (after deleting consumer ``name``) unless the server hosting
-    it is the stream leader or a replica that is current (no lag), per the leader's stream info."""
+    """Raise :class:`LeaderUnavailableError` (after deleting consumer ``name``) unless its server is the stream
+    leader or a current replica (no lag), per the leader's stream info."""
     host = (created.get("cluster") or {}).get("leader")
     if not conn.clustered or not host:
         return
@@ -45,19 +45,10 @@ async def check_current_host(conn: JetStreamConnection, stream: str, name: str, 
 async def read_with_consumer(conn: JetStreamConnection, stream: str, start: dict[str, Any], last: int,
                               subjects: Sequence[str], batch: int, *,
                               current_host: bool = False) -> AsyncGenerator[list[Row], None]:
-    """Read with an ephemeral ``ack_policy: none`` consumer from ``start`` (its deliver policy) up to
-    seq ``last`` or until nothing is pending; the consumer is deleted after a complete read. With
-    ``current_host`` a consumer placed on a lagging replica is refused (:func:`check_current_host`)."""
-    config: dict[str, Any] = {
-        "name": f"read-{uuid.uuid4().hex[:16]}",
-        **start,
-        "ack_policy": "none",
-        # a short-lived read cursor: one in-memory replica whatever the stream's replicas
-        "num_replicas": 1,
-        "mem_storage": True,
-        "inactive_threshold": 30_000_000_000,
-    }
-    config.update(filter_config(subjects))
+    """Read from ``start`` (a deliver policy) up to seq ``last`` or until nothing is pending; with ``current_host`` a
+    consumer placed on a lagging replica is refused (:func:`check_current_host`)."""
+    config: dict[str, Any] = {"name": f"read-{uuid.uuid4().hex[:16]}", **start, "ack_policy": "none", "num_replicas": 1,
+                              "mem_storage": True, "inactive_threshold": 30_000_000_000, **filter_config(subjects)}
     name = config["name"]
     # Not retried here: a create that gets no answer may have been placed on a server that is down;
     # the caller's retry (``stored._resuming``) creates one under a new name, which may be placed elsewhere.
@@ -125,6 +116,5 @@ async def read_with_consumer(conn: JetStreamConnection, stream: str, start: dict
                                      reason="read_failed")
     finally:
         await sub.unsubscribe()
-    # Reached only when the read completed; after an error the server drops the consumer once
-    # it has been inactive for inactive_threshold.
+    # Reached only when the read completed (after an error the server drops it once inactive).
     await conn.api_request(f"CONSUMER.DELETE.{stream}.{name}", context="delete read consumer")

@@ -1,13 +1,7 @@
-"""Bounded reads planned and acknowledged: which sequences a read covers (fixed once, split into ranges or
-per-worker subject groups), how the stream can be read, and what a consume job removes once it succeeded.
-
-:func:`plan_read` fixes the last sequence at that moment and splits the read into sequence ranges that
-separate processes (Spark partitions) read in parallel with
-:func:`~airflow_jetstream.client.reading.stored.read_range`. Reading removes nothing:
-:func:`acknowledge_read` removes what a consume job read once its output is safe: from a WorkQueue stream
-by a purge of the read's filters up to the planned last sequence; from an Interest stream by moving the
-job's durable consumer past the planned last sequence (a consumer reset), after which the server drops
-what no consumer still needs.
+"""Bounded reads planned and acknowledged: which sequences a read covers (fixed once, split into ranges that Spark
+partitions read in parallel with :func:`~airflow_jetstream.client.reading.stored.read_range`, or into per-worker
+subject groups), how the stream can be read, and what a consume job removes once its output is safe
+(:func:`acknowledge_read`: a purge of a WorkQueue stream, or its cursor consumer moved past the plan).
 """
 
 from __future__ import annotations
@@ -68,7 +62,6 @@ class ReadPlan:
         return [(first, last, self.subjects) for first, last in self.ranges]
 
 
-
 def split_range(first: int, last: int, parts: int) -> tuple[tuple[int, int], ...]:
     """Split ``first..last`` into at most ``parts`` contiguous, non-empty, inclusive ranges."""
     if last < first:
@@ -87,14 +80,10 @@ def split_range(first: int, last: int, parts: int) -> tuple[tuple[int, int], ...
 async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequence[str] = (),
                     start_seq: int | None = None, start_time: datetime | str | None = None,
                     end_seq: int | None = None, partitions: int = 1, consumer: str | None = None) -> ReadPlan:
-    """Fix the bounds of a read: from the start (or the stream's first message) to ``end_seq``
-    (default: the stream's last sequence right now), split into ``partitions`` ranges.
-
-    With ``consumer`` (a durable consumer used as the read's cursor) the read starts after the
-    consumer's ack floor and uses the consumer's filter subjects. A missing cursor is created
-    (pull, ``deliver_policy`` all, explicit acks, filtered to ``subjects``); nothing pulls from it:
-    :func:`acknowledge_read` moves it past what a successful job read.
-    """
+    """Fix the bounds of a read: from the start (or the stream's first message) to ``end_seq`` (default: the last
+    sequence right now), split into ``partitions`` ranges. With ``consumer``, a durable cursor (created when
+    missing by :func:`ensure_cursor`; nothing pulls from it), the read starts after its ack floor and uses its
+    filters; :func:`acknowledge_read` moves it past what a successful job read."""
     validate_name(stream, what="stream name")
     validate_subjects(subjects, what="filter subjects")
     if start_seq is not None and start_time is not None:
@@ -139,11 +128,8 @@ async def plan_read(conn: JetStreamConnection, stream: str, *, subjects: Sequenc
 
 async def ensure_cursor(conn: JetStreamConnection, stream: str, name: str, *,
                         subjects: Sequence[str] = ()) -> dict[str, Any]:
-    """The durable consumer that bookmarks a bounded reader's progress; created when missing.
-
-    An existing consumer is left as it is (its filters and position win), so a consumer reset moves
-    the cursor for replays. Returns ``ensure_consumer``'s result, or ``{"action": "existing", ...}``.
-    """
+    """The durable consumer that bookmarks a bounded reader's progress, created when missing; an existing one is
+    left as it is (a reset moves it for replays): ``ensure_consumer``'s result or ``{"action": "existing"}``."""
     existing = await find_consumer(conn, stream, name)
     if existing is not None:
         return {"action": "existing", "info": existing}
@@ -154,10 +140,8 @@ async def ensure_cursor(conn: JetStreamConnection, stream: str, name: str, *,
 
 async def plan_worker_read(conn: JetStreamConnection, plan: ReadPlan, groups: Sequence[Sequence[str]], *,
                            prefix: str) -> ReadPlan:
-    """Partition ``plan`` by subject groups: group ``i`` is read by worker ``i``, whose durable pull
-    consumer ``<prefix>-<i>`` (per-worker consumer with FilterSubjects, created or updated only when
-    its subjects changed) is the group's cursor: its part starts after the consumer's ack floor and
-    :func:`acknowledge_read` moves it past ``plan.last_seq``."""
+    """Partition ``plan`` by subject groups: group ``i``'s cursor is worker consumer ``<prefix>-<i>`` (updated only
+    when its subjects changed); its part starts after its ack floor, :func:`acknowledge_read` moves it past."""
     workers = []
     for index, group in enumerate(groups):
         result = await ensure_worker_consumer(conn, plan.stream, prefix, index, list(group),
@@ -166,7 +150,6 @@ async def plan_worker_read(conn: JetStreamConnection, plan: ReadPlan, groups: Se
         workers.append((result["consumer"], tuple(result["subjects"]), max(plan.first_seq, floor + 1)))
     subjects = tuple(s for _, group, _ in workers for s in group)
     return dataclasses.replace(plan, workers=tuple(workers), subjects=subjects, ranges=())
-
 
 
 def read_method(plan: ReadPlan, *, consume: bool) -> str:
@@ -191,14 +174,9 @@ def read_method(plan: ReadPlan, *, consume: bool) -> str:
 
 
 async def acknowledge_read(conn: JetStreamConnection, plan: ReadPlan) -> int:
-    """Acknowledge everything ``plan`` covered, once the job that read it succeeded.
-
-    WorkQueue: purge the plan's filters (or the whole stream) below ``last_seq + 1``. Interest and
-    Limits: reset the plan's cursor consumer to ``last_seq + 1`` (its ack floor becomes ``last_seq``).
-    Messages that arrived after planning (seq > last_seq) stay for the next run. Returns how many
-    messages the stream lost (WorkQueue: purged; Interest: dropped once no consumer needs them;
-    Limits: none, the cursor only moves).
-    """
+    """Acknowledge everything ``plan`` covered once the job that read it succeeded: WorkQueue purges the plan's
+    filters below ``last_seq + 1``; Interest and Limits reset the cursor consumer(s) to ``last_seq + 1``. Later
+    messages stay for the next run. Returns how many messages the stream lost (Limits: none)."""
     if plan.empty:
         return 0
     if plan.retention == "workqueue":

@@ -1,12 +1,11 @@
 """One subscription per stream per process, fanned out in process: what thousands of waiting tasks share.
 
-A triggerer runs thousands of deferred sensors on one event loop. If each read the stream it waits on
-(the advisory capture stream, a KV bucket, a ledger bucket) through its own consumer, they would all count
-against the stream's ``max_consumers`` (1,000 when unset: the 1,001st is refused) and every start and end
-would be a consumer created and deleted. Here every waiter of one stream on one connection shares one
-**tail**: a push consumer that delivers the stream's new messages (flow control, idle heartbeats, no acks,
-in memory, one replica, gone ``TAIL_INACTIVE`` seconds after its subscriber). Each waiter registers a subject
-filter and gets the messages matching it, from the sequence after :attr:`TailListener.since` on::
+A consumer per waiting trigger would count against the stream's ``max_consumers`` (1,000 when unset) and make
+every start and end a consumer created and deleted. Here the waiters of one stream on one connection share one
+**tail** (docs/performance.md): a push consumer of the new messages (flow control, idle heartbeats, no acks, in
+memory, one replica, gone ``TAIL_INACTIVE`` s after its subscriber). Each waiter registers a subject filter and
+gets the matching messages after :attr:`TailListener.since`; what it needs up to ``since`` it reads without a
+consumer (:mod:`.stored`), so nothing between is lost or seen twice::
 
     async with follow(conn, "KV_models", "$KV.models.churn") as listener:
         current = await get_message(conn, "KV_models", subject="$KV.models.churn")   # up to listener.since
@@ -14,15 +13,9 @@ filter and gets the messages matching it, from the sequence after :attr:`TailLis
             for message in await listener.next_batch():                            # after listener.since
                 ...
 
-What a waiter needs from before it joined (up to ``since``) it reads without a consumer
-(:mod:`~airflow_jetstream.client.reading.stored`); nothing between is lost or seen twice.
-
-The tail recovers by itself: a gap in the consumer's sequence, missed heartbeats (a server restart, a dropped
-consumer, a node that died) or a deleted consumer make it subscribe again from the next sequence it has not
-delivered. A stream that must not get a consumer (WorkQueue or Interest retention: one would take messages
-away or keep them) is polled by direct get every ``POLL_INTERVAL`` seconds instead, as is a stream that refused
-the consumer because its consumer limit is reached (a warning names the limit). The last waiter to leave
-deletes the consumer.
+A sequence gap, missed heartbeats or a deleted consumer make the tail subscribe again from the next sequence it
+has not delivered. A stream that must not get a consumer (WorkQueue, Interest) or refused one for its consumer
+limit is polled by direct get every ``POLL_INTERVAL`` s instead. The last waiter to leave deletes the consumer.
 """
 
 from __future__ import annotations
@@ -458,15 +451,13 @@ async def follow(conn: JetStreamConnection, stream: str, subject: str = ">", *, 
                  accept: Callable[[Message], bool] | None = None,
                  key: tuple[KeyOf, Hashable] | None = None) -> AsyncIterator[TailListener]:
     """``async with follow(conn, stream, subject) as listener``: the messages of ``stream`` on ``subject``
-    (wildcards allowed) stored after ``listener.since``, through the tail this connection shares for
-    ``stream`` (and ``tail_filter``, the subject its consumer filters on; None: every subject).
+    (wildcards allowed) stored after ``listener.since``, through the tail this connection shares for ``stream``
+    and ``tail_filter`` (its consumer's filter; None: every subject).
 
-    ``accept(message)``, when given, runs as each message arrives (quick and non-blocking: on the event loop,
-    once per waiter on the subject): the listener gets only the messages it returns True for. Many waiters on
-    one subject (advisory sensors on different batches) are then woken only by their own message. ``key``,
-    ``(key_of, value)``, files the listener by the value it waits for: ``key_of`` (one function object shared by
-    the waiters of a subject; quick, never raising) runs once per message, and only the listeners of its value
-    see the message (then ``accept``), so a message costs one lookup however many wait on the subject."""
+    ``accept(message)`` (quick, on the event loop, once per waiter) keeps only what the listener wants, so many
+    waiters on one subject are woken only by their own message. ``key``, ``(key_of, value)``, files the listener
+    by the value it waits for: ``key_of`` (one function shared by the subject's waiters) runs once per message
+    and only the listeners of its value see it, one lookup however many wait on the subject."""
     validate_name(stream, what="stream name")
     validate_subject(subject, allow_wildcards=True, what="subject")
     if tail_filter is not None:

@@ -1,27 +1,15 @@
-"""A stream's stored messages, read one way: one message (:func:`get_message`), a sequence range
-(:func:`read_range`), or the last message of each subject (:func:`last_per_subject`, :func:`read_latest_per_subject`).
+"""A stream's stored messages: one message (:func:`get_message`), a sequence range (:func:`read_range`), or the
+last message of each subject (:func:`last_per_subject`, :func:`read_latest_per_subject`).
 
-:func:`read_range` yields the messages ``first <= seq <= last`` in order, in chunks of :data:`Row`, read ``via``:
+:func:`read_range` reads ``via`` a short-lived read consumer (``"consumer"``: fastest for bulk reads of a Limits
+stream; WorkQueue streams refuse it), batched direct gets (``"direct"``: nats-server 2.11+ and ``allow_direct``;
+any replica answers, and no API audit advisory is published), message gets (``"get"``: every stream, one message
+per request, answered by the leader), or ``None``: direct where allowed, else gets. A consumer, even an ephemeral
+one, is created on the server (it counts against ``max_consumers`` and its creation and deletion are advisories a
+capture stream stores), so views, pokes and status reads use ``via=None`` (DESIGN.md: observing never writes).
 
-- ``"consumer"``: a short-lived read consumer (:mod:`.read_consumer`), the fastest way for bulk reads (Spark) of
-  a Limits stream; WorkQueue streams refuse such consumers.
-- ``"direct"``: batched **direct get** ``$JS.API.DIRECT.GET.<stream>`` (``batch``: a reply of many messages
-  ending with an ``EOB`` status that says how many more match; nats-server 2.11+ and the stream's
-  ``allow_direct``). Any replica answers (one still applying the latest writes may not have them yet), and it
-  is not a JetStream API call, so no API audit advisory is published for it.
-- ``"get"``: **message get** ``$JS.API.STREAM.MSG.GET.<stream>``: every stream, one message per request,
-  answered by the stream leader; an API call (audited like any other).
-- ``None``: without a consumer: direct where the server and the stream allow, else message gets.
-
-A consumer, even a short-lived ephemeral one, is created on the server: it counts against the stream's
-``max_consumers`` (1,000 when unset), its creation and deletion are advisories a capture stream stores, and a
-reader that dies leaves it until its inactive threshold. The view, sensor pokes and status reads therefore read
-with ``via=None`` (DESIGN.md: observing never writes). No way removes anything (planning a read and
-acknowledging it: :mod:`.read_plan`).
-
-A read is complete up to ``last``: one that ends early on a cluster is checked against the stream leader (a
-consumer or direct get answered by a replica still catching up sees fewer messages); a direct read then reads
-on from the leader, a consumer read starts again (:func:`_resuming`). Everything is safe to repeat.
+A read is complete up to ``last``: on a cluster a read that ends early is checked against the stream leader (a
+replica still catching up sees fewer messages) and goes on (:func:`_resuming`). Nothing here removes anything.
 """
 
 from __future__ import annotations
@@ -90,16 +78,13 @@ async def read_messages(conn: JetStreamConnection, stream: str, first: int, last
                         info: dict[str, Any] | None = None) -> list[Message]:
     """Up to ``limit`` messages of :func:`read_range` without a consumer (``via=None``), as a list."""
     out: list[Message] = []
-    reader = read_range(conn, stream, first, last, subjects=subjects, via=None, batch=BATCH, info=info)
-    async with contextlib.aclosing(reader):
+    async with contextlib.aclosing(read_range(conn, stream, first, last, subjects=subjects, via=None, batch=BATCH,
+                                              info=info)) as reader:
         async for chunk in reader:
             out.extend(messages_of(stream, chunk[:None if limit is None else limit - len(out)]))
             if limit is not None and len(out) >= limit:
                 break
     return out
-
-
-# ------------------------------------------------------------------------------------------------- one message
 
 
 def _typed(conn: JetStreamConnection, exc: BaseException, stream: str, subject: str) -> JetStreamError:
@@ -126,13 +111,9 @@ def _from_natspy(stream: str, raw: Any, direct: bool) -> Message:
 
 async def get_message(conn: JetStreamConnection, stream: str, *, seq: int | None = None, subject: str | None = None,
                       next_after: bool = False, direct: bool = False) -> Message | None:
-    """One stored message through nats-py's ``get_msg``, or None when there is none.
-
-    ``seq`` alone: that message. ``subject`` alone: the last message on it (a KV key:
-    ``$KV.<bucket>.<key>``). ``seq`` and ``subject`` with ``next_after``: the first message at or after
-    ``seq`` on ``subject`` (a wildcard filter works). ``direct`` uses direct get: only for a stream
-    whose ``allow_direct`` is set (:func:`direct_allowed`).
-    """
+    """One stored message through nats-py's ``get_msg``, or None: ``seq`` alone that message, ``subject`` alone the
+    last on it (a KV key), both with ``next_after`` the first at or after ``seq`` on ``subject`` (a filter).
+    ``direct``: by direct get, for a stream with ``allow_direct`` (:func:`direct_allowed`)."""
     validate_name(stream, what="stream name")
     if seq is None and subject is None:
         raise InvalidRequestError("get_message needs a seq, a subject or both", reason="invalid_request")
@@ -152,9 +133,6 @@ async def get_message(conn: JetStreamConnection, stream: str, *, seq: int | None
         return _from_natspy(stream, raw, direct)
 
     return await conn.retry_leader(f"read from stream {stream!r}", attempt)
-
-
-# ------------------------------------------------------------------------------------------------- rows
 
 
 def _ts_nanos(rfc3339: str) -> int:
@@ -195,9 +173,8 @@ async def _get_next(conn: JetStreamConnection, stream: str, seq: int, subject: s
 
 async def direct_batch(conn: JetStreamConnection, stream: str, request: dict[str, Any],
                        row: Callable[[Any, Any], T], *, election: bool = False) -> tuple[list[T], int | None]:
-    """One direct batch request: its messages, each as ``row(headers, msg)``, and how many more match after
-    them (the EOB's count). A 503 (nothing answers direct gets on the stream) is :class:`StreamNotFoundError`;
-    with ``election`` (a stream known to exist, on a cluster) it is :class:`LeaderUnavailableError`."""
+    """One direct batch request: its messages as ``row(headers, msg)`` and how many more match (the EOB's count).
+    A 503 is :class:`StreamNotFoundError`; with ``election`` (the stream exists) :class:`LeaderUnavailableError`."""
     subject = f"{conn.api_prefix}.DIRECT.GET.{stream}"
     inbox = conn.nc.new_inbox()
     sub = await conn.nc.subscribe(inbox, pending_bytes_limit=256 * 1024 * 1024)
@@ -242,13 +219,10 @@ def _int(value: Any) -> int | None:
         return None
 
 
-# ------------------------------------------------------------------------------------------------- the three ways
-
-
 async def _read_via_get(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
                         batch: int) -> AsyncGenerator[list[Row], None]:
-    """Message gets of "the first at or after": ``CONCURRENT_GETS`` sequences at once without a filter (deleted
-    sequences answer with the next stored one), one after the other on a subject."""
+    """Message gets of "the first at or after": ``CONCURRENT_GETS`` at once without a filter, one by one on a
+    subject (a deleted sequence answers with the next stored one)."""
     subject = subjects[0] if subjects else ">"
     seq = first
     while seq <= last:
@@ -295,13 +269,9 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
                      subjects: Sequence[str] = (), via: str | None = "consumer", batch: int = 5000,
                      start_time: datetime | str | None = None,
                      info: dict[str, Any] | None = None) -> AsyncGenerator[list[Row], None]:
-    """Yield the messages with ``first <= seq <= last`` (matching ``subjects``) in chunks, in order.
-
-    Without ``subjects`` every message but the write fences (:mod:`~airflow_jetstream.client.batches.fence`).
-    ``start_time``: from the first message stored at or after it (and not before ``first``). ``last`` None: up to
-    what the server that answers holds (a poll: what it misses comes with the next). ``via`` None chooses direct or
-    message gets from ``info``, the stream's info (read when not given). ``batch``: messages per pull or direct
-    batch request."""
+    """Yield the messages with ``first <= seq <= last`` (matching ``subjects``; none: all but write fences) in
+    chunks of up to ``batch``, in order; from ``start_time`` on when given. ``last`` None: up to what the answering
+    server holds (a poll: what it misses comes with the next). ``info``: the stream's info when known."""
     validate_name(stream, what="stream name")
     if via is None:
         info = info if info is not None else await stream_info(conn, stream)
@@ -341,15 +311,12 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
 async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
                     checked: bool, via: str, read_from: Callable[[int], AsyncGenerator[list[Row], None]],
                     ) -> AsyncGenerator[list[Row], None]:
-    """Yield ``read_from(first)``; after a :class:`LeaderUnavailableError` (a node restart or leader
-    election) read again from the sequence after the last one yielded, with the client's retry rule
-    (:func:`~airflow_jetstream.client.retry.retry`: 0.25 s doubling up to 2 s) for up to the connection's
-    ``leader_wait`` seconds without progress: each chunk is one call of it. Nothing is yielded twice.
+    """Yield ``read_from(first)``; after a :class:`LeaderUnavailableError` (a restart or election) read again from
+    the sequence after the last one yielded, with the client's retry rule for up to ``leader_wait`` seconds without
+    progress (each chunk is one call of it). Nothing is yielded twice.
 
-    With ``checked``, a read that ends before ``last`` is checked against the stream leader: a read consumer or
-    a direct get answered by a replica that is still catching up (just restarted) sees fewer messages, so when
-    the leader holds a matching message at or below ``last`` the read goes on instead of ending short: a direct
-    read from the leader (message gets), a consumer read with a new consumer."""
+    With ``checked``, a read that ends before ``last`` while the leader holds a matching message at or below ``last``
+    (the replica that answered is catching up) goes on: from the leader by message gets, or with a new consumer."""
     start = first
     reader: AsyncGenerator[list[Row], None] | None = None
 
@@ -398,9 +365,8 @@ async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: in
 
 
 async def _first_at_or_after(conn: JetStreamConnection, stream: str, since: datetime, direct: bool) -> int | None:
-    """The sequence of the first message stored at or after ``since``, None when there is none. A direct get
-    answers without an API call (nothing for a capture stream of API audits to store); on a cluster a replica
-    that has none yet (still catching up) is not the last word, the leader is asked."""
+    """The sequence of the first message stored at or after ``since`` (None: none): by direct get where allowed (no
+    API call to audit), else (or when a replica has none yet) from the leader."""
     if direct:
         request = {"start_time": to_rfc3339(since), "batch": 1}
         got, _ = await conn.retry_leader(f"read from stream {stream!r}", lambda: direct_batch(
@@ -416,15 +382,11 @@ async def _next_stored_seq(conn: JetStreamConnection, stream: str, first: int, s
     return min((row[1] for row in found if row is not None), default=None)
 
 
-# ------------------------------------------------------------------------------------------------- last per subject
-
-
 async def last_per_subject(conn: JetStreamConnection, stream: str,
                            subjects: Sequence[str]) -> dict[str, Message]:
-    """The last message of each subject matching ``subjects`` (literal subjects and wildcard filters mixed), by
-    subject, in one direct get (``multi_last``; nats-server 2.11+ and the stream's ``allow_direct``): a KV
-    key's delete marker comes as its last message. A stream without ``allow_direct`` (or none at all) is
-    :class:`StreamNotFoundError`. The answer is one consistent snapshot of the stream."""
+    """The last message of each subject matching ``subjects`` (literals and filters), by subject: one consistent
+    snapshot by one direct get (``multi_last``; nats-server 2.11+, ``allow_direct``, else :class:`StreamNotFoundError`);
+    a KV key's delete marker comes as its last message."""
     validate_name(stream, what="stream name")
     if not subjects:
         return {}
@@ -437,16 +399,11 @@ async def last_per_subject(conn: JetStreamConnection, stream: str,
 
 async def read_latest_per_subject(conn: JetStreamConnection, stream: str, subjects: Sequence[str], *,
                                   batch: int = 1000) -> AsyncGenerator[list[Row], None]:
-    """Yield the last message of every subject matching ``subjects`` (a KV bucket's current values), however
-    many, in sequence order; updates stored while reading come after (a later one for a subject replaces the
-    earlier). Ends when the consumer reports nothing pending, so it never stops early the way a KV watch's
-    "initial values done" marker can (nats-py sends it when a consumer info answer overtakes the deliveries).
-
-    On a cluster the read consumer must sit on the stream leader or on a current replica: one placed
-    on a replica still catching up (just restarted) would list only the keys it has so far, and a
-    short listing cannot be told from a complete one. Such a consumer is dropped and placed again with
-    the client's retry rule (:func:`~airflow_jetstream.client.retry.retry`: 0.25 s doubling up to 2 s) for
-    up to the connection's ``leader_wait``."""
+    """Yield the last message of every subject matching ``subjects`` (a KV bucket's current values), however many,
+    in sequence order; updates stored meanwhile come after. Ends when the consumer reports nothing pending, so it
+    never stops early the way a KV watch's "initial values done" marker can (nats-py sends it when a consumer info
+    answer overtakes the deliveries). A consumer placed on a replica still catching up would list only the keys it
+    has (a short listing looks complete), so it is dropped and placed again for up to ``leader_wait``."""
 
     async def started() -> tuple[AsyncGenerator[list[Row], None], list[Row] | None]:
         reader = read_with_consumer(conn, stream, {"deliver_policy": "last_per_subject"}, sys.maxsize, subjects,

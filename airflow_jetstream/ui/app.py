@@ -40,7 +40,6 @@ from airflow_jetstream.ui.config import ViewSettings, view_settings
 from airflow_jetstream.ui.paging import PAGED, PageQuery, shape
 from airflow_jetstream.ui.schema import INDEX_RESPONSES, PAGE_RESPONSES, RESPONSES
 from airflow_jetstream.ui.snapshot import ReadKey, read_snapshot
-from airflow_jetstream.ui.watchers import event_watchers
 from airflow_jetstream.version import __version__
 
 log = logging.getLogger(__name__)
@@ -49,6 +48,9 @@ log = logging.getLogger(__name__)
 MAX_LISTED_CONNECTIONS = 100
 #: Every page load of every connection shares these reads.
 CACHE = ReadCache()
+#: The trigger event-driven DAGs' asset watchers run (``JetStreamMessageQueueProvider``).
+MESSAGE_TRIGGER = "airflow_jetstream.triggers.message.JetStreamMessageTrigger"
+DEFAULT_CONN_ID = "nats_default"
 
 app = FastAPI(title="JetStream", description="Read-only view of NATS JetStream for Airflow (docs/ui.md)",
               version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
@@ -125,6 +127,41 @@ def _stored_nats_connections(user: Any) -> list[str]:
     auth = get_auth_manager()
     return [cid for cid in ids
             if auth.is_authorized_connection(method="GET", details=ConnectionDetails(conn_id=cid), user=user)]
+
+
+def event_watchers(connection_id: str) -> dict[str, Any]:
+    """The event watchers of ``connection_id``: the message triggers its asset watchers run, their arguments
+    decrypted as the triggerer does. One waiting for a stream that does not exist waits without end, so the view
+    lists it as a problem. ``{"watchers": [{trigger_id, stream, consumer, names, created}]}``, or ``{"error": ...}``
+    when the metadata database cannot be read (the section is then unreadable, the rest of the view still shows)."""
+    from airflow.models.asset import AssetWatcherModel
+    from airflow.models.trigger import Trigger
+    from airflow.utils.session import create_session
+    from cryptography.fernet import InvalidToken
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.orm import lazyload
+
+    try:
+        with create_session() as session:
+            watchers = []
+            # the rows alone: not the task instances and runs Airflow's model loads with a trigger
+            for trigger in session.scalars(select(Trigger).where(Trigger.classpath == MESSAGE_TRIGGER)
+                                           .options(lazyload("*"))):
+                kwargs = trigger.kwargs
+                if (kwargs.get("nats_conn_id") or DEFAULT_CONN_ID) != connection_id:
+                    continue
+                names = session.scalars(select(AssetWatcherModel.name)
+                                        .where(AssetWatcherModel.trigger_id == trigger.id)).all()
+                watchers.append({"trigger_id": trigger.id, "stream": kwargs.get("stream"),
+                                 "consumer": kwargs.get("consumer"), "names": sorted(names),
+                                 "created": trigger.created_date.isoformat() if trigger.created_date else None})
+    except (SQLAlchemyError, InvalidToken) as exc:  # a database that cannot be read; kwargs under another key
+        log.warning("JetStream view: Airflow's trigger table could not be read", exc_info=True)
+        return {"error": {"error": type(exc).__name__, "reason": "metadata_unreadable", "code": None,
+                          "err_code": None, "message": f"Airflow's trigger table could not be read "
+                                                       f"({type(exc).__name__}; the api-server's log has why)"}}
+    return {"watchers": watchers}
 
 
 @app.get("/", response_class=HTMLResponse, responses=INDEX_RESPONSES)

@@ -108,7 +108,7 @@ def _close_later(conn: JetStreamConnection, timeout: float) -> None:
 async def read_snapshot(key: ReadKey, own: ConnectionSettings, view: ViewSettings, seen: Observations, *,
                         deadline: float, watchers: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything the view shows for ``key`` (JSON-able, no secret), ended by ``deadline`` (loop time); with the
-    connection's event ``watchers`` (ui/watchers.py) those waiting for a missing stream are problems.
+    connection's event ``watchers`` (ui/app.py, event_watchers) those waiting for a missing stream are problems.
 
     A connection that cannot be opened, or streams that cannot be listed, give ``{"error": ...}`` with the
     typed error and no sections.

@@ -143,11 +143,7 @@ class BatchLedger:
 
     async def get(self, run_id: str, batch_id: str) -> BatchRecord | None:
         """The batch's current record, or None when it was never recorded."""
-        key = batch_key(run_id, batch_id)
-        entry = (await self.read_entries([key])).get(key)
-        if entry is None or entry.deleted:
-            return None
-        return BatchRecord.decode(entry.data, entry.seq, key)
+        return (await self.get_many(run_id, [batch_id])).get(batch_id)
 
     async def get_many(self, run_id: str, batch_ids: Iterable[str], *, leader: bool = False) -> dict[str, BatchRecord]:
         """The records of the given batches of a run that exist, by batch id, in one request (keep it to a few

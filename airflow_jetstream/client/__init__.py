@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from airflow_jetstream.client.batches.types import BatchMessage
     from airflow_jetstream.client.connection import open_connection
     from airflow_jetstream.client.errors import JetStreamError, KeyRevisionError
+    from airflow_jetstream.client.reading.apply_function import ConsumeOptions
     from airflow_jetstream.client.reading.consume import consume
-    from airflow_jetstream.client.reading.consume_options import ConsumeOptions
     from airflow_jetstream.client.settings import ConnectionSettings
 
 #: The stable names, by the module that defines them; docs/api.md lists the same ones (tests/test_public_api.py
@@ -46,7 +46,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "connection": ("open_connection",),
     "errors": ("JetStreamError", "KeyRevisionError"),
     "reading.consume": ("consume",),
-    "reading.consume_options": ("ConsumeOptions",),
+    "reading.apply_function": ("ConsumeOptions",),
     "settings": ("ConnectionSettings",),
 }
 __all__ = [

@@ -8,12 +8,13 @@ from datetime import datetime
 from typing import Any
 
 from airflow_jetstream.client.errors import InvalidFunctionError
-from airflow_jetstream.client.reading.apply_function import bind_function, load_function
-from airflow_jetstream.client.reading.consume_options import (
+from airflow_jetstream.client.reading.apply_function import (
     DEFAULT_ACK_WAIT,
     DEFAULT_NAK_DELAY,
     ConsumeOptions,
     Duration,
+    bind_function,
+    load_function,
 )
 from airflow_jetstream.operators.base import JetStreamBaseOperator, subject_list, templated_int
 from airflow_jetstream.ui.links import JetStreamViewLink

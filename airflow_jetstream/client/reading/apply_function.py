@@ -1,4 +1,6 @@
-"""User functions given as a callable or a dotted path, as the Kafka provider takes them.
+"""User functions given as a callable or a dotted path, as the Kafka provider takes them, and how
+:func:`~airflow_jetstream.client.reading.consume.consume` reads and reacts to their failures (:class:`ConsumeOptions`),
+all checked without a connection (operators check them when a DAG file is parsed).
 
 ``apply_function`` may be a callable or ``"package.module.function"``; ``apply_function_args`` and
 ``apply_function_kwargs`` are bound after the message (``func(message, *args, **kwargs)``). A
@@ -11,9 +13,12 @@ import importlib
 import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, cast
 
-from airflow_jetstream.client.errors import InvalidFunctionError
+from airflow_jetstream.client.durations import to_seconds
+from airflow_jetstream.client.errors import InvalidFunctionError, InvalidRequestError
 
 FunctionSpec = Callable[..., Any] | str
 
@@ -93,3 +98,44 @@ def with_result(document: dict[str, Any], result: Any) -> dict[str, Any]:
     except (TypeError, ValueError):
         result = repr(result)
     return {**document, "result": result}
+
+
+#: Seconds before a failed message is redelivered, by delivery count (the last one repeats).
+DEFAULT_NAK_DELAY: tuple[float, ...] = (1.0, 5.0, 30.0, 60.0)
+DEFAULT_ACK_WAIT = "5m"
+
+Duration = float | int | str | timedelta
+
+
+@dataclass
+class ConsumeOptions:
+    """How much to read and how to react to failures (validated on construction)."""
+
+    per_batch: bool = False
+    max_messages: int | None = None
+    batch_size: int = 100
+    fetch_timeout: Duration = 5.0
+    nak_delay: Duration | Sequence[Duration] = DEFAULT_NAK_DELAY
+    term_on: tuple[type[BaseException], ...] = ()
+    nak_delays: tuple[float, ...] = field(init=False)
+    fetch_timeout_seconds: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("max_messages", "batch_size"):
+            value = getattr(self, name)
+            if value is None and name == "max_messages":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidRequestError(f"{name} must be a whole number >= 1, got {value!r}", reason="invalid_option")
+        self.fetch_timeout_seconds = to_seconds(self.fetch_timeout, field="fetch_timeout")
+        if self.fetch_timeout_seconds <= 0:
+            raise InvalidRequestError("fetch_timeout must be more than 0 seconds", reason="invalid_option")
+        delays = self.nak_delay if isinstance(self.nak_delay, (list, tuple)) else [cast(Duration, self.nak_delay)]
+        self.nak_delays = tuple(to_seconds(d, field="nak_delay") for d in delays) or (0.0,)
+        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in self.term_on):
+            raise InvalidRequestError(f"term_on must hold exception classes, got {self.term_on!r}",
+                                      reason="invalid_option")
+
+    def delay_for(self, delivered: int) -> float:
+        """The nak delay of a message delivered ``delivered`` times."""
+        return self.nak_delays[min(max(delivered, 1), len(self.nak_delays)) - 1]

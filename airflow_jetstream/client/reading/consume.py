@@ -38,12 +38,12 @@ from airflow_jetstream.client.errors import (
     InvalidRequestError,
     RequestTimeoutError,
 )
-from airflow_jetstream.client.reading.apply_function import call_function
-from airflow_jetstream.client.reading.consume_options import (
+from airflow_jetstream.client.reading.apply_function import (
     DEFAULT_ACK_WAIT,
     DEFAULT_NAK_DELAY,
     ConsumeOptions,
     Duration,
+    call_function,
 )
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.pull import PullSubscription

@@ -1,11 +1,7 @@
-"""Message headers as NATS sends them: repeated names keep every value.
-
-A NATS header block may repeat a name (``X-Multi: a`` and ``X-Multi: b``; nats.js ``append``, Go
-``Header.Add``). nats-py's ``Msg.headers`` is a ``dict[str, str]`` and keeps the last value only.
-:func:`parse_header_lines` (installed on every connection of the toolkit, see
-:mod:`airflow_jetstream.client.natspy_internals`) returns a :class:`Headers` that is that same dict
-(last value per name, so existing code sees nats-py's results) and also remembers every value of
-a repeated name; :func:`header_values` and :func:`headers_json` give them to readers.
+"""Message headers as NATS sends them: a block may repeat a name (nats.js ``append``, Go ``Header.Add``), and
+nats-py's ``dict[str, str]`` keeps the last value only. :func:`parse_header_lines` (installed on every connection of
+the toolkit) returns :class:`Headers`, that same dict plus every value of a repeated name, which
+:func:`header_values` and :func:`headers_json` give to readers.
 """
 
 from __future__ import annotations
@@ -41,13 +37,9 @@ def _rebuild(items: list[tuple[str, str]], repeated: dict[str, list[str]]) -> He
 
 
 def parse_header_lines(raw: bytes) -> Headers:
-    """Header lines (``Name: Value`` separated by CRLF) as :class:`Headers`.
-
-    The dict is nats-py's own ``Client._parse_header_lines(raw)``, so nats-py's users of a toolkit
-    connection (its KV, JetStream contexts, plain subscriptions) read exactly what nats-py gives them;
-    ``repeated`` adds every value of a repeated name (a block with more lines than names is read again
-    line by line, by the same nats-py parser).
-    """
+    """Header lines (``Name: Value`` separated by CRLF) as :class:`Headers`: the dict is nats-py's own parse, so
+    nats-py's users of a toolkit connection (KV, JetStream contexts) read what nats-py gives them; a block with more
+    lines than names is read again line by line, by the same parser, for ``repeated``."""
     parsed = natspy_parse_header_lines(raw)
     if raw.rstrip(b"\r\n").count(b"\r\n") < len(parsed):  # as many lines as names: none repeated
         return Headers(parsed)

@@ -14,7 +14,7 @@ one lookup, however many wait on its subject::
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.errors import JetStreamError
@@ -23,92 +23,64 @@ if TYPE_CHECKING:
 T = TypeVar("T", bound=Hashable)
 
 
-class _Node(Generic[T]):
-    __slots__ = ("children", "here", "rest")
-
-    def __init__(self) -> None:
-        self.children: dict[str, _Node[T]] = {}
-        self.here: set[T] = set()  # filters that end at this token
-        self.rest: set[T] = set()  # filters whose next token is ">"
-
-
 class SubjectIndex(Generic[T]):
-    """Items filed under subject filters; :meth:`match` returns the items of every filter matching a subject."""
+    """Items filed under subject filters; :meth:`match` returns the items of every filter matching a subject, found
+    through a tree of the filters' tokens (a node's ``""`` entry names the filter that ends there)."""
 
     def __init__(self) -> None:
-        self._root: _Node[T] = _Node()
-        self._size = 0
+        self._items: dict[str, set[T]] = {}
+        self._tree: dict[str, Any] = {}
 
     def __len__(self) -> int:
-        return self._size
-
-    def _path(self, pattern: str, create: bool) -> Iterator[_Node[T]]:
-        node = self._root
-        yield node
-        for token in pattern.split("."):
-            if token == ">":
-                return
-            child = node.children.get(token)
-            if child is None:
-                if not create:
-                    return
-                child = node.children[token] = _Node()
-            node = child
-            yield node
+        return sum(map(len, self._items.values()))
 
     def add(self, pattern: str, item: T) -> None:
         """File ``item`` under the filter ``pattern``."""
-        *_, node = self._path(pattern, create=True)
-        bucket = node.rest if pattern == ">" or pattern.endswith(".>") else node.here
-        if item not in bucket:
-            bucket.add(item)
-            self._size += 1
+        if pattern not in self._items:
+            node = self._tree
+            for token in pattern.split("."):
+                node = node.setdefault(token, {})
+            node[""] = pattern
+        self._items.setdefault(pattern, set()).add(item)
 
     def remove(self, pattern: str, item: T) -> None:
         """Take ``item`` out of the filter ``pattern`` (and prune the branches left empty)."""
-        nodes = list(self._path(pattern, create=False))
-        tokens = pattern.split(".")
-        depth = len(tokens) - (1 if tokens[-1] == ">" else 0)
-        if len(nodes) != depth + 1:
+        items = self._items.get(pattern, set())
+        if item not in items:
             return
-        node = nodes[-1]
-        bucket = node.rest if tokens[-1] == ">" else node.here
-        if item in bucket:
-            bucket.discard(item)
-            self._size -= 1
-        for parent, token, child in reversed(list(zip(nodes, tokens, nodes[1:], strict=False))):
-            if child.children or child.here or child.rest:
+        items.discard(item)
+        if items:
+            return
+        del self._items[pattern]
+        tokens, path = pattern.split("."), [self._tree]
+        for token in tokens:
+            path.append(path[-1][token])
+        del path[-1][""]
+        for parent, token, child in reversed(list(zip(path, tokens, path[1:], strict=False))):
+            if child:
                 break
-            del parent.children[token]
+            del parent[token]
 
     def items(self) -> set[T]:
         """Every item filed."""
-        found: set[T] = set()
-        stack = [self._root]
-        while stack:
-            node = stack.pop()
-            found |= node.here | node.rest
-            stack.extend(node.children.values())
-        return found
+        return set().union(*self._items.values())
 
     def match(self, subject: str) -> set[T]:
         """Every item whose filter matches ``subject`` (a literal subject)."""
         found: set[T] = set()
-        level = [self._root]
-        tokens = subject.split(".")
-        for token in tokens:
-            following: list[_Node[T]] = []
+        level = [self._tree]
+        for token in subject.split("."):
+            following = []
             for node in level:
-                found |= node.rest
-                for key in (token, "*"):
-                    child = node.children.get(key)
-                    if child is not None:
-                        following.append(child)
+                if ">" in node:
+                    found |= self._items[node[">"][""]]
+                following += [node[key] for key in (token, "*") if key in node]
             if not following:
                 return found
             level = following
         for node in level:
-            found |= node.here
+            if "" in node:
+                found |= self._items[node[""]]
         return found
 
 

@@ -152,17 +152,10 @@ async def consumer_status(conn: JetStreamConnection, stream: str, name: str) -> 
     """A consumer's progress; ``drained`` when nothing is pending or awaiting an ack."""
     info = await consumer_info(conn, stream, name)
     pending, ack_pending = int(info.get("num_pending", 0)), int(info.get("num_ack_pending", 0))
-    return {
-        "stream": stream,
-        "consumer": name,
-        "num_pending": pending,
-        "num_ack_pending": ack_pending,
-        "num_redelivered": int(info.get("num_redelivered", 0)),
-        "delivered": info.get("delivered", {}),
-        "ack_floor": info.get("ack_floor", {}),
-        "paused": bool(info.get("paused")),
-        "drained": pending == 0 and ack_pending == 0,
-    }
+    return {"stream": stream, "consumer": name, "num_pending": pending, "num_ack_pending": ack_pending,
+            "num_redelivered": int(info.get("num_redelivered", 0)), "delivered": info.get("delivered", {}),
+            "ack_floor": info.get("ack_floor", {}), "paused": bool(info.get("paused")),
+            "drained": pending == 0 and ack_pending == 0}
 
 
 async def ensure_consumer(conn: JetStreamConnection, stream: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -308,38 +301,18 @@ async def reset_consumer(conn: JetStreamConnection, stream: str, name: str, *, s
                                         reason="consumer_not_found") from None
         raise
     metrics.incr("consumer.reset", tags={"stream": stream, "consumer": name})
-    return {
-        "stream": stream,
-        "consumer": name,
-        "reset_seq": reply.get("reset_seq"),
-        "delivered": reply.get("delivered", {}),
-        "ack_floor": reply.get("ack_floor", {}),
-        "num_pending": reply.get("num_pending", 0),
-        "num_ack_pending": reply.get("num_ack_pending", 0),
-        "requested_seq": seq,
-        "requested_time": requested_time,
-    }
+    return {"stream": stream, "consumer": name, "reset_seq": reply.get("reset_seq"),
+            "delivered": reply.get("delivered", {}), "ack_floor": reply.get("ack_floor", {}),
+            "num_pending": reply.get("num_pending", 0), "num_ack_pending": reply.get("num_ack_pending", 0),
+            "requested_seq": seq, "requested_time": requested_time}
+
+
+#: The reason of a reset the server refused, by its description.
+_RESET_REASONS = (("below start seq", "below_start_seq"), ("below start time", "below_start_time"),
+                  ("not allowed", "reset_not_allowed"))
 
 
 def _reset_reason(description: str | None) -> str:
     text = (description or "").lower()
-    if "below start seq" in text:
-        return "below_start_seq"
-    if "below start time" in text:
-        return "below_start_time"
-    if "not allowed" in text:
-        return "reset_not_allowed"
-    return "invalid_reset"
+    return next((reason for words, reason in _RESET_REASONS if words in text), "invalid_reset")
 
-
-__all__ = [
-    "consumer_info",
-    "consumer_status",
-    "delete_consumer",
-    "ensure_consumer",
-    "find_consumer",
-    "list_consumers",
-    "normalize_consumer_config",
-    "pause_consumer",
-    "reset_consumer",
-]

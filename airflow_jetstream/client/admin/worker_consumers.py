@@ -1,31 +1,10 @@
 """One durable pull consumer per worker, filtered to the worker's subjects (consumer scaling, seed 004).
 
-Instead of one consumer per partition, each worker (a Spark reader partition, a worker process)
-owns exactly one durable pull consumer named ``<prefix>-<worker_id>`` whose ``filter_subjects``
-are the subjects assigned to it. Rebalancing updates that consumer in place::
-
-    result = await ensure_worker_consumer(conn, "ORDERS", "orders-reader", "3",
-                                          ["orders.eu.1", "orders.eu.2"], inactive_threshold="1h")
-    result["action"]      # "created" | "updated" | "unchanged"
-    sub = await conn.js.pull_subscribe_bind(result["consumer"], stream="ORDERS")
-
-- create-or-update only when the subject set (or a requested setting) differs; otherwise nothing
-  is sent but the info request (``unchanged``);
-- at most ``max_subjects`` subjects (default 500) per consumer: more raises
-  :class:`TooManySubjectsError` before anything is sent; overlapping filters are refused locally;
-- a failed update leaves the server's consumer as it was (the last good config keeps serving);
-  transient failures (timeouts, a lost connection, 503) are retried with jittered exponential backoff;
-- ``inactive_threshold`` lets the server delete the consumer of a worker that went away.
-
-:class:`WorkerConsumerManager` keeps a worker's last applied subject set, so repeated assignments
-with the same subjects send nothing at all (counted as ``noop_suppressed``)::
-
-    manager = WorkerConsumerManager("ORDERS", "orders-reader", "3")
-    await manager.update(conn, subjects)     # created / updated / unchanged / suppressed no-op
-    manager.stats                            # {"created": 1, "noop_suppressed": 4, ...}
-
-From Airflow, any of these runs through the hook: ``JetStreamHook().run(ensure_worker_consumer,
-"ORDERS", "orders-reader", "3", subjects)``.
+Each worker (a Spark reader partition, a worker process) owns one durable pull consumer ``<prefix>-<worker_id>``
+whose ``filter_subjects`` are its subjects, updated in place when the assignment changes: diff-based (an
+unchanged set sends nothing but the info request), capped (``max_subjects``), overlap-checked before anything is
+sent, transient failures retried, and a failed update leaves the last good config serving. A
+:class:`WorkerConsumerManager` also suppresses repeated assignments locally. docs/worker-consumers.md has it all.
 """
 
 from __future__ import annotations
@@ -168,12 +147,10 @@ async def ensure_worker_consumer(
     filters exactly ``subjects``.
 
     Returns ``{"action": "created"|"updated"|"unchanged", "consumer", "stream", "subjects",
-    "changed", "attempts", "info"}``. ``config`` adds consumer settings (JetStream JSON names, e.g.
-    ``{"max_deliver": 5, "backoff": ["2s", "5s"]}``). Transient failures (no answer, a lost connection,
-    a 503) are retried up to ``retries`` times with the client's retry rule, pausing ``backoff`` seconds
-    doubling up to ``max_backoff``, each jittered to 0.5-1x; a lost connection is raised as
-    :class:`ConnectionFailedError` (``connection_lost``). A failure leaves the consumer's previous config
-    in place and is raised.
+    "changed", "attempts", "info"}``. ``config`` adds consumer settings by JetStream JSON name. Transient
+    failures (no answer, a lost connection, a 503) are retried up to ``retries`` times, pausing ``backoff``
+    seconds doubling up to ``max_backoff``, jittered; a lost connection is raised as
+    :class:`ConnectionFailedError` (``connection_lost``). A failure leaves the previous config in place.
     """
     name = worker_consumer_name(prefix, worker_id)
     validate_name(stream, what="stream name")
@@ -215,15 +192,8 @@ async def ensure_worker_consumer(
         metrics.incr(f"worker_consumer.{result['action']}", tags={"stream": stream})
         log.info("Worker consumer %s on %s %s (%d subject(s), changed %s)", name, stream, result["action"],
                  len(wanted), ", ".join(result["changed"]))
-    return {
-        "action": result["action"],
-        "consumer": name,
-        "stream": stream,
-        "subjects": wanted,
-        "changed": result["changed"],
-        "attempts": attempts,
-        "info": result["info"],
-    }
+    return {"action": result["action"], "consumer": name, "stream": stream, "subjects": wanted,
+            "changed": result["changed"], "attempts": attempts, "info": result["info"]}
 
 
 async def delete_worker_consumer(conn: JetStreamConnection, stream: str, prefix: str, worker_id: str | int) -> bool:
@@ -293,13 +263,3 @@ class WorkerConsumerManager:
             return None
         return await self.update(conn, self.pending)
 
-
-__all__ = [
-    "DEFAULT_MAX_SUBJECTS",
-    "DEFAULT_WORKER_CONFIG",
-    "WorkerConsumerManager",
-    "delete_worker_consumer",
-    "ensure_worker_consumer",
-    "normalize_subjects",
-    "worker_consumer_name",
-]

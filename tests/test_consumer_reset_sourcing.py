@@ -9,7 +9,7 @@ import pytest
 from airflow_jetstream.client import ensure_stream
 from airflow_jetstream.client.admin.consumers import pause_consumer
 from airflow_jetstream.client.sourcing.provision import DurableSource, provision_durable_source
-from airflow_jetstream.client.sourcing.status import source_status
+from airflow_jetstream.client.sourcing.spec import source_status
 from airflow_jetstream.operators.consumer import JetStreamConsumerResetOperator
 from airflow_jetstream.triggers.consumer import describe_source
 from tests.test_sourcing import assert_exactly_once, messages, payloads, publish, run, wait_for

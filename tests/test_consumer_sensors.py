@@ -10,7 +10,7 @@ from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from airflow_jetstream.client import ensure_stream
 from airflow_jetstream.client.admin.consumers import ensure_consumer, pause_consumer
 from airflow_jetstream.client.sourcing.provision import DurableSource, provision_durable_source
-from airflow_jetstream.client.sourcing.status import source_status
+from airflow_jetstream.client.sourcing.spec import source_status
 from airflow_jetstream.sensors.consumer import JetStreamConsumerDrainedSensor, JetStreamSourceCaughtUpSensor
 from airflow_jetstream.triggers.consumer import JetStreamConsumerDrainedTrigger, JetStreamSourceCaughtUpTrigger
 from tests.test_sourcing import publish, run, wait_for

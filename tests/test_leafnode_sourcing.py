@@ -11,7 +11,7 @@ from airflow_jetstream.client import ConnectionSettings, JetStreamError, ensure_
 from airflow_jetstream.client.admin.consumers import find_consumer
 from airflow_jetstream.client.admin.streams import api_view
 from airflow_jetstream.client.reading.stored import read_messages
-from airflow_jetstream.client.sourcing.status import source_status
+from airflow_jetstream.client.sourcing.spec import source_status
 from airflow_jetstream.embedded.server import EmbeddedNatsServer, free_port
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
 from tests.conftest import set_nats_connection

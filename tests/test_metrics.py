@@ -153,7 +153,7 @@ def test_source_status_reports_sourcing_lag(settings) -> None:
     import asyncio
 
     from airflow_jetstream.client import ensure_stream, open_connection
-    from airflow_jetstream.client.sourcing.status import source_status
+    from airflow_jetstream.client.sourcing.spec import source_status
 
     class Recorder:
         def __init__(self) -> None:

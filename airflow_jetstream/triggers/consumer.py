@@ -75,7 +75,7 @@ class JetStreamSourceCaughtUpTrigger(JetStreamPollingTrigger):
         self.api_prefix = api_prefix
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
-        from airflow_jetstream.client.sourcing.status import source_status
+        from airflow_jetstream.client.sourcing.spec import source_status
 
         return await source_status(conn, self.stream, self.source, domain=self.domain, api_prefix=self.api_prefix)
 

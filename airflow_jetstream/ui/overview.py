@@ -28,8 +28,7 @@ from airflow_jetstream.client.ledger.counts import summarized
 from airflow_jetstream.client.ledger.records import FAILED, BatchRecord, key_token
 from airflow_jetstream.client.ledger.store import check_bucket_name
 from airflow_jetstream.client.reading.stored import direct_allowed, method_of, read_messages
-from airflow_jetstream.client.sourcing.spec import SOURCE_OWNER
-from airflow_jetstream.client.sourcing.status import source_progress
+from airflow_jetstream.client.sourcing.spec import SOURCE_OWNER, source_progress
 from airflow_jetstream.client.subjects import subject_matches, validate_name
 
 #: Default bounds of one overview (the UI passes its own).
@@ -173,7 +172,7 @@ def source_rows(stream_infos: Iterable[dict[str, Any]], consumers: Iterable[dict
     """Every source and mirror of ``stream_infos``: lag, last activity, error, and the durable consumer on the
     origin when it is among ``consumers`` (a user-managed source's named consumer, or the consumer the server
     made for a server-managed one); lag, activity, error and ``caught_up`` are
-    :func:`~airflow_jetstream.client.sourcing.status.source_progress`, the caught-up sensor's own rule."""
+    :func:`~airflow_jetstream.client.sourcing.spec.source_progress`, the caught-up sensor's own rule."""
     by_name = {(row["stream"], row["name"]): row for row in consumers}
     managed = {(row["stream"], row["source_for"]): row for row in consumers if row.get("source_for")}
     rows: list[dict[str, Any]] = []

@@ -8,13 +8,11 @@ from airflow_jetstream.client.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.sourcing.provision import provision_durable_source
-    from airflow_jetstream.client.sourcing.spec import DurableSource
-    from airflow_jetstream.client.sourcing.status import source_status
+    from airflow_jetstream.client.sourcing.spec import DurableSource, source_status
 
 __all__ = ["DurableSource", "provision_durable_source", "source_status"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "provision": ("provision_durable_source",),
-    "spec": ("DurableSource",),
-    "status": ("source_status",),
+    "spec": ("DurableSource", "source_status"),
 })

@@ -53,11 +53,9 @@ from airflow_jetstream.client.sourcing.spec import (
     SOURCE_OWNER,
     USER_MANAGED_HINT,
     DurableSource,
+    SourceUnhealthyError,
     entry_filters,
     find_entry,
-)
-from airflow_jetstream.client.sourcing.status import (
-    SourceUnhealthyError,
     server_managed_consumer,
     wait_messages_flow,
     wait_source_healthy,

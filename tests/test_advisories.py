@@ -18,13 +18,15 @@ from airflow_jetstream.client.advisories.capture import (
     listen_live,
     watch_advisories,
 )
-from airflow_jetstream.client.advisories.filter import AdvisoryFilter, AdvisoryPredicateError, predicate_path
 from airflow_jetstream.client.advisories.types import (
     KINDS,
     Advisory,
+    AdvisoryFilter,
+    AdvisoryPredicateError,
     advisory_subject,
     decode_advisory,
     parse_advisory,
+    predicate_path,
 )
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError, StreamNotFoundError
 from airflow_jetstream.client.subjects import subject_matches

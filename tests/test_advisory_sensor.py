@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import (
 )
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
-from airflow_jetstream.client.advisories.filter import AdvisoryPredicateError
+from airflow_jetstream.client.advisories.types import AdvisoryPredicateError
 from airflow_jetstream.client.errors import StreamNotFoundError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator

@@ -16,7 +16,7 @@ import pytest
 
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
 from airflow_jetstream.client.advisories.capture import find_captured
-from airflow_jetstream.client.advisories.filter import AdvisoryFilter
+from airflow_jetstream.client.advisories.types import AdvisoryFilter
 from airflow_jetstream.client.errors import JetStreamError, PlacementError
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from airflow_jetstream.operators.advisory import JetStreamAdvisoryStreamOperator

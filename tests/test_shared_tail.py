@@ -262,7 +262,7 @@ def test_thousands_of_advisory_waiters_check_each_advisory_once_not_once_per_wai
     against its own reader's filter only (9,900 advisories reaching 10,000 sensors took 16-21 s when every
     advisory was checked against every waiting filter: 99 million checks)."""
     from airflow_jetstream.client.advisories.capture import CaptureReader, capture_stream_config
-    from airflow_jetstream.client.advisories.filter import AdvisoryFilter
+    from airflow_jetstream.client.advisories.types import AdvisoryFilter
 
     checks = 0
     matches = AdvisoryFilter.matches

@@ -8,8 +8,12 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_jetstream.client.advisories.filter import AdvisoryFilter, predicate_path
-from airflow_jetstream.client.advisories.types import DEFAULT_CAPTURE_STREAM, parse_timestamp
+from airflow_jetstream.client.advisories.types import (
+    DEFAULT_CAPTURE_STREAM,
+    AdvisoryFilter,
+    parse_timestamp,
+    predicate_path,
+)
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor, failure

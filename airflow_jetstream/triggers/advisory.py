@@ -7,7 +7,7 @@ from contextlib import aclosing
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_jetstream.client.advisories.filter import AdvisoryFilter
+from airflow_jetstream.client.advisories.types import AdvisoryFilter
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.triggers.base import JetStreamWaitTrigger

@@ -30,8 +30,7 @@ except ImportError:
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer
-from airflow_jetstream.client.advisories.filter import AdvisoryFilter
-from airflow_jetstream.client.advisories.types import parse_advisory
+from airflow_jetstream.client.advisories.types import AdvisoryFilter, parse_advisory
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     AuthenticationError,

@@ -8,13 +8,11 @@ from airflow_jetstream.client.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.advisories.capture import ensure_capture_stream, find_captured, watch_advisories
-    from airflow_jetstream.client.advisories.filter import AdvisoryFilter
-    from airflow_jetstream.client.advisories.types import advisory_subject
+    from airflow_jetstream.client.advisories.types import AdvisoryFilter, advisory_subject
 
 __all__ = ["AdvisoryFilter", "advisory_subject", "ensure_capture_stream", "find_captured", "watch_advisories"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "capture": ("ensure_capture_stream", "find_captured", "watch_advisories"),
-    "filter": ("AdvisoryFilter",),
-    "types": ("advisory_subject",),
+    "types": ("AdvisoryFilter", "advisory_subject"),
 })

@@ -25,12 +25,12 @@ from airflow_jetstream.client.admin.streams import (
     replication_config,
     stream_info,
 )
-from airflow_jetstream.client.advisories.filter import AdvisoryFilter
 from airflow_jetstream.client.advisories.types import (
     DEFAULT_CAPTURE_STREAM,
     DEFAULT_CAPTURE_SUBJECTS,
     EVENT_PREFIX,
     Advisory,
+    AdvisoryFilter,
     decode_advisory,
     parse_timestamp,
 )

@@ -1,23 +1,30 @@
-"""JetStream advisories as values: one table of kinds (subject, JSON type, typed fields) and the parser.
+"""JetStream advisories as values: one table of kinds (subject, JSON type, typed fields), the parser, and
+:class:`AdvisoryFilter`, which advisories a sensor or trigger waits for.
 
 Every advisory (and the consumer ack metric) of nats-server 2.15 is one row of :data:`KINDS`, by
 short name (``"batch_abandoned"``). :func:`parse_advisory` turns the server's JSON into an
 :class:`Advisory` whose ``kind`` is that name and whose typed fields (``advisory.batch``,
 ``advisory.stream_seq`` ...) are read from the JSON by the row's field list. Unknown types are never
 an error: they parse into an :class:`Advisory` with ``kind`` None whose ``to_dict()`` is the raw JSON.
+
+A filter is plain data (it travels inside a serialized trigger); a predicate is given by the dotted
+path of a module-level function so that the triggerer can import it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any
+from functools import lru_cache
+from typing import Any, cast
 
-from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.subjects import validate_name
+from airflow_jetstream.client.errors import InvalidFunctionError, InvalidRequestError
+from airflow_jetstream.client.reading.apply_function import function_path, load_function
+from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 
 ADVISORY_PREFIX = "$JS.EVENT.ADVISORY"
 METRIC_PREFIX = "$JS.EVENT.METRIC"
@@ -159,24 +166,14 @@ def _as_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _as_bool(value: Any) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
-def _as_dict(value: Any) -> dict[str, Any] | None:
-    return value if isinstance(value, dict) else None
-
-
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-#: How each typed field is read from the JSON; anything unreadable becomes None (never an exception).
+#: How each typed field is read from the JSON (a string unless named here); anything unreadable becomes None
+#: (``replicas`` an empty list), never an exception.
 _COERCE: dict[str, Callable[[Any], Any]] = {
-    "stream_seq": _as_int, "consumer_seq": _as_int, "deliveries": _as_int, "bytes": _as_int,
-    "dropped": _as_int, "ack_time": _as_int, "paused": _as_bool, "pause_until": parse_timestamp,
-    "start": parse_timestamp, "end": parse_timestamp, "client": _as_dict, "state": _as_dict,
-    "replicas": _as_list,
+    **dict.fromkeys(("stream_seq", "consumer_seq", "deliveries", "bytes", "dropped", "ack_time"), _as_int),
+    **dict.fromkeys(("pause_until", "start", "end"), parse_timestamp),
+    "paused": lambda value: value if isinstance(value, bool) else None,
+    **dict.fromkeys(("client", "state"), lambda value: value if isinstance(value, dict) else None),
+    "replicas": lambda value: value if isinstance(value, list) else [],
 }
 _JSON_NAMES = {"api_subject": "subject"}  # api_audit's "subject" is the API subject, not the advisory's
 
@@ -252,3 +249,122 @@ def decode_advisory(payload: bytes, *, subject: str | None = None, capture_seq: 
     if not isinstance(data, dict):
         return None
     return parse_advisory(data, subject=subject, capture_seq=capture_seq)
+
+
+# --------------------------------------------------------------------------------------- filters
+
+
+class AdvisoryPredicateError(InvalidFunctionError):
+    """A user predicate given by dotted path cannot be imported, is not callable, or raised."""
+
+    default_reason = "invalid_predicate"
+
+
+@lru_cache(maxsize=128)
+def load_predicate(path: str) -> Callable[[dict[str, Any]], bool]:
+    """Import ``"package.module.function"`` (or ``"package.module:function"``) and return it."""
+    try:
+        return cast(Callable[[dict[str, Any]], bool], load_function(path, what="predicate"))
+    except InvalidFunctionError as exc:
+        raise AdvisoryPredicateError(exc.message) from None
+
+
+def predicate_path(func: Callable[..., Any]) -> str:
+    """The dotted path of a module-level function, checked to import back to the same object."""
+    try:
+        return function_path(func, what="predicate")
+    except InvalidFunctionError as exc:
+        raise AdvisoryPredicateError(exc.message) from None
+
+
+@dataclass(frozen=True)
+class AdvisoryFilter:
+    """Which advisories match. Every field given must match; ``None`` means any.
+
+    :param advisory: a kind (``"batch_abandoned"``), a subject (``"$JS.EVENT.ADVISORY.STREAM.>"``,
+        wildcards allowed) or None for every advisory.
+    :param stream, consumer, batch, reason: compared with the advisory's JSON fields.
+    :param match: a dict of further JSON field values, or the dotted path of a predicate taking the
+        advisory dict (:meth:`Advisory.to_dict`) and returning a bool.
+    """
+
+    advisory: str | None = None
+    stream: str | None = None
+    consumer: str | None = None
+    batch: str | None = None
+    reason: str | None = None
+    match: dict[str, Any] | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.advisory is not None:
+            if not isinstance(self.advisory, str) or not self.advisory:
+                raise InvalidRequestError(f"advisory must be a kind or a subject, got {self.advisory!r}",
+                                          reason="unknown_advisory")
+            if self.advisory.startswith(f"{EVENT_PREFIX}."):
+                validate_subject(self.advisory, allow_wildcards=True, what="advisory subject")
+            else:
+                get_kind(self.advisory)
+        if self.stream is not None:
+            validate_name(self.stream, what="stream name")
+        if self.consumer is not None:
+            validate_name(self.consumer, what="consumer name")
+        if isinstance(self.match, str):
+            load_predicate(self.match)
+        elif self.match is not None and not isinstance(self.match, dict):
+            raise AdvisoryPredicateError(
+                f"match must be a dict of field values or a predicate's dotted path, got {type(self.match).__name__}"
+            )
+
+    @property
+    def kind(self) -> AdvisoryKind | None:
+        if self.advisory and not self.advisory.startswith(f"{EVENT_PREFIX}."):
+            return KINDS[self.advisory]
+        return None
+
+    def subject(self) -> str:
+        """The narrowest subject covering every matching advisory (for a consumer filter or a subscription)."""
+        kind = self.kind
+        if kind is not None:
+            stream = self.stream if kind.has_stream else None
+            consumer = self.consumer if kind.has_consumer else None
+            return kind.subject_for(stream, consumer)
+        return self.advisory or f"{ADVISORY_PREFIX}.>"
+
+    def matches(self, advisory: Advisory) -> bool:
+        kind = self.kind
+        if kind is not None and advisory.kind != kind.name:
+            return False
+        if kind is None and self.advisory and not (advisory.subject and subject_matches(self.advisory,
+                                                                                        advisory.subject)):
+            return False
+        raw = advisory.raw
+        for key in ("stream", "consumer", "batch", "reason"):
+            wanted = getattr(self, key)
+            if wanted is not None and raw.get(key) != wanted:
+                return False
+        if isinstance(self.match, dict):
+            return all(raw.get(k) == v for k, v in self.match.items())
+        if isinstance(self.match, str):
+            return self._call_predicate(advisory)
+        return True
+
+    def _call_predicate(self, advisory: Advisory) -> bool:
+        predicate = load_predicate(str(self.match))
+        try:
+            return bool(predicate(advisory.to_dict()))
+        except Exception as exc:
+            raise AdvisoryPredicateError(
+                f"predicate {self.match!r} raised {type(exc).__name__}: {exc}", reason="predicate_failed"
+            ) from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AdvisoryFilter:
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+    def describe(self) -> str:
+        parts = [self.advisory or "any advisory"]
+        parts += [f"{k}={v}" for k, v in self.to_dict().items() if k != "advisory" and v is not None]
+        return " ".join(parts)

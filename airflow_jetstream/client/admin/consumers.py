@@ -187,9 +187,7 @@ async def ensure_consumer(conn: JetStreamConnection, stream: str, config: dict[s
         raise ConsumerConfigError(
             f"{context} exists with a different {', '.join(fixed)} "
             f"({', '.join(f'{k}={have.get(k.split()[0])!r}' for k in fixed)}), which the server cannot change; "
-            "delete the consumer (its delivery state is lost) or use another consumer name",
-            reason="immutable_field",
-        )
+            "delete the consumer (its delivery state is lost) or use another consumer name", reason="immutable_field")
     merged = {**have, **cfg}
     try:
         info = await conn.api_request(f"CONSUMER.CREATE.{stream}.{name}",
@@ -274,9 +272,7 @@ async def reset_consumer(conn: JetStreamConnection, stream: str, name: str, *, s
         if policy == "by_start_time" and parse_time(time) < parse_time(config["opt_start_time"]):
             raise ConsumerResetError(
                 f"{where} starts at {config['opt_start_time']}: cannot reset to {requested_time}, "
-                "which is before its start time",
-                reason="below_start_time",
-            )
+                "which is before its start time", reason="below_start_time")
         seq = await first_seq_at_or_after(conn, stream, time)
     if seq is not None and policy == "by_start_sequence" and seq < int(config.get("opt_start_seq") or 0):
         raise ConsumerResetError(

@@ -171,9 +171,7 @@ def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise StreamConfigError(
             f"unknown stream config field(s) {', '.join(unknown)}; use JetStream's JSON names "
-            "(e.g. num_replicas, max_age, duplicate_window, allow_atomic)",
-            reason="unknown_field",
-        )
+            "(e.g. num_replicas, max_age, duplicate_window, allow_atomic)", reason="unknown_field")
     cfg = copy.deepcopy(config)
     if "name" not in cfg:
         raise StreamConfigError("a stream config needs a 'name'", reason="missing_name")
@@ -304,9 +302,7 @@ async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
             raise StreamConfigError(
                 f"stream {name!r}: field {key!r} cannot be changed on an existing stream "
                 f"(is {current_cfg.get(key)!r}, requested {cfg[key]!r}); create a new stream and "
-                "migrate, or keep the current value",
-                reason="immutable_field",
-            )
+                "migrate, or keep the current value", reason="immutable_field")
     merged = {**current_cfg, **cfg}
     try:
         info = await conn.api_request(f"STREAM.UPDATE.{name}", merged, context=f"update stream {name!r}")

@@ -67,9 +67,7 @@ def normalize_subjects(subjects: Iterable[str], *, max_subjects: int = DEFAULT_M
     if not unique:
         raise InvalidRequestError(
             f"{consumer}: no subjects assigned; a worker consumer without filters would receive the whole "
-            "stream: delete the consumer instead (delete_worker_consumer) or assign subjects",
-            reason="no_subjects",
-        )
+            "stream: delete the consumer instead (delete_worker_consumer) or assign subjects", reason="no_subjects")
     if len(unique) > max_subjects:
         raise TooManySubjectsError(
             f"{consumer}: {len(unique)} subjects assigned but at most {max_subjects} are allowed per worker "
@@ -81,9 +79,7 @@ def normalize_subjects(subjects: Iterable[str], *, max_subjects: int = DEFAULT_M
             if other != w and subjects_overlap(w, other):
                 raise InvalidSubjectError(
                     f"{consumer}: filter subjects {w!r} and {other!r} overlap; the server refuses overlapping "
-                    "filters: keep only the wider one",
-                    reason="filter_subjects_overlap",
-                )
+                    "filters: keep only the wider one", reason="filter_subjects_overlap")
     return unique
 
 
@@ -103,9 +99,7 @@ def _worker_config(name: str, subjects: list[str], inactive_threshold: Any,
     if owned:
         raise InvalidRequestError(
             f"worker consumer {name!r}: config may not set {', '.join(owned)}; the name comes from prefix and "
-            "worker_id, the filters from subjects, and worker consumers are pull consumers",
-            reason="invalid_field",
-        )
+            "worker_id, the filters from subjects, and worker consumers are pull consumers", reason="invalid_field")
     cfg = {**DEFAULT_WORKER_CONFIG, **extra, "durable_name": name, "filter_subjects": subjects}
     if inactive_threshold is not None:
         cfg["inactive_threshold"] = inactive_threshold
@@ -123,9 +117,7 @@ async def _confirm_filters(conn: JetStreamConnection, stream: str, name: str, wa
         raise ConsumerConfigError(
             f"worker consumer {name!r} on {stream!r}: the server accepted the update but still filters "
             f"{consumer_filters(info)[:5]}...; another process may be updating the same consumer (worker ids must "
-            "be unique)",
-            reason="update_not_applied",
-        )
+            "be unique)", reason="update_not_applied")
     return info
 
 

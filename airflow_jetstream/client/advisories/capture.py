@@ -294,9 +294,7 @@ def _check_captured(capture_stream: str, info: Mapping[str, Any], subject: str) 
     if not any(subject_matches(s, subject) or subject_matches(subject, s) for s in covered):
         raise InvalidRequestError(
             f"capture stream {capture_stream!r} stores {covered}, which does not include {subject!r}; "
-            "add the subject to the capture stream",
-            reason="subject_not_captured",
-        )
+            "add the subject to the capture stream", reason="subject_not_captured")
 
 
 async def find_captured(conn: JetStreamConnection, capture_stream: str, *, start_time: datetime | str,

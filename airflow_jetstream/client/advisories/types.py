@@ -53,16 +53,8 @@ class AdvisoryKind:
     action: str | None = None
     prefix: str = ADVISORY_PREFIX
 
-    @property
-    def has_stream(self) -> bool:
-        return "{stream}" in self.subject
-
-    @property
-    def has_consumer(self) -> bool:
-        return "{consumer}" in self.subject
-
     def subject_for(self, stream: str | None = None, consumer: str | None = None) -> str:
-        """The concrete subject, with ``*`` for a stream/consumer not given."""
+        """The concrete subject, with ``*`` for a stream/consumer not given (ignored when the subject names none)."""
         for value, what in ((stream, "stream name"), (consumer, "consumer name")):
             if value is not None:
                 validate_name(value, what=what)
@@ -131,9 +123,7 @@ def get_kind(kind: str) -> AdvisoryKind:
     except KeyError:
         raise InvalidRequestError(
             f"unknown advisory kind {kind!r}; use one of {', '.join(sorted(KINDS))} or a subject "
-            f"starting with {EVENT_PREFIX}.",
-            reason="unknown_advisory",
-        ) from None
+            f"starting with {EVENT_PREFIX}.", reason="unknown_advisory") from None
 
 
 # --------------------------------------------------------------------------------------- parsing
@@ -324,11 +314,7 @@ class AdvisoryFilter:
     def subject(self) -> str:
         """The narrowest subject covering every matching advisory (for a consumer filter or a subscription)."""
         kind = self.kind
-        if kind is not None:
-            stream = self.stream if kind.has_stream else None
-            consumer = self.consumer if kind.has_consumer else None
-            return kind.subject_for(stream, consumer)
-        return self.advisory or f"{ADVISORY_PREFIX}.>"
+        return kind.subject_for(self.stream, self.consumer) if kind else self.advisory or f"{ADVISORY_PREFIX}.>"
 
     def matches(self, advisory: Advisory) -> bool:
         kind = self.kind

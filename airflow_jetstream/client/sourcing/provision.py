@@ -80,29 +80,21 @@ def _check_flow_control_consumer(info: dict[str, Any], spec: DurableSource) -> N
     """Refuse an existing consumer the server would reject for sourcing (10217-10222), naming the fix."""
     cfg = info["config"]
     where = f"consumer {spec.consumer!r} on {spec.source!r}"
-    problems = []
-    if cfg.get("ack_policy") != "flow_control":
-        problems.append(f"ack_policy is {cfg.get('ack_policy')!r}, needs 'flow_control'")
-    if not cfg.get("deliver_subject"):
-        problems.append("it is a pull consumer, needs a deliver subject (push)")
-    if not cfg.get("flow_control"):
-        problems.append("flow_control is off")
-    if cfg.get("max_deliver", -1) != -1:
-        problems.append(f"max_deliver is {cfg.get('max_deliver')}, needs -1")
-    if cfg.get("backoff"):
-        problems.append("backoff is set")
+    problems = [problem for bad, problem in (
+        (cfg.get("ack_policy") != "flow_control", f"ack_policy is {cfg.get('ack_policy')!r}, needs 'flow_control'"),
+        (not cfg.get("deliver_subject"), "it is a pull consumer, needs a deliver subject (push)"),
+        (not cfg.get("flow_control"), "flow_control is off"),
+        (cfg.get("max_deliver", -1) != -1, f"max_deliver is {cfg.get('max_deliver')}, needs -1"),
+        (cfg.get("backoff"), "backoff is set"),
+    ) if bad]
     if problems:
         raise ConsumerConfigError(
             f"{where} cannot be used for durable sourcing: {'; '.join(problems)}. Let the operator create it "
-            "(create_consumer=True) or recreate it as a flow-control push consumer",
-            reason="consumer_not_flow_control",
-        )
+            "(create_consumer=True) or recreate it as a flow-control push consumer", reason="consumer_not_flow_control")
     if spec.deliver_subject and cfg["deliver_subject"] != spec.deliver_subject:
         raise ConsumerConfigError(
             f"{where} delivers to {cfg['deliver_subject']!r}, not {spec.deliver_subject!r}; "
-            "leave deliver_subject unset to use the consumer's own",
-            reason="invalid_source_consumer",
-        )
+            "leave deliver_subject unset to use the consumer's own", reason="invalid_source_consumer")
 
 
 def _check_against_streams(spec: DurableSource, target: dict[str, Any] | None, origin: dict[str, Any]) -> None:
@@ -305,9 +297,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
             f"origin {spec.source!r} is a Limits stream: for it the server still sources through an ephemeral "
             "consumer, so mode='server' would not be durable. Use mode='user' (a durable consumer created on the "
             "origin; user_managed={...} on JetStreamDurableSourceOperator), or plain sourcing if the origin keeps "
-            "its messages anyway",
-            reason="origin_not_durable_capable",
-        )
+            "its messages anyway", reason="origin_not_durable_capable")
     if spec.user_managed and retention == "workqueue" and spec.deliver_policy != "all":
         raise ConsumerConfigError(
             f"origin {spec.source!r} is a WorkQueue stream, whose consumers must deliver all: drop "

@@ -148,9 +148,7 @@ class DurableSource:
             if given:
                 raise InvalidRequestError(
                     f"{', '.join(given)} only apply to {USER_MANAGED_HINT} (the server picks its own consumer "
-                    "in mode='server'); use one to control the consumer",
-                    reason="invalid_source",
-                )
+                    "in mode='server'); use one to control the consumer", reason="invalid_source")
             return spec
         return spec._validated_user()
 
@@ -283,9 +281,7 @@ async def wait_source_healthy(conn: JetStreamConnection, spec: DurableSource, *,
         raise ConsumerNotFoundError(
             f"{where} uses consumer {spec.consumer!r}, which does not exist on {spec.source!r}{spec.where} (the "
             f"server only shows active -1). Create it ({USER_MANAGED_HINT} with create_consumer=True does) or "
-            "fix the consumer name / domain",
-            reason="source_consumer_missing",
-        )
+            "fix the consumer name / domain", reason="source_consumer_missing")
     raise SourceUnhealthyError(
         f"{where} did not become active within {timeout}s (active -1, no error): check that the origin "
         f"stream{spec.where} is reachable (leaf node connected, domain right) and the consumer is not paused",
@@ -311,9 +307,7 @@ async def server_managed_consumer(origin_conn: JetStreamConnection, spec: Durabl
             raise SourceUnhealthyError(
                 f"the server made no durable {prefix}* consumer on {spec.source!r} for stream {spec.stream!r} "
                 f"within {timeout}s: the origin may not be a WorkQueue/Interest stream, or the server is older "
-                f"than 2.14; use {USER_MANAGED_HINT}",
-                reason="server_consumer_missing",
-            )
+                f"than 2.14; use {USER_MANAGED_HINT}", reason="server_consumer_missing")
         await asyncio.sleep(_POLL_SECONDS)
 
 

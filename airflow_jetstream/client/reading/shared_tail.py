@@ -212,17 +212,6 @@ class StreamTail:
         return TailStats(self.stream, self.filter, self.mode, self._consumer, len(self.listeners), self.delivered,
                          self.resubscribed, self.degraded)
 
-    # ------------------------------------------------------------------------------------------- listeners
-
-    def add(self, subject: str, accept: Callable[[Message], bool] | None = None,
-            key: tuple[KeyOf, Hashable] | None = None) -> TailListener:
-        listener = TailListener(self, subject, accept, key)
-        self.listeners.add(subject, listener, key)
-        return listener
-
-    def remove(self, listener: TailListener) -> None:
-        self.listeners.remove(listener.subject, listener, listener.key)
-
     def _fail(self, error: JetStreamError) -> None:
         log.error("Shared subscription on stream %r failed: %s", self.stream, error)
         self._closed = True
@@ -463,11 +452,12 @@ async def follow(conn: JetStreamConnection, stream: str, subject: str = ">", *, 
     if tail_filter is not None:
         validate_subject(tail_filter, allow_wildcards=True, what="tail filter")
     entry = await _join(conn, stream, tail_filter)
-    listener = entry.tail.add(subject, accept, key)
+    listener = TailListener(entry.tail, subject, accept, key)
+    entry.tail.listeners.add(subject, listener, key)
     try:
         yield listener
     finally:
-        entry.tail.remove(listener)
+        entry.tail.listeners.remove(subject, listener, key)
         await _leave(conn, (stream, tail_filter), entry)
 
 

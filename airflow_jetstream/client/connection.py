@@ -321,16 +321,9 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
         if typed is not None and not fatal.done():
             fatal.set_result(typed)
 
-    kwargs = settings.connect_options()
-    kwargs.update(
-        error_cb=error_cb,
-        max_reconnect_attempts=options.pop("max_reconnect_attempts", 60),
-        reconnect_time_wait=options.pop("reconnect_time_wait", 0.5),
-        ping_interval=options.pop("ping_interval", PING_INTERVAL),
-        max_outstanding_pings=options.pop("max_outstanding_pings", MAX_OUTSTANDING_PINGS),
-        **options,
-    )
-    kwargs = with_pending_size(nc, kwargs)
+    kwargs = with_pending_size(nc, {**settings.connect_options(), "max_reconnect_attempts": 60,
+                                    "reconnect_time_wait": 0.5, "ping_interval": PING_INTERVAL,
+                                    "max_outstanding_pings": MAX_OUTSTANDING_PINGS, **options, "error_cb": error_cb})
     install_pong_guard(nc)  # before connecting: a stall can come at any time
     budget = settings.connect_timeout * max(1, len(settings.servers)) + 1.0
     task = asyncio.ensure_future(nc.connect(**kwargs))

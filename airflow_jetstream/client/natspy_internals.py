@@ -228,7 +228,4 @@ def _refusal(problems: list[str]) -> NatsPyVersionError:
 def check_connected(nc: Any) -> None:
     """After connecting: the server's INFO is where :func:`server_info` reads it."""
     if not server_info(nc).get("server_id"):
-        raise NatsPyVersionError(
-            f"nats-py {natspy_version()} changed what airflow-jetstream relies on: cluster detection "
-            f"(_server_info): the connected client's _server_info holds no server INFO. This airflow-jetstream "
-            f"runs on nats-py {SUPPORTED_NATSPY}: pip install \"nats-py{SUPPORTED_NATSPY}\"")
+        raise _refusal(["cluster detection (_server_info): the connected client's _server_info holds no server INFO"])

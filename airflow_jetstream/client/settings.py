@@ -171,30 +171,13 @@ class ConnectionSettings:
         return ctx
 
     def connect_options(self) -> dict[str, Any]:
-        """Keyword arguments for ``nats.connect`` (without callbacks)."""
-        servers = list(self.servers)
-        if self.uses_tls:
-            servers = [s.replace("nats://", "tls://", 1) for s in servers]
-        options: dict[str, Any] = {
-            "servers": servers,
-            "connect_timeout": self.connect_timeout,
-            "name": self.client_name,
-        }
-        if self.user:
-            options["user"] = self.user
-            options["password"] = self.password or ""
-        if self.token:
-            options["token"] = self.token
-        if self.nkey_seed_secret:
-            options["nkeys_seed_str"] = self.nkey_seed_secret
-        if self.creds_file:
-            options["user_credentials"] = self.creds_file
+        """Keyword arguments for ``nats.connect`` (without callbacks); an unset one is nats-py's default, None."""
         tls = self.ssl_context()
-        if tls is not None:
-            options["tls"] = tls
-            if self.tls_hostname:
-                options["tls_hostname"] = self.tls_hostname
-        return options
+        return {"servers": [s.replace("nats://", "tls://", 1) if tls else s for s in self.servers],
+                "connect_timeout": self.connect_timeout, "name": self.client_name, "user": self.user,
+                "password": (self.password or "") if self.user else None, "token": self.token,
+                "nkeys_seed_str": self.nkey_seed_secret, "user_credentials": self.creds_file,
+                "tls": tls, "tls_hostname": self.tls_hostname if tls else None}
 
     def secrets(self) -> list[str]:
         """Secret values to mask in logs (credentials file contents included)."""

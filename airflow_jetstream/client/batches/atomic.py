@@ -109,7 +109,7 @@ async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batc
     # Requests: the first message, every flow_every-th one, and the commit.
     asks = [1] + ([s for s in range(1 + flow_every, last, flow_every)] if flow_every else []) + [last]
     asks = sorted(set(asks))
-    reply_of = {seq: replies.expect(seq) for seq in asks}
+    reply_of = {seq: replies.expect() for seq in asks}
     frames = encode_atomic_batch(items, batch_id, expected_last_seq, reply_of)
     nc = conn.nc
     try:
@@ -140,13 +140,6 @@ def validate_atomic(conn: JetStreamConnection, messages: Sequence[BatchMessage],
     """The local checks of an atomic batch (:func:`~airflow_jetstream.client.batches.types.validate_messages`)."""
     return validate_messages(messages, max_msgs=max_msgs, max_payload=conn.max_payload,
                              refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=BATCH_HEADER_BYTES)
-
-
-async def fenced_stream(conn: JetStreamConnection, subject: str, context: str, stream: str | None = None) -> str:
-    """``stream`` (or the one capturing ``subject``) once checked to keep write fences (``stream_not_fenced``)."""
-    stream = stream or await capturing_stream(conn, subject, context)
-    check_fence_config(stream, (await stream_info(conn, stream))["config"])
-    return stream
 
 
 async def publish_atomic_batch(
@@ -190,14 +183,16 @@ async def publish_atomic_batch(
     fenced = None
     if fence is not None:
         _check_fenced_size(items, max_msgs)
-        fenced = (await fenced_stream(conn, items[0].subject, f"atomic batch {batch_id}", stream), fence)
+        stream = stream or await capturing_stream(conn, items[0].subject, f"atomic batch {batch_id}")
+        check_fence_config(stream, (await stream_info(conn, stream))["config"])
+        fenced = (stream, fence)
     return await _publish_validated(conn, items, batch_id, expected_last_seq, flow_every,
                                     reply_timeout(conn, timeout), retries, deadline, fenced)
 
 
 def _check_fenced_size(messages: Sequence[BatchMessage], max_msgs: int) -> None:
     """A fenced batch is its messages and the fence: refuse, before sending, one the server's limit cannot hold."""
-    if isinstance(messages, Sequence) and len(messages) >= max_msgs:
+    if len(messages) >= max_msgs:
         raise InvalidRequestError(
             f"the batch has {len(messages)} messages; a fenced batch holds at most {max_msgs - 1} (its fence is "
             f"one more, and the server's jetstream.limits.batch.max_msgs is {max_msgs}); use smaller chunks",
@@ -209,8 +204,9 @@ async def publish_fenced_batch(conn: JetStreamConnection, messages: Sequence[Bat
                                max_msgs: int = DEFAULT_MAX_BATCH_MSGS) -> BatchResult:
     """:func:`publish_atomic_batch` with ``fence=fence_id`` to ``stream``, which the caller already checked for
     fences (:func:`~airflow_jetstream.client.batches.publish_chunks.check_target_stream` with ``fence=True``)."""
-    _check_fenced_size(messages, max_msgs)
-    return await _publish_validated(conn, validate_atomic(conn, messages, max_msgs), validate_batch_id(batch_id),
+    items = validate_atomic(conn, messages, max_msgs)
+    _check_fenced_size(items, max_msgs)
+    return await _publish_validated(conn, items, validate_batch_id(batch_id),
                                     expected_last_seq, DEFAULT_FLOW_EVERY, reply_timeout(conn, None), DEFAULT_RETRIES,
                                     fence=(stream, fence_id))
 

@@ -39,7 +39,13 @@ from airflow_jetstream.client.batches.types import (
     BatchMessage,
     validate_messages,
 )
-from airflow_jetstream.client.batches.wire import BatchReplies, capturing_stream, encode_frame, message_header_lines
+from airflow_jetstream.client.batches.wire import (
+    BatchReplies,
+    capturing_stream,
+    encode_frame,
+    message_header_lines,
+    reply_timeout,
+)
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
@@ -111,7 +117,7 @@ class Batcher:
         self.max_batch = max_batch
         self.flush_interval = flush_interval
         self.atomic = atomic
-        self.timeout = to_seconds(timeout, field="timeout") if timeout else conn.settings.request_timeout
+        self.timeout = reply_timeout(conn, timeout)
         self._queue: list[_Item] = []
         self._has_items = asyncio.Event()
         self._batch_full = asyncio.Event()
@@ -123,7 +129,6 @@ class Batcher:
         self._replies: BatchReplies | None = None
         #: Set while the last group gave up on a leaderless stream: what queued items past their deadline get.
         self._leaderless: LeaderUnavailableError | None = None
-        self._next_reply = 0
 
     async def __aenter__(self) -> Batcher:
         return self
@@ -328,10 +333,7 @@ class Batcher:
     async def _publish_individually(self, messages: list[BatchMessage]) -> list[BatchItemResult]:
         if self._replies is None:
             self._replies = await BatchReplies(self.conn, self.timeout, "publish").open()
-        first = self._next_reply + 1
-        self._next_reply += len(messages)
-        return await publish_individually(self.conn, messages, self.timeout, replies=self._replies,
-                                          first_reply=first)
+        return await publish_individually(self.conn, messages, self.timeout, replies=self._replies)
 
     async def _ride_out_elections(self, messages: list[BatchMessage], results: list[BatchItemResult],
                                   deadline: Deadline) -> list[BatchItemResult]:
@@ -393,11 +395,10 @@ class Batcher:
 
 
 async def publish_individually(conn: JetStreamConnection, messages: list[BatchMessage], timeout: float, *,
-                               replies: BatchReplies | None = None, first_reply: int = 1) -> list[BatchItemResult]:
+                               replies: BatchReplies | None = None) -> list[BatchItemResult]:
     """Pipelined acknowledged publishes: all frames in one write, then one result per message, in order.
 
-    ``replies`` is an open reply inbox to reuse (the answers then go to ``<inbox>.<first_reply + i>``);
-    without it, one is opened and closed for this call.
+    ``replies`` is an open reply inbox to reuse; without it, one is opened and closed for this call.
     """
     own_replies = replies is None
     if replies is None:
@@ -405,8 +406,8 @@ async def publish_individually(conn: JetStreamConnection, messages: list[BatchMe
     reply_of: list[bytes] = []
     try:
         frames = []
-        for index, msg in enumerate(messages, start=first_reply):
-            reply = replies.expect(index)
+        for msg in messages:
+            reply = replies.expect()
             reply_of.append(reply)
             lines = message_header_lines(msg)
             frames.append(encode_frame(msg.subject.encode(), reply, lines, bytes(msg.data)))

@@ -1,18 +1,11 @@
 """Write fences: an atomic batch with a fence id commits at most once, at any time later, checked by the server.
 
-A fenced batch ends with one more message, its *fence*, on the subject ``_FENCE.<stream>.<fence id>`` with
-``Nats-Expected-Last-Subject-Sequence: 0``. nats-server (2.12+) checks that expectation when it commits the
-batch, under the stream's lock, together with the rest of the batch: the first commit stores the batch and its
-fence, and every later commit of the same fence id, by a retry, a re-run or a writer that was frozen and resumed,
-is refused whole (``wrong last sequence: N``, N the fence's sequence) and stores nothing. No duplicate window, no
-clock and no look before the write decide it.
-
-A refused batch is then resolved here: the stored fence (one message get) names the sequences the earlier commit
-occupies, so the caller records what the server committed even when the attempt that committed it died first.
-
-The fence namespace ``_FENCE.<stream>.>`` is one of the stream's subjects (streams made by
-:func:`~airflow_jetstream.client.admin.streams.ensure_stream` with ``allow_atomic`` get it); consumers filtered
-on the user's subjects never see fences, and the provider's readers leave them out.
+A fenced batch ends with its *fence*, a message on ``_FENCE.<stream>.<fence id>`` with
+``Nats-Expected-Last-Subject-Sequence: 0``, which nats-server (2.12+) checks at commit under the stream's lock:
+every later commit of the same fence id (a retry, a re-run, a writer frozen and resumed) is refused whole and
+stores nothing. No duplicate window, no clock and no look before the write decide it. The stored fence (one
+message get) then names the sequences the earlier commit occupies, so the caller records what the server committed
+even when the attempt that committed it died first (docs/batch-publishing.md, fences).
 """
 
 from __future__ import annotations
@@ -57,12 +50,9 @@ def check_fence_config(stream: str, config: dict[str, Any]) -> None:
 
 
 def content_digest(messages: Sequence[BatchMessage]) -> str:
-    """A digest of the messages' subjects and payloads: what a fence says its batch held.
-
-    Every fenced chunk pays for it on every attempt, so it hashes three joined parts (every length, little-endian,
-    then the subjects, then the payloads: unambiguous together) instead of formatting one update per message,
-    which cost about three times as much (docs/performance.md, write fences).
-    """
+    """A digest of the messages' subjects and payloads: what a fence says its batch held. Every fenced chunk pays
+    for it on every attempt, so it hashes three joined parts (the lengths, then the subjects, then the payloads:
+    unambiguous together) instead of one update per message, which cost three times as much (docs/performance.md)."""
     subjects = [msg.subject for msg in messages]
     payloads = [msg.data for msg in messages]
     digest = hashlib.sha256(struct.pack(f"<{2 * len(subjects)}Q", *map(len, subjects), *map(len, payloads)))
@@ -92,9 +82,8 @@ class StoredFence:
 async def stored_fence(conn: JetStreamConnection, stream: str, fence_id: str) -> StoredFence | None:
     """The earlier commit of ``fence_id`` in ``stream``, read from its fence (one message get), or None.
 
-    A fence follows the messages it covers (all of its batch before it, or in a Batcher's group the one item just
-    before it): its count n names the n sequences before its own, which its ``Nats-Batch-Sequence`` k must allow
-    (1 <= n < k), or the fence is not one of ours.
+    A fence follows the messages it covers (its whole batch, or in a Batcher's group its one item): its count n
+    names the n sequences before its own, which its ``Nats-Batch-Sequence`` k must allow (1 <= n < k).
     """
     # here, not at the top: DAG files import the fence's names; nats-py loads when a fence is read
     from airflow_jetstream.client.reading.stored import get_message

@@ -1,8 +1,6 @@
-"""Value types, header names and local checks shared by the batch publishers (framing: wire.py, which loads nats-py).
+"""Value types, header names and local checks of the batch publishers: plain, picklable, ``to_dict()`` for XCom.
 
-Atomic batches, fast batches and the :class:`~airflow_jetstream.client.batches.batcher.Batcher` take
-:class:`BatchMessage` items and return :class:`BatchResult` / :class:`BatchItemResult` values
-(plain, picklable, with ``to_dict()`` for XCom and logs).
+Apart from wire.py (framing), which loads nats-py: DAG files import these names.
 """
 
 from __future__ import annotations

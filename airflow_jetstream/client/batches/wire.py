@@ -1,9 +1,7 @@
-"""The wire of the batch publishers: NATS ``PUB``/``HPUB`` frames written to the socket in one go, the replies
-to requests inside a batch on one inbox, single requests, and the server's answers as typed errors.
+"""The wire of the batch publishers: PUB/HPUB frames, replies on one inbox, the server's answers as typed errors.
 
-The batch publishers encode whole runs of messages as NATS protocol frames and hand them to the
-connection in one write: per-message ``nc.publish`` calls cost more Python time than the server
-needs to store a message, which would make the client the bottleneck of every batch.
+Whole runs of messages are encoded as NATS protocol frames and handed to the connection in one write: per-message
+``nc.publish`` calls cost more Python time than the server needs to store a message.
 """
 
 from __future__ import annotations
@@ -136,6 +134,7 @@ class BatchReplies:
         self.inbox = conn.nc.new_inbox()
         self.futures: dict[bytes, asyncio.Future[Any]] = {}
         self.sub: Any = None
+        self.asked = 0
 
     async def open(self) -> BatchReplies:
         try:
@@ -149,9 +148,10 @@ class BatchReplies:
         if future is not None and not future.done():
             future.set_result(msg)
 
-    def expect(self, seq: int) -> bytes:
-        """Register interest in the answer to batch message ``seq``; returns its reply subject."""
-        reply = f"{self.inbox}.{seq}".encode()
+    def expect(self) -> bytes:
+        """Register interest in one more answer; returns its reply subject."""
+        self.asked += 1
+        reply = f"{self.inbox}.{self.asked}".encode()
         self.futures[reply] = asyncio.get_running_loop().create_future()
         return reply
 

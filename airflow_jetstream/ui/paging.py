@@ -54,10 +54,13 @@ def _in_focus(section: str, row: dict[str, Any], stream: str) -> bool:
     return bool(row.get("stream") == stream)
 
 
-def _window(rows: list[dict[str, Any]], page: int, per_page: int) -> tuple[list[dict[str, Any]], int, int]:
+def _window(rows: list[dict[str, Any]], page: int, per_page: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The rows of ``page`` (the last page when past it) and where they are: total, shown, first, page, pages."""
     pages = max(1, -(-len(rows) // per_page))
     page = min(page, pages)
-    return rows[(page - 1) * per_page: page * per_page], page, pages
+    shown = rows[(page - 1) * per_page: page * per_page]
+    return shown, {"total": len(rows), "shown": len(shown), "first": (page - 1) * per_page + 1 if shown else 0,
+                   "page": page, "pages": pages}
 
 
 def shape(snapshot: dict[str, Any], query: PageQuery) -> dict[str, Any]:
@@ -82,10 +85,8 @@ def shape(snapshot: dict[str, Any], query: PageQuery) -> dict[str, Any]:
         rows.sort(key=lambda r: worst.get(r["anchor"], 9))  # stable: the section's own order within a rank
         if query.stream is not None:
             rows = [row for row in rows if _in_focus(section, row, query.stream)]
-        shown, page, pages = _window(rows, query.page(section), query.per_page)
-        out[section] = {**{k: v for k, v in data.items() if k != key}, key: shown, "total": len(rows),
-                        "shown": len(shown),
-                        "first": (page - 1) * query.per_page + 1 if shown else 0, "page": page, "pages": pages}
+        shown, where = _window(rows, query.page(section), query.per_page)
+        out[section] = {**{k: v for k, v in data.items() if k != key}, key: shown, **where}
         if section == "streams":
             names = {row["name"] for row in shown}
             out["other_streams"] = sorted(row["name"] for row in rows if row["name"] not in names) \
@@ -93,10 +94,8 @@ def shape(snapshot: dict[str, Any], query: PageQuery) -> dict[str, Any]:
             out[section]["exist"] = data.get("total", len(rows))
     listed = [{**p, "at": located.get(p["anchor"], {"section": p["anchor"].removeprefix("section-"), "page": 1})}
               for p in problems]
-    shown, page, pages = _window(listed, query.page("problems"), query.per_page)
-    out["problems"] = {"problems": shown, "total": len(listed), "shown": len(shown), "page": page, "pages": pages,
-                       "first": (page - 1) * query.per_page + 1 if shown else 0,
-                       "errors": sum(p["severity"] == "error" for p in listed),
+    shown, where = _window(listed, query.page("problems"), query.per_page)
+    out["problems"] = {"problems": shown, **where, "errors": sum(p["severity"] == "error" for p in listed),
                        "warnings": sum(p["severity"] == "warning" for p in listed)}
     out["focus"] = {"stream": query.stream}
     return out

@@ -48,15 +48,17 @@ class SectionError(BaseModel):
     error: TypedError
 
 
-class Section(_Open):
-    """One page of a section's rows (under the section's own key: ``streams``, ``consumers``, ``sources``, ``runs``,
-    ``advisories``)."""
-
+class _Paged(BaseModel):
     total: int
     shown: int
     first: int
     page: int
     pages: int
+
+
+class Section(_Open, _Paged):
+    """One page of a section's rows (under the section's own key: ``streams``, ``consumers``, ``sources``, ``runs``,
+    ``advisories``)."""
 
 
 class At(BaseModel):
@@ -78,13 +80,8 @@ class Problem(BaseModel):
     newest: str | None
 
 
-class Problems(BaseModel):
+class Problems(_Paged):
     problems: list[Problem]
-    total: int
-    shown: int
-    first: int
-    page: int
-    pages: int
     errors: int
     warnings: int
 

@@ -18,7 +18,7 @@ from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
 from airflow_jetstream.client.admin.consumers import consumer_info
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.reading.pull import DeliveryLease
+from airflow_jetstream.client.reading.messages import DeliveryLease
 from airflow_jetstream.triggers.message import JetStreamMessageTrigger
 from tests.support.nats_calls import call_on_server
 

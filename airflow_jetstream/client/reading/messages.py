@@ -1,16 +1,20 @@
 """One JetStream message, one type for every way it is read: without a consumer (direct and message gets), delivered
-by a consumer, or from a range read; as a user function sees it, and as it travels through XCom."""
+by a consumer, or from a range read; as a user function sees it, and as it travels through XCom.
+
+:class:`DeliveryLease`: the server redelivers a message neither acked nor kept "in progress" within ``ack_wait``, so a
+reader stalled past that (a stopped process) no longer holds it and acting on it repeats it. The lease is a local
+monotonic deadline never later than the server's: from when the pull request was sent, moved by an in-progress signal
+(``+WPI``) only when the server confirmed it before the old deadline. Past it: do not act on, ack, nak or term it.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from airflow_jetstream.client.reading.pull import DeliveryLease
+from typing import Any
 
 #: Bytes of a message body an asset event carries at most: Airflow keeps every event in its metadata DB.
 EVENT_BODY_LIMIT = 64 * 1024
@@ -119,3 +123,40 @@ class Message:
         return {"stream": self.stream, "subject": self.subject, "seq": self.seq, "headers": dict(self.headers),
                 "data": data, "encoding": encoding, "time": self.time.isoformat() if self.time else None,
                 "delivered": self.delivered}
+
+
+class DeliveryLease:
+    """One delivery's local deadline. ``since``: when its pull request was sent (``time.monotonic()``)."""
+
+    __slots__ = ("ack_wait", "deadline", "dropped", "msg", "since")
+
+    def __init__(self, msg: Any, *, ack_wait: float, since: float) -> None:
+        self.msg = msg
+        self.ack_wait = ack_wait
+        self.since = since
+        self.deadline = since + ack_wait
+        self.dropped = False  # not acted on because it expired: leave it to the server
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def held_for(self) -> float:
+        """Seconds since the delivery's pull request was sent."""
+        return time.monotonic() - self.since
+
+    async def extend(self, nc: Any, timeout: float) -> bool:
+        """Send ``+WPI`` on ``nc`` (the connection it came on) and wait for the server's confirmation; True
+        when the lease was extended."""
+        import nats.errors  # here: DAG files import this module, and nats-py is loaded once a lease exists
+
+        if self.expired():
+            return False
+        sent = time.monotonic()
+        try:
+            await nc.request(self.msg.reply, b"+WPI", timeout=timeout)
+        except (nats.errors.Error, OSError):
+            return False
+        if time.monotonic() >= self.deadline:  # confirmed too late: the server may have redelivered meanwhile
+            return False
+        self.deadline = sent + self.ack_wait
+        return True

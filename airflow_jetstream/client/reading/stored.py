@@ -40,7 +40,7 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.reading.headers import Headers, parse_header_lines, without
 from airflow_jetstream.client.reading.messages import Message, Row
-from airflow_jetstream.client.reading.read_consumer import read_with_consumer
+from airflow_jetstream.client.reading.pull import read_with_consumer
 from airflow_jetstream.client.retry import retry
 from airflow_jetstream.client.subjects import is_fence_subject, validate_name
 from airflow_jetstream.client.times import parse_time, to_rfc3339

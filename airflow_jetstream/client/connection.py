@@ -119,8 +119,7 @@ class JetStreamConnection:
         )
         #: (operation, subject) of permission violations the server reported and no error has reported yet.
         self.permission_violations: deque[tuple[str, str]] = deque(maxlen=_VIOLATIONS_KEPT)
-        self._denial_waiters: dict[str, list[asyncio.Future[None]]] = {}
-        #: Called with each subject the server refuses (lowercased); KV calls end at once on their bucket's.
+        #: Called with each subject the server refuses: a request, and a KV call on its bucket's, ends at once.
         self.denial_listeners: list[Callable[[str], None]] = []
 
     @property
@@ -155,10 +154,6 @@ class JetStreamConnection:
         match = _PERMISSION.search(str(exc))
         if match:
             self.permission_violations.append((match.group(1).lower(), match.group(2)))
-            # nats-py lowercases the server's -ERR text, so subjects are matched case-insensitively
-            for waiter in self._denial_waiters.pop(match.group(2).lower(), []):
-                if not waiter.done():
-                    waiter.set_result(None)
             for listener in list(self.denial_listeners):
                 listener(match.group(2))
 
@@ -210,16 +205,17 @@ class JetStreamConnection:
         """
         timeout = timeout or self.settings.request_timeout
         denied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._denial_waiters.setdefault(subject.lower(), [])
-        waiters.append(denied)
+
+        def on_denied(refused: str) -> None:  # nats-py lowercases the server's -ERR text: compare without case
+            if refused.lower() == subject.lower() and not denied.done():
+                denied.set_result(None)
+
+        self.denial_listeners.append(on_denied)
         ask = asyncio.ensure_future(self.nc.request(subject, payload, timeout=timeout, headers=headers))
         try:
             await asyncio.wait({ask, cast("asyncio.Future[Any]", denied)}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if denied in waiters:
-                waiters.remove(denied)
-            if not waiters:
-                self._denial_waiters.pop(subject.lower(), None)
+            self.denial_listeners.remove(on_denied)
             denied.cancel()
             if not ask.done():
                 ask.cancel()

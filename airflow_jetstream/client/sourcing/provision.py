@@ -27,6 +27,7 @@ from airflow_jetstream.client.admin.consumers import (
     config_filters,
     delete_consumer,
     ensure_consumer,
+    filter_config,
     find_consumer,
     list_consumers,
 )
@@ -214,8 +215,9 @@ async def last_sourced_seq(conn: JetStreamConnection, stream: str, origin: str, 
 
 
 async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, spec: DurableSource,
-                   target: dict[str, Any], old: dict[str, Any], origin: dict[str, Any]) -> dict[str, Any]:
-    """Replace a plain source of O by a user-managed durable one, without loss or duplicates.
+                   target: dict[str, Any], old: dict[str, Any], origin: dict[str, Any]) -> int:
+    """Replace a plain source of O by a user-managed durable one, without loss or duplicates; returns the origin
+    sequence A held up to (0: none).
 
     WorkQueue origin (its consumers must deliver all): the old source goes first (its consumer is
     deleted, unacked messages stay in O), then what A already holds is purged from O, and the
@@ -224,32 +226,23 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
     pull consumer holds the interest meanwhile (so nothing published during the switch is dropped)
     and is deleted at the end.
     """
-    workqueue = origin["config"].get("retention") == "workqueue"
-    consumer_cfg = spec.consumer_config()
+    retention = origin["config"].get("retention")
     if not spec.filter_subjects and entry_filters(old):
         spec = replace(spec, filter_subjects=entry_filters(old))
-        consumer_cfg = spec.consumer_config()
-    if workqueue:
-        target_after = await _update_entries(conn, spec, target, None)
-        last = await last_sourced_seq(conn, spec.stream, spec.source)
-        if last:
-            for subject in spec.filter_subjects or (None,):
-                body: dict[str, Any] = {"seq": last + 1}
-                if subject:
-                    body["filter"] = subject
-                await origin_conn.api_request(f"STREAM.PURGE.{spec.source}", body,
-                                              context=f"purge what {spec.stream!r} already holds from {spec.source!r}")
-        await ensure_consumer(origin_conn, spec.source, consumer_cfg)
-        await _update_entries(conn, spec, target_after, spec.source_entry())
-        return {"migrated_after_seq": last}
+    consumer_cfg = spec.consumer_config()
     holder = f"{spec.consumer}_MIGRATING"
-    if origin["config"].get("retention") == "interest":
-        holder_cfg: dict[str, Any] = {"name": holder, "ack_policy": "explicit"}
-        holder_cfg.update({k: v for k, v in consumer_cfg.items() if k in ("filter_subject", "filter_subjects")})
-        await ensure_consumer(origin_conn, spec.source, holder_cfg)
+    if retention == "interest":
+        await ensure_consumer(origin_conn, spec.source,
+                              {"name": holder, "ack_policy": "explicit", **filter_config(spec.filter_subjects)})
     target_after = await _update_entries(conn, spec, target, None)
     last = await last_sourced_seq(conn, spec.stream, spec.source)
-    if last:
+    if retention == "workqueue":
+        if last:  # its consumer must deliver all: what A already holds leaves O first
+            for subject in spec.filter_subjects or (None,):
+                body: dict[str, Any] = {"seq": last + 1, **({"filter": subject} if subject else {})}
+                await origin_conn.api_request(f"STREAM.PURGE.{spec.source}", body,
+                                              context=f"purge what {spec.stream!r} already holds from {spec.source!r}")
+    elif last:
         consumer_cfg.update(deliver_policy="by_start_sequence", opt_start_seq=last + 1)
     elif old.get("opt_start_seq"):
         consumer_cfg.update(deliver_policy="by_start_sequence", opt_start_seq=old["opt_start_seq"])
@@ -257,8 +250,9 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
         consumer_cfg.update(deliver_policy="by_start_time", opt_start_time=old["opt_start_time"])
     await ensure_consumer(origin_conn, spec.source, consumer_cfg)
     await _update_entries(conn, spec, target_after, spec.source_entry())
-    await delete_consumer(origin_conn, spec.source, holder)
-    return {"migrated_after_seq": last}
+    if retention != "workqueue":
+        await delete_consumer(origin_conn, spec.source, holder)
+    return last
 
 
 def _without_fences(spec: DurableSource, origin_config: dict[str, Any]) -> DurableSource:
@@ -318,7 +312,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
             f"stream {spec.stream!r} mirrors {target['config']['mirror'].get('name')!r}"
             " and a mirror cannot be changed; create a new mirror stream", reason="immutable_field")
     wanted = spec.source_entry()
-    result: dict[str, Any] = {"migrated_after_seq": None}
+    migrated_after: int | None = None
     if spec.user_managed:
         if current is not None and not current.get("consumer"):
             if spec.mirror:
@@ -333,7 +327,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
             if not create_consumer:
                 raise InvalidRequestError("migration creates the durable consumer: set create_consumer=True",
                                           reason="invalid_source")
-            result.update(await _migrate(conn, origin_conn, spec, target or {}, current, origin))
+            migrated_after = await _migrate(conn, origin_conn, spec, target or {}, current, origin)
             action = "migrated"
         else:
             if current is not None and (current.get("consumer") or {}).get("name") != spec.consumer:
@@ -377,17 +371,13 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
     metrics.incr("sourcing.provisioned", tags={"mode": spec.mode, "action": action})
     cfg = consumer["config"]
     return {
-        **{k: v for k, v in asdict(spec).items() if k in _RESULT_FIELDS},
-        "filter_subjects": list(spec.filter_subjects),
-        "action": action,
-        "consumer": consumer["name"],
-        "deliver_subject": cfg.get("deliver_subject"),
-        "retention": retention,
-        "num_replicas": (await stream_info(conn, spec.stream))["config"].get("num_replicas", 1),
+        **{k: v for k, v in asdict(spec).items() if k in _RESULT_FIELDS}, "filter_subjects": list(spec.filter_subjects),
+        "action": action, "consumer": consumer["name"], "deliver_subject": cfg.get("deliver_subject"),
+        "retention": retention, "num_replicas": (await stream_info(conn, spec.stream))["config"].get("num_replicas", 1),
         "source_state": {k: state.get(k) for k in ("lag", "active", "seq", "error") if k in state},
         "consumer_state": {k: consumer.get(k) for k in ("num_pending", "num_ack_pending", "delivered", "ack_floor",
                                                         "paused")},
-        **result,
+        "migrated_after_seq": migrated_after,
     }
 
 

@@ -209,11 +209,8 @@ class Advisory:
 
     def to_dict(self) -> dict[str, Any]:
         """The advisory's JSON fields plus ``advisory_kind``, ``advisory_subject``, ``capture_seq``."""
-        out = dict(self.raw)
-        out["advisory_kind"] = self.kind
-        out["advisory_subject"] = self.subject
-        out["capture_seq"] = self.capture_seq
-        return out
+        return {**self.raw, "advisory_kind": self.kind, "advisory_subject": self.subject,
+                "capture_seq": self.capture_seq}
 
 
 def parse_advisory(data: Mapping[str, Any], *, subject: str | None = None,

@@ -59,13 +59,8 @@ class EmbeddedNatsCluster:
                             "routes": routes, **(cluster or {})},
                 **(config or {}),
             }
-            node = ClusterNode(
-                name,
-                store_dir=self.base_dir / name,
-                config=node_config,
-                jetstream=jetstream,
-                startup_timeout=startup_timeout,
-            )
+            node = ClusterNode(name, store_dir=self.base_dir / name, config=node_config, jetstream=jetstream,
+                               startup_timeout=startup_timeout)
             self.nodes.append(node)
 
     @property

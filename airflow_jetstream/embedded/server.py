@@ -190,12 +190,8 @@ class EmbeddedNatsServer:
     def _spawn(self) -> None:
         self.write_config()
         log = open(self.log_path, "ab")  # noqa: SIM115 - the process owns it until stop()
-        self.process = subprocess.Popen(
-            [self.binary, "-c", str(self.config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.process = subprocess.Popen([self.binary, "-c", str(self.config_path)], stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
     def wait_healthy(self) -> None:

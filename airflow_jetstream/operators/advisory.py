@@ -38,9 +38,8 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
 
         max_age = None if self.max_age == "" else self.max_age
         result = self.hook.run(ensure_capture_stream, self.capture_stream, max_age=max_age, max_bytes=self.max_bytes,
-                               subjects=self.subjects, storage=self.storage,
-                               num_replicas=self.num_replicas, placement=self.placement,
-                               max_consumers=self.max_consumers)
+                               subjects=self.subjects, storage=self.storage, num_replicas=self.num_replicas,
+                               placement=self.placement, max_consumers=self.max_consumers)
         info = result["info"]
         replicas = info["config"].get("num_replicas", 1)
         self.log.info("Advisory capture stream %s: %s%s, %d replica(s)", self.capture_stream, result["action"],

@@ -51,8 +51,7 @@ class JetStreamBatchLedgerSensor(JetStreamStateSensor):
         return value
 
     def trigger(self) -> JetStreamBatchLedgerTrigger:
-        return JetStreamBatchLedgerTrigger(
-            run_id=self.run_id, state=self.state, ledger_bucket=self.ledger_bucket, min_batches=self._min_batches(),
-            reap_expired=self.reap_expired, fail_on_failed=self.fail_on_failed,
-            nats_conn_id=self.nats_conn_id, poll_interval=self.poke_interval,
-        )
+        return JetStreamBatchLedgerTrigger(run_id=self.run_id, state=self.state, ledger_bucket=self.ledger_bucket,
+                                           min_batches=self._min_batches(), reap_expired=self.reap_expired,
+                                           fail_on_failed=self.fail_on_failed, nats_conn_id=self.nats_conn_id,
+                                           poll_interval=self.poke_interval)

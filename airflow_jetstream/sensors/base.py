@@ -39,6 +39,8 @@ class JetStreamBaseSensor(BaseSensorOperator):
     """
 
     ui_color = "#27aae1"
+    #: The condition (see :meth:`make_trigger`).
+    trigger_class: type[JetStreamWaitTrigger]
     #: seconds Airflow's deferral timeout adds to ``timeout`` (``TIMEOUT_BACKSTOP`` when the trigger has its own)
     defer_backstop: float = 0
     _last_seen: str | None = None
@@ -75,7 +77,11 @@ class JetStreamBaseSensor(BaseSensorOperator):
 
     def make_trigger(self, context: Any) -> JetStreamWaitTrigger:
         """The condition with this task's parameters: what each poke checks and what waits when deferred."""
-        raise NotImplementedError
+        return self.trigger_class(**self._trigger_args(), nats_conn_id=self.nats_conn_id)
+
+    def _trigger_args(self) -> dict[str, Any]:
+        """The sensor's attributes named as ``trigger_class``'s serialized arguments (the same parameters)."""
+        return {name: getattr(self, name) for name in self.trigger_class.serialized}
 
     def poke(self, context: Any) -> PokeReturnValue:
         """One look through the trigger's own ``check`` (the condition is implemented once, in the trigger)."""
@@ -133,9 +139,12 @@ class JetStreamStateSensor(JetStreamBaseSensor):
     defer_backstop = TIMEOUT_BACKSTOP  # the trigger reports its own timeout with the last state
     _last_seen = "nothing (no poke finished)"
 
+    trigger_class: type[JetStreamPollingTrigger]
+
     def trigger(self) -> JetStreamPollingTrigger:
         """The condition with this task's parameters (``poll_interval`` is the sensor's ``poke_interval``)."""
-        raise NotImplementedError
+        return self.trigger_class(**self._trigger_args(), nats_conn_id=self.nats_conn_id,
+                                  poll_interval=self.poke_interval)
 
     def make_trigger(self, context: Any) -> JetStreamPollingTrigger:
         return self.trigger()

@@ -19,6 +19,7 @@ class JetStreamSourceCaughtUpSensor(JetStreamStateSensor):
 
     template_fields: Sequence[str] = ("stream", "source", "domain", "api_prefix", "nats_conn_id")
     what = "source caught up"
+    trigger_class = JetStreamSourceCaughtUpTrigger
 
     def __init__(self, *, stream: str, source: str, domain: str | None = None, api_prefix: str | None = None,
                  **kwargs: Any) -> None:
@@ -27,11 +28,6 @@ class JetStreamSourceCaughtUpSensor(JetStreamStateSensor):
         self.source = source
         self.domain = domain
         self.api_prefix = api_prefix
-
-    def trigger(self) -> JetStreamSourceCaughtUpTrigger:
-        return JetStreamSourceCaughtUpTrigger(stream=self.stream, source=self.source, domain=self.domain or None,
-                                              api_prefix=self.api_prefix or None,
-                                              nats_conn_id=self.nats_conn_id, poll_interval=self.poke_interval)
 
 
 class JetStreamConsumerDrainedSensor(JetStreamStateSensor):
@@ -42,12 +38,9 @@ class JetStreamConsumerDrainedSensor(JetStreamStateSensor):
 
     template_fields: Sequence[str] = ("stream", "consumer", "nats_conn_id")
     what = "consumer drained"
+    trigger_class = JetStreamConsumerDrainedTrigger
 
     def __init__(self, *, stream: str, consumer: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
         self.consumer = consumer
-
-    def trigger(self) -> JetStreamConsumerDrainedTrigger:
-        return JetStreamConsumerDrainedTrigger(stream=self.stream, consumer=self.consumer,
-                                               nats_conn_id=self.nats_conn_id, poll_interval=self.poke_interval)

@@ -24,6 +24,7 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
 
     template_fields: Sequence[str] = ("bucket", "key", "value", "apply_function_args", "apply_function_kwargs",
                                       "nats_conn_id")
+    trigger_class = JetStreamKeyValueTrigger
 
     def __init__(self, *, bucket: str, key: str, value: Any = None,
                  apply_function: Callable[..., Any] | str | None = None,
@@ -45,14 +46,7 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
         self.condition()  # a bad function fails when the DAG is parsed
 
     def condition(self) -> KeyCondition:
-        return self.make_trigger(None).condition()
-
-    def make_trigger(self, context: Any) -> JetStreamKeyValueTrigger:
-        return JetStreamKeyValueTrigger(bucket=self.bucket, key=self.key, value=self.value,
-                                        apply_function=self.apply_function,
-                                        apply_function_args=self.apply_function_args,
-                                        apply_function_kwargs=self.apply_function_kwargs,
-                                        nats_conn_id=self.nats_conn_id)
+        return JetStreamKeyValueTrigger(**self._trigger_args()).condition()
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") == "matched":

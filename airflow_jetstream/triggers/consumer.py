@@ -71,8 +71,8 @@ class JetStreamSourceCaughtUpTrigger(JetStreamPollingTrigger):
         super().__init__(**kwargs)
         self.stream = stream
         self.source = source
-        self.domain = domain
-        self.api_prefix = api_prefix
+        self.domain = domain or None  # a rendered template of an unset field is ""
+        self.api_prefix = api_prefix or None
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
         from airflow_jetstream.client.sourcing.spec import source_status

@@ -1,4 +1,4 @@
-"""Typed parsing of the ``jetstream`` data source options.
+"""Typed parsing of the ``jetstream`` data source options, from one table of option parsers.
 
 Spark hands options over as strings with lower-cased keys. Every option is looked up by its
 lower-case name, unknown options are refused (a typo must not be silently ignored) and values are
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,8 @@ BATCH_SIZE_DEFAULTS = {"atomic": DEFAULT_MAX_BATCH_MSGS, "fast": 10_000}
 #: fast batches slow each other's flow control down.
 INFLIGHT_DEFAULTS = {"atomic": 4, "fast": 1}
 DECODINGS = ("none", "utf-8", "json")
+#: An option's parser: (its name, its non-empty string) -> its value, or a typed error naming the option.
+Parser = Callable[[str, str], Any]
 
 
 def _bad(option: str, value: str, expected: str) -> InvalidRequestError:
@@ -54,60 +56,108 @@ def _check_known(options: Mapping[str, str], allowed: tuple[str, ...], what: str
         )
 
 
-def _int(options: Mapping[str, str], key: str, default: int | None, *, minimum: int = 1,
-         maximum: int | None = None) -> int | None:
-    raw = options.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise _bad(key, raw, "expected an integer") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-        raise _bad(key, raw, f"expected an integer {bound}")
-    return value
+def _int(minimum: int = 1, maximum: int | None = None) -> Parser:
+    def parse(key: str, raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise _bad(key, raw, "expected an integer") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+            raise _bad(key, raw, f"expected an integer {bound}")
+        return value
+
+    return parse
 
 
-def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
-    raw = options.get(key)
-    if raw is None or raw == "":
-        return default
+def _bool(key: str, raw: str) -> bool:
     try:
         return parse_bool(key, raw)
     except InvalidSettingsError:
         raise _bad(key, raw, "expected true or false") from None
 
 
-def _choice(options: Mapping[str, str], key: str, choices: tuple[str, ...], default: str) -> str:
-    raw = (options.get(key) or default).strip().lower()
-    if raw == "utf8":
-        raw = "utf-8"
-    if raw not in choices:
-        raise _bad(key, raw, f"use one of {', '.join(choices)}")
+def _choice(*choices: str) -> Parser:
+    def parse(key: str, raw: str) -> str:
+        value = raw.strip().lower()
+        value = "utf-8" if value == "utf8" else value
+        if value not in choices:
+            raise _bad(key, value, f"use one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _text(key: str, raw: str) -> str:
     return raw
 
 
-def _subjects(options: Mapping[str, str], key: str) -> tuple[str, ...]:
-    raw = options.get(key) or ""
+def _name(key: str, raw: str) -> str:
+    return validate_name(raw, what=f"option {key}")
+
+
+def _time(key: str, raw: str) -> str:
+    parse_time(raw, field=f"option {key}")
+    return raw
+
+
+def _subjects(key: str, raw: str) -> tuple[str, ...]:
     return tuple(validate_subject(s.strip(), allow_wildcards=True, what=f"option {key}")
                  for s in raw.split(",") if s.strip())
 
 
-def _subject_groups(options: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:
+def _subject_groups(key: str, raw: str) -> tuple[tuple[str, ...], ...]:
     """``worker_subjects`` = ``"orders.eu.*,orders.uk.*;orders.us.*"``: one group of subjects per worker."""
-    raw = options.get("worker_subjects") or ""
-    groups = []
-    for part in raw.split(";"):
-        group = tuple(validate_subject(s.strip(), allow_wildcards=True, what="option worker_subjects")
-                      for s in part.split(",") if s.strip())
-        if group:
-            groups.append(group)
-    return tuple(groups)
+    return tuple(group for group in (_subjects(key, part) for part in raw.split(";")) if group)
 
 
-def _stream(options: Mapping[str, str]) -> str:
-    stream = options.get("stream") or options.get("path")
+def _job_id(key: str, raw: str) -> str:
+    if not _JOB_ID.fullmatch(raw):
+        raise _bad(key, raw, "1-40 letters, digits, '-' or '_' (it is part of message and batch ids)")
+    return raw
+
+
+def _start(key: str, raw: str) -> str:
+    """A streaming read's start: ``first``, ``new``, a stream sequence (>= 1) or a time."""
+    start = raw.strip()
+    if start.lower() in ("first", "new"):
+        return start.lower()
+    if start.isdigit() and int(start) < 1:
+        raise _bad(key, start, "a stream sequence is >= 1")
+    return start if start.isdigit() or not start else _time(key, start)
+
+
+#: Every option's parser; which options a read, a streaming read or a write takes are the classes' ``KEYS``.
+PARSERS: dict[str, Parser] = {
+    "stream": _text, "path": _text, "batch_size": _int(maximum=100_000),
+    # writes
+    "mode": _choice(*WRITE_MODES), "job_id": _job_id,
+    "subject": lambda key, raw: validate_subject(raw, what=f"option {key}"),
+    "subject_column": _text, "payload_column": _text, "headers_column": _text, "flow": _int(maximum=10_000),
+    "ledger_bucket": lambda key, raw: None if raw.lower() == "none" else _name(key, raw), "run_id": _text,
+    "job_bucket": _name, "inflight": _int(maximum=32),
+    "ledger_replicas": lambda key, raw: check_replicas(raw, what=f"option {key}"),
+    "ledger_placement_cluster": _text, "ledger_placement_tags": _text,
+    "ledger_ttl": lambda key, raw: to_seconds(raw, field=f"option {key}"), "fence": _bool,
+    # reads
+    "filter_subjects": _subjects, "start_seq": _int(), "start_time": _time, "end_seq": _int(minimum=0),
+    "num_partitions": _int(maximum=1024), "decode": _choice(*DECODINGS), "consume": _bool, "consumer": _name,
+    "worker_subjects": _subject_groups, "worker_prefix": _name, "json_mode": _choice(*JSON_MODES),
+    "corrupt_record_column": _text,
+    # streaming reads
+    "start": _start, "max_messages_per_trigger": _int(), "max_bytes_per_trigger": _int(), "end_time": _time,
+}
+
+
+def _parsed(options: Mapping[str, str], keys: tuple[str, ...], what: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The options with lower-case keys and the parsed values of those given (an empty string is not given)."""
+    opts = lowered(options)
+    _check_known(opts, keys + CONNECTION_OPTIONS, what)
+    return opts, {key: PARSERS[key](key, raw) for key, raw in opts.items() if key in keys and raw != ""}
+
+
+def _stream(values: Mapping[str, Any]) -> str:
+    stream = values.get("stream") or values.get("path")
     if not stream:
         raise InvalidRequestError(
             "the jetstream data source needs the stream: .option('stream', 'ORDERS') (or .load('ORDERS'))",
@@ -143,16 +193,16 @@ class WriteOptions:
     mode: str
     job_id: str
     job_id_given: bool
-    subject: str | None
-    subject_column: str
-    payload_column: str
-    headers_column: str
     batch_size: int
-    flow: int
-    ledger_bucket: str | None
     run_id: str
-    job_bucket: str
     inflight: int
+    subject: str | None = None
+    subject_column: str = "subject"
+    payload_column: str = "payload"
+    headers_column: str = "headers"
+    flow: int = DEFAULT_FLOW
+    ledger_bucket: str | None = DEFAULT_BUCKET
+    job_bucket: str = DEFAULT_JOB_BUCKET
     #: replicas/placement of the ledger and job buckets when the write creates them (None: the default)
     ledger_replicas: int | None = None
     ledger_placement: dict[str, Any] | None = None
@@ -167,45 +217,19 @@ class WriteOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
-        opts = lowered(options)
-        _check_known(opts, cls.KEYS + CONNECTION_OPTIONS, "write")
-        job_id = opts.get("job_id") or ""
-        if job_id and not _JOB_ID.fullmatch(job_id):
-            raise _bad("job_id", job_id, "1-40 letters, digits, '-' or '_' (it is part of message and batch ids)")
-        subject = opts.get("subject") or None
-        if subject:
-            validate_subject(subject, what="option subject")
-        given_bucket = opts.get("ledger_bucket") or DEFAULT_BUCKET
-        ledger_bucket = None if given_bucket.lower() == "none" else validate_name(given_bucket,
-                                                                                   what="option ledger_bucket")
-        job_bucket = validate_name(opts.get("job_bucket") or DEFAULT_JOB_BUCKET, what="option job_bucket")
-        job_id = job_id or uuid.uuid4().hex[:32]
-        mode = _choice(opts, "mode", WRITE_MODES, "atomic")
-        fence = _bool(opts, "fence", True)
-        return cls(
-            settings=connection_settings(opts),
-            stream=_stream(opts),
-            mode=mode,
-            job_id=job_id,
-            job_id_given=bool(opts.get("job_id")),
-            subject=subject,
-            subject_column=opts.get("subject_column") or "subject",
-            payload_column=opts.get("payload_column") or "payload",
-            headers_column=opts.get("headers_column") or "headers",
-            # a fenced atomic chunk and its fence fill the server's default max_msgs (1000)
-            batch_size=_int(opts, "batch_size", None, maximum=100_000) or (
-                FENCED_MAX_MSGS if mode == "atomic" and fence else BATCH_SIZE_DEFAULTS[mode]),
-            flow=_int(opts, "flow", DEFAULT_FLOW, maximum=10_000) or DEFAULT_FLOW,
-            ledger_bucket=ledger_bucket,
-            run_id=opts.get("run_id") or job_id,
-            job_bucket=job_bucket,
-            inflight=_int(opts, "inflight", None, maximum=32) or INFLIGHT_DEFAULTS[mode],
-            ledger_replicas=check_replicas(opts.get("ledger_replicas"), what="option ledger_replicas"),
-            ledger_placement=normalize_placement({"cluster": opts.get("ledger_placement_cluster") or None,
-                                                  "tags": opts.get("ledger_placement_tags") or None}),
-            ledger_ttl=to_seconds(opts["ledger_ttl"], field="option ledger_ttl") if opts.get("ledger_ttl") else None,
-            fence=fence,
-        )
+        opts, v = _parsed(options, cls.KEYS, "write")
+        job_id = v.get("job_id") or uuid.uuid4().hex[:32]
+        mode, fence = v.get("mode", "atomic"), v.get("fence", True)
+        # a fenced atomic chunk and its fence fill the server's default max_msgs (1000)
+        batch_size = FENCED_MAX_MSGS if mode == "atomic" and fence else BATCH_SIZE_DEFAULTS[mode]
+        given = {k: v[k] for k in ("subject", "subject_column", "payload_column", "headers_column", "flow",
+                                   "ledger_bucket", "job_bucket", "ledger_replicas", "ledger_ttl") if k in v}
+        placement = {"cluster": v.get("ledger_placement_cluster"), "tags": v.get("ledger_placement_tags")}
+        return cls(settings=connection_settings(opts), stream=_stream(v), mode=mode, job_id=job_id,
+                   job_id_given="job_id" in v, batch_size=v.get("batch_size", batch_size),
+                   run_id=v.get("run_id", job_id),
+                   inflight=v.get("inflight", INFLIGHT_DEFAULTS[mode]), fence=fence,
+                   ledger_placement=normalize_placement(placement), **given)
 
 
 @dataclass(frozen=True)
@@ -214,15 +238,15 @@ class ReadOptions:
 
     settings: ConnectionSettings
     stream: str
-    filter_subjects: tuple[str, ...]
-    start_seq: int | None
-    start_time: str | None
-    end_seq: int | None
-    num_partitions: int | None
-    decode: str
-    consume: bool
-    batch_size: int
-    consumer: str | None
+    filter_subjects: tuple[str, ...] = ()
+    start_seq: int | None = None
+    start_time: str | None = None
+    end_seq: int | None = None
+    num_partitions: int | None = None
+    decode: str = "none"
+    consume: bool = False
+    batch_size: int = 5000
+    consumer: str | None = None
     worker_subjects: tuple[tuple[str, ...], ...] = ()
     worker_prefix: str = "spark-reader"
     json_mode: str = "failfast"
@@ -234,38 +258,17 @@ class ReadOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
-        opts = lowered(options)
-        _check_known(opts, cls.KEYS + CONNECTION_OPTIONS, "read")
-        start_seq = _int(opts, "start_seq", None)
-        start_time = opts.get("start_time") or None
-        if start_time:
-            parse_time(start_time, field="option start_time")
-        groups = _subject_groups(opts)
-        if groups and (opts.get("filter_subjects") or opts.get("num_partitions") or opts.get("consumer")):
+        opts, v = _parsed(options, cls.KEYS, "read")
+        if v.get("worker_subjects") and any(k in v for k in ("filter_subjects", "num_partitions", "consumer")):
             raise InvalidRequestError(
                 "worker_subjects sets the partitions (one per group), their filters and cursors; "
                 "leave filter_subjects, num_partitions and consumer unset",
                 reason="invalid_option",
             )
-        if start_seq is not None and start_time:
+        if "start_seq" in v and "start_time" in v:
             raise InvalidRequestError("give either start_seq or start_time, not both", reason="invalid_option")
-        return cls(
-            settings=connection_settings(opts),
-            stream=_stream(opts),
-            filter_subjects=_subjects(opts, "filter_subjects"),
-            start_seq=start_seq,
-            start_time=start_time,
-            end_seq=_int(opts, "end_seq", None, minimum=0),
-            num_partitions=_int(opts, "num_partitions", None, maximum=1024),
-            decode=_choice(opts, "decode", DECODINGS, "none"),
-            consume=_bool(opts, "consume", False),
-            batch_size=_int(opts, "batch_size", 5000, maximum=100_000) or 5000,
-            consumer=validate_name(opts["consumer"], what="option consumer") if opts.get("consumer") else None,
-            worker_subjects=groups,
-            worker_prefix=validate_name(opts.get("worker_prefix") or "spark-reader", what="option worker_prefix"),
-            json_mode=_choice(opts, "json_mode", JSON_MODES, "failfast"),
-            corrupt_record_column=opts.get("corrupt_record_column") or DEFAULT_CORRUPT_RECORD_COLUMN,
-        )
+        # every other option has the name of its field (whose default applies when it is not given)
+        return cls(settings=connection_settings(opts), stream=_stream(v), **{k: v[k] for k in cls.KEYS[2:] if k in v})
 
 
 @dataclass(frozen=True)
@@ -292,8 +295,7 @@ class StreamReadOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StreamReadOptions:
-        opts = lowered(options)
-        _check_known(opts, ReadOptions.KEYS + cls.KEYS + CONNECTION_OPTIONS, "streaming read")
+        opts, v = _parsed(options, ReadOptions.KEYS + cls.KEYS, "streaming read")
         batch_only = sorted(k for k in cls.BATCH_ONLY if opts.get(k))
         if batch_only:
             raise InvalidRequestError(
@@ -301,27 +303,13 @@ class StreamReadOptions:
                 "runs until stopped (use Trigger.AvailableNow to stop at the end of what is stored)",
                 reason="invalid_option",
             )
-        start = (opts.pop("start", "") or "").strip()
-        if start.lower() in ("first", "new"):
-            start = start.lower()
-        given = [k for k in ("start_seq", "start_time") if opts.get(k)] + (["start"] if start else [])
+        given = [k for k in ("start_seq", "start_time", "start") if v.get(k)]
         if len(given) > 1:
             raise InvalidRequestError(f"give one start position, not {' and '.join(given)}", reason="invalid_option")
-        if start and start not in ("first", "new") and not start.isdigit():
-            parse_time(start, field="option start")
-        if start.isdigit() and int(start) < 1:
-            raise _bad("start", start, "a stream sequence is >= 1")
-        max_messages = _int(opts, "max_messages_per_trigger", None)
-        max_bytes = _int(opts, "max_bytes_per_trigger", None)
-        end_time = opts.get("end_time") or None
-        if end_time:
-            parse_time(end_time, field="option end_time")
-            if opts.get("end_seq"):
-                raise InvalidRequestError("give either end_seq or end_time, not both", reason="invalid_option")
-        for key in cls.KEYS:
-            opts.pop(key, None)
-        return cls(read=ReadOptions.parse(opts), start=start or "first", max_messages_per_trigger=max_messages,
-                   max_bytes_per_trigger=max_bytes, end_time=end_time)
+        if "end_time" in v and "end_seq" in v:
+            raise InvalidRequestError("give either end_seq or end_time, not both", reason="invalid_option")
+        read = ReadOptions.parse({k: raw for k, raw in opts.items() if k not in cls.KEYS})
+        return cls(read=read, **{k: v[k] for k in cls.KEYS if v.get(k)})
 
 
 #: Options Spark itself hands to a source or sink: ``save(path)``/``load(path)`` and a streaming query's checkpoint.

@@ -65,3 +65,21 @@ def test_reported_violations_are_not_kept_forever(nats_server_factory) -> None:
             return len(conn.permission_violations)
 
     assert asyncio.run(main()) == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_request_fails_at_the_refusal_not_at_its_timeout(nats_server_factory) -> None:
+    """The request's own timeout is an hour: only the refusal the server reports at once can end it within the
+    test's timeout (without the fast path it would end only after the hour, and pytest's timeout fails the test)."""
+    denied = {"authorization": {"users": [{**USER, "permissions": {"publish": {"deny": ["orders.>"]}}}]}}
+    server = nats_server_factory(config=denied)
+    settings = ConnectionSettings(servers=server.url, user=USER["user"], password=USER["password"],
+                                  connect_timeout=2, request_timeout=3600)
+
+    async def main() -> PermissionDeniedError:
+        async with open_connection(settings) as conn:
+            with pytest.raises(PermissionDeniedError) as refused:
+                await conn.request("orders.a", b"")
+            return refused.value
+
+    assert "may not publish to 'orders.a'" in str(asyncio.run(main()))

@@ -19,7 +19,9 @@ from airflow.sdk.exceptions import (
     AirflowTaskTerminated,
     AirflowTaskTimeout,
 )
+from airflow.triggers.base import StartTriggerArgs
 
+from airflow_jetstream.airflow_compat import START_FROM_TRIGGER, require_airflow
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.base import JetStreamPollingTrigger, JetStreamWaitTrigger
@@ -132,7 +134,16 @@ class JetStreamBaseSensor(BaseSensorOperator):
 class JetStreamStateSensor(JetStreamBaseSensor):
     """Base of the sensors that poll a state until it is done. ``trigger()`` builds the condition (a
     :class:`~airflow_jetstream.triggers.base.JetStreamPollingTrigger`): each poke runs its ``check``, and
-    deferred it polls in the triggerer."""
+    deferred it polls in the triggerer.
+
+    ``start_from_trigger=True`` (Airflow 3.3+): the scheduler defers the task itself, with no worker until the
+    trigger fires (then a worker runs only ``execute_complete``); the triggerer renders the templated fields.
+    Airflow reads ``start_trigger_args`` when each ``__init__`` returns and when it serializes the DAG, so
+    subclasses set their parameters *before* calling ``super().__init__``, which builds the trigger from them.
+    The wait then ends at Airflow's deferral timeout (``timeout``), which fails the task with
+    ``AirflowSensorTimeout("Trigger timeout")``: the trigger's own deadline is an absolute time, unknown when
+    the DAG is parsed, so the last state is in the triggerer's log rather than in the failure.
+    """
 
     template_fields: Sequence[str] = ("nats_conn_id",)
     what = "condition"
@@ -140,6 +151,16 @@ class JetStreamStateSensor(JetStreamBaseSensor):
     _last_seen = "nothing (no poke finished)"
 
     trigger_class: type[JetStreamPollingTrigger]
+
+    def __init__(self, *, start_from_trigger: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if start_from_trigger:
+            require_airflow(START_FROM_TRIGGER)
+            classpath, trigger_kwargs = self.trigger().serialize()
+            self.start_from_trigger = True
+            self.start_trigger_args = StartTriggerArgs(
+                trigger_cls=classpath, trigger_kwargs=trigger_kwargs, next_method="execute_complete",
+                next_kwargs=None, timeout=timedelta(seconds=self.timeout))
 
     def trigger(self) -> JetStreamPollingTrigger:
         """The condition with this task's parameters (``poll_interval`` is the sensor's ``poke_interval``)."""

@@ -23,11 +23,11 @@ class JetStreamSourceCaughtUpSensor(JetStreamStateSensor):
 
     def __init__(self, *, stream: str, source: str, domain: str | None = None, api_prefix: str | None = None,
                  **kwargs: Any) -> None:
-        super().__init__(**kwargs)
         self.stream = stream
         self.source = source
         self.domain = domain
         self.api_prefix = api_prefix
+        super().__init__(**kwargs)  # after the parameters: with start_from_trigger it builds the trigger
 
 
 class JetStreamConsumerDrainedSensor(JetStreamStateSensor):
@@ -41,6 +41,6 @@ class JetStreamConsumerDrainedSensor(JetStreamStateSensor):
     trigger_class = JetStreamConsumerDrainedTrigger
 
     def __init__(self, *, stream: str, consumer: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
         self.stream = stream
         self.consumer = consumer
+        super().__init__(**kwargs)  # after the parameters: with start_from_trigger it builds the trigger

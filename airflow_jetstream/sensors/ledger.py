@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowException
-
 from airflow_jetstream.client.ledger.counts import check_waitable_state
 from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET
 from airflow_jetstream.sensors.base import JetStreamStateSensor
@@ -27,11 +25,11 @@ class JetStreamBatchLedgerSensor(JetStreamStateSensor):
 
     template_fields: Sequence[str] = ("run_id", "state", "ledger_bucket", "min_batches", "nats_conn_id")
     what = "batch ledger"
+    trigger_class = JetStreamBatchLedgerTrigger
 
     def __init__(self, *, run_id: str = "{{ run_id }}", state: str = CONSUMED, ledger_bucket: str = DEFAULT_BUCKET,
                  min_batches: int | str = 1, reap_expired: bool = False, fail_on_failed: bool = True,
                  **kwargs: Any) -> None:
-        super().__init__(**kwargs)
         if "{{" not in state:
             check_waitable_state(state)
         self.run_id = run_id
@@ -40,18 +38,4 @@ class JetStreamBatchLedgerSensor(JetStreamStateSensor):
         self.min_batches = min_batches
         self.reap_expired = reap_expired
         self.fail_on_failed = fail_on_failed
-
-    def _min_batches(self) -> int:
-        try:
-            value = int(self.min_batches)
-        except (TypeError, ValueError):
-            raise AirflowException(f"min_batches must be an integer, got {self.min_batches!r}") from None
-        if value < 0:
-            raise AirflowException(f"min_batches must be >= 0, got {value}")
-        return value
-
-    def trigger(self) -> JetStreamBatchLedgerTrigger:
-        return JetStreamBatchLedgerTrigger(run_id=self.run_id, state=self.state, ledger_bucket=self.ledger_bucket,
-                                           min_batches=self._min_batches(), reap_expired=self.reap_expired,
-                                           fail_on_failed=self.fail_on_failed, nats_conn_id=self.nats_conn_id,
-                                           poll_interval=self.poke_interval)
+        super().__init__(**kwargs)  # after the parameters: with start_from_trigger it builds the trigger

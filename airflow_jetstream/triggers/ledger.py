@@ -6,8 +6,10 @@ import asyncio
 import random
 import time
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.counts import shards_of
 from airflow_jetstream.client.ledger.records import CONSUMED, DEFAULT_BUCKET, Entry, counts_pattern, epoch_of
 from airflow_jetstream.client.ledger.wait import LedgerWait
@@ -45,20 +47,31 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
     """
 
     what = "batch ledger"
+    serialized = ("run_id", "state", "ledger_bucket", "min_batches", "reap_expired", "fail_on_failed")
     _logged_at = float("-inf")
 
     def __init__(self, *, run_id: str, state: str = CONSUMED, ledger_bucket: str = DEFAULT_BUCKET,
-                 min_batches: int = 1, reap_expired: bool = False, fail_on_failed: bool = True,
+                 min_batches: int | str = 1, reap_expired: bool = False, fail_on_failed: bool = True,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        #: The check, shared with the sensor's poke (through :meth:`check`).
-        self.condition = LedgerWait(run_id=run_id, state=state, bucket=ledger_bucket, min_batches=int(min_batches),
-                                    reap=bool(reap_expired), fail_on_failed=bool(fail_on_failed))
+        self.run_id = run_id
+        self.state = state
+        self.ledger_bucket = ledger_bucket
+        self.min_batches = min_batches
+        self.reap_expired = reap_expired
+        self.fail_on_failed = fail_on_failed
 
-    def _kwargs(self) -> dict[str, Any]:
-        wait = self.condition
-        return {"run_id": wait.run_id, "state": wait.state, "ledger_bucket": wait.bucket,
-                "min_batches": wait.min_batches, "reap_expired": wait.reap, "fail_on_failed": wait.fail_on_failed}
+    @cached_property
+    def condition(self) -> LedgerWait:
+        """The check, shared with the sensor's poke (through :meth:`check`). Built on first use, inside the wait's
+        error handling: started from the triggerer, the fields are templates until the triggerer renders them."""
+        try:
+            count = int(self.min_batches)  # a rendered template is a string
+        except (TypeError, ValueError):
+            raise InvalidRequestError(f"min_batches must be an integer >= 0, got {self.min_batches!r}",
+                                      reason="invalid_option") from None
+        return LedgerWait(run_id=self.run_id, state=self.state, bucket=self.ledger_bucket, min_batches=count,
+                          reap=bool(self.reap_expired), fail_on_failed=bool(self.fail_on_failed))
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
         return await self.condition.check(conn)

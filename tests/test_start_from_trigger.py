@@ -1,0 +1,97 @@
+"""``start_from_trigger`` on the state sensors, without a server: what the DAG file hands the scheduler (through the
+serialized DAG), what the triggerer renders, the refusal on Airflow 3.2 and the deferral timeout's message.
+The deployment test (tests/test_airflow_deployment.py) runs such sensors through a real scheduler and triggerer."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pendulum
+import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import AirflowSensorTimeout
+from airflow.serialization.serialized_objects import BaseSerialization, DagSerialization
+
+from airflow_jetstream import airflow_compat
+from airflow_jetstream.airflow_compat import AirflowVersionError
+from airflow_jetstream.sensors.consumer import JetStreamConsumerDrainedSensor, JetStreamSourceCaughtUpSensor
+from airflow_jetstream.sensors.ledger import JetStreamBatchLedgerSensor
+from airflow_jetstream.triggers.consumer import JetStreamConsumerDrainedTrigger
+from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
+
+TRIGGERS = "airflow_jetstream.triggers"
+
+
+def _dag() -> DAG:
+    with DAG("start_from_trigger_unit", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), schedule=None) as dag:
+        JetStreamConsumerDrainedSensor(task_id="drained", stream="{{ params.stream }}", consumer="c",
+                                       start_from_trigger=True, poke_interval=2, timeout=600)
+        JetStreamSourceCaughtUpSensor(task_id="caught_up", stream="{{ params.stream }}_COPY",
+                                      source="{{ params.stream }}", start_from_trigger=True, timeout=60)
+        JetStreamBatchLedgerSensor(task_id="ledger", min_batches="{{ params.batches }}", start_from_trigger=True,
+                                   timeout=30)
+        JetStreamConsumerDrainedSensor(task_id="from_a_worker", stream="S", consumer="c", deferrable=True)
+    return dag
+
+
+def _trigger_kwargs(task) -> dict:
+    """The decoded task's trigger kwargs as the triggerer gets them (they stay encoded in the serialized DAG)."""
+    return BaseSerialization.deserialize(task.start_trigger_args.trigger_kwargs)
+
+
+def test_the_serialized_dag_hands_the_scheduler_each_trigger_with_its_templates_unrendered():
+    decoded = DagSerialization.from_dict(DagSerialization.to_dict(_dag()))
+    args = {task_id: decoded.get_task(task_id).start_trigger_args for task_id in ("drained", "caught_up", "ledger")}
+    kwargs = {task_id: _trigger_kwargs(decoded.get_task(task_id)) for task_id in args}
+    assert all(decoded.get_task(task_id).start_from_trigger for task_id in args)
+    assert args["drained"].trigger_cls == f"{TRIGGERS}.consumer.JetStreamConsumerDrainedTrigger"
+    assert kwargs["drained"] == {"stream": "{{ params.stream }}", "consumer": "c", "nats_conn_id": "nats_default",
+                                 "timeout_at": None, "poll_interval": 2.0}
+    assert args["caught_up"].trigger_cls == f"{TRIGGERS}.consumer.JetStreamSourceCaughtUpTrigger"
+    assert kwargs["caught_up"]["source"] == "{{ params.stream }}"
+    assert args["ledger"].trigger_cls == f"{TRIGGERS}.ledger.JetStreamBatchLedgerTrigger"
+    assert kwargs["ledger"]["run_id"] == "{{ run_id }}"
+    assert kwargs["ledger"]["min_batches"] == "{{ params.batches }}"
+    # Airflow's deferral timeout is the sensor's timeout: the trigger's own deadline is not known at parse time
+    assert [a.timeout for a in args.values()] == [timedelta(seconds=600), timedelta(seconds=60), timedelta(seconds=30)]
+    assert {a.next_method for a in args.values()} == {"execute_complete"}
+    assert not decoded.get_task("from_a_worker").start_from_trigger
+
+
+def test_the_triggerer_builds_each_trigger_from_its_kwargs_and_renders_the_sensors_templated_fields():
+    """As Airflow 3.3's triggerer does: the trigger is built from the stored (unrendered) kwargs, given its task
+    instance, then renders the sensor's template fields that are also trigger kwargs and attributes."""
+    decoded = DagSerialization.from_dict(DagSerialization.to_dict(_dag()))
+    context = {"params": {"stream": "ORDERS", "batches": "3"}, "run_id": "manual__1"}
+    rendered = {}
+    for task_id, cls in (("drained", JetStreamConsumerDrainedTrigger), ("ledger", JetStreamBatchLedgerTrigger)):
+        task = decoded.get_task(task_id)
+        trigger = cls(**_trigger_kwargs(task))  # an unrendered name is not refused here
+        trigger.task_instance = SimpleNamespace(task_id=task_id, task=task)
+        trigger.render_template_fields(context=context)
+        rendered[task_id] = trigger
+    assert rendered["drained"].stream == "ORDERS"
+    assert set(rendered["ledger"].template_fields) == {"run_id", "state", "ledger_bucket", "min_batches",
+                                                       "nats_conn_id"}
+    condition = rendered["ledger"].condition
+    assert (condition.run_id, condition.min_batches) == ("manual__1", 3)
+
+
+def test_airflow_3_2_refuses_start_from_trigger_naming_the_release(monkeypatch):
+    """Airflow 3.2's scheduler ignores ``start_from_trigger`` (its DagRun leaves that path commented out) and
+    its triggerer renders no templates: refused when the DAG is parsed, not run on a worker by surprise."""
+    monkeypatch.setattr(airflow_compat, "airflow_version", lambda: (3, 2, 2))
+    with pytest.raises(AirflowVersionError, match=r"start_from_trigger=True\) need Airflow 3\.3\.0 or newer; "
+                                                  r"Airflow 3\.2\.2 is installed") as refused:
+        JetStreamConsumerDrainedSensor(task_id="t", stream="S", consumer="c", start_from_trigger=True)
+    assert refused.value.reason == "airflow_too_old"
+    JetStreamConsumerDrainedSensor(task_id="t", stream="S", consumer="c", deferrable=True)  # without it: as before
+
+
+def test_the_deferral_timeout_fails_the_sensor_with_airflows_trigger_timeout():
+    """Started from the triggerer, the wait ends at Airflow's deferral timeout: the worker resumes the task at
+    ``__fail__`` and the sensor fails with Airflow's message (``soft_fail`` skips, as for any sensor)."""
+    sensor = _dag().get_task("drained")
+    with pytest.raises(AirflowSensorTimeout, match=r"^Trigger timeout$"):  # next_kwargs as the worker reads them
+        sensor.resume_execution("__fail__", {"error": "Trigger timeout"}, context={})

@@ -88,13 +88,11 @@ def parse_asset_uri(uri: str | SplitResult) -> JetStreamAssetRef:
     if parts.username or parts.password:
         raise InvalidAssetURIError("jetstream asset URIs must not carry credentials; they live in the connection")
     if parts.query or parts.fragment:
-        raise InvalidAssetURIError(
-            f"jetstream asset URI {SCHEME}://{parts.netloc}{parts.path} takes no query or fragment"
-        )
+        raise InvalidAssetURIError(f"jetstream asset URI {SCHEME}://{parts.netloc}{parts.path} takes no query or "
+                                   "fragment")
     if not parts.netloc or "," in parts.netloc:
-        raise InvalidAssetURIError(
-            "jetstream asset URI needs exactly one server: jetstream://<host[:port]>/<stream>[/<subject>]"
-        )
+        raise InvalidAssetURIError("jetstream asset URI needs exactly one server: "
+                                   "jetstream://<host[:port]>/<stream>[/<subject>]")
     stream, _, subject = parts.path.lstrip("/").partition("/")
     if not stream:
         raise InvalidAssetURIError(
@@ -109,17 +107,14 @@ def sanitize_uri(uri: SplitResult) -> SplitResult:
     return urlsplit(parse_asset_uri(uri).uri)
 
 
-def create_asset(
-    *, server: str, stream: str, subject: str | None = None, extra: dict[str, Any] | None = None
-) -> Asset:
+def create_asset(*, server: str, stream: str, subject: str | None = None, extra: dict[str, Any] | None = None) -> Asset:
     """Airflow's ``asset-uris`` factory (used by the hook-lineage collector)."""
     ref = _ref(server, stream, subject)
     return Asset(uri=ref.uri, extra=extra or {})
 
 
-def jetstream_asset(
-    server: str | Sequence[str], stream: str, subject: str | None = None, *, extra: dict[str, Any] | None = None
-) -> Asset:
+def jetstream_asset(server: str | Sequence[str], stream: str, subject: str | None = None, *,
+                    extra: dict[str, Any] | None = None) -> Asset:
     """The asset for a stream (or a subject in it) on a NATS server.
 
     ``server`` may be ``host``, ``host:port``, a ``nats://``/``tls://`` URL, a comma-separated list or a
@@ -141,9 +136,8 @@ def _report(task: Any, attribute: str, asset: Asset, stream: str, subject: str |
     return asset
 
 
-def report_stream_output(
-    task: Any, servers: str | Sequence[str], stream: str, subject: str | None = None, *, lineage_context: Any = None
-) -> Asset:
+def report_stream_output(task: Any, servers: str | Sequence[str], stream: str, subject: str | None = None, *,
+                         lineage_context: Any = None) -> Asset:
     """For operators: add the stream (or subject) to ``task.outlets`` and report it to hook lineage.
 
     Call it from ``execute()`` once the connection's servers are known (``self.hook.settings.servers``).
@@ -155,9 +149,8 @@ def report_stream_output(
     return _report(task, "outlets", asset, stream, subject, task if lineage_context is None else lineage_context)
 
 
-def report_stream_input(
-    task: Any, servers: str | Sequence[str], stream: str, subject: str | None = None, *, lineage_context: Any = None
-) -> Asset:
+def report_stream_input(task: Any, servers: str | Sequence[str], stream: str, subject: str | None = None, *,
+                        lineage_context: Any = None) -> Asset:
     """For operators that read a stream: the same as :func:`report_stream_output`, for ``task.inlets``."""
     asset = jetstream_asset(servers, stream, subject)
     return _report(task, "inlets", asset, stream, subject, task if lineage_context is None else lineage_context)
@@ -174,15 +167,5 @@ def convert_asset_to_openlineage(asset: Asset, lineage_context: Any) -> OpenLine
     return OpenLineageDataset(namespace=f"{SCHEME}://{ref.server}", name=ref.name)
 
 
-__all__ = [
-    "SCHEME",
-    "InvalidAssetURIError",
-    "JetStreamAssetRef",
-    "convert_asset_to_openlineage",
-    "create_asset",
-    "jetstream_asset",
-    "parse_asset_uri",
-    "report_stream_input",
-    "report_stream_output",
-    "sanitize_uri",
-]
+__all__ = ["SCHEME", "InvalidAssetURIError", "JetStreamAssetRef", "convert_asset_to_openlineage", "create_asset",
+           "jetstream_asset", "parse_asset_uri", "report_stream_input", "report_stream_output", "sanitize_uri"]

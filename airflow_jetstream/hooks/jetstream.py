@@ -184,18 +184,16 @@ class JetStreamHook(BaseHook):
         :raises InvalidSettingsError: its fields are malformed.
         """
         try:
-            conn = self.get_connection(self.nats_conn_id)
+            return self._masked_settings(self.get_connection(self.nats_conn_id))
         except AirflowNotFoundException:
             raise connection_not_found(self.nats_conn_id) from None
-        return self._masked_settings(conn)
 
     async def aget_settings(self) -> ConnectionSettings:
         """Async variant for triggers: resolves the connection without blocking the event loop."""
         try:
-            conn = await self.aget_connection(self.nats_conn_id)
+            return self._masked_settings(await self.aget_connection(self.nats_conn_id))
         except AirflowNotFoundException:
             raise connection_not_found(self.nats_conn_id) from None
-        return self._masked_settings(conn)
 
     def _masked_settings(self, conn: Any) -> ConnectionSettings:
         from airflow.sdk.log import mask_secret

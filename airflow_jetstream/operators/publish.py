@@ -123,10 +123,8 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
     ...). Parameters, results and examples: docs/operators/publish.md.
     """
 
-    template_fields: Sequence[str] = (
-        "messages", "messages_file", "subject", "stream", "expected_last_seq", "dedupe_key",
-        "producer_function_args", "producer_function_kwargs",
-    )
+    template_fields: Sequence[str] = ("messages", "messages_file", "subject", "stream", "expected_last_seq",
+                                      "dedupe_key", "producer_function_args", "producer_function_kwargs")
     template_fields_renderers = {"messages": "json", "producer_function_kwargs": "json"}
     operator_extra_links = (JetStreamViewLink(),)
 

@@ -34,8 +34,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
     """
 
     template_fields: Sequence[str] = ("advisory", "advisory_stream", "advisory_consumer", "batch_id", "reason",
-                                      "start_time",
-                                      "capture_stream", "nats_conn_id")
+                                      "start_time", "capture_stream", "nats_conn_id")
     defer_backstop = TIMEOUT_BACKSTOP
 
     def __init__(self, *, advisory: str | None, advisory_stream: str | None = None,
@@ -89,15 +88,11 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
 
     def make_trigger(self, context: Any) -> JetStreamAdvisoryTrigger:
         since = self.resolve_since(context)
-        trigger = JetStreamAdvisoryTrigger(
-            **filter_kwargs(self.advisory_filter()),
-            start_time=since.isoformat(),
-            expect=self.expect,
-            capture_stream=self.capture_stream,
-            quiet_until=self._quiet_until(context).isoformat() if self.expect == "absent" else None,
-            nats_conn_id=self.nats_conn_id,
-            report_gap=False,  # the sensor's first poke says it (once, and not for a run that made the stream)
-        )
+        quiet_until = self._quiet_until(context).isoformat() if self.expect == "absent" else None
+        # report_gap=False: the sensor's first poke says it (once, and not for a run that made the stream)
+        trigger = JetStreamAdvisoryTrigger(**filter_kwargs(self.advisory_filter()), start_time=since.isoformat(),
+                                           expect=self.expect, capture_stream=self.capture_stream,
+                                           quiet_until=quiet_until, nats_conn_id=self.nats_conn_id, report_gap=False)
         if not self.capture_stream and not self.deferrable:  # live mode: a poke listens, the trigger would
             trigger.listen_for = min(self.poke_interval, 60.0) or 1.0
         return trigger

@@ -248,13 +248,13 @@ def read_batches(options: ReadOptions, schema: StructType, stream: str, via: str
         loop.close()
 
 
+@dataclasses.dataclass
 class Consumption:
     """What a :func:`consume` block covers; ``removed`` is set once the read was acknowledged."""
 
-    def __init__(self, plan: ReadPlan, claimed: list[BatchRecord]) -> None:
-        self.plan = plan
-        self.claimed = claimed
-        self.removed: int | None = None
+    plan: ReadPlan
+    claimed: list[BatchRecord]
+    removed: int | None = None
 
     @property
     def claim_revisions(self) -> dict[str, int]:

@@ -13,9 +13,9 @@ import json
 import logging
 import random
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -50,56 +50,13 @@ _statuses: weakref.WeakKeyDictionary[Any, dict[str, tuple[float, asyncio.Future[
     weakref.WeakKeyDictionary())
 
 
-async def retrying(log: logging.Logger | Any, what: str, attempt: Callable[[], Awaitable[dict[str, Any]]],
-                   transient: tuple[type[JetStreamError], ...] = TRANSIENT_ERRORS) -> dict[str, Any]:
-    """``await attempt()`` until it returns an event, with the client's retry rule
-    (:func:`~airflow_jetstream.client.retry.retry`): a ``transient`` error (a leader election included) is
-    retried up to ``TRANSIENT_RETRIES`` times, 1 s doubling up to 30 s, within the caller's deadline; any other
-    error, or the last one, is the event ``{"status": "error", "error": {...}}``. Each attempt borrows the
-    loop's pooled connection (``shared_connection``), so a retry after a lost connection gets a new one."""
-
-    def why(exc: JetStreamError) -> str | None:
-        if isinstance(exc, PERMANENT_ERRORS) or not isinstance(exc, transient):
-            return None
-        return "the cluster is electing a leader" if isinstance(exc, LeaderUnavailableError) else "interrupted"
-
-    try:
-        return await retry(what, attempt, transient=why, budget=None, budget_name="retries",
-                           max_retries=TRANSIENT_RETRIES, backoff=TRIGGER_BACKOFF, logger=log)
-    except JetStreamError as exc:
-        log.error("%s failed: %s", what, exc)
-        return {"status": "error", "error": exc.to_dict()}
-
-
-async def within(timeout_at: str | None, waiting: Awaitable[dict[str, Any]],
-                 timed_out: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """``await waiting``, or ``timed_out()`` (default ``{"status": "timeout"}``) once ``timeout_at`` (ISO time)
-    has passed.
-
-    ``airflow dags test`` runs a deferred task's trigger inline and ignores the deferral timeout, so a
-    sensor whose condition never came true waited forever; with this it ends at its ``timeout``.
-    """
-    if timeout_at is None:
-        return await waiting
-    remaining = (datetime.fromisoformat(timeout_at) - datetime.now(UTC)).total_seconds()
-    try:
-        return await asyncio.wait_for(waiting, max(remaining, 0.0))
-    except TimeoutError:
-        return timed_out() if timed_out is not None else {"status": "timeout"}
-
-
-def staggered(seconds: float) -> float:
-    """``seconds`` give or take ``POLL_JITTER`` of it."""
-    return seconds * random.uniform(1 - POLL_JITTER, 1 + POLL_JITTER)
-
-
 class JetStreamWaitTrigger(BaseTrigger):
     """A wait condition, implemented once for the sensor's poke and the triggerer.
 
     Subclasses implement :meth:`check` (one look now: the event when the condition holds, else None; it sets
     ``last_seen`` to one line saying what it saw) and :meth:`wait` (until the condition holds), and
     name their own arguments in ``serialized``. ``run`` waits on the loop's shared connection, retries
-    transient errors (:func:`retrying`) and ends at ``timeout_at`` (ISO time) with
+    transient errors (:meth:`_wait`) and ends at ``timeout_at`` (ISO time) with
     ``{"status": "timeout", "description": <last seen>}``.
     """
 
@@ -144,13 +101,39 @@ class JetStreamWaitTrigger(BaseTrigger):
         return {"status": "timeout", "description": self.last_seen}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        # the event is yielded after the connection is released: a generator closed right after its first
-        # event (``airflow dags test`` runs triggers inline that way) has nothing left to clean up
+        # ``airflow dags test`` runs a deferred task's trigger inline and ignores the deferral timeout, so a sensor
+        # whose condition never came true waited forever: the trigger ends at ``timeout_at`` itself. The event is
+        # yielded after the connection is released: a generator closed right after its first event (as ``airflow
+        # dags test`` runs triggers) has nothing left to clean up.
         deadline = None if self.checks_deadline else self.timeout_at
-        yield TriggerEvent(await within(deadline, self._wait(), self.timeout_event))
+        if deadline is None:
+            event = await self._wait()
+        else:
+            remaining = (datetime.fromisoformat(deadline) - datetime.now(UTC)).total_seconds()
+            try:
+                event = await asyncio.wait_for(self._wait(), max(remaining, 0.0))
+            except TimeoutError:
+                event = self.timeout_event()
+        yield TriggerEvent(event)
 
     async def _wait(self) -> dict[str, Any]:
-        return await retrying(self.log, f"Waiting for {self.goal()}", self._attempt, transient=self.transient)
+        """``wait`` with the client's retry rule (:func:`~airflow_jetstream.client.retry.retry`): a ``transient``
+        error (a leader election included) is retried up to ``TRANSIENT_RETRIES`` times, 1 s doubling up to 30 s;
+        any other error, or the last one, is the event ``{"status": "error", "error": {...}}``. Each attempt
+        borrows the loop's pooled connection, so a retry after a lost connection gets a new one."""
+        what, log = f"Waiting for {self.goal()}", cast(logging.Logger, self.log)  # Airflow's logger: the same methods
+
+        def why(exc: JetStreamError) -> str | None:
+            if isinstance(exc, PERMANENT_ERRORS) or not isinstance(exc, self.transient):
+                return None
+            return "the cluster is electing a leader" if isinstance(exc, LeaderUnavailableError) else "interrupted"
+
+        try:
+            return await retry(what, self._attempt, transient=why, budget=None, budget_name="retries",
+                               max_retries=TRANSIENT_RETRIES, backoff=TRIGGER_BACKOFF, logger=log)
+        except JetStreamError as exc:
+            self.log.error("%s failed: %s", what, exc)
+            return {"status": "error", "error": exc.to_dict()}
 
     async def _attempt(self) -> dict[str, Any]:
         from airflow_jetstream.client.connection_pool import shared_connection
@@ -237,7 +220,7 @@ class JetStreamPollingTrigger(JetStreamWaitTrigger):
             if self.past_deadline():
                 return self.timeout_event()
             self.log.info("Waiting for %s: %s", self.what, self.last_seen)
-            await asyncio.sleep(staggered(self.poll_interval))
+            await asyncio.sleep(self.poll_interval * random.uniform(1 - POLL_JITTER, 1 + POLL_JITTER))
 
     def timeout_event(self) -> dict[str, Any]:
         return {**super().timeout_event(), "last": self.last_status}

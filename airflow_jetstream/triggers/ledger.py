@@ -125,10 +125,12 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
                                                               dict[int, int]]:
         """The status (the check, reaping when asked), and the run's counts shards with their sequences as of now
         (at or after the listener's ``since``: the listener brings every change after it)."""
+        from airflow_jetstream.client.ledger.store import read_last
+
         status = await self.status(conn)
         if status.get("counted_by") != "counts" or not status["batches"]:
             return status, {}, {}
-        entries = await _counts_entries(conn, self.condition)
+        entries = await read_last(conn, self.condition.bucket, [counts_pattern(self.condition.run_id)])
         return status, shards_of(entries), {int(k.rsplit(".", 1)[1]): e.seq for k, e in entries.items()}
 
     def _event(self, status: dict[str, Any]) -> dict[str, Any] | None:
@@ -156,9 +158,3 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
             left = (datetime.fromisoformat(self.timeout_at) - datetime.now(UTC)).total_seconds()
             pause = min(pause, max(0.0, left) + 0.1)
         return pause
-
-
-async def _counts_entries(conn: JetStreamConnection, wait: LedgerWait) -> dict[str, Any]:
-    from airflow_jetstream.client.ledger.store import read_last
-
-    return await read_last(conn, wait.bucket, [counts_pattern(wait.run_id)])

@@ -4,7 +4,6 @@ The deployment test (tests/test_airflow_deployment.py) runs such sensors through
 
 from __future__ import annotations
 
-from datetime import timedelta
 from types import SimpleNamespace
 
 import pendulum
@@ -16,11 +15,17 @@ from airflow.serialization.serialized_objects import BaseSerialization, DagSeria
 from airflow_jetstream import airflow_compat
 from airflow_jetstream.airflow_compat import AirflowVersionError
 from airflow_jetstream.sensors.consumer import JetStreamConsumerDrainedSensor, JetStreamSourceCaughtUpSensor
+from airflow_jetstream.sensors.kv import JetStreamKeyValueSensor
 from airflow_jetstream.sensors.ledger import JetStreamBatchLedgerSensor
 from airflow_jetstream.triggers.consumer import JetStreamConsumerDrainedTrigger
+from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
 from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
 
 TRIGGERS = "airflow_jetstream.triggers"
+
+
+def is_ready(entry: dict, *args: object) -> bool:
+    return bool(entry)
 
 
 def _dag() -> DAG:
@@ -31,6 +36,10 @@ def _dag() -> DAG:
                                       source="{{ params.stream }}", start_from_trigger=True, timeout=60)
         JetStreamBatchLedgerSensor(task_id="ledger", min_batches="{{ params.batches }}", start_from_trigger=True,
                                    timeout=30)
+        JetStreamKeyValueSensor(task_id="kv", bucket="{{ params.bucket }}", key="model.ready", value="{{ params.v }}",
+                                start_from_trigger=True, timeout=90)
+        JetStreamKeyValueSensor(task_id="kv_function", bucket="models", key="model.ready", apply_function=is_ready,
+                                start_from_trigger=True)
         JetStreamConsumerDrainedSensor(task_id="from_a_worker", stream="S", consumer="c", deferrable=True)
     return dag
 
@@ -42,7 +51,8 @@ def _trigger_kwargs(task) -> dict:
 
 def test_the_serialized_dag_hands_the_scheduler_each_trigger_with_its_templates_unrendered():
     decoded = DagSerialization.from_dict(DagSerialization.to_dict(_dag()))
-    args = {task_id: decoded.get_task(task_id).start_trigger_args for task_id in ("drained", "caught_up", "ledger")}
+    args = {task_id: decoded.get_task(task_id).start_trigger_args
+            for task_id in ("drained", "caught_up", "ledger", "kv")}
     kwargs = {task_id: _trigger_kwargs(decoded.get_task(task_id)) for task_id in args}
     assert all(decoded.get_task(task_id).start_from_trigger for task_id in args)
     assert args["drained"].trigger_cls == f"{TRIGGERS}.consumer.JetStreamConsumerDrainedTrigger"
@@ -53,8 +63,13 @@ def test_the_serialized_dag_hands_the_scheduler_each_trigger_with_its_templates_
     assert args["ledger"].trigger_cls == f"{TRIGGERS}.ledger.JetStreamBatchLedgerTrigger"
     assert kwargs["ledger"]["run_id"] == "{{ run_id }}"
     assert kwargs["ledger"]["min_batches"] == "{{ params.batches }}"
+    assert args["kv"].trigger_cls == f"{TRIGGERS}.kv.JetStreamKeyValueTrigger"
+    assert kwargs["kv"]["bucket"] == "{{ params.bucket }}"
+    function = _trigger_kwargs(decoded.get_task("kv_function"))["apply_function"]
+    assert function == f"{__name__}.is_ready"  # by its path: Airflow refuses a callable in trigger kwargs
     # Airflow's deferral timeout is the sensor's timeout: the trigger's own deadline is not known at parse time
-    assert [a.timeout for a in args.values()] == [timedelta(seconds=600), timedelta(seconds=60), timedelta(seconds=30)]
+    assert [a.timeout.total_seconds() for a in args.values()] == [600, 60, 30, 90]
+    assert {kw["timeout_at"] for kw in kwargs.values()} == {None}
     assert {a.next_method for a in args.values()} == {"execute_complete"}
     assert not decoded.get_task("from_a_worker").start_from_trigger
 
@@ -63,15 +78,17 @@ def test_the_triggerer_builds_each_trigger_from_its_kwargs_and_renders_the_senso
     """As Airflow 3.3's triggerer does: the trigger is built from the stored (unrendered) kwargs, given its task
     instance, then renders the sensor's template fields that are also trigger kwargs and attributes."""
     decoded = DagSerialization.from_dict(DagSerialization.to_dict(_dag()))
-    context = {"params": {"stream": "ORDERS", "batches": "3"}, "run_id": "manual__1"}
+    context = {"params": {"stream": "ORDERS", "batches": "3", "bucket": "models", "v": "42"}, "run_id": "manual__1"}
     rendered = {}
-    for task_id, cls in (("drained", JetStreamConsumerDrainedTrigger), ("ledger", JetStreamBatchLedgerTrigger)):
+    for task_id, cls in (("drained", JetStreamConsumerDrainedTrigger), ("ledger", JetStreamBatchLedgerTrigger),
+                         ("kv", JetStreamKeyValueTrigger)):
         task = decoded.get_task(task_id)
         trigger = cls(**_trigger_kwargs(task))  # an unrendered name is not refused here
         trigger.task_instance = SimpleNamespace(task_id=task_id, task=task)
         trigger.render_template_fields(context=context)
         rendered[task_id] = trigger
     assert rendered["drained"].stream == "ORDERS"
+    assert (rendered["kv"].bucket, rendered["kv"].value) == ("models", "42")
     assert set(rendered["ledger"].template_fields) == {"run_id", "state", "ledger_bucket", "min_batches",
                                                        "nats_conn_id"}
     condition = rendered["ledger"].condition

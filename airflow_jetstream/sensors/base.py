@@ -85,6 +85,16 @@ class JetStreamBaseSensor(BaseSensorOperator):
         """The sensor's attributes named as ``trigger_class``'s serialized arguments (the same parameters)."""
         return {name: getattr(self, name) for name in self.trigger_class.serialized}
 
+    def start_in_triggerer(self, trigger: JetStreamWaitTrigger) -> None:
+        """Let the scheduler defer this task to ``trigger`` itself (``start_from_trigger``, Airflow 3.3+): its
+        kwargs are the DAG file's values, rendered by the triggerer; the wait ends at Airflow's deferral timeout."""
+        require_airflow(START_FROM_TRIGGER)
+        classpath, trigger_kwargs = trigger.serialize()
+        self.start_from_trigger = True
+        self.start_trigger_args = StartTriggerArgs(
+            trigger_cls=classpath, trigger_kwargs=trigger_kwargs, next_method="execute_complete", next_kwargs=None,
+            timeout=timedelta(seconds=self.timeout))
+
     def poke(self, context: Any) -> PokeReturnValue:
         """One look through the trigger's own ``check`` (the condition is implemented once, in the trigger)."""
         trigger = self._poked = self.make_trigger(context)
@@ -155,12 +165,7 @@ class JetStreamStateSensor(JetStreamBaseSensor):
     def __init__(self, *, start_from_trigger: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if start_from_trigger:
-            require_airflow(START_FROM_TRIGGER)
-            classpath, trigger_kwargs = self.trigger().serialize()
-            self.start_from_trigger = True
-            self.start_trigger_args = StartTriggerArgs(
-                trigger_cls=classpath, trigger_kwargs=trigger_kwargs, next_method="execute_complete",
-                next_kwargs=None, timeout=timedelta(seconds=self.timeout))
+            self.start_in_triggerer(self.trigger())
 
     def trigger(self) -> JetStreamPollingTrigger:
         """The condition with this task's parameters (``poll_interval`` is the sensor's ``poke_interval``)."""

@@ -17,7 +17,8 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
     A signal between systems ("model v42 is ready"): a poke reads the key's current value; deferred, the
     trigger watches the key (no polling). A deleted or purged key does not exist. A ``str`` value is compared
     with the value's text, anything else with the value parsed as JSON; ``apply_function(entry, ...)`` matches
-    when truthy (deferred: a module-level function, stored by its dotted path). Returns the entry
+    when truthy (deferred: a module-level function, stored by its dotted path). ``start_from_trigger=True``: the
+    scheduler defers the task itself, as the state sensors do (:class:`~.base.JetStreamStateSensor`). Returns the entry
     (``bucket``, ``key``, ``revision``, ``value``, ...) plus ``result`` when the function returned other than
     ``True``; see docs/sensors/kv.md.
     """
@@ -29,13 +30,13 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
     def __init__(self, *, bucket: str, key: str, value: Any = None,
                  apply_function: Callable[..., Any] | str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+                 start_from_trigger: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if "{{" not in str(bucket):
             check_bucket(bucket)
         if "{{" not in str(key):
             validate_key(key)
-        if apply_function is not None and self.deferrable:
+        if apply_function is not None and (self.deferrable or start_from_trigger):
             apply_function = function_path(apply_function)
         self.bucket = bucket
         self.key = key
@@ -44,6 +45,8 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
         self.apply_function_args = apply_function_args
         self.apply_function_kwargs = apply_function_kwargs
         self.condition()  # a bad function fails when the DAG is parsed
+        if start_from_trigger:
+            self.start_in_triggerer(self.make_trigger(None))
 
     def condition(self) -> KeyCondition:
         return JetStreamKeyValueTrigger(**self._trigger_args()).condition()

@@ -8,10 +8,10 @@ NKey user, with ``nats_default`` stored in the database holding the seed (``nkey
   password; nothing of it reaches a task log, a component log, an XCom or a rendered field;
 * ``jetstream_orders_incremental`` runs three consecutive intervals through the scheduler (a backfill), each
   reading the orders stored in its interval, and an interval cleared and run again stores nothing twice.
-  Time is compressed here, not in the DAG: the test serves the example with its hourly cron made one-minute
-  (the same file otherwise) and publishes orders into three consecutive minutes while Airflow starts. The
-  scheduler's own cron runs are off (``[scheduler] use_job_schedule = False``), so the backfill's runs are the
-  only ones; the DAG's timetable settings are Airflow's defaults.
+  Time is compressed here, not in the DAG: the test serves the example with its hourly cron made a 20-second one
+  (croniter's sixth field, seconds; the same file otherwise) and publishes orders into three consecutive
+  intervals while Airflow starts. The scheduler's own cron runs are off (``[scheduler] use_job_schedule =
+  False``), so the backfill's runs are the only ones; the DAG's timetable settings are Airflow's defaults.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "dags_examples"
 DAG_ID, STEP = "jetstream_orders_incremental", "stream_large_orders"
 HOURLY = 'CronDataIntervalTimetable("@hourly"'
 INTERVALS, ORDERS_PER_INTERVAL, MIN_AMOUNT = 3, 12, 50  # the example's --min-amount default is 50
+#: The compressed interval: short enough that the three have passed by the time Airflow is up (the test no longer
+#: waits on the clock), long enough that each interval's publish (a connection and 12 messages) lands inside it.
+INTERVAL = timedelta(seconds=20)
 STEP_LINE = re.compile(r"incremental step up to (\S+): read (\d+) message\(s\)")
 
 
@@ -72,17 +75,17 @@ def settings(nats: EmbeddedNatsServer, nkey: tuple[str, str]) -> ConnectionSetti
 
 @dataclass
 class IntervalOrders:
-    """Orders published into the consecutive one-minute intervals starting at ``start``."""
+    """Orders published into the consecutive ``INTERVAL``-long intervals starting at ``start``."""
 
     start: datetime
     thread: threading.Thread
     errors: list[BaseException] = field(default_factory=list)
 
     def boundary(self, k: int) -> datetime:
-        return self.start + timedelta(minutes=k)
+        return self.start + k * INTERVAL
 
     def wait_published(self) -> None:
-        self.thread.join(timeout=INTERVALS * 60 + 120)
+        self.thread.join(timeout=INTERVALS * INTERVAL.total_seconds() + 120)
         assert not self.thread.is_alive() and not self.errors, self.errors
 
 
@@ -93,20 +96,22 @@ def _order(n: int) -> bytes:
 @pytest.fixture(scope="module")
 def orders(settings: ConnectionSettings) -> IntervalOrders:
     """ORDERS_AGG (the example's config, plus a subject to publish on) and a thread that publishes
-    ``ORDERS_PER_INTERVAL`` orders after each of the next minute boundaries, while Airflow starts."""
+    ``ORDERS_PER_INTERVAL`` orders after each of the next interval boundaries, while Airflow starts."""
     spec = importlib.util.spec_from_file_location("orders_pipeline_common", EXAMPLES / "orders_pipeline_common.py")
     common = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(common)
     call_on_server(settings, ensure_stream, {**common.AGG_STREAM_CONFIG, "subjects": ["orders.agg.>"]})
     now = datetime.now(UTC)
-    start = now.replace(second=0, microsecond=0) + timedelta(minutes=1 if now.second >= 50 else 0)
+    step = int(INTERVAL.total_seconds())
+    begun = now.replace(second=now.second - now.second % step, microsecond=0)  # the interval now running
+    start = begun + (INTERVAL if now - begun > INTERVAL / 2 else timedelta(0))  # with at least half of it left
     errors: list[BaseException] = []
 
     def publish_all() -> None:
         try:
             for k in range(INTERVALS):
-                begins = start + timedelta(minutes=k)
-                wait_until(lambda begins=begins: datetime.now(UTC) >= begins, f"minute {k} to begin", timeout=90,
+                begins = start + k * INTERVAL
+                wait_until(lambda begins=begins: datetime.now(UTC) >= begins, f"interval {k} to begin", timeout=90,
                            every=0.2)
                 numbers = range(k * ORDERS_PER_INTERVAL, (k + 1) * ORDERS_PER_INTERVAL)
 
@@ -126,13 +131,14 @@ def orders(settings: ConnectionSettings) -> IntervalOrders:
 
 @pytest.fixture(scope="module")
 def dags(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The example DAG as the user gets it, its hourly cron made one-minute, beside what it imports."""
+    """The example DAG as the user gets it, its hourly cron made ``INTERVAL``-long, beside what it imports."""
     folder = tmp_path_factory.mktemp("first-contact-dags")
     shutil.copy(EXAMPLES / "orders_pipeline_common.py", folder)
     shutil.copytree(EXAMPLES / "spark_apps", folder / "spark_apps")
     source = (EXAMPLES / f"{DAG_ID}.py").read_text()
     assert source.count(HOURLY) == 1, "the example's schedule is no longer the hourly CronDataIntervalTimetable"
-    (folder / f"{DAG_ID}.py").write_text(source.replace(HOURLY, 'CronDataIntervalTimetable("* * * * *"'))
+    every = f'CronDataIntervalTimetable("* * * * * */{int(INTERVAL.total_seconds())}"'
+    (folder / f"{DAG_ID}.py").write_text(source.replace(HOURLY, every))
     return folder
 
 
@@ -166,14 +172,15 @@ def test_the_nkey_seed_is_masked_where_airflow_masks_its_own_secrets(airflow: Lo
                         "--conn-extra", json.dumps({"nkey_seed_secret": other_seed})).stdout
     assert "nats_cli" in added and other_seed not in added, added
     listing = ("connections", "list", "--show-values", "--hide-sensitive", "--output", "json")
-    rows = {row["conn_id"]: row for row in json.loads(airflow.cli(*listing).stdout)}
-    assert rows["nats_cli"]["extra_dejson"] == rows["nats_reference"]["extra_dejson"] == "***"
     export = ("connections", "export", "-", "--file-format", "json")
-    for ours, theirs in ((listing, listing), (export, export),
-                         (("connections", "get", "nats_cli", "-o", "json"),
-                          ("connections", "get", "nats_reference", "-o", "json"))):
+    get_cli, get_reference = (("connections", "get", name, "-o", "json") for name in ("nats_cli", "nats_reference"))
+    # each command once (a CLI call is seconds of Airflow's start-up); list and export print both connections
+    printed = {command: airflow.cli(*command).stdout for command in (listing, export, get_cli, get_reference)}
+    rows = {row["conn_id"]: row for row in json.loads(printed[listing])}
+    assert rows["nats_cli"]["extra_dejson"] == rows["nats_reference"]["extra_dejson"] == "***"
+    for ours, theirs in ((listing, listing), (export, export), (get_cli, get_reference)):
         # list --hide-sensitive prints every connection's extras in its get_uri column (apache/airflow#73157)
-        shown, reference_shown = other_seed in airflow.cli(*ours).stdout, reference in airflow.cli(*theirs).stdout
+        shown, reference_shown = other_seed in printed[ours], reference in printed[theirs]
         assert shown == reference_shown, f"airflow {' '.join(ours)}: seed shown {shown}, token {reference_shown}"
     assert "nkey_seed_secret" in api.text("GET", "/api/v2/connections/nats_cli")
     assert other_seed not in api.text("GET", "/api/v2/connections/nats_cli")

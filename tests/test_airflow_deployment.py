@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection
-from airflow_jetstream.client.admin.consumers import consumer_status
+from airflow_jetstream.client.admin.consumers import consumer_status, ensure_consumer
 from airflow_jetstream.client.errors import ConsumerNotFoundError, StreamNotFoundError
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.embedded.server import free_port
@@ -55,6 +55,7 @@ PIPELINE, GUARDED, PUBLISH_READY, PROCESS_READY, ABANDONED = (
     "handle_abandoned_batches")
 READY_STREAM, READY_CONSUMER, PROCESSED_BUCKET = "ORDERS_READY", "airflow_orders_ready", "orders_ready_processed"
 PROBE = "deferred_message_probe"  # tests/airflow_dags: a JetStreamMessageSensor deferred to the triggerer
+STARTED = "start_from_trigger_probe"  # tests/airflow_dags: state sensors the scheduler defers (start_from_trigger)
 LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
 MAX_UNCONFIRMED = 4  # the watcher's bound on messages handed to Airflow and not yet confirmed stored: bounds repeats
 #: The watcher consumer's ack_wait (the example's default is 30 s): how long the messages a killed triggerer held wait
@@ -302,6 +303,58 @@ def test_a_deferred_message_sensor_leaves_no_body_in_the_triggerers_log(airflow:
     assert fired and "matched" in fired[-1] and re.search(rf"\bseq\W+{seq}\b", fired[-1]), fired[-5:]
     for secret in PLANTED:
         assert _files_holding(airflow.home, secret) == [], "a log (triggerer, task) holds the body or headers"
+
+
+def test_sensors_started_from_the_triggerer_need_no_worker_until_their_trigger_fires(
+        airflow: LocalAirflow, nats_settings: ConnectionSettings) -> None:
+    """``start_from_trigger``: the scheduler defers each sensor itself (no worker ran it: no host, no pid, no
+    first poke in its log, unlike the same sensor deferred from a worker), the triggerer renders the templated
+    stream name, and once the consumers are drained a worker runs only ``execute_complete``, whose XCom is the
+    state on the rendered stream."""
+    stream = "SFT_RUN"
+
+    async def prepare() -> None:
+        async with open_connection(nats_settings) as conn:
+            await ensure_stream(conn, {"name": stream, "subjects": ["sft.>"]})
+            await ensure_stream(conn, {"name": f"{stream}_COPY", "sources": [{"name": stream}]})
+            for name in ("A", "B", "C"):
+                await ensure_consumer(conn, stream, {"name": name, "ack_policy": "explicit"})
+            await conn.js.publish("sft.one", b"{}")
+
+    async def drain() -> None:
+        async with open_connection(nats_settings) as conn:
+            for name in ("A", "B", "C"):
+                sub = await conn.js.pull_subscribe_bind(name, stream=stream)
+                for msg in await sub.fetch(1, timeout=5):
+                    await msg.ack_sync()
+
+    def deferred() -> dict[str, tuple[str, int | None, int]]:
+        rows = airflow.query("SELECT task_id, hostname, pid, try_number FROM task_instance WHERE dag_id = :dag "
+                             "AND run_id = :run AND state = 'deferred'", dag=STARTED, run=run_id)
+        return {task: (host or "", pid, tries) for task, host, pid, tries in rows}
+
+    asyncio.run(prepare())
+    run_id = trigger(airflow, STARTED, {"stream": stream})
+    waiting = ("drained_a", "drained_b", "drained_by_a_worker")
+    wait_until(lambda: set(waiting) <= set(deferred()), "the drained sensors to defer", timeout=300, every=0.5)
+    rows = deferred()
+    assert [rows["drained_a"], rows["drained_b"]] == [("", None, 1)] * 2  # the scheduler's try: no worker ran them
+    assert rows["drained_by_a_worker"][0] and rows["drained_by_a_worker"][1] is not None  # its worker's host, pid
+    asyncio.run(drain())
+    assert wait_run_finished(airflow, STARTED, run_id, timeout=300) == "success", task_states(airflow, STARTED, run_id)
+    results = dict(airflow.query("SELECT task_id, value FROM xcom WHERE dag_id = :dag AND run_id = :run "
+                                 "AND key = 'return_value'", dag=STARTED, run=run_id))
+    for task in waiting:
+        assert json_column(results[task])["stream"] == stream and json_column(results[task])["num_pending"] == 0
+    assert json_column(results["caught_up"])["caught_up"] is True
+    paths = [path for path in (airflow.home / "logs" / f"dag_id={STARTED}" / f"run_id={run_id}").rglob("attempt=*")
+             if ".trigger." not in path.name]  # beside each its trigger's log, attempt=1.log.trigger.<id>.log
+    assert {path.name for path in paths} == {"attempt=1.log"}  # one try each
+    task_logs = {path.parent.name.removeprefix("task_id="): path.read_text(errors="replace") for path in paths}
+    assert sorted(task_logs) == ["caught_up", *waiting]
+    assert "Deferring: waiting" in task_logs.pop("drained_by_a_worker")
+    for text in task_logs.values():  # the worker ran execute_complete only: no poke, no deferral of its own
+        assert "Done: " in text and "Deferring: waiting" not in text and "Not yet:" not in text, text[-3000:]
 
 
 def _abandon_batches(settings: ConnectionSettings, batch_ids: list[str]) -> None:

@@ -245,7 +245,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     early; `make test-fast -x`). Under xdist (a module or an XDIST_GROUPS group per work unit, handed out in this
     order: pytest_xdist_make_scheduler) the longest modules go first whatever their tier, so the workers end
     together (a long module of the fast tier, test_write_fence's 120 s, handed out last kept one worker busy after
-    the others were done: ~90 s longer than balanced in a replay of the recorded times).
+    the others were done: ~90 s longer than balanced in a replay of the recorded times); `make test-fast`
+    (``-m "not e2e"``) keeps the cheapest first there too.
     """
     modules: dict[str, list[pytest.Item]] = {}
     e2e: set[str] = set()
@@ -261,11 +262,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     times = durations.load()
     default = {True: durations.median(times, [m for m in modules if m in e2e]),
                False: durations.median(times, [m for m in modules if m not in e2e])}
-    parallel = hasattr(config, "workerinput")
+    longest_first = hasattr(config, "workerinput") and "not e2e" not in (config.getoption("markexpr") or "")
 
     def cost(module: str) -> tuple[int, float]:
         seconds = times.get(module, default[module in e2e])
-        if parallel:
+        if longest_first:
             return (0, -seconds)
         return (1 if module in e2e else 0, seconds)
 

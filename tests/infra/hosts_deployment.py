@@ -130,9 +130,11 @@ class HostsSpark:
             return answer
 
     def start(self) -> HostsSpark:
+        """Start the master, then every worker at once, and wait until the master counts them all."""
         self.start_master()
         for host in self.workers:
-            self.start_worker(host)
+            self._launch_worker(host)
+        self._wait(lambda status: all(self._alive(status, host) for host in self.workers), "alive workers")
         return self
 
     def start_master(self) -> None:
@@ -143,12 +145,18 @@ class HostsSpark:
 
     def start_worker(self, host: Host) -> None:
         """Start the worker of ``host`` and wait until the master counts it."""
+        self._launch_worker(host)
+        self._wait(lambda status: self._alive(status, host), f"an alive worker on {host.name}")
+
+    def _launch_worker(self, host: Host) -> None:
         self._launch(host, "spark-worker", [
             "org.apache.spark.deploy.worker.Worker", "--host", host.address, "--webui-port",
             str(SPARK_WORKER_WEB_PORT), "--cores", "1", "--memory", "1g",
             "--work-dir", str(host.private / "spark" / "work"), self.master_url])
-        self._wait(lambda status: any(w.get("host") == host.address and w.get("state") == "ALIVE"
-                                      for w in status.get("workers", [])), f"an alive worker on {host.name}")
+
+    @staticmethod
+    def _alive(status: dict[str, Any], host: Host) -> bool:
+        return any(w.get("host") == host.address and w.get("state") == "ALIVE" for w in status.get("workers", []))
 
     def _wait(self, ready: Any, what: str) -> None:
         deadline = time.monotonic() + self.timeout
@@ -272,10 +280,12 @@ class HostsDeployment:
         return self
 
     def _start_services(self) -> None:
+        """Start the hosts' servers at once where nothing orders them, as real hosts boot: the database host, NATS
+        and Spark side by side; Airflow needs only the database and the broker (NATS and Spark by address)."""
         db = self.hosts["db"]
         self.pg = EmbeddedPostgres(db.private / "postgres", port=POSTGRES_PORT, host=db.address, clients=NETWORK,
-                                   command_prefix=("ip", "netns", "exec", db.namespace)).start()
-        self.redis = HostRedis(db, secrets.token_urlsafe(18)).start()
+                                   command_prefix=("ip", "netns", "exec", db.namespace))
+        self.redis = HostRedis(db, secrets.token_urlsafe(18))
         self._deploy_tls()
         nodes = []
         for name, host_name in NATS_HOSTS.items():
@@ -283,8 +293,17 @@ class HostsDeployment:
                       for peer, other in NATS_HOSTS.items() if peer != name]
             nodes.append(HostNatsNode(name, self.hosts[host_name], routes=routes, password=self.nats_password))
         self.nats = HostsNatsCluster(nodes)
-        self.nats.start()
-        self.spark = HostsSpark(self.hosts["edge"], [self.hosts[name] for name in WORKER_HOSTS]).start()
+        self.spark = HostsSpark(self.hosts["edge"], [self.hosts[name] for name in WORKER_HOSTS])
+        with ThreadPoolExecutor(max_workers=3) as pool:  # threads made here are in the client namespace too
+            starts: list[Callable[[], object]] = [self.nats.start, self.spark.start, self._start_airflow]
+            for future in [pool.submit(start) for start in starts]:
+                future.result()
+
+    def _start_airflow(self) -> None:
+        """The database host's servers, then Airflow on the control host and the worker hosts."""
+        assert self.pg is not None and self.redis is not None and self.spark is not None
+        self.pg.start()
+        self.redis.start()
         common = self._airflow_settings()
         for name in ("ctl", *WORKER_HOSTS):
             host = self.hosts[name]

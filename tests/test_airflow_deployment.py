@@ -61,6 +61,9 @@ MAX_UNCONFIRMED = 4  # the watcher's bound on messages handed to Airflow and not
 #: The watcher consumer's ack_wait (the example's default is 30 s): how long the messages a killed triggerer held wait
 #: before they come again. A live triggerer keeps its messages whatever the value (test_airflow_failover runs on 10 s).
 ACK_WAIT = "10s"
+#: Seconds without a heartbeat before a triggerer counts as dead and its triggers go to another (Airflow's default is
+#: 30): a triggerer started after a SIGKILL waits that long for the killed one's watcher. As in test_airflow_failover.
+HEALTH_CHECK = 15
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +83,7 @@ def airflow(nats: EmbeddedNatsServer, postgres: EmbeddedPostgres,
     with LocalAirflow(home, nats_url=nats.url, dags_folder=ROOT / "dags_examples", database_url=postgres.sqlalchemy_url,
                       extra_env={"JETSTREAM_DEMO_MAX_UNCONFIRMED": str(MAX_UNCONFIRMED),
                                  "JETSTREAM_DEMO_ACK_WAIT": ACK_WAIT,
+                                 "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": str(HEALTH_CHECK),
                                  "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles)}) as deployment:
         deployment.start()
         yield deployment
@@ -230,7 +234,8 @@ def test_event_driven_exactly_once_across_triggerer_stops(airflow: LocalAirflow,
     airflow.stop("triggerer", signal.SIGKILL)
     airflow.start_component("triggerer")
     expected |= set(published)
-    _wait_events(airflow, nats_settings, expected, f"all events after a crash (redelivered after ack_wait {ACK_WAIT})",
+    _wait_events(airflow, nats_settings, expected, f"all events after a crash (the watcher taken over after "
+                 f"{HEALTH_CHECK} s without a heartbeat, its messages redelivered after ack_wait {ACK_WAIT})",
                  timeout=180)
     assert set(_events_by_seq(airflow)) == expected
     repeats = _repeats(airflow, published)

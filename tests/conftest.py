@@ -219,8 +219,9 @@ E2E_FILES = re.compile(
 )
 
 
-#: The multi-host tier (hosts in network namespaces, nine tests: 25 min of one worker under load 10-15) runs with
-#: `make test-hosts` (HOSTS_TIER=1), not inside `make test`: with it the whole CI run would pass its 30-minute budget.
+#: The multi-host tier (hosts in network namespaces, eight tests on one deployment) runs with `make test-hosts`
+#: (HOSTS_TIER=1), not inside `make test`: CI (.ci/run) runs it beside `make compat`, where it shares the cores
+#: with a tier that does not start Airflow, Spark or NATS clusters, instead of with `make test`'s three workers.
 HOSTS_FILES = re.compile(r"test_hosts_\w+\.py$")
 HOSTS_SKIP = "the multi-host tier runs with `make test-hosts` (HOSTS_TIER=1), not in make test (docs/deployment.md)"
 

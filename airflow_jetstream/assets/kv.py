@@ -2,7 +2,9 @@
 
 Bucket ``B`` is the stream ``KV_B`` and its key ``k`` the subject ``$KV.B.k``, so a key is the asset
 ``jetstream://<server>/KV_B/%24KV.B.k`` and a bucket ``jetstream://<server>/KV_B``: ordinary
-``jetstream://`` assets, validated, normalised and turned into OpenLineage datasets like every other.
+``jetstream://`` assets, validated, normalised and turned into OpenLineage datasets like every other:
+``kv_asset("nats.example.com", "models", "churn.latest")`` is
+``jetstream://nats.example.com:4222/KV_models/%24KV.models.churn.latest`` (``$`` percent-encoded).
 """
 
 from __future__ import annotations

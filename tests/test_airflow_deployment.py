@@ -345,6 +345,11 @@ def test_sensors_started_from_the_triggerer_need_no_worker_until_their_trigger_f
     rows = deferred()
     assert [rows["drained_a"], rows["drained_b"]] == [("", None, 1)] * 2  # the scheduler's try: no worker ran them
     assert rows["drained_by_a_worker"][0] and rows["drained_by_a_worker"][1] is not None  # its worker's host, pid
+    # The scheduler must have taken the worker's report of that deferral before the trigger fires: handled after the
+    # resumed try started, Airflow 3.3 fails the resumed try (apache/airflow#72716, #71580).
+    reported = f"TaskInstance Finished: dag_id={STARTED}, task_id=drained_by_a_worker, run_id={run_id},"
+    wait_until(lambda: reported in airflow.log_tail("scheduler", 10**9), "the scheduler to take the worker's deferral",
+               timeout=300, every=0.5)
     asyncio.run(drain())
     assert wait_run_finished(airflow, STARTED, run_id, timeout=300) == "success", task_states(airflow, STARTED, run_id)
     results = dict(airflow.query("SELECT task_id, value FROM xcom WHERE dag_id = :dag AND run_id = :run "

@@ -233,6 +233,12 @@ async def _broken_sources(conn: JetStreamConnection) -> None:
     for i in range(10):
         await conn.js.publish(f"stalled.{i}", b"x")
 
+    async def stalled_source_running() -> bool:  # -1 until the paused consumer's first heartbeat reaches it
+        [source] = (await conn.js.stream_info(STALLED_AGG)).sources or []
+        return source.active is not None and source.active >= 0
+
+    await async_wait_until(stalled_source_running, "the stalled source to run (active, not inactive)")
+
 
 async def _ledger_trouble(conn: JetStreamConnection) -> None:
     """A run with one batch failed after its last attempt and one claimed by a worker that died an hour ago."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from typing import Any
 
 import pytest
 
@@ -28,11 +29,16 @@ async def _reload(server, config: dict) -> None:
     raise AssertionError("nats-server did not reload its config")
 
 
-def test_a_timeout_after_permissions_were_granted_is_a_timeout(nats_server_factory) -> None:
+def denied_server(nats_server_factory, request_timeout: float = 2) -> tuple[Any, ConnectionSettings]:
+    """A server on which ``USER`` may not publish to ``orders.>``, and settings to reach it as that user."""
     denied = {"authorization": {"users": [{**USER, "permissions": {"publish": {"deny": ["orders.>"]}}}]}}
     server = nats_server_factory(config=denied)
-    settings = ConnectionSettings(servers=server.url, user=USER["user"], password=USER["password"],
-                                  connect_timeout=2, request_timeout=2)
+    return server, ConnectionSettings(servers=server.url, user=USER["user"], password=USER["password"],
+                                      connect_timeout=2, request_timeout=request_timeout)
+
+
+def test_a_timeout_after_permissions_were_granted_is_a_timeout(nats_server_factory) -> None:
+    server, settings = denied_server(nats_server_factory)
 
     async def main() -> tuple[BaseException, BaseException]:
         async with open_connection(settings) as conn:
@@ -52,10 +58,7 @@ def test_a_timeout_after_permissions_were_granted_is_a_timeout(nats_server_facto
 
 
 def test_reported_violations_are_not_kept_forever(nats_server_factory) -> None:
-    denied = {"authorization": {"users": [{**USER, "permissions": {"publish": {"deny": ["orders.>"]}}}]}}
-    server = nats_server_factory(config=denied)
-    settings = ConnectionSettings(servers=server.url, user=USER["user"], password=USER["password"],
-                                  connect_timeout=2, request_timeout=2)
+    _server, settings = denied_server(nats_server_factory)
 
     async def main() -> int:
         async with open_connection(settings) as conn:
@@ -71,10 +74,7 @@ def test_reported_violations_are_not_kept_forever(nats_server_factory) -> None:
 def test_a_refused_request_fails_at_the_refusal_not_at_its_timeout(nats_server_factory) -> None:
     """The request's own timeout is an hour: only the refusal the server reports at once can end it within the
     test's timeout (without the fast path it would end only after the hour, and pytest's timeout fails the test)."""
-    denied = {"authorization": {"users": [{**USER, "permissions": {"publish": {"deny": ["orders.>"]}}}]}}
-    server = nats_server_factory(config=denied)
-    settings = ConnectionSettings(servers=server.url, user=USER["user"], password=USER["password"],
-                                  connect_timeout=2, request_timeout=3600)
+    _server, settings = denied_server(nats_server_factory, request_timeout=3600)
 
     async def main() -> PermissionDeniedError:
         async with open_connection(settings) as conn:

@@ -19,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from airflow_jetstream.client.errors import SparkInstallError
+
 #: The Spark conf key naming the file the driver records the failure's cause in.
 FAILURE_FILE_CONF = "spark.jetstream.job.failureFile"
 
@@ -45,7 +47,7 @@ class SparkFailureCause:
         self._ours: str | None = None
         self._last: str | None = None
         self._host: str | None = None
-        self._install: str | None = None
+        self._install: tuple[str, str] | None = None
 
     def feed(self, line: str | bytes) -> None:
         text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
@@ -72,21 +74,23 @@ class SparkFailureCause:
     @property
     def cause(self) -> str | None:
         if self._install and not self._ours:
-            return f"SparkInstallError: executor host {self._host or '(unknown)'}: {self._install}"
+            problem, reason = self._install
+            error = SparkInstallError(f"executor host {self._host or '(unknown)'}: {problem}", reason=reason)
+            return f"{type(error).__name__}: {error}"
         return self._ours or self._last
 
 
-def _install_problem(text: str) -> str | None:
-    """What an executor's Python lacks to run the job, with the fix and its reason code, or None."""
+def _install_problem(text: str) -> tuple[str, str] | None:
+    """What an executor's Python lacks to run the job with the fix, and the reason code; or None."""
     mismatch = _VERSION_MISMATCH.search(text)
     if mismatch:
         worker, driver = mismatch.groups()
         return (f"its Python is {worker} and the driver's {driver} (PySpark runs one minor version on both): set "
-                f"spark.pyspark.python to a Python {driver} with pyspark on that host (reason: python_mismatch)")
+                f"spark.pyspark.python to a Python {driver} with pyspark on that host", "python_mismatch")
     missing = _PACKAGE_MISSING.search(text)
     if missing:
         return (f"its Python has no {missing.group(1)}: pass ship_package=True to ship the package with the job, or "
-                "install airflow-jetstream[spark] there (reason: package_missing)")
+                "install airflow-jetstream[spark] there", "package_missing")
     return None
 
 

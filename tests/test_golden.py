@@ -84,6 +84,12 @@ def _sensors() -> dict[str, Any]:
     }
 
 
+def _ending_trigger() -> Any:
+    """A trigger that ends its task itself (``end_from_trigger=True``; its events are the drained sensor's)."""
+    sensor = JetStreamConsumerDrainedSensor(task_id="ends", stream="GOLD", consumer="READER", end_from_trigger=True)
+    return sensor.make_trigger({})
+
+
 def _message_trigger() -> JetStreamMessageTrigger:
     return JetStreamMessageTrigger(stream="GOLD", consumer="GOLD_EVENTS", fetch_timeout=0.5)
 
@@ -183,6 +189,7 @@ def fresh(nats_server_module) -> dict[str, Any]:
         triggers = {name: sensor.make_trigger({"run_id": RUN}) for name, sensor in sensors.items()}
         forms["events"] = {name: JetStreamHook().run(trigger.check) for name, trigger in triggers.items()}
         triggers["event_driven"] = _message_trigger()
+        triggers["ends_task"] = _ending_trigger()
         forms["events"]["event_driven"] = JetStreamHook().run(_event_driven_payload)
         forms["triggers"] = {name: list(trigger.serialize()) for name, trigger in triggers.items()}
         forms["connection"] = _connection_extras()
@@ -214,7 +221,7 @@ def test_today_writes_the_golden_shapes(fresh: dict[str, Any], name: str) -> Non
         assert shape(fresh[name][key]) == shape(golden[key]), f"{name}/{key} changed shape (see the docstring)"
 
 
-@pytest.mark.parametrize("name", WAITS)
+@pytest.mark.parametrize("name", [*WAITS, "ends_task"])
 def test_a_trigger_is_recreated_from_its_golden_serialized_form(name: str) -> None:
     classpath, kwargs = _golden("triggers")[name]
     module, cls_name = classpath.rsplit(".", 1)
@@ -238,15 +245,27 @@ def test_each_sensor_reads_its_golden_event(fresh: dict[str, Any], name: str) ->
 
 #: The forms 0.1.0 development wrote before trigger events stopped carrying message bodies (body_in_event).
 PREVIOUS = GOLDEN / "previous"
+#: The triggers serialized before the state and KV triggers took ``end_from_trigger``.
+BEFORE_END_FROM_TRIGGER = GOLDEN / "before_end_from_trigger"
+#: What a trigger serialized in each earlier form gains when re-created today (the defaults of arguments added since).
+ADDED_SINCE = {
+    PREVIOUS: {"message": {"body_in_event": False}, "event_driven": {"body_in_event": False}},
+    BEFORE_END_FROM_TRIGGER: {},
+}
+ENDS_TASKS = ("kv", "ledger", "drained", "caught_up")
 
 
+@pytest.mark.parametrize("folder", list(ADDED_SINCE), ids=lambda folder: folder.name)
 @pytest.mark.parametrize("name", WAITS)
-def test_a_trigger_serialized_before_body_in_event_is_recreated_without_it(name: str) -> None:
-    classpath, kwargs = _golden("triggers", PREVIOUS)[name]
+def test_a_trigger_serialized_in_an_earlier_form_is_recreated_with_the_defaults_of_what_it_lacks(
+        name: str, folder: Path) -> None:
+    classpath, kwargs = _golden("triggers", folder)[name]
     module, cls_name = classpath.rsplit(".", 1)
     trigger = getattr(importlib.import_module(module), cls_name)(**kwargs)
-    added = {"body_in_event": False} if name in ("message", "event_driven") else {}
+    added = {**ADDED_SINCE[folder].get(name, {}), **({"end_from_trigger": False} if name in ENDS_TASKS else {})}
     assert _plain(list(trigger.serialize())) == [classpath, {**kwargs, **added}]
+    if name in ENDS_TASKS:  # it waits as before: its success is the plain event a worker's execute_complete takes
+        assert trigger.end_from_trigger is False
 
 
 @pytest.mark.parametrize("name", ["message", "event_driven"])

@@ -113,7 +113,7 @@ def test_deferrable_defers_with_a_serializable_trigger(nats_conn):
     assert 590 < (timeout_at - datetime.now(UTC)).total_seconds() <= 600
     assert kwargs == {"run_id": RUN, "state": "consumed", "ledger_bucket": "batch_ledger", "min_batches": 1,
                       "reap_expired": True, "fail_on_failed": True, "nats_conn_id": "nats_default",
-                      "poll_interval": 0.05}
+                      "poll_interval": 0.05, "end_from_trigger": False}
     kwargs["timeout_at"] = timeout_at.isoformat()
     assert JetStreamBatchLedgerTrigger(**kwargs).serialize() == (classpath, kwargs)
     record_batches(1, consume=1)

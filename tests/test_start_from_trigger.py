@@ -57,7 +57,7 @@ def test_the_serialized_dag_hands_the_scheduler_each_trigger_with_its_templates_
     assert all(decoded.get_task(task_id).start_from_trigger for task_id in args)
     assert args["drained"].trigger_cls == f"{TRIGGERS}.consumer.JetStreamConsumerDrainedTrigger"
     assert kwargs["drained"] == {"stream": "{{ params.stream }}", "consumer": "c", "nats_conn_id": "nats_default",
-                                 "timeout_at": None, "poll_interval": 2.0}
+                                 "timeout_at": None, "poll_interval": 2.0, "end_from_trigger": False}
     assert args["caught_up"].trigger_cls == f"{TRIGGERS}.consumer.JetStreamSourceCaughtUpTrigger"
     assert kwargs["caught_up"]["source"] == "{{ params.stream }}"
     assert args["ledger"].trigger_cls == f"{TRIGGERS}.ledger.JetStreamBatchLedgerTrigger"

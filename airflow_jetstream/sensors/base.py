@@ -162,25 +162,27 @@ class JetStreamStateSensor(JetStreamBaseSensor):
 
     trigger_class: type[JetStreamPollingTrigger]
 
-    def __init__(self, *, start_from_trigger: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *, start_from_trigger: bool = False, end_from_trigger: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.end_from_trigger = end_from_trigger
         if start_from_trigger:
             self.start_in_triggerer(self.trigger())
 
     def trigger(self) -> JetStreamPollingTrigger:
         """The condition with this task's parameters (``poll_interval`` is the sensor's ``poke_interval``)."""
         return self.trigger_class(**self._trigger_args(), nats_conn_id=self.nats_conn_id,
-                                  poll_interval=self.poke_interval)
+                                  poll_interval=self.poke_interval, end_from_trigger=self.end_from_trigger)
 
     def make_trigger(self, context: Any) -> JetStreamPollingTrigger:
         return self.trigger()
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        status = event.get("status")
-        if status == "success":
-            result: dict[str, Any] = event["result"]
-            self.log.info("Done: %s", self.trigger().describe(result))
+        trigger = self.trigger()
+        result = trigger.result(event)
+        if result is not None:
+            self.log.info("%s", trigger.done_line(result))
             return result
+        status = event.get("status")
         if status == "error":
             raise failure(self.what, event.get("error") or {})
         if status == "timeout":

@@ -30,7 +30,7 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
     def __init__(self, *, bucket: str, key: str, value: Any = None,
                  apply_function: Callable[..., Any] | str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
-                 start_from_trigger: bool = False, **kwargs: Any) -> None:
+                 start_from_trigger: bool = False, end_from_trigger: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if "{{" not in str(bucket):
             check_bucket(bucket)
@@ -44,17 +44,23 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
         self.apply_function = apply_function
         self.apply_function_args = apply_function_args
         self.apply_function_kwargs = apply_function_kwargs
+        self.end_from_trigger = end_from_trigger
         self.condition()  # a bad function fails when the DAG is parsed
         if start_from_trigger:
             self.start_in_triggerer(self.make_trigger(None))
+
+    def make_trigger(self, context: Any) -> JetStreamKeyValueTrigger:
+        return JetStreamKeyValueTrigger(**self._trigger_args(), nats_conn_id=self.nats_conn_id,
+                                        end_from_trigger=self.end_from_trigger)
 
     def condition(self) -> KeyCondition:
         return JetStreamKeyValueTrigger(**self._trigger_args()).condition()
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        if event.get("status") == "matched":
-            entry: dict[str, Any] = event["entry"]
-            self.log.info("KV %s/%s matched at revision %s", self.bucket, self.key, entry["revision"])
+        trigger = self.make_trigger(context)
+        entry = trigger.result(event)
+        if entry is not None:
+            self.log.info("%s", trigger.done_line(entry))
             return entry
         if event.get("status") == "timeout":
             self.timed_out(f"KV {self.bucket}/{self.key} did not {self.condition().describe()}")

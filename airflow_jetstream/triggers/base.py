@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
@@ -143,7 +143,43 @@ class JetStreamWaitTrigger(BaseTrigger):
             return await self.wait(conn)
 
 
-class JetStreamPollingTrigger(JetStreamWaitTrigger):
+class JetStreamResultTrigger(JetStreamWaitTrigger):
+    """A wait whose success is the sensor's result (the state and KV sensors' conditions).
+
+    ``end_from_trigger=True``: when the condition holds, the triggerer ends the task itself, as success with the
+    result as its XCom ``return_value`` (``TaskSuccessEvent``), and logs the sensor's ``Done: ...`` line; no
+    worker runs. An error or a timeout stays a plain event: a worker's ``execute_complete`` fails (or skips) the
+    task as without the flag. A trigger run for no task instance (``airflow dags test`` runs it inline and would
+    hand the task only the event's state) yields the plain event too.
+    """
+
+    def __init__(self, *, end_from_trigger: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.end_from_trigger = bool(end_from_trigger)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        path, kwargs = super().serialize()
+        return path, {**kwargs, "end_from_trigger": self.end_from_trigger}
+
+    def result(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """The sensor's XCom value for ``event`` when it is a success, else None."""
+        raise NotImplementedError
+
+    def done_line(self, result: dict[str, Any]) -> str:
+        """The one log line of a success (the sensor's, or the triggerer's when it ends the task)."""
+        raise NotImplementedError
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        async for event in super().run():
+            result = self.result(event.payload) if self.end_from_trigger else None
+            if result is None or getattr(self, "task_instance", None) is None:
+                yield event
+                continue
+            self.log.info("%s", self.done_line(result))
+            yield TaskSuccessEvent(xcoms={"return_value": result})
+
+
+class JetStreamPollingTrigger(JetStreamResultTrigger):
     """A condition read as a state: ``status()`` every ``poll_interval`` seconds (staggered) until ``is_done``.
 
     Events: ``{"status": "success", "result": {...}}``, ``{"status": "error", "error": {...}}`` or, once
@@ -154,8 +190,9 @@ class JetStreamPollingTrigger(JetStreamWaitTrigger):
     checks_deadline = True
 
     def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name,
-                 poll_interval: float | str | timedelta = 5.0, timeout_at: str | None = None) -> None:
-        super().__init__(nats_conn_id=nats_conn_id, timeout_at=timeout_at)
+                 poll_interval: float | str | timedelta = 5.0, timeout_at: str | None = None,
+                 end_from_trigger: bool = False) -> None:
+        super().__init__(nats_conn_id=nats_conn_id, timeout_at=timeout_at, end_from_trigger=end_from_trigger)
         self.poll_interval = to_seconds(poll_interval, field="poll_interval")
         self.last_status: dict[str, Any] | None = None
 
@@ -166,6 +203,12 @@ class JetStreamPollingTrigger(JetStreamWaitTrigger):
     def describe(self, status: dict[str, Any]) -> str:
         """The state as one human line."""
         return str(status)
+
+    def result(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        return event["result"] if event.get("status") == "success" else None
+
+    def done_line(self, result: dict[str, Any]) -> str:
+        return f"Done: {self.describe(result)}"
 
     def look_line(self, done: bool) -> str:
         return "" if done else f"Not yet: {self.last_seen}"  # done: the sensor logs "Done: ..." with the result

@@ -6,14 +6,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.kv.names import KeyCondition
-from airflow_jetstream.triggers.base import JetStreamWaitTrigger
+from airflow_jetstream.triggers.base import JetStreamResultTrigger
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
     from airflow_jetstream.client.reading.apply_function import FunctionSpec
 
 
-class JetStreamKeyValueTrigger(JetStreamWaitTrigger):
+class JetStreamKeyValueTrigger(JetStreamResultTrigger):
     """Fire when ``key`` of ``bucket`` satisfies the condition (:class:`KeyCondition`): its current value first,
     then each change, through the one subscription the triggerer process shares per bucket.
 
@@ -47,6 +47,12 @@ class JetStreamKeyValueTrigger(JetStreamWaitTrigger):
         if self.apply_function is not None:
             return f"KV {self.bucket}/{self.key} to satisfy {self.apply_function}"
         return f"KV {self.bucket}/{self.key} to {'equal ' + repr(self.value) if self.value is not None else 'exist'}"
+
+    def result(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        return event["entry"] if event.get("status") == "matched" else None
+
+    def done_line(self, result: dict[str, Any]) -> str:
+        return f"Done: KV {self.bucket}/{self.key} matched at revision {result['revision']}"
 
     async def check(self, conn: JetStreamConnection) -> dict[str, Any] | None:
         from airflow_jetstream.client.kv.watch import check_key

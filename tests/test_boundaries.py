@@ -24,7 +24,7 @@ from airflow_jetstream.client.ledger.counts import LEDGER_COUNTS_SCHEMA, empty_c
 from airflow_jetstream.client.ledger.records import LEDGER_RECORD_SCHEMA, batch_key, schema_problem
 from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.headers import header_values, headers_json, parse_header_lines
-from airflow_jetstream.client.reading.stored import read_range
+from airflow_jetstream.client.reading.stored import get_message, read_range
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.conftest import set_nats_connection
@@ -182,11 +182,15 @@ def test_repeated_headers_keep_every_value_on_a_real_message(settings: Connectio
         for via in ("consumer", "direct"):
             async for chunk in read_range(conn, "HDRS", 1, 1, via=via):
                 read[via] = header_values(chunk[0][3])
+        for direct in (True, False):  # one message, by direct get and by message get
+            stored = await get_message(conn, "HDRS", seq=1, direct=direct)
+            read[f"get direct={direct}"] = header_values(stored.headers)
         return msg.headers, read
 
     headers, read = on_server(settings, body)
     assert headers_json(headers) == {"X-Multi": ["a", "b"], "X-One": "1"}
     assert read["consumer"] == read["direct"] == {"X-Multi": ["a", "b"], "X-One": ["1"]}
+    assert read["get direct=True"] == read["get direct=False"] == read["direct"]
 
     from pyspark.sql.types import ArrayType, MapType, StringType, StructField, StructType
 

@@ -25,7 +25,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import nats.errors
-import nats.js.errors
 
 from airflow_jetstream.client import server_features
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
@@ -36,7 +35,6 @@ from airflow_jetstream.client.errors import (
     JetStreamError,
     LeaderUnavailableError,
     StreamNotFoundError,
-    error_from_api,
 )
 from airflow_jetstream.client.reading.headers import Headers, parse_header_lines, without
 from airflow_jetstream.client.reading.messages import Message, Row
@@ -87,52 +85,28 @@ async def read_messages(conn: JetStreamConnection, stream: str, first: int, last
     return out
 
 
-def _typed(conn: JetStreamConnection, exc: BaseException, stream: str, subject: str) -> JetStreamError:
-    """A nats-py error of a get as the client's typed error."""
-    what = f"read from stream {stream!r}"
-    if isinstance(exc, nats.js.errors.APIError):
-        error = {"code": exc.code, "err_code": exc.err_code, "description": exc.description}
-        return error_from_api(error, context=what)
-    if isinstance(exc, nats.errors.NoRespondersError):
-        return StreamNotFoundError(
-            f"{what}: nothing answers direct gets on {subject!r}: the stream does not exist or does not allow "
-            "direct gets (allow_direct)", reason="stream_not_found")
-    return conn.permission_error(subject) or conn.unanswered(f"{what}: no reply to {subject!r}")
-
-
-def _from_natspy(stream: str, raw: Any, direct: bool) -> Message:
-    headers = raw.headers or {}
-    stamp = headers.get("Nats-Time-Stamp")
-    kept = without(headers if isinstance(headers, Headers) else Headers(dict(headers)), DIRECT_HEADERS)
-    return Message(stream=stream, subject=raw.subject, seq=int(raw.seq or 0), data=raw.data or b"",
-                   headers=(kept or {}) if direct else dict(headers),
-                   time=datetime.fromisoformat(stamp) if stamp else getattr(raw, "time", None))
-
-
 async def get_message(conn: JetStreamConnection, stream: str, *, seq: int | None = None, subject: str | None = None,
                       next_after: bool = False, direct: bool = False) -> Message | None:
-    """One stored message through nats-py's ``get_msg``, or None: ``seq`` alone that message, ``subject`` alone the
-    last on it (a KV key), both with ``next_after`` the first at or after ``seq`` on ``subject`` (a filter).
-    ``direct``: by direct get, for a stream with ``allow_direct`` (:func:`direct_allowed`)."""
+    """One stored message, or None: ``seq`` alone that message, ``subject`` alone the last on it (a KV key), both
+    with ``next_after`` the first at or after ``seq`` on ``subject`` (a filter). ``direct``: by direct get, for a
+    stream with ``allow_direct`` (:func:`direct_allowed`); else a message get, answered by the stream leader."""
     validate_name(stream, what="stream name")
     if seq is None and subject is None:
         raise InvalidRequestError("get_message needs a seq, a subject or both", reason="invalid_request")
     if next_after and (seq is None or subject is None):
         raise InvalidRequestError("next_after needs both seq and subject", reason="invalid_request")
-    api = f"{conn.api_prefix}.{'DIRECT.GET' if direct else 'STREAM.MSG.GET'}.{stream}"
-
-    async def attempt() -> Message | None:
-        try:
-            raw = await conn.js.get_msg(stream, seq=seq, subject=subject, next=next_after, direct=direct)
-        except nats.js.errors.NotFoundError as exc:
-            if exc.err_code in (None, _NO_MESSAGE):  # a direct get's 404 carries no err_code
-                return None
-            raise _typed(conn, exc, stream, api) from None
-        except (nats.errors.Error, TimeoutError) as exc:
-            raise _typed(conn, exc, stream, api) from None
-        return _from_natspy(stream, raw, direct)
-
-    return await conn.retry_leader(f"read from stream {stream!r}", attempt)
+    if next_after:
+        request: dict[str, Any] = {"seq": seq, "next_by_subj": subject}
+    else:
+        request = {"seq": seq} if subject is None else {"last_by_subj": subject}
+    if direct:  # the last on a subject is asked as DIRECT.GET.<stream>.<subject>, which KV permissions grant
+        last_on = None if next_after else subject
+        got, _ = await conn.retry_leader(f"read from stream {stream!r}", lambda: direct_batch(
+            conn, stream, {} if last_on else request, _direct_row, one=True, subject=last_on))
+        row = got[0] if got else None
+    else:
+        row = await _msg_get(conn, stream, request)
+    return None if row is None else Message.from_stored(stream, row)
 
 
 def _ts_nanos(rfc3339: str) -> int:
@@ -157,11 +131,11 @@ def _stored_headers(hdrs: str | None) -> Headers | None:
     return parse_header_lines(block[1]) if len(block) == 2 and block[1].strip() else None
 
 
-async def _get_next(conn: JetStreamConnection, stream: str, seq: int, subject: str) -> Row | None:
-    """The first message at or after ``seq`` on ``subject`` (``>``: any), asked of the stream leader."""
+async def _msg_get(conn: JetStreamConnection, stream: str, request: dict[str, Any]) -> Row | None:
+    """A message get (``STREAM.MSG.GET``, answered by the stream leader) as a :data:`Row`, or None; with
+    ``next_by_subj`` (``>``: any) the first at or after ``seq`` on that subject."""
     try:
-        reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", {"seq": seq, "next_by_subj": subject},
-                                       context=f"read from stream {stream!r}")
+        reply = await conn.api_request(f"STREAM.MSG.GET.{stream}", request, context=f"read from stream {stream!r}")
     except JetStreamError as exc:
         if exc.err_code == _NO_MESSAGE:
             return None
@@ -172,26 +146,30 @@ async def _get_next(conn: JetStreamConnection, stream: str, seq: int, subject: s
 
 
 async def direct_batch(conn: JetStreamConnection, stream: str, request: dict[str, Any],
-                       row: Callable[[Any, Any], T], *, election: bool = False) -> tuple[list[T], int | None]:
-    """One direct batch request: its messages as ``row(headers, msg)`` and how many more match (the EOB's count).
-    A 503 is :class:`StreamNotFoundError`; with ``election`` (the stream exists) :class:`LeaderUnavailableError`."""
-    subject = f"{conn.api_prefix}.DIRECT.GET.{stream}"
+                       row: Callable[[Any, Any], T], *, election: bool = False, one: bool = False,
+                       subject: str | None = None) -> tuple[list[T], int | None]:
+    """One direct batch request: its messages as ``row(headers, msg)`` and how many more match (the EOB's count);
+    ``one``: a direct get of one message (no EOB follows it), of the last on ``subject`` when given. A 503 is
+    :class:`StreamNotFoundError`; with ``election`` (the stream exists) :class:`LeaderUnavailableError`."""
+    api = f"{conn.api_prefix}.DIRECT.GET.{stream}" + (f".{subject}" if subject else "")
     inbox = conn.nc.new_inbox()
     sub = await conn.nc.subscribe(inbox, pending_bytes_limit=256 * 1024 * 1024)
     got: list[T] = []
     timeout = conn.settings.request_timeout
     try:
-        await conn.nc.publish(subject, json.dumps(request).encode(), reply=inbox)
+        await conn.nc.publish(api, json.dumps(request).encode() if request else b"", reply=inbox)
         while True:
             try:
                 msg = await sub.next_msg(timeout=timeout)
             except (nats.errors.TimeoutError, TimeoutError):
-                raise conn.permission_error(subject) or conn.unanswered(
-                    f"read from stream {stream!r}: no reply to {subject!r} within {timeout}s") from None
+                raise conn.permission_error(api) or conn.unanswered(
+                    f"read from stream {stream!r}: no reply to {api!r} within {timeout}s") from None
             headers = msg.headers or {}
             status = headers.get(HEADER_STATUS)
             if status is None:
                 got.append(row(headers, msg))
+                if one:
+                    return got, None
                 continue
             if status == "204":  # EOB: the batch ended; how many more match
                 return got, _int(headers.get("Nats-Num-Pending"))
@@ -202,7 +180,7 @@ async def direct_batch(conn: JetStreamConnection, stream: str, request: dict[str
                                              "answers right now)")
             if status == "503":
                 raise StreamNotFoundError(
-                    f"read from stream {stream!r}: nothing answers direct gets on {subject!r}: the stream does "
+                    f"read from stream {stream!r}: nothing answers direct gets on {api!r}: the stream does "
                     "not exist or does not allow direct gets (allow_direct)", reason="stream_not_found")
             description = str(headers.get("Description") or "").strip()
             raise JetStreamError(f"read from stream {stream!r}: the server answered {status} {description}",
@@ -227,7 +205,7 @@ async def _read_via_get(conn: JetStreamConnection, stream: str, first: int, last
     seq = first
     while seq <= last:
         window = range(seq, min(last, seq + (CONCURRENT_GETS if subject == ">" else 1) - 1) + 1)
-        found = await asyncio.gather(*(_get_next(conn, stream, at, subject) for at in window))
+        found = await asyncio.gather(*(_msg_get(conn, stream, {"seq": at, "next_by_subj": subject}) for at in window))
         rows = sorted({row[1]: row for row in found if row is not None and row[1] <= last}.values(),
                       key=lambda row: row[1])
         if rows:
@@ -378,7 +356,8 @@ async def _first_at_or_after(conn: JetStreamConnection, stream: str, since: date
 
 async def _next_stored_seq(conn: JetStreamConnection, stream: str, first: int, subjects: Sequence[str]) -> int | None:
     """The first sequence >= ``first`` the stream leader holds on ``subjects`` (any subject when empty)."""
-    found = [await _get_next(conn, stream, first, subject) for subject in subjects or (">",)]
+    found = [await _msg_get(conn, stream, {"seq": first, "next_by_subj": subject})
+             for subject in subjects or (">",)]
     return min((row[1] for row in found if row is not None), default=None)
 
 

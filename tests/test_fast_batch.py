@@ -156,10 +156,12 @@ def test_concurrent_fast_batches(settings):
         assert mine == [b"%d-%d" % (k, i) for i in range(500)], "each batch keeps its own order"
 
 
-def test_interrupted_batch_unknown_to_the_leader_is_counted_in_the_stream(settings, monkeypatch, caplog):
+@pytest.mark.parametrize("headers", [None, {"X-Multi": ["a", "b"], "X-One": "1"}], ids=["plain", "repeated_header"])
+def test_interrupted_batch_unknown_to_the_leader_is_counted_in_the_stream(settings, monkeypatch, caplog, headers):
     """When no leader knows an interrupted batch any more (simulated: the ping finds nothing), its messages
     are counted by reading the stream back, skipping another publisher's messages stored in between;
-    the resume then stores each message exactly once."""
+    the resume then stores each message exactly once (also messages with a repeated header, which the count
+    compares value by value)."""
     original_send = FastBatchRun._send
     interrupted: list[int] = []
 
@@ -183,7 +185,7 @@ def test_interrupted_batch_unknown_to_the_leader_is_counted_in_the_stream(settin
     payloads = [b"p%04d" % i for i in range(300)]
 
     async def body(conn):
-        result = await publish_fast_batch(conn, [BatchMessage("fast.i", p) for p in payloads], flow=50)
+        result = await publish_fast_batch(conn, [BatchMessage("fast.i", p, headers) for p in payloads], flow=50)
         return result, await contents(conn)
 
     with caplog.at_level("WARNING", logger=fast_batch_module.__name__):

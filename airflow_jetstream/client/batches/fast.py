@@ -26,13 +26,12 @@ import nats.errors
 
 from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.batches.resend import stored_sequences
+from airflow_jetstream.client.batches.resend import stored_difference, stored_sequences
 from airflow_jetstream.client.batches.types import (
     HEADER_BATCH_COMMIT,
     HEADER_BATCH_ID,
     HEADER_BATCH_SEQUENCE,
     HEADER_EXPECTED_LAST_MSG_ID,
-    HEADER_MSG_ID,
     HEADER_STATUS,
     MAX_BATCH_ID_LENGTH,
     BatchMessage,
@@ -415,16 +414,6 @@ def _failed(error: JetStreamError, stream: str, stored: int, total: int, *,
                           description=error.description)
 
 
-def _matches(item: BatchMessage, stored: tuple[str, int, int, Any, bytes]) -> bool:
-    subject, _seq, _ts, headers, data = stored
-    if subject != item.subject or bytes(data or b"") != bytes(item.data):
-        return False
-    headers = headers or {}
-    if item.msg_id is not None and headers.get(HEADER_MSG_ID) != item.msg_id:
-        return False
-    return all(headers.get(k) == v for k, v in (item.headers or {}).items())
-
-
 async def _count_in_stream(conn: JetStreamConnection, stream: str, after: int,
                            items: Sequence[BatchMessage]) -> tuple[int, int | None, int]:
     """What a fast batch stored when the server cannot say, counted by reading the stream back: how many of
@@ -443,10 +432,10 @@ async def _count_in_stream(conn: JetStreamConnection, stream: str, after: int,
         found_last: int | None = None
         via = "direct" if info["config"].get("allow_direct") else "consumer"
         async for chunk in read_range(conn, stream, after + 1, last, via=via):
-            for stored in chunk:
-                if found < len(items) and _matches(items[found], stored):
+            for subject, seq, _, headers, data in chunk:
+                if found < len(items) and stored_difference(items[found], subject, data, headers, found) is None:
                     found += 1
-                    found_last = stored[1]
+                    found_last = seq
         return found, found_last, last
 
     return await retry(f"counting a fast batch in stream {stream!r}", count, transient=is_leader_unavailable,

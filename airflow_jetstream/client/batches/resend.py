@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from airflow_jetstream.client import metrics
@@ -20,6 +20,7 @@ from airflow_jetstream.client.batches.types import (
     HEADER_MSG_ID,
     BatchMessage,
     BatchResult,
+    header_values,
 )
 from airflow_jetstream.client.batches.wire import request
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
@@ -29,6 +30,7 @@ from airflow_jetstream.client.errors import (
     LeaderUnavailableError,
     RequestTimeoutError,
 )
+from airflow_jetstream.client.reading.headers import header_values as stored_header_values
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.stored import get_message
 from airflow_jetstream.client.retry import Deadline
@@ -181,12 +183,8 @@ async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: 
             problem = f"seq {first_seq + index} is not message {index + 1} of one atomic batch"
         elif index == count - 1 and headers.get(HEADER_BATCH_COMMIT) != "1":
             problem = f"seq {first_seq + index} is not the last message of a batch of {count}"
-        elif raw.subject != msg.subject or raw.data != bytes(msg.data):
-            problem = f"seq {first_seq + index} holds another subject or payload than message {index}"
-        elif msg.msg_id is not None and headers.get(HEADER_MSG_ID) != msg.msg_id:
-            problem = f"seq {first_seq + index} has msg id {headers.get(HEADER_MSG_ID)!r}, not {msg.msg_id!r}"
-        elif any(headers.get(k) != (v if isinstance(v, str) else v[-1]) for k, v in (msg.headers or {}).items()):
-            problem = f"seq {first_seq + index} has other headers than message {index}"
+        elif (differs := stored_difference(msg, raw.subject, raw.data, headers, index)) is not None:
+            problem = f"seq {first_seq + index} {differs}"
         if problem:
             break
     if problem is None and len(stored_ids) > 1:
@@ -203,6 +201,21 @@ async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: 
             "fresh msg ids",
             reason="msg_id_reused", code=error.code, err_code=error.err_code, description=error.description,
         )
+
+
+def stored_difference(msg: BatchMessage, subject: str, data: bytes | None, headers: Mapping[str, str] | None,
+                      index: int) -> str | None:
+    """How a stored message (subject, payload, headers) differs from message ``index`` of a batch, ``msg``; None
+    when it is that message: the same subject and payload, msg id, and every value of each of its headers."""
+    headers = headers or {}
+    if subject != msg.subject or bytes(data or b"") != bytes(msg.data):
+        return f"holds another subject or payload than message {index}"
+    if msg.msg_id is not None and headers.get(HEADER_MSG_ID) != msg.msg_id:
+        return f"has msg id {headers.get(HEADER_MSG_ID)!r}, not {msg.msg_id!r}"
+    stored = stored_header_values(headers)
+    if any(stored.get(k) != header_values(v) for k, v in (msg.headers or {}).items()):
+        return f"has other headers than message {index}"
+    return None
 
 
 class AtomicBatchRetry:

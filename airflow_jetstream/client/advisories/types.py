@@ -13,18 +13,19 @@ path of a module-level function so that the triggerer can import it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 from typing import Any, cast
 
 from airflow_jetstream.client.errors import InvalidFunctionError, InvalidRequestError
 from airflow_jetstream.client.reading.apply_function import function_path, load_function
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
+from airflow_jetstream.client.times import parse_time
 
 ADVISORY_PREFIX = "$JS.EVENT.ADVISORY"
 METRIC_PREFIX = "$JS.EVENT.METRIC"
@@ -128,19 +129,12 @@ def get_kind(kind: str) -> AdvisoryKind:
 
 # --------------------------------------------------------------------------------------- parsing
 
-_FRACTION = re.compile(r"\.(\d{6})\d+")
-
-
 def parse_timestamp(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp with up to nanosecond precision, or None when absent or unreadable."""
-    if not isinstance(value, str) or not value:
-        return None
-    text = _FRACTION.sub(r".\1", value.strip())
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+    """An RFC 3339 timestamp with up to nanosecond precision (:func:`~airflow_jetstream.client.times.parse_time`),
+    or None when absent or unreadable."""
+    with contextlib.suppress(InvalidRequestError):
+        return parse_time(value) if isinstance(value, str) and value else None
+    return None
 
 
 def _as_int(value: Any) -> int | None:

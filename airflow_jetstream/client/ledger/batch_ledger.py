@@ -72,7 +72,6 @@ from airflow_jetstream.client.ledger.records import (
     report_transition,
     shard_of,
 )
-from airflow_jetstream.client.ledger.store import Change
 from airflow_jetstream.client.subjects import validate_name
 from airflow_jetstream.client.times import ServerClock
 
@@ -202,7 +201,7 @@ class BatchLedger:
         rec = BatchRecord(run_id=run_id, batch_id=batch_id, stream=stream, count=count, first_seq=first_seq,
                           last_seq=last_seq, created_at=now, updated_at=now, meta=dict(meta or {}))
         rec.encode()  # refuse a record the schema refuses before anything is read
-        stored, changed = await self._apply(run_id, batch_id, lambda current: rec if current is None else None,
+        stored, changed = await store.apply(self, run_id, batch_id, lambda current: rec if current is None else None,
                                             creates=True)
         if changed:
             metrics.incr("ledger.recorded", tags={"stream": stream})
@@ -227,7 +226,7 @@ class BatchLedger:
         claim_id = uuid.uuid4().hex
         take = partial(claimed, now=await self._now(), owner=owner, visibility_timeout=self.visibility_timeout,
                        max_attempts=self.max_attempts, claim_id=claim_id)
-        rec, changed = await self._apply(run_id, batch_id, take)
+        rec, changed = await store.apply(self, run_id, batch_id, take)
         if rec.state == IN_PROGRESS and rec.claim_id == claim_id:
             if changed:
                 metrics.incr("ledger.claimed", tags={"stream": rec.stream})
@@ -263,7 +262,7 @@ class BatchLedger:
     async def extend(self, claim: BatchRecord) -> BatchRecord:
         """Push the visibility deadline of a held claim forward (long processing)."""
         push = partial(extended, claim=claim, now=await self._now(), visibility_timeout=self.visibility_timeout)
-        rec, _ = await self._apply(claim.run_id, claim.batch_id, push)
+        rec, _ = await store.apply(self, claim.run_id, claim.batch_id, push)
         return rec
 
     async def mark_consumed(self, claim: BatchRecord) -> BatchRecord:
@@ -271,7 +270,7 @@ class BatchLedger:
         output is written. Idempotent for the same claim; :class:`ClaimLostError` if the claim was
         reaped (the batch will be consumed again: keep outputs idempotent per batch)."""
         finish = partial(marked_consumed, claim=claim, now=self.clock())
-        rec, changed = await self._apply(claim.run_id, claim.batch_id, finish)
+        rec, changed = await store.apply(self, claim.run_id, claim.batch_id, finish)
         if changed:
             metrics.incr("ledger.consumed", tags={"stream": rec.stream})
         return rec
@@ -280,7 +279,7 @@ class BatchLedger:
         """Give up a held claim after a failed attempt: back to ``published`` for the next attempt,
         or ``failed`` when the batch had ``max_attempts`` attempts. ``error`` is kept as last_error."""
         give_up = partial(released, claim=claim, now=self.clock(), error=error, max_attempts=self.max_attempts)
-        rec, _ = await self._apply(claim.run_id, claim.batch_id, give_up)
+        rec, _ = await store.apply(self, claim.run_id, claim.batch_id, give_up)
         report_transition(rec)
         return rec
 
@@ -319,7 +318,7 @@ class BatchLedger:
                 rec, changed = candidate, False
                 if candidate.expired(now):
                     await self.prepare()
-                    rec, changed = await self._apply(candidate.run_id, candidate.batch_id, partial(
+                    rec, changed = await store.apply(self, candidate.run_id, candidate.batch_id, partial(
                         _expire, now=now, max_attempts=self.max_attempts))
                 if changed:
                     report_transition(rec)
@@ -355,7 +354,7 @@ class BatchLedger:
         reopen = partial(reopened, now=self.clock(), states=wanted_states)
         requeued = []
         for batch_id in ids:
-            rec, changed = await self._apply(run_id, batch_id, reopen)
+            rec, changed = await store.apply(self, run_id, batch_id, reopen)
             if changed:
                 requeued.append(rec)
         return requeued
@@ -404,10 +403,6 @@ class BatchLedger:
             raise LedgerNotFoundError(
                 f"ledger bucket {self.bucket!r} does not exist, or does not allow direct gets (a bucket an older "
                 "version created): open it with BatchLedger.open(conn, bucket)") from None
-
-    async def _apply(self, run_id: str, batch_id: str, change: Change, *,
-                     creates: bool = False) -> tuple[BatchRecord, bool]:
-        return await store.apply(self, run_id, batch_id, change, creates=creates)
 
     async def _settle_deadline(self, run_id: str, shard: int, claims_before: int, deadline: str | None) -> None:
         """Set the shard's ``next_deadline`` to ``deadline`` (the earliest one the reaper's listing saw in

@@ -22,6 +22,9 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.kv import ensure_bucket, get_key
 from airflow_jetstream.client.kv.keys import put_key
+from airflow_jetstream.client.kv.names import KeyCondition
+from airflow_jetstream.client.kv.watch import check_key, wait_for_key
+from airflow_jetstream.client.reading.shared_tail import tail_stats
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.embedded.cluster import CLUSTER_NAME
@@ -29,6 +32,7 @@ from airflow_jetstream.operators.kv import JetStreamKeyValueOperator
 from airflow_jetstream.sensors.kv import JetStreamKeyValueSensor
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
 from tests.support.nats_calls import call_on_server
+from tests.support.polling import async_wait_until
 from tests.support.servers import default_conn_id, module_server
 
 
@@ -135,6 +139,30 @@ def test_missing_bucket_and_bad_input_are_typed_errors(conn_id, server) -> None:
         JetStreamKeyValueOperator(task_id="k", bucket="KV_MODELS", key="a", value="b", operation="upsert")
     with pytest.raises(InvalidRequestError, match="bucket_config takes"):
         JetStreamKeyValueOperator(task_id="k", bucket="KV_MODELS", key="a", value="b", bucket_config={"ttl_s": 1})
+
+
+def test_a_key_the_server_marked_removed_does_not_exist_for_a_look_or_a_watch(conn_id, server) -> None:
+    """A key whose last message is a server's marker (``Nats-Marker-Reason``, as nats-server 2.11+ writes when a
+    key expires by TTL or max age) does not exist: the sensor's poke and its trigger's watch read it alike."""
+    _op(value="v", bucket_config={}).execute({})
+    condition = KeyCondition()
+
+    async def scenario() -> tuple:
+        settings = ConnectionSettings(servers=server.url, connect_timeout=2, request_timeout=3)
+        async with open_connection(settings) as conn:
+            await put_key(conn, "KV_MODELS", "churn.expiring", "old")
+            await conn.js.publish("$KV.KV_MODELS.churn.expiring", b"", headers={"Nats-Marker-Reason": "MaxAge"})
+            looked = await get_key(conn, "KV_MODELS", "churn.expiring"), await check_key(
+                conn, "KV_MODELS", "churn.expiring", condition)
+            watch = asyncio.ensure_future(wait_for_key(conn, "KV_MODELS", "churn.expiring", condition))
+            await async_wait_until(lambda: watch.done() or any(t.listeners for t in tail_stats(conn)),
+                                   "the watch following the bucket")
+            revision = (await put_key(conn, "KV_MODELS", "churn.expiring", "new"))["revision"]
+            return looked, revision, await asyncio.wait_for(watch, 20)
+
+    looked, revision, watched = asyncio.run(scenario())
+    assert looked == (None, None)
+    assert (watched["revision"], watched["value"]) == (revision, "new")
 
 
 def test_kv_key_assets_are_jetstream_assets() -> None:

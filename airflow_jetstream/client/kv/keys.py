@@ -29,6 +29,7 @@ from typing import Any
 
 import nats.js.errors
 
+from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
     BatchPublishError,
@@ -39,11 +40,12 @@ from airflow_jetstream.client.errors import (
     KeyValueError,
     LedgerConflictError,
     RequestTimeoutError,
+    StreamNotFoundError,
     error_from_api,
 )
 from airflow_jetstream.client.kv.bucket import bucket_missing, ensure_bucket, kv_errors, open_bucket
-from airflow_jetstream.client.kv.names import validate_key
-from airflow_jetstream.client.reading.stored import get_message
+from airflow_jetstream.client.kv.names import stream_of, validate_key
+from airflow_jetstream.client.reading.stored import direct_allowed, get_message
 from airflow_jetstream.client.retry import Backoff, retry
 
 #: Server answers that mean the batch was not stored and may be sent again: too many batches in flight on the
@@ -99,15 +101,19 @@ async def _current_revision(kv: Any, key: str) -> int | None:
 
 
 async def get_key(conn: JetStreamConnection, bucket: str, key: str) -> dict[str, Any] | None:
-    """The key's current entry, or None when it does not exist (never written, deleted or purged)."""
+    """The key's current entry, or None when it does not exist (never written, deleted, purged or expired: a
+    marker, :func:`is_marker`). Read as the bucket's stream allows (direct get, else message get), as a watch of
+    the key reads it (:func:`~airflow_jetstream.client.kv.watch.wait_for_key`)."""
     validate_key(key)
-    kv = await open_bucket(conn, bucket)
-    async with kv_errors(conn, bucket, f"KV bucket {bucket!r} key {key!r}"):
-        try:
-            entry = await kv.get(key)
-        except nats.js.errors.KeyNotFoundError:
-            return None
-    return entry_dict(bucket, key, entry.revision, entry.value)
+    stream = stream_of(bucket)
+    try:
+        direct = direct_allowed(conn, await stream_info(conn, stream))
+        stored = await get_message(conn, stream, subject=f"$KV.{bucket}.{key}", direct=direct)
+    except StreamNotFoundError:
+        raise bucket_missing(f"KV bucket {bucket!r}") from None
+    if stored is None or is_marker(stored.headers):
+        return None
+    return entry_dict(bucket, key, stored.seq, stored.data)
 
 
 async def put_key(conn: JetStreamConnection, bucket: str, key: str, value: Any) -> dict[str, Any]:

@@ -14,14 +14,13 @@ from typing import Any
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import StreamNotFoundError
 from airflow_jetstream.client.kv.bucket import bucket_missing
-from airflow_jetstream.client.kv.keys import entry_dict, get_key
+from airflow_jetstream.client.kv.keys import entry_dict, get_key, is_marker
 from airflow_jetstream.client.kv.names import KeyCondition, stream_of, validate_key
 from airflow_jetstream.client.reading.apply_function import with_result
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.shared_tail import follow
 from airflow_jetstream.client.reading.stored import direct_allowed, get_message
 
-_REMOVED = ("DEL", "PURGE")
 log = logging.getLogger(__name__)
 
 
@@ -34,11 +33,10 @@ async def _holds(condition: KeyCondition, entry: dict[str, Any] | None) -> dict[
 
 
 def _entry(bucket: str, key: str, message: Message) -> dict[str, Any] | None:
-    """A stored KV message as an entry, or None when it removed the key."""
-    operation = (message.headers or {}).get("KV-Operation") or "PUT"
-    if operation in _REMOVED:
+    """A stored KV message as an entry, or None when it removed the key (a marker, as :func:`get_key` reads it)."""
+    if is_marker(message.headers):
         return None
-    return entry_dict(bucket, key, message.seq, message.data, operation=operation, created=message.time)
+    return entry_dict(bucket, key, message.seq, message.data, created=message.time)
 
 
 async def check_key(conn: JetStreamConnection, bucket: str, key: str, condition: KeyCondition) -> dict[str, Any] | None:

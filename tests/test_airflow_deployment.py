@@ -3,7 +3,8 @@
 One deployment for the module (``tests.infra.airflow_local.LocalAirflow``: LocalExecutor,
 PostgreSQL as users run it, everything on 127.0.0.1, log servers skipped) with the example DAGs against one real
 nats-server. It proves that the orders pipeline runs to success through the scheduler with its
-sensors deferred to the triggerer, that the examples share the server, and that the event-driven
+sensors deferred to the triggerer, that sensors started and ended in the triggerer need no worker at all, that the
+examples share the server, and that the event-driven
 DAG turns every published message into exactly one asset event (by stream sequence) across a clean
 triggerer stop, two triggerers at once and, with the repeat made visible and harmless, a crash.
 The UI test (headless Chromium) logs in, triggers the pipeline and opens a sensor's log.
@@ -56,6 +57,7 @@ PIPELINE, GUARDED, PUBLISH_READY, PROCESS_READY, ABANDONED = (
 READY_STREAM, READY_CONSUMER, PROCESSED_BUCKET = "ORDERS_READY", "airflow_orders_ready", "orders_ready_processed"
 PROBE = "deferred_message_probe"  # tests/airflow_dags: a JetStreamMessageSensor deferred to the triggerer
 STARTED = "start_from_trigger_probe"  # tests/airflow_dags: state sensors the scheduler defers (start_from_trigger)
+ENDED = "end_from_trigger_probe"  # tests/airflow_dags: sensors the scheduler defers and the triggerer ends
 LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
 MAX_UNCONFIRMED = 4  # the watcher's bound on messages handed to Airflow and not yet confirmed stored: bounds repeats
 #: The watcher consumer's ack_wait (the example's default is 30 s): how long the messages a killed triggerer held wait
@@ -365,6 +367,97 @@ def test_sensors_started_from_the_triggerer_need_no_worker_until_their_trigger_f
     assert "Deferring: waiting" in task_logs.pop("drained_by_a_worker")
     for text in task_logs.values():  # the worker ran execute_complete only: no poke, no deferral of its own
         assert "Done: " in text and "Deferring: waiting" not in text and "Not yet:" not in text, text[-3000:]
+
+
+def test_sensors_started_and_ended_in_the_triggerer_need_no_worker_at_all(
+        airflow: LocalAirflow, nats: EmbeddedNatsServer, nats_settings: ConnectionSettings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``start_from_trigger`` and ``end_from_trigger``: the scheduler defers the drained, KV and ledger sensors, the
+    triggerer ends each as success once its condition holds; no worker ever ran them (no host, no pid, no task log
+    beside the trigger's), the ``Done: ...`` line is in the trigger's log, and the XCom in the metadata database is
+    what ``execute_complete`` returns, stored as a worker stores it (a JSON object a downstream task reads back
+    as it is). A sensor deferred from a worker and ended by the triggerer ran on a worker once (its first poke)."""
+    from airflow.sdk.bases.xcom import BaseXCom
+
+    from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+    from airflow_jetstream.sensors.consumer import JetStreamConsumerDrainedSensor
+    from airflow_jetstream.sensors.kv import JetStreamKeyValueSensor
+    from airflow_jetstream.sensors.ledger import JetStreamBatchLedgerSensor
+    from tests.conftest import set_nats_connection
+
+    stream, bucket = "EFT_RUN", "EFT_MODELS"
+
+    async def prepare() -> None:
+        async with open_connection(nats_settings) as conn:
+            await ensure_stream(conn, {"name": stream, "subjects": ["eft.>"]})
+            for name in ("A", "B"):
+                await ensure_consumer(conn, stream, {"name": name, "ack_policy": "explicit"})
+            await conn.js.publish("eft.one", b"{}")
+            await conn.js.create_key_value(bucket=bucket)
+
+    async def make_true() -> None:
+        async with open_connection(nats_settings) as conn:
+            for name in ("A", "B"):
+                sub = await conn.js.pull_subscribe_bind(name, stream=stream)
+                for msg in await sub.fetch(1, timeout=5):
+                    await msg.ack_sync()
+            await (await conn.js.key_value(bucket)).put("model", b"ready")
+            await (await BatchLedger.open(conn)).record(run_id, "b1", stream=stream, count=1, first_seq=1, last_seq=1)
+
+    def tasks() -> dict[str, tuple[str, str, int | None]]:
+        rows = airflow.query("SELECT task_id, state, hostname, pid FROM task_instance WHERE dag_id = :dag "
+                             "AND run_id = :run", dag=ENDED, run=run_id)
+        return {task: (state, host or "", pid) for task, state, host, pid in rows}
+
+    asyncio.run(prepare())
+    run_id = trigger(airflow, ENDED, {"stream": stream, "bucket": bucket})
+    ended = ("drained", "kv", "ledger")
+    wait_until(lambda: all(tasks().get(t, ("",))[0] == "deferred" for t in (*ended, "ended_after_a_worker")),
+               "the sensors to defer", timeout=300, every=0.5)
+    reported = f"TaskInstance Finished: dag_id={ENDED}, task_id=ended_after_a_worker, run_id={run_id},"
+    wait_until(lambda: reported in airflow.log_tail("scheduler", 10**9), "the scheduler to take the worker's deferral",
+               timeout=300, every=0.5)  # as in the start_from_trigger test above (apache/airflow#72716)
+    asyncio.run(make_true())
+    assert wait_run_finished(airflow, ENDED, run_id, timeout=300) == "success", tasks()
+    rows = tasks()
+    assert {task: rows[task] for task in ended} == {task: ("success", "", None) for task in ended}  # no worker
+    assert rows["ended_after_a_worker"][0] == "success" and rows["ended_after_a_worker"][1]  # its worker's host
+
+    # the XCom as stored (PostgreSQL's driver decodes the JSONB column) and as a worker's task reads it back
+    stored = dict(airflow.query("SELECT task_id, value FROM xcom WHERE dag_id = :dag AND run_id = :run "
+                                "AND key = 'return_value'", dag=ENDED, run=run_id))
+    set_nats_connection(monkeypatch, "nats_default", nats.url)
+    sensors = {"drained": JetStreamConsumerDrainedSensor(task_id="drained", stream=stream, consumer="A"),
+               "kv": JetStreamKeyValueSensor(task_id="kv", bucket=bucket, key="model", value="ready"),
+               "ledger": JetStreamBatchLedgerSensor(task_id="ledger", run_id=run_id, state="published"),
+               "ended_after_a_worker": JetStreamConsumerDrainedSensor(task_id="w", stream=stream, consumer="B")}
+
+    async def first_event(sensor: Any) -> dict:  # the same trigger without the flag, on the settled state
+        events = sensor.make_trigger({}).run()
+        event = await asyncio.wait_for(anext(events), timeout=30)
+        await events.aclose()
+        return event.payload
+
+    expected = {task: sensor.execute_complete({}, asyncio.run(first_event(sensor))) for task, sensor in sensors.items()}
+    # The KV entry's time: the triggerer's trigger saw the put delivered (nats-py's float timestamp, rounded to the
+    # microsecond), this one reads the stored message (nanoseconds cut to microseconds): they may differ by 1 us.
+    created = datetime.fromisoformat(stored["kv"]["created"]), datetime.fromisoformat(expected["kv"]["created"])
+    assert abs((created[0] - created[1]).total_seconds()) <= 1e-6, created
+    expected["kv"]["created"] = stored["kv"]["created"]
+    for task in sensors:
+        assert isinstance(stored[task], dict) and stored[task] == expected[task], (task, stored[task], expected[task])
+        assert BaseXCom.deserialize_value(SimpleNamespace(value=stored[task])) == expected[task]
+    assert stored["ledger"]["reached"] == 1 and stored["kv"]["value"] == "ready" and stored["drained"]["drained"]
+
+    logs = airflow.home / "logs" / f"dag_id={ENDED}" / f"run_id={run_id}"
+    for task in ended:
+        files = sorted(path.name for path in (logs / f"task_id={task}").rglob("attempt=*"))
+        assert len(files) == 1 and files[0].startswith("attempt=1.log.trigger."), (task, files)  # no task log
+        text = (logs / f"task_id={task}" / files[0]).read_text(errors="replace")
+        done = [line for line in text.splitlines() if "Done: " in line]
+        assert len(done) == 1 and sensors[task].make_trigger({}).done_line(expected[task]) in done[0], text[-3000:]
+    worker_log = (logs / "task_id=ended_after_a_worker" / "attempt=1.log").read_text(errors="replace")
+    assert "Deferring: waiting" in worker_log and "Done: " not in worker_log, worker_log[-3000:]
 
 
 def _abandon_batches(settings: ConnectionSettings, batch_ids: list[str]) -> None:

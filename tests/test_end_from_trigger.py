@@ -30,6 +30,30 @@ from tests.test_sourcing import publish, run
 TASK = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1)  # what the triggerer sets
 
 
+class Supervisor:
+    """Stands in for the triggerer's supervisor (a separate process in Airflow): records what the trigger sends it.
+    The deployment test has the real one store the XCom."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []  # the XComs (a connection is read from the environment: it asks nothing)
+
+    async def asend(self, msg: Any) -> None:
+        self.send(msg)
+
+    def send(self, msg: Any) -> None:
+        if type(msg).__name__ == "SetXCom":
+            self.sent.append(msg)
+
+
+@pytest.fixture
+def supervisor(monkeypatch) -> Supervisor:
+    from airflow.sdk.execution_time import task_runner
+
+    comms = Supervisor()
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
+    return comms
+
+
 async def _drained_queue(conn) -> None:
     await ensure_stream(conn, {"name": "JOBS", "subjects": ["jobs.>"]})
     await ensure_consumer(conn, "JOBS", {"name": "WORKER", "ack_policy": "explicit"})
@@ -51,7 +75,8 @@ def _first_event(trigger: JetStreamResultTrigger, task_instance: Any = TASK) -> 
     return asyncio.run(first())
 
 
-def test_each_sensors_trigger_ends_its_task_with_the_xcom_execute_complete_returns(nats_conn, settings, capsys):
+def test_each_sensors_trigger_ends_its_task_with_the_xcom_execute_complete_returns(nats_conn, settings, capsys,
+                                                                                  supervisor):
     async def conditions(conn) -> None:
         await _drained_queue(conn)
         await conn.js.create_key_value(bucket="MODELS")
@@ -71,29 +96,32 @@ def test_each_sensors_trigger_ends_its_task_with_the_xcom_execute_complete_retur
         capsys.readouterr()
         ended = _first_event(trigger)
         logged = capsys.readouterr().out  # Airflow's logging writes the trigger's log lines there
-        assert isinstance(ended, TaskSuccessEvent), (sensor.task_id, ended)
-        assert set(ended.xcoms or {}) == {"return_value"}
+        assert isinstance(ended, TaskSuccessEvent) and ended.xcoms is None, (sensor.task_id, ended)
+        (stored,) = supervisor.sent  # the XCom, sent before the event, as a worker's task sends its result
+        supervisor.sent.clear()
         plain = _first_event(type(trigger)(**{**trigger.serialize()[1], "end_from_trigger": False}))
-        assert type(plain) is TriggerEvent
+        assert type(plain) is TriggerEvent and supervisor.sent == []
         expected = sensor.execute_complete({}, plain.payload)
-        assert ended.xcoms["return_value"] == expected
-        TaskSuccessEvent.model_validate(ended.model_dump())  # JSON-able, as the triggerer sends it on
+        assert type(stored).__name__ == "SetXCom" and stored.key == "return_value"
+        assert (stored.dag_id, stored.run_id, stored.task_id, stored.map_index) == ("d", "r", "t", -1)
+        assert stored.value == expected  # JSON as it is (the task SDK's serialization of a plain dict)
         done = [line for line in logged.splitlines() if "Done: " in line]
         assert len(done) == 1 and trigger.done_line(expected) in done[0], (sensor.task_id, logged[-2000:])
 
 
-def test_the_done_lines_say_what_was_reached_with_units(nats_conn, settings):
+def test_the_done_lines_say_what_was_reached_with_units(nats_conn, settings, supervisor):
     run(settings, _drained_queue)
     drained = JetStreamConsumerDrainedSensor(task_id="d", stream="JOBS", consumer="WORKER", end_from_trigger=True)
-    ended = _first_event(drained.make_trigger({}))
-    line = drained.make_trigger({}).done_line(ended.xcoms["return_value"])
+    assert isinstance(_first_event(drained.make_trigger({})), TaskSuccessEvent)
+    line = drained.make_trigger({}).done_line(supervisor.sent[0].value)
     assert line == ("Done: JOBS/WORKER: drained (0 pending, 0 awaiting ack, 0 redelivered, acked up to stream "
                     "seq 3)")
     kv = JetStreamKeyValueSensor(task_id="kv", bucket="B", key="k", end_from_trigger=True).make_trigger({})
     assert kv.done_line({"revision": 7}) == "Done: KV B/k matched at revision 7"
 
 
-def test_errors_and_timeouts_stay_plain_events_that_a_worker_turns_into_the_failure(nats_conn, settings):
+def test_errors_and_timeouts_stay_plain_events_that_a_worker_turns_into_the_failure(nats_conn, settings,
+                                                                                   supervisor):
     run(settings, _drained_queue)
     sensor = JetStreamConsumerDrainedSensor(task_id="drained", stream="NOPE", consumer="C", end_from_trigger=True,
                                             timeout=5)
@@ -118,15 +146,29 @@ def test_errors_and_timeouts_stay_plain_events_that_a_worker_turns_into_the_fail
     kv_trigger.timeout_at = (datetime.now(UTC) + timedelta(seconds=0.5)).isoformat()
     missing = _first_event(kv_trigger)
     assert type(missing) is TriggerEvent and missing.payload["status"] in ("error", "timeout")
+    assert supervisor.sent == []  # no XCom stored
 
 
-def test_a_trigger_run_for_no_task_instance_yields_the_plain_event(nats_conn, settings):
+def test_a_trigger_whose_xcom_cannot_be_stored_yields_the_plain_event(nats_conn, settings, monkeypatch):
+    """Storing the XCom failed (here: no supervisor to send it to): the task resumes on a worker, whose
+    ``execute_complete`` returns (stores) the result, instead of ending as success without its XCom."""
+    from airflow.sdk.execution_time import task_runner
+
+    monkeypatch.delattr(task_runner, "SUPERVISOR_COMMS", raising=False)
+    run(settings, _drained_queue)
+    sensor = JetStreamConsumerDrainedSensor(task_id="drained", stream="JOBS", consumer="WORKER", end_from_trigger=True)
+    event = _first_event(sensor.make_trigger({}))
+    assert type(event) is TriggerEvent and event.payload["status"] == "success"
+    assert sensor.execute_complete({}, event.payload)["drained"] is True
+
+
+def test_a_trigger_run_for_no_task_instance_yields_the_plain_event(nats_conn, settings, supervisor):
     """``airflow dags test`` runs a deferred task's trigger inline, without a task instance, and hands the task only
     the event's payload (a task-end event's is its state): the sensor then gets the event it knows."""
     run(settings, _drained_queue)
     sensor = JetStreamConsumerDrainedSensor(task_id="drained", stream="JOBS", consumer="WORKER", end_from_trigger=True)
     event = _first_event(sensor.make_trigger({}), task_instance=None)
-    assert type(event) is TriggerEvent and event.payload["status"] == "success"
+    assert type(event) is TriggerEvent and event.payload["status"] == "success" and supervisor.sent == []
     assert sensor.execute_complete({}, event.payload)["drained"] is True
 
 

@@ -146,11 +146,16 @@ class JetStreamWaitTrigger(BaseTrigger):
 class JetStreamResultTrigger(JetStreamWaitTrigger):
     """A wait whose success is the sensor's result (the state and KV sensors' conditions).
 
-    ``end_from_trigger=True``: when the condition holds, the triggerer ends the task itself, as success with the
-    result as its XCom ``return_value`` (``TaskSuccessEvent``), and logs the sensor's ``Done: ...`` line; no
-    worker runs. An error or a timeout stays a plain event: a worker's ``execute_complete`` fails (or skips) the
+    ``end_from_trigger=True``: when the condition holds, the trigger stores the result as the task's XCom
+    ``return_value`` and ends the task as success (``TaskSuccessEvent``), logging the sensor's ``Done: ...`` line;
+    no worker runs. An error or a timeout stays a plain event: a worker's ``execute_complete`` fails (or skips) the
     task as without the flag. A trigger run for no task instance (``airflow dags test`` runs it inline and would
-    hand the task only the event's state) yields the plain event too.
+    hand the task only the event's state) yields the plain event too, and so does one whose XCom could not be
+    stored (a worker's ``execute_complete`` then stores it).
+
+    The XCom goes through the triggerer's Execution API, as a worker's does, not in the event's ``xcoms``: Airflow
+    3.2 and 3.3 store those JSON-encoded once more (``XComModel.set`` with ``serialize=True`` into the JSON column),
+    so a downstream task would read a string instead of the dict (seen in tests/test_airflow_deployment.py).
     """
 
     def __init__(self, *, end_from_trigger: bool = False, **kwargs: Any) -> None:
@@ -172,11 +177,31 @@ class JetStreamResultTrigger(JetStreamWaitTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         async for event in super().run():
             result = self.result(event.payload) if self.end_from_trigger else None
-            if result is None or getattr(self, "task_instance", None) is None:
+            if result is None or getattr(self, "task_instance", None) is None or not await self._store(result):
                 yield event
                 continue
             self.log.info("%s", self.done_line(result))
-            yield TaskSuccessEvent(xcoms={"return_value": result})
+            yield TaskSuccessEvent()
+
+    async def _store(self, result: dict[str, Any]) -> bool:
+        """Store ``result`` as the task's XCom ``return_value`` through the triggerer's supervisor (the configured
+        XCom backend, then the Execution API); False, logged, when that failed."""
+        from airflow.sdk.execution_time.xcom import XCom
+
+        ti: Any = self.task_instance  # the triggerer's: a runtime task instance or the workload's
+        where = {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id, "map_index": ti.map_index}
+        try:
+            if hasattr(XCom, "aset"):  # the task SDK of Airflow 3.3
+                await XCom.aset(key="return_value", value=result, **where)
+            else:  # Airflow 3.2's triggerer answers the sync call made from a thread
+                from asgiref.sync import sync_to_async
+
+                await sync_to_async(XCom.set)(key="return_value", value=result, **where)
+        except Exception as exc:  # any failure: the task resumes on a worker, whose execute_complete stores it
+            self.log.warning("Could not store the result as the task's XCom (%s: %s): a worker ends the task",
+                             type(exc).__name__, exc)
+            return False
+        return True
 
 
 class JetStreamPollingTrigger(JetStreamResultTrigger):

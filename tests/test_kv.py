@@ -21,7 +21,7 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
 )
 from airflow_jetstream.client.kv import ensure_bucket, get_key
-from airflow_jetstream.client.kv.keys import put_key
+from airflow_jetstream.client.kv.keys import create_key, put_key
 from airflow_jetstream.client.kv.names import KeyCondition
 from airflow_jetstream.client.kv.watch import check_key, wait_for_key
 from airflow_jetstream.client.reading.shared_tail import tail_stats
@@ -143,7 +143,8 @@ def test_missing_bucket_and_bad_input_are_typed_errors(conn_id, server) -> None:
 
 def test_a_key_the_server_marked_removed_does_not_exist_for_a_look_or_a_watch(conn_id, server) -> None:
     """A key whose last message is a server's marker (``Nats-Marker-Reason``, as nats-server 2.11+ writes when a
-    key expires by TTL or max age) does not exist: the sensor's poke and its trigger's watch read it alike."""
+    key expires by TTL or max age) does not exist: the sensor's poke and its trigger's watch read it alike, and
+    the operator's create writes it again."""
     _op(value="v", bucket_config={}).execute({})
     condition = KeyCondition()
 
@@ -158,11 +159,17 @@ def test_a_key_the_server_marked_removed_does_not_exist_for_a_look_or_a_watch(co
             await async_wait_until(lambda: watch.done() or any(t.listeners for t in tail_stats(conn)),
                                    "the watch following the bucket")
             revision = (await put_key(conn, "KV_MODELS", "churn.expiring", "new"))["revision"]
-            return looked, revision, await asyncio.wait_for(watch, 20)
+            watched = await asyncio.wait_for(watch, 20)
+            await conn.js.publish("$KV.KV_MODELS.churn.expiring", b"", headers={"Nats-Marker-Reason": "MaxAge"})
+            created = await create_key(conn, "KV_MODELS", "churn.expiring", "again")  # it does not exist
+            with pytest.raises(KeyRevisionError, match="already exists"):
+                await create_key(conn, "KV_MODELS", "churn.expiring", "twice")
+            return looked, revision, watched, created, await get_key(conn, "KV_MODELS", "churn.expiring")
 
-    looked, revision, watched = asyncio.run(scenario())
+    looked, revision, watched, created, now = asyncio.run(scenario())
     assert looked == (None, None)
     assert (watched["revision"], watched["value"]) == (revision, "new")
+    assert (now["revision"], now["value"]) == (created["revision"], "again")
 
 
 def test_kv_key_assets_are_jetstream_assets() -> None:

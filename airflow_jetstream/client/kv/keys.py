@@ -135,10 +135,21 @@ async def create_key(conn: JetStreamConnection, bucket: str, key: str, value: An
         try:
             revision = await kv.create(key, data)
         except nats.js.errors.KeyWrongLastSequenceError:
-            current = await _current_revision(kv, key)
-            raise KeyRevisionError(f"KV bucket {bucket!r}: key {key!r} already exists (revision {current}); use "
-                                   "put to overwrite it or update with that revision", reason="key_exists") from None
+            revision = await _create_over_marker(conn, kv, bucket, key, data)
     return {"bucket": bucket, "key": key, "operation": "create", "revision": revision}
+
+
+async def _create_over_marker(conn: JetStreamConnection, kv: Any, bucket: str, key: str, data: bytes) -> int:
+    """``create`` of a key that has a last message: written over the server's marker of an expired key, which does
+    not exist for :func:`get_key` (nats-py's create writes over ``KV-Operation`` markers only); else the key exists
+    (``key_exists``, naming its revision)."""
+    last = await get_message(conn, stream_of(bucket), subject=f"$KV.{bucket}.{key}")
+    if last is not None and is_marker(last.headers):
+        with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):  # written meanwhile: it exists
+            return int(await kv.update(key, data, last=last.seq))
+    current = await _current_revision(kv, key)
+    raise KeyRevisionError(f"KV bucket {bucket!r}: key {key!r} already exists (revision {current}); use "
+                           "put to overwrite it or update with that revision", reason="key_exists")
 
 
 def _check_revision(revision: Any) -> int:

@@ -38,9 +38,12 @@ class Supervisor:
         self.sent: list[Any] = []  # the XComs (a connection is read from the environment: it asks nothing)
 
     async def asend(self, msg: Any) -> None:
-        self.send(msg)
+        self.record(msg)
 
     def send(self, msg: Any) -> None:
+        self.record(msg)
+
+    def record(self, msg: Any) -> None:
         if type(msg).__name__ == "SetXCom":
             self.sent.append(msg)
 
@@ -147,6 +150,30 @@ def test_errors_and_timeouts_stay_plain_events_that_a_worker_turns_into_the_fail
     missing = _first_event(kv_trigger)
     assert type(missing) is TriggerEvent and missing.payload["status"] in ("error", "timeout")
     assert supervisor.sent == []  # no XCom stored
+
+
+def test_on_airflow_3_2_the_xcom_is_sent_by_the_sync_call_from_a_thread(nats_conn, settings, monkeypatch):
+    """Airflow 3.2's task SDK has no ``XCom.aset``, and its triggerer's comms answer a sync ``send`` with
+    ``async_to_sync`` (which refuses to run on the event loop's thread): the trigger calls ``XCom.set`` through
+    ``sync_to_async``."""
+    from airflow.sdk.bases.xcom import BaseXCom
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time.xcom import XCom
+    from asgiref.sync import async_to_sync
+
+    class Comms32(Supervisor):
+        def send(self, msg: Any) -> None:  # as Airflow 3.2's TriggerCommsDecoder.send
+            async_to_sync(self.asend)(msg)
+
+    monkeypatch.delattr(BaseXCom, "aset")
+    assert not hasattr(XCom, "aset")
+    comms = Comms32()
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
+    run(settings, _drained_queue)
+    sensor = JetStreamConsumerDrainedSensor(task_id="drained", stream="JOBS", consumer="WORKER", end_from_trigger=True)
+    assert isinstance(_first_event(sensor.make_trigger({})), TaskSuccessEvent)
+    (stored,) = comms.sent
+    assert stored.key == "return_value" and stored.value["drained"] is True
 
 
 def test_a_trigger_whose_xcom_cannot_be_stored_yields_the_plain_event(nats_conn, settings, monkeypatch):

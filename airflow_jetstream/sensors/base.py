@@ -153,6 +153,10 @@ class JetStreamStateSensor(JetStreamBaseSensor):
     The wait then ends at Airflow's deferral timeout (``timeout``), which fails the task with
     ``AirflowSensorTimeout("Trigger timeout")``: the trigger's own deadline is an absolute time, unknown when
     the DAG is parsed, so the last state is in the triggerer's log rather than in the failure.
+
+    ``end_from_trigger=True``: once the condition holds, the trigger stores the result as the XCom and ends the task
+    as success, with no worker (:class:`~airflow_jetstream.triggers.base.JetStreamResultTrigger`); an error or a
+    timeout still resumes the task here, in :meth:`execute_complete`.
     """
 
     template_fields: Sequence[str] = ("nats_conn_id",)

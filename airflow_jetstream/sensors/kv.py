@@ -18,7 +18,8 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
     trigger watches the key (no polling). A deleted or purged key does not exist. A ``str`` value is compared
     with the value's text, anything else with the value parsed as JSON; ``apply_function(entry, ...)`` matches
     when truthy (deferred: a module-level function, stored by its dotted path). ``start_from_trigger=True``: the
-    scheduler defers the task itself, as the state sensors do (:class:`~.base.JetStreamStateSensor`). Returns the entry
+    scheduler defers the task itself, and ``end_from_trigger=True`` lets the trigger end it with its XCom, as for the
+    state sensors (:class:`~.base.JetStreamStateSensor`). Returns the entry
     (``bucket``, ``key``, ``revision``, ``value``, ...) plus ``result`` when the function returned other than
     ``True``; see docs/sensors/kv.md.
     """

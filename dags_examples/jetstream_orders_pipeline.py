@@ -25,6 +25,7 @@ from orders_pipeline_common import (
     AGG_STREAM,
     AGG_STREAM_CONFIG,
     CAPTURE_STREAM,
+    CLAIM_DEADLINE,
     CURSOR_CONSUMER,
     LEDGER_ASSET,
     LEDGER_BUCKET,
@@ -107,7 +108,7 @@ with DAG(
         application_args=[
             "--stream", AGG_STREAM, "--cursor", CURSOR_CONSUMER,
             "--run-id", "{{ run_id }}", "--output", RUN_OUTPUT,
-            "--ledger-bucket", LEDGER_BUCKET,
+            "--ledger-bucket", LEDGER_BUCKET, "--claim-deadline", CLAIM_DEADLINE,
         ],
         conf=SPARK_CONF,
         conn_id="spark_default",

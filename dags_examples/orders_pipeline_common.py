@@ -20,6 +20,10 @@ REPLICAS = int(os.environ.get("JETSTREAM_DEMO_REPLICAS", "1"))
 #: How long the raw stream remembers msg ids; the multi-host tier shortens it, so that a host cut off for longer than
 #: the window costs seconds, not ten minutes (the write fences, not the window, keep a late retry out).
 DUPLICATE_WINDOW = os.environ.get("JETSTREAM_DEMO_DUPLICATE_WINDOW", "10m")
+#: How long the consumer's ledger claims hold its run's batches (the ledger's ``visibility_timeout``): past it, another
+#: attempt may take them over. The multi-host tier shortens it, as the window, so that a consumer host cut off for
+#: longer costs seconds; a consume job that outlasts it keeps its claims unless another attempt takes them.
+CLAIM_DEADLINE = os.environ.get("JETSTREAM_DEMO_CLAIM_DEADLINE", "10m")
 
 RAW_STREAM_CONFIG = {
     "name": RAW_STREAM,

@@ -226,6 +226,12 @@ def test_consume_workqueue_acks_only_after_success(server: EmbeddedNatsServer, s
     with consume(spark, options) as (df, consumption):
         assert df.count() == 50
     assert consumption.removed == 50 and call_on(server, _state, "WQ")["messages"] == 4  # the fences stay
+    assert not consumption.already_consumed  # no run: no ledger to ask
+
+    # the run again (a retry of a job whose success its scheduler never heard): the ledger says consumed, and the
+    # job learns it, so that it keeps the earlier output instead of replacing it with its empty read
+    with consume(spark, options, run_id="wq-run") as (df, again):
+        assert again.already_consumed and not again.claimed
 
 
 async def _take_over(conn: Any, run_id: str) -> dict[str, int]:

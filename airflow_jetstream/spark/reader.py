@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -22,7 +23,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.ledger.records import BatchRecord
+from airflow_jetstream.client.ledger.records import CONSUMED, BatchRecord
 from airflow_jetstream.client.reading.headers import header_values
 from airflow_jetstream.client.reading.messages import Row, is_utf8
 from airflow_jetstream.client.reading.read_plan import (
@@ -255,6 +256,10 @@ class Consumption:
     plan: ReadPlan
     claimed: list[BatchRecord]
     removed: int | None = None
+    #: The ledger said every batch of the run was consumed before this block: an earlier attempt consumed the run
+    #: (one whose success its scheduler never heard, say), so this one claimed nothing and must leave that
+    #: attempt's output as it is, not replace it with its own read (which the earlier acknowledgement emptied).
+    already_consumed: bool = False
 
     @property
     def claim_revisions(self) -> dict[str, int]:
@@ -264,15 +269,22 @@ class Consumption:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.plan.to_dict(), "claimed_batches": [b.batch_id for b in self.claimed],
-                "claim_revisions": self.claim_revisions, "removed": self.removed}
+                "claim_revisions": self.claim_revisions, "already_consumed": self.already_consumed,
+                "removed": self.removed}
 
 
-async def _claim(options: ReadOptions, run_id: str | None, ledger_bucket: str, owner: str) -> list[BatchRecord]:
+async def _claim(options: ReadOptions, run_id: str | None, ledger_bucket: str, owner: str,
+                 visibility_timeout: float | str | timedelta) -> tuple[list[BatchRecord], bool]:
+    """The claims taken on the run's batches, and whether the ledger says the run was consumed before."""
     if not run_id:
-        return []
+        return [], False
     async with open_connection(options.settings) as conn:
-        ledger = await BatchLedger.open(conn, ledger_bucket)
-        return await ledger.claim_available(run_id, owner=owner)
+        ledger = await BatchLedger.open(conn, ledger_bucket, visibility_timeout=visibility_timeout)
+        claims = await ledger.claim_available(run_id, owner=owner)
+        if claims:
+            return claims, False
+        summary = await ledger.summary(run_id)
+        return [], bool(summary["batches"]) and summary["states"].get(CONSUMED, 0) == summary["batches"]
 
 
 async def _finish(options: ReadOptions, consumption: Consumption, ledger_bucket: str, error: str | None) -> None:
@@ -289,7 +301,8 @@ async def _finish(options: ReadOptions, consumption: Consumption, ledger_bucket:
 @contextmanager
 def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str | None = None,
             run_id: str | None = None, ledger_bucket: str = "batch_ledger",
-            owner: str = "spark-consume") -> Iterator[tuple[Any, Consumption]]:
+            owner: str = "spark-consume",
+            visibility_timeout: float | str | timedelta = "10m") -> Iterator[tuple[Any, Consumption]]:
     """Consume a stream with acknowledgement deferred until the job succeeded::
 
         with consume(spark, {"servers": url, "stream": "ORDERS"}) as (df, consumption):
@@ -308,7 +321,10 @@ def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str 
     leaves each message in the output exactly once. With ``run_id`` the run's batches in the batch
     ledger are claimed on entry and marked consumed before the removal (released on failure); a job whose
     claims were lost meanwhile raises ``ClaimLostError`` and removes nothing. ``Consumption.claim_revisions``
-    are the claims' tokens, to fence the output with (docs/ledger.md).
+    are the claims' tokens, to fence the output with (docs/ledger.md). ``Consumption.already_consumed`` says the
+    run was consumed before (a re-run of a job whose success was not heard): keep that output, write none.
+    ``visibility_timeout`` is the claims' deadline (seconds, ``"10m"`` or a timedelta): past it, another attempt
+    may take the batches over.
     """
     opts = {**lowered(options), "consume": "true"}
     parsed = ReadOptions.parse(with_connection_defaults(session_connection_fields(spark), opts))
@@ -324,7 +340,8 @@ def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str 
     if schema is not None:
         reader = reader.schema(schema)
     df = reader.load()
-    consumption = Consumption(plan, asyncio.run(_claim(parsed, run_id, ledger_bucket, owner)))
+    claims, already_consumed = asyncio.run(_claim(parsed, run_id, ledger_bucket, owner, visibility_timeout))
+    consumption = Consumption(plan, claims, already_consumed=already_consumed)
     try:
         yield df, consumption
     except BaseException as exc:

@@ -3,7 +3,8 @@
 The read is bounded and advances the ``--cursor`` consumer only after the output is written, so a
 failed job loses nothing and a re-run (or a replay after a consumer reset) reprocesses exactly the
 messages past the cursor. The output of a run is overwritten, never appended, so re-runs do not
-double count. Submitted by ``consume_orders`` in ``jetstream_orders_pipeline``.
+double count; a re-run of a run the ledger already shows consumed (an attempt whose success Airflow
+never heard) leaves the output alone. Submitted by ``consume_orders`` in ``jetstream_orders_pipeline``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def main() -> None:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--output", required=True)
     parser.add_argument("--ledger-bucket", default="batch_ledger")
+    parser.add_argument("--claim-deadline", default="10m",
+                        help="how long the ledger claims on the run's batches hold them (seconds or '90s', '10m')")
     args = parser.parse_args()
 
     spark = SparkSession.builder.appName("consume-orders").getOrCreate()
@@ -36,17 +39,26 @@ def main() -> None:
     options = {"stream": args.stream, "consumer": args.cursor}
     if args.servers:
         options["servers"] = args.servers
-    with consume(spark, options, run_id=args.run_id, ledger_bucket=args.ledger_bucket) as (df, consumption):
-        orders = df.select("seq", F.from_json(F.col("payload").cast("string"), ORDER_SCHEMA).alias("o")).select(
-            "seq", "o.*"
-        )
-        orders = orders.cache()
-        totals = orders.groupBy("region").agg(
-            F.count("*").alias("orders"), F.round(F.sum("amount"), 2).alias("revenue")
-        )
-        totals.write.mode("overwrite").parquet(str(output / "region_totals"))
-        rows = orders.count()
-        distinct = orders.select("order_id").distinct().count()
+    with consume(spark, options, run_id=args.run_id, ledger_bucket=args.ledger_bucket,
+                 visibility_timeout=args.claim_deadline) as (df, consumption):
+        if not consumption.already_consumed:
+            orders = df.select("seq", F.from_json(F.col("payload").cast("string"), ORDER_SCHEMA).alias("o")).select(
+                "seq", "o.*"
+            )
+            orders = orders.cache()
+            totals = orders.groupBy("region").agg(
+                F.count("*").alias("orders"), F.round(F.sum("amount"), 2).alias("revenue")
+            )
+            totals.write.mode("overwrite").parquet(str(output / "region_totals"))
+            rows = orders.count()
+            distinct = orders.select("order_id").distinct().count()
+    if consumption.already_consumed:
+        # an earlier attempt consumed the run (its success unheard, e.g. its host cut off from Airflow): its output
+        # and summary stand; overwriting them with this read, which that attempt's acknowledgement emptied, would
+        # lose the run
+        print(json.dumps({"already_consumed": True, "output_path": str(output / "region_totals")}))
+        spark.stop()
+        return
     summary = {
         "rows_consumed": rows,
         "distinct_orders": distinct,

@@ -53,15 +53,22 @@ up-hosts: install
 # PYTEST_WORKERS=0 runs it in this process. PYTEST_ARGS adds options, e.g. PYTEST_ARGS="-k kv".
 PYTEST_WORKERS ?= 3
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS))
+# The suite's JVMs (Spark drivers and executors, standalone masters and workers, Connect servers: dozens a run, most
+# of them living seconds) compile with C1 only: a local[2] session and a small job take about half the CPU (6-8 s
+# instead of 13-15 s), and the suite is CPU-bound on 2 cores. A setting of the test runs, not of the product:
+# make demo, make up, the compatibility matrix and the multi-host tier run the JVM's defaults. TEST_JAVA_OPTIONS=
+# (empty) turns it off.
+TEST_JAVA_OPTIONS ?= -XX:TieredStopAtLevel=1
+TEST_ENV = $(if $(strip $(TEST_JAVA_OPTIONS)),JAVA_TOOL_OPTIONS="$(strip $(JAVA_TOOL_OPTIONS) $(TEST_JAVA_OPTIONS))")
 
 test: install $(NODE_STAMP)
 	$(VENV)/bin/ruff check airflow_jetstream tests dags_examples bench
 	$(VENV)/bin/mypy
-	$(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 # The contributor's loop: the unit and real-server tier, cheapest modules first, stopping at the first failure.
 test-fast: install
-	$(PY) -m pytest -m "not e2e" -x $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -m "not e2e" -x $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 # The multi-host tier (tests/test_hosts_*.py; root, ip netns): one deployment of five hosts, its host faults. Not part
 # of `make test` (it would take the CI run past its 30-minute budget); 25 min under load (nine tests).
@@ -69,11 +76,11 @@ test-hosts: install
 	HOSTS_TIER=1 $(PY) -m pytest -p no:xdist tests/test_hosts_deployment.py $(PYTEST_ARGS)
 
 test-e2e: install $(NODE_STAMP)
-	$(PY) -m pytest -m e2e $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -m e2e $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 # Rewrites tests/durations.json (the order modules run in) from one serial run of the whole suite.
 test-durations: install $(NODE_STAMP)
-	$(PY) -m pytest -p no:xdist -q --junitxml=.durations.xml -o junit_duration_report=total $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -p no:xdist -q --junitxml=.durations.xml -o junit_duration_report=total $(PYTEST_ARGS)
 	$(PY) -m tests.support.durations .durations.xml > tests/durations.json
 	rm .durations.xml
 

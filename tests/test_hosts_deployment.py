@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from airflow_jetstream.client import ConnectionSettings, open_connection
 from tests.infra.hosts import REPO
 from tests.infra.hosts_deployment import NATS_PORT, NATS_ROUTE_PORT, WORKER_HOSTS, HostsDeployment
 from tests.support.airflow_api import Api
+from tests.support.host_files import forbidden, probe, run_on
 from tests.support.hosts_tier import (
     DUPLICATE_WINDOW_SECONDS,
     nats_settings,
@@ -73,33 +73,44 @@ def hosts_nats(hosts_deployment: HostsDeployment) -> ConnectionSettings:
 
 def on_host(deployment: HostsDeployment, name: str, script: str) -> str:
     """The output of ``sh -c script`` run on host ``name`` as its processes run."""
-    host = deployment.hosts[name]
-    done = subprocess.run(host.command(["sh", "-c", script]), env=host.env(), capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, f"on {name}: {script}: {done.stdout}{done.stderr}"
-    return done.stdout
+    return run_on(deployment.hosts[name], ["sh", "-c", script])
 
 
 def test_each_host_has_its_own_address_tmp_and_files(hosts_deployment: HostsDeployment) -> None:
+    """Each host has its own address and listens only there; the machine's files are read-only on it except its own
+    places (its disk, ``/tmp``, ``/dev/shm``, its ``etc``) and, on the worker hosts, the shared volume: the writable
+    mounts seen from inside it are exactly those, writing anywhere else (root's home, /var/tmp, /etc, /run, the
+    checkout, the venv, the other hosts' disks) fails, and what it writes lands in its own directories."""
     hosts = hosts_deployment.hosts.hosts
-    for name in hosts:
-        on_host(hosts_deployment, name, f'echo {name} > "$TMPDIR/written-by-{name}"')  # /tmp, unless code is there
+    for name, host in hosts.items():
+        own = list(host.writable())
+        writable, writes = probe(host, f"written-by-{name}", own, forbidden(host, REPO))
+        assert writable == set(own), f"{name} can write {sorted(writable)}, not only {own}"
+        assert {folder for folder, why in writes.items() if why == "written"} == set(own), writes
+        assert {why for folder, why in writes.items() if folder not in own} == {"EROFS"}, writes
+    writers: dict[Path, set[str]] = {}
+    for name, host in hosts.items():
+        for source in host.writable().values():
+            writers.setdefault(source, set()).add(f"written-by-{name}")
+    for source, names in writers.items():
+        landed = {path.name for path in source.glob("written-by-*")}
+        assert landed == names, f"{source} holds {landed}, written by {names}"
     for name, host in hosts.items():
         seen = on_host(hosts_deployment, name, "ip -4 -o addr show; echo TMP; ls \"$TMPDIR\"; echo PRIVATE; "
-                       f"ls {host.root / 'private'}/*; echo SHARED; ls -d {host.root / 'shared'}/* 2>/dev/null; "
-                       f"echo RO; touch {REPO / 'dags_examples' / '.written'} 2>&1 || true")
+                       f"ls {host.root / 'private'}/*; echo SHARED; ls -d {host.root / 'shared'}/* 2>/dev/null || true")
         addresses, rest = seen.split("TMP", 1)
         tmp, rest = rest.split("PRIVATE", 1)
-        private, rest = rest.split("SHARED", 1)
-        shared, read_only = rest.split("RO", 1)
+        private, shared = rest.split("SHARED", 1)
         assert f"inet {host.address}/24" in addresses, addresses
         assert [line for line in tmp.split() if line.startswith("written-by-")] == [f"written-by-{name}"]
         listed = {block.split(":", 1)[0].rsplit("/", 1)[-1]: block.split(":", 1)[1].split()
                   for block in private.strip().split("\n\n")}
         assert all(not files for other, files in listed.items() if other != name), listed
-        assert "Read-only file system" in read_only, read_only
         if name not in WORKER_HOSTS:
             assert not shared.strip(), f"{name} sees the workers' shared volume: {shared}"
+    for source in writers:
+        for path in source.glob("written-by-*"):
+            path.unlink()
     for name, host in hosts.items():
         table = on_host(hosts_deployment, name, "ss -ltnH")
         local = {line.split()[3].rsplit(":", 1)[0].removeprefix("[::ffff:").rstrip("]")  # a JVM's IPv4-mapped form
@@ -214,10 +225,14 @@ def secrets_of(deployment: HostsDeployment) -> dict[str, str]:
 
 
 def test_no_secret_on_the_disk_of_a_host_that_does_not_need_it(hosts_deployment: HostsDeployment) -> None:
-    """After the runs above: every file in each host's private directory (its disk, /tmp included) is read."""
+    """After the runs above: every file in each place a host can write is read (its disk with its home, /tmp,
+    /dev/shm and etc, and the shared volume on the worker hosts: the first test proves that these are all the places
+    it can write)."""
     found: dict[str, set[str]] = {name: set() for name in SECRET_HOMES}
     for name, host in hosts_deployment.hosts.hosts.items():
-        for path in host.private.rglob("*"):
+        files = {path for place in host.writable().values() for path in place.rglob("*")}
+        assert host.private / "home" in files, "the host's HOME is not scanned"
+        for path in files:
             if not path.is_file() or path.is_symlink() or path.stat().st_size > 50_000_000:
                 continue
             data = path.read_bytes()

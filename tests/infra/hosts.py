@@ -3,17 +3,26 @@
 The namespaces and their bridge are :class:`tests.chaos.network.Topology`'s (one link per host, prefix
 ``hosts``): host ``db`` is 10.77.1.11, ``ctl`` .12, ``w1`` .13, ``w2`` .14, ``edge`` .15, and the controller (the
 process that starts everything, ``make up-hosts`` or the tests) enters the client namespace, 10.77.1.2. Nothing of
-it exists outside the namespaces. A process started on a host (:meth:`Host.spawn`) runs in the host's network
-namespace and in a mount namespace of its own where
+it exists outside the namespaces. A process started on a host (:meth:`Host.spawn`, :meth:`Host.command`) runs in
+the host's network namespace and in a mount namespace of its own (private: nothing mounted elsewhere later reaches
+it) where the whole filesystem of the machine is read-only except what :meth:`Host.writable` names:
 
-- ``<root>/private/<host>`` is the host's disk; the other hosts' private directories and the controller's
-  ``<root>/control`` are hidden (an empty directory is mounted over each);
-- ``<root>/etc`` is the host's own ``<root>/private/<host>/etc``: the same path on every host, as
-  ``/etc/airflow`` is on real ones (the connection names files there: each host gets its own copy);
-- ``/tmp`` is ``<root>/private/<host>/tmp`` (when neither the root nor the code lives under ``/tmp``; else only
-  ``TMPDIR`` points there);
-- the code (the venv, the package, the DAGs) is mounted read-only;
-- ``<root>/shared`` exists only on the hosts given it: the shared volume (the object store of a real deployment).
+- ``<root>/private/<host>``, the host's disk (its home, its logs, its servers' data);
+- ``<root>/etc``, the host's own ``<root>/private/<host>/etc``: the same path on every host, as ``/etc/airflow`` is
+  on real ones (the connection names files there: each host gets its own copy);
+- ``/tmp``, the host's ``<root>/private/<host>/tmp`` (code under ``/tmp``, a checkout there, is bound into it
+  read-only at its own path; a root under ``/tmp`` would be hidden by it: then only ``TMPDIR`` points there and
+  ``/tmp`` is read-only);
+- ``/dev/shm``, the host's ``<root>/private/<host>/shm`` (POSIX shared memory and semaphores: PostgreSQL's dynamic
+  shared memory, the Celery worker's pool);
+- ``<root>/shared`` on the hosts given it: the shared volume (the object store of a real deployment).
+
+The other hosts' private directories, the controller's ``<root>/control`` and, on the hosts not given it, the
+shared volume are hidden (an empty read-only directory is mounted over each). So a file a host reads was in the
+machine's read-only image before the deployment started, or written by that host itself, or on the shared volume
+of the hosts given it: a host cannot rely on a file another host wrote, and a secret can only land on the disks of
+the hosts that handle it (``tests/test_hosts_deployment.py`` checks the mounts from inside each host and scans each
+host's writable directories for secrets).
 """
 
 from __future__ import annotations
@@ -45,8 +54,12 @@ NETWORK = f"{CLIENT_NET}.0/24"
 #: The hosts of the tested topology (docs/deployment.md, "Celery across hosts").
 HOST_NAMES = ("db", "ctl", "w1", "w2", "edge")
 REPO = Path(__file__).resolve().parents[2]
-#: The installed code every host shares read-only.
+#: The installed code every host shares read-only (with the rest of the machine's files).
 CODE = (Path(sys.prefix), REPO / "airflow_jetstream", REPO / "dags_examples", REPO / "tests")
+#: Makes every mount of the calling mount namespace that is writable read-only (a bind remount changes this
+#: namespace's view only, not the filesystem; mounts already read-only are left as they are).
+READ_ONLY_EVERYTHING = ("awk '$6 ~ /^rw(,|$)/ {print $5}' /proc/self/mountinfo | while read -r point; do "
+                        'mount -o remount,bind,ro "$point" || exit 1; done')
 #: The first ``ip rule`` priority of a fault (:meth:`Host.block`); the kernel's own rules are 0 and 32766+.
 RULE_PRIORITY = 1000
 
@@ -85,7 +98,7 @@ class Host:
     """One host: its namespace, address and private directory, and the processes started on it."""
 
     def __init__(self, name: str, namespace: str, address: str, root: Path, *, others: list[str],
-                 shared: bool) -> None:
+                 shared: bool, code: tuple[Path, ...] = CODE) -> None:
         self.name = name
         self.namespace = namespace
         self.address = address
@@ -93,7 +106,9 @@ class Host:
         self.private = root / "private" / name
         self.others = others
         self.shared = shared
-        self.private_tmp = not any(_under_tmp(path) for path in (root, *CODE))
+        self.private_tmp = not _under_tmp(root)
+        #: the code under /tmp (a checkout there): bound read-only into the host's own /tmp at the same paths
+        self.code_in_tmp = [path.resolve() for path in code if _under_tmp(path)]
         self._rules: list[int] = []
 
     @property
@@ -112,23 +127,50 @@ class Host:
         return self.private / "etc"
 
     def prepare(self) -> None:
-        for folder in (self.private / "tmp", self.own_etc, self.private / "logs", self.private / "home"):
-            folder.mkdir(parents=True, exist_ok=True)
+        for folder in ("tmp", "shm", "etc", "logs", "home"):
+            (self.private / folder).mkdir(parents=True, exist_ok=True)
         self.private.chmod(0o711)  # the database host's server runs as the postgres user
-        (self.private / "tmp").chmod(0o1777)
+        for shared_by_users in ("tmp", "shm"):
+            (self.private / shared_by_users).chmod(0o1777)
+        for code in self.code_in_tmp if self.private_tmp else []:
+            (self.private / "tmp" / code.relative_to("/tmp")).mkdir(parents=True, exist_ok=True)
+
+    def writable(self) -> dict[Path, Path]:
+        """Where the host's processes may write (the module docstring): each path as they see it -> the directory
+        the controller sees there (its disk, under :attr:`private`, or the shared volume)."""
+        places = {self.private: self.private, self.etc: self.own_etc}
+        if self.private_tmp:
+            places[Path("/tmp")] = self.private / "tmp"
+        places[Path("/dev/shm")] = self.private / "shm"
+        if self.shared:
+            places[self.root / "shared"] = self.root / "shared"
+        return places
+
+    def hidden(self) -> list[Path]:
+        """What the host sees as an empty read-only directory: the other hosts' disks, the controller's files and
+        the shared volume where not given it."""
+        hidden = [self.root / "control", *(self.root / "private" / other for other in self.others)]
+        return hidden if self.shared else [*hidden, self.root / "shared"]
 
     def mounts(self) -> list[str]:
-        """The shell commands making the host's view of the files (see the module docstring)."""
-        empty = self.root / "empty"
-        binds = [(self.own_etc, self.etc, False), (empty, self.root / "control", False)]
-        binds += [(empty, self.root / "private" / other, False) for other in self.others]
-        if not self.shared:
-            binds.append((empty, self.root / "shared", False))
-        if self.private_tmp:
-            binds.append((self.private / "tmp", Path("/tmp"), False))
-        binds += [(code, code, True) for code in CODE]
-        return [f"mount --bind {'-o ro ' if ro else ''}{shlex.quote(str(src))} {shlex.quote(str(dst))}"
-                for src, dst, ro in binds]
+        """The shell commands making the host's view of the files (see the module docstring): nothing mounted
+        elsewhere reaches it, every mount read-only, then the hidden and the writable places bound over it."""
+        commands = ["mount --make-rprivate /", READ_ONLY_EVERYTHING]
+
+        def bind(source: Path, target: Path, mode: str, bind: str = "bind") -> None:
+            src, dst = shlex.quote(str(source)), shlex.quote(str(target))  # a bind keeps its source's flags: remount
+            commands.extend([f"mount --{bind} {src} {dst}", f"mount -o remount,bind,{mode} {dst}"])
+
+        for hidden in self.hidden():
+            bind(self.root / "empty", hidden, "ro")
+        for seen, source in self.writable().items():
+            if seen == Path("/tmp"):  # the code under /tmp first into the host's /tmp, then that over /tmp with it
+                for code in self.code_in_tmp:
+                    bind(code, source / code.relative_to("/tmp"), "ro")
+                bind(source, seen, "rw", "rbind")
+            else:
+                bind(source, seen, "rw")
+        return commands
 
     def command(self, argv: list[str]) -> list[str]:
         """``argv`` run on this host: in its network namespace, with its view of the files, in its private
@@ -194,11 +236,12 @@ class Hosts:
     hosts that mount the shared volume ``root/shared``."""
 
     def __init__(self, root: Path, *, names: tuple[str, ...] = HOST_NAMES, shared: tuple[str, ...] = (),
-                 tag: str | None = None) -> None:
+                 tag: str | None = None, code: tuple[Path, ...] = CODE) -> None:
         self.root = Path(root).resolve()
         self.topology = Topology(names, tag, prefix=PREFIX, route_net=False)
         self.hosts = {name: Host(name, self.topology.namespace(name), self.topology.address(name), self.root,
-                                 others=[other for other in names if other != name], shared=name in shared)
+                                 others=[other for other in names if other != name], shared=name in shared,
+                                 code=code)
                       for name in names}
 
     def __getitem__(self, name: str) -> Host:

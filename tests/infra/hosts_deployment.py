@@ -284,7 +284,7 @@ class HostsDeployment:
         and Spark side by side; Airflow needs only the database and the broker (NATS and Spark by address)."""
         db = self.hosts["db"]
         self.pg = EmbeddedPostgres(db.private / "postgres", port=POSTGRES_PORT, host=db.address, clients=NETWORK,
-                                   command_prefix=("ip", "netns", "exec", db.namespace))
+                                   command_prefix=tuple(db.command([])))  # its tools run on db
         self.redis = HostRedis(db, secrets.token_urlsafe(18))
         self._deploy_tls()
         nodes = []

@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from airflow_jetstream.spark import consume, register
@@ -41,35 +41,43 @@ def main() -> None:
         options["servers"] = args.servers
     with consume(spark, options, run_id=args.run_id, ledger_bucket=args.ledger_bucket,
                  visibility_timeout=args.claim_deadline) as (df, consumption):
-        if not consumption.already_consumed:
-            orders = df.select("seq", F.from_json(F.col("payload").cast("string"), ORDER_SCHEMA).alias("o")).select(
-                "seq", "o.*"
-            )
-            orders = orders.cache()
-            totals = orders.groupBy("region").agg(
-                F.count("*").alias("orders"), F.round(F.sum("amount"), 2).alias("revenue")
-            )
-            totals.write.mode("overwrite").parquet(str(output / "region_totals"))
-            rows = orders.count()
-            distinct = orders.select("order_id").distinct().count()
-    if consumption.already_consumed:
-        # an earlier attempt consumed the run (its success unheard, e.g. its host cut off from Airflow): its output
-        # and summary stand; overwriting them with this read, which that attempt's acknowledgement emptied, would
-        # lose the run
-        print(json.dumps({"already_consumed": True, "output_path": str(output / "region_totals")}))
-        spark.stop()
-        return
-    summary = {
-        "rows_consumed": rows,
-        "distinct_orders": distinct,
+        if consumption.already_consumed:
+            # an earlier attempt consumed the run (its success unheard, e.g. its host cut off from Airflow): its
+            # output and summary stand; overwriting them with this read, which that attempt's acknowledgement
+            # emptied, would lose the run
+            print(json.dumps({"already_consumed": True, "output_path": str(output / "region_totals")}))
+        else:
+            summary = write_output(spark, df, output)
+            summary["read"] = consumption.to_dict()
+            # written before the block ends, where the claims are settled: an attempt that consumed the run always
+            # left its summary, even one that dies right after (a re-run then finds the run consumed)
+            write_summary(output, summary)
+    if not consumption.already_consumed:
+        summary["read"] = consumption.to_dict()  # with what the acknowledgement removed
+        write_summary(output, summary)
+        print(json.dumps(summary))
+    spark.stop()
+
+
+def write_output(spark: SparkSession, df: DataFrame, output: Path) -> dict:
+    """Revenue per region as Parquet (overwritten: a re-run of the same read replaces it); the summary of it."""
+    orders = df.select("seq", F.from_json(F.col("payload").cast("string"), ORDER_SCHEMA).alias("o")).select(
+        "seq", "o.*"
+    )
+    orders = orders.cache()
+    totals = orders.groupBy("region").agg(F.count("*").alias("orders"), F.round(F.sum("amount"), 2).alias("revenue"))
+    totals.write.mode("overwrite").parquet(str(output / "region_totals"))
+    return {
+        "rows_consumed": orders.count(),
+        "distinct_orders": orders.select("order_id").distinct().count(),
         "regions": {r["region"]: r["orders"] for r in spark.read.parquet(str(output / "region_totals")).collect()},
         "output_path": str(output / "region_totals"),
-        "read": consumption.to_dict(),
     }
+
+
+def write_summary(output: Path, summary: dict) -> None:
     output.mkdir(parents=True, exist_ok=True)
     (output / "consume_summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
-    spark.stop()
 
 
 if __name__ == "__main__":

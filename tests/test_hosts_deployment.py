@@ -13,6 +13,11 @@ not data: the scheduler killed and restarted, a Spark executor killed while it w
 elsewhere while it may still publish) or from NATS, each for longer than the raw stream's duplicate window. Each
 fault's run must give every order exactly once in the aggregate stream and the output, and its ledger must say
 consumed. Four pipeline runs in all: each costs minutes (two Spark jobs, a dozen Celery tasks), the faults seconds.
+Without a pipeline run, a triggerer host cut off from the database and the api-server while 1,000 sensors (deferred
+by the scheduler, ended by their triggers: tests/airflow_dags) and the event watcher wait, for longer than the
+triggerer health check and the shared-stream ack timeout: the other triggerer ends every sensor with no worker and
+stores every message's event, those the cut one held included; after the heal nothing is left stuck and the repeat
+events stay within the watcher's ``max_unconfirmed``.
 
 Needs root and ``ip netns``; without them the module skips and says why.
 """
@@ -26,6 +31,7 @@ import os
 import signal
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +45,8 @@ from tests.support.airflow_api import Api
 from tests.support.host_files import forbidden, probe, run_on
 from tests.support.hosts_tier import (
     DUPLICATE_WINDOW_SECONDS,
+    MAX_UNCONFIRMED,
+    SHARED_STREAM_ACK_TIMEOUT,
     nats_settings,
     run_state,
     started_deployment,
@@ -49,6 +57,22 @@ from tests.support.hosts_tier import (
 )
 from tests.support.kv_keys import kv_keys
 from tests.support.polling import wait_until
+from tests.support.triggerer_cut import (
+    PROCESS,
+    SENSOR_DAG,
+    SENSORS_PER_RUN,
+    event_deliveries,
+    fire,
+    heartbeat,
+    orphaned_triggers,
+    prepare,
+    processed_by_runs,
+    publish,
+    sensors,
+    triggerer_jobs,
+    watcher_ready,
+    watcher_triggerer,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
@@ -198,6 +222,108 @@ def test_event_driven_and_incremental_dags_run_on_their_own(hosts_deployment: Ho
     wait_until(lambda: airflow.query("SELECT 1 FROM dag_run WHERE dag_id = :dag AND run_type = 'scheduled' "
                                      "AND state = 'success'", dag=INCREMENTAL),
                "the hourly incremental DAG's scheduled run to succeed", timeout=600, every=2)
+
+
+#: Runs of the sensor DAG (50 sensors each): the sensors that wait when the triggerer host is cut off.
+SENSOR_RUNS = 20
+SENSORS = SENSOR_RUNS * SENSORS_PER_RUN
+#: The watcher's messages published right before the cut, during it (taken by the cut triggerer's watcher) and once
+#: the other triggerer took it over: more than ``MAX_UNCONFIRMED`` each.
+BURST = 10
+#: How long the triggerer host stays cut off at least: longer than Airflow's health check of a triggerer (30 s, then
+#: the other takes its triggers over) and than the tier's shared-stream ack timeout (then the cut one gives up the
+#: messages it holds).
+TRIGGERER_CUT_SECONDS = SHARED_STREAM_ACK_TIMEOUT + 10
+
+
+def test_triggerer_host_cut_off_while_1000_sensors_and_the_watcher_wait(hosts_deployment: HostsDeployment,
+                                                                       hosts_nats: ConnectionSettings) -> None:
+    """The worker host whose triggerer runs the event watcher (and about half of 1,000 deferred sensors) loses the
+    database and the api-server, not NATS. The other triggerer takes every trigger over after Airflow's health
+    check; the cut one, still on NATS, holds the messages its watcher took until the shared-stream ack timeout fails
+    their events, then naks them and the other triggerer stores them. One write of the sensors' key during the cut
+    ends all 1,000 on the other triggerer, no worker running for them. After the heal the cut triggerer runs again,
+    no trigger is left without a live triggerer or a waiting task, and each message gave at least one asset event
+    and was processed once; the repeat events are at most ``MAX_UNCONFIRMED`` (what the cut triggerer had handed to
+    Airflow before it lost the database, stored when it gets it back)."""
+    deployment, airflow = hosts_deployment, hosts_deployment.airflow
+    started = time.monotonic()
+    prepare(hosts_nats)
+    wait_until(lambda: watcher_ready(hosts_nats), "the event watcher to run", timeout=300, every=1)
+    runs = [trigger(airflow, SENSOR_DAG, {"key": "go"}) for _ in range(SENSOR_RUNS)]
+    jobs = triggerer_jobs(airflow)
+
+    def deferred_on(held: set[int]) -> bool:
+        return sum(n for (state, job), n in sensors(airflow).items() if state == "deferred" and job in held) == SENSORS
+
+    wait_until(lambda: deferred_on(set(jobs.values())), f"{SENSORS} sensors deferred, each on a triggerer",
+               timeout=600, every=2)
+    by_job = {job: name for name, job in jobs.items()}
+    victim = by_job[watcher_triggerer(airflow)]
+    survivor = next(name for name in WORKER_HOSTS if name != victim)
+    held = {by_job[job]: n for (_state, job), n in sensors(airflow).items()}
+    assert held.get(victim), f"the cut triggerer holds no sensor: {held}"
+    waited = time.monotonic() - started
+    events_before = len(event_deliveries(airflow))
+    published = publish(hosts_nats, BURST, 0)  # right before the cut: some stored, some still with the watcher
+    host = deployment.hosts[victim]
+    for side in ("db", "ctl"):
+        host.block(to=deployment.hosts[side].address)
+    cut_at = time.monotonic()
+    try:
+        published += publish(hosts_nats, BURST, BURST)  # the cut triggerer's watcher takes these
+        wait_until(lambda: deferred_on({jobs[survivor]}) and watcher_triggerer(airflow) == jobs[survivor],
+                   f"the triggerer of {survivor} to take every trigger over", timeout=300, every=1)
+        took_over = time.monotonic() - cut_at
+        fire(hosts_nats, "go")
+        wait_until(lambda: sensors(airflow) == {("success", None): SENSORS}, f"the {SENSORS} sensors to succeed",
+                   timeout=300, every=1)
+        ended = time.monotonic() - cut_at
+        published += publish(hosts_nats, BURST, 2 * BURST)  # to the triggerer that took the watcher over
+        wait_until(lambda: set(published) <= {seq for seq, _ in event_deliveries(airflow)},
+                   "an asset event for every message, those the cut triggerer held included", timeout=300, every=1)
+        stored = time.monotonic() - cut_at
+        time.sleep(max(0.0, cut_at + TRIGGERER_CUT_SECONDS - time.monotonic()))  # the fault's length
+    finally:
+        host.heal()
+    healed_at, cut_for = time.time(), time.monotonic() - cut_at
+    published += publish(hosts_nats, 1, 3 * BURST)  # one more through the healed deployment
+
+    def rejoined() -> bool:
+        deployment.restart_exited()  # a triggerer that gave up while cut off starts again, as supervision would
+        return heartbeat(airflow, triggerer_jobs(airflow)[victim]) > healed_at
+
+    wait_until(rejoined, f"the triggerer of {victim} to heartbeat again", timeout=300, every=1)
+    rejoined_after = time.time() - healed_at
+    wait_until(lambda: set(published) <= set(processed_by_runs(airflow)), "every message processed",
+               timeout=600, every=1)
+    wait_until(lambda: not orphaned_triggers(airflow), "no trigger without a task, a watcher or a live triggerer",
+               timeout=120, every=1)
+    print(f"{victim} cut off for {cut_for:.0f} s: {SENSORS} sensors deferred in {waited:.0f} s ({held}); "
+          f"{survivor} held every trigger {took_over:.0f} s into the cut, the sensors ended at {ended:.0f} s, every "
+          f"message stored at {stored:.0f} s; {victim} heartbeat {rejoined_after:.0f} s after the heal; "
+          f"{time.monotonic() - started:.0f} s in all")
+
+    assert all(run_state(airflow, SENSOR_DAG, run) == "success" for run in runs)
+    count = "SELECT count(*) FROM {} WHERE dag_id = :dag"
+    on_workers = airflow.query(count.format("task_instance") + " AND (hostname <> '' OR pid IS NOT NULL)",
+                               dag=SENSOR_DAG)
+    tries = airflow.query(count.format("task_instance_history"), dag=SENSOR_DAG)
+    assert on_workers == tries == [(0,)], "a sensor ran on a worker, or twice"
+    xcoms = airflow.query(count.format("xcom") + " AND key = 'return_value'", dag=SENSOR_DAG)
+    assert xcoms == [(SENSORS,)], "each sensor's XCom, stored by its trigger"
+    deliveries = event_deliveries(airflow)[events_before:]
+    events = Counter(seq for seq, _ in deliveries)
+    assert set(events) == set(published), "an event for each message, none other"  # nothing lost
+    assert any(delivered > 1 for _seq, delivered in deliveries), "no message came again from the cut triggerer"
+    repeats = sum(events.values()) - len(events)
+    print(f"{len(published)} messages, {repeats} repeat events")
+    assert repeats <= MAX_UNCONFIRMED, events
+    processed = processed_by_runs(airflow)
+    assert {seq: processed[seq] for seq in published} == dict.fromkeys(published, 1), "each message processed once"
+    assert not airflow.query("SELECT run_id FROM dag_run WHERE dag_id = :dag AND state = 'failed'", dag=PROCESS)
+    victim_log = deployment.airflows[victim].log_tail(f"triggerer-{victim}", chars=10**8)
+    assert "Ack timeout; force-failing subscriber" in victim_log  # what gave the held messages back
 
 
 def test_view_and_test_button_answer_from_the_api_server_host(hosts_deployment: HostsDeployment) -> None:

@@ -2,12 +2,15 @@
 with it: trigger a DAG through the REST API, wait for a run, read the streams.
 
 The deployment's settings make host faults cost seconds, not Airflow's defaults' minutes: a task whose host died
-is failed after 30 s without a heartbeat (default 300 s) and retried after 5 s (default: no retry, 300 s delay).
+is failed after 30 s without a heartbeat (default 300 s) and retried after 5 s (default: no retry, 300 s delay); a
+shared-stream event that a cut-off triggerer cannot store is failed after 45 s (default 300 s), so its message goes
+to the other triggerer. The test DAGs of ``tests/airflow_dags`` are a second DAG bundle beside the examples.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -19,7 +22,7 @@ import pytest
 from airflow_jetstream.client import ConnectionSettings, stream_info
 from airflow_jetstream.client.errors import StreamNotFoundError
 from tests.infra.airflow_local import LocalAirflow
-from tests.infra.hosts import namespaces_unavailable
+from tests.infra.hosts import REPO, namespaces_unavailable
 from tests.infra.hosts_deployment import NATS_USER, HostsDeployment
 from tests.support.airflow_api import Api
 from tests.support.nats_calls import call_on_server
@@ -28,12 +31,30 @@ from tests.support.polling import wait_until
 #: The raw stream's duplicate window in the tier (the example's default is 10 minutes): a host cut off for longer
 #: costs a minute, not ten.
 DUPLICATE_WINDOW_SECONDS = 30
+#: ``[triggerer] shared_stream_ack_timeout`` in the tier (Airflow's default is 300 s): how long a triggerer cut off
+#: from the database holds a watcher's messages before it fails their events and the watcher naks them.
+SHARED_STREAM_ACK_TIMEOUT = 45
+#: ``[triggerer] capacity`` (default 1,000): one triggerer holds the 1,000 sensors and the watchers once the other is
+#: cut off.
+TRIGGERER_CAPACITY = 1100
+#: The event-driven example's watcher hands out at most this many messages not yet confirmed stored (its default is
+#: its batch size, 64): the bound on the repeat events after a triggerer was cut off or stalled.
+MAX_UNCONFIRMED = 4
+#: The examples (``[core] dags_folder``) and the tier's test DAGs (tests/airflow_dags), the same paths on every host.
+LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
+DAG_BUNDLES = [{"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {}},
+               {"name": "test-dags", "classpath": LOCAL_BUNDLE,
+                "kwargs": {"path": str(REPO / "tests" / "airflow_dags")}}]
 FAULT_SETTINGS = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
     "AIRFLOW__CORE__DEFAULT_TASK_RETRIES": "2",
     "AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY": "5",
     "JETSTREAM_DEMO_DUPLICATE_WINDOW": f"{DUPLICATE_WINDOW_SECONDS}s",
+    "AIRFLOW__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": str(SHARED_STREAM_ACK_TIMEOUT),
+    "AIRFLOW__TRIGGERER__CAPACITY": str(TRIGGERER_CAPACITY),
+    "JETSTREAM_DEMO_MAX_UNCONFIRMED": str(MAX_UNCONFIRMED),
+    "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(DAG_BUNDLES),
 }
 
 

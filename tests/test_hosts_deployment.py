@@ -10,9 +10,11 @@ JetStream view and the connection Test button answer from the api-server host, a
 not data: the scheduler killed and restarted, a Spark executor killed while it writes and a NATS node's host killed
 (all three in the pipeline's first run: they touch different hosts), a worker host killed while its task publishes
 (Airflow's retry runs on the other one), and a worker host cut off from Airflow (the zombie: its retry runs
-elsewhere while it may still publish) or from NATS, each for longer than the raw stream's duplicate window. Each
-fault's run must give every order exactly once in the aggregate stream and the output, and its ledger must say
-consumed. Four pipeline runs in all: each costs minutes (two Spark jobs, a dozen Celery tasks), the faults seconds.
+elsewhere while it may still publish) or from NATS, each for longer than the raw stream's duplicate window and the
+consumer's claim deadline: first the producer's host, then, in the same run, the consumer's while its job holds the
+run's ledger claims. Each fault's run must give every order exactly once in the aggregate stream and the output,
+and its ledger must say consumed. Four pipeline runs in all: each costs minutes (two Spark jobs, a dozen Celery
+tasks), the faults seconds.
 Without a pipeline run, a triggerer host cut off from the database and the api-server while 1,000 sensors (deferred
 by the scheduler, ended by their triggers: tests/airflow_dags) and the event watcher wait, for longer than the
 triggerer health check and the shared-stream ack timeout: the other triggerer ends every sensor with no worker and
@@ -28,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 import urllib.parse
@@ -39,11 +42,14 @@ import pytest
 from nats.js.errors import NotFoundError
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
+from airflow_jetstream.client.ledger.records import epoch_of
 from tests.infra.hosts import REPO
 from tests.infra.hosts_deployment import NATS_PORT, NATS_ROUTE_PORT, WORKER_HOSTS, HostsDeployment
 from tests.support.airflow_api import Api
+from tests.support.consumer_claims import batch_records, wait_claims
 from tests.support.host_files import forbidden, probe, run_on
 from tests.support.hosts_tier import (
+    CLAIM_DEADLINE_SECONDS,
     DUPLICATE_WINDOW_SECONDS,
     MAX_UNCONFIRMED,
     SHARED_STREAM_ACK_TIMEOUT,
@@ -80,8 +86,9 @@ PIPELINE, INCREMENTAL = "jetstream_orders_pipeline", "jetstream_orders_increment
 PUBLISH_READY = "publish_ready_orders"
 ROWS = 2_000
 FAULT_ROWS = 20_000  # enough that the producer is still publishing when its host dies
-#: How long a host stays cut off: longer than the raw stream's duplicate window (the tier's FAULT_SETTINGS).
-CUT_SECONDS = DUPLICATE_WINDOW_SECONDS + 10
+#: How long a host stays cut off: longer than the raw stream's duplicate window and the consumer's claim deadline (the
+#: tier's FAULT_SETTINGS).
+CUT_SECONDS = max(DUPLICATE_WINDOW_SECONDS, CLAIM_DEADLINE_SECONDS) + 10
 
 
 @pytest.fixture(scope="module")
@@ -430,11 +437,43 @@ def producer_tries(deployment: HostsDeployment, run_id: str) -> dict[int, tuple[
     return {tries: (state, host) for tries, state, host in rows}
 
 
+def wait_consumer_claims(deployment: HostsDeployment, settings: ConnectionSettings,
+                         run_id: str) -> tuple[str, int, float]:
+    """Wait until the run's consumer holds claims on its batches: the name of its host, its try number and when the
+    claims were seen."""
+    summary = wait_claims(settings, run_id, lambda: run_state(deployment.airflow, PIPELINE, run_id) != "running")
+    seen_at = time.monotonic()
+    _state, address, tries = task_rows(deployment.airflow, PIPELINE, run_id)["consume_orders"]
+    assert summary is not None, task_rows(deployment.airflow, PIPELINE, run_id)
+    return next(name for name in WORKER_HOSTS if deployment.hosts[name].address == address), tries, seen_at
+
+
+def consumer_tries(deployment: HostsDeployment, run_id: str) -> dict[int, tuple[str, str]]:
+    """``try_number -> (state, hostname)`` of every ``consume_orders`` attempt of the run, the last one included."""
+    rows = deployment.airflow.query(
+        "SELECT try_number, state, hostname FROM task_instance_history WHERE dag_id = :dag AND run_id = :run "
+        "AND task_id = 'consume_orders'", dag=PIPELINE, run=run_id)
+    tries = {number: (state, host) for number, state, host in rows}
+    state, host, number = task_rows(deployment.airflow, PIPELINE, run_id)["consume_orders"]
+    return {**tries, number: (state, host)}
+
+
+def consume_logged(deployment: HostsDeployment, name: str, pattern: str) -> bool:
+    """Whether a ``consume_orders`` task log on host ``name`` matches ``pattern`` (the logs are JSON lines: a quote
+    of the job's output is escaped)."""
+    return any(re.search(pattern, path.read_text(errors="replace"))
+               for path in deployment.hosts[name].private.rglob("*.log") if "task_id=consume_orders" in str(path))
+
+
 def test_worker_host_cut_off_from_airflow_while_it_publishes(hosts_deployment: HostsDeployment,
                                                              hosts_nats: ConnectionSettings) -> None:
     """The zombie across hosts: the producer's host loses the database, the broker and the api-server but not NATS.
     The scheduler fails the silent task and its retry runs on the other host while the zombie's Spark job may still
-    publish; healed after the duplicate window, the zombie's attempt is not the one that succeeded."""
+    publish; healed after the duplicate window, the zombie's attempt is not the one that succeeded. Then the
+    consumer's host, while its job holds the run's ledger claims, is cut off from Airflow as long: its Spark job
+    goes on with NATS and Airflow's retry runs on the other host. Either the zombie still holds the claims then,
+    past their deadline, and the retry takes them over (the zombie's settle is refused), or the zombie consumed the
+    run before and the retry, told so by the ledger, leaves its output: every order once either way."""
     deployment = hosts_deployment
     run_id, victim, survivor = start_publishing(deployment, hosts_nats)
     host = deployment.hosts[victim]
@@ -452,13 +491,41 @@ def test_worker_host_cut_off_from_airflow_while_it_publishes(hosts_deployment: H
     finally:
         host.heal()
     print(f"{victim} cut off from Airflow for {time.monotonic() - cut_at:.0f} s")
-    wait_run(deployment.airflow, PIPELINE, run_id, timeout=1200)
     deployment.restart_exited()  # a component of the cut host that gave up meanwhile
+    zombie, zombie_try, claims_at = wait_consumer_claims(deployment, hosts_nats, run_id)
+    consumer = deployment.hosts[zombie]
+    for side in ("db", "ctl"):
+        consumer.block(to=deployment.hosts[side].address)
+    cut_at = time.monotonic()
+    other = deployment.hosts[next(name for name in WORKER_HOSTS if name != zombie)].address
+    try:
+        wait_until(lambda: any(address == other for _state, address in consumer_tries(deployment, run_id).values()),
+                   "the consumer's retry to run on the other host", timeout=600, every=1)
+        hold_cut(cut_at)
+    finally:
+        consumer.heal()
+    print(f"consumer host {zombie} cut off from Airflow for {time.monotonic() - cut_at:.0f} s, "
+          f"{cut_at - claims_at:.1f} s after its claims were seen")
+    wait_run(deployment.airflow, PIPELINE, run_id, timeout=1200)
+    deployment.restart_exited()
     state, address, tries = task_rows(deployment.airflow, PIPELINE, run_id)["produce_orders"]
     assert (state, address) == ("success", retry_on) and tries >= 2
     cut_attempts = {n: row for n, row in producer_tries(deployment, run_id).items() if row[1] == host.address}
     assert cut_attempts and all(state != "success" for state, _ in cut_attempts.values()), cut_attempts
     check_pipeline_run(deployment, run_id, FAULT_ROWS)
+    records = batch_records(hosts_nats, run_id)
+    consumers = consumer_tries(deployment, run_id)
+    attempts = {rec.attempts for rec in records}
+    print(f"consume_orders tries {consumers}; ledger attempts {sorted(attempts)}")
+    assert records and all(rec.state == "consumed" for rec in records), records
+    assert consumers[zombie_try][1] == consumer.address and consumers[zombie_try][0] != "success", consumers
+    if attempts != {1}:  # the zombie still held the claims at the retry: their deadline passed, the retry took them
+        assert min(attempts) >= 2, attempts
+        assert all("did not finish before its visibility deadline" in (rec.last_error or "") for rec in records)
+        print(f"ClaimLostError in {zombie}'s logs: {consume_logged(deployment, zombie, 'ClaimLostError')}")
+    else:  # the zombie consumed the run before its deadline; the retry, told so by the ledger, left the output
+        retried_on = next(name for name in WORKER_HOSTS if name != zombie)
+        assert consume_logged(deployment, retried_on, r"already_consumed\W{1,6}true"), consumers
 
 
 def test_worker_host_cut_off_from_nats_while_it_publishes(hosts_deployment: HostsDeployment,
@@ -467,7 +534,10 @@ def test_worker_host_cut_off_from_nats_while_it_publishes(hosts_deployment: Host
     no JetStream leader. Its Spark tasks fail or wait and are run again; the ledger ends complete. An atomic batch
     open at the cut is abandoned by the server (its batch timeout, 10 s, is shorter than the cut): the guard
     ``no_batch_abandoned`` then fails the run, as it should (it cannot tell a re-sent batch from a lost one). An
-    operator who sees the ledger complete marks the guard done and clears the consumer: every order once."""
+    operator who sees the ledger complete marks the guard done and clears the consumer. Then the consumer's host,
+    while its job holds the run's ledger claims, is cut off from NATS past the claims' deadline while Airflow still
+    hears the task: either its attempt fails and Airflow's retry takes the expired claims over, or it survives the
+    cut and, nobody having claimed the batches meanwhile, settles them after the heal. Every order once either way."""
     deployment = hosts_deployment
     airflow = deployment.airflow
     run_id, victim, _survivor = start_publishing(deployment, hosts_nats)
@@ -478,11 +548,10 @@ def test_worker_host_cut_off_from_nats_while_it_publishes(hosts_deployment: Host
         hold_cut(cut_at)
     finally:
         host.heal()
-    wait_until(lambda: run_state(airflow, PIPELINE, run_id) in ("success", "failed"), "the run to finish",
-               timeout=1200, every=1)
     deployment.restart_exited()
-    tasks = task_rows(airflow, PIPELINE, run_id)
-    if run_state(airflow, PIPELINE, run_id) == "failed":
+    claims = wait_claims(hosts_nats, run_id, lambda: run_state(airflow, PIPELINE, run_id) != "running")
+    if claims is None:
+        tasks = task_rows(airflow, PIPELINE, run_id)
         failed = {task for task, (state, _host, _tries) in tasks.items() if state == "failed"}
         assert failed == {"no_batch_abandoned"}, tasks  # the guard, telling the truth; nothing else
         assert tasks["wait_batches_published"][0] == "success", tasks  # the ledger holds every chunk
@@ -494,7 +563,38 @@ def test_worker_host_cut_off_from_nats_while_it_publishes(hosts_deployment: Host
         api.call("POST", f"/api/v2/dags/{PIPELINE}/clearTaskInstances",
                  {"dry_run": False, "dag_run_id": run_id, "task_ids": ["consume_orders"], "include_downstream": True,
                   "only_failed": False, "reset_dag_runs": True})
-        wait_run(airflow, PIPELINE, run_id, timeout=1200)
-    else:
-        assert not [task for task, (state, _h, _t) in tasks.items() if state != "success"], tasks
+    zombie, zombie_try, claims_at = wait_consumer_claims(deployment, hosts_nats, run_id)
+    consumer = deployment.hosts[zombie]
+    consumer.block(ports=(NATS_PORT, NATS_ROUTE_PORT))
+    cut_at = time.monotonic()
+    try:
+        hold_cut(cut_at)
+    finally:
+        consumer.heal()
+    print(f"consumer host {zombie} cut off from NATS for {time.monotonic() - cut_at:.0f} s, "
+          f"{cut_at - claims_at:.1f} s after its claims were seen")
+    wait_run(airflow, PIPELINE, run_id, timeout=1200)
+    deployment.restart_exited()
     check_pipeline_run(deployment, run_id, FAULT_ROWS)
+    assert_claims_outlasted(hosts_nats, deployment, run_id, zombie, zombie_try)
+
+
+def assert_claims_outlasted(settings: ConnectionSettings, deployment: HostsDeployment, run_id: str, zombie: str,
+                            zombie_try: int) -> None:
+    """Assert that the consumer cut off on host ``zombie`` held its claims past their deadline: either nobody
+    claimed the batches meanwhile and its settle, after the heal, was accepted later than the deadline (the
+    ledger's server-clock times say so), or its attempt failed and a later one claimed the batches again."""
+    records = batch_records(settings, run_id)
+    consumers = consumer_tries(deployment, run_id)
+    assert records and all(rec.state == "consumed" for rec in records), records
+    attempts = {rec.attempts for rec in records}
+    print(f"consume_orders tries {consumers}; ledger attempts {sorted(attempts)}")
+    if attempts == {1}:  # the zombie's own claims, settled after the heal: held past the deadline, nobody took them
+        held = [epoch_of(rec.consumed_at or "") - epoch_of(rec.claimed_at or "") for rec in records]
+        print(f"claims held {min(held):.0f}-{max(held):.0f} s by the cut consumer, settled by it after the heal")
+        assert min(held) > CLAIM_DEADLINE_SECONDS, held
+        assert consumers[zombie_try] == ("success", deployment.hosts[zombie].address), consumers
+    else:  # the zombie's attempt failed; Airflow's retry claimed the batches again
+        assert min(attempts) >= 2, attempts
+        assert consumers[zombie_try][0] != "success", consumers
+        print(f"ClaimLostError in {zombie}'s logs: {consume_logged(deployment, zombie, 'ClaimLostError')}")

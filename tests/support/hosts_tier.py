@@ -45,6 +45,9 @@ LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
 DAG_BUNDLES = [{"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {}},
                {"name": "test-dags", "classpath": LOCAL_BUNDLE,
                 "kwargs": {"path": str(REPO / "tests" / "airflow_dags")}}]
+#: The consumer's claim deadline in the tier (the ledger's ``visibility_timeout``; the example's default is 10
+#: minutes): a consumer host cut off for longer loses its claims to the next attempt in seconds, not ten minutes.
+CLAIM_DEADLINE_SECONDS = 20
 FAULT_SETTINGS = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
@@ -55,6 +58,7 @@ FAULT_SETTINGS = {
     "AIRFLOW__TRIGGERER__CAPACITY": str(TRIGGERER_CAPACITY),
     "JETSTREAM_DEMO_MAX_UNCONFIRMED": str(MAX_UNCONFIRMED),
     "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(DAG_BUNDLES),
+    "JETSTREAM_DEMO_CLAIM_DEADLINE": f"{CLAIM_DEADLINE_SECONDS}s",
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_jetstream.client import ensure_stream, stream_info
-from airflow_jetstream.client.errors import ClaimLostError
+from airflow_jetstream.client.errors import ClaimLostError, LedgerConflictError
 from airflow_jetstream.client.kv.job_records import get_job_record
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.embedded import EmbeddedNatsServer
@@ -262,6 +262,31 @@ def test_a_consume_job_whose_claims_were_taken_over_removes_nothing(server: Embe
     assert len(tokens) == 3 and all(successor[batch] > token for batch, token in tokens.items())
     ledger = call_on(server, lambda conn: _ledger_summary(conn, "zq-run"))
     assert ledger["states"]["consumed"] == 3
+
+
+async def _hold(conn: Any, run_id: str) -> int:
+    """Another consume attempt claims every batch of the run (its deadline an hour away); returns how many."""
+    return len(await (await BatchLedger.open(conn, visibility_timeout="1h")).claim_available(run_id, owner="zombie"))
+
+
+def test_a_consume_job_finds_the_runs_claims_held_by_another_attempt_and_reads_nothing(
+        server: EmbeddedNatsServer, spark: SparkSession) -> None:
+    """A retry that starts while an earlier attempt (a zombie its scheduler no longer hears) still holds the run's
+    claims before their deadline: it is refused, naming the fix, and removes nothing; the zombie's claims stand.
+    Before, it claimed nothing, read the run and acknowledged it (the zombie's batches consumed by nobody's claim)."""
+    call_on(server, ensure_stream, {"name": "HQ", "subjects": ["hq.>"], "retention": "workqueue",
+                                    "allow_direct": True, "allow_atomic": True})
+    spark.range(0, 200, numPartitions=1).select(F.lit("hq.jobs").alias("subject"), F.col("id").alias("n")) \
+        .write.format("jetstream").mode("append").options(servers=server.url, stream="HQ", job_id="hq-run",
+                                                           batch_size="100").save()
+    assert call_on(server, _hold, "hq-run") == 2
+    with pytest.raises(LedgerConflictError, match="claimed by another attempt") as held, \
+            consume(spark, {"servers": server.url, "stream": "HQ"}, run_id="hq-run"):
+        pytest.fail("the block ran while another attempt held the run's claims")
+    assert held.value.reason == "ledger_conflict" and "Run again after that deadline" in str(held.value)
+    assert call_on(server, stored_rows, "HQ") == 200
+    ledger = call_on(server, lambda conn: _ledger_summary(conn, "hq-run"))
+    assert ledger["states"]["in_progress"] == 2 and ledger["attempts"] == 2  # the zombie's claims, untouched
 
 
 async def _interest_setup(conn: Any) -> None:

@@ -43,6 +43,7 @@ from nats.js.errors import NotFoundError
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
 from airflow_jetstream.client.ledger.records import epoch_of
+from tests.infra.airflow_local import LocalAirflow
 from tests.infra.hosts import REPO
 from tests.infra.hosts_deployment import NATS_PORT, NATS_ROUTE_PORT, WORKER_HOSTS, HostsDeployment
 from tests.support.airflow_api import Api
@@ -168,7 +169,9 @@ def test_orders_pipeline_runs_its_spark_jobs_from_a_worker_host_on_the_master_of
     scheduler killed and started again; a Spark executor killed (SIGKILL) while it writes, whose tasks Spark runs
     again (the fences store nothing twice); and a NATS node's host, ``edge`` (``n3`` and the Spark master), killed:
     the producer finishes on ``n1`` and ``n2`` and the executor left, then ``edge`` starts again. It is started only
-    after the producer, as a new master kills the executors of applications it does not know."""
+    after the producer, as a new master kills the executors of applications it does not know. A kill that lands on
+    an open atomic batch makes the guard fail the run (the server abandons the batch): resumed as an operator would,
+    as in the NATS cut."""
     deployment = hosts_deployment
     airflow = deployment.airflow
     assert deployment.spark is not None
@@ -187,10 +190,33 @@ def test_orders_pipeline_runs_its_spark_jobs_from_a_worker_host_on_the_master_of
                    "the producer to finish without n3 and the Spark master", timeout=600, every=1)
     finally:
         deployment.restart_host("edge")
+    wait_until(lambda: run_state(airflow, PIPELINE, run_id) in ("success", "failed"), "the run to finish",
+               timeout=1200, every=1)
+    if run_state(airflow, PIPELINE, run_id) == "failed":  # a kill landed on an open atomic batch
+        resume_after_guard(airflow, run_id, "the executor or edge kill")
     wait_run(airflow, PIPELINE, run_id, timeout=1200)
     check_pipeline_run(deployment, run_id, FAULT_ROWS)
     apps = [app["name"] for app in deployment.spark.status()["completedapps"]]
     assert "consume-orders" in apps, apps  # on the master started again
+
+
+def resume_after_guard(airflow: LocalAirflow, run_id: str, fault: str) -> None:
+    """The run failed on its guard alone: ``fault`` left an atomic batch open, which the server abandoned, and the
+    guard ``no_batch_abandoned`` cannot tell a re-sent batch from a lost one. Check that the guard is all that failed
+    and that the ledger holds every chunk, then resume as an operator would: mark the guard done and clear the
+    consumer with what follows it."""
+    tasks = task_rows(airflow, PIPELINE, run_id)
+    failed = {task for task, (state, _host, _tries) in tasks.items() if state == "failed"}
+    assert failed == {"no_batch_abandoned"}, tasks  # the guard, telling the truth; nothing else
+    assert tasks["wait_batches_published"][0] == "success", tasks  # the ledger holds every chunk
+    print(f"{fault} abandoned a batch: the guard failed the run; resumed as an operator would")
+    api = Api(airflow)
+    runs = f"/api/v2/dags/{PIPELINE}/dagRuns/{urllib.parse.quote(run_id)}"
+    api.call("PATCH", f"{runs}/taskInstances/no_batch_abandoned",
+             {"new_state": "success", "note": "batch re-sent: the ledger is complete"})
+    api.call("POST", f"/api/v2/dags/{PIPELINE}/clearTaskInstances",
+             {"dry_run": False, "dag_run_id": run_id, "task_ids": ["consume_orders"], "include_downstream": True,
+              "only_failed": False, "reset_dag_runs": True})
 
 
 def kill_executors(deployment: HostsDeployment, name: str) -> list[int]:
@@ -551,18 +577,7 @@ def test_worker_host_cut_off_from_nats_while_it_publishes(hosts_deployment: Host
     deployment.restart_exited()
     claims = wait_claims(hosts_nats, run_id, lambda: run_state(airflow, PIPELINE, run_id) != "running")
     if claims is None:
-        tasks = task_rows(airflow, PIPELINE, run_id)
-        failed = {task for task, (state, _host, _tries) in tasks.items() if state == "failed"}
-        assert failed == {"no_batch_abandoned"}, tasks  # the guard, telling the truth; nothing else
-        assert tasks["wait_batches_published"][0] == "success", tasks  # the ledger holds every chunk
-        print(f"the cut of {victim} abandoned a batch: the guard failed the run; resumed as an operator would")
-        api = Api(airflow)
-        runs = f"/api/v2/dags/{PIPELINE}/dagRuns/{urllib.parse.quote(run_id)}"
-        api.call("PATCH", f"{runs}/taskInstances/no_batch_abandoned",
-                 {"new_state": "success", "note": "batch re-sent: the ledger is complete"})
-        api.call("POST", f"/api/v2/dags/{PIPELINE}/clearTaskInstances",
-                 {"dry_run": False, "dag_run_id": run_id, "task_ids": ["consume_orders"], "include_downstream": True,
-                  "only_failed": False, "reset_dag_runs": True})
+        resume_after_guard(airflow, run_id, f"the cut of {victim}")
     zombie, zombie_try, claims_at = wait_consumer_claims(deployment, hosts_nats, run_id)
     consumer = deployment.hosts[zombie]
     consumer.block(ports=(NATS_PORT, NATS_ROUTE_PORT))

@@ -56,8 +56,8 @@ PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WOR
 # The suite's JVMs (Spark drivers and executors, standalone masters and workers, Connect servers: dozens a run, most
 # of them living seconds) compile with C1 only: a local[2] session and a small job take about half the CPU (6-8 s
 # instead of 13-15 s), and the suite is CPU-bound on 2 cores. A setting of the test runs, not of the product:
-# make demo, make up, the compatibility matrix and the multi-host tier run the JVM's defaults. TEST_JAVA_OPTIONS=
-# (empty) turns it off.
+# make demo, make up and the compatibility matrix run the JVM's defaults. The multi-host tier's hosts inherit it (its
+# Spark master, workers, drivers and executors). TEST_JAVA_OPTIONS= (empty) turns it off.
 TEST_JAVA_OPTIONS ?= -XX:TieredStopAtLevel=1
 TEST_ENV = $(if $(strip $(TEST_JAVA_OPTIONS)),JAVA_TOOL_OPTIONS="$(strip $(JAVA_TOOL_OPTIONS) $(TEST_JAVA_OPTIONS))")
 
@@ -73,7 +73,7 @@ test-fast: install
 # The multi-host tier (tests/test_hosts_*.py; root, ip netns): one deployment of five hosts, its host faults. Not part
 # of `make test` (it would take the CI run past its 30-minute budget); 25 min under load (nine tests).
 test-hosts: install
-	HOSTS_TIER=1 $(PY) -m pytest -p no:xdist tests/test_hosts_deployment.py $(PYTEST_ARGS)
+	$(TEST_ENV) HOSTS_TIER=1 $(PY) -m pytest -p no:xdist tests/test_hosts_deployment.py $(PYTEST_ARGS)
 
 test-e2e: install $(NODE_STAMP)
 	$(TEST_ENV) $(PY) -m pytest -m e2e $(PYTEST_PARALLEL) $(PYTEST_ARGS)

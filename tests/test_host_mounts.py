@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra.hosts import REPO, Hosts, namespaces_unavailable
+from tests.infra.hosts import CODE, REPO, Hosts, namespaces_unavailable
 from tests.support.host_files import forbidden, probe, run_on
 
 
@@ -32,7 +32,7 @@ def two_hosts(tmp_path: Path) -> Iterator[tuple[Hosts, Path]]:
     (code / "module.py").write_text("CODE = 1\n")
     assert str(code).startswith("/tmp/"), code  # pytest's basetemp: see --basetemp
     root = Path(tempfile.mkdtemp(prefix="airflow-jetstream-mounts-", dir="/var/tmp"))
-    hosts = Hosts(root, names=("a", "b"), shared=("a",), code=(code,))
+    hosts = Hosts(root, names=("a", "b"), shared=("a",), code=(*CODE, code))  # the venv runs the probe
     try:
         yield hosts.create(), code
     finally:

@@ -64,9 +64,11 @@ def probe(host: Host, name: str, keep: list[Path], tried: list[Path]) -> tuple[s
 def forbidden(host: Host, repo: Path) -> list[Path]:
     """Folders ``host`` must not write: the machine's own (root's home, /var/tmp, /etc, /run, /usr), the checkout and
     the venv, the deployment's root, the controller's files, the other hosts' disks and a shared volume not given it;
-    /tmp and /dev/shm as well where they are not the host's own."""
+    /tmp and /dev/shm as well where they are not the host's own. A checkout under /tmp (a fresh clone in CI) is seen
+    in the host's own /tmp, where only its code is bound read-only: its top folder is then one of the host's own."""
     root = host.root
-    places = [Path("/root"), Path("/var/tmp"), Path("/etc"), Path("/run"), Path("/usr/local"), repo,
+    top = [] if host.private_tmp and repo.resolve().is_relative_to("/tmp") else [repo]
+    places = [Path("/root"), Path("/var/tmp"), Path("/etc"), Path("/run"), Path("/usr/local"), *top,
               repo / "dags_examples", Path(sys.prefix), root, root / "empty", *host.hidden()]
     if not host.private_tmp:
         places.append(Path("/tmp"))

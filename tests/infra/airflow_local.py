@@ -37,6 +37,8 @@ from tests.infra.postgres import EmbeddedPostgres, EmbeddedPostgresError, port_f
 from tests.infra.supervise import StopRequest, serve
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+#: ``[logging] worker_log_server_port`` (Airflow's default), where the api-server reads a worker's task logs.
+WORKER_LOG_SERVER_PORT = 8793
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 #: A component that exits this many times within CRASH_LOOP_WINDOW seconds is not restarted again.
 CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW = 5, 300.0
@@ -247,7 +249,10 @@ class LocalAirflow:
         if key in self.processes and self.processes[key].poll() is None:
             raise LocalAirflowError(f"{key} is already running (pid {self.processes[key].pid})")
         command = [AIRFLOW, name, *args]
-        if name == "api-server":
+        if name == "log-server":  # a Celery worker's (run with --skip-serve-logs): Airflow's own binds every address
+            command = [sys.executable, "-m", "uvicorn", "--factory", "airflow.utils.serve_logs.log_server:get_app",
+                       "--host", self.host, "--port", str(WORKER_LOG_SERVER_PORT), "--no-access-log", *args]
+        elif name == "api-server":
             command += ["--host", self.host, "--port", str(self.port), "--workers", "1"]
         elif name in ("scheduler", "triggerer"):
             command += ["--skip-serve-logs"]

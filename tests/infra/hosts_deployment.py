@@ -328,7 +328,11 @@ class HostsDeployment:
         airflow.home.mkdir(parents=True, exist_ok=True)
         airflow.start_component("triggerer", f"triggerer-{name}")
         airflow.start_component("celery", f"celery-{name}", ("worker", "--concurrency", "2", "--celery-hostname",
-                                                            f"{name}@hosts", "--without-mingle", "--without-gossip"))
+                                                            f"{name}@hosts", "--without-mingle", "--without-gossip",
+                                                            "--skip-serve-logs"))
+        # the worker's log server on the host's address: the one the worker starts binds every address (Airflow
+        # 3.3's serve_logs, host="", with no setting)
+        airflow.start_component("log-server", f"logs-{name}")
 
     def _deploy_tls(self) -> None:
         """A CA for the deployment; its certificate to every host that connects to NATS, the server certificate and

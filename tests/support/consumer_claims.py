@@ -15,6 +15,8 @@ from typing import Any
 from airflow_jetstream.client import ConnectionSettings, open_connection
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.records import BatchRecord
+from airflow_jetstream.client.reading.stored import get_message
+from airflow_jetstream.client.times import ServerClock
 
 #: The example pipeline's ledger bucket (dags_examples/orders_pipeline_common.py).
 LEDGER_BUCKET = "batch_ledger"
@@ -48,5 +50,32 @@ def batch_records(settings: ConnectionSettings, run_id: str) -> list[BatchRecord
     async def go() -> list[BatchRecord]:
         async with open_connection(settings) as conn:
             return await BatchLedger(conn, LEDGER_BUCKET).batches(run_id)
+
+    return asyncio.run(go())
+
+
+def server_now(settings: ConnectionSettings) -> float:
+    """The servers' clock now, in seconds since the epoch (what the ledger's stream info says)."""
+    async def go() -> float:
+        async with open_connection(settings) as conn:
+            clock = ServerClock()
+            await clock.sync(conn, f"KV_{LEDGER_BUCKET}")
+            return clock()
+
+    return asyncio.run(go())
+
+
+def stored_times(settings: ConnectionSettings, records: list[BatchRecord]) -> list[float]:
+    """When the stream stored each record's last write, in seconds since the epoch: the time the write was
+    accepted, by the server's clock. A record's own times (``consumed_at``) are its writer's reading of that clock
+    when it decided to write, which can be long before the write lands (a writer cut off retries it)."""
+    async def go() -> list[float]:
+        async with open_connection(settings) as conn:
+            times = []
+            for rec in records:
+                message = await get_message(conn, f"KV_{LEDGER_BUCKET}", seq=rec.revision)
+                assert message is not None and message.time is not None, rec
+                times.append(message.time.timestamp())
+            return times
 
     return asyncio.run(go())

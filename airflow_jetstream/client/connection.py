@@ -31,7 +31,6 @@ from airflow_jetstream.client import server_features
 from airflow_jetstream.client.errors import (
     AuthenticationError,
     ConnectionFailedError,
-    InvalidSettingsError,
     JetStreamError,
     JetStreamNotEnabledError,
     LeaderUnavailableError,
@@ -400,5 +399,3 @@ async def account_info(conn: JetStreamConnection) -> dict[str, Any]:
             "JetStream did not answer: it is not enabled for this account or the domain/API prefix is wrong"
         ) from None
 
-
-__all__ = ["InvalidSettingsError", "JetStreamConnection", "account_info", "connect", "open_connection"]

@@ -197,10 +197,6 @@ PROBES: tuple[tuple[str, Callable[[], Awaitable[str | None]]], ...] = (
 _checked: list[NatsPyVersionError | None] = []
 
 
-def natspy_version() -> str:
-    return metadata.version("nats-py")
-
-
 async def check_natspy() -> None:
     """Probe every private use on the installed nats-py (once per process); raise :class:`NatsPyVersionError`
     naming the nats-py version and each change found."""
@@ -220,7 +216,7 @@ async def check_natspy() -> None:
 
 def _refusal(problems: list[str]) -> NatsPyVersionError:
     return NatsPyVersionError(
-        f"nats-py {natspy_version()} changed what airflow-jetstream relies on: {'; '.join(problems)}. "
+        f"nats-py {metadata.version('nats-py')} changed what airflow-jetstream relies on: {'; '.join(problems)}. "
         f"This airflow-jetstream runs on nats-py {SUPPORTED_NATSPY}: pip install \"nats-py{SUPPORTED_NATSPY}\" "
         "(docs/compatibility.md, \"nats-py internals\", says what it uses and why)")
 

@@ -128,8 +128,6 @@ class ConnectionSettings:
             shown.append(f"{f.name}={value!r}")
         return f"ConnectionSettings({', '.join(shown)})"
 
-    __str__ = __repr__
-
     def with_overrides(self, **changes: Any) -> ConnectionSettings:
         """A copy with some fields changed."""
         return replace(self, **changes)
@@ -250,17 +248,13 @@ def unknown_fields_error(unknown: list[str], known: tuple[str, ...] | list[str],
     return InvalidSettingsError(f"{where}unknown {what}(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
 
 
-TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
-FALSE_WORDS = frozenset({"false", "0", "no", "off"})
-
-
 def parse_bool(name: str, value: Any) -> bool:
     """``true/false, 1/0, yes/no, on/off`` (any case) or a bool; anything else is an error."""
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
-    if text in TRUE_WORDS | FALSE_WORDS:
-        return text in TRUE_WORDS
+    if text in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+        return text in ("true", "1", "yes", "on")
     raise InvalidSettingsError(f"{name} must be true or false, got {value!r}")
 
 

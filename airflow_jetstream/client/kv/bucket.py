@@ -28,7 +28,7 @@ from nats.js.api import Placement, StorageType, StreamConfig, StreamInfo
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from airflow_jetstream.client.admin.streams import default_replicas, ensure_stream, replication_config
+from airflow_jetstream.client.admin.streams import default_replicas, ensure_stream, replication_config, stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
@@ -184,20 +184,12 @@ async def ensure_bucket(conn: JetStreamConnection, bucket: str, *, history: int 
         else:
             result = await ensure_stream(conn, {"name": stream_of(bucket), **wanted})
             action, changed = result["action"], result["changed"]
-        status = await conn.js.stream_info(stream_of(bucket))
-    cfg = status.config
-    return {"bucket": bucket, "action": action, "changed": changed, "history": cfg.max_msgs_per_subject,
-            "ttl": cfg.max_age or None, "num_replicas": cfg.num_replicas,
-            "placement": _placement_dict(cfg.placement),
-            "storage": str(getattr(cfg.storage, "value", cfg.storage)), "values": status.state.messages}
-
-
-def _placement_dict(placement: Any) -> dict[str, Any] | None:
-    """The bucket stream's placement as JSON-able ``{"cluster", "tags"}`` (set keys only), or None."""
-    if placement is None:
-        return None
-    out = {"cluster": placement.cluster, "tags": list(placement.tags or [])}
-    return {k: v for k, v in out.items() if v} or None
+        status = await stream_info(conn, stream_of(bucket))
+    cfg = status["config"]
+    placement = {k: v for k, v in (cfg.get("placement") or {}).items() if k in ("cluster", "tags") and v}
+    return {"bucket": bucket, "action": action, "changed": changed, "history": cfg.get("max_msgs_per_subject"),
+            "ttl": cfg.get("max_age", 0) / 1e9 or None, "num_replicas": cfg.get("num_replicas", 1),
+            "placement": placement or None, "storage": cfg.get("storage"), "values": status["state"].get("messages", 0)}
 
 
 def bucket_replicas(conn: JetStreamConnection, replication: dict[str, Any]) -> int:

@@ -21,9 +21,8 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
 )
 from airflow_jetstream.client.kv import ensure_bucket, get_key
-from airflow_jetstream.client.kv.keys import create_key, put_key
+from airflow_jetstream.client.kv.keys import check_key, create_key, put_key, wait_for_key
 from airflow_jetstream.client.kv.names import KeyCondition
-from airflow_jetstream.client.kv.watch import check_key, wait_for_key
 from airflow_jetstream.client.reading.shared_tail import tail_stats
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer

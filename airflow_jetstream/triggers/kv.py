@@ -55,7 +55,7 @@ class JetStreamKeyValueTrigger(JetStreamResultTrigger):
         return f"Done: KV {self.bucket}/{self.key} matched at revision {result['revision']}"
 
     async def check(self, conn: JetStreamConnection) -> dict[str, Any] | None:
-        from airflow_jetstream.client.kv.watch import check_key
+        from airflow_jetstream.client.kv.keys import check_key
 
         condition = self.condition()
         entry = await check_key(conn, self.bucket, self.key, condition)
@@ -64,7 +64,7 @@ class JetStreamKeyValueTrigger(JetStreamResultTrigger):
         return {"status": "matched", "entry": entry} if entry else None
 
     async def wait(self, conn: JetStreamConnection) -> dict[str, Any]:
-        from airflow_jetstream.client.kv.watch import wait_for_key
+        from airflow_jetstream.client.kv.keys import wait_for_key
 
         condition = self.condition()
         self.log.info("Watching KV key %s in bucket %s until it %s", self.key, self.bucket, condition.describe())

@@ -1,5 +1,5 @@
-"""JetStream key-value buckets: ensure a bucket (``bucket``), write and read keys, once-only claims (``keys``),
-job records (``job_records``), wait for a key (``watch``).
+"""JetStream key-value buckets: ensure a bucket (``bucket``), write, read and wait for keys, once-only claims
+(``keys``), job records (``job_records``).
 
 The names below are imported on first use, so checking a bucket name, a key or a condition (``names``) imports
 no nats-py."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +45,10 @@ from airflow_jetstream.client.errors import (
     error_from_api,
 )
 from airflow_jetstream.client.kv.bucket import bucket_missing, ensure_bucket, kv_errors, open_bucket
-from airflow_jetstream.client.kv.names import stream_of, validate_key
+from airflow_jetstream.client.kv.names import KeyCondition, stream_of, validate_key
+from airflow_jetstream.client.reading.apply_function import with_result
+from airflow_jetstream.client.reading.messages import Message
+from airflow_jetstream.client.reading.shared_tail import follow
 from airflow_jetstream.client.reading.stored import direct_allowed, get_message
 from airflow_jetstream.client.retry import Backoff, retry
 
@@ -57,6 +61,7 @@ _BUSY = "atomic_batch_busy"
 _WRONG_LAST = frozenset({10071, 10164})
 _ATOMIC_DISABLED = 10174
 BUSY = Backoff(0.01, 0.5, jitter=True)
+log = logging.getLogger(__name__)
 
 
 def encode_value(value: Any) -> bytes:
@@ -103,7 +108,7 @@ async def _current_revision(kv: Any, key: str) -> int | None:
 async def get_key(conn: JetStreamConnection, bucket: str, key: str) -> dict[str, Any] | None:
     """The key's current entry, or None when it does not exist (never written, deleted, purged or expired: a
     marker, :func:`is_marker`). Read as the bucket's stream allows (direct get, else message get), as a watch of
-    the key reads it (:func:`~airflow_jetstream.client.kv.watch.wait_for_key`)."""
+    the key reads it (:func:`wait_for_key`)."""
     validate_key(key)
     stream = stream_of(bucket)
     try:
@@ -350,3 +355,60 @@ async def _put(conn: JetStreamConnection, bucket: str, key: str, data: bytes, *,
 def _no_bucket(context: str) -> KeyValueError:
     return KeyValueError(f"{context}: no stream stores its key: the bucket does not exist (open it with open_claims)",
                          reason="bucket_not_found")
+
+
+# Wait until a key exists, equals a value, or satisfies a function: one look now (check_key: a direct or message get
+# of its current value), or until it holds (wait_for_key: its value once, then its changes through the subscription
+# the process shares for the bucket, reading/shared_tail.py: a thousand waiting triggers on one bucket are one
+# consumer, not a thousand). Neither creates a consumer of its own.
+
+
+async def _holds(condition: KeyCondition, entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The entry (with the function's result) when it exists and satisfies ``condition``, else None."""
+    if entry is None:
+        return None
+    result = await condition.holds(entry)
+    return with_result(entry, result) if result else None
+
+
+def _entry(bucket: str, key: str, message: Message) -> dict[str, Any] | None:
+    """A stored KV message as an entry, or None when it removed the key (a marker, as :func:`get_key` reads it)."""
+    if is_marker(message.headers):
+        return None
+    return entry_dict(bucket, key, message.seq, message.data, created=message.time)
+
+
+async def check_key(conn: JetStreamConnection, bucket: str, key: str, condition: KeyCondition) -> dict[str, Any] | None:
+    """The key's entry when it satisfies ``condition`` now, else None."""
+    return await _holds(condition, await get_key(conn, bucket, key))
+
+
+async def wait_for_key(conn: JetStreamConnection, bucket: str, key: str, condition: KeyCondition) -> dict[str, Any]:
+    """The key's current value first, then each change, until one satisfies ``condition``; return its entry.
+
+    A deleted or purged key does not exist. Cancel the task to stop waiting.
+    """
+    validate_key(key)
+    stream, subject = stream_of(bucket), f"$KV.{bucket}.{key}"
+    try:
+        async with follow(conn, stream, subject) as listener:
+            async with listener.catching_up():
+                direct = direct_allowed(conn, await listener.tail.info())
+                current = await get_message(conn, stream, subject=subject, direct=direct)
+            seen = listener.since
+            if current is not None:
+                seen = max(seen, current.seq)
+                found = await _holds(condition, _entry(bucket, key, current))
+                if found is not None:
+                    return found
+            while True:
+                for message in await listener.next_batch():
+                    if message.seq <= seen:
+                        continue  # the value read first already covered it
+                    seen = message.seq
+                    found = await _holds(condition, _entry(bucket, key, message))
+                    if found is not None:
+                        return found
+                    log.info("KV %s/%s at revision %d does not %s yet", bucket, key, message.seq, condition.describe())
+    except StreamNotFoundError:
+        raise bucket_missing(f"KV bucket {bucket!r} key {key!r}") from None

@@ -12,9 +12,8 @@ from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsCluster
-from airflow_jetstream.ui.config import ViewSettings
 from airflow_jetstream.ui.problems import Observations
-from airflow_jetstream.ui.snapshot import ReadKey, read_snapshot
+from airflow_jetstream.ui.snapshot import ReadKey, ViewSettings, read_snapshot
 from tests.support.polling import wait_for
 
 

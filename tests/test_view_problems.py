@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow_jetstream.ui.paging import PageQuery, shape
+from airflow_jetstream.ui.pages import PageQuery, shape
 from airflow_jetstream.ui.problems import Observations, Thresholds, find_problems
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 URL_PREFIX = "/jetstream"
 
 
-def _anchor(kind: str, name: str) -> str:
-    return f"{kind}-{quote(name, safe='')}"
+def anchor(kind: str, *names: Any) -> str:
+    """The id of the row a problem or a link names (``consumer-ORDERS-worker``): the kind, then each name URL-quoted."""
+    return "-".join([kind, *(quote(str(name), safe="") for name in names)])
 
 
 def view_url(connection_id: str, stream: str | None = None, *, run_id: str | None = None) -> str:
@@ -32,9 +33,9 @@ def view_url(connection_id: str, stream: str | None = None, *, run_id: str | Non
     base = urlsplit((conf.get("api", "base_url", fallback="") or "").strip()).path.rstrip("/")
     url = f"{base}{URL_PREFIX}/connections/{quote(connection_id, safe='')}"
     if run_id:
-        return f"{url}?{urlencode({'run_id': run_id})}#{_anchor('run', run_id)}"
+        return f"{url}?{urlencode({'run_id': run_id})}#{anchor('run', run_id)}"
     if stream:
-        return f"{url}?{urlencode({'stream': stream})}#{_anchor('stream', stream)}"
+        return f"{url}?{urlencode({'stream': stream})}#{anchor('stream', stream)}"
     return url
 
 

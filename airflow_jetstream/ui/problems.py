@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import quote
 
 from airflow_jetstream.client.advisories.types import parse_timestamp
+from airflow_jetstream.ui.links import anchor
 
 ERROR, WARNING = "error", "warning"
-_RANK = {ERROR: 0, WARNING: 1}
+RANK = {ERROR: 0, WARNING: 1}
 #: The ack wait the server uses when a consumer sets none.
 DEFAULT_ACK_WAIT_S = 30.0
 
@@ -110,11 +110,6 @@ def _problem(kind: str, obj: dict[str, Any], why: str, anchor: str, since: datet
     severity, fix = KINDS[kind]
     return {"kind": kind, "severity": severity, "object": obj, "why": why, "since": _iso(since),
             "since_means": since_means if since else None, "fix": fix, "anchor": anchor, "count": 1, "newest": None}
-
-
-def anchor(kind: str, *names: Any) -> str:
-    """The id of the row a problem names (``consumer-ORDERS-worker``): the kind, then each name URL-quoted."""
-    return "-".join([kind, *(quote(str(name), safe="") for name in names)])
 
 
 def _seconds(delta: timedelta) -> str:
@@ -371,5 +366,5 @@ def find_problems(snapshot: dict[str, Any], limits: Thresholds, seen: Observatio
             problem["since_means"] = "first seen by this view"
     for key in set(seen.first_seen) - keys:
         del seen.first_seen[key]
-    found.sort(key=lambda p: (_RANK[p["severity"]], p["since"] or "~", p["kind"], p["anchor"]))
+    found.sort(key=lambda p: (RANK[p["severity"]], p["since"] or "~", p["kind"], p["anchor"]))
     return found

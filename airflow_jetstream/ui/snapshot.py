@@ -1,11 +1,23 @@
-"""One read of a ``nats`` connection for the JetStream view: async, bounded, creating nothing on the server.
+"""One read of a ``nats`` connection for the JetStream view: its bounds, the read itself, and its sharing.
 
-Streams are listed first; consumers, the ledger and the advisory window are then read side by side, and
-sources are built from what was read (ui/overview.py, no consumer, no write). Everything
-ends by ``ViewSettings.timeout``: a connection that cannot be opened, or a stream listing that does not
-come back by then (server down, stalled, unreachable), is the snapshot's ``error``; a later section
-that fails or runs out of time carries its own typed error and the others still show. Then
-:func:`~airflow_jetstream.ui.problems.find_problems` adds ``problems``, worst first.
+The bounds come from Airflow's ``[jetstream]`` section (declared in get_provider_info's ``config``), read on
+every request (Airflow caches its config), so a change takes effect without a restart of the view's code; a
+value that is not a number or a duration is refused with a typed error naming the option.
+
+A read is async, bounded, and creates nothing on the server. Streams are listed first; consumers, the ledger
+and the advisory window are then read side by side, and sources are built from what was read (ui/overview.py,
+no consumer, no write). Everything ends by ``ViewSettings.timeout``: a connection that cannot be opened, or a
+stream listing that does not come back by then (server down, stalled, unreachable), is the snapshot's
+``error``; a later section that fails or runs out of time carries its own typed error and the others still
+show. Then :func:`~airflow_jetstream.ui.problems.find_problems` adds ``problems``, worst first.
+
+During an incident many people open the same page at once. :class:`ReadCache` gives every request with the
+same :class:`ReadKey` the same read: the one in flight, or the finished one while it is younger than
+``cache_seconds``. Reads of one connection with different keys (another ledger bucket, an older ledger page)
+run at most ``concurrent_reads`` at once; a read waiting for its turn counts against its deadline. A request
+that gives up waiting leaves the read running for the others (it ends by its own deadline). Everything runs
+on the api-server's event loop: no thread is held while NATS answers, so a stalled NATS ties up no worker
+thread.
 """
 
 from __future__ import annotations
@@ -13,20 +25,90 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
+from airflow.providers.common.compat.sdk import conf
+
 from airflow_jetstream.client.connection import JetStreamConnection, connect
-from airflow_jetstream.client.errors import InvalidSubjectError, JetStreamError, RequestTimeoutError
+from airflow_jetstream.client.durations import to_seconds
+from airflow_jetstream.client.errors import (
+    InvalidSettingsError,
+    InvalidSubjectError,
+    JetStreamError,
+    RequestTimeoutError,
+)
 from airflow_jetstream.client.kv.names import stream_of
 from airflow_jetstream.client.natspy_internals import server_info
 from airflow_jetstream.client.server_features import server_version
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import validate_name
+from airflow_jetstream.get_provider_info import CONFIG_SECTION
 from airflow_jetstream.ui import overview
-from airflow_jetstream.ui.config import ViewSettings
-from airflow_jetstream.ui.problems import Observations, find_problems
+from airflow_jetstream.ui.problems import Observations, Thresholds, find_problems
+
+SECTION = "jetstream"
+
+
+@dataclass(frozen=True)
+class ViewSettings:
+    """Bounds of one read and of the page, and the problem thresholds."""
+
+    cache_seconds: float = 5.0
+    concurrent_reads: int = 2
+    timeout: float = 10.0
+    request_timeout: float = 5.0
+    page_size: int = 50
+    max_streams: int = 1000
+    max_consumers: int = 5000
+    ledger_entries: int = 5000
+    advisories: int = 1000
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+
+def _option(option: str, kind: type[int] | type[float] | None, minimum: float = 0) -> Any:
+    """``[jetstream] option`` (its declared default when unset): a number of ``kind`` >= ``minimum``, or with
+    ``kind`` None a duration (seconds, or a string like '90s')."""
+    text = str(conf.get(SECTION, option, fallback=CONFIG_SECTION["options"][option]["default"]))
+    if kind is None:
+        try:
+            return float(to_seconds(text, field=f"[{SECTION}] {option}"))
+        except JetStreamError as exc:
+            raise InvalidSettingsError(exc.message, reason="invalid_setting") from None
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise InvalidSettingsError(f"[{SECTION}] {option} = {text!r} must be a number >= {minimum}",
+                                   reason="invalid_setting")
+    return value
+
+
+def view_settings() -> ViewSettings:
+    """The ``[jetstream]`` options as :class:`ViewSettings` (defaults for those not set)."""
+    return ViewSettings(
+        cache_seconds=_option("view_cache_seconds", float),
+        concurrent_reads=_option("view_concurrent_reads", int, 1),
+        timeout=_option("view_timeout", None),
+        request_timeout=_option("view_request_timeout", None),
+        page_size=_option("view_page_size", int, 1),
+        max_streams=_option("view_max_streams", int, 1),
+        max_consumers=_option("view_max_consumers", int),
+        ledger_entries=_option("view_ledger_entries", int, 1),
+        advisories=_option("view_advisories", int),
+        thresholds=Thresholds(
+            advisory_age=_option("problem_advisory_age", None),
+            pending_idle=_option("problem_pending_idle", None),
+            redelivered=_option("problem_redelivered", int, 1),
+            source_stalled=_option("problem_source_stalled", None),
+        ),
+    )
+
 
 #: Connections being closed after a read (a close can wait on a stalled server; nobody waits for it).
 _CLOSING: set[asyncio.Task[None]] = set()
@@ -138,3 +220,82 @@ async def read_snapshot(key: ReadKey, own: ConnectionSettings, view: ViewSetting
         result["problems"] = find_problems(result, view.thresholds, seen)
     result["elapsed_ms"] = round((time.monotonic() - started) * 1000)
     return result
+
+
+#: Finished reads kept (the least recently used beyond this are dropped).
+MAX_ENTRIES = 256
+
+Reader = Callable[[float, Observations], Awaitable[dict[str, Any]]]
+
+
+@dataclass
+class _Entry:
+    task: asyncio.Task[dict[str, Any]]
+    finished: float | None = None
+
+
+def _finished(entry: _Entry, loop: asyncio.AbstractEventLoop, _: object) -> None:
+    entry.finished = loop.time()
+
+
+@dataclass
+class ReadCache:
+    """Single-flight reads with a short time to live, per event loop."""
+
+    entries: OrderedDict[ReadKey, _Entry] = field(default_factory=OrderedDict)
+    gates: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+    observations: dict[str, Observations] = field(default_factory=dict)
+    loop: asyncio.AbstractEventLoop | None = None
+    #: Reads started (not answered from the cache); tests and the performance page count them.
+    reads_started: int = 0
+
+    def _for_this_loop(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:  # tasks and semaphores belong to one loop (a test client may bring another)
+            self.entries.clear()
+            self.gates.clear()
+            self.loop = loop
+        return loop
+
+    def _fresh(self, key: ReadKey, ttl: float, now: float) -> _Entry | None:
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        if entry.finished is None or now - entry.finished < ttl:
+            self.entries.move_to_end(key)
+            return entry
+        return None
+
+    async def get(self, key: ReadKey, read: Reader, *, ttl: float, concurrent: int,
+                  timeout: float) -> tuple[dict[str, Any], float]:
+        """The result of ``read(deadline, observations)`` for ``key`` and its age in seconds (0 for a new read).
+
+        Raises what the read raised (a cached failure too, while fresh); TimeoutError when nothing came within
+        ``timeout`` seconds (the read goes on for the others).
+        """
+        loop = self._for_this_loop()
+        entry = self._fresh(key, ttl, loop.time())
+        if entry is None:
+            gate = self.gates.setdefault(key.connection_id, asyncio.Semaphore(concurrent))
+            seen = self.observations.setdefault(key.connection_id, Observations())
+            entry = _Entry(loop.create_task(self._run(gate, read, seen, loop.time() + timeout)))
+            self.entries[key] = entry
+            self.reads_started += 1
+            entry.task.add_done_callback(partial(_finished, entry, loop))
+            while len(self.entries) > MAX_ENTRIES:
+                self.entries.popitem(last=False)
+        async with asyncio.timeout(timeout):
+            result = await asyncio.shield(entry.task)
+        age = loop.time() - entry.finished if entry.finished is not None else 0.0
+        return result, age
+
+    @staticmethod
+    async def _run(gate: asyncio.Semaphore, read: Reader, seen: Observations, deadline: float) -> dict[str, Any]:
+        async with asyncio.timeout_at(deadline):
+            await gate.acquire()
+        try:
+            if asyncio.get_running_loop().time() >= deadline:  # its turn came with its time up: no read at all
+                raise TimeoutError
+            return await read(deadline, seen)
+        finally:
+            gate.release()

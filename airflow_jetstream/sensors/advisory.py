@@ -17,7 +17,7 @@ from airflow_jetstream.client.advisories.types import (
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor, failure
-from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger, filter_kwargs
+from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger, filter_kwargs, filter_of
 from airflow_jetstream.triggers.base import JetStreamWaitTrigger
 
 
@@ -64,8 +64,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
             self.advisory_filter()  # bad kinds, names and predicates fail when the DAG is parsed
 
     def advisory_filter(self) -> AdvisoryFilter:
-        return AdvisoryFilter(advisory=self.advisory, stream=self.advisory_stream, consumer=self.advisory_consumer,
-                              batch=self.batch_id, reason=self.reason, match=self.match)
+        return filter_of(self)
 
     def resolve_since(self, context: Any) -> datetime:
         """``start_time``, else the run's data interval start, logical date or run_after, else now."""

@@ -160,7 +160,6 @@ class JetStreamStateSensor(JetStreamBaseSensor):
     """
 
     template_fields: Sequence[str] = ("nats_conn_id",)
-    what = "condition"
     defer_backstop = TIMEOUT_BACKSTOP  # the trigger reports its own timeout with the last state
     _last_seen = "nothing (no poke finished)"
 
@@ -188,9 +187,9 @@ class JetStreamStateSensor(JetStreamBaseSensor):
             return result
         status = event.get("status")
         if status == "error":
-            raise failure(self.what, event.get("error") or {})
+            raise failure(trigger.what, event.get("error") or {})
         if status == "timeout":
-            self.timed_out(f"{self.what} not reached", event.get("description"))
+            self.timed_out(f"{trigger.what} not reached", event.get("description"))
         raise AirflowException(f"unexpected trigger event {event!r}")
 
 

@@ -18,7 +18,6 @@ class JetStreamSourceCaughtUpSensor(JetStreamStateSensor):
     """
 
     template_fields: Sequence[str] = ("stream", "source", "domain", "api_prefix", "nats_conn_id")
-    what = "source caught up"
     trigger_class = JetStreamSourceCaughtUpTrigger
 
     def __init__(self, *, stream: str, source: str, domain: str | None = None, api_prefix: str | None = None,
@@ -37,7 +36,6 @@ class JetStreamConsumerDrainedSensor(JetStreamStateSensor):
     """
 
     template_fields: Sequence[str] = ("stream", "consumer", "nats_conn_id")
-    what = "consumer drained"
     trigger_class = JetStreamConsumerDrainedTrigger
 
     def __init__(self, *, stream: str, consumer: str, **kwargs: Any) -> None:

@@ -24,7 +24,6 @@ class JetStreamBatchLedgerSensor(JetStreamStateSensor):
     """
 
     template_fields: Sequence[str] = ("run_id", "state", "ledger_bucket", "min_batches", "nats_conn_id")
-    what = "batch ledger"
     trigger_class = JetStreamBatchLedgerTrigger
 
     def __init__(self, *, run_id: str = "{{ run_id }}", state: str = CONSUMED, ledger_bucket: str = DEFAULT_BUCKET,

@@ -16,14 +16,20 @@ if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
 
 EXPECT_VALUES = ("present", "absent")
+#: An advisory filter as the sensor's and triggers' keyword arguments: the :class:`AdvisoryFilter` field of each.
+FILTER_ARGS = {"advisory": "advisory", "advisory_stream": "stream", "advisory_consumer": "consumer",
+               "batch_id": "batch", "reason": "reason", "match": "match"}
 
 
 def filter_kwargs(advisory_filter: AdvisoryFilter) -> dict[str, Any]:
-    """The filter as the trigger's keyword arguments (``advisory_stream``, ``advisory_consumer``, ``batch_id`` for its
-    ``stream``, ``consumer``, ``batch``)."""
+    """The filter as the trigger's keyword arguments."""
     data = advisory_filter.to_dict()
-    return {"advisory": data["advisory"], "advisory_stream": data["stream"], "advisory_consumer": data["consumer"],
-            "batch_id": data["batch"], "reason": data["reason"], "match": data["match"]}
+    return {arg: data[name] for arg, name in FILTER_ARGS.items()}
+
+
+def filter_of(values: Any) -> AdvisoryFilter:
+    """The filter of the attributes ``values`` keeps under the keyword arguments' names."""
+    return AdvisoryFilter(**{name: getattr(values, arg) for arg, name in FILTER_ARGS.items()})
 
 
 class JetStreamAdvisoryTrigger(JetStreamWaitTrigger):

@@ -65,8 +65,10 @@ class JetStreamWaitTrigger(BaseTrigger):
     checks_deadline = False
     #: Errors after which ``wait`` is attempted again (from the start: each wait picks up where the server is).
     transient: tuple[type[JetStreamError], ...] = TRANSIENT_ERRORS
-    #: The attributes ``serialize`` stores (as the keyword arguments of the same names), besides the base's.
+    #: The attributes ``serialize`` stores (as the keyword arguments of the same names), besides the bases'
+    #: (``common``: not part of what a condition waits for, so not of the state polling triggers share).
     serialized: tuple[str, ...] = ()
+    common: tuple[str, ...] = ("nats_conn_id", "timeout_at")
 
     def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, timeout_at: str | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger is not annotated
@@ -79,7 +81,13 @@ class JetStreamWaitTrigger(BaseTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {**self._kwargs(), "nats_conn_id": self.nats_conn_id, "timeout_at": self.timeout_at})
+                {**self._kwargs(), **{name: getattr(self, name) for name in self.common}})
+
+    def remaining(self) -> float | None:
+        """Seconds until ``timeout_at`` (negative once past), None without one."""
+        if self.timeout_at is None:
+            return None
+        return (datetime.fromisoformat(self.timeout_at) - datetime.now(UTC)).total_seconds()
 
     async def check(self, conn: JetStreamConnection) -> dict[str, Any] | None:
         """One look: the event when the condition holds now, else None (``last_seen`` says what was seen)."""
@@ -105,11 +113,10 @@ class JetStreamWaitTrigger(BaseTrigger):
         # whose condition never came true waited forever: the trigger ends at ``timeout_at`` itself. The event is
         # yielded after the connection is released: a generator closed right after its first event (as ``airflow
         # dags test`` runs triggers) has nothing left to clean up.
-        deadline = None if self.checks_deadline else self.timeout_at
-        if deadline is None:
+        remaining = None if self.checks_deadline else self.remaining()
+        if remaining is None:
             event = await self._wait()
         else:
-            remaining = (datetime.fromisoformat(deadline) - datetime.now(UTC)).total_seconds()
             try:
                 event = await asyncio.wait_for(self._wait(), max(remaining, 0.0))
             except TimeoutError:
@@ -158,13 +165,11 @@ class JetStreamResultTrigger(JetStreamWaitTrigger):
     so a downstream task would read a string instead of the dict (seen in tests/test_airflow_deployment.py).
     """
 
+    common = (*JetStreamWaitTrigger.common, "end_from_trigger")
+
     def __init__(self, *, end_from_trigger: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.end_from_trigger = bool(end_from_trigger)
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        path, kwargs = super().serialize()
-        return path, {**kwargs, "end_from_trigger": self.end_from_trigger}
 
     def result(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """The sensor's XCom value for ``event`` when it is a success, else None."""
@@ -213,6 +218,7 @@ class JetStreamPollingTrigger(JetStreamResultTrigger):
     """
 
     checks_deadline = True
+    common = (*JetStreamResultTrigger.common, "poll_interval")
 
     def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name,
                  poll_interval: float | str | timedelta = 5.0, timeout_at: str | None = None,
@@ -220,10 +226,6 @@ class JetStreamPollingTrigger(JetStreamResultTrigger):
         super().__init__(nats_conn_id=nats_conn_id, timeout_at=timeout_at, end_from_trigger=end_from_trigger)
         self.poll_interval = to_seconds(poll_interval, field="poll_interval")
         self.last_status: dict[str, Any] | None = None
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        path, kwargs = super().serialize()
-        return path, {**kwargs, "poll_interval": self.poll_interval}
 
     def describe(self, status: dict[str, Any]) -> str:
         """The state as one human line."""
@@ -278,7 +280,8 @@ class JetStreamPollingTrigger(JetStreamResultTrigger):
         return {"status": "success", "result": status} if self.is_done(status) else None
 
     def past_deadline(self) -> bool:
-        return self.timeout_at is not None and datetime.now(UTC) >= datetime.fromisoformat(self.timeout_at)
+        remaining = self.remaining()
+        return remaining is not None and remaining <= 0
 
     async def wait(self, conn: JetStreamConnection) -> dict[str, Any]:
         while True:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from datetime import UTC, datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -154,7 +153,5 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
             pause = max(jittered, 300.0)  # events tell of every change; this is only a safety look
             if self.condition.reap and status.get("next_deadline"):
                 pause = min(pause, max(0.5, epoch_of(status["next_deadline"]) - time.time() + 0.5))
-        if self.timeout_at is not None:
-            left = (datetime.fromisoformat(self.timeout_at) - datetime.now(UTC)).total_seconds()
-            pause = min(pause, max(0.0, left) + 0.1)
-        return pause
+        left = self.remaining()
+        return pause if left is None else min(pause, max(0.0, left) + 0.1)

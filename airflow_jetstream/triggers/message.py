@@ -30,7 +30,7 @@ except ImportError:
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.admin.consumers import consumer_info, ensure_consumer
-from airflow_jetstream.client.advisories.types import AdvisoryFilter, parse_advisory
+from airflow_jetstream.client.advisories.types import parse_advisory
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     AuthenticationError,
@@ -47,6 +47,7 @@ from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.triggers.advisory import FILTER_ARGS, filter_of
 
 if TYPE_CHECKING:  # the modules that use nats-py are imported when the trigger runs, not when a DAG file is parsed
     from airflow_jetstream.client.connection import JetStreamConnection
@@ -58,9 +59,8 @@ log = logging.getLogger(__name__)
 #: Waited out when a watcher starts (one log line per try), seconds between tries doubling up to BACKOFF_MAX.
 WAITED_OUT_ERRORS = (StreamNotFoundError, ConsumerNotFoundError, RequestTimeoutError, ConnectionFailedError)
 BACKOFF_FIRST, BACKOFF_MAX = 2.0, 30.0
-_ADVISORY_KEYS = ("advisory", "advisory_stream", "advisory_consumer", "batch_id", "reason", "match")
 #: The message trigger's arguments, as ``serialize`` stores them.
-_SERIALIZED = ("stream", "consumer", "nats_conn_id", "filter_subject", *_ADVISORY_KEYS, "consumer_config", "batch_size",
+_SERIALIZED = ("stream", "consumer", "nats_conn_id", "filter_subject", *FILTER_ARGS, "consumer_config", "batch_size",
                "fetch_timeout", "max_unconfirmed", "body_in_event")
 
 
@@ -312,7 +312,7 @@ class JetStreamMessageTrigger(BaseEventTrigger):
         self.batch_id = batch_id
         self.reason = reason
         self.match = match
-        self.advisory_filter = self._advisory_filter()
+        self.advisory_filter = None if all(getattr(self, arg) is None for arg in FILTER_ARGS) else filter_of(self)
         self.consumer_config = consumer_config
         self.batch_size = batch_size
         self.fetch_timeout = to_seconds(fetch_timeout, field="fetch_timeout")
@@ -322,12 +322,6 @@ class JetStreamMessageTrigger(BaseEventTrigger):
                                       reason="invalid_option")
         self.max_unconfirmed = max_unconfirmed
         self.body_in_event = body_in_event
-
-    def _advisory_filter(self) -> AdvisoryFilter | None:
-        if all(getattr(self, key) is None for key in _ADVISORY_KEYS):
-            return None
-        return AdvisoryFilter(advisory=self.advisory, stream=self.advisory_stream, consumer=self.advisory_consumer,
-                              batch=self.batch_id, reason=self.reason, match=self.match)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", {key: getattr(self, key) for key in _SERIALIZED}

@@ -23,7 +23,7 @@ from pyspark.sql.types import StructType
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.reading.await_message import resolve_start
+from airflow_jetstream.client.reading.consume import resolve_start
 from airflow_jetstream.client.reading.read_plan import acknowledge_read, plan_read, read_method
 from airflow_jetstream.spark.options import StreamReadOptions
 from airflow_jetstream.spark.progress import progress

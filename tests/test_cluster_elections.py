@@ -29,7 +29,7 @@ from airflow_jetstream.client.errors import (
     LeaderUnavailableError,
     PlacementError,
 )
-from airflow_jetstream.client.kv import watch
+from airflow_jetstream.client.kv import keys
 from airflow_jetstream.client.kv.bucket import ensure_bucket
 from airflow_jetstream.client.kv.keys import put_key
 from airflow_jetstream.client.reading import consume
@@ -249,7 +249,7 @@ def test_message_and_kv_sensors_and_triggers_wait_through_a_leaderless_stream(
         try:
             pokes = [await asyncio.to_thread(sensor.poke, {}) for sensor in (message_sensor, kv_sensor)]
             spy(consume, "find_message", "message")  # the triggers import these when they run
-            spy(watch, "wait_for_key", "kv")
+            spy(keys, "wait_for_key", "kv")
             waits = [asyncio.ensure_future(first_event(t)) for t in triggers]
             for _ in range(1200):  # bounded: until each trigger met the election twice (it kept waiting)
                 if min(elections.values()) >= 2 or any(w.done() for w in waits):

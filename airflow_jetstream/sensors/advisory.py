@@ -14,8 +14,7 @@ from airflow_jetstream.client.advisories.types import (
     parse_timestamp,
     predicate_path,
 )
-from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.times import parse_time
+from airflow_jetstream.client.durations import parse_time, to_seconds
 from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor, failure
 from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger, filter_kwargs, filter_of
 from airflow_jetstream.triggers.base import JetStreamWaitTrigger

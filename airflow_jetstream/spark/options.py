@@ -17,13 +17,12 @@ from airflow_jetstream.client.admin.streams import check_replicas, normalize_pla
 from airflow_jetstream.client.batches.fast import DEFAULT_FLOW
 from airflow_jetstream.client.batches.fence import FENCED_MAX_MSGS
 from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS
-from airflow_jetstream.client.durations import to_seconds
+from airflow_jetstream.client.durations import parse_time, to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError
 from airflow_jetstream.client.kv.job_records import DEFAULT_JOB_BUCKET
 from airflow_jetstream.client.ledger.records import DEFAULT_BUCKET
 from airflow_jetstream.client.settings import SETTINGS_FIELDS, ConnectionSettings, parse_bool, settings_from_fields
 from airflow_jetstream.client.subjects import validate_name, validate_subject
-from airflow_jetstream.client.times import parse_time
 from airflow_jetstream.spark.json_rows import DEFAULT_CORRUPT_RECORD_COLUMN, JSON_MODES
 
 #: Connection fields that may be given as options (``servers`` is a comma-separated list).

@@ -8,8 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.advisories.types import AdvisoryFilter
-from airflow_jetstream.client.durations import to_seconds
-from airflow_jetstream.client.times import parse_time
+from airflow_jetstream.client.durations import parse_time, to_seconds
 from airflow_jetstream.triggers.base import JetStreamWaitTrigger
 
 if TYPE_CHECKING:

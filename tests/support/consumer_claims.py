@@ -13,10 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
+from airflow_jetstream.client.durations import ServerClock
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.records import BatchRecord
 from airflow_jetstream.client.reading.stored import get_message
-from airflow_jetstream.client.times import ServerClock
 
 #: The example pipeline's ledger bucket (dags_examples/orders_pipeline_common.py).
 LEDGER_BUCKET = "batch_ledger"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.streams import changed_fields, first_seq_at_or_after, list_pages
-from airflow_jetstream.client.durations import to_nanos
+from airflow_jetstream.client.durations import parse_time, to_nanos, to_rfc3339
 from airflow_jetstream.client.errors import (
     ConsumerConfigError,
     ConsumerNotFoundError,
@@ -25,7 +25,6 @@ from airflow_jetstream.client.errors import (
     ServerAPIError,
 )
 from airflow_jetstream.client.subjects import validate_name, validate_subject, validate_subjects
-from airflow_jetstream.client.times import parse_time, to_rfc3339
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection

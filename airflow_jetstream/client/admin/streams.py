@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client import server_features
-from airflow_jetstream.client.durations import to_nanos
+from airflow_jetstream.client.durations import to_nanos, to_rfc3339
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
     JetStreamNotEnabledError,
@@ -34,7 +34,6 @@ from airflow_jetstream.client.subjects import (
     validate_subject,
     validate_subjects,
 )
-from airflow_jetstream.client.times import to_rfc3339
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection

@@ -35,14 +35,13 @@ from airflow_jetstream.client.advisories.types import (
     parse_timestamp,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.durations import to_nanos
+from airflow_jetstream.client.durations import parse_time, to_nanos
 from airflow_jetstream.client.errors import InvalidRequestError, StreamNotFoundError
 from airflow_jetstream.client.reading.listener_index import KeyOf
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.shared_tail import TailListener, follow
 from airflow_jetstream.client.reading.stored import BATCH, messages_of, read_range
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subjects
-from airflow_jetstream.client.times import parse_time
 
 #: Consumers a new capture stream allows (the server's own default when unset is 1,000, so the limit is visible).
 DEFAULT_CAPTURE_MAX_CONSUMERS = 1000

@@ -22,10 +22,10 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, cast
 
+from airflow_jetstream.client.durations import parse_time
 from airflow_jetstream.client.errors import InvalidFunctionError, InvalidRequestError
 from airflow_jetstream.client.reading.apply_function import function_path, load_function
 from airflow_jetstream.client.subjects import subject_matches, validate_name, validate_subject
-from airflow_jetstream.client.times import parse_time
 
 ADVISORY_PREFIX = "$JS.EVENT.ADVISORY"
 METRIC_PREFIX = "$JS.EVENT.METRIC"
@@ -130,7 +130,7 @@ def get_kind(kind: str) -> AdvisoryKind:
 # --------------------------------------------------------------------------------------- parsing
 
 def parse_timestamp(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp with up to nanosecond precision (:func:`~airflow_jetstream.client.times.parse_time`),
+    """An RFC 3339 timestamp with up to nanosecond precision (:func:`~airflow_jetstream.client.durations.parse_time`),
     or None when absent or unreadable."""
     with contextlib.suppress(InvalidRequestError):
         return parse_time(value) if isinstance(value, str) and value else None

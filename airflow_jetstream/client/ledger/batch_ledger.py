@@ -7,7 +7,7 @@ revision (the group commit, :func:`~airflow_jetstream.client.ledger.store.apply`
 move the same batch, and the counts never miss a change.
 
 A claim holds a batch for ``visibility_timeout``; deadlines are set and judged by the server's clock
-(:class:`~airflow_jetstream.client.times.ServerClock`), never a host's, so a host whose clock is skewed neither
+(:class:`~airflow_jetstream.client.durations.ServerClock`), never a host's, so a host whose clock is skewed neither
 takes over a live claim nor keeps one past its deadline. A consumer that dies never marks its batch: once its
 deadline passed, :meth:`BatchLedger.reap` (or the next :meth:`BatchLedger.claim`) returns it to ``published``,
 or moves it to ``failed`` at ``max_attempts``. A claim is a token: every later change by its holder is a
@@ -31,7 +31,7 @@ from typing import Any
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.admin.streams import find_stream, replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.durations import to_seconds
+from airflow_jetstream.client.durations import ServerClock, to_seconds
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
     LedgerConflictError,
@@ -73,7 +73,6 @@ from airflow_jetstream.client.ledger.records import (
     shard_of,
 )
 from airflow_jetstream.client.subjects import validate_name
-from airflow_jetstream.client.times import ServerClock
 
 #: Claims (or settlings) in flight at once in :meth:`BatchLedger.claim_available` and :meth:`BatchLedger.settle`.
 CLAIM_WINDOW = 256
@@ -87,7 +86,7 @@ class BatchLedger:
     :param visibility_timeout: how long a claim holds a batch (seconds, ``"10m"`` or a timedelta).
     :param max_attempts: consume attempts per batch before it goes to ``failed``.
     :param clock: seconds since the epoch; by default the server's clock
-        (:class:`~airflow_jetstream.client.times.ServerClock`), so that no host's clock decides when a claim
+        (:class:`~airflow_jetstream.client.durations.ServerClock`), so that no host's clock decides when a claim
         expired; tests pass a controllable clock.
     """
 

@@ -43,6 +43,7 @@ from airflow_jetstream.client.admin.consumers import (
 )
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.durations import parse_time, to_rfc3339
 from airflow_jetstream.client.errors import (
     ApplyFunctionError,
     ConsumerConfigError,
@@ -64,7 +65,6 @@ from airflow_jetstream.client.reading.read_plan import plan_read, read_method
 from airflow_jetstream.client.reading.shared_tail import follow as tail
 from airflow_jetstream.client.reading.stored import BATCH, messages_of, read_range
 from airflow_jetstream.client.subjects import validate_name, validate_subject, validate_subjects
-from airflow_jetstream.client.times import parse_time, to_rfc3339
 
 START_WORDS = ("new", "first")
 log = logging.getLogger(__name__)

@@ -30,6 +30,7 @@ from airflow_jetstream.client import server_features
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.batches.types import HEADER_STATUS
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
+from airflow_jetstream.client.durations import parse_time, to_rfc3339
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
     JetStreamError,
@@ -41,7 +42,6 @@ from airflow_jetstream.client.reading.messages import Message, Row
 from airflow_jetstream.client.reading.pull import read_with_consumer
 from airflow_jetstream.client.retry import retry
 from airflow_jetstream.client.subjects import is_fence_subject, validate_name
-from airflow_jetstream.client.times import parse_time, to_rfc3339
 
 #: Messages a reader that only looks asks for in one direct batch request (the reply is bounded in memory and time).
 BATCH = 256

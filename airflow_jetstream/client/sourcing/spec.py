@@ -27,6 +27,7 @@ from airflow_jetstream.client.admin.streams import (
     normalize_placement,
     stream_info,
 )
+from airflow_jetstream.client.durations import to_rfc3339
 from airflow_jetstream.client.errors import (
     ConsumerConfigError,
     ConsumerNotFoundError,
@@ -36,7 +37,6 @@ from airflow_jetstream.client.errors import (
     error_from_api,
 )
 from airflow_jetstream.client.subjects import subjects_overlap, validate_name, validate_subject
-from airflow_jetstream.client.times import to_rfc3339
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection

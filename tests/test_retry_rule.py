@@ -88,17 +88,18 @@ def test_a_loop_bounded_by_max_retries_names_that_setting_and_jitter_never_excee
 def interrupt_range_reads(monkeypatch, starts: list[int], *, resume: bool) -> None:
     """Every range reader (its first sequence noted in ``starts``) returns one chunk, then its leader goes
     away (503); with ``resume=False`` only the first reader returns a chunk."""
-    real_read = stored._read_via_consumer
+    real_read = stored.read_with_consumer
 
-    async def one_chunk_then_no_leader(conn, stream, first, last, subjects, batch):
+    async def one_chunk_then_no_leader(conn, stream, start, last, subjects, batch):
+        first = start["opt_start_seq"]
         starts.append(first)
         if resume or first == 1:
-            async with contextlib.aclosing(real_read(conn, stream, first, last, subjects, batch)) as reader:
+            async with contextlib.aclosing(real_read(conn, stream, start, last, subjects, batch)) as reader:
                 yield await anext(reader)
         if first + batch <= last:
             raise LeaderUnavailableError(f"stream {stream!r}: the read consumer answered status 503")
 
-    monkeypatch.setattr(stored, "_read_via_consumer", one_chunk_then_no_leader)
+    monkeypatch.setattr(stored, "read_with_consumer", one_chunk_then_no_leader)
 
 
 def read_30_in_fives(settings, leader_wait: float) -> tuple[list[int], LeaderUnavailableError | None]:

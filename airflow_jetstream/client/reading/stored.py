@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import sys
+import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 import nats.errors
 
 from airflow_jetstream.client import server_features
+from airflow_jetstream.client.admin.consumers import filter_config
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.batches.types import HEADER_STATUS
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
@@ -39,7 +41,6 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.reading.headers import Headers, parse_header_lines, without
 from airflow_jetstream.client.reading.messages import Message, Row
-from airflow_jetstream.client.reading.pull import read_with_consumer
 from airflow_jetstream.client.retry import retry
 from airflow_jetstream.client.subjects import is_fence_subject, validate_name
 
@@ -233,14 +234,105 @@ async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, l
         seq = got[-1][1] + 1
 
 
-async def _read_via_consumer(conn: JetStreamConnection, stream: str, first: int, last: int,
-                             subjects: Sequence[str], batch: int) -> AsyncGenerator[list[Row], None]:
-    start = {"deliver_policy": "by_start_sequence", "opt_start_seq": first}
-    async for chunk in read_with_consumer(conn, stream, start, last, subjects, batch):
-        yield chunk
+async def check_current_host(conn: JetStreamConnection, stream: str, name: str, created: dict[str, Any]) -> None:
+    """Raise :class:`LeaderUnavailableError` (after deleting consumer ``name``) unless its server is the stream
+    leader or a current replica (no lag), per the leader's stream info."""
+    host = (created.get("cluster") or {}).get("leader")
+    if not conn.clustered or not host:
+        return
+    cluster = (await stream_info(conn, stream)).get("cluster") or {}
+    if host == cluster.get("leader"):
+        return
+    replica: dict[str, Any] = next((r for r in cluster.get("replicas") or [] if r.get("name") == host), {})
+    if replica.get("current") and not replica.get("lag"):
+        return
+    with contextlib.suppress(JetStreamError):
+        await conn.api_request(f"CONSUMER.DELETE.{stream}.{name}", context="delete read consumer", retry=False)
+    raise LeaderUnavailableError(f"stream {stream!r}: the read consumer was placed on {host}, a replica still "
+                                 f"catching up (lag {replica.get('lag', 'unknown')})")
 
 
-VIAS = ("consumer", "direct", "get")
+async def read_with_consumer(conn: JetStreamConnection, stream: str, start: dict[str, Any], last: int,
+                              subjects: Sequence[str], batch: int, *,
+                              current_host: bool = False) -> AsyncGenerator[list[Row], None]:
+    """Read from ``start`` (a deliver policy) up to seq ``last`` or until nothing is pending; with ``current_host`` a
+    consumer placed on a lagging replica is refused (:func:`check_current_host`).
+
+    The short-lived read consumer of ``via="consumer"`` and :func:`read_latest_per_subject`: an ephemeral
+    ``ack_policy: none`` consumer of one in-memory replica, pulled in large batches with sequence and time read from
+    each reply subject (no API round trip per message); deleted after a complete read, else dropped once inactive for
+    30 s."""
+    config: dict[str, Any] = {"name": f"read-{uuid.uuid4().hex[:16]}", **start, "ack_policy": "none", "num_replicas": 1,
+                              "mem_storage": True, "inactive_threshold": 30_000_000_000, **filter_config(subjects)}
+    name = config["name"]
+    # Not retried here: a create that gets no answer may have been placed on a server that is down;
+    # the caller's retry (:func:`_resuming`) creates one under a new name, which may be placed elsewhere.
+    created = await conn.api_request(f"CONSUMER.CREATE.{stream}.{name}", {"stream_name": stream, "config": config},
+                                     context=f"read consumer on stream {stream!r}", retry=False)
+    if current_host:
+        await check_current_host(conn, stream, name, created)
+    inbox = conn.nc.new_inbox()
+    queue: asyncio.Queue[list[Row] | int] = asyncio.Queue()
+    chunk: list[Row] = []
+    pull = {"want": 0, "delivered": 0}
+
+    def flush() -> None:
+        queue.put_nowait(chunk.copy())
+        chunk.clear()
+
+    async def on_message(msg: Any) -> None:
+        reply = msg.reply
+        if not reply:
+            status = msg.headers.get(HEADER_STATUS, "") if msg.headers else ""
+            flush()
+            queue.put_nowait(int(status or 0) or 404)
+            return
+        tokens = reply.rsplit(".", 5)
+        seq, pending = int(tokens[2]), int(tokens[5])
+        pull["delivered"] += 1
+        if seq <= last:
+            chunk.append((msg.subject, seq, int(tokens[4]), msg.headers, msg.data))
+        if seq >= last or pending == 0:
+            flush()
+            queue.put_nowait(0)
+        elif pull["delivered"] >= pull["want"] or len(chunk) >= batch:
+            flush()
+
+    sub = await conn.nc.subscribe(inbox, cb=on_message, pending_msgs_limit=batch * 4,
+                                  pending_bytes_limit=256 * 1024 * 1024)
+    next_subject = f"{conn.api_prefix}.CONSUMER.MSG.NEXT.{stream}.{name}"
+    try:
+        finished = False
+        while not finished:
+            pull["want"], pull["delivered"] = batch, 0
+            await conn.nc.publish(next_subject, json.dumps({"batch": batch, "no_wait": True}).encode(),
+                                  reply=inbox)
+            while True:
+                try:
+                    async with asyncio.timeout(conn.settings.request_timeout):
+                        item = await queue.get()
+                except TimeoutError:
+                    await conn.raise_if_denied(next_subject)
+                    raise conn.unanswered(f"stream {stream!r}: no messages from the read consumer within "
+                                          f"{conn.settings.request_timeout}s") from None
+                if isinstance(item, list):
+                    if item:
+                        yield item
+                    if pull["delivered"] >= pull["want"] and queue.empty():
+                        break
+                    continue
+                if item in (0, 404, 408):
+                    finished = True
+                    break
+                if item in (503, 409) and conn.clustered:  # no responders, leadership change
+                    raise LeaderUnavailableError(f"stream {stream!r}: the read consumer answered status {item} "
+                                                 "(no leader / leadership change)")
+                raise JetStreamError(f"stream {stream!r}: the read consumer answered status {item}",
+                                     reason="read_failed")
+    finally:
+        await sub.unsubscribe()
+    # Reached only when the read completed (after an error the server drops it once inactive).
+    await conn.api_request(f"CONSUMER.DELETE.{stream}.{name}", context="delete read consumer")
 
 
 async def read_range(conn: JetStreamConnection, stream: str, first: int, last: int | None, *,
@@ -254,7 +346,7 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
     if via is None:
         info = info if info is not None else await stream_info(conn, stream)
         via = "direct" if direct_allowed(conn, info, batch=True) else "get"
-    if via not in VIAS:
+    if via not in ("consumer", "direct", "get"):
         raise InvalidRequestError(f"via={via!r}: use 'consumer', 'direct' or 'get'", reason="invalid_option")
     if start_time is not None:
         server_features.require(conn, server_features.MSG_GET_START_TIME,
@@ -272,11 +364,13 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
             async for chunk in read_range(conn, stream, first, last, subjects=(subject,), via=via, batch=batch):
                 yield chunk
         return
-    reader = {"consumer": _read_via_consumer, "direct": _read_via_direct, "get": _read_via_get}[via]
     end = sys.maxsize if last is None else last
 
     def read_from(start: int) -> AsyncGenerator[list[Row], None]:
-        return reader(conn, stream, start, end, subjects, batch)
+        if via == "consumer":
+            policy = {"deliver_policy": "by_start_sequence", "opt_start_seq": start}
+            return read_with_consumer(conn, stream, policy, end, subjects, batch)
+        return (_read_via_direct if via == "direct" else _read_via_get)(conn, stream, start, end, subjects, batch)
 
     checked = last is not None and conn.clustered and via != "get"  # a single server is its own leader
     async for chunk in _resuming(conn, stream, first, end, subjects, checked, via, read_from):

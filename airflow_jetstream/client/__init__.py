@@ -13,9 +13,10 @@ ConnectionSettings`` or a Spark worker unpickling the data source imports only t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from airflow_jetstream.client.lazy import lazy_exports
+import importlib
+import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.admin.consumers import ensure_consumer
@@ -67,5 +68,26 @@ __all__ = [
     "publish_fast_batch",
     "stream_info",
 ]
+
+
+def lazy_exports(package: str, modules: Mapping[str, tuple[str, ...]]) -> tuple[
+        Callable[[str], Any], Callable[[], list[str]]]:
+    """The ``__getattr__`` and ``__dir__`` of ``package`` (this one, kv, ledger, sourcing, advisories): ``modules``
+    maps a module (relative to the package) to the names it defines; a name's module is imported when the name is
+    first read (PEP 562), and the value kept, so importing a package imports none of its modules."""
+    where = {name: f"{package}.{module}" for module, names in modules.items() for name in names}
+
+    def __getattr__(name: str) -> Any:
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(where[name]), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(sys.modules[package])) | set(where))
+
+    return __getattr__, __dir__
+
 
 __getattr__, __dir__ = lazy_exports(__name__, _MODULES)

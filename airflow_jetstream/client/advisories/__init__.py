@@ -4,7 +4,7 @@ The names below are imported on first use, so importing a parsing or filter modu
 
 from typing import TYPE_CHECKING
 
-from airflow_jetstream.client.lazy import lazy_exports
+from airflow_jetstream.client import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.advisories.capture import ensure_capture_stream, find_captured, watch_advisories

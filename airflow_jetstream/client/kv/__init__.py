@@ -6,7 +6,7 @@ no nats-py."""
 
 from typing import TYPE_CHECKING
 
-from airflow_jetstream.client.lazy import lazy_exports
+from airflow_jetstream.client import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.kv.bucket import ensure_bucket

@@ -9,7 +9,7 @@ The names below are imported on first use, so reading states and records imports
 
 from typing import TYPE_CHECKING
 
-from airflow_jetstream.client.lazy import lazy_exports
+from airflow_jetstream.client import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.ledger.batch_ledger import BatchLedger

@@ -4,7 +4,7 @@ The names below are imported on first use, so describing a source (``spec``) imp
 
 from typing import TYPE_CHECKING
 
-from airflow_jetstream.client.lazy import lazy_exports
+from airflow_jetstream.client import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_jetstream.client.sourcing.provision import provision_durable_source

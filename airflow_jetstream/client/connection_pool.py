@@ -19,7 +19,7 @@ import asyncio
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.connection import JetStreamConnection, connect
@@ -30,7 +30,7 @@ from airflow_jetstream.client.settings import ConnectionSettings
 class _Entry:
     ready: asyncio.Task[JetStreamConnection]
     users: int = 0
-    closing: bool = field(default=False)
+    closing: bool = False
 
     def broken(self) -> bool:
         """The connect failed, or the connection has been closed since."""
@@ -48,22 +48,14 @@ class ConnectionPool:
         )
 
     def _entries(self) -> dict[ConnectionSettings, _Entry]:
-        loop = asyncio.get_running_loop()
-        entries = self._loops.get(loop)
-        if entries is None:
-            entries = self._loops[loop] = {}
-        return entries
+        return self._loops.setdefault(asyncio.get_running_loop(), {})
 
     async def acquire(self, settings: ConnectionSettings) -> JetStreamConnection:
         """The shared connection for ``settings`` on this loop (connecting if needed); +1 user."""
         entries = self._entries()
         entry = entries.get(settings)
-        if entry is not None and entry.broken():
-            entries.pop(settings, None)
-            entry = None
-        if entry is None:
-            entry = _Entry(ready=asyncio.ensure_future(self._connect(settings)))
-            entries[settings] = entry
+        if entry is None or entry.broken():
+            entry = entries[settings] = _Entry(ready=asyncio.ensure_future(self._connect(settings)))
         entry.users += 1
         try:
             return await asyncio.shield(entry.ready)

@@ -110,14 +110,8 @@ def normalize_placement(placement: Any) -> dict[str, Any] | None:
 
 def replication_config(num_replicas: Any = None, placement: Any = None) -> dict[str, Any]:
     """The ``num_replicas``/``placement`` stream fields that were given (validated); unset ones are left out."""
-    cfg: dict[str, Any] = {}
-    replicas = check_replicas(num_replicas)
-    if replicas is not None:
-        cfg["num_replicas"] = replicas
-    normalized = normalize_placement(placement)
-    if normalized is not None:
-        cfg["placement"] = normalized
-    return cfg
+    given = {"num_replicas": check_replicas(num_replicas), "placement": normalize_placement(placement)}
+    return {key: value for key, value in given.items() if value is not None}
 
 
 def default_replicas(conn: JetStreamConnection) -> int:

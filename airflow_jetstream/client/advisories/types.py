@@ -235,10 +235,8 @@ def decode_advisory(payload: bytes, *, subject: str | None = None, capture_seq: 
 # --------------------------------------------------------------------------------------- filters
 
 
-class AdvisoryPredicateError(InvalidFunctionError):
+class AdvisoryPredicateError(InvalidFunctionError, reason="invalid_predicate"):
     """A user predicate given by dotted path cannot be imported, is not callable, or raised."""
-
-    default_reason = "invalid_predicate"
 
 
 @lru_cache(maxsize=128)

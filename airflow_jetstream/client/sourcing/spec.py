@@ -232,20 +232,15 @@ def entry_filters(entry: dict[str, Any]) -> tuple[str, ...]:
 
 def find_entry(info: dict[str, Any], spec: DurableSource) -> dict[str, Any] | None:
     """The source state (``lag``, ``active``, ``error``, ...) of this origin in A's stream info."""
-    if spec.mirror:
-        mirror = info.get("mirror")
-        return mirror if mirror and spec.is_same_origin(mirror) else None
-    matches = [e for e in info.get("sources") or [] if spec.is_same_origin(e)]
-    return matches[0] if matches else None
+    entries = [info.get("mirror")] if spec.mirror else info.get("sources") or []
+    return next((entry for entry in entries if entry and spec.is_same_origin(entry)), None)
 
 
 _POLL_SECONDS = 0.1
 
 
-class SourceUnhealthyError(JetStreamError):
+class SourceUnhealthyError(JetStreamError, reason="source_unhealthy"):
     """A source or mirror did not become healthy (no error, ``active >= 0``) within the deadline."""
-
-    default_reason = "source_unhealthy"
 
 
 async def wait_source_healthy(conn: JetStreamConnection, spec: DurableSource, *, timeout: float = 30.0,

@@ -83,18 +83,24 @@ def connection_not_found(conn_id: str) -> ConnectionNotFoundError:
         "nats_conn_id= the id of an existing one (docs/connection.md)")
 
 
-def check_connection_type(conn: Any) -> None:
-    """Refuse a connection of another type; one without a type (a bare ``AIRFLOW_CONN_*`` JSON) is accepted."""
+def settings_from_connection(conn: Any, **overrides: Any) -> ConnectionSettings:
+    """Build settings from an Airflow Connection (``host``, ``port``, ``login``, ``password``, extras).
+
+    ``host`` may list several servers (``n1:4222,n2:4222``) with optional ``nats://``/``tls://``;
+    ``port`` applies to entries without one. Unknown extras are refused so typos do not pass silently.
+    A connection of another type is refused (:class:`ConnectionTypeError`); one without a type (a bare
+    ``AIRFLOW_CONN_*`` JSON) is accepted.
+    """
     conn_type = getattr(conn, "conn_type", None)
     if conn_type and conn_type != CONN_TYPE:
         raise ConnectionTypeError(
             f"connection {conn.conn_id!r} is of type {conn_type!r}, not {CONN_TYPE!r}: pass nats_conn_id= the id "
             f"of a NATS JetStream connection (type {CONN_TYPE!r}; default 'nats_default'), or, if this connection "
             f"points at a NATS server, change its type to {CONN_TYPE!r}")
-
-
-def connection_fields(conn: Any) -> dict[str, Any]:
-    """The connection as :func:`settings_from_fields` input: ``host``/``port``/``schema``/``login`` + extras."""
+    try:
+        port = int(conn.port) if conn.port else DEFAULT_PORT
+    except (TypeError, ValueError):
+        raise InvalidSettingsError(f"connection {conn.conn_id!r}: port {conn.port!r} is not a number") from None
     try:
         extra = conn.extra_dejson
     except Exception:
@@ -108,23 +114,8 @@ def connection_fields(conn: Any) -> dict[str, Any]:
     host = conn.host or "127.0.0.1"
     if conn.schema and "://" not in host and conn.schema in ("nats", "tls"):
         host = ",".join(f"{conn.schema}://{h.strip()}" for h in host.split(","))
-    return {"servers": host, "user": conn.login or None, "password": conn.password or None, **extra}
-
-
-def settings_from_connection(conn: Any, **overrides: Any) -> ConnectionSettings:
-    """Build settings from an Airflow Connection (``host``, ``port``, ``login``, ``password``, extras).
-
-    ``host`` may list several servers (``n1:4222,n2:4222``) with optional ``nats://``/``tls://``;
-    ``port`` applies to entries without one. Unknown extras are refused so typos do not pass silently.
-    A connection of another type is refused (:class:`ConnectionTypeError`).
-    """
-    check_connection_type(conn)
-    try:
-        port = int(conn.port) if conn.port else DEFAULT_PORT
-    except (TypeError, ValueError):
-        raise InvalidSettingsError(f"connection {conn.conn_id!r}: port {conn.port!r} is not a number") from None
-    settings = settings_from_fields(connection_fields(conn), default_port=port,
-                                    what=f"connection {conn.conn_id!r} extra")
+    fields = {"servers": host, "user": conn.login or None, "password": conn.password or None, **extra}
+    settings = settings_from_fields(fields, default_port=port, what=f"connection {conn.conn_id!r} extra")
     return settings.with_overrides(**overrides) if overrides else settings
 
 

@@ -24,7 +24,7 @@ from airflow.triggers.base import StartTriggerArgs
 from airflow_jetstream.airflow_compat import START_FROM_TRIGGER, require_airflow
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
-from airflow_jetstream.triggers.base import JetStreamPollingTrigger, JetStreamWaitTrigger
+from airflow_jetstream.triggers.base import JetStreamResultTrigger, JetStreamWaitTrigger
 
 #: Airflow's own deferral timeout comes this many seconds after the trigger's (which reports the last state).
 TIMEOUT_BACKSTOP = 60
@@ -142,9 +142,9 @@ class JetStreamBaseSensor(BaseSensorOperator):
 
 
 class JetStreamStateSensor(JetStreamBaseSensor):
-    """Base of the sensors that poll a state until it is done. ``trigger()`` builds the condition (a
-    :class:`~airflow_jetstream.triggers.base.JetStreamPollingTrigger`): each poke runs its ``check``, and
-    deferred it polls in the triggerer.
+    """Base of the sensors whose condition's success is their result (a
+    :class:`~airflow_jetstream.triggers.base.JetStreamResultTrigger`: a state polled until it is done, every
+    ``poke_interval``, or a KV key): each poke runs its ``check``, and deferred it waits in the triggerer.
 
     ``start_from_trigger=True`` (Airflow 3.3+): the scheduler defers the task itself, with no worker until the
     trigger fires (then a worker runs only ``execute_complete``); the triggerer renders the templated fields.
@@ -163,33 +163,31 @@ class JetStreamStateSensor(JetStreamBaseSensor):
     defer_backstop = TIMEOUT_BACKSTOP  # the trigger reports its own timeout with the last state
     _last_seen = "nothing (no poke finished)"
 
-    trigger_class: type[JetStreamPollingTrigger]
+    trigger_class: type[JetStreamResultTrigger]
 
     def __init__(self, *, start_from_trigger: bool = False, end_from_trigger: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.end_from_trigger = end_from_trigger
         if start_from_trigger:
-            self.start_in_triggerer(self.trigger())
+            self.start_in_triggerer(self.make_trigger(None))
 
-    def trigger(self) -> JetStreamPollingTrigger:
-        """The condition with this task's parameters (``poll_interval`` is the sensor's ``poke_interval``)."""
+    def make_trigger(self, context: Any) -> JetStreamResultTrigger:
+        """The condition with this task's parameters (a polling one's ``poll_interval`` is ``poke_interval``)."""
+        polling = {"poll_interval": self.poke_interval} if "poll_interval" in self.trigger_class.common else {}
         return self.trigger_class(**self._trigger_args(), nats_conn_id=self.nats_conn_id,
-                                  poll_interval=self.poke_interval, end_from_trigger=self.end_from_trigger)
-
-    def make_trigger(self, context: Any) -> JetStreamPollingTrigger:
-        return self.trigger()
+                                  end_from_trigger=self.end_from_trigger, **polling)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        trigger = self.trigger()
+        trigger = self.make_trigger(context)
         result = trigger.result(event)
         if result is not None:
             self.log.info("%s", trigger.done_line(result))
             return result
         status = event.get("status")
         if status == "error":
-            raise failure(trigger.what, event.get("error") or {})
+            raise failure(trigger.goal(), event.get("error") or {})
         if status == "timeout":
-            self.timed_out(f"{trigger.what} not reached", event.get("description"))
+            self.timed_out(f"{trigger.goal()} not reached", event.get("description"))
         raise AirflowException(f"unexpected trigger event {event!r}")
 
 

@@ -7,11 +7,11 @@ from typing import Any
 
 from airflow_jetstream.client.kv.names import KeyCondition, check_bucket, validate_key
 from airflow_jetstream.client.reading.apply_function import function_path
-from airflow_jetstream.sensors.base import JetStreamBaseSensor, failure
+from airflow_jetstream.sensors.base import JetStreamStateSensor
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
 
 
-class JetStreamKeyValueSensor(JetStreamBaseSensor):
+class JetStreamKeyValueSensor(JetStreamStateSensor):
     """Wait until ``key`` of the KV ``bucket`` exists, equals ``value``, or satisfies ``apply_function``.
 
     A signal between systems ("model v42 is ready"): a poke reads the key's current value; deferred, the
@@ -27,11 +27,12 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
     template_fields: Sequence[str] = ("bucket", "key", "value", "apply_function_args", "apply_function_kwargs",
                                       "nats_conn_id")
     trigger_class = JetStreamKeyValueTrigger
+    defer_backstop = 0  # Airflow's deferral timeout is ``timeout`` itself, as for the message sensor
 
     def __init__(self, *, bucket: str, key: str, value: Any = None,
                  apply_function: Callable[..., Any] | str | None = None,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,
-                 start_from_trigger: bool = False, end_from_trigger: bool = False, **kwargs: Any) -> None:
+                 start_from_trigger: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if "{{" not in str(bucket):
             check_bucket(bucket)
@@ -45,24 +46,9 @@ class JetStreamKeyValueSensor(JetStreamBaseSensor):
         self.apply_function = apply_function
         self.apply_function_args = apply_function_args
         self.apply_function_kwargs = apply_function_kwargs
-        self.end_from_trigger = end_from_trigger
         self.condition()  # a bad function fails when the DAG is parsed
         if start_from_trigger:
             self.start_in_triggerer(self.make_trigger(None))
 
-    def make_trigger(self, context: Any) -> JetStreamKeyValueTrigger:
-        return JetStreamKeyValueTrigger(**self._trigger_args(), nats_conn_id=self.nats_conn_id,
-                                        end_from_trigger=self.end_from_trigger)
-
     def condition(self) -> KeyCondition:
         return JetStreamKeyValueTrigger(**self._trigger_args()).condition()
-
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        trigger = self.make_trigger(context)
-        entry = trigger.result(event)
-        if entry is not None:
-            self.log.info("%s", trigger.done_line(entry))
-            return entry
-        if event.get("status") == "timeout":
-            self.timed_out(f"KV {self.bucket}/{self.key} did not {self.condition().describe()}")
-        raise failure(f"KV {self.bucket}/{self.key}", event.get("error") or event)

@@ -32,7 +32,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from pydantic import BaseModel, ConfigDict, Field
 
 from airflow_jetstream.client.advisories.types import DEFAULT_CAPTURE_STREAM
-from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError, JetStreamError
+from airflow_jetstream.client.errors import (
+    InvalidRequestError,
+    InvalidSettingsError,
+    JetStreamError,
+    RequestTimeoutError,
+)
 from airflow_jetstream.client.ledger.records import DEFAULT_BUCKET
 from airflow_jetstream.client.subjects import validate_name
 from airflow_jetstream.ui import pages
@@ -315,15 +320,11 @@ async def open_connection(request: Request, user: GetUserDep,
     return RedirectResponse(f"{_root(request)}/connections/{quote(connection_id, safe='')}", status_code=303)
 
 
-def _connection_settings(connection_id: str) -> Any:
-    from airflow_jetstream.hooks.jetstream import JetStreamHook
-
-    return JetStreamHook(nats_conn_id=connection_id).get_settings()
-
-
 def _reader(key: ReadKey, view: ViewSettings) -> Any:
     async def read(deadline: float, seen: Any) -> dict[str, Any]:
-        own = await asyncio.to_thread(_connection_settings, key.connection_id)
+        from airflow_jetstream.hooks.jetstream import JetStreamHook
+
+        own = await asyncio.to_thread(JetStreamHook(nats_conn_id=key.connection_id).get_settings)
         watchers = await asyncio.to_thread(event_watchers, key.connection_id)
         snapshot = await read_snapshot(key, own, view, seen, deadline=deadline, watchers=watchers)
         problems = snapshot.get("problems") or []
@@ -333,12 +334,6 @@ def _reader(key: ReadKey, view: ViewSettings) -> Any:
         return snapshot
 
     return read
-
-
-def _status(exc: JetStreamError) -> int:
-    if isinstance(exc, AirflowNotFoundException):
-        return 404
-    return 400 if isinstance(exc, InvalidRequestError | InvalidSettingsError) else 503
 
 
 def _answer(request: Request, status: int, error: dict[str, Any], *, html: bool, view: ViewSettings,
@@ -364,13 +359,14 @@ async def _view(request: Request, connection_id: str, key_args: dict[str, Any], 
             validate_name(page.stream, what="stream")
         snapshot, age = await CACHE.get(key, _reader(key, view), ttl=view.cache_seconds,
                                         concurrent=view.concurrent_reads, timeout=view.timeout)
-    except JetStreamError as exc:
-        return _answer(request, _status(exc), exc.to_dict(), html=html, view=view,
+    except (JetStreamError, TimeoutError) as exc:
+        if not isinstance(exc, JetStreamError):
+            exc = RequestTimeoutError(f"no answer from NATS within the view's {view.timeout:g}s ([jetstream] "
+                                      "view_timeout)", reason="view_timeout")
+        status = 404 if isinstance(exc, AirflowNotFoundException) \
+            else 400 if isinstance(exc, InvalidRequestError | InvalidSettingsError) else 503
+        return _answer(request, status, exc.to_dict(), html=html, view=view,
                        title=f"JetStream: connection {connection_id}")
-    except TimeoutError:
-        error = {"error": "RequestTimeoutError", "reason": "view_timeout", "code": None, "err_code": None,
-                 "message": f"no answer from NATS within the view's {view.timeout:g}s ([jetstream] view_timeout)"}
-        return _answer(request, 503, error, html=html, view=view, title=f"JetStream: connection {connection_id}")
     headers = {"Cache-Control": "no-store", "X-JetStream-Read-Age": f"{age:.1f}"}
     if "error" in snapshot:
         headers["Retry-After"] = str(max(1, math.ceil(view.cache_seconds)))

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any, cast
 
 from airflow.providers.common.compat.sdk import AirflowOptionalProviderFeatureException
 from airflow.sdk.exceptions import AirflowException
@@ -101,18 +101,14 @@ def handed_properties(text: str, folder: str | Path) -> Iterator[tuple[str, tupl
     """
     if sys.platform.startswith("linux"):
         with tempfile.TemporaryFile("w", encoding="utf-8", dir=folder) as unnamed:
-            _write_all(unnamed, text)
+            unnamed.write(text)
+            unnamed.flush()
             yield f"/dev/fd/{unnamed.fileno()}", (unnamed.fileno(),)
         return
     fd = os.open(Path(folder, PROPERTIES_NAME), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as named:
-        _write_all(named, text)
+        named.write(text)
     yield str(Path(folder, PROPERTIES_NAME)), ()
-
-
-def _write_all(fh: IO[str], text: str) -> None:
-    fh.write(text)
-    fh.flush()
 
 
 #: prctl(2) option: the signal the kernel sends this process when the thread that started it ends.

@@ -96,13 +96,10 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         return trigger
 
     def checked(self, context: Any, trigger: JetStreamWaitTrigger) -> None:
+        """Report a gap of the capture stream once per task; not as a warning when this DAG run created the capture
+        stream (nothing of it was missed)."""
         gap = getattr(trigger, "gap", None)
-        if gap:
-            self._report_gap(gap, context)
-
-    def _report_gap(self, gap: str, context: Any) -> None:
-        """Once per task; not a warning when this DAG run created the capture stream (nothing of it was missed)."""
-        if self._gap_reported:
+        if not gap or self._gap_reported:
             return
         self._gap_reported = True
         run_start = getattr(context.get("dag_run"), "start_date", None)

@@ -121,18 +121,9 @@ async def list_streams(conn: JetStreamConnection, *, limit: int = MAX_STREAMS) -
             "missing": sorted(missing)}
 
 
-async def list_consumers(conn: JetStreamConnection, stream: str, *, limit: int = MAX_CONSUMERS) -> dict[str, Any]:
-    """Every consumer of ``stream`` (up to ``limit``), by name; ``total`` counts all of them."""
-    validate_name(stream, what="stream name")
-    infos, total, missing = await list_pages(conn, f"CONSUMER.LIST.{stream}", "consumers",
-                                             f"list consumers of stream {stream!r}", limit=limit)
-    rows = sorted((consumer_row(info) for info in infos), key=lambda row: row["name"] or "")
-    return {"stream": stream, "consumers": rows, "total": total, "read": len(rows), "missing": sorted(missing)}
-
-
 async def consumers_of(conn: JetStreamConnection, streams: Iterable[dict[str, Any]], *,
                        limit: int = MAX_CONSUMERS) -> dict[str, Any]:
-    """The consumers of every stream row in ``streams`` that has any, up to ``limit`` in all.
+    """The consumers of every stream row in ``streams`` that has any, up to ``limit`` in all, each stream's by name.
 
     A stream whose listing fails is named in ``errors`` with its typed error; the others still count.
     """
@@ -142,16 +133,21 @@ async def consumers_of(conn: JetStreamConnection, streams: Iterable[dict[str, An
     budget = {"left": limit}
 
     async def one(row: dict[str, Any]) -> dict[str, Any]:
+        stream = row["name"]
+        part: dict[str, Any] = {"stream": stream, "consumers": [], "missing": []}
         async with gate:
             room = min(row["consumer_count"], budget["left"])
             if room <= 0:
-                return {"stream": row["name"], "consumers": [], "total": row["consumer_count"], "missing": []}
+                return part
             budget["left"] -= room
             try:
-                return await list_consumers(conn, row["name"], limit=room)
+                validate_name(stream, what="stream name")
+                infos, _, missing = await list_pages(conn, f"CONSUMER.LIST.{stream}", "consumers",
+                                                     f"list consumers of stream {stream!r}", limit=room)
             except JetStreamError as exc:
-                return {"stream": row["name"], "consumers": [], "total": row["consumer_count"], "missing": [],
-                        "error": exc.to_dict()}
+                return {**part, "error": exc.to_dict()}
+        rows = sorted((consumer_row(info) for info in infos), key=lambda consumer: consumer["name"] or "")
+        return {**part, "consumers": rows, "missing": sorted(missing)}
 
     listed = await asyncio.gather(*(one(row) for row in wanted))
     rows = [consumer for part in listed for consumer in part["consumers"]]
@@ -208,15 +204,6 @@ MAX_LEDGER_ENTRIES = 5000
 LISTED_PER_RUN = 20
 
 
-async def _bucket_info(conn: JetStreamConnection, bucket: str) -> dict[str, Any]:
-    try:
-        return await conn.api_request(f"STREAM.INFO.KV_{bucket}", context=f"ledger bucket {bucket!r}")
-    except StreamNotFoundError:
-        raise LedgerNotFoundError(
-            f"ledger bucket {bucket!r} does not exist (nothing was recorded in it yet, or the view looks at another "
-            "bucket than the producers use: set ledger_bucket)", reason="ledger_not_found") from None
-
-
 async def ledger_runs(conn: JetStreamConnection, bucket: str, *, limit: int = MAX_LEDGER_ENTRIES,
                       before_seq: int | None = None, run_id: str | None = None,
                       now: float | None = None) -> dict[str, Any]:
@@ -230,7 +217,12 @@ async def ledger_runs(conn: JetStreamConnection, bucket: str, *, limit: int = MA
     not exist is :class:`LedgerNotFoundError`.
     """
     check_bucket_name(bucket)
-    info = await _bucket_info(conn, bucket)
+    try:
+        info = await conn.api_request(f"STREAM.INFO.KV_{bucket}", context=f"ledger bucket {bucket!r}")
+    except StreamNotFoundError:
+        raise LedgerNotFoundError(
+            f"ledger bucket {bucket!r} does not exist (nothing was recorded in it yet, or the view looks at another "
+            "bucket than the producers use: set ledger_bucket)", reason="ledger_not_found") from None
     state = info.get("state") or {}
     first, last = int(state.get("first_seq") or 0), int(state.get("last_seq") or 0)
     stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."

@@ -26,7 +26,7 @@ from starlette.templating import Jinja2Templates
 
 from airflow_jetstream.client.advisories.types import parse_timestamp
 from airflow_jetstream.ui.links import anchor
-from airflow_jetstream.ui.problems import RANK, Thresholds
+from airflow_jetstream.ui.problems import RANK, Thresholds, span
 from airflow_jetstream.version import __version__
 
 #: Sections with rows, the list key of each, and the anchor of a row.
@@ -136,20 +136,13 @@ def size(value: int) -> str:
     return f"{value} B"
 
 
-def ago(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds} s"
-    return f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
-
-
 def utc_and_ago(iso: str | None) -> str:
     """``2026-11-27 12:18:21 UTC, 5 min ago`` (empty for no time)."""
     when = parse_timestamp(iso)
     if when is None:
         return ""
     since = max(0.0, (datetime.now(UTC) - when).total_seconds())
-    return f"{when.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC, {ago(since)} ago"
+    return f"{when.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC, {span(since)} ago"
 
 
 def href(query: Mapping[str, Any], changes: Mapping[str, Any]) -> str:
@@ -174,10 +167,10 @@ def batch_list(items: Sequence[Mapping[str, Any]], count: int, field: str) -> st
 
 
 def checked(limits: Thresholds) -> str:
-    return (f"Checked: abandoned batches, given-up and terminated messages in the last {ago(limits.advisory_age)} "
+    return (f"Checked: abandoned batches, given-up and terminated messages in the last {span(limits.advisory_age)} "
             f"of captured advisories; consumers with at least {limits.redelivered} redelivered message(s), "
-            f"acknowledgements overdue past ack_wait, pending with nobody pulling for {ago(limits.pending_idle)}, "
-            f"paused; sources with an error, inactive, or a backlog not shrinking for {ago(limits.source_stalled)}; "
+            f"acknowledgements overdue past ack_wait, pending with nobody pulling for {span(limits.pending_idle)}, "
+            f"paused; sources with an error, inactive, or a backlog not shrinking for {span(limits.source_stalled)}; "
             "streams without a leader or with replicas offline or behind; ledger runs with failed batches or claims "
             "past their visibility deadline. Thresholds: Airflow's [jetstream] section (docs/ui.md).")
 
@@ -215,7 +208,7 @@ def page(request: Request, view: dict[str, Any], *, query: Mapping[str, Any], ag
                   unfocused={k: v for k, v in query.items() if k != "stream" and not k.endswith("_page")},
                   unpaged={k: v for k, v in query.items() if not k.endswith("_page")},
                   reading={k: v for k, v in query.items() if k in ("ledger_bucket", "capture_stream")},
-                  read_age=f"read {ago(age_s)} ago" if age_s >= 1 else "read now", checked=checked(limits))
+                  read_age=f"read {span(age_s)} ago" if age_s >= 1 else "read now", checked=checked(limits))
 
 
 def refused(request: Request, title: str, error: Mapping[str, Any], *, status: int,

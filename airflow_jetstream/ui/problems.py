@@ -112,8 +112,9 @@ def _problem(kind: str, obj: dict[str, Any], why: str, anchor: str, since: datet
             "since_means": since_means if since else None, "fix": fix, "anchor": anchor, "count": 1, "newest": None}
 
 
-def _seconds(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
+def span(delta: timedelta | float) -> str:
+    """A duration (or seconds) as people read it: ``45 s``, ``5 min``, ``1.5 h``, ``2 d`` (the page's and problems')."""
+    seconds = int(delta.total_seconds() if isinstance(delta, timedelta) else delta)
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
             return f"{seconds / size:.1f} {unit}".replace(".0 ", " ")
@@ -190,14 +191,14 @@ def consumer_problems(row: dict[str, Any], limits: Thresholds, now: datetime,
     last_ack = parse_timestamp(row.get("last_ack")) or parse_timestamp(row.get("created"))
     if row["num_ack_pending"] and row["ack_policy"] != "none" and last_ack and now - last_ack > ack_wait:
         out.append(_problem("ack_overdue", obj, f"{where}: {row['num_ack_pending']:,} message(s) delivered and not "
-                            f"acknowledged, no acknowledgement for {_seconds(now - last_ack)} (ack_wait "
-                            f"{_seconds(ack_wait)})", row_id, last_ack,
+                            f"acknowledged, no acknowledgement for {span(now - last_ack)} (ack_wait "
+                            f"{span(ack_wait)})", row_id, last_ack,
                             "last acknowledgement" if row.get("last_ack") else "consumer created"))
     last_pull = parse_timestamp(row.get("last_active")) or parse_timestamp(row.get("created"))
     if row["pull"] and row["num_pending"] and not row["num_waiting"] and not row["paused"] and last_pull \
             and now - last_pull > timedelta(seconds=limits.pending_idle):
         out.append(_problem("consumer_idle", obj, f"{where}: {row['num_pending']:,} message(s) pending, no pull "
-                            f"request waiting, nothing delivered for {_seconds(now - last_pull)}", row_id, last_pull,
+                            f"request waiting, nothing delivered for {span(now - last_pull)}", row_id, last_pull,
                             "last delivery" if row.get("last_active") else "consumer created"))
     if row["paused"]:
         since = _paused_since(advisories, stream, name)
@@ -225,7 +226,7 @@ def source_problems(row: dict[str, Any], limits: Thresholds, now: datetime,
     if backlog and (now - shrunk >= stalled or idle >= stalled):
         since, means = (now - idle, "last activity") if idle >= stalled else (shrunk, "backlog last shrank")
         return [_problem("source_stalled", obj, f"{where}: backlog of {backlog:,} message(s) not shrinking, last "
-                         f"activity {_seconds(idle)} ago", row_id, since, means)]
+                         f"activity {span(idle)} ago", row_id, since, means)]
     return []
 
 

@@ -58,8 +58,7 @@ from airflow_jetstream.client import (
     publish_fast_batch,
 )
 from airflow_jetstream.client.admin.streams import purge_stream, stream_info
-from airflow_jetstream.client.batches.atomic import publish_atomic_batches
-from airflow_jetstream.client.batches.fence import fence_count
+from airflow_jetstream.client.batches.atomic import fence_count, publish_atomic_batches
 from airflow_jetstream.client.batches.publish_chunks import publish_chunks
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer

@@ -56,7 +56,7 @@ from pyspark.sql import functions as F
 from streaming_bound import fixed_costs
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection, stream_info
-from airflow_jetstream.client.batches.fence import fence_count
+from airflow_jetstream.client.batches.atomic import fence_count
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.spark import register
 

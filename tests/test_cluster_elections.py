@@ -17,9 +17,8 @@ from contextlib import contextmanager
 import pytest
 
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
-from airflow_jetstream.client.batches.atomic import publish_atomic_batch
+from airflow_jetstream.client.batches.atomic import fence_count, publish_atomic_batch
 from airflow_jetstream.client.batches.batcher import Batcher
-from airflow_jetstream.client.batches.fence import fence_count
 from airflow_jetstream.client.batches.resend import stored_sequences
 from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.connection import open_connection

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from airflow_jetstream.client import BatchMessage, ensure_stream, publish_atomic_batch, stream_info
-from airflow_jetstream.client.batches.fence import fence_namespace, fence_subject
 from airflow_jetstream.client.batches.publish_chunks import publish_chunks
 from airflow_jetstream.client.batches.resend import stored_sequences
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.reading.stored import read_range
+from airflow_jetstream.client.subjects import fence_namespace, fence_subject
 from airflow_jetstream.embedded import EmbeddedNatsCluster, EmbeddedNatsServer
 from tests.support.cluster_tools import call
 from tests.support.nats_calls import call_on
@@ -241,7 +241,7 @@ def test_on_a_cluster_the_leader_killed_under_a_fenced_commit_and_a_late_retry_s
 def test_a_fence_digest_names_one_content() -> None:
     """Equal for the same subjects and payloads however they are held; different when a byte moves between a
     subject and its payload, between two payloads, or when the order changes."""
-    from airflow_jetstream.client.batches.fence import content_digest
+    from airflow_jetstream.client.batches.atomic import content_digest
 
     def digest(*pairs: tuple[str, bytes]) -> str:
         return content_digest([BatchMessage(subject, data) for subject, data in pairs])

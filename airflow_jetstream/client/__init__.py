@@ -22,10 +22,9 @@ if TYPE_CHECKING:
     from airflow_jetstream.client.admin.consumers import ensure_consumer
     from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
     from airflow_jetstream.client.admin.worker_consumers import WorkerConsumerManager, ensure_worker_consumer
-    from airflow_jetstream.client.batches.atomic import publish_atomic_batch
+    from airflow_jetstream.client.batches.atomic import fence_count, publish_atomic_batch
     from airflow_jetstream.client.batches.batcher import Batcher
     from airflow_jetstream.client.batches.fast import publish_fast_batch
-    from airflow_jetstream.client.batches.fence import fence_count
     from airflow_jetstream.client.batches.types import BatchMessage
     from airflow_jetstream.client.connection import open_connection
     from airflow_jetstream.client.errors import JetStreamError, KeyRevisionError
@@ -39,10 +38,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "admin.consumers": ("ensure_consumer",),
     "admin.streams": ("ensure_stream", "stream_info"),
     "admin.worker_consumers": ("WorkerConsumerManager", "ensure_worker_consumer"),
-    "batches.atomic": ("publish_atomic_batch",),
+    "batches.atomic": ("fence_count", "publish_atomic_batch"),
     "batches.batcher": ("Batcher",),
     "batches.fast": ("publish_fast_batch",),
-    "batches.fence": ("fence_count",),
     "batches.types": ("BatchMessage",),
     "connection": ("open_connection",),
     "errors": ("JetStreamError", "KeyRevisionError"),

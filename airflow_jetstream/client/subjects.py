@@ -93,7 +93,7 @@ def subjects_overlap(first: str, second: str) -> bool:
     return len(a) == len(b)
 
 
-# Write fences (client/batches/fence.py) are named here, below the admin and reading code that keeps them apart.
+# Write fences (client/batches/atomic.py) are named here, below the admin and reading code that keeps them apart.
 #: First token of every fence subject.
 FENCE_PREFIX = "_FENCE"
 #: Characters a fence id keeps as they are in its subject token; every other byte is written ``~XX``.

@@ -8,8 +8,13 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_jetstream.client.batches.fence import FENCED_MAX_MSGS
-from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, BatchMessage, new_batch_id
+from airflow_jetstream.client.batches.types import (
+    DEFAULT_MAX_BATCH_MSGS,
+    FENCED_MAX_MSGS,
+    BatchMessage,
+    new_batch_id,
+    validate_messages,
+)
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.reading.apply_function import load_function
 from airflow_jetstream.operators.base import JetStreamBaseOperator
@@ -252,7 +257,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
 
     async def _publish(self, conn: JetStreamConnection, *, expected: int | None, key: str | None,
                        prefix: str) -> ChunksSummary:
-        from airflow_jetstream.client.batches.publish_chunks import check_target_stream, publish_chunks, validate_chunk
+        from airflow_jetstream.client.batches.publish_chunks import check_target_stream, publish_chunks
 
         size = self.batch_size or DEFAULT_MAX_BATCH_MSGS
         fence_prefix = key if key and self.fence and self.mode == "atomic" else None
@@ -267,7 +272,8 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         if self.producer_function is None:
             count, total_chunks = 0, 0
             for chunk in self._chunks(self._items(), key):
-                validate_chunk(conn, chunk, mode=self.mode, max_msgs=size)
+                validate_messages(chunk, mode=self.mode, max_msgs=size if self.mode == "atomic" else None,
+                                  max_payload=conn.max_payload)
                 if target is not None:
                     await target.require(conn, {m.subject for m in chunk})
                 count, total_chunks = count + len(chunk), total_chunks + 1

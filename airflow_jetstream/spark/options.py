@@ -15,8 +15,7 @@ from typing import Any
 
 from airflow_jetstream.client.admin.streams import check_replicas, normalize_placement
 from airflow_jetstream.client.batches.fast import DEFAULT_FLOW
-from airflow_jetstream.client.batches.fence import FENCED_MAX_MSGS
-from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS
+from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, FENCED_MAX_MSGS
 from airflow_jetstream.client.durations import parse_time, to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError
 from airflow_jetstream.client.kv.job_records import DEFAULT_JOB_BUCKET

@@ -2,7 +2,7 @@
 
 Chunk ``c`` of partition ``p`` always holds the same rows for the same input, so its ids are stable across
 task attempts and job re-runs: an atomic chunk is fenced as ``<job_id>-<p>-<c>``
-(:mod:`~airflow_jetstream.client.batches.fence`), so it commits at most once however often it is sent; msg
+(:mod:`~airflow_jetstream.client.batches.atomic`), so it commits at most once however often it is sent; msg
 ids add de-duplication within the duplicate window (fast mode, where no fence applies, has one per row).
 Every stored chunk is recorded in the batch ledger, and a retry or re-run skips chunks the ledger has. The
 driver's ``commit()``/``abort()`` store every partition's report as the job record ``job_id``.

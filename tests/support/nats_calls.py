@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection, stream_info
-from airflow_jetstream.client.batches.fence import fence_count
+from airflow_jetstream.client.batches.atomic import fence_count
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.embedded import EmbeddedNatsServer

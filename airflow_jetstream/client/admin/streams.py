@@ -249,7 +249,7 @@ async def find_stream(conn: JetStreamConnection, name: str) -> dict[str, Any] | 
 def with_fence_subjects(cfg: dict[str, Any], current: dict[str, Any] | None = None) -> dict[str, Any]:
     """``cfg`` with the fence namespace ``_FENCE.<name>.>`` added to the subjects of a stream that takes atomic
     batches (``allow_atomic``, in ``cfg`` or the ``current`` config it updates) and keeps what it stores (limits
-    or workqueue retention), so atomic writes to it are exactly once (:mod:`~airflow_jetstream.client.batches.fence`);
+    or workqueue retention), so atomic writes to it are exactly once (:mod:`~airflow_jetstream.client.batches.atomic`);
     a stream whose subjects already cover it, or that has none of its own, is left as it is."""
     subjects = cfg.get("subjects")
     merged = {**(current or {}), **cfg}

@@ -6,31 +6,37 @@ the client runs ahead, the rest plain publishes, and the last one carries ``Nats
 PubAck. Because a batch is stored whole and in one run of sequences, one msg id per batch is enough to make a
 re-send safe (:mod:`~airflow_jetstream.client.batches.resend`), and keeps the stream's duplicate window at one
 entry per batch instead of one per message.
+
+Write fences: an atomic batch with a fence id commits at most once, at any time later, checked by the server. A
+fenced batch ends with its *fence*, a message on ``_FENCE.<stream>.<fence id>`` with
+``Nats-Expected-Last-Subject-Sequence: 0``, which nats-server (2.12+) checks at commit under the stream's lock:
+every later commit of the same fence id (a retry, a re-run, a writer frozen and resumed) is refused whole and
+stores nothing. No duplicate window, no clock and no look before the write decide it. The stored fence (one
+message get) then names the sequences the earlier commit occupies, so the caller records what the server committed
+even when the attempt that committed it died first (docs/batch-publishing.md, fences).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import struct
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.batches.fence import check_fence_config, fence_message, stored_fence
 from airflow_jetstream.client.batches.resend import AtomicBatchRetry, already_committed
 from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
     HEADER_BATCH_COMMIT,
     HEADER_BATCH_ID,
     HEADER_BATCH_SEQUENCE,
-    HEADER_EXPECTED_LAST_MSG_ID,
     HEADER_EXPECTED_LAST_SEQ,
-    HEADER_EXPECTED_LAST_SUBJECT_SEQ,
-    HEADER_MSG_ID,
-    MAX_BATCH_ID_LENGTH,
     BatchMessage,
     BatchResult,
     new_batch_id,
@@ -48,24 +54,14 @@ from airflow_jetstream.client.batches.wire import (
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError
 from airflow_jetstream.client.natspy_internals import write_raw
+from airflow_jetstream.client.reading.stored import get_message
 from airflow_jetstream.client.retry import Deadline, retry
+from airflow_jetstream.client.subjects import FENCE_PREFIX, fence_namespace, fence_subject, subject_matches
 
-ATOMIC_REFUSED_HEADERS = {
-    HEADER_EXPECTED_LAST_MSG_ID.lower(): "atomic batches refuse it (server err 10177); use expected_last_seq",
-    HEADER_EXPECTED_LAST_SEQ.lower(): "pass expected_last_seq to the batch publish instead",
-    HEADER_EXPECTED_LAST_SUBJECT_SEQ.lower(): "set BatchMessage.expected_last_subject_seq instead",
-    HEADER_MSG_ID.lower(): "set BatchMessage.msg_id instead",
-    HEADER_BATCH_ID.lower(): "batch headers are set by the publisher",
-    HEADER_BATCH_SEQUENCE.lower(): "batch headers are set by the publisher",
-    HEADER_BATCH_COMMIT.lower(): "batch headers are set by the publisher",
-}
-# Batch id, sequence (up to 7 digits) and commit headers added to each message.
-BATCH_HEADER_BYTES = (
-    len(HEADER_BATCH_ID) + MAX_BATCH_ID_LENGTH + len(HEADER_BATCH_SEQUENCE) + 7 + len(HEADER_BATCH_COMMIT) + 1
-    + len(HEADER_EXPECTED_LAST_SEQ) + 20 + 4 * 4 + 12
-)
 DEFAULT_FLOW_EVERY = 200
 DEFAULT_RETRIES = 5
+#: ``retention`` values under which a stored fence stays until the stream's limits remove it.
+_KEEPING_RETENTION = ("limits", "workqueue")
 log = logging.getLogger(__name__)
 
 
@@ -136,12 +132,6 @@ async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batc
         await replies.close()
 
 
-def validate_atomic(conn: JetStreamConnection, messages: Sequence[BatchMessage], max_msgs: int) -> list[BatchMessage]:
-    """The local checks of an atomic batch (:func:`~airflow_jetstream.client.batches.types.validate_messages`)."""
-    return validate_messages(messages, max_msgs=max_msgs, max_payload=conn.max_payload,
-                             refused_headers=ATOMIC_REFUSED_HEADERS, reserved_header_bytes=BATCH_HEADER_BYTES)
-
-
 async def publish_atomic_batch(
     conn: JetStreamConnection,
     messages: Sequence[BatchMessage],
@@ -160,7 +150,7 @@ async def publish_atomic_batch(
 
     With ``fence`` (an id naming this batch's content, e.g. ``"<job>-<part>-<chunk>"``) the batch commits at most
     once, ever: a later commit of the same fence id is refused by the server and reported ``already_committed``
-    with the earlier commit's sequences (:mod:`~airflow_jetstream.client.batches.fence`). The stream (``stream``,
+    with the earlier commit's sequences (:mod:`~airflow_jetstream.client.batches.atomic`). The stream (``stream``,
     or the one capturing the first subject) must carry ``_FENCE.<stream>.>`` (``stream_not_fenced`` otherwise).
 
     Everything is validated before the first byte is sent (each problem an :class:`InvalidRequestError` with a
@@ -173,7 +163,7 @@ async def publish_atomic_batch(
     :param timeout: seconds to wait for each server reply (default: the connection's request timeout).
     :param deadline: retry until then (default: for ``leader_wait`` from the first failure).
     """
-    items = validate_atomic(conn, messages, max_msgs)
+    items = validate_messages(messages, mode="atomic", max_msgs=max_msgs, max_payload=conn.max_payload)
     batch_id = validate_batch_id(batch_id)
     if expected_last_seq is not None and (not isinstance(expected_last_seq, int) or expected_last_seq < 0):
         raise InvalidRequestError(f"expected_last_seq must be an int >= 0, got {expected_last_seq!r}",
@@ -204,7 +194,7 @@ async def publish_fenced_batch(conn: JetStreamConnection, messages: Sequence[Bat
                                max_msgs: int = DEFAULT_MAX_BATCH_MSGS) -> BatchResult:
     """:func:`publish_atomic_batch` with ``fence=fence_id`` to ``stream``, which the caller already checked for
     fences (:func:`~airflow_jetstream.client.batches.publish_chunks.check_target_stream` with ``fence=True``)."""
-    items = validate_atomic(conn, messages, max_msgs)
+    items = validate_messages(messages, mode="atomic", max_msgs=max_msgs, max_payload=conn.max_payload)
     _check_fenced_size(items, max_msgs)
     return await _publish_validated(conn, items, validate_batch_id(batch_id),
                                     expected_last_seq, DEFAULT_FLOW_EVERY, reply_timeout(conn, None), DEFAULT_RETRIES,
@@ -318,7 +308,8 @@ async def publish_atomic_batches(
     chunks = [list(messages[i:i + batch_size]) for i in range(0, len(messages), batch_size)]
     if not chunks:
         raise InvalidRequestError("there are no messages to publish", reason="empty_batch")
-    chunks = [validate_atomic(conn, chunk, batch_size) for chunk in chunks]
+    chunks = [validate_messages(chunk, mode="atomic", max_msgs=batch_size, max_payload=conn.max_payload)
+              for chunk in chunks]
     request_timeout = reply_timeout(conn, timeout)
     results: list[BatchResult | None] = [None] * len(chunks)
     pending = iter(range(len(chunks)))
@@ -339,3 +330,86 @@ async def publish_atomic_batches(
     if failed:
         raise failed[0]
     return [r for r in results if r is not None]
+
+
+def check_fence_config(stream: str, config: dict[str, Any]) -> None:
+    """Refuse, before anything is published, a stream whose config cannot keep fences (reason ``stream_not_fenced``)."""
+    retention = config.get("retention", "limits")
+    if retention not in _KEEPING_RETENTION:
+        raise BatchPublishError(
+            f"stream {stream!r} has retention {retention!r}, which removes a fence as soon as it is stored (no "
+            "consumer is interested in it), so it could not refuse a second commit; write to a limits or workqueue "
+            "stream, or opt out with fence=False (duplicates then bounded only by the duplicate_window)",
+            reason="stream_not_fenced")
+    subject = fence_subject(stream, "check")
+    if not any(subject_matches(pattern, subject) for pattern in config.get("subjects") or []):
+        raise BatchPublishError(
+            f"stream {stream!r} has no fence subjects, which exactly-once atomic writes need (a retry or re-run "
+            f"after the duplicate window would store the batches again); add {fence_namespace(stream)!r} to its "
+            "subjects (JetStreamEnsureStreamOperator / ensure_stream add it to every allow_atomic stream), or opt "
+            "out with fence=False, which leaves duplicates bounded only by the stream's duplicate_window",
+            reason="stream_not_fenced")
+
+
+def content_digest(messages: Sequence[BatchMessage]) -> str:
+    """A digest of the messages' subjects and payloads: what a fence says its batch held. Every fenced chunk pays
+    for it on every attempt, so it hashes three joined parts (the lengths, then the subjects, then the payloads:
+    unambiguous together) instead of one update per message, which cost three times as much (docs/performance.md)."""
+    subjects = [msg.subject for msg in messages]
+    payloads = [msg.data for msg in messages]
+    digest = hashlib.sha256(struct.pack(f"<{2 * len(subjects)}Q", *map(len, subjects), *map(len, payloads)))
+    digest.update("".join(subjects).encode())
+    digest.update(b"".join(payloads))
+    return digest.hexdigest()[:32]
+
+
+def fence_message(stream: str, fence_id: str, messages: Sequence[BatchMessage]) -> BatchMessage:
+    """The fence a batch of ``messages`` ends with (the same bytes for every attempt of the batch)."""
+    payload = json.dumps({"fence": fence_id, "count": len(messages), "digest": content_digest(messages)},
+                         separators=(",", ":")).encode()
+    return BatchMessage(fence_subject(stream, fence_id), payload, expected_last_subject_seq=0)
+
+
+@dataclass(frozen=True)
+class StoredFence:
+    """Where an earlier commit of a fenced batch lies: its messages are ``first_seq .. last_seq``, the fence after."""
+
+    batch: str
+    count: int
+    first_seq: int
+    last_seq: int
+    digest: str
+
+
+async def stored_fence(conn: JetStreamConnection, stream: str, fence_id: str) -> StoredFence | None:
+    """The earlier commit of ``fence_id`` in ``stream``, read from its fence (one message get), or None.
+
+    A fence follows the messages it covers (its whole batch, or in a Batcher's group its one item): its count n
+    names the n sequences before its own, which its ``Nats-Batch-Sequence`` k must allow (1 <= n < k).
+    """
+    subject = fence_subject(stream, fence_id)
+    raw = await get_message(conn, stream, subject=subject)
+    if raw is None:
+        return None
+    headers = raw.headers
+    try:
+        position = int(headers.get(HEADER_BATCH_SEQUENCE, "0"))
+        body = json.loads(raw.data or b"{}")
+        count, digest = int(body.get("count", -1)), str(body.get("digest", ""))
+    except (TypeError, ValueError, AttributeError):
+        position, count, digest = 0, -1, ""
+    if not 1 <= count < position:
+        raise BatchPublishError(
+            f"stream {stream!r} seq {raw.seq} on fence subject {subject!r} is not a fence this provider wrote "
+            f"(batch position {position}, count {count}); nothing was published. Leave the {FENCE_PREFIX} "
+            "subjects to the provider", reason="fence_invalid")
+    return StoredFence(batch=str(headers.get(HEADER_BATCH_ID, "")), count=count,
+                       first_seq=raw.seq - count, last_seq=raw.seq - 1, digest=digest)
+
+
+async def fence_count(conn: JetStreamConnection, stream: str) -> int:
+    """How many write fences ``stream`` holds (one per fenced batch, up to the server's 100,000 subjects per
+    answer): its message count less this is its data."""
+    info = await conn.api_request(f"STREAM.INFO.{stream}", {"subjects_filter": f"{FENCE_PREFIX}.{stream}.>"},
+                                  context=f"stream {stream!r}")
+    return len((info.get("state") or {}).get("subjects") or {})

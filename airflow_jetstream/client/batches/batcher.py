@@ -7,7 +7,7 @@ each gets its own result and machine-readable error, in submission order.
 
 Fenced by default: every item needs a msg id and is stored at most once however late it is published again. Each
 group is one atomic batch in which every item is followed by its write fence (:mod:`~airflow_jetstream.client.
-batches.fence`, fence id = msg id), checked by the server at commit; a refused group is resolved item by item, an
+batches.atomic`, fence id = msg id), checked by the server at commit; a refused group is resolved item by item, an
 item stored before answered ``duplicate`` with its seq. ``fence=False`` is the explicit opt-out: pipelined
 acknowledged publishes (or, with ``atomic=True``, one atomic batch per group, re-sent item by item when refused),
 msg ids then de-duplicating only within the stream's ``duplicate_window``.
@@ -29,9 +29,7 @@ from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.streams import streams_for_subject
-from airflow_jetstream.client.batches.atomic import ATOMIC_REFUSED_HEADERS, publish_atomic_batch
-from airflow_jetstream.client.batches.fast import FAST_REFUSED_HEADERS
-from airflow_jetstream.client.batches.fence import fence_message
+from airflow_jetstream.client.batches.atomic import fence_message, publish_atomic_batch
 from airflow_jetstream.client.batches.publish_chunks import check_target_stream
 from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
@@ -175,9 +173,8 @@ class Batcher:
         return future
 
     def _check(self, message: BatchMessage) -> None:
-        refused = ATOMIC_REFUSED_HEADERS if self.atomic or self.fence else FAST_REFUSED_HEADERS
-        validate_messages([message], max_msgs=None, max_payload=self.conn.max_payload,
-                          refused_headers=refused, reserved_header_bytes=256)
+        validate_messages([message], mode="atomic" if self.atomic or self.fence else "fast",
+                          max_payload=self.conn.max_payload, reserved_header_bytes=256)
         if self.fence and not message.msg_id:
             raise InvalidRequestError(
                 f"publish to {message.subject!r} has no msg_id: the Batcher fences each item by its msg id, so that "

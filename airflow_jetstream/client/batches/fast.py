@@ -28,10 +28,6 @@ from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.batches.resend import stored_difference, stored_sequences
 from airflow_jetstream.client.batches.types import (
-    HEADER_BATCH_COMMIT,
-    HEADER_BATCH_ID,
-    HEADER_BATCH_SEQUENCE,
-    HEADER_EXPECTED_LAST_MSG_ID,
     HEADER_STATUS,
     MAX_BATCH_ID_LENGTH,
     BatchMessage,
@@ -62,13 +58,6 @@ from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.client.retry import ELECTION, Deadline, is_leader_unavailable, retry
 
-FAST_REFUSED_HEADERS = {
-    HEADER_BATCH_ID.lower(): "batch headers belong to atomic batches; the fast batch protocol uses reply subjects",
-    HEADER_BATCH_SEQUENCE.lower(): "batch headers belong to atomic batches",
-    HEADER_BATCH_COMMIT.lower(): "batch headers belong to atomic batches",
-    HEADER_EXPECTED_LAST_MSG_ID.lower(): "nats-server 2.14/2.15 stop storing into a replicated stream after a "
-    "mismatched one (see docs/cluster.md); use expected_last_subject_seq",
-}
 # Messages between flow acks the client asks for. nats-server 2.15 caps the flow it grants at
 # 500 / (fast batches open on the stream) and ramps up to it, so beyond 500 this only lets the
 # client run further ahead before the first flow ack arrives.
@@ -296,8 +285,7 @@ async def publish_fast_batch(
     :param timeout: seconds to wait for each server answer (default: the connection's request timeout).
     :param max_resumes: how often a gap (lost message) is healed by resending the rest as a new batch.
     """
-    items = validate_messages(messages, max_msgs=None, max_payload=conn.max_payload,
-                              refused_headers=FAST_REFUSED_HEADERS)
+    items = validate_messages(messages, mode="fast", max_payload=conn.max_payload)
     batch_id = validate_batch_id(batch_id)
     if len(batch_id) > MAX_BATCH_ID_LENGTH - _RESUME_SUFFIX_ROOM:
         raise InvalidRequestError(

@@ -8,15 +8,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_jetstream.client.admin.streams import stream_info, streams_for_subject
-from airflow_jetstream.client.batches.atomic import publish_atomic_batch, publish_fenced_batch, validate_atomic
-from airflow_jetstream.client.batches.fast import DEFAULT_FLOW, FAST_REFUSED_HEADERS, publish_fast_batch
-from airflow_jetstream.client.batches.fence import check_fence_config
-from airflow_jetstream.client.batches.types import (
-    DEFAULT_MAX_BATCH_MSGS,
-    BatchMessage,
-    BatchResult,
-    validate_messages,
-)
+from airflow_jetstream.client.batches.atomic import check_fence_config, publish_atomic_batch, publish_fenced_batch
+from airflow_jetstream.client.batches.fast import DEFAULT_FLOW, publish_fast_batch
+from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, BatchMessage, BatchResult
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError
 from airflow_jetstream.client.subjects import subject_matches
@@ -88,15 +82,6 @@ async def check_target_stream(conn: JetStreamConnection, stream: str, subjects: 
                           duplicate_window=int(config.get("duplicate_window") or 120_000_000_000) / 1e9, fenced=fenced)
     await target.require(conn, subjects)
     return target
-
-
-def validate_chunk(conn: JetStreamConnection, messages: Sequence[BatchMessage], *, mode: str = "atomic",
-                   max_msgs: int = DEFAULT_MAX_BATCH_MSGS) -> list[BatchMessage]:
-    """The local checks :func:`publish_chunk` makes before sending, without sending (for a first pass)."""
-    if check_mode(mode) == "atomic":
-        return validate_atomic(conn, messages, max_msgs)
-    return validate_messages(messages, max_msgs=None, max_payload=conn.max_payload,
-                             refused_headers=FAST_REFUSED_HEADERS)
 
 
 async def publish_chunk(conn: JetStreamConnection, messages: Sequence[BatchMessage], *, mode: str = "atomic",

@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import nats.errors
+
 from airflow_jetstream.client import metrics
 from airflow_jetstream.client.admin.streams import stream_info, streams_for_subject
 from airflow_jetstream.client.batches.types import (
@@ -22,7 +24,7 @@ from airflow_jetstream.client.batches.types import (
     BatchResult,
     header_values,
 )
-from airflow_jetstream.client.batches.wire import request
+from airflow_jetstream.client.batches.wire import CONNECTION_ERRORS, connection_lost, no_stream_error, parse_reply
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.errors import (
     BatchPublishError,
@@ -67,18 +69,24 @@ async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMe
         # an election (a 503 on a stream that exists, or no reply on a cluster) is retried: a probe stores nothing
         context = f"msg id probe {msg.msg_id!r}"
         try:
-            return await request(conn, msg.subject, b"", headers, timeout, context)
+            answer = await conn.nc.request(msg.subject, b"", timeout=timeout, headers=headers)
+        except nats.errors.NoRespondersError:
+            if not await streams_for_subject(conn, msg.subject):
+                raise no_stream_error(context, msg.subject) from None
+            raise LeaderUnavailableError(f"{context}: the stream capturing {msg.subject!r} has no leader "
+                                         "(503)") from None
+        except nats.errors.TimeoutError:
+            await conn.raise_if_denied(msg.subject)
+            unanswered = f"{context}: no reply within {timeout}s"
+            raise (RequestTimeoutError(unanswered) if conn.nc.is_closed else conn.unanswered(unanswered)) from None
+        except CONNECTION_ERRORS as exc:
+            raise connection_lost(context, exc) from None
+        try:
+            return parse_reply(answer.data, context)
         except BatchPublishError as exc:
-            if exc.reason == "no_stream_for_subject" and await streams_for_subject(conn, msg.subject):
-                raise LeaderUnavailableError(f"{context}: the stream capturing {msg.subject!r} has no "
-                                             "leader (503)") from None
             if exc.reason == "msg_id_in_process":  # 10158: not yet known whether it is stored; ask again
                 raise LeaderUnavailableError(exc.message, reason="msg_id_in_process") from None
             raise
-        except RequestTimeoutError as exc:
-            if conn.nc.is_closed:
-                raise
-            raise conn.unanswered(exc.message) from None
 
     async def probe(msg: BatchMessage) -> int | None:
         if not msg.msg_id:
@@ -125,60 +133,49 @@ async def probe_expectation(conn: JetStreamConnection, subject: str, *, stream: 
 async def already_committed(conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str,
                             timeout: float, error: BatchPublishError) -> BatchResult:
     """The earlier commit of this batch, when that is why the server refused it as a duplicate: every message
-    with a msg id is stored at ``first_seq + its position`` for one ``first_seq`` (a batch is stored whole)."""
+    with a msg id is stored at ``first_seq + its position`` for one ``first_seq`` (a batch is stored whole).
+
+    ``msg_id_reused`` unless ``first_seq ..`` holds one committed batch (one ``Nats-Batch-Id``, sequences 1..n, the
+    commit on the n-th) with these subjects, payloads, msg ids and headers, read back by message gets. Messages the
+    stream already removed cannot be compared and are skipped; when none is left the msg ids alone vouch for the
+    earlier commit (logged)."""
+
+    def refused(why: str, reason: str = "duplicate_msg_id") -> BatchPublishError:
+        return BatchPublishError(f"atomic batch {batch_id}: {why}", reason=reason, code=error.code,
+                                 err_code=error.err_code, description=error.description)
+
     with_ids = [(index, msg) for index, msg in enumerate(messages) if msg.msg_id]
     if not with_ids:
         raise error
     streams = await streams_for_subject(conn, messages[0].subject)  # a batch goes to one stream
     stream = streams[0] if streams else ""
     seqs = await stored_sequences(conn, [msg for _, msg in with_ids], timeout, stream=stream or None)
-    missing = [index for (index, _), seq in zip(with_ids, seqs, strict=True) if seq is None]
-    if missing:
-        stored = [(msg.msg_id, seq) for (_, msg), seq in zip(with_ids, seqs, strict=True) if seq is not None]
+    stored = [(msg.msg_id, seq) for (_, msg), seq in zip(with_ids, seqs, strict=True) if seq is not None]
+    if len(stored) < len(with_ids):
         shown = ", ".join(f"{msg_id!r} (seq {seq})" for msg_id, seq in stored[:5])
         more = f" and {len(stored) - 5} more" if len(stored) > 5 else ""
-        raise BatchPublishError(
-            f"atomic batch {batch_id}: {len(stored)} of {len(with_ids)} msg ids are already stored: "
-            f"{shown}{more}; the batch was refused whole. Remove the stored messages from the batch or give "
-            "them fresh msg ids",
-            reason="duplicate_msg_id", code=error.code, err_code=error.err_code, description=error.description,
-        )
+        raise refused(f"{len(stored)} of {len(with_ids)} msg ids are already stored: {shown}{more}; the batch was "
+                      "refused whole. Remove the stored messages from the batch or give them fresh msg ids")
     starts = {seq - index for (index, _), seq in zip(with_ids, seqs, strict=True) if seq is not None}
     if len(starts) != 1:
-        raise BatchPublishError(
-            f"atomic batch {batch_id}: its msg ids are all stored, but not as one earlier commit of this batch "
-            "(not one run of sequences in this order), so they belong to other messages; the batch was refused "
-            "whole. Give its messages fresh msg ids",
-            reason="duplicate_msg_id", code=error.code, err_code=error.err_code, description=error.description,
-        )
-    first_seq = starts.pop()
-    if stream:
-        await _check_stored_batch(conn, stream, messages, first_seq, batch_id, error)
-    return BatchResult(stream=stream, batch=batch_id, count=len(messages),
-                       first_seq=first_seq, last_seq=first_seq + len(messages) - 1, already_committed=True)
-
-
-async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: list[BatchMessage],
-                              first_seq: int, batch_id: str, error: BatchPublishError) -> None:
-    """Raise ``msg_id_reused`` unless ``first_seq ..`` holds one committed batch (one ``Nats-Batch-Id``, sequences
-    1..n, the commit on the n-th) with these subjects, payloads, msg ids and headers, read back by message gets.
-    Messages the stream already removed cannot be compared and are skipped; when none is left the msg ids alone
-    vouch for the earlier commit (logged)."""
+        raise refused("its msg ids are all stored, but not as one earlier commit of this batch (not one run of "
+                      "sequences in this order), so they belong to other messages; the batch was refused whole. "
+                      "Give its messages fresh msg ids")
+    first_seq, count = starts.pop(), len(messages)
     semaphore = asyncio.Semaphore(PROBE_WINDOW)
 
-    async def stored(seq: int) -> Message | None:
+    async def read(seq: int) -> Message | None:
         async with semaphore:
             return await get_message(conn, stream, seq=seq)
 
-    found = await asyncio.gather(*(stored(first_seq + i) for i in range(len(messages))))
-    count = len(messages)
+    found = await asyncio.gather(*(read(first_seq + i) for i in range(count))) if stream else [None] * count
     problem = None
-    stored_ids = set()
+    batch_ids = set()
     for index, (msg, raw) in enumerate(zip(messages, found, strict=True)):
         if raw is None:
             continue
         headers = raw.headers
-        stored_ids.add(headers.get(HEADER_BATCH_ID))
+        batch_ids.add(headers.get(HEADER_BATCH_ID))
         if headers.get(HEADER_BATCH_SEQUENCE) != str(index + 1):
             problem = f"seq {first_seq + index} is not message {index + 1} of one atomic batch"
         elif index == count - 1 and headers.get(HEADER_BATCH_COMMIT) != "1":
@@ -187,20 +184,19 @@ async def _check_stored_batch(conn: JetStreamConnection, stream: str, messages: 
             problem = f"seq {first_seq + index} {differs}"
         if problem:
             break
-    if problem is None and len(stored_ids) > 1:
-        problem = f"seqs {first_seq}..{first_seq + count - 1} belong to {len(stored_ids)} different batches"
-    if problem is None and stored_ids == set():
+    if problem is None and len(batch_ids) > 1:
+        problem = f"seqs {first_seq}..{first_seq + count - 1} belong to {len(batch_ids)} different batches"
+    if problem:
+        raise refused(f"its msg ids are already used by other messages in stream {stream!r} ({problem}), so the "
+                      "server refused the batch as a duplicate and nothing of it was written. Msg ids must name "
+                      "one batch's content for the stream's duplicate_window: give these messages fresh msg ids",
+                      "msg_id_reused")
+    if stream and not batch_ids:
         log.warning("atomic batch %s: its msg ids are stored at %s seq %d..%d, which the stream already removed; "
                     "taken as committed earlier without comparing contents", batch_id, stream, first_seq,
                     first_seq + count - 1)
-    if problem:
-        raise BatchPublishError(
-            f"atomic batch {batch_id}: its msg ids are already used by other messages in stream {stream!r} "
-            f"({problem}), so the server refused the batch as a duplicate and nothing of it was written. "
-            "Msg ids must name one batch's content for the stream's duplicate_window: give these messages "
-            "fresh msg ids",
-            reason="msg_id_reused", code=error.code, err_code=error.err_code, description=error.description,
-        )
+    return BatchResult(stream=stream, batch=batch_id, count=count, first_seq=first_seq,
+                       last_seq=first_seq + count - 1, already_committed=True)
 
 
 def stored_difference(msg: BatchMessage, subject: str, data: bytes | None, headers: Mapping[str, str] | None,

@@ -28,7 +28,31 @@ HEADER_STATUS = "Status"
 MAX_BATCH_ID_LENGTH = 64
 #: The server's default ``jetstream.limits.batch.max_msgs``.
 DEFAULT_MAX_BATCH_MSGS = 1000
+#: Messages of a fenced batch the caller gives, for the server's ``max_msgs`` (default 1000): one is the fence.
+FENCED_MAX_MSGS = 999
 
+_BATCH_HEADERS = (HEADER_BATCH_ID, HEADER_BATCH_SEQUENCE, HEADER_BATCH_COMMIT)
+#: Headers a caller may not set, by batch mode: lower-case name -> what to use instead.
+REFUSED_HEADERS = {
+    "atomic": {
+        HEADER_EXPECTED_LAST_MSG_ID.lower(): "atomic batches refuse it (server err 10177); use expected_last_seq",
+        HEADER_EXPECTED_LAST_SEQ.lower(): "pass expected_last_seq to the batch publish instead",
+        HEADER_EXPECTED_LAST_SUBJECT_SEQ.lower(): "set BatchMessage.expected_last_subject_seq instead",
+        HEADER_MSG_ID.lower(): "set BatchMessage.msg_id instead",
+        **{name.lower(): "batch headers are set by the publisher" for name in _BATCH_HEADERS},
+    },
+    "fast": {
+        **{name.lower(): "batch headers belong to atomic batches; the fast batch protocol uses reply subjects"
+           for name in _BATCH_HEADERS},
+        HEADER_EXPECTED_LAST_MSG_ID.lower(): "nats-server 2.14/2.15 stop storing into a replicated stream after a "
+        "mismatched one (see docs/cluster.md); use expected_last_subject_seq",
+    },
+}
+# Batch id, sequence (up to 7 digits) and commit headers an atomic batch adds to each message.
+BATCH_HEADER_BYTES = (
+    len(HEADER_BATCH_ID) + MAX_BATCH_ID_LENGTH + len(HEADER_BATCH_SEQUENCE) + 7 + len(HEADER_BATCH_COMMIT) + 1
+    + len(HEADER_EXPECTED_LAST_SEQ) + 20 + 4 * 4 + 12
+)
 _HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BATCH_ID = re.compile(r"[A-Za-z0-9_\-]+")
 # Bytes the protocol adds around user headers: "NATS/1.0\r\n" ... "\r\n" plus ": " and "\r\n" per header.
@@ -175,16 +199,18 @@ def _check_headers(index: int, headers: object, refused: dict[str, str]) -> dict
 def validate_messages(
     messages: Sequence[BatchMessage],
     *,
-    max_msgs: int | None,
+    mode: str,
     max_payload: int,
-    refused_headers: dict[str, str],
-    reserved_header_bytes: int = 0,
+    max_msgs: int | None = None,
+    reserved_header_bytes: int | None = None,
 ) -> list[BatchMessage]:
-    """Check a whole batch locally and return it as a list; raises :class:`InvalidRequestError` subclasses.
+    """Check a whole ``mode`` batch locally and return it as a list; raises :class:`InvalidRequestError` subclasses.
 
-    ``refused_headers`` maps lower-case header names to a hint on what to use instead.
-    ``reserved_header_bytes`` is what the publisher adds to every message (batch headers).
+    ``reserved_header_bytes`` is what the publisher adds to every message (default: an atomic batch's headers).
     """
+    refused_headers = REFUSED_HEADERS[mode]
+    if reserved_header_bytes is None:
+        reserved_header_bytes = BATCH_HEADER_BYTES if mode == "atomic" else 0
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise InvalidRequestError("messages must be a sequence of BatchMessage", reason="invalid_request")
     items = list(messages)

@@ -89,20 +89,6 @@ def parse_reply(data: bytes, context: str) -> dict[str, Any]:
     return reply
 
 
-async def request(conn: JetStreamConnection, subject: str, payload: bytes, headers: dict[str, str],
-                  timeout: float, context: str) -> dict[str, Any]:
-    try:
-        msg = await conn.nc.request(subject, payload, timeout=timeout, headers=headers)
-    except nats.errors.NoRespondersError:
-        raise no_stream_error(context, subject) from None
-    except nats.errors.TimeoutError:
-        await conn.raise_if_denied(subject)
-        raise RequestTimeoutError(f"{context}: no reply within {timeout}s") from None
-    except CONNECTION_ERRORS as exc:
-        raise connection_lost(context, exc) from None
-    return parse_reply(msg.data, context)
-
-
 def no_stream_error(context: str, subject: str) -> BatchPublishError:
     """A no-responders answer: no stream captures ``subject`` (or, on a cluster, its stream has no leader)."""
     return BatchPublishError(

@@ -258,7 +258,7 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
 def _without_fences(spec: DurableSource, origin_config: dict[str, Any]) -> DurableSource:
     """``spec`` filtered to the origin's own subjects when it names none and the origin keeps write fences: the
     fences stay in the origin (a WorkQueue origin would otherwise hand them to the source and lose them) and the
-    aggregate holds only data (:mod:`~airflow_jetstream.client.batches.fence`)."""
+    aggregate holds only data (:mod:`~airflow_jetstream.client.batches.atomic`)."""
     subjects = origin_config.get("subjects") or []
     own = tuple(s for s in subjects if not is_fence_subject(s))
     if spec.filter_subjects or len(own) == len(subjects) or not own:

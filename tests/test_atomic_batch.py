@@ -10,8 +10,7 @@ import pytest
 
 from airflow_jetstream.client import BatchMessage, metrics, publish_atomic_batch, stream_info
 from airflow_jetstream.client.batches.atomic import publish_atomic_batches
-from airflow_jetstream.client.batches.resend import stored_sequences
-from airflow_jetstream.client.batches.wire import encode_frame
+from airflow_jetstream.client.batches.wire import encode_frame, stored_sequences
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, InvalidSubjectError
 from airflow_jetstream.client.natspy_internals import write_raw
 from tests.support.nats_calls import with_streams

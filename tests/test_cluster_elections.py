@@ -19,8 +19,8 @@ import pytest
 from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
 from airflow_jetstream.client.batches.atomic import fence_count, publish_atomic_batch
 from airflow_jetstream.client.batches.batcher import Batcher
-from airflow_jetstream.client.batches.resend import stored_sequences
 from airflow_jetstream.client.batches.types import BatchMessage
+from airflow_jetstream.client.batches.wire import stored_sequences
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import (
     BatchPublishError,

@@ -12,8 +12,8 @@ import asyncio
 import json
 
 from airflow_jetstream.client.batches.batcher import Batcher
-from airflow_jetstream.client.batches.resend import stored_sequences
 from airflow_jetstream.client.batches.types import BatchMessage
+from airflow_jetstream.client.batches.wire import stored_sequences
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import BatchPublishError, error_from_api
 from airflow_jetstream.client.settings import ConnectionSettings

@@ -292,7 +292,7 @@ def test_micro_batch_replayed_after_the_window_without_its_records_stores_nothin
     from pyspark.sql import functions as F
 
     from airflow_jetstream.client import BatchMessage
-    from airflow_jetstream.client.batches.resend import stored_sequences
+    from airflow_jetstream.client.batches.wire import stored_sequences
 
     make_streams(server, "rz", ["rz.dst.>"], duplicate_window="200ms")
     publish(server, "rz", range(200))

@@ -18,7 +18,7 @@ import pytest
 
 from airflow_jetstream.client import BatchMessage, ensure_stream, publish_atomic_batch, stream_info
 from airflow_jetstream.client.batches.publish_chunks import publish_chunks
-from airflow_jetstream.client.batches.resend import stored_sequences
+from airflow_jetstream.client.batches.wire import stored_sequences
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.reading.stored import read_range

@@ -4,7 +4,7 @@ nats-py has no batch API, so the protocol is driven here with core publishes and
 "How it is sent"): the first message and every ``flow_every``-th one are requests whose empty answers bound how far
 the client runs ahead, the rest plain publishes, and the last one carries ``Nats-Batch-Commit: 1`` and gets the
 PubAck. Because a batch is stored whole and in one run of sequences, one msg id per batch is enough to make a
-re-send safe (:mod:`~airflow_jetstream.client.batches.resend`), and keeps the stream's duplicate window at one
+re-send safe (:mod:`~airflow_jetstream.client.batches.wire`), and keeps the stream's duplicate window at one
 entry per batch instead of one per message.
 
 Write fences: an atomic batch with a fence id commits at most once, at any time later, checked by the server. A
@@ -25,12 +25,10 @@ import logging
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.batches.resend import AtomicBatchRetry, already_committed
 from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
     HEADER_BATCH_COMMIT,
@@ -45,13 +43,15 @@ from airflow_jetstream.client.batches.types import (
 )
 from airflow_jetstream.client.batches.wire import (
     CONNECTION_ERRORS,
+    AtomicBatchRetry,
     BatchReplies,
+    already_committed,
     capturing_stream,
     connection_lost,
     message_header_lines,
     reply_timeout,
 )
-from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError
 from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.stored import get_message
@@ -95,10 +95,9 @@ def encode_atomic_batch(messages: Sequence[BatchMessage], batch_id: str, expecte
 
 async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batch_id: str,
                       expected_last_seq: int | None, flow_every: int, timeout: float,
-                      progress: dict[str, bool] | None = None) -> dict[str, Any]:
+                      progress: dict[str, bool]) -> dict[str, Any]:
     """Send the batch, return the commit's PubAck; ``progress["commit_written"]`` turns True once the
     commit frame was handed to the connection (before that, a failure cannot have stored the batch)."""
-    progress = {} if progress is None else progress
     context = f"atomic batch {batch_id}"
     replies = BatchReplies(conn, timeout, context)
     last = len(items)
@@ -218,21 +217,19 @@ async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage
                                                          timeout, progress), resend_safe=fence is not None)
     try:
         ack = await retry(f"atomic batch {batch_id}", rule.send, transient=rule.transient,
-                          budget=conn.settings.leader_wait, deadline=deadline, advice=rule.advice, logger=log,
+                          budget=conn.settings.leader_wait, deadline=deadline, advice=QUORUM_ADVICE, logger=log,
                           before_retry=conn.round_trip)
     except JetStreamError as exc:
         earlier = await _fenced_refusal(conn, fence, exc, items[-1])
         if earlier is not None:
             return earlier
-        if isinstance(exc, BatchPublishError) and exc.reason == "duplicate_msg_id":
-            try:
+        try:
+            if isinstance(exc, BatchPublishError) and exc.reason == "duplicate_msg_id":
                 return await already_committed(conn, items, batch_id, timeout, exc)
-            except JetStreamError as final:
-                metrics.incr("batch.failed", tags={"reason": final.reason})
-                raise
-        ended = rule.final_error(exc)
-        metrics.incr("batch.failed", tags={"reason": ended.reason})
-        raise ended from None
+            raise rule.final_error(exc) from None
+        except JetStreamError as final:
+            metrics.incr("batch.failed", tags={"reason": final.reason})
+            raise
     count, last_seq = _checked_commit_ack(ack, batch_id, len(items))
     if fence is not None:  # the fence is the provider's, not one of the caller's messages
         count, last_seq = count - 1, last_seq - 1
@@ -249,24 +246,40 @@ async def _fenced_refusal(conn: JetStreamConnection, fence: tuple[str, str] | No
 
     Only a refusal that a stored fence explains counts: a wrong last sequence (the fence's own expectation, or the
     caller's ``expected_last_seq`` after the earlier commit) or a duplicate msg id (within the duplicate window
-    the server checks msg ids first). The fence, once stored, never changes, so reading it after the refusal
-    decides nothing the server did not."""
+    the server checks msg ids first). The fence, once stored, never changes, so reading it (one message get) after
+    the refusal decides nothing the server did not. A fence follows the messages it covers (its whole batch, or in
+    a Batcher's group its one item): its count n names the n sequences before its own, which its
+    ``Nats-Batch-Sequence`` k must allow (1 <= n < k)."""
     if fence is None or exc.reason not in ("wrong_last_sequence", "duplicate_msg_id"):
         return None
-    earlier = await stored_fence(conn, *fence)
-    if earlier is None:
+    stream, fence_id = fence
+    subject = fence_subject(stream, fence_id)
+    raw = await get_message(conn, stream, subject=subject)
+    if raw is None:
         return None
-    if json.loads(sent_fence.data)["digest"] != earlier.digest:
+    try:
+        position = int(raw.headers.get(HEADER_BATCH_SEQUENCE, "0"))
+        body = json.loads(raw.data or b"{}")
+        count, digest = int(body.get("count", -1)), str(body.get("digest", ""))
+    except (TypeError, ValueError, AttributeError):
+        position, count, digest = 0, -1, ""
+    if not 1 <= count < position:
         raise BatchPublishError(
-            f"fence {fence[1]!r} of stream {fence[0]!r} was committed earlier (batch {earlier.batch}, seq "
+            f"stream {stream!r} seq {raw.seq} on fence subject {subject!r} is not a fence this provider wrote "
+            f"(batch position {position}, count {count}); nothing was published. Leave the {FENCE_PREFIX} "
+            "subjects to the provider", reason="fence_invalid")
+    earlier = BatchResult(stream=stream, batch=str(raw.headers.get(HEADER_BATCH_ID, "")), count=count,
+                          first_seq=raw.seq - count, last_seq=raw.seq - 1, already_committed=True)
+    if json.loads(sent_fence.data)["digest"] != digest:
+        raise BatchPublishError(
+            f"fence {fence_id!r} of stream {stream!r} was committed earlier (batch {earlier.batch}, seq "
             f"{earlier.first_seq}..{earlier.last_seq}) with other messages than this attempt's; nothing was stored "
             "again. The fence id must name one content: the input or the chunking (batch_size) changed between "
             "attempts; use a new id (job_id, dedupe_key) for new content", reason="fence_conflict")
     metrics.incr("batch.already_committed", tags={"via": "fence"})
     log.info("atomic batch with fence %r: committed earlier as batch %s at %s seq %d..%d; nothing stored again",
-             fence[1], earlier.batch, fence[0], earlier.first_seq, earlier.last_seq)
-    return BatchResult(stream=fence[0], batch=earlier.batch, count=earlier.count, first_seq=earlier.first_seq,
-                       last_seq=earlier.last_seq, already_committed=True)
+             fence_id, earlier.batch, stream, earlier.first_seq, earlier.last_seq)
+    return earlier
 
 
 def _checked_commit_ack(ack: dict[str, Any], batch_id: str, sent: int) -> tuple[int, int]:
@@ -368,43 +381,6 @@ def fence_message(stream: str, fence_id: str, messages: Sequence[BatchMessage]) 
     payload = json.dumps({"fence": fence_id, "count": len(messages), "digest": content_digest(messages)},
                          separators=(",", ":")).encode()
     return BatchMessage(fence_subject(stream, fence_id), payload, expected_last_subject_seq=0)
-
-
-@dataclass(frozen=True)
-class StoredFence:
-    """Where an earlier commit of a fenced batch lies: its messages are ``first_seq .. last_seq``, the fence after."""
-
-    batch: str
-    count: int
-    first_seq: int
-    last_seq: int
-    digest: str
-
-
-async def stored_fence(conn: JetStreamConnection, stream: str, fence_id: str) -> StoredFence | None:
-    """The earlier commit of ``fence_id`` in ``stream``, read from its fence (one message get), or None.
-
-    A fence follows the messages it covers (its whole batch, or in a Batcher's group its one item): its count n
-    names the n sequences before its own, which its ``Nats-Batch-Sequence`` k must allow (1 <= n < k).
-    """
-    subject = fence_subject(stream, fence_id)
-    raw = await get_message(conn, stream, subject=subject)
-    if raw is None:
-        return None
-    headers = raw.headers
-    try:
-        position = int(headers.get(HEADER_BATCH_SEQUENCE, "0"))
-        body = json.loads(raw.data or b"{}")
-        count, digest = int(body.get("count", -1)), str(body.get("digest", ""))
-    except (TypeError, ValueError, AttributeError):
-        position, count, digest = 0, -1, ""
-    if not 1 <= count < position:
-        raise BatchPublishError(
-            f"stream {stream!r} seq {raw.seq} on fence subject {subject!r} is not a fence this provider wrote "
-            f"(batch position {position}, count {count}); nothing was published. Leave the {FENCE_PREFIX} "
-            "subjects to the provider", reason="fence_invalid")
-    return StoredFence(batch=str(headers.get(HEADER_BATCH_ID, "")), count=count,
-                       first_seq=raw.seq - count, last_seq=raw.seq - 1, digest=digest)
 
 
 async def fence_count(conn: JetStreamConnection, stream: str) -> int:

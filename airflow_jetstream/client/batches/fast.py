@@ -26,7 +26,6 @@ import nats.errors
 
 from airflow_jetstream.client import metrics, server_features
 from airflow_jetstream.client.admin.streams import stream_info
-from airflow_jetstream.client.batches.resend import stored_difference, stored_sequences
 from airflow_jetstream.client.batches.types import (
     HEADER_STATUS,
     MAX_BATCH_ID_LENGTH,
@@ -42,6 +41,8 @@ from airflow_jetstream.client.batches.wire import (
     encode_frame,
     message_header_lines,
     reply_timeout,
+    stored_difference,
+    stored_sequences,
 )
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.errors import (

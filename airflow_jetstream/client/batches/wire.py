@@ -1,4 +1,6 @@
-"""The wire of the batch publishers: PUB/HPUB frames, replies on one inbox, the server's answers as typed errors.
+"""The wire of the batch publishers: PUB/HPUB frames, replies on one inbox, the server's answers as typed errors;
+and safe re-sends: which msg ids a stream already holds, found without writing (probes); which failed sends of an
+atomic batch are re-sent; whether a batch refused as a duplicate was committed earlier (read back and compared).
 
 Whole runs of messages are encoded as NATS protocol frames and handed to the connection in one write: per-message
 ``nc.publish`` calls cost more Python time than the server needs to store a message.
@@ -8,18 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 import nats.errors
 
-from airflow_jetstream.client.admin.streams import streams_for_subject
+from airflow_jetstream.client import metrics
+from airflow_jetstream.client.admin.streams import stream_info, streams_for_subject
 from airflow_jetstream.client.batches.types import (
+    HEADER_BATCH_COMMIT,
+    HEADER_BATCH_ID,
+    HEADER_BATCH_SEQUENCE,
+    HEADER_EXPECTED_LAST_MSG_ID,
+    HEADER_EXPECTED_LAST_SEQ,
     HEADER_EXPECTED_LAST_SUBJECT_SEQ,
     HEADER_MSG_ID,
     HEADER_STATUS,
     BatchMessage,
+    BatchResult,
     header_values,
 )
 from airflow_jetstream.client.connection import JetStreamConnection
@@ -27,9 +38,15 @@ from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     BatchPublishError,
     ConnectionFailedError,
+    JetStreamError,
+    LeaderUnavailableError,
     RequestTimeoutError,
     error_from_api,
 )
+from airflow_jetstream.client.reading.headers import header_values as stored_header_values
+from airflow_jetstream.client.reading.messages import Message
+from airflow_jetstream.client.reading.stored import get_message
+from airflow_jetstream.client.retry import Deadline
 
 _HEADER_START = b"NATS/1.0\r\n"
 
@@ -171,3 +188,270 @@ class BatchReplies:
             future.cancel()
         if self.sub is not None and not self.conn.nc.is_closed:
             await self.sub.unsubscribe()
+
+
+#: Probes (and read-backs) in flight at once.
+PROBE_WINDOW = 256
+#: A last sequence no stream reaches (2^53 - 1): the expectation of a msg-id probe on a replicated stream.
+_UNREACHABLE_SEQ = 2**53 - 1
+#: The refusals of a probe's expectation (wrong last msg id, wrong last sequence): the id is not stored.
+_PROBE_REFUSED = frozenset({10070, 10071})
+log = logging.getLogger(__name__)
+
+
+async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMessage],
+                           timeout: float | None = None, *, stream: str | None = None) -> list[int | None]:
+    """For each message's msg id, the stream sequence that already holds it, or None. Writes nothing.
+
+    Each probe is a publish carrying the msg id and an expectation that cannot be met, which the server checks
+    only after its duplicate check (:func:`probe_expectation`): a stored id within the duplicate window is
+    answered as a duplicate with its sequence, any other probe refused. Give ``stream`` when every message goes
+    to it, else it is looked up once per subject.
+    """
+    timeout = timeout or conn.settings.request_timeout
+    semaphore = asyncio.Semaphore(PROBE_WINDOW)
+    expectations: dict[str, asyncio.Task[dict[str, str]]] = {}
+
+    def expectation(subject: str) -> asyncio.Task[dict[str, str]]:
+        key = stream or subject
+        if key not in expectations:
+            expectations[key] = asyncio.ensure_future(probe_expectation(conn, subject, stream=stream))
+        return expectations[key]
+
+    async def ask(msg: BatchMessage, headers: dict[str, str]) -> dict[str, Any]:
+        # an election (a 503 on a stream that exists, or no reply on a cluster) is retried: a probe stores nothing
+        context = f"msg id probe {msg.msg_id!r}"
+        try:
+            answer = await conn.nc.request(msg.subject, b"", timeout=timeout, headers=headers)
+        except nats.errors.NoRespondersError:
+            if not await streams_for_subject(conn, msg.subject):
+                raise no_stream_error(context, msg.subject) from None
+            raise LeaderUnavailableError(f"{context}: the stream capturing {msg.subject!r} has no leader "
+                                         "(503)") from None
+        except nats.errors.TimeoutError:
+            await conn.raise_if_denied(msg.subject)
+            unanswered = f"{context}: no reply within {timeout}s"
+            raise (RequestTimeoutError(unanswered) if conn.nc.is_closed else conn.unanswered(unanswered)) from None
+        except CONNECTION_ERRORS as exc:
+            raise connection_lost(context, exc) from None
+        try:
+            return parse_reply(answer.data, context)
+        except BatchPublishError as exc:
+            if exc.reason == "msg_id_in_process":  # 10158: not yet known whether it is stored; ask again
+                raise LeaderUnavailableError(exc.message, reason="msg_id_in_process") from None
+            raise
+
+    async def probe(msg: BatchMessage) -> int | None:
+        if not msg.msg_id:
+            return None
+        async with semaphore:
+            headers = {HEADER_MSG_ID: msg.msg_id, **await expectation(msg.subject)}
+            try:
+                reply = await conn.retry_leader(f"msg id probe {msg.msg_id!r} on {msg.subject!r}",
+                                                lambda: ask(msg, headers))
+            except JetStreamError as exc:
+                if exc.err_code in _PROBE_REFUSED:  # the expectation, checked after the duplicate check
+                    return None
+                raise
+        if reply.get("duplicate") and int(reply.get("seq") or 0) > 0:
+            return int(reply["seq"])
+        raise BatchPublishError(f"msg id probe {msg.msg_id!r}: the server stored the probe; this server does "
+                                "not check msg ids before expectations", reason="probe_unsupported")
+
+    try:
+        return list(await asyncio.gather(*(probe(m) for m in messages)))
+    finally:
+        for lookup in expectations.values():
+            lookup.cancel()
+
+
+async def probe_expectation(conn: JetStreamConnection, subject: str, *, stream: str | None = None) -> dict[str, str]:
+    """The header that makes a msg-id probe on ``subject`` (in ``stream``, looked up when not given) fail
+    after the server's duplicate check.
+
+    A stream without replicas checks expectations in message order after the duplicate check, so a
+    ``Nats-Expected-Last-Msg-Id`` no message has is refused there. A replicated stream checks that
+    header only when it applies the message, and on nats-server 2.14/2.15 a mismatch there stops the
+    stream from storing anything; it checks ``Nats-Expected-Last-Sequence`` before proposing, after
+    the duplicate check, so an unreachable sequence is the probe there.
+    """
+    streams = [stream] if stream else await streams_for_subject(conn, subject)
+    if streams:
+        info = await stream_info(conn, streams[0])
+        if int((info.get("config") or {}).get("num_replicas") or 1) > 1:
+            return {HEADER_EXPECTED_LAST_SEQ: str(_UNREACHABLE_SEQ)}
+    return {HEADER_EXPECTED_LAST_MSG_ID: f"probe-{uuid.uuid4().hex}"}
+
+
+async def already_committed(conn: JetStreamConnection, messages: list[BatchMessage], batch_id: str,
+                            timeout: float, error: BatchPublishError) -> BatchResult:
+    """The earlier commit of this batch, when that is why the server refused it as a duplicate: every message
+    with a msg id is stored at ``first_seq + its position`` for one ``first_seq`` (a batch is stored whole).
+
+    ``msg_id_reused`` unless ``first_seq ..`` holds one committed batch (one ``Nats-Batch-Id``, sequences 1..n, the
+    commit on the n-th) with these subjects, payloads, msg ids and headers, read back by message gets. Messages the
+    stream already removed cannot be compared and are skipped; when none is left the msg ids alone vouch for the
+    earlier commit (logged)."""
+
+    def refused(why: str, reason: str = "duplicate_msg_id") -> BatchPublishError:
+        return BatchPublishError(f"atomic batch {batch_id}: {why}", reason=reason, code=error.code,
+                                 err_code=error.err_code, description=error.description)
+
+    with_ids = [(index, msg) for index, msg in enumerate(messages) if msg.msg_id]
+    if not with_ids:
+        raise error
+    streams = await streams_for_subject(conn, messages[0].subject)  # a batch goes to one stream
+    stream = streams[0] if streams else ""
+    seqs = await stored_sequences(conn, [msg for _, msg in with_ids], timeout, stream=stream or None)
+    stored = [(msg.msg_id, seq) for (_, msg), seq in zip(with_ids, seqs, strict=True) if seq is not None]
+    if len(stored) < len(with_ids):
+        shown = ", ".join(f"{msg_id!r} (seq {seq})" for msg_id, seq in stored[:5])
+        more = f" and {len(stored) - 5} more" if len(stored) > 5 else ""
+        raise refused(f"{len(stored)} of {len(with_ids)} msg ids are already stored: {shown}{more}; the batch was "
+                      "refused whole. Remove the stored messages from the batch or give them fresh msg ids")
+    starts = {seq - index for (index, _), seq in zip(with_ids, seqs, strict=True) if seq is not None}
+    if len(starts) != 1:
+        raise refused("its msg ids are all stored, but not as one earlier commit of this batch (not one run of "
+                      "sequences in this order), so they belong to other messages; the batch was refused whole. "
+                      "Give its messages fresh msg ids")
+    first_seq, count = starts.pop(), len(messages)
+    semaphore = asyncio.Semaphore(PROBE_WINDOW)
+
+    async def read(seq: int) -> Message | None:
+        async with semaphore:
+            return await get_message(conn, stream, seq=seq)
+
+    found = await asyncio.gather(*(read(first_seq + i) for i in range(count))) if stream else [None] * count
+    problem = None
+    batch_ids = set()
+    for index, (msg, raw) in enumerate(zip(messages, found, strict=True)):
+        if raw is None:
+            continue
+        headers = raw.headers
+        batch_ids.add(headers.get(HEADER_BATCH_ID))
+        if headers.get(HEADER_BATCH_SEQUENCE) != str(index + 1):
+            problem = f"seq {first_seq + index} is not message {index + 1} of one atomic batch"
+        elif index == count - 1 and headers.get(HEADER_BATCH_COMMIT) != "1":
+            problem = f"seq {first_seq + index} is not the last message of a batch of {count}"
+        elif (differs := stored_difference(msg, raw.subject, raw.data, headers, index)) is not None:
+            problem = f"seq {first_seq + index} {differs}"
+        if problem:
+            break
+    if problem is None and len(batch_ids) > 1:
+        problem = f"seqs {first_seq}..{first_seq + count - 1} belong to {len(batch_ids)} different batches"
+    if problem:
+        raise refused(f"its msg ids are already used by other messages in stream {stream!r} ({problem}), so the "
+                      "server refused the batch as a duplicate and nothing of it was written. Msg ids must name "
+                      "one batch's content for the stream's duplicate_window: give these messages fresh msg ids",
+                      "msg_id_reused")
+    if stream and not batch_ids:
+        log.warning("atomic batch %s: its msg ids are stored at %s seq %d..%d, which the stream already removed; "
+                    "taken as committed earlier without comparing contents", batch_id, stream, first_seq,
+                    first_seq + count - 1)
+    return BatchResult(stream=stream, batch=batch_id, count=count, first_seq=first_seq,
+                       last_seq=first_seq + count - 1, already_committed=True)
+
+
+def stored_difference(msg: BatchMessage, subject: str, data: bytes | None, headers: Mapping[str, str] | None,
+                      index: int) -> str | None:
+    """How a stored message (subject, payload, headers) differs from message ``index`` of a batch, ``msg``; None
+    when it is that message: the same subject and payload, msg id, and every value of each of its headers."""
+    headers = headers or {}
+    if subject != msg.subject or bytes(data or b"") != bytes(msg.data):
+        return f"holds another subject or payload than message {index}"
+    if msg.msg_id is not None and headers.get(HEADER_MSG_ID) != msg.msg_id:
+        return f"has msg id {headers.get(HEADER_MSG_ID)!r}, not {msg.msg_id!r}"
+    stored = stored_header_values(headers)
+    if any(stored.get(k) != header_values(v) for k, v in (msg.headers or {}).items()):
+        return f"has other headers than message {index}"
+    return None
+
+
+class AtomicBatchRetry:
+    """Which failed sends of one atomic batch are re-sent (for the connection's ``leader_wait``): only those whose
+    re-send cannot store the batch twice (:meth:`_why` says why each is safe). A batch still failing for one of
+    them at the deadline ends in one :class:`LeaderUnavailableError` saying whether it may have been stored."""
+
+    def __init__(self, conn: JetStreamConnection, batch_id: str, items: list[BatchMessage], retries: int,
+                 deadline: Deadline | None, send_batch: Callable[[dict[str, bool]], Awaitable[dict[str, Any]]],
+                 *, resend_safe: bool = False) -> None:
+        self.conn = conn
+        self.batch_id = batch_id
+        self.subjects = list(dict.fromkeys(m.subject for m in items))
+        #: msg ids (or a fence) make the server refuse a second commit of the batch, so a re-send is safe
+        self.has_msg_ids = resend_safe or any(m.msg_id for m in items)
+        self.inflight_left = retries
+        self.deadline = deadline
+        self.send_batch = send_batch
+        self.progress: dict[str, bool] = {}
+        self.maybe_stored = False  # an attempt wrote the commit and got no answer
+        self.retried: set[int] = set()
+
+    async def send(self) -> dict[str, Any]:
+        """One attempt; a 503 when every subject of the batch has a stream is :class:`LeaderUnavailableError`."""
+        self.progress = {}
+        try:
+            return await self.send_batch(self.progress)
+        except BatchPublishError as exc:
+            if exc.reason != "no_stream_for_subject":
+                raise
+            uncaptured = await self._uncaptured_subjects()
+            if uncaptured:
+                raise BatchPublishError(
+                    f"atomic batch {self.batch_id}: no stream captures {', '.join(map(repr, uncaptured))}, so the "
+                    "batch was refused whole and nothing of it was stored; create a stream for these subjects "
+                    "(JetStreamEnsureStreamOperator) or correct them", reason="no_stream_for_subject",
+                    code=exc.code, err_code=exc.err_code, description=exc.description) from None
+            raise LeaderUnavailableError(
+                f"atomic batch {self.batch_id}: the stream capturing {self.subjects[0]!r} has no leader (503)"
+            ) from None
+
+    async def _uncaptured_subjects(self, most: int = 5) -> list[str]:
+        """Up to ``most`` subjects of the batch that no stream captures (every subject is checked, not only
+        the first: a 503 on a later message is no election)."""
+        uncaptured: list[str] = []
+        for subject in self.subjects:
+            if not await streams_for_subject(self.conn, subject, deadline=self.deadline):
+                uncaptured.append(subject)
+                if len(uncaptured) == most:
+                    break
+        return uncaptured
+
+    def transient(self, exc: JetStreamError) -> str | None:
+        why = self._why(exc)
+        if why is not None:
+            self.retried.add(id(exc))
+            metrics.incr("batch.retried", tags={"reason": exc.reason})
+        return why
+
+    def _why(self, exc: JetStreamError) -> str | None:
+        cluster = self.conn.clustered and not self.conn.nc.is_closed
+        if isinstance(exc, LeaderUnavailableError):  # a 503 on a stream that exists: no leader received the batch
+            return "no stream leader answered; re-sending it"
+        if exc.reason == "too_many_inflight":
+            if self.inflight_left <= 0:
+                return None
+            self.inflight_left -= 1
+            return "the stream has too many batches in flight; re-sending it"
+        if exc.reason == "msg_id_in_process":  # 10158: asking again gives a duplicate, or stores it once
+            return "its msg id is still being stored by an earlier attempt; asking again"
+        if exc.reason == "batch_incomplete" and cluster:
+            return "the stream leader lost part of the batch (nothing stored); re-sending it"
+        # the server abandons an uncommitted batch; after the commit only msg ids (or a fence) make a re-send safe
+        if (isinstance(exc, RequestTimeoutError) or exc.reason == "connection_lost") and cluster:
+            if not self.progress.get("commit_written", False):
+                return "no reply before the commit (the server abandons an uncommitted batch); re-sending it"
+            if self.has_msg_ids:
+                self.maybe_stored = True
+                return "no reply to the commit (msg ids make a re-send safe); re-sending it"
+        return None
+
+    def final_error(self, exc: JetStreamError) -> JetStreamError:
+        """The error to raise: ``exc``, or, when it was still retryable at the deadline, one
+        :class:`LeaderUnavailableError` saying what may be stored."""
+        if id(exc) not in self.retried or exc.reason == "too_many_inflight":
+            return exc
+        stored = ("it may have been stored once: re-sending it with the same msg ids is safe"
+                  if self.maybe_stored else "nothing of the batch was stored")
+        return LeaderUnavailableError(f"{exc.message}; {stored}", code=exc.code, err_code=exc.err_code,
+                                      description=exc.description)

@@ -164,10 +164,10 @@ class BatchReplies:
         if future is not None and not future.done():
             future.cancel()
 
-    async def wait(self, reply: bytes, subject: str, timeout: float | None = None) -> dict[str, Any]:
-        """The parsed answer to ``reply``; waits at most ``timeout`` (default: the batch timeout)."""
+    async def wait(self, reply: bytes, subject: str) -> dict[str, Any]:
+        """The parsed answer to ``reply``; waits at most the batch timeout."""
         try:
-            async with asyncio.timeout(self.timeout if timeout is None else timeout):
+            async with asyncio.timeout(self.timeout):
                 msg = await self.futures[reply]
         except TimeoutError:
             await self.conn.raise_if_denied(subject)

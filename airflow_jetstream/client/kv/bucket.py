@@ -15,7 +15,6 @@ with ``permission_denied`` naming the subject, instead of a timeout after ``requ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -122,8 +121,7 @@ async def _typed(conn: JetStreamConnection, bucket: str, context: str, exc: nats
                                "description": getattr(exc, "description", None) or str(exc)}, context=context)
     if isinstance(exc, (nats.errors.TimeoutError, nats.errors.NoRespondersError,
                         nats.js.errors.NoStreamResponseError)):
-        with contextlib.suppress(TimeoutError, nats.errors.Error):
-            await conn.nc.flush(timeout=conn.settings.request_timeout)  # type: ignore[arg-type]  # float s work  # a late -ERR is read before this returns
+        await conn.round_trip()  # a late -ERR is read before this returns
         taken = conn.take_violation(lambda subject: _concerns(subject, bucket))
         if taken is not None:
             return _denied(conn, taken[1], bucket)

@@ -127,7 +127,7 @@ async def until_idle(busy_share: float = 0.1, step: float = 0.5, limit: float = 
 
 #: Imported before measuring, so that memory and stalls are the triggers' own, not the first imports'.
 WARM_IMPORTS = ("airflow_jetstream.client.connection_pool", "airflow_jetstream.client.kv.keys",
-                "airflow_jetstream.client.advisories.capture", "airflow_jetstream.client.reading.consume",
+                "airflow_jetstream.client.advisories.capture", "airflow_jetstream.client.reading.read_plan",
                 "airflow_jetstream.client.admin.consumers", "airflow_jetstream.client.reading.shared_tail")
 
 

@@ -31,7 +31,7 @@ from airflow_jetstream.client.errors import (
 from airflow_jetstream.client.kv import keys
 from airflow_jetstream.client.kv.bucket import ensure_bucket
 from airflow_jetstream.client.kv.keys import put_key
-from airflow_jetstream.client.reading import consume
+from airflow_jetstream.client.reading import read_plan
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.client.settings import ConnectionSettings
@@ -247,7 +247,7 @@ def test_message_and_kv_sensors_and_triggers_wait_through_a_leaderless_stream(
         down = await asyncio.to_thread(quorum_lost, cluster)
         try:
             pokes = [await asyncio.to_thread(sensor.poke, {}) for sensor in (message_sensor, kv_sensor)]
-            spy(consume, "find_message", "message")  # the triggers import these when they run
+            spy(read_plan, "find_message", "message")  # the triggers import these when they run
             spy(keys, "wait_for_key", "kv")
             waits = [asyncio.ensure_future(first_event(t)) for t in triggers]
             for _ in range(1200):  # bounded: until each trigger met the election twice (it kept waiting)

@@ -11,7 +11,7 @@ import pytest
 from airflow_jetstream.client import ConnectionSettings, ensure_stream
 from airflow_jetstream.client.admin.consumers import consumer_info, delete_consumer, ensure_consumer
 from airflow_jetstream.client.errors import ConsumerConfigError, ConsumerNotFoundError
-from airflow_jetstream.client.reading.pull import PullSubscription
+from airflow_jetstream.client.reading.consume import PullSubscription
 from tests.support.nats_calls import call_on_server, with_streams
 from tests.support.polling import async_wait_until
 

@@ -65,7 +65,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
             start = self.start
             if start == "new" and self.reschedule and context.get("ti") is not None:
                 start = context["ti"].get_first_reschedule_date(context) or start  # the first poke's start
-            from airflow_jetstream.client.reading.consume import resolve_start
+            from airflow_jetstream.client.reading.read_plan import resolve_start
 
             self._first_seq = self.hook.run(resolve_start, self.stream, start)
         return self._first_seq

@@ -23,8 +23,7 @@ from pyspark.sql.types import StructType
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.reading.consume import resolve_start
-from airflow_jetstream.client.reading.read_plan import acknowledge_read, plan_read, read_method
+from airflow_jetstream.client.reading.read_plan import acknowledge_read, plan_read, read_method, resolve_start
 from airflow_jetstream.spark.options import StreamReadOptions
 from airflow_jetstream.spark.progress import progress
 from airflow_jetstream.spark.reader import check_read_schema, plan_for, read_batches

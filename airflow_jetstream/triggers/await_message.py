@@ -57,7 +57,7 @@ class JetStreamAwaitMessageTrigger(JetStreamWaitTrigger):
 
     async def _find(self, conn: JetStreamConnection, *, follow: bool) -> dict[str, Any]:
         from airflow_jetstream.client.reading.apply_function import bind_function
-        from airflow_jetstream.client.reading.consume import find_message
+        from airflow_jetstream.client.reading.read_plan import find_message
 
         match = bind_function(self.apply_function, self.apply_function_args, self.apply_function_kwargs)
         first = self.start_seq

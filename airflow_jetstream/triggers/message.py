@@ -51,7 +51,7 @@ from airflow_jetstream.triggers.advisory import FILTER_ARGS, filter_of
 
 if TYPE_CHECKING:  # the modules that use nats-py are imported when the trigger runs, not when a DAG file is parsed
     from airflow_jetstream.client.connection import JetStreamConnection
-    from airflow_jetstream.client.reading.pull import PullSubscription
+    from airflow_jetstream.client.reading.consume import PullSubscription
 
 #: Longer than Airflow's shared-stream ack timeout (300 s), so a message is not redelivered while it waits.
 DEFAULT_ACK_WAIT = "10m"
@@ -174,7 +174,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
                            budget=None, backoff=Backoff(BACKOFF_FIRST, BACKOFF_MAX), logger=EachCauseOnce(log))
 
     async def open_stream(self) -> AsyncIterator[tuple[Message, int]]:
-        from airflow_jetstream.client.reading.pull import PullSubscription
+        from airflow_jetstream.client.reading.consume import PullSubscription
 
         self._settings = await JetStreamHook(nats_conn_id=self.nats_conn_id).aget_settings()
         conn, info = await self._open_consumer(self._settings)

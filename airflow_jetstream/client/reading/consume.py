@@ -1,5 +1,4 @@
-"""A user function over a stream's messages: :func:`consume` (docs/operators/consume.md), a durable pull consumer or an
-ordered read, and :func:`find_message`, the first message a function accepts.
+"""Consume messages with a user function (docs/operators/consume.md): a durable pull consumer or an ordered read.
 
 * **Durable** (``consumer`` given; created when missing): each message (or batch, ``per_batch``) is acked only after
   the function returned, the ack confirmed by the server. A failure listed in ``term_on`` terminates it (never
@@ -11,23 +10,23 @@ ordered read, and :func:`find_message`, the first message a function accepts.
 The summary is JSON-able (``mode``, ``processed``, ``acked``, ``terminated``, ``first_seq``/``last_seq``,
 ``next_seq``, ``stopped``; durable reads add the consumer's ``num_pending`` and ``num_ack_pending``).
 
-:func:`find_message` serves the message sensor (scan what is stored now, resume later from ``next_seq``) and its
-trigger (keep waiting for new messages)::
-
-    start = await resolve_start(conn, "ORDERS", "new")           # or a sequence, or a time
-    found = await find_message(conn, "ORDERS", is_order_42, subject="orders.>", start_seq=start)
-    found["message"]   # None, or the matching message as a dict (subject, seq, headers, data, ...)
-
-It creates no consumer: what is stored is read by direct get (or message get without ``allow_direct``), so
-WorkQueue and Interest streams keep their messages; new messages come through the connection's one subscription
-to the stream (:mod:`~airflow_jetstream.client.reading.shared_tail`).
+Durable reads pull with :class:`PullSubscription` (the message trigger's too). nats-py's ``fetch`` does the same job
+with two gaps that matter to long-running readers (triggerer tasks): it waits with ``asyncio.wait_for``, which on
+Python 3.11 swallows a cancellation that lands while a message arrives (the task then fetches forever), and messages
+of a request still in flight when the caller stops stay unseen until the consumer's ``ack_wait`` passes.
+:class:`PullSubscription` waits with ``asyncio.timeout`` and its :meth:`~PullSubscription.close` hands what still
+arrives for the open request to ``leftover`` (e.g. ``nak``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import Callable, Sequence
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -41,9 +40,9 @@ from airflow_jetstream.client.admin.consumers import (
     filter_config,
     find_consumer,
 )
-from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
+from airflow_jetstream.client.batches.types import HEADER_STATUS
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.durations import parse_time, to_rfc3339
+from airflow_jetstream.client.durations import to_rfc3339
 from airflow_jetstream.client.errors import (
     ApplyFunctionError,
     ConsumerConfigError,
@@ -57,17 +56,157 @@ from airflow_jetstream.client.reading.apply_function import (
     ConsumeOptions,
     Duration,
     call_function,
-    with_result,
 )
 from airflow_jetstream.client.reading.messages import Message
-from airflow_jetstream.client.reading.pull import PullSubscription
 from airflow_jetstream.client.reading.read_plan import plan_read, read_method
-from airflow_jetstream.client.reading.shared_tail import follow as tail
-from airflow_jetstream.client.reading.stored import BATCH, messages_of, read_range
-from airflow_jetstream.client.subjects import validate_name, validate_subject, validate_subjects
+from airflow_jetstream.client.reading.stored import messages_of, read_range
+from airflow_jetstream.client.subjects import validate_name, validate_subjects
 
-START_WORDS = ("new", "first")
 log = logging.getLogger(__name__)
+
+
+_DESCRIPTION = "Description"
+#: Statuses that end a pull request normally: it expired (408) or found nothing (404).
+_REQUEST_ENDED = frozenset({"404", "408"})
+#: Share of ``expires`` by which each pull request waits less, drawn at random (spreads the expiries).
+EXPIRES_JITTER = 0.1
+#: Seconds to wait before the next pull request after the server refused one for a passing reason.
+_PAUSE_AFTER_REFUSAL = 1.0
+
+
+class PullSubscription:
+    """Pull requests of ``batch`` messages that wait up to ``expires`` seconds on the server."""
+
+    def __init__(self, conn: JetStreamConnection, stream: str, consumer: str, *, batch: int,
+                 expires: float) -> None:
+        self.conn = conn
+        self.stream = stream
+        self.consumer = consumer
+        self.batch = max(1, int(batch))
+        self.expires = max(float(expires), 0.1)
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._sub: Any = None
+        self._inbox = ""
+        self._open = False  # a pull request the server may still answer
+        self._received = 0  # messages of the open request so far
+        self._unreturned: list[Any] = []  # taken by a next_messages() that was cancelled: close() hands them on
+        self._request_deadline = 0.0
+        self._pause_until = 0.0
+        #: When the latest pull request was sent (``time.monotonic()``): no message it brings was delivered
+        #: earlier, so a delivery's ``ack_wait`` on the server ends no sooner than this plus ``ack_wait``.
+        self.request_sent_at = 0.0
+
+    async def start(self) -> None:
+        self._inbox = self.conn.nc.new_inbox()
+        self._sub = await self.conn.nc.subscribe(self._inbox, cb=self._on_message)
+
+    async def _on_message(self, msg: Any) -> None:
+        self._queue.put_nowait(msg)
+
+    async def _request(self) -> None:
+        loop = asyncio.get_running_loop()
+        # Open before sending: if the caller is cancelled while sending, close() still waits for the request.
+        self._open, self._received = True, 0
+        # The server ends the request with a status after `expires`; past this, its answer was lost (reconnect).
+        self._request_deadline = loop.time() + self.expires + self.conn.settings.request_timeout
+        self.request_sent_at = time.monotonic()
+        # each request waits 90-100% of `expires`: readers that started together do not all renew at once
+        body = {"batch": self.batch, "expires": int(self.expires * random.uniform(1 - EXPIRES_JITTER, 1) * 1e9)}
+        try:
+            await self.conn.nc.publish(f"{self.conn.api_prefix}.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}",
+                                       json.dumps(body).encode(), reply=self._inbox)
+        except Exception:
+            self._open = False
+            raise
+
+    def _take(self, msg: Any, out: list[Any]) -> None:
+        """File one delivery: a message goes to ``out``; a status may end the open request."""
+        status = (msg.headers or {}).get(HEADER_STATUS) if not msg.reply else None
+        if status is None:
+            out.append(msg)
+            self._received += 1
+            if self._received >= self.batch:
+                self._open = False
+            return
+        self._open = False
+        if status in _REQUEST_ENDED:
+            return
+        description = (msg.headers or {}).get(_DESCRIPTION, "")
+        where = f"consumer {self.consumer!r} on stream {self.stream!r}"
+        if status == "409" and description == "Consumer Deleted":
+            raise ConsumerNotFoundError(f"{where} was deleted while it was being read; create it again")
+        if status == "409" and description == "Consumer is push based":
+            raise ConsumerConfigError(f"{where} is a push consumer (it has a deliver_subject); read it with a pull "
+                                      "consumer", reason="not_pull_consumer")
+        if status == "400" or description.startswith("Exceeded MaxRequest"):
+            raise ConsumerConfigError(f"{where} refused a pull request of {self.batch} message(s) waiting "
+                                      f"{self.expires}s: {status} {description}; pull fewer messages or wait "
+                                      "less, or raise the consumer's max_batch / max_expires",
+                                      reason="pull_request_refused")
+        # Leadership change, too many waiting requests, ...: pull again, but not at once.
+        self._pause_until = asyncio.get_running_loop().time() + _PAUSE_AFTER_REFUSAL
+
+    async def next_messages(self, timeout: float, *, whole_request: bool = False) -> list[Any]:
+        """Messages delivered within ``timeout`` seconds, as soon as some arrived ([] if none); ``whole_request``:
+        and until the open request delivered its ``batch`` or ended (a batch is not cut where its messages arrived
+        in separate reads). Messages held when cancelled go to :meth:`close`'s ``leftover``."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        out: list[Any] = []
+        while True:  # a cancellation while it holds messages leaves them to close()
+            if not self._queue.empty():
+                self._take(self._queue.get_nowait(), out)
+                continue
+            if (out and not (whole_request and self._open)) or loop.time() >= end:
+                return out
+            if not self._open:
+                if loop.time() < self._pause_until:
+                    await asyncio.sleep(min(end, self._pause_until) - loop.time())
+                else:
+                    await self._request()
+                continue
+            try:
+                async with asyncio.timeout(min(end, self._request_deadline) - loop.time()):
+                    self._take(await self._queue.get(), out)
+            except TimeoutError:
+                if loop.time() >= self._request_deadline:
+                    self._open = False
+            except asyncio.CancelledError:
+                self._unreturned.extend(out)
+                raise
+
+    async def close(self, leftover: Callable[[Any], Awaitable[Any]] | None = None) -> None:
+        """Unsubscribe; with ``leftover``, first wait for the open request to end (a message naked while it is open
+        would come straight back to it), then pass it every delivered message not returned."""
+        if self._sub is None:
+            return
+        held, self._unreturned = self._unreturned, []
+        try:
+            if leftover is not None and not self.conn.nc.is_closed:
+                held += await self._until_request_ends()
+        finally:
+            sub, self._sub = self._sub, None
+            if not self.conn.nc.is_closed:
+                await sub.unsubscribe()
+        if leftover is not None:
+            for msg in held:
+                await leftover(msg)
+
+    async def _until_request_ends(self) -> list[Any]:
+        """Every message queued or still arriving until the open request ends."""
+        loop = asyncio.get_running_loop()
+        held: list[Any] = []
+        while True:
+            try:
+                if not self._queue.empty():
+                    self._take(self._queue.get_nowait(), held)
+                elif not self._open or loop.time() >= self._request_deadline:
+                    return held
+                else:
+                    async with asyncio.timeout(self._request_deadline - loop.time()):
+                        self._take(await self._queue.get(), held)
+            except (TimeoutError, ConsumerNotFoundError, ConsumerConfigError):
+                return held  # the request ended without a status, or the consumer is gone: nothing more arrives
 
 
 @dataclass
@@ -276,81 +415,4 @@ async def _consume_ordered(conn: JetStreamConnection, stream: str, apply: Callab
     return summary
 
 
-async def resolve_start(conn: JetStreamConnection, stream: str, start: int | str | datetime) -> int:
-    """The first stream sequence to look at: ``"new"`` (after the last stored now), ``"first"``, a
-    sequence (int or digits) or a time (datetime or ISO 8601; the first message stored at or after it)."""
-    if isinstance(start, bool):
-        raise InvalidRequestError(f"start: {start!r} is not a start point", reason="invalid_start")
-    if isinstance(start, int):
-        if start < 1:
-            raise InvalidRequestError(f"start sequence must be >= 1, got {start}", reason="invalid_start")
-        return start
-    if isinstance(start, str) and start.strip().isdigit():
-        return await resolve_start(conn, stream, int(start.strip()))
-    if isinstance(start, str) and start.strip().lower() in START_WORDS:
-        state = (await stream_info(conn, stream))["state"]
-        return 1 if start.strip().lower() == "first" else int(state.get("last_seq") or 0) + 1
-    try:
-        when = parse_time(start, field="start")
-    except InvalidRequestError:
-        raise InvalidRequestError(f"start {start!r} is not a start point: use 'new', 'first', a stream sequence "
-                                  "or a time (ISO 8601 or datetime)", reason="invalid_start") from None
-    return await first_seq_at_or_after(conn, stream, when)
-
-
-async def find_message(conn: JetStreamConnection, stream: str, match: Callable[[Message], Any], *,
-                       subject: str | None = None, start_seq: int = 1, follow: bool = False) -> dict[str, Any]:
-    """The first message from ``start_seq`` for which ``match(message)`` is truthy: among what is stored now, or
-    with ``follow`` also among new messages until one matches (cancel the task to stop). Returns ``{"message":
-    dict | None, "next_seq": where to resume, "scanned": messages looked at}``; a non-bool return value of
-    ``match`` is added to the message as ``result``."""
-    validate_name(stream, what="stream name")
-    if subject is not None:
-        validate_subject(subject, allow_wildcards=True, what="subject")
-    if isinstance(start_seq, bool) or not isinstance(start_seq, int) or start_seq < 1:
-        raise InvalidRequestError(f"start_seq must be a stream sequence >= 1, got {start_seq!r}",
-                                  reason="invalid_start")
-    state = {"next_seq": start_seq, "scanned": 0}
-
-    async def look(messages: list[Message]) -> dict[str, Any] | None:
-        for message in messages:
-            if message.seq < state["next_seq"]:
-                continue  # read before (the stored part and the followed part meet at one sequence)
-            state["scanned"] += 1
-            state["next_seq"] = message.seq + 1
-            try:
-                result = await call_function(match, message)
-            except Exception as exc:  # the user's function
-                raise ApplyFunctionError(
-                    f"apply_function failed on message seq {message.seq} ({message.subject!r}) of stream {stream!r}: "
-                    f"{type(exc).__name__}: {exc}; fix the function (it must accept every message of the subject)"
-                ) from exc
-            if result:
-                return {"message": with_result(message.to_dict(), result), **state}
-        return None
-
-    async def look_through(last: int, info: dict[str, Any]) -> dict[str, Any] | None:
-        """What is stored from ``next_seq`` up to ``last``, read without a consumer."""
-        pages = read_range(conn, stream, state["next_seq"], last, subjects=(subject or ">",), via=None, batch=BATCH,
-                           info=info)
-        async with contextlib.aclosing(pages):
-            async for page in pages:
-                if (found := await look(messages_of(stream, page))) is not None:
-                    return found
-        return None
-
-    if not follow:
-        info = await stream_info(conn, stream)
-        last = int(info["state"].get("last_seq") or 0)
-        found = await look_through(last, info)
-        return found or {"message": None, "next_seq": max(state["next_seq"], last + 1), "scanned": state["scanned"]}
-    async with tail(conn, stream, subject or ">") as listener:
-        async with listener.catching_up():
-            found = await look_through(listener.since, await listener.tail.info())
-        state["next_seq"] = max(state["next_seq"], listener.since + 1)
-        while found is None:
-            found = await look(await listener.next_batch())
-        return found
-
-
-__all__ = ["DEFAULT_NAK_DELAY", "START_WORDS", "ConsumeOptions", "consume", "find_message", "resolve_start"]
+__all__ = ["DEFAULT_NAK_DELAY", "ConsumeOptions", "PullSubscription", "consume"]

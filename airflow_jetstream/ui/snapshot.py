@@ -132,14 +132,6 @@ class ReadKey:
             raise InvalidSubjectError("run_id must be 1 to 256 characters", reason="invalid_id")
 
 
-def view_connection_settings(own: ConnectionSettings, view: ViewSettings) -> ConnectionSettings:
-    """The connection's settings with the view's bounds: requests capped at ``request_timeout``, connects fitting
-    the page's ``timeout`` across the listed servers, and no waiting for leader elections (shown as errors)."""
-    per_server = max(0.5, (view.timeout - 1.0) / max(1, len(own.servers)))
-    return own.with_overrides(connect_timeout=min(own.connect_timeout, view.request_timeout, per_server),
-                              request_timeout=min(own.request_timeout, view.request_timeout), leader_wait=0)
-
-
 def _timed_out(view: ViewSettings, what: str) -> dict[str, Any]:
     return {"error": RequestTimeoutError(f"{what}: no answer within the view's {view.timeout:g}s "
                                          "([jetstream] view_timeout)", reason="view_timeout").to_dict()}
@@ -200,7 +192,11 @@ async def read_snapshot(key: ReadKey, own: ConnectionSettings, view: ViewSetting
                               "ledger_bucket": key.ledger_bucket, "capture_stream": key.capture_stream,
                               "run_id": key.run_id, "ledger_before": key.ledger_before,
                               "read_at": datetime.now(UTC).isoformat(), "watchers": watchers}
-    settings = view_connection_settings(own, view)
+    # The view's bounds: requests capped at ``request_timeout``, connects fitting the page's ``timeout`` across the
+    # listed servers, and no waiting for leader elections (shown as errors).
+    per_server = max(0.5, (view.timeout - 1.0) / max(1, len(own.servers)))
+    settings = own.with_overrides(connect_timeout=min(own.connect_timeout, view.request_timeout, per_server),
+                                  request_timeout=min(own.request_timeout, view.request_timeout), leader_wait=0)
     conn: JetStreamConnection | None = None
     try:
         async with asyncio.timeout_at(deadline):
@@ -249,23 +245,6 @@ class ReadCache:
     #: Reads started (not answered from the cache); tests and the performance page count them.
     reads_started: int = 0
 
-    def _for_this_loop(self) -> asyncio.AbstractEventLoop:
-        loop = asyncio.get_running_loop()
-        if self.loop is not loop:  # tasks and semaphores belong to one loop (a test client may bring another)
-            self.entries.clear()
-            self.gates.clear()
-            self.loop = loop
-        return loop
-
-    def _fresh(self, key: ReadKey, ttl: float, now: float) -> _Entry | None:
-        entry = self.entries.get(key)
-        if entry is None:
-            return None
-        if entry.finished is None or now - entry.finished < ttl:
-            self.entries.move_to_end(key)
-            return entry
-        return None
-
     async def get(self, key: ReadKey, read: Reader, *, ttl: float, concurrent: int,
                   timeout: float) -> tuple[dict[str, Any], float]:
         """The result of ``read(deadline, observations)`` for ``key`` and its age in seconds (0 for a new read).
@@ -273,9 +252,15 @@ class ReadCache:
         Raises what the read raised (a cached failure too, while fresh); TimeoutError when nothing came within
         ``timeout`` seconds (the read goes on for the others).
         """
-        loop = self._for_this_loop()
-        entry = self._fresh(key, ttl, loop.time())
-        if entry is None:
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:  # tasks and semaphores belong to one loop (a test client may bring another)
+            self.entries.clear()
+            self.gates.clear()
+            self.loop = loop
+        entry = self.entries.get(key)
+        if entry is not None and (entry.finished is None or loop.time() - entry.finished < ttl):
+            self.entries.move_to_end(key)
+        else:
             gate = self.gates.setdefault(key.connection_id, asyncio.Semaphore(concurrent))
             seen = self.observations.setdefault(key.connection_id, Observations())
             entry = _Entry(loop.create_task(self._run(gate, read, seen, loop.time() + timeout)))

@@ -125,11 +125,14 @@ def jetstream_asset(server: str | Sequence[str], stream: str, subject: str | Non
     return create_asset(server=first, stream=stream, subject=subject, extra=extra)
 
 
-def _report(task: Any, attribute: str, asset: Asset, stream: str, subject: str | None, context: Any) -> Asset:
+def _report(task: Any, attribute: str, servers: str | Sequence[str], stream: str, subject: str | None,
+            context: Any) -> Asset:
+    asset = jetstream_asset(servers, stream, subject)
     server = asset.uri.split("://", 1)[1].split("/", 1)[0]
     collector = get_hook_lineage_collector()
     add = collector.add_output_asset if attribute == "outlets" else collector.add_input_asset
-    add(context=context, scheme=SCHEME, asset_kwargs={"server": server, "stream": stream, "subject": subject})
+    add(context=task if context is None else context, scheme=SCHEME,
+        asset_kwargs={"server": server, "stream": stream, "subject": subject})
     declared = getattr(task, attribute)
     if all(not isinstance(a, Asset) or a.uri != asset.uri for a in declared):
         setattr(task, attribute, [*declared, asset])
@@ -145,15 +148,13 @@ def report_stream_output(task: Any, servers: str | Sequence[str], stream: str, s
     asset event, which runs the DAGs scheduled on that asset. ``lineage_context`` is what the
     hook-lineage collector attributes the output to (the hook, typically); default ``task``.
     """
-    asset = jetstream_asset(servers, stream, subject)
-    return _report(task, "outlets", asset, stream, subject, task if lineage_context is None else lineage_context)
+    return _report(task, "outlets", servers, stream, subject, lineage_context)
 
 
 def report_stream_input(task: Any, servers: str | Sequence[str], stream: str, subject: str | None = None, *,
                         lineage_context: Any = None) -> Asset:
     """For operators that read a stream: the same as :func:`report_stream_output`, for ``task.inlets``."""
-    asset = jetstream_asset(servers, stream, subject)
-    return _report(task, "inlets", asset, stream, subject, task if lineage_context is None else lineage_context)
+    return _report(task, "inlets", servers, stream, subject, lineage_context)
 
 
 def convert_asset_to_openlineage(asset: Asset, lineage_context: Any) -> OpenLineageDataset:

@@ -311,7 +311,9 @@ def event_watchers(connection_id: str) -> dict[str, Any]:
 
 @app.get("/", response_class=HTMLResponse, responses=INDEX_RESPONSES)
 async def index(request: Request, user: GetUserDep) -> HTMLResponse:
-    return pages.index(request, await asyncio.to_thread(_stored_nats_connections, user))
+    """The list of ``nats`` connections the user may read, and a box for any other id."""
+    return pages.render(request, "index.html", title="JetStream",
+                        connection_ids=await asyncio.to_thread(_stored_nats_connections, user))
 
 
 @app.get("/connections", response_class=RedirectResponse, status_code=303, responses=INDEX_RESPONSES)
@@ -371,8 +373,9 @@ async def _view(request: Request, connection_id: str, key_args: dict[str, Any], 
     if "error" in snapshot:
         headers["Retry-After"] = str(max(1, math.ceil(view.cache_seconds)))
         if html:
-            return pages.unavailable(request, connection_id, snapshot["error"], servers=snapshot.get("servers", []),
-                                     headers=headers)
+            return pages.render(request, "refused.html", status=503, headers=headers, unavailable=True,
+                                title=f"JetStream: {connection_id}", connection_id=connection_id,
+                                error=snapshot["error"], servers=snapshot.get("servers", []))
         return JSONResponse({**snapshot, "detail": snapshot["error"]["message"], "age_s": round(age, 1)}, 503,
                             headers=headers)
     query = page or PageQuery(per_page=view.page_size)

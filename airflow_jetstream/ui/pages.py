@@ -215,15 +215,3 @@ def refused(request: Request, title: str, error: Mapping[str, Any], *, status: i
             headers: Mapping[str, str] | None = None) -> HTMLResponse:
     """The page of a request the view refuses (unknown connection, another type, bad parameters, no access)."""
     return render(request, "refused.html", status=status, headers=headers, title=title, error=error)
-
-
-def unavailable(request: Request, connection_id: str, error: Mapping[str, Any], *, servers: Sequence[str],
-                headers: Mapping[str, str]) -> HTMLResponse:
-    """The page when NATS cannot be read (answered 503)."""
-    return render(request, "refused.html", status=503, headers=headers, title=f"JetStream: {connection_id}",
-                  unavailable=True, connection_id=connection_id, error=error, servers=servers)
-
-
-def index(request: Request, connection_ids: Sequence[str]) -> HTMLResponse:
-    """The list of ``nats`` connections the user may read, and a box for any other id."""
-    return render(request, "index.html", title="JetStream", connection_ids=connection_ids)

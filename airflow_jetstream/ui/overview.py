@@ -156,14 +156,6 @@ async def consumers_of(conn: JetStreamConnection, streams: Iterable[dict[str, An
             "errors": {part["stream"]: part["error"] for part in listed if "error" in part}}
 
 
-def _source_kind(entry: dict[str, Any], config_entry: dict[str, Any], consumer: dict[str, Any] | None) -> str:
-    if entry.get("external") or config_entry.get("external"):
-        return "external"
-    if config_entry.get("consumer"):
-        return "user-managed"
-    return "server-managed" if consumer is not None else "ephemeral"
-
-
 def source_rows(stream_infos: Iterable[dict[str, Any]], consumers: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every source and mirror of ``stream_infos``: lag, last activity, error, and the durable consumer on the
     origin when it is among ``consumers`` (a user-managed source's named consumer, or the consumer the server
@@ -185,12 +177,13 @@ def source_rows(stream_infos: Iterable[dict[str, Any]], consumers: Iterable[dict
             origin = entry.get("name")
             config_entry = configured.get((origin, mirror), {})
             named = (config_entry.get("consumer") or {}).get("name")
-            consumer = by_name.get((origin, named)) if named else managed.get((origin, stream))
-            if entry.get("external") or config_entry.get("external"):
-                consumer = None  # another domain or account: its consumers are not listed here
+            external = entry.get("external") or config_entry.get("external")
+            # an external one's origin is in another domain or account: its consumers are not listed here
+            consumer = None if external else by_name.get((origin, named)) if named else managed.get((origin, stream))
+            kind = "external" if external else "user-managed" if config_entry.get("consumer") \
+                else "server-managed" if consumer is not None else "ephemeral"
             progress = source_progress(entry, consumer, context=f"source {origin!r} of stream {stream!r}")
-            rows.append({"stream": stream, "source": origin, "mirror": mirror,
-                         "kind": _source_kind(entry, config_entry, consumer),
+            rows.append({"stream": stream, "source": origin, "mirror": mirror, "kind": kind,
                          "consumer": consumer["name"] if consumer else named, **progress,
                          "active_s": progress["active"] / 1e9 if progress["active"] >= 0 else None,
                          "read_at": info.get("ts")})

@@ -1,5 +1,5 @@
 """A host without Java fails the Spark task in one line naming the host and the fix
-(airflow_jetstream/operators/spark_host.py), before spark-submit starts: spark-class alone says "JAVA_HOME is not
+(airflow_jetstream/operators/spark_submit.py), before spark-submit starts: spark-class alone says "JAVA_HOME is not
 set" inside the provider's "Cannot execute"."""
 
 from __future__ import annotations
@@ -15,8 +15,13 @@ import pytest
 
 from airflow_jetstream.client import ensure_stream
 from airflow_jetstream.client.errors import SparkInstallError
-from airflow_jetstream.operators.spark_host import check_driver_python, check_java, driver_python, java_missing
-from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator
+from airflow_jetstream.operators.spark_submit import (
+    JetStreamSparkSubmitOperator,
+    check_driver_python,
+    check_java,
+    driver_python,
+    java_missing,
+)
 from airflow_jetstream.spark.failure import cause_in
 from tests.support.airflow_cli import nats_conn_json
 from tests.support.nats_calls import call_on_server

@@ -31,8 +31,6 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-import nats.errors
-
 from airflow_jetstream.client.admin.consumers import (
     config_filters,
     consumer_info,
@@ -366,7 +364,7 @@ async def _process(conn: JetStreamConnection, group: list[Any], apply: Callable[
     for msg in group:
         try:
             await msg.ack_sync(timeout=conn.settings.request_timeout)
-        except nats.errors.TimeoutError:
+        except TimeoutError:  # nats-py's is one too
             raise RequestTimeoutError(
                 f"the server did not confirm the ack of message seq {msg.metadata.sequence.stream} within "
                 f"{conn.settings.request_timeout}s; it may be delivered (and processed) again"

@@ -248,9 +248,7 @@ class StreamTail:
                                         {"stream_name": self.stream, "config": config, "action": "create"},
                                         context=f"shared subscription on stream {self.stream!r}")
         except JetStreamError:
-            sub, self._sub = self._sub, None
-            if not self.conn.nc.is_closed:
-                await sub.unsubscribe()
+            await self._drop_subscription()  # the subscription only: no consumer was made
             raise
         self._consumer = name
         metrics.incr("tail.subscribed", tags={"stream": self.stream})

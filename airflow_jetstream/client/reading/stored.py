@@ -25,8 +25,6 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-import nats.errors
-
 from airflow_jetstream.client import server_features
 from airflow_jetstream.client.admin.consumers import filter_config
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
@@ -162,7 +160,7 @@ async def direct_batch(conn: JetStreamConnection, stream: str, request: dict[str
         while True:
             try:
                 msg = await sub.next_msg(timeout=timeout)
-            except (nats.errors.TimeoutError, TimeoutError):
+            except TimeoutError:  # nats-py's is one too
                 raise conn.permission_error(api) or conn.unanswered(
                     f"read from stream {stream!r}: no reply to {api!r} within {timeout}s") from None
             headers = msg.headers or {}

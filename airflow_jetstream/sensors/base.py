@@ -118,7 +118,7 @@ class JetStreamBaseSensor(BaseSensorOperator):
     def deferred_trigger(self, context: Any) -> JetStreamWaitTrigger:
         """The trigger that waits after a first poke found nothing, ending at the sensor's timeout."""
         trigger = self.make_trigger(context)
-        trigger.timeout_at = deadline(self.timeout)
+        trigger.timeout_at = (datetime.now(UTC) + timedelta(seconds=self.timeout)).isoformat()
         self.log.info("Deferring: waiting for %s in the triggerer", trigger.goal())
         return trigger
 
@@ -197,8 +197,3 @@ def failure(what: str, error: dict[str, Any]) -> AirflowException:
     message = error.get("message") or error.get("description") or error
     return AirflowException(f"waiting for {what} failed: {message} "
                             f"(reason: {error.get('reason', error.get('err_code'))})")
-
-
-def deadline(timeout: float) -> str:
-    """The ISO time ``timeout`` seconds from now: a trigger's ``timeout_at``."""
-    return (datetime.now(UTC) + timedelta(seconds=timeout)).isoformat()

@@ -45,6 +45,7 @@ from airflow_jetstream.client.ledger.counts import (
     MAX_LISTED,
     check_waitable_state,
     due_shards,
+    earliest,
     encode_counts,
     run_reached,
     shards_of,
@@ -62,7 +63,6 @@ from airflow_jetstream.client.ledger.records import (
     check_location,
     claimed,
     counts_key,
-    epoch_of,
     expired,
     extended,
     iso_time,
@@ -308,7 +308,7 @@ class BatchLedger:
                 due = due_shards(shards, now)
                 if not due:
                     return _reaped(reaped, counts)
-        earliest: dict[int, str | None] = dict.fromkeys(due or (), None)
+        bounds: dict[int, str | None] = dict.fromkeys(due or (), None)
         async with aclosing(self.iter_batches(run_id, state=IN_PROGRESS)) as candidates:
             async for candidate in candidates:
                 shard = shard_of(candidate.batch_id)
@@ -325,13 +325,11 @@ class BatchLedger:
                     counts[outcome] += 1
                     if len(reaped[outcome]) < MAX_LISTED:
                         reaped[outcome].append(rec.to_dict())
-                elif rec.state == IN_PROGRESS and shard in earliest and rec.deadline:
-                    known = earliest[shard]
-                    earliest[shard] = rec.deadline if known is None or epoch_of(rec.deadline) < epoch_of(known) \
-                        else known
-        if run_id is not None and earliest:
+                elif rec.state == IN_PROGRESS and shard in bounds:
+                    bounds[shard] = earliest(bounds[shard], rec.deadline)
+        if run_id is not None and bounds:
             await self.prepare()
-            for shard, deadline in earliest.items():
+            for shard, deadline in bounds.items():
                 await self._settle_deadline(run_id, shard, shards[shard].get("claims", 0), deadline)
         return _reaped(reaped, counts)
 

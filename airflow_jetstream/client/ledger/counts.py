@@ -84,20 +84,29 @@ def failed_entry(rec: BatchRecord) -> dict[str, Any]:
             "count": rec.count, "attempts": rec.attempts, "last_error": error}
 
 
-def _earliest(*times: str | None) -> str | None:
+def earliest(*times: str | None) -> str | None:
+    """The earliest of the times given (None: none given)."""
     known = [t for t in times if t]
     return min(known, key=epoch_of) if known else None
 
 
 def counted(counts: Mapping[str, Any] | None, run_id: str, shard: int, old: BatchRecord | None,
             new: BatchRecord, now: float) -> dict[str, Any]:
-    """The subset's counts after its batch went from ``old`` (None: just recorded) to ``new``.
+    """The subset's counts after its batch went from ``old`` (None: just recorded) to ``new``."""
+    value = json.loads(json.dumps(counts)) if counts else empty_counts(run_id, shard)
+    count_record(value, new, old)
+    value["updated_at"] = iso_time(now)
+    return value
+
+
+def count_record(value: dict[str, Any], new: BatchRecord, old: BatchRecord | None = None) -> None:
+    """Count, in place, the subset's batch going from ``old`` to ``new``; ``old`` None adds a batch (a change
+    that recorded it, a recount, the summary of a listed run).
 
     ``next_deadline`` stays a lower bound of the deadlines of the subset's claims in progress: a claim or
     an extension lowers it to its deadline when earlier; a finished claim leaves it (still a lower bound);
     it is None once nothing is in progress. The reaper sets it exactly after it listed the run.
     """
-    value = json.loads(json.dumps(counts)) if counts else empty_counts(run_id, shard)
     states, messages = value["states"], value["messages"]
     if old is None:
         value["batches"] += 1
@@ -112,29 +121,13 @@ def counted(counts: Mapping[str, Any] | None, run_id: str, shard: int, old: Batc
     if new.stream not in value.setdefault("streams", []):
         value["streams"] = sorted([*value["streams"], new.stream])
     if new.state == IN_PROGRESS:
-        value["next_deadline"] = _earliest(value.get("next_deadline"), new.deadline)
+        value["next_deadline"] = earliest(value.get("next_deadline"), new.deadline)
     if not states.get(IN_PROGRESS):
         value["next_deadline"] = None
     listed = [item for item in value.get("failed") or [] if item.get("batch_id") != new.batch_id]
     if new.state == FAILED and len(listed) < FAILED_LISTED_PER_SHARD:
         listed.append(failed_entry(new))
     value["failed"] = listed
-    value["updated_at"] = iso_time(now)
-    return value
-
-
-def count_record(value: dict[str, Any], rec: BatchRecord) -> None:
-    """Add one record to the counts of its subset (a recount, or the summary of a listed run)."""
-    value["batches"] += 1
-    value["states"][rec.state] += 1
-    value["messages"][rec.state] += rec.count
-    value["attempts"] += rec.attempts
-    if rec.stream not in value["streams"]:
-        value["streams"].append(rec.stream)
-    if rec.state == IN_PROGRESS:
-        value["next_deadline"] = _earliest(value["next_deadline"], rec.deadline)
-    if rec.state == FAILED and len(value["failed"]) < FAILED_LISTED_PER_SHARD:
-        value["failed"].append(failed_entry(rec))
 
 
 def recounted(run_id: str, records: Iterable[BatchRecord], previous: Mapping[int, Mapping[str, Any]],
@@ -146,7 +139,6 @@ def recounted(run_id: str, records: Iterable[BatchRecord], previous: Mapping[int
         count_record(shards[shard_of(rec.batch_id)], rec)
     for n, value in shards.items():
         value["claims"] = int((previous.get(n) or {}).get("claims", 0)) + 1
-        value["streams"].sort()
         value["updated_at"] = iso_time(now)
     return shards
 
@@ -202,7 +194,7 @@ def merged(run_id: str, bucket: str, shards: Mapping[int, Mapping[str, Any]], no
     failed.sort(key=lambda item: item["batch_id"])
     return {"run_id": run_id, "bucket": bucket, "batches": batches, "states": states, "messages": messages,
             "attempts": attempts, "expired_claims": None if maybe_expired else 0, "streams": sorted(streams),
-            "failed": failed[:MAX_LISTED], "next_deadline": _earliest(*deadlines), "counted_by": "counts"}
+            "failed": failed[:MAX_LISTED], "next_deadline": earliest(*deadlines), "counted_by": "counts"}
 
 
 def summarized(run_id: str, bucket: str, records: Iterable[BatchRecord], now: float) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import dataclasses
 import inspect
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -34,7 +34,6 @@ from airflow_jetstream.client.reading.read_plan import (
     read_method,
 )
 from airflow_jetstream.client.reading.stored import read_range
-from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.spark.connection import session_connection_fields, with_connection_defaults
 from airflow_jetstream.spark.json_rows import BadValue, bad_json_error, converter, headers_kind, parse_payload
 from airflow_jetstream.spark.options import ReadOptions, lowered
@@ -197,22 +196,6 @@ class _Columns:
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
 
-def _drive(agen: AsyncIterator[Any], loop: asyncio.AbstractEventLoop) -> Iterator[Any]:
-    """Iterate an async iterator from synchronous code on a private event loop."""
-    while True:
-        try:
-            yield loop.run_until_complete(agen.__anext__())
-        except StopAsyncIteration:
-            return
-
-
-async def _partition_chunks(settings: ConnectionSettings, stream: str, first: int, last: int, subjects: tuple[str, ...],
-                            via: str, batch: int) -> AsyncGenerator[list[Row], None]:
-    async with open_connection(settings) as conn:
-        async for chunk in read_range(conn, stream, first, last, subjects=subjects, via=via, batch=batch):
-            yield chunk
-
-
 class JetStreamReader(DataSourceReader):
     """Plans on the driver (bounds fixed once), reads sequence ranges in the tasks."""
 
@@ -239,10 +222,21 @@ def read_batches(options: ReadOptions, schema: StructType, stream: str, via: str
     if last < first:
         return
     columns = _Columns(schema, options)
-    loop = asyncio.new_event_loop()
-    agen = _partition_chunks(options.settings, stream, first, last, tuple(subjects), via, options.batch_size)
+
+    async def chunks() -> AsyncGenerator[list[Row], None]:
+        async with open_connection(options.settings) as conn:
+            async for chunk in read_range(conn, stream, first, last, subjects=tuple(subjects), via=via,
+                                          batch=options.batch_size):
+                yield chunk
+
+    loop = asyncio.new_event_loop()  # a private loop, driven from this synchronous generator
+    agen = chunks()
     try:
-        for chunk in _drive(agen, loop):
+        while True:
+            try:
+                chunk = loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
             yield columns.batch(chunk)
     finally:
         loop.run_until_complete(agen.aclose())

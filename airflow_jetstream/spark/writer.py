@@ -76,12 +76,6 @@ def partition_reports(messages: list[WriterCommitMessage | None]) -> list[Partit
     return [m for m in messages if isinstance(m, PartitionReport)]
 
 
-def _totals(reports: list[PartitionReport]) -> dict[str, int]:
-    """The job's sums of what its tasks reported (the job record's counts)."""
-    return {name: sum(getattr(r, name) for r in reports)
-            for name in ("rows", "stored", "batches", "skipped_batches", "duplicate_batches")}
-
-
 def message_id(job_id: str, partition: int, row: int) -> str:
     """The deterministic msg id of a row: job, partition and row index within the partition."""
     return f"{job_id}-{partition}-{row}"
@@ -153,41 +147,32 @@ def check_write_schema(schema: StructType, options: WriteOptions) -> None:
                                   reason="invalid_column")
 
 
-class RowEncoder:
-    """Turns Arrow record batches into (subject, payload, headers) triples."""
+def encode_batch(options: WriteOptions, batch: Any) -> list[tuple[str, bytes, dict[str, str] | None]]:
+    """An Arrow record batch as (subject, payload, headers) triples."""
+    import pyarrow as pa
 
-    def __init__(self, options: WriteOptions) -> None:
-        self.options = options
-
-    def encode(self, batch: Any) -> list[tuple[str, bytes, dict[str, str] | None]]:
-        import pyarrow as pa
-
-        names = batch.schema.names
-        opts = self.options
-        rows = batch.num_rows
-        if opts.subject_column in names:
-            subjects = batch.column(opts.subject_column).to_pylist()
-        else:
-            subjects = [opts.subject] * rows
-        if opts.payload_column in names:
-            # Arrow turns UTF-8 strings into bytes without a Python call per row.
-            column = batch.column(opts.payload_column)
-            if not pa.types.is_binary(column.type):
-                column = column.cast(pa.binary())
-            payloads = column.to_pylist()
-            if column.null_count:
-                payloads = [p or b"" for p in payloads]
-        else:
-            data_columns = [n for n in names if n not in (opts.subject_column, opts.headers_column)]
-            payloads = encode_rows(batch, data_columns)  # the row JSON contract (spark/json_rows.py)
-        if opts.headers_column in names:
-            headers = [dict(h) if h else None for h in batch.column(opts.headers_column).to_pylist()]
-        else:
-            headers = [None] * rows
-        for index, subject in enumerate(subjects):
-            if subject is None and opts.subject:
-                subjects[index] = opts.subject
-        return list(zip(subjects, payloads, headers, strict=True))
+    names = batch.schema.names
+    if options.subject_column in names:
+        subjects = [subject if subject is not None or not options.subject else options.subject
+                    for subject in batch.column(options.subject_column).to_pylist()]
+    else:
+        subjects = [options.subject] * batch.num_rows
+    if options.payload_column in names:
+        # Arrow turns UTF-8 strings into bytes without a Python call per row.
+        column = batch.column(options.payload_column)
+        if not pa.types.is_binary(column.type):
+            column = column.cast(pa.binary())
+        payloads = column.to_pylist()
+        if column.null_count:
+            payloads = [p or b"" for p in payloads]
+    else:
+        data_columns = [n for n in names if n not in (options.subject_column, options.headers_column)]
+        payloads = encode_rows(batch, data_columns)  # the row JSON contract (spark/json_rows.py)
+    if options.headers_column in names:
+        headers = [dict(h) if h else None for h in batch.column(options.headers_column).to_pylist()]
+    else:
+        headers = [None] * batch.num_rows
+    return list(zip(subjects, payloads, headers, strict=True))
 
 
 async def _first_completed(running: set[asyncio.Task[None]]) -> None:
@@ -241,7 +226,6 @@ class JetStreamWriter(DataSourceArrowWriter):
         opts = self.options
         report = PartitionReport(partition=partition, attempt=attempt, job_id=opts.job_id)
         started = time.monotonic()
-        encoder = RowEncoder(opts)
         pending: list[tuple[str, bytes, dict[str, str] | None]] = []
         chunk = 0
         running: set[asyncio.Task[None]] = set()
@@ -263,7 +247,7 @@ class JetStreamWriter(DataSourceArrowWriter):
 
             try:
                 for batch in iterator:
-                    pending.extend(encoder.encode(batch))
+                    pending.extend(encode_batch(opts, batch))
                     while len(pending) >= opts.batch_size:
                         await submit(pending[:opts.batch_size])
                         del pending[:opts.batch_size]
@@ -318,29 +302,26 @@ class JetStreamWriter(DataSourceArrowWriter):
                                       "first_row": first_row})
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._progress("committed", messages)
-        asyncio.run(self._record("committed", messages))
+        self._finish("committed", messages)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._progress("aborted", messages)
-        asyncio.run(self._record("aborted", messages))
+        self._finish("aborted", messages)
 
-    def _progress(self, state: str, messages: list[WriterCommitMessage | None]) -> None:
-        """One line per partition and a total, on the driver (so in the task log)."""
-        reports = partition_reports(messages)
-        for r in reports:
-            progress(f"write {self.options.stream} job {self.options.job_id} partition {r.partition}: "
-                     f"{r.stored} of {r.rows} rows stored in {r.batches} batch(es) ({r.skipped_batches} skipped) "
-                     f"in {r.seconds:.1f} s ({rate(r.rows, r.seconds)})")
-        total = _totals(reports)
-        busiest = max((r.seconds for r in reports), default=0.0)
-        progress(f"write {self.options.stream} job {self.options.job_id} {state}: {total['stored']} of {total['rows']} "
-                 f"rows stored in {total['batches']} batch(es) from {len(reports)} of {len(messages)} partition(s), "
-                 f"slowest partition {busiest:.1f} s")
-
-    async def _record(self, state: str, messages: list[WriterCommitMessage | None]) -> None:
+    def _finish(self, state: str, messages: list[WriterCommitMessage | None]) -> None:
+        """One progress line per partition and a total, on the driver (so in the task log); then the job record."""
         opts = self.options
         reports = partition_reports(messages)
+        for r in reports:
+            progress(f"write {opts.stream} job {opts.job_id} partition {r.partition}: "
+                     f"{r.stored} of {r.rows} rows stored in {r.batches} batch(es) ({r.skipped_batches} skipped) "
+                     f"in {r.seconds:.1f} s ({rate(r.rows, r.seconds)})")
+        # the job's sums of what its tasks reported (the job record's counts)
+        total = {name: sum(getattr(r, name) for r in reports)
+                 for name in ("rows", "stored", "batches", "skipped_batches", "duplicate_batches")}
+        busiest = max((r.seconds for r in reports), default=0.0)
+        progress(f"write {opts.stream} job {opts.job_id} {state}: {total['stored']} of {total['rows']} "
+                 f"rows stored in {total['batches']} batch(es) from {len(reports)} of {len(messages)} partition(s), "
+                 f"slowest partition {busiest:.1f} s")
         record = {
             "job_id": opts.job_id,
             "run_id": opts.run_id,
@@ -349,11 +330,15 @@ class JetStreamWriter(DataSourceArrowWriter):
             "state": state,
             "partitions": len(messages),
             "partitions_reported": len(reports),
-            **_totals(reports),
+            **total,
             "ledger_bucket": opts.ledger_bucket,
             "finished_at": datetime.now(UTC).isoformat(),
             "reports": [r.to_dict() for r in reports],
         }
+        asyncio.run(self._put_record(record))
+
+    async def _put_record(self, record: dict[str, Any]) -> None:
+        opts = self.options
         async with open_connection(opts.settings) as conn:
             await put_job_record(conn, opts.job_id, record, bucket=opts.job_bucket, replicas=opts.ledger_replicas,
                                  placement=opts.ledger_placement)

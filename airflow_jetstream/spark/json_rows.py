@@ -138,10 +138,10 @@ def _integer(bits: int, name: str) -> Callable[[Any], int]:
 
 
 def _typed(kind: type | tuple[type, ...], name: str) -> Callable[[Any], Any]:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+
     def convert(value: Any) -> Any:
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            raise BadValue(f"{value!r} is not a {name}")
-        if not isinstance(value, kind):
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise BadValue(f"{value!r} is not a {name}")
         return value
 

@@ -83,18 +83,14 @@ def check_read_schema(schema: StructType, options: ReadOptions) -> None:
                 )
 
 
-def _default_partitions(plan: ReadPlan) -> int:
-    span = plan.last_seq - plan.first_seq + 1
-    return max(1, min(MAX_DEFAULT_PARTITIONS, -(-span // ROWS_PER_PARTITION)))
-
-
 async def plan_for(options: ReadOptions) -> ReadPlan:
     """Fix the bounds of a read now (the driver does this once per job)."""
     async with open_connection(options.settings) as conn:
         plan = await plan_read(conn, options.stream, subjects=options.filter_subjects, start_seq=options.start_seq,
                                start_time=options.start_time, end_seq=options.end_seq, partitions=1,
                                consumer=options.consumer)
-        parts = options.num_partitions or _default_partitions(plan)
+        span = plan.last_seq - plan.first_seq + 1
+        parts = options.num_partitions or max(1, min(MAX_DEFAULT_PARTITIONS, -(-span // ROWS_PER_PARTITION)))
         plan = await plan_read(conn, options.stream, subjects=plan.subjects, start_seq=plan.first_seq,
                                end_seq=plan.last_seq, partitions=parts)
         plan = dataclasses.replace(plan, consumer=options.consumer)

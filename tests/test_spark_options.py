@@ -138,7 +138,7 @@ def test_stream_read_options() -> None:
 
 def test_streaming_features_missing_from_older_pyspark_are_refused_naming_the_version(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_jetstream.spark import stream_reader, stream_writer
+    from airflow_jetstream.spark import stream_reader, writer
 
     limited = StreamReadOptions.parse({**SERVER, "stream": "S", "max_bytes_per_trigger": "1000"})
     stream_reader.check_streaming_read_support(limited, "4.2.0")
@@ -149,17 +149,17 @@ def test_streaming_features_missing_from_older_pyspark_are_refused_naming_the_ve
     assert err.value.reason == "pyspark_too_old" and "max_bytes_per_trigger" in str(err.value)
 
     with pytest.raises(InvalidRequestError, match="query id"):
-        stream_writer.check_streaming_write_support({"job_id": "mine"}, "4.2.0")
-    monkeypatch.setattr(stream_writer, "ARROW_STREAM_WRITER", False)
+        writer.check_streaming_write_support({"job_id": "mine"}, "4.2.0")
+    monkeypatch.setattr(writer, "ARROW_STREAM_WRITER", False)
     with pytest.raises(InvalidRequestError, match=r"needs pyspark 4\.1 or later.*this is pyspark 4\.0\.0"):
-        stream_writer.check_streaming_write_support({}, "4.0.0")
-    assert stream_writer.micro_batch_job_id("0b6f1c2e-aaaa-bbbb-cccc-0123456789ab", 7) == \
+        writer.check_streaming_write_support({}, "4.0.0")
+    assert writer.micro_batch_job_id("0b6f1c2e-aaaa-bbbb-cccc-0123456789ab", 7) == \
         "0b6f1c2eaaaabbbbcccc0123456789ab-7"
 
 
 def test_the_driver_reads_the_query_id_from_a_local_checkpoint_only(tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
-    from airflow_jetstream.spark.stream_writer import checkpoint_query_id
+    from airflow_jetstream.spark.writer import checkpoint_query_id
 
     checkpoint = tmp_path / "check point"
     checkpoint.mkdir()

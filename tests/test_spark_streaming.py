@@ -33,7 +33,7 @@ pytestmark = pytest.mark.spark
 pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession  # noqa: E402
 
-from airflow_jetstream.spark.stream_writer import micro_batch_job_id  # noqa: E402
+from airflow_jetstream.spark.writer import micro_batch_job_id  # noqa: E402
 from tests.support.spark_stream_copy import start_copy  # noqa: E402
 
 server = module_server("nats")

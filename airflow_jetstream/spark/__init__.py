@@ -36,13 +36,13 @@ from airflow_jetstream.spark.options import (
 from airflow_jetstream.spark.package import add_package_to_session, build_py_files
 from airflow_jetstream.spark.reader import JetStreamReader, consume, default_schema
 from airflow_jetstream.spark.stream_reader import JetStreamStreamReader, check_streaming_read_support
-from airflow_jetstream.spark.stream_writer import (
+from airflow_jetstream.spark.versions import check_pyspark_install
+from airflow_jetstream.spark.writer import (
     JetStreamStreamWriter,
+    JetStreamWriter,
     check_streaming_write_support,
     checkpoint_query_id,
 )
-from airflow_jetstream.spark.versions import check_pyspark_install
-from airflow_jetstream.spark.writer import JetStreamWriter
 
 
 class JetStreamDataSource(DataSource):

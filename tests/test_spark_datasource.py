@@ -264,9 +264,11 @@ def test_a_consume_job_whose_claims_were_taken_over_removes_nothing(server: Embe
     assert ledger["states"]["consumed"] == 3
 
 
-async def _hold(conn: Any, run_id: str) -> int:
-    """Another consume attempt claims every batch of the run (its deadline an hour away); returns how many."""
-    return len(await (await BatchLedger.open(conn, visibility_timeout="1h")).claim_available(run_id, owner="zombie"))
+async def _hold(conn: Any, run_id: str, limit: int | None = None) -> int:
+    """Another consume attempt claims every batch of the run, or ``limit`` of them (its deadline an hour away);
+    returns how many."""
+    ledger = await BatchLedger.open(conn, visibility_timeout="1h")
+    return len(await ledger.claim_available(run_id, owner="zombie", limit=limit))
 
 
 def test_a_consume_job_finds_the_runs_claims_held_by_another_attempt_and_reads_nothing(
@@ -287,6 +289,27 @@ def test_a_consume_job_finds_the_runs_claims_held_by_another_attempt_and_reads_n
     assert call_on(server, stored_rows, "HQ") == 200
     ledger = call_on(server, lambda conn: _ledger_summary(conn, "hq-run"))
     assert ledger["states"]["in_progress"] == 2 and ledger["attempts"] == 2  # the zombie's claims, untouched
+
+
+def test_a_consume_job_that_claimed_part_of_a_run_another_attempt_holds_gives_its_claims_back(
+        server: EmbeddedNatsServer, spark: SparkSession) -> None:
+    """Another attempt holds one batch of the run before its deadline; the retry claims the other two, is refused
+    (reading the run would consume the held batch under nobody's claim) and settles its own two claims as failed
+    attempts: they are claimable again, nothing is removed, and the held batch stays the other attempt's."""
+    call_on(server, ensure_stream, {"name": "PQ", "subjects": ["pq.>"], "retention": "workqueue",
+                                    "allow_direct": True, "allow_atomic": True})
+    spark.range(0, 300, numPartitions=1).select(F.lit("pq.jobs").alias("subject"), F.col("id").alias("n")) \
+        .write.format("jetstream").mode("append").options(servers=server.url, stream="PQ", job_id="pq-run",
+                                                           batch_size="100").save()
+    assert call_on(server, _hold, "pq-run", 1) == 1
+    with pytest.raises(LedgerConflictError, match="1 batch\\(es\\) are claimed by another attempt"), \
+            consume(spark, {"servers": server.url, "stream": "PQ"}, run_id="pq-run"):
+        pytest.fail("the block ran while another attempt held a batch of the run")
+    assert call_on(server, stored_rows, "PQ") == 300
+    records = call_on(server, lambda conn: BatchLedger(conn).batches("pq-run"))
+    assert sorted((rec.state, rec.owner == "zombie", rec.attempts) for rec in records) == [
+        ("in_progress", True, 1), ("published", False, 1), ("published", False, 1)], records
+    assert all("held by another attempt" in (rec.last_error or "") for rec in records if rec.state == "published")
 
 
 async def _interest_setup(conn: Any) -> None:

@@ -322,7 +322,8 @@ def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str 
     are the claims' tokens, to fence the output with (docs/ledger.md). ``Consumption.already_consumed`` says the
     run was consumed before (a re-run of a job whose success was not heard): keep that output, write none.
     ``visibility_timeout`` is the claims' deadline (seconds, ``"10m"`` or a timedelta): past it, another attempt
-    may take the batches over.
+    may take the batches over; before it, a job that finds batches of the run held by another attempt gives back
+    what it claimed and raises ``LedgerConflictError`` on entry, reading nothing.
     """
     opts = {**lowered(options), "consume": "true"}
     parsed = ReadOptions.parse(with_connection_defaults(session_connection_fields(spark), opts))

@@ -135,7 +135,8 @@ def test_deferred_sensors_time_out_under_airflow_dags_test(waiting_env, tmp_path
     code, log = _run_to_the_end("never_true", waiting_env, tmp_path)
     assert code != 0 and "DagRun failed" in log
     assert "batch ledger not reached within 6 s" in log
-    assert "KV models/churn did not" in log and "no message of stream EVENTS matched within 6 s" in log
+    kv_timeout = "KV models/churn to equal 'ready' not reached within 6 s. Last seen: KV models/churn equals 'ready': "
+    assert kv_timeout + "not yet" in log and "no message of stream EVENTS matched within 6 s" in log
     assert log.count("[DAG TEST] Trigger completed") == 3
     assert "coroutine ignored GeneratorExit" not in log
 

@@ -1,5 +1,5 @@
 """What every JetStream sensor shares: the hook, one condition for poke and trigger, poke-then-defer, the timeout
-and failure messages, SIGTERM; and the base of the sensors that wait for a state (caught up, drained, ledger)."""
+and failure messages, SIGTERM; and the base of the sensors that wait for a state (caught up, drained, ledger, KV)."""
 
 from __future__ import annotations
 
@@ -149,7 +149,8 @@ class JetStreamStateSensor(JetStreamBaseSensor):
     ``start_from_trigger=True`` (Airflow 3.3+): the scheduler defers the task itself, with no worker until the
     trigger fires (then a worker runs only ``execute_complete``); the triggerer renders the templated fields.
     Airflow reads ``start_trigger_args`` when each ``__init__`` returns and when it serializes the DAG, so
-    subclasses set their parameters *before* calling ``super().__init__``, which builds the trigger from them.
+    subclasses set their parameters *before* calling ``super().__init__``, which builds the trigger from them (the KV
+    sensor, which checks its key and function first, builds its trigger itself after them).
     The wait then ends at Airflow's deferral timeout (``timeout``), which fails the task with
     ``AirflowSensorTimeout("Trigger timeout")``: the trigger's own deadline is an absolute time, unknown when
     the DAG is parsed, so the last state is in the triggerer's log rather than in the failure.

@@ -68,5 +68,5 @@ class JetStreamKeyValueTrigger(JetStreamResultTrigger):
 
         condition = self.condition()
         self.log.info("Watching KV key %s in bucket %s until it %s", self.key, self.bucket, condition.describe())
-        self.last_seen = f"KV {self.bucket}/{self.key} did not {condition.describe()}"
+        self.last_seen = f"KV {self.bucket}/{self.key} {condition.describe()}: not yet"
         return {"status": "matched", "entry": await wait_for_key(conn, self.bucket, self.key, condition)}

@@ -201,11 +201,12 @@ def validate_messages(
     *,
     mode: str,
     max_payload: int,
-    max_msgs: int | None = None,
+    max_msgs: int | None,
     reserved_header_bytes: int | None = None,
 ) -> list[BatchMessage]:
     """Check a whole ``mode`` batch locally and return it as a list; raises :class:`InvalidRequestError` subclasses.
 
+    ``max_msgs`` is the server's batch size limit (None: not checked, for a fast batch or one message);
     ``reserved_header_bytes`` is what the publisher adds to every message (default: an atomic batch's headers).
     """
     refused_headers = REFUSED_HEADERS[mode]

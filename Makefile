@@ -71,7 +71,7 @@ test-fast: install
 	$(TEST_ENV) $(PY) -m pytest -m "not e2e" -x $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 # The multi-host tier (tests/test_hosts_*.py; root, ip netns): one deployment of five hosts, its host faults. Not part
-# of `make test` (it would take the CI run past its 30-minute budget); 25 min under load (nine tests).
+# of `make test` (it would take the CI run past its 30-minute budget); 726-785 s beside make compat in CI (nine tests), up to 17 min under load.
 test-hosts: install
 	$(TEST_ENV) HOSTS_TIER=1 $(PY) -m pytest -p no:xdist tests/test_hosts_deployment.py $(PYTEST_ARGS)
 

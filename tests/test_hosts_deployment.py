@@ -451,8 +451,9 @@ def start_publishing(deployment: HostsDeployment, settings: ConnectionSettings) 
 
 
 def hold_cut(cut_at: float) -> None:
-    """Keep the cut until it has lasted longer than the raw stream's duplicate window: a retry's msg ids are then
-    new to the stream, and only the write fences keep its chunks from being stored twice."""
+    """Keep the cut for ``CUT_SECONDS``, longer than the raw stream's duplicate window (a retry's msg ids are then
+    new to the stream, and only the write fences keep its chunks from being stored twice) and than the ledger's
+    claim deadline (a claim held through the cut has outlived it)."""
     time.sleep(max(0.0, cut_at + CUT_SECONDS - time.monotonic()))  # the fault's length, not a synchronisation
 
 
@@ -464,11 +465,16 @@ def producer_tries(deployment: HostsDeployment, run_id: str) -> dict[int, tuple[
     return {tries: (state, host) for tries, state, host in rows}
 
 
+def run_ended(airflow: LocalAirflow, run_id: str) -> bool:
+    """Whether the pipeline run has ended; a run cleared to resume is queued until the scheduler runs it again."""
+    return run_state(airflow, PIPELINE, run_id) in ("success", "failed")
+
+
 def wait_consumer_claims(deployment: HostsDeployment, settings: ConnectionSettings,
                          run_id: str) -> tuple[str, int, float]:
     """Wait until the run's consumer holds claims on its batches: the name of its host, its try number and when the
     claims were seen."""
-    summary = wait_claims(settings, run_id, lambda: run_state(deployment.airflow, PIPELINE, run_id) != "running")
+    summary = wait_claims(settings, run_id, lambda: run_ended(deployment.airflow, run_id))
     seen_at = time.monotonic()
     _state, address, tries = task_rows(deployment.airflow, PIPELINE, run_id)["consume_orders"]
     assert summary is not None, task_rows(deployment.airflow, PIPELINE, run_id)
@@ -526,7 +532,8 @@ def test_worker_host_cut_off_from_airflow_while_it_publishes(hosts_deployment: H
     cut_at = time.monotonic()
     other = deployment.hosts[next(name for name in WORKER_HOSTS if name != zombie)].address
     try:
-        wait_until(lambda: any(address == other for _state, address in consumer_tries(deployment, run_id).values()),
+        wait_until(lambda: any(number > zombie_try and address == other
+                               for number, (_state, address) in consumer_tries(deployment, run_id).items()),
                    "the consumer's retry to run on the other host", timeout=600, every=1)
         hold_cut(cut_at)
     finally:
@@ -576,7 +583,7 @@ def test_worker_host_cut_off_from_nats_while_it_publishes(hosts_deployment: Host
     finally:
         host.heal()
     deployment.restart_exited()
-    claims = wait_claims(hosts_nats, run_id, lambda: run_state(airflow, PIPELINE, run_id) != "running")
+    claims = wait_claims(hosts_nats, run_id, lambda: run_ended(airflow, run_id))
     if claims is None:
         resume_after_guard(airflow, run_id, f"the cut of {victim}")
     zombie, zombie_try, claims_at = wait_consumer_claims(deployment, hosts_nats, run_id)
@@ -584,8 +591,9 @@ def test_worker_host_cut_off_from_nats_while_it_publishes(hosts_deployment: Host
     consumer.block(ports=(NATS_PORT, NATS_ROUTE_PORT))
     cut_at = time.monotonic()
     try:
+        cut_began = server_now(hosts_nats)  # by the servers' clock, read from the controller: after the block
         hold_cut(cut_at)
-        cut_ended = server_now(hosts_nats)  # read from the controller, before the heal
+        cut_ended = server_now(hosts_nats)  # and before the heal
     finally:
         consumer.heal()
     print(f"consumer host {zombie} cut off from NATS for {time.monotonic() - cut_at:.0f} s, "
@@ -593,15 +601,15 @@ def test_worker_host_cut_off_from_nats_while_it_publishes(hosts_deployment: Host
     wait_run(airflow, PIPELINE, run_id, timeout=1200)
     deployment.restart_exited()
     check_pipeline_run(deployment, run_id, FAULT_ROWS)
-    assert_claims_outlasted(hosts_nats, deployment, run_id, zombie, zombie_try, cut_ended)
+    assert_claims_outlasted(hosts_nats, deployment, run_id, zombie, zombie_try, (cut_began, cut_ended))
 
 
 def assert_claims_outlasted(settings: ConnectionSettings, deployment: HostsDeployment, run_id: str, zombie: str,
-                            zombie_try: int, cut_ended: float) -> None:
+                            zombie_try: int, cut: tuple[float, float]) -> None:
     """Assert that the consumer cut off on host ``zombie`` held its claims past their deadline: either nobody
-    claimed the batches meanwhile and its settles were stored after the heal (``cut_ended``, by the servers' clock:
-    a node cut off from its peers commits nothing), later than the deadline, or its attempt failed and a later one
-    claimed the batches again."""
+    claimed the batches meanwhile and its settles were stored after the heal (``cut``: when the cut began and
+    ended, by the servers' clock; a node cut off from its peers commits nothing), later than the deadline, or its
+    attempt failed and a later one claimed the batches again."""
     records = batch_records(settings, run_id)
     consumers = consumer_tries(deployment, run_id)
     assert records and all(rec.state == "consumed" for rec in records), records
@@ -612,10 +620,11 @@ def assert_claims_outlasted(settings: ConnectionSettings, deployment: HostsDeplo
         decided = [epoch_of(rec.consumed_at or "") - epoch_of(rec.claimed_at or "") for rec in records]
         held = [at - epoch_of(rec.claimed_at or "") for at, rec in zip(stored, records, strict=True)]
         print(f"claims held {min(held):.0f}-{max(held):.0f} s by the cut consumer (its settles decided "
-              f"{min(decided):.0f}-{max(decided):.0f} s after claiming), stored {min(stored) - cut_ended:.1f} s after "
+              f"{min(decided):.0f}-{max(decided):.0f} s after claiming), stored {min(stored) - cut[1]:.1f} s after "
               "the cut ended")
         assert consumers[zombie_try] == ("success", deployment.hosts[zombie].address), consumers
-        assert min(stored) >= cut_ended, "a settle was stored while its writer's host was cut off from NATS"
+        assert min(stored) >= cut[0], "the job settled before the cut began: the cut tested nothing"
+        assert min(stored) >= cut[1], "a settle was stored while its writer's host was cut off from NATS"
         assert min(held) > CLAIM_DEADLINE_SECONDS, held
     else:  # the zombie's attempt failed; Airflow's retry claimed the batches again
         assert min(attempts) >= 2, attempts

@@ -1,8 +1,9 @@
 """The orders pipeline consumer's ledger claims as the multi-host tier watches them (tests/test_hosts_deployment.py):
 when ``consume_orders`` holds its run's batches, the claims' deadline passing, and what the records say afterwards.
 
-Read through the ledger's public API (a summary is one read of the run's counts), from the controller, which reaches
-every NATS node whatever host is cut off.
+Read from the controller, which reaches every NATS node whatever host is cut off: the claims and records through the
+ledger's public API (a summary is one read of the run's counts), and when each record's last write was stored and
+what time it is by the servers' clock from the ledger's KV stream itself.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from airflow_jetstream.client import ConnectionSettings, open_connection
 from airflow_jetstream.client.durations import ServerClock
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.records import BatchRecord
+from airflow_jetstream.client.ledger.store import stream_of
 from airflow_jetstream.client.reading.stored import get_message
+from tests.support.nats_calls import call_on_server
 
 #: The example pipeline's ledger bucket (dags_examples/orders_pipeline_common.py).
 LEDGER_BUCKET = "batch_ledger"
@@ -47,35 +50,34 @@ def wait_claims(settings: ConnectionSettings, run_id: str, finished: Callable[[]
 
 def batch_records(settings: ConnectionSettings, run_id: str) -> list[BatchRecord]:
     """Every batch record of the run (a listing)."""
-    async def go() -> list[BatchRecord]:
-        async with open_connection(settings) as conn:
-            return await BatchLedger(conn, LEDGER_BUCKET).batches(run_id)
+    records: list[BatchRecord] = call_on_server(settings, lambda conn: BatchLedger(conn, LEDGER_BUCKET).batches(run_id))
+    return records
 
-    return asyncio.run(go())
+
+async def _server_now(conn: Any) -> float:
+    clock = ServerClock()
+    await clock.sync(conn, stream_of(LEDGER_BUCKET))
+    return clock()
 
 
 def server_now(settings: ConnectionSettings) -> float:
     """The servers' clock now, in seconds since the epoch (what the ledger's stream info says)."""
-    async def go() -> float:
-        async with open_connection(settings) as conn:
-            clock = ServerClock()
-            await clock.sync(conn, f"KV_{LEDGER_BUCKET}")
-            return clock()
+    now: float = call_on_server(settings, _server_now)
+    return now
 
-    return asyncio.run(go())
+
+async def _stored_times(conn: Any, records: list[BatchRecord]) -> list[float]:
+    times = []
+    for rec in records:
+        message = await get_message(conn, stream_of(LEDGER_BUCKET), seq=rec.revision)
+        assert message is not None and message.time is not None, rec
+        times.append(message.time.timestamp())
+    return times
 
 
 def stored_times(settings: ConnectionSettings, records: list[BatchRecord]) -> list[float]:
     """When the stream stored each record's last write, in seconds since the epoch: the time the write was
-    accepted, by the server's clock. A record's own times (``consumed_at``) are its writer's reading of that clock
+    accepted, by the server's clock. A record's own times (``consumed_at``) are its writer's reading of a clock
     when it decided to write, which can be long before the write lands (a writer cut off retries it)."""
-    async def go() -> list[float]:
-        async with open_connection(settings) as conn:
-            times = []
-            for rec in records:
-                message = await get_message(conn, f"KV_{LEDGER_BUCKET}", seq=rec.revision)
-                assert message is not None and message.time is not None, rec
-                times.append(message.time.timestamp())
-            return times
-
-    return asyncio.run(go())
+    times: list[float] = call_on_server(settings, _stored_times, records)
+    return times

@@ -32,6 +32,7 @@ from tests.infra.airflow_local import LocalAirflow, json_column
 from tests.infra.postgres import EmbeddedPostgres
 from tests.support.nats_calls import call_on_server
 from tests.support.polling import wait_until
+from tests.support.triggerer_cut import processed_by_runs
 
 pytestmark = [pytest.mark.airflow_cli, pytest.mark.timeout(1800)]
 
@@ -74,13 +75,6 @@ def event_seqs(airflow: LocalAirflow) -> Counter[int]:
     found = airflow.query("SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
                           "WHERE a.name = 'orders_ready'")
     return Counter(json_column(extra)["payload"]["stream_seq"] for (extra,) in found)
-
-
-def processed_by_runs(airflow: LocalAirflow) -> Counter[int]:
-    """How many runs of process_ready_orders processed each stream sequence (their XComs)."""
-    found = airflow.query("SELECT value FROM xcom WHERE dag_id = :dag AND task_id = 'process' "
-                          "AND key = 'return_value'", dag=PROCESS)
-    return Counter(seq for (value,) in found for seq in json_column(value)["processed"])
 
 
 def holder(airflow: LocalAirflow) -> str | None:

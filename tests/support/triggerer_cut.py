@@ -1,6 +1,7 @@
 """What the multi-host tier's triggerer cut (tests/test_hosts_deployment.py) reads and writes: the sensors' task
 instances and triggers, the triggerers' jobs, the event-driven example's asset events and what its runs processed
-(Airflow's tables), and the messages and the key it publishes (NATS)."""
+(Airflow's tables; what the runs processed is read by the single-host failover test too), and the messages and the
+key it publishes (NATS)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ class EmbeddedNatsCluster:
 
     Each node keeps its JetStream store in ``<store_dir>/<name>``; ``config`` is merged into every
     node's server config, ``jetstream`` into its ``jetstream`` block and ``cluster`` into its ``cluster``
-    block (e.g. ``{"no_advertise": True}``). Leader lookups read the
+    block (e.g. ``{"no_advertise": True}``). Each node carries the server tag ``node:<name>``, so a test can place a
+    stream on one (``"placement": {"tags": ["node:n2"]}``). Leader lookups read the
     monitoring endpoint ``/jsz`` of the live nodes.
     """
 
@@ -55,6 +56,7 @@ class EmbeddedNatsCluster:
             routes = [f"nats-route://127.0.0.1:{route_ports[other]}" for other in names if other != name]
             node_config = {
                 "server_name": name,
+                "server_tags": [f"node:{name}"],
                 "cluster": {"name": CLUSTER_NAME, "host": "127.0.0.1", "port": route_ports[name],
                             "routes": routes, **(cluster or {})},
                 **(config or {}),

@@ -21,9 +21,9 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from airflow_jetstream.client.connection import open_connection
-from airflow_jetstream.client.errors import InvalidRequestError, LedgerConflictError
+from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.ledger.records import CONSUMED, IN_PROGRESS, BatchRecord
+from airflow_jetstream.client.ledger.records import BatchRecord
 from airflow_jetstream.client.reading.headers import header_values
 from airflow_jetstream.client.reading.messages import Row, is_utf8
 from airflow_jetstream.client.reading.read_plan import (
@@ -270,19 +270,7 @@ async def _claim(options: ReadOptions, run_id: str | None, ledger_bucket: str, o
         return [], False
     async with open_connection(options.settings) as conn:
         ledger = await BatchLedger.open(conn, ledger_bucket, visibility_timeout=visibility_timeout)
-        claims = await ledger.claim_available(run_id, owner=owner)
-        summary = await ledger.summary(run_id)
-        held = summary["states"].get(IN_PROGRESS, 0) - len(claims)
-        if held > 0:  # claims of another attempt, before their deadline: reading now would consume its batches
-            if claims:
-                await ledger.settle(claims, error=f"{held} batch(es) of the run held by another attempt")
-            raise LedgerConflictError(
-                f"run {run_id!r}: {held} batch(es) are claimed by another attempt whose deadline has not passed; "
-                "nothing was read or removed. Run again after that deadline (keep the claim deadline, "
-                "visibility_timeout, below Airflow's heartbeat timeout + retry delay so a retry finds it passed)")
-        if claims:
-            return claims, False
-        return [], bool(summary["batches"]) and summary["states"].get(CONSUMED, 0) == summary["batches"]
+        return await ledger.claim_run(run_id, owner=owner)
 
 
 async def _finish(options: ReadOptions, consumption: Consumption, ledger_bucket: str, error: str | None) -> None:

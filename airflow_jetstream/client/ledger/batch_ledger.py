@@ -170,11 +170,13 @@ class BatchLedger:
                 if rec is not None and (state is None or rec.state == state):
                     yield rec
 
-    async def summary(self, run_id: str) -> dict[str, Any]:
+    async def summary(self, run_id: str, *, leader: bool = False) -> dict[str, Any]:
         """Counts of a run's batches and messages by state, plus the failed (dead-letter) batches: one read of
         the run's counts (``counted_by: "counts"``), or a listing for a run recorded before the ledger kept
-        counts (``counted_by: "listing"``)."""
-        return await store.run_summary(self.conn, self.bucket, run_id, self.clock())
+        counts (``counted_by: "listing"``). The counts come from any replica, one still applying the latest
+        writes among them; ``leader`` reads them from the stream leader, for a decision that must see every
+        change made before it."""
+        return await store.run_summary(self.conn, self.bucket, run_id, self.clock(), leader=leader)
 
     async def recount(self, run_id: str, *, repair: bool = False) -> dict[str, Any]:
         """Count a run's records (a listing) and compare with its stored counts; with ``repair`` the counts
@@ -247,6 +249,25 @@ class BatchLedger:
             got = await asyncio.gather(*(self.claim(run_id, batch_id, owner=owner) for batch_id in window))
             taken.extend(rec for rec in got if rec is not None)
         return taken
+
+    async def claim_run(self, run_id: str, *, owner: str | None = None) -> tuple[list[BatchRecord], bool]:
+        """Claim every claimable batch of a run for a job that consumes the whole run: ``(claims, consumed)``,
+        ``consumed`` True when the run was consumed before (an earlier attempt whose success was not heard) and
+        nothing was claimed. Batches another attempt holds before its deadline: the claims taken are given back
+        and :class:`LedgerConflictError` is raised, for the job must not read batches under nobody's claim.
+        Both are decided on counts read from the stream leader, which has every change acknowledged before."""
+        claims = await self.claim_available(run_id, owner=owner)
+        summary = await self.summary(run_id, leader=True)
+        held = summary["states"].get(IN_PROGRESS, 0) - len(claims)
+        if held > 0:
+            if claims:
+                await self.settle(claims, error=f"{held} batch(es) of the run held by another attempt")
+            raise LedgerConflictError(
+                f"run {run_id!r}: {held} batch(es) are claimed by another attempt whose deadline has not passed; "
+                "nothing was read or removed. Run again after that deadline (keep the claim deadline, "
+                "visibility_timeout, below Airflow's heartbeat timeout + retry delay so a retry finds it passed)")
+        consumed = not claims and bool(summary["batches"]) and summary["states"].get(CONSUMED, 0) == summary["batches"]
+        return claims, consumed
 
     async def settle(self, claims: Iterable[BatchRecord], *, error: str | None = None) -> list[BatchRecord]:
         """:meth:`mark_consumed` every claim (``error`` None), or :meth:`release` each with ``error``; many at once."""
@@ -342,7 +363,7 @@ class BatchLedger:
         if unknown:
             raise InvalidRequestError(f"unknown state(s) {sorted(unknown)}; use {', '.join(STATES)}")
         if batch_ids is None:
-            summary = await self.summary(run_id)
+            summary = await self.summary(run_id, leader=True)
             if not any(summary["states"].get(state) for state in wanted_states):
                 return []
             ids = [rec.batch_id for rec in await self.batches(run_id) if rec.state in wanted_states]

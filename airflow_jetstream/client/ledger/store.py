@@ -223,20 +223,24 @@ async def list_batches(conn: JetStreamConnection, bucket: str, run_id: str | Non
     return sorted(chosen, key=lambda r: (r.run_id, r.batch_id))
 
 
-async def read_counts(conn: JetStreamConnection, bucket: str, run_id: str) -> dict[int, dict[str, Any]] | None:
+async def read_counts(conn: JetStreamConnection, bucket: str, run_id: str, *,
+                      leader: bool = False) -> dict[int, dict[str, Any]] | None:
     """The run's counts shards by number (``{}``: none stored), or None when the bucket cannot be read
-    with direct gets (it does not exist, or an older version created it and no writer opened it since)."""
+    with direct gets (it does not exist, or an older version created it and no writer opened it since).
+    ``leader``: every shard from the stream leader (:func:`read_last`)."""
+    keys = [counts_key(run_id, shard) for shard in range(SHARDS)] if leader else [counts_pattern(run_id)]
     try:
-        entries = await read_last(conn, bucket, [counts_pattern(run_id)])
+        entries = await read_last(conn, bucket, keys, leader=leader)
     except StreamNotFoundError:
         return None
     return shards_of(entries)
 
 
-async def run_summary(conn: JetStreamConnection, bucket: str, run_id: str, now: float) -> dict[str, Any]:
-    """The run's summary (:func:`~.counts.merged`): from its counts in one read; a missing bucket is a run without
-    batches."""
-    shards = await read_counts(conn, bucket, run_id)
+async def run_summary(conn: JetStreamConnection, bucket: str, run_id: str, now: float, *,
+                      leader: bool = False) -> dict[str, Any]:
+    """The run's summary (:func:`~.counts.merged`): from its counts in one read (``leader``: read from the stream
+    leader); a missing bucket is a run without batches."""
+    shards = await read_counts(conn, bucket, run_id, leader=leader)
     if shards:
         return merged(run_id, bucket, shards, now)
     if shards is None:  # no bucket, or one an older version created (no direct gets)

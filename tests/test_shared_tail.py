@@ -261,8 +261,8 @@ def test_thousands_of_advisory_waiters_check_each_advisory_once_not_once_per_wai
     """300 readers of one capture stream, each for its own batch, and 300 advisories: each advisory is checked
     against its own reader's filter only (9,900 advisories reaching 10,000 sensors took 16-21 s when every
     advisory was checked against every waiting filter: 99 million checks)."""
-    from airflow_jetstream.client.advisories.capture import CaptureReader, capture_stream_config
-    from airflow_jetstream.client.advisories.types import AdvisoryFilter
+    from airflow_jetstream.client.advisories.capture import capture_stream_config, follow_captured
+    from airflow_jetstream.client.advisories.types import AdvisoryFilter, decode_advisory
 
     checks = 0
     matches = AdvisoryFilter.matches
@@ -278,15 +278,15 @@ def test_thousands_of_advisory_waiters_check_each_advisory_once_not_once_per_wai
     async def main():
         async with open_connection(settings) as conn, AsyncExitStack() as stack:
             await ensure_stream(conn, capture_stream_config(capture, max_age="1h"))
-            readers = [await stack.enter_async_context(CaptureReader(
-                conn, capture, "2026-01-01T00:00:00Z", AdvisoryFilter(advisory="batch_abandoned", stream=stream,
-                                                                      batch=f"b{i}"))) for i in range(count)]
+            readers = [await stack.enter_async_context(follow_captured(
+                conn, capture, AdvisoryFilter(advisory="batch_abandoned", stream=stream, batch=f"b{i}")))
+                for i in range(count)]
             for i in reversed(range(count)):
                 await conn.js.publish(f"$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED.{stream}", json.dumps(
                     {"type": "io.nats.jetstream.advisory.v1.stream_batch_abandoned", "id": f"a{i}",
                      "timestamp": "2026-11-27T12:00:00Z", "stream": stream, "batch": f"b{i}"}).encode())
-            for i, reader in enumerate(readers):
-                got = await asyncio.wait_for(reader.next_batch(30), 35)
+            for i, (listener, _info) in enumerate(readers):
+                got = [decode_advisory(message.data) for message in await asyncio.wait_for(listener.next_batch(), 35)]
                 assert [advisory.raw["batch"] for advisory in got] == [f"b{i}"]
 
     asyncio.run(main())

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncGenerator, Callable, Hashable, Mapping
-from contextlib import AbstractAsyncContextManager, aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Mapping
+from contextlib import aclosing, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -156,79 +156,28 @@ async def capture_info(conn: JetStreamConnection, capture_stream: str) -> dict[s
         raise _capture_missing(capture_stream, exc) from None
 
 
-class CaptureReader:
-    """Advisories of the capture stream from a start time on, without a consumer of its own.
+@asynccontextmanager
+async def follow_captured(conn: JetStreamConnection, capture_stream: str,
+                          advisory_filter: AdvisoryFilter) -> AsyncIterator[tuple[TailListener, dict[str, Any]]]:
+    """``async with follow_captured(conn, "ADVISORIES", flt) as (listener, info)``: the messages of the advisories
+    matching ``flt`` stored after ``listener.since``, and the capture stream's info (checked to store the filter's
+    subject). Through the subscription every reader of this stream on this connection shares
+    (:func:`~airflow_jetstream.client.reading.shared_tail.follow`): a thousand waiting advisory triggers are one
+    consumer on the capture stream, and each advisory is checked against the filters of its own waiters only."""
+    validate_name(capture_stream, what="capture stream name")
+    subject = advisory_filter.subject()
 
-    ``async with CaptureReader(conn, "ADVISORIES", start_time, flt) as reader``: :meth:`read_available` yields
-    what was stored before the reader opened (direct or message gets on the filter's subject);
-    :meth:`next_batch` waits for what is stored after, through the subscription every reader of this stream on
-    this connection shares (:func:`~airflow_jetstream.client.reading.shared_tail.follow`): a thousand waiting
-    advisory triggers are one consumer on the capture stream.
-    """
-
-    def __init__(self, conn: JetStreamConnection, capture_stream: str, start_time: datetime | str,
-                 advisory_filter: AdvisoryFilter) -> None:
-        validate_name(capture_stream, what="capture stream name")
-        self.conn = conn
-        self.capture_stream = capture_stream
-        self.start_time = parse_time(start_time, field="start_time")
-        self.filter = advisory_filter
-        self.subject = advisory_filter.subject()
-        self.gap: str | None = None
-        self._following: AbstractAsyncContextManager[TailListener] | None = None
-        self._listener: TailListener | None = None
-
-    async def __aenter__(self) -> CaptureReader:
-        following = follow(self.conn, self.capture_stream, self.subject, accept=self._wanted,
-                           key=_filed_by(self.filter))
-        try:
-            self._listener = await following.__aenter__()
-        except StreamNotFoundError as exc:
-            raise _capture_missing(self.capture_stream, exc) from None
-        self._following = following
-        try:
-            info = await self._listener.tail.info()
-            _check_captured(self.capture_stream, info, self.subject)
-        except BaseException:
-            await self.__aexit__(None, None, None)
-            raise
-        self.gap = capture_gap(info, self.start_time)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        following, self._following, self._listener = self._following, None, None
-        if following is not None:
-            await following.__aexit__(None, None, None)
-
-    def _wanted(self, message: Message) -> bool:
+    def wanted(message: Message) -> bool:
         advisory = _decoded(message)
-        return advisory is not None and self.filter.matches(advisory)
+        return advisory is not None and advisory_filter.matches(advisory)
 
-    def _require_open(self) -> TailListener:
-        if self._listener is None:
-            raise InvalidRequestError("the capture reader is not open: use it as `async with CaptureReader(...)`",
-                                      reason="reader_not_open")
-        return self._listener
-
-    async def read_available(self) -> AsyncGenerator[Advisory, None]:
-        """Yield every advisory on the filter's subject stored from ``start_time`` until the reader opened."""
-        listener = self._require_open()
-        async with listener.catching_up():
-            found = [advisory async for advisory in _stored(self.conn, self.capture_stream, self.subject,
-                                                            listener.since, start_time=self.start_time,
-                                                            info=await listener.tail.info())]
-        for advisory in found:
-            yield advisory
-
-    async def next_batch(self, timeout: float) -> list[Advisory]:
-        """Advisories on the filter's subject stored after the reader opened, within ``timeout`` seconds."""
-        listener = self._require_open()
-        try:
-            async with asyncio.timeout(timeout):
-                messages = await listener.next_batch()
-        except TimeoutError:
-            return []
-        return [advisory for advisory in map(_decoded, messages) if advisory is not None]
+    try:
+        async with follow(conn, capture_stream, subject, accept=wanted, key=_filed_by(advisory_filter)) as listener:
+            info = await listener.tail.info()
+            _check_captured(capture_stream, info, subject)
+            yield listener, info
+    except StreamNotFoundError as exc:
+        raise _capture_missing(capture_stream, exc) from None
 
 
 _last_decoded: tuple[Message | None, Advisory | None] = (None, None)
@@ -333,30 +282,34 @@ async def watch_advisories(conn: JetStreamConnection, advisory_filter: AdvisoryF
         async for advisory in _watch_live(conn, advisory_filter):
             yield advisory
         return
-    async with CaptureReader(conn, capture_stream, start_time or datetime.now(UTC), advisory_filter) as reader:
-        if reader.gap and on_gap is not None:
-            on_gap(reader.gap)
-        async for advisory in reader.read_available():
+    since = parse_time(start_time or datetime.now(UTC), field="start_time")
+    async with follow_captured(conn, capture_stream, advisory_filter) as (listener, info):
+        gap = capture_gap(info, since)
+        if gap and on_gap is not None:
+            on_gap(gap)
+        async with listener.catching_up():  # what was stored from start_time until the listener joined
+            stored = [advisory async for advisory in _stored(conn, capture_stream, listener.subject, listener.since,
+                                                             start_time=since, info=info)]
+        for advisory in stored:
             if advisory_filter.matches(advisory):
                 yield advisory
         while True:
-            for advisory in await reader.next_batch(fetch_timeout):
-                if advisory_filter.matches(advisory):
-                    yield advisory
+            try:
+                async with asyncio.timeout(fetch_timeout):
+                    messages = await listener.next_batch()
+            except TimeoutError:
+                continue
+            for new in map(_decoded, messages):
+                if new is not None and advisory_filter.matches(new):
+                    yield new
 
 
 async def _watch_live(conn: JetStreamConnection, advisory_filter: AdvisoryFilter) -> AsyncGenerator[Advisory, None]:
-    queue: asyncio.Queue[Any] = asyncio.Queue()
     subject = advisory_filter.subject()
-
-    async def on_msg(msg: Any) -> None:
-        queue.put_nowait(msg)
-
-    sub = await conn.nc.subscribe(subject, cb=on_msg)
+    sub = await conn.nc.subscribe(subject)
     try:
         await conn.raise_if_denied(subject)
-        while True:
-            msg = await queue.get()
+        async for msg in sub.messages:
             advisory = decode_advisory(msg.data, subject=msg.subject)
             if advisory is not None and advisory_filter.matches(advisory):
                 yield advisory
@@ -367,11 +320,9 @@ async def _watch_live(conn: JetStreamConnection, advisory_filter: AdvisoryFilter
 
 async def listen_live(conn: JetStreamConnection, advisory_filter: AdvisoryFilter, seconds: float) -> Advisory | None:
     """Subscribe live for ``seconds`` and return the first matching advisory, or None."""
-    watcher = _watch_live(conn, advisory_filter)
-    try:
-        async with asyncio.timeout(seconds):
-            return await anext(watcher)
-    except TimeoutError:
-        return None
-    finally:
-        await watcher.aclose()
+    async with aclosing(_watch_live(conn, advisory_filter)) as watcher:
+        try:
+            async with asyncio.timeout(seconds):
+                return await anext(watcher)
+        except TimeoutError:
+            return None

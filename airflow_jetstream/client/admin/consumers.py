@@ -7,14 +7,20 @@ of it from :func:`~airflow_jetstream.client.admin.streams.api_view`).
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client import metrics, server_features
-from airflow_jetstream.client.admin.streams import changed_fields, first_seq_at_or_after, list_pages
+from airflow_jetstream.client.admin.streams import (
+    changed_fields,
+    check_choices,
+    first_seq_at_or_after,
+    known_fields,
+    list_pages,
+    restated,
+)
 from airflow_jetstream.client.durations import parse_time, to_nanos, to_rfc3339
 from airflow_jetstream.client.errors import (
     ConsumerConfigError,
@@ -51,6 +57,9 @@ REPLAY_POLICIES = ("instant", "original")
 _DEFAULTS: dict[str, Any] = {"deliver_policy": "all", "ack_policy": "explicit", "replay_policy": "instant"}
 #: Deliver policies whose consumers cannot be reset to a given sequence (server error 10204).
 NO_SEQ_RESET_POLICIES = ("last", "new", "last_per_subject")
+#: The reason of a reset the server refused, by its description.
+_RESET_REASONS = (("below start seq", "below_start_seq"), ("below start time", "below_start_time"),
+                  ("not allowed", "reset_not_allowed"))
 
 
 def normalize_consumer_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -58,15 +67,8 @@ def normalize_consumer_config(config: dict[str, Any]) -> dict[str, Any]:
 
     Raises :class:`ConsumerConfigError` before anything is sent.
     """
-    if not isinstance(config, dict):
-        raise ConsumerConfigError(f"a consumer config must be a dict, got {type(config).__name__}")
-    unknown = sorted(set(config) - CONSUMER_CONFIG_FIELDS)
-    if unknown:
-        raise ConsumerConfigError(
-            f"unknown consumer config field(s) {', '.join(unknown)}; use JetStream's JSON names",
-            reason="unknown_field",
-        )
-    cfg = {k: v for k, v in copy.deepcopy(config).items() if v is not None}
+    given = known_fields(config, "consumer", CONSUMER_CONFIG_FIELDS, ConsumerConfigError)
+    cfg = {k: v for k, v in given.items() if v is not None}
     name = cfg.get("durable_name") or cfg.get("name")
     try:
         validate_name(name, what="consumer name")
@@ -85,12 +87,8 @@ def normalize_consumer_config(config: dict[str, Any]) -> dict[str, Any]:
     except InvalidRequestError as exc:
         raise ConsumerConfigError(exc.message, reason=exc.reason) from None
     cfg["name"] = cfg["durable_name"] = name
-    for key, allowed in (("deliver_policy", DELIVER_POLICIES), ("ack_policy", ACK_POLICIES),
-                         ("replay_policy", REPLAY_POLICIES)):
-        if key in cfg and cfg[key] not in allowed:
-            raise ConsumerConfigError(
-                f"{key}={cfg[key]!r} is not valid; use one of {', '.join(allowed)}", reason="invalid_field"
-            )
+    check_choices(cfg, {"deliver_policy": DELIVER_POLICIES, "ack_policy": ACK_POLICIES,
+                        "replay_policy": REPLAY_POLICIES}, ConsumerConfigError)
     if "filter_subject" in cfg and cfg.get("filter_subjects"):
         raise ConsumerConfigError("set filter_subject or filter_subjects, not both", reason="invalid_field")
     policy = cfg.get("deliver_policy", "all")
@@ -193,10 +191,7 @@ async def ensure_consumer(conn: JetStreamConnection, stream: str, config: dict[s
                                       {"stream_name": stream, "config": merged, "action": "update"},
                                       context=f"update {context}")
     except ServerAPIError as exc:
-        raise ConsumerConfigError(
-            f"{exc.message} (changing {', '.join(changed)})",
-            reason=exc.reason, code=exc.code, err_code=exc.err_code, description=exc.description,
-        ) from None
+        raise restated(exc, f"{exc.message} (changing {', '.join(changed)})", error=ConsumerConfigError) from None
     return {"action": "updated", "changed": changed, "info": info}
 
 
@@ -222,19 +217,6 @@ async def pause_consumer(conn: JetStreamConnection, stream: str, name: str,
                                   context=f"pause consumer {name!r} on stream {stream!r}")
 
 
-
-def _reset_seq_arg(seq: Any) -> int | None:
-    if seq is None:
-        return None
-    if isinstance(seq, bool) or not isinstance(seq, int):
-        raise InvalidRequestError(f"seq must be a positive stream sequence (int), got {seq!r}", reason="invalid_seq")
-    if seq < 1:
-        raise InvalidRequestError(
-            f"seq must be >= 1, got {seq}; leave it unset to reset to the ack floor", reason="invalid_seq"
-        )
-    return seq
-
-
 async def reset_consumer(conn: JetStreamConnection, stream: str, name: str, *, seq: int | None = None,
                          time: datetime | str | None = None) -> dict[str, Any]:
     """Reset a consumer's delivery state.
@@ -250,7 +232,11 @@ async def reset_consumer(conn: JetStreamConnection, stream: str, name: str, *, s
     """
     if seq is not None and time is not None:
         raise InvalidRequestError("give either seq or time for a consumer reset, not both", reason="invalid_reset")
-    seq = _reset_seq_arg(seq)
+    if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int)):
+        raise InvalidRequestError(f"seq must be a positive stream sequence (int), got {seq!r}", reason="invalid_seq")
+    if seq is not None and seq < 1:
+        raise InvalidRequestError(f"seq must be >= 1, got {seq}; leave it unset to reset to the ack floor",
+                                  reason="invalid_seq")
     requested_time = to_rfc3339(time) if time is not None else None
     server_features.require(conn, server_features.CONSUMER_RESET)
     info = await consumer_info(conn, stream, name)
@@ -283,11 +269,9 @@ async def reset_consumer(conn: JetStreamConnection, stream: str, name: str, *, s
                                        {"seq": seq} if seq is not None else None,
                                        context=f"reset {where}")
     except ConsumerResetError as exc:
-        raise ConsumerResetError(
-            f"{exc.message} ({where}, deliver_policy {policy!r})",
-            reason=_reset_reason(exc.description), code=exc.code, err_code=exc.err_code,
-            description=exc.description,
-        ) from None
+        text = (exc.description or "").lower()
+        reason = next((reason for words, reason in _RESET_REASONS if words in text), "invalid_reset")
+        raise restated(exc, f"{exc.message} ({where}, deliver_policy {policy!r})", reason=reason) from None
     except LeaderUnavailableError:
         # the server never answers a reset of a missing consumer: one deleted since the lookup
         # would otherwise look like an endless election
@@ -300,14 +284,3 @@ async def reset_consumer(conn: JetStreamConnection, stream: str, name: str, *, s
             "delivered": reply.get("delivered", {}), "ack_floor": reply.get("ack_floor", {}),
             "num_pending": reply.get("num_pending", 0), "num_ack_pending": reply.get("num_ack_pending", 0),
             "requested_seq": seq, "requested_time": requested_time}
-
-
-#: The reason of a reset the server refused, by its description.
-_RESET_REASONS = (("below start seq", "below_start_seq"), ("below start time", "below_start_time"),
-                  ("not allowed", "reset_not_allowed"))
-
-
-def _reset_reason(description: str | None) -> str:
-    text = (description or "").lower()
-    return next((reason for words, reason in _RESET_REASONS if words in text), "invalid_reset")
-

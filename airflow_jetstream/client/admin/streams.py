@@ -1,4 +1,4 @@
-"""Stream administration: idempotent create-or-update, info, delete, purge, the first message at a time, the stream
+"""Stream administration: idempotent create-or-update, info, purge, the first message at a time, the stream
 that captures a subject, and views of a connection on another JetStream domain.
 
 Every function takes a :class:`JetStreamConnection`; for a stream in another domain (a leaf node) or behind another
@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from airflow_jetstream.client import server_features
 from airflow_jetstream.client.durations import to_nanos, to_rfc3339
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
+    JetStreamError,
     JetStreamNotEnabledError,
     PlacementError,
     ServerAPIError,
@@ -158,14 +159,8 @@ def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
 
     Raises :class:`StreamConfigError` for unknown keys or bad values before anything is sent.
     """
-    if not isinstance(config, dict):
-        raise StreamConfigError(f"a stream config must be a dict, got {type(config).__name__}")
-    unknown = sorted(set(config) - STREAM_CONFIG_FIELDS)
-    if unknown:
-        raise StreamConfigError(
-            f"unknown stream config field(s) {', '.join(unknown)}; use JetStream's JSON names "
-            "(e.g. num_replicas, max_age, duplicate_window, allow_atomic)", reason="unknown_field")
-    cfg = copy.deepcopy(config)
+    cfg = known_fields(config, "stream", STREAM_CONFIG_FIELDS, StreamConfigError,
+                       " (e.g. num_replicas, max_age, duplicate_window, allow_atomic)")
     if "name" not in cfg:
         raise StreamConfigError("a stream config needs a 'name'", reason="missing_name")
     try:
@@ -182,11 +177,7 @@ def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
         raise StreamConfigError(exc.message, reason=exc.reason) from None
     if isinstance(cfg.get("subjects"), str):
         raise StreamConfigError("'subjects' must be a list of subjects, not a string", reason="invalid_field")
-    for key, allowed in _ENUMS.items():
-        if key in cfg and cfg[key] not in allowed:
-            raise StreamConfigError(
-                f"{key}={cfg[key]!r} is not valid; use one of {', '.join(allowed)}", reason="invalid_field"
-            )
+    check_choices(cfg, _ENUMS, StreamConfigError)
     if cfg.get("mirror") and cfg.get("subjects"):
         raise StreamConfigError("a mirror stream cannot have subjects of its own", reason="invalid_field")
     if cfg.get("allow_atomic") and cfg.get("persist_mode") == "async":
@@ -194,8 +185,34 @@ def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def known_fields(config: Any, kind: str, fields: frozenset[str], error: type[JetStreamError],
+                 example: str = "") -> dict[str, Any]:
+    """A deep copy of ``config``, which must be a dict of JetStream's JSON field names (a stream's or a consumer's,
+    ``kind``); ``error`` is the config's error type."""
+    if not isinstance(config, dict):
+        raise error(f"a {kind} config must be a dict, got {type(config).__name__}")
+    unknown = sorted(set(config) - fields)
+    if unknown:
+        raise error(f"unknown {kind} config field(s) {', '.join(unknown)}; use JetStream's JSON names{example}",
+                    reason="unknown_field")
+    return copy.deepcopy(config)
+
+
+def check_choices(cfg: Mapping[str, Any], choices: Mapping[str, Sequence[str]], error: type[JetStreamError]) -> None:
+    for key, allowed in choices.items():
+        if key in cfg and cfg[key] not in allowed:
+            raise error(f"{key}={cfg[key]!r} is not valid; use one of {', '.join(allowed)}", reason="invalid_field")
+
+
+def restated(exc: JetStreamError, message: str, *, error: type[JetStreamError] | None = None,
+             reason: str | None = None) -> JetStreamError:
+    """``exc`` (a server's refusal) with another message, keeping its codes and the server's description."""
+    return (error or type(exc))(message, reason=reason or exc.reason, code=exc.code, err_code=exc.err_code,
+                                description=exc.description)
+
+
 async def _name_overlapping_streams(conn: JetStreamConnection, exc: StreamConfigError, name: str,
-                                    cfg: dict[str, Any]) -> StreamConfigError:
+                                    cfg: dict[str, Any]) -> JetStreamError:
     """``exc`` naming the streams that already capture the subjects (the server's own matching), when the server
     refused an overlap."""
     if exc.reason != "subjects_overlap":
@@ -208,10 +225,8 @@ async def _name_overlapping_streams(conn: JetStreamConnection, exc: StreamConfig
             overlaps.append(f"{subject!r} overlaps stream(s) {', '.join(map(repr, others))}")
     if not overlaps:
         return exc
-    return StreamConfigError(
-        f"stream {name!r}: {'; '.join(overlaps)}. A subject can be captured by one stream only: narrow the subjects, "
-        "or use the existing stream", reason=exc.reason, code=exc.code, err_code=exc.err_code,
-        description=exc.description)
+    return restated(exc, f"stream {name!r}: {'; '.join(overlaps)}. A subject can be captured by one stream only: "
+                    "narrow the subjects, or use the existing stream")
 
 
 async def stream_info(conn: JetStreamConnection, name: str) -> dict[str, Any]:
@@ -283,7 +298,7 @@ async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
             raise await _name_overlapping_streams(conn, exc, name, cfg) from None
         dropped = server_features.dropped_fields(cfg, info.get("config", {}))
         if dropped:  # an old server that ignores unknown fields: remove what it made of the request
-            await delete_stream(conn, name)
+            await conn.api_request(f"STREAM.DELETE.{name}", context=f"delete stream {name!r}")
             raise server_features.unknown_fields_error(conn, name, dropped)
         return {"action": "created", "changed": sorted(cfg), "info": info}
     current_cfg = current["config"]
@@ -299,26 +314,13 @@ async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
     merged = {**current_cfg, **cfg}
     try:
         info = await conn.api_request(f"STREAM.UPDATE.{name}", merged, context=f"update stream {name!r}")
-    except StreamConfigError as exc:
-        exc = await _name_overlapping_streams(conn, exc, name, cfg)
-        raise StreamConfigError(
-            f"{exc.message} (changing {', '.join(changed)})",
-            reason=exc.reason, code=exc.code, err_code=exc.err_code, description=exc.description,
-        ) from None
+    except StreamConfigError as refused:
+        named = await _name_overlapping_streams(conn, refused, name, cfg)
+        raise restated(named, f"{named.message} (changing {', '.join(changed)})") from None
     dropped = server_features.dropped_fields({k: cfg[k] for k in changed if k in cfg}, info.get("config", {}))
     if dropped:
         raise server_features.unknown_fields_error(conn, name, dropped)
     return {"action": "updated", "changed": changed, "info": info}
-
-
-async def delete_stream(conn: JetStreamConnection, name: str) -> bool:
-    """Delete a stream; False when it did not exist."""
-    validate_name(name, what="stream name")
-    try:
-        reply = await conn.api_request(f"STREAM.DELETE.{name}", context=f"delete stream {name!r}")
-    except StreamNotFoundError:
-        return False
-    return bool(reply.get("success"))
 
 
 async def purge_stream(conn: JetStreamConnection, name: str, *, subject: str | None = None) -> int:

@@ -92,35 +92,6 @@ def _update_transient(exc: JetStreamError) -> str | None:
     return "server unavailable" if exc.code == 503 else None
 
 
-def _worker_config(name: str, subjects: list[str], inactive_threshold: Any,
-                   config: dict[str, Any] | None) -> dict[str, Any]:
-    extra = dict(config or {})
-    owned = sorted(set(extra) & set(_OWNED_FIELDS))
-    if owned:
-        raise InvalidRequestError(
-            f"worker consumer {name!r}: config may not set {', '.join(owned)}; the name comes from prefix and "
-            "worker_id, the filters from subjects, and worker consumers are pull consumers", reason="invalid_field")
-    cfg = {**DEFAULT_WORKER_CONFIG, **extra, "durable_name": name, "filter_subjects": subjects}
-    if inactive_threshold is not None:
-        cfg["inactive_threshold"] = inactive_threshold
-    return cfg
-
-
-async def _confirm_filters(conn: JetStreamConnection, stream: str, name: str, wanted: list[str]) -> dict[str, Any]:
-    """Re-read the consumer when the update reply shows other filters.
-
-    nats-server 2.15.1 answers the first update after a restart with the config from before the
-    update (while applying it), so the reply alone cannot be trusted there.
-    """
-    info = await consumer_info(conn, stream, name)
-    if consumer_filters(info) != wanted:
-        raise ConsumerConfigError(
-            f"worker consumer {name!r} on {stream!r}: the server accepted the update but still filters "
-            f"{consumer_filters(info)[:5]}...; another process may be updating the same consumer (worker ids must "
-            "be unique)", reason="update_not_applied")
-    return info
-
-
 async def ensure_worker_consumer(
     conn: JetStreamConnection,
     stream: str,
@@ -147,7 +118,14 @@ async def ensure_worker_consumer(
     name = worker_consumer_name(prefix, worker_id)
     validate_name(stream, what="stream name")
     wanted = normalize_subjects(subjects, max_subjects=max_subjects, consumer=f"worker consumer {name!r}")
-    cfg = _worker_config(name, wanted, inactive_threshold, config)
+    owned = sorted(set(config or {}) & set(_OWNED_FIELDS))
+    if owned:
+        raise InvalidRequestError(
+            f"worker consumer {name!r}: config may not set {', '.join(owned)}; the name comes from prefix and "
+            "worker_id, the filters from subjects, and worker consumers are pull consumers", reason="invalid_field")
+    cfg = {**DEFAULT_WORKER_CONFIG, **(config or {}), "durable_name": name, "filter_subjects": wanted}
+    if inactive_threshold is not None:
+        cfg["inactive_threshold"] = inactive_threshold
     if not isinstance(retries, int) or retries < 0:
         raise InvalidRequestError(f"retries must be an integer >= 0, got {retries!r}")
     started = time.monotonic()
@@ -175,13 +153,18 @@ async def ensure_worker_consumer(
                     "keeps its previous config: %s", name, stream, len(wanted), attempts, exc)
         raise
     if consumer_filters(result["info"]) != wanted:
-        result["info"] = await _confirm_filters(conn, stream, name, wanted)
+        # nats-server 2.15.1 answers the first update after a restart with the config from before the update
+        # (while applying it), so the reply alone cannot be trusted there: read the consumer again
+        result["info"] = await consumer_info(conn, stream, name)
+        if consumer_filters(result["info"]) != wanted:
+            raise ConsumerConfigError(
+                f"worker consumer {name!r} on {stream!r}: the server accepted the update but still filters "
+                f"{consumer_filters(result['info'])[:5]}...; another process may be updating the same consumer "
+                "(worker ids must be unique)", reason="update_not_applied")
     metrics.timing("worker_consumer.update", (time.monotonic() - started) * 1000, tags={"stream": stream})
     metrics.gauge("worker_consumer.subjects", len(wanted), tags={"stream": stream, "consumer": name})
-    if result["action"] == "unchanged":
-        metrics.incr("worker_consumer.unchanged", tags={"stream": stream})
-    else:
-        metrics.incr(f"worker_consumer.{result['action']}", tags={"stream": stream})
+    metrics.incr(f"worker_consumer.{result['action']}", tags={"stream": stream})
+    if result["action"] != "unchanged":
         log.info("Worker consumer %s on %s %s (%d subject(s), changed %s)", name, stream, result["action"],
                  len(wanted), ", ".join(result["changed"]))
     return {"action": result["action"], "consumer": name, "stream": stream, "subjects": wanted,

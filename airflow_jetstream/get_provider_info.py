@@ -3,9 +3,9 @@
 Airflow reads it in every process (CLI, scheduler, api-server, workers), so this module is plain data
 and imports nothing but the version: no client, no nats-py, no Airflow, no pyspark
 (tests/test_import_cost.py holds it to that).
-``CONN_FIELDS`` is the connection form, written out from the one field table
-(``airflow_jetstream.client.settings.CONNECTION_FIELDS`` via ``form_fields()``); a test keeps them equal
-and prints the literal to paste when the table changes.
+``CONN_FIELDS`` is the connection form: the labels of ``ConnectionSettings``' extras
+(``airflow_jetstream.client.settings.CONNECTION_FIELDS`` reads them from here); a test holds its types to
+the settings' types.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _field(kind: str, label: str, description: str, *, secret: bool = False, def
     return {"label": label, "description": description, "schema": schema}
 
 
-#: The connection form's extra fields: ``form_fields()`` of client/settings.py, written out.
+#: The connection form's extra fields: one per extra field of ``ConnectionSettings`` (client/settings.py).
 CONN_FIELDS: dict[str, dict[str, Any]] = {
     "token": _field("string", "Token", "Authentication token (instead of login/password).", secret=True),
     "nkey_seed_secret": _field("string", "NKey seed", "User nkey seed (starts with 'SU'); kept secret.", secret=True),

@@ -6,12 +6,13 @@ import os
 import re
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, get_type_hints
 from urllib.parse import urlsplit
 
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError
+from airflow_jetstream.get_provider_info import CONN_FIELDS
 
 DEFAULT_PORT = 4222
 SECRET_FIELDS = ("password", "token", "nkey_seed_secret")
@@ -55,38 +56,30 @@ def parse_servers(value: str | list[str] | tuple[str, ...], default_port: int = 
     return tuple(servers)
 
 
-def _extra(label: str, description: str, *, default: Any = None, secret: bool = False) -> Any:
-    """A connection field beyond servers/user/password: its default and how Airflow's form shows it
-    (:data:`CONNECTION_FIELDS`); a secret one stays out of repr."""
-    return field(default=default, repr=not secret, metadata={"form": (label, description, secret)})
-
-
 @dataclass(frozen=True)
 class ConnectionSettings:
-    """How to reach a NATS server. Safe to pickle (Spark) and to repr (secrets are masked)."""
+    """How to reach a NATS server. Safe to pickle (Spark) and to repr (secrets are masked).
+
+    The fields after ``password`` are the connection's extras (:data:`CONNECTION_FIELDS`).
+    """
 
     servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
     user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    token: str | None = _extra("Token", "Authentication token (instead of login/password).", secret=True)
-    nkey_seed_secret: str | None = _extra("NKey seed", "User nkey seed (starts with 'SU'); kept secret.", secret=True)
-    creds_file: str | None = _extra("Credentials file", "Path to a .creds file (JWT + nkey seed) on the worker.")
-    tls_ca_file: str | None = _extra("TLS CA file", "Path to the CA bundle that signed the server certificate.")
-    tls_cert_file: str | None = _extra("TLS client certificate", "Path to the client certificate (mutual TLS).")
-    tls_key_file: str | None = _extra("TLS client key", "Path to the client key (mutual TLS).")
-    tls_verify: bool = _extra("Verify TLS", "Verify the server certificate (default true).", default=True)
-    tls_hostname: str | None = _extra("TLS server name",
-                                      "Host name to verify when it differs from the server address.")
-    connect_timeout: float = _extra("Connect timeout (s)", "Seconds to wait per server when connecting (default 5).",
-                                    default=5.0)
-    client_name: str | None = _extra("Client name", "Connection name shown in the server's monitoring.",
-                                     default="airflow-jetstream")
-    domain: str | None = _extra("JetStream domain", "JetStream domain (e.g. a leaf node's), if any.")
-    api_prefix: str | None = _extra("JetStream API prefix", "Custom API prefix (instead of a domain), if any.")
-    request_timeout: float = _extra("Request timeout (s)", "Seconds to wait for JetStream API replies (default 5).",
-                                    default=5.0)
-    leader_wait: float = _extra("Leader wait (s)", "Seconds to keep retrying while a clustered stream or consumer "
-                                "elects a leader (default 30; 0 = no retries).", default=30.0)
+    password: str | None = None
+    token: str | None = None
+    nkey_seed_secret: str | None = None
+    creds_file: str | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_verify: bool = True
+    tls_hostname: str | None = None
+    connect_timeout: float = 5.0
+    client_name: str | None = "airflow-jetstream"
+    domain: str | None = None
+    api_prefix: str | None = None
+    request_timeout: float = 5.0
+    leader_wait: float = 30.0
 
     def __post_init__(self) -> None:
         if isinstance(self.servers, (str, list)):
@@ -218,20 +211,20 @@ class FieldSpec:
     secret: bool = False
 
 
-#: The connection's extra fields (those :func:`_extra` declares): parsed by :func:`settings_from_fields`, shown by
-#: the Airflow form.
+#: The connection's extra fields, parsed by :func:`settings_from_fields`: their type from :class:`ConnectionSettings`,
+#: how Airflow's form shows them from ``CONN_FIELDS`` in get_provider_info.py (which imports nothing, so it holds
+#: the labels: Airflow reads it in every process).
 CONNECTION_FIELDS: dict[str, FieldSpec] = {
     f.name: FieldSpec(hint if (hint := get_type_hints(ConnectionSettings)[f.name]) in (bool, float) else str,
-                      *f.metadata["form"]) for f in fields(ConnectionSettings) if "form" in f.metadata}
+                      (form := CONN_FIELDS[f.name])["label"], form["description"],
+                      form["schema"].get("format") == "password")
+    for f in fields(ConnectionSettings) if f.name in CONN_FIELDS}
 _FORM_TYPES = {str: "string", bool: "boolean", float: "number"}
 
 
 def form_fields() -> dict[str, dict[str, Any]]:
-    """The extra fields of Airflow's connection form (label, description, JSON schema), from the table above.
-
-    ``get_provider_info`` holds a copy as a plain literal (Airflow reads it in every process, so it
-    imports nothing); a test keeps the two equal.
-    """
+    """The extra fields of Airflow's connection form (label, description, JSON schema), built back from
+    :data:`CONNECTION_FIELDS`: a test holds it equal to ``CONN_FIELDS``, so the form's types are the settings'."""
     return {name: {"label": spec.label, "description": spec.description, "schema": {
         "type": [_FORM_TYPES[spec.kind], "null"],
         **({"format": "password"} if spec.secret else {}),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -63,24 +63,12 @@ install_airflow_stats()
 CONN_TYPE = "nats"
 
 
-class ConnectionNotFoundError(InvalidSettingsError, AirflowNotFoundException):
+class ConnectionNotFoundError(InvalidSettingsError, AirflowNotFoundException, reason="connection_not_found"):
     """No Airflow connection has this id (still an ``AirflowNotFoundException`` for Airflow's own handlers)."""
 
-    default_reason = "connection_not_found"
 
-
-class ConnectionTypeError(InvalidSettingsError):
+class ConnectionTypeError(InvalidSettingsError, reason="wrong_connection_type"):
     """The connection exists but is of another type than ``nats`` (e.g. ``spark_default``)."""
-
-    default_reason = "wrong_connection_type"
-
-
-def connection_not_found(conn_id: str) -> ConnectionNotFoundError:
-    """The error for an unknown connection id, saying how to define one."""
-    return ConnectionNotFoundError(
-        f"connection {conn_id!r} is not defined: create a connection of type {CONN_TYPE!r} (NATS JetStream) with "
-        f"this id (Admin > Connections, `airflow connections add`, or AIRFLOW_CONN_{conn_id.upper()}), or pass "
-        "nats_conn_id= the id of an existing one (docs/connection.md)")
 
 
 def settings_from_connection(conn: Any, **overrides: Any) -> ConnectionSettings:
@@ -174,17 +162,25 @@ class JetStreamHook(BaseHook):
         :raises ConnectionTypeError: the connection is not of type ``nats``.
         :raises InvalidSettingsError: its fields are malformed.
         """
-        try:
+        with self._defined():
             return self._masked_settings(self.get_connection(self.nats_conn_id))
-        except AirflowNotFoundException:
-            raise connection_not_found(self.nats_conn_id) from None
 
     async def aget_settings(self) -> ConnectionSettings:
         """Async variant for triggers: resolves the connection without blocking the event loop."""
-        try:
+        with self._defined():
             return self._masked_settings(await self.aget_connection(self.nats_conn_id))
+
+    @contextmanager
+    def _defined(self) -> Iterator[None]:
+        """An unknown connection id as :class:`ConnectionNotFoundError`, saying how to define one."""
+        try:
+            yield
         except AirflowNotFoundException:
-            raise connection_not_found(self.nats_conn_id) from None
+            conn_id = self.nats_conn_id
+            raise ConnectionNotFoundError(
+                f"connection {conn_id!r} is not defined: create a connection of type {CONN_TYPE!r} (NATS JetStream) "
+                f"with this id (Admin > Connections, `airflow connections add`, or AIRFLOW_CONN_{conn_id.upper()}), "
+                "or pass nats_conn_id= the id of an existing one (docs/connection.md)") from None
 
     def _masked_settings(self, conn: Any) -> ConnectionSettings:
         from airflow.sdk.log import mask_secret

@@ -113,6 +113,9 @@ def test_durations_are_seconds_timedeltas_or_strings() -> None:
     with pytest.raises(InvalidRequestError, match=r"ack_wait: .* longer than the server can store") as info:
         to_nanos(60_000_000_000, field="ack_wait")  # nanoseconds given by mistake: over 292 years as seconds
     assert info.value.reason == "invalid_duration"
+    for text in ("60000000000", "3000000000d"):  # strings are held to the same bound (they once passed unchecked)
+        with pytest.raises(InvalidRequestError, match=r"longer than the server can store"):
+            to_nanos(text)
     from airflow_jetstream.client.admin.streams import normalize_stream_config
 
     once = normalize_stream_config({"name": "S", "duplicate_window": "500ms", "max_age": 3600})

@@ -12,6 +12,7 @@ signed 64-bit integer: a longer duration is refused.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from datetime import UTC, datetime, timedelta
@@ -42,25 +43,31 @@ def to_nanos(value: int | float | str | timedelta, *, field: str = "duration") -
     """Nanoseconds (for server JSON) from seconds (int/float), a timedelta or a string like '90s', '2h', '7d'."""
     if isinstance(value, Nanos):
         return value
-    return Nanos(_nanos(value, field))
+    nanos = _nanos(value, field)
+    if nanos < 0:
+        raise InvalidRequestError(f"{field}: a duration cannot be negative ({value!r})", reason="invalid_duration")
+    if nanos > MAX_NANOS:
+        raise InvalidRequestError(f"{field}: {value!r} is longer than the server can store (about 292 years); "
+                                  "durations are seconds, a timedelta or a string like '90s'",
+                                  reason="invalid_duration")
+    return Nanos(nanos)
 
 
 def _nanos(value: int | float | str | timedelta, field: str) -> int:
     if isinstance(value, bool):
         raise InvalidRequestError(f"{field}: expected a duration, got {value!r}", reason="invalid_duration")
     if isinstance(value, timedelta):
-        nanos = (value.days * 86_400 + value.seconds) * _NANOS_PER_SECOND + value.microseconds * 1_000
-        return _not_negative(nanos, value, field)
+        return (value.days * 86_400 + value.seconds) * _NANOS_PER_SECOND + value.microseconds * 1_000
     if isinstance(value, int):
-        return _not_negative(value * _NANOS_PER_SECOND, value, field)
+        return value * _NANOS_PER_SECOND
     if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             raise InvalidRequestError(f"{field}: {value!r} is not a duration", reason="invalid_duration")
-        return _not_negative(round(value * _NANOS_PER_SECOND), value, field)
+        return round(value * _NANOS_PER_SECOND)
     if isinstance(value, str):
         text = value.strip().lower()
-        if _NUMBER.fullmatch(text):
-            return round(float(text) * _NANOS_PER_SECOND) if "." in text else int(text) * _NANOS_PER_SECOND
+        if _NUMBER.fullmatch(text):  # a string of digits (a Spark option) is seconds
+            text += "s"
         pos, total = 0, 0
         for match in _PART.finditer(text):
             if match.start() != pos:
@@ -82,16 +89,6 @@ def to_seconds(value: int | float | str | timedelta, *, field: str = "duration")
 
     Durations already in nanoseconds (:class:`Nanos`) are converted back."""
     return to_nanos(value, field=field) / _NANOS_PER_SECOND
-
-
-def _not_negative(nanos: int, value: object, field: str) -> int:
-    if nanos < 0:
-        raise InvalidRequestError(f"{field}: a duration cannot be negative ({value!r})", reason="invalid_duration")
-    if nanos > MAX_NANOS:
-        raise InvalidRequestError(f"{field}: {value!r} is longer than the server can store (about 292 years); "
-                                  "durations are seconds, a timedelta or a string like '90s'",
-                                  reason="invalid_duration")
-    return nanos
 
 
 def parse_time(value: datetime | str, *, field: str = "time") -> datetime:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 import weakref
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -219,6 +220,7 @@ class JetStreamPollingTrigger(JetStreamResultTrigger):
 
     checks_deadline = True
     common = (*JetStreamResultTrigger.common, "poll_interval")
+    _logged_at = float("-inf")
 
     def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name,
                  poll_interval: float | str | timedelta = 5.0, timeout_at: str | None = None,
@@ -279,19 +281,22 @@ class JetStreamPollingTrigger(JetStreamResultTrigger):
         self.last_seen = self.describe(status)
         return {"status": "success", "result": status} if self.is_done(status) else None
 
-    def past_deadline(self) -> bool:
+    def next_event(self, status: dict[str, Any]) -> dict[str, Any] | None:
+        """The event for ``status`` (:meth:`verdict`'s, or the timeout once ``timeout_at`` passed), else None after
+        logging what was seen (a line per poll; an event-driven wait's changes can come faster: not more often)."""
+        event = self.verdict(status)
         remaining = self.remaining()
-        return remaining is not None and remaining <= 0
+        if event is None and remaining is not None and remaining <= 0:
+            event = self.timeout_event()
+        if event is None and time.monotonic() - self._logged_at >= self.poll_interval * (1 - POLL_JITTER):
+            self._logged_at = time.monotonic()
+            self.log.info("Waiting for %s: %s", self.what, self.last_seen)
+        return event
 
     async def wait(self, conn: JetStreamConnection) -> dict[str, Any]:
-        while True:
-            event = await self.check(conn)
-            if event is not None:
-                return event
-            if self.past_deadline():
-                return self.timeout_event()
-            self.log.info("Waiting for %s: %s", self.what, self.last_seen)
+        while (event := self.next_event(await self.shared_status(conn))) is None:
             await asyncio.sleep(self.poll_interval * random.uniform(1 - POLL_JITTER, 1 + POLL_JITTER))
+        return event
 
     def timeout_event(self) -> dict[str, Any]:
         return {**super().timeout_event(), "last": self.last_status}

@@ -47,7 +47,6 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
 
     what = "batch ledger"
     serialized = ("run_id", "state", "ledger_bucket", "min_batches", "reap_expired", "fail_on_failed")
-    _logged_at = float("-inf")
 
     def __init__(self, *, run_id: str, state: str = CONSUMED, ledger_bucket: str = DEFAULT_BUCKET,
                  min_batches: int | str = 1, reap_expired: bool = False, fail_on_failed: bool = True,
@@ -90,7 +89,7 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
                                   tail_filter=self.condition.all_counts_subjects) as listener:
                     return await self._follow(conn, listener)
             except StreamNotFoundError:
-                event = self._event(await self.status(conn))  # no bucket yet: a run without batches
+                event = self.next_event(await self.status(conn))  # no bucket yet: a run without batches
                 if event is not None:
                     return event
                 await asyncio.sleep(self._pause(None))
@@ -98,7 +97,7 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
     async def _follow(self, conn: JetStreamConnection, listener: TailListener) -> dict[str, Any]:
         status, shards, seqs = await self._look(conn)
         while True:
-            event = self._event(status)
+            event = self.next_event(status)
             if event is not None:
                 return event
             try:
@@ -131,18 +130,6 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
             return status, {}, {}
         entries = await read_last(conn, self.condition.bucket, [counts_pattern(self.condition.run_id)])
         return status, shards_of(entries), {int(k.rsplit(".", 1)[1]): e.seq for k, e in entries.items()}
-
-    def _event(self, status: dict[str, Any]) -> dict[str, Any] | None:
-        """The trigger's event for ``status`` (as :meth:`check` gives it), or None to wait on (logging progress)."""
-        event = self.verdict(status)
-        if event is not None:
-            return event
-        if self.past_deadline():
-            return self.timeout_event()
-        if time.monotonic() - self._logged_at >= self.poll_interval:  # events can come fast: a line per interval
-            self._logged_at = time.monotonic()
-            self.log.info("Waiting for %s: %s", self.what, self.last_seen)
-        return None
 
     def _pause(self, status: dict[str, Any] | None) -> float:
         """Seconds to wait for a change before looking again without one."""

@@ -69,12 +69,11 @@ _RESULT_FIELDS = ("stream", "source", "mode", "mirror", "domain", "api_prefix")
 
 
 def _same_entry(wanted: dict[str, Any], current: dict[str, Any]) -> bool:
-    keys = ("name", "consumer", "opt_start_seq", "opt_start_time")
-    if any((wanted.get(k) or None) != (current.get(k) or None) for k in keys):
-        return False
-    if ((wanted.get("external") or {}).get("api")) != ((current.get("external") or {}).get("api")):
-        return False
-    return sorted(entry_filters(wanted)) == sorted(entry_filters(current))
+    def essence(entry: dict[str, Any]) -> tuple[Any, ...]:
+        return (*(entry.get(k) or None for k in ("name", "consumer", "opt_start_seq", "opt_start_time")),
+                (entry.get("external") or {}).get("api"), sorted(entry_filters(entry)))
+
+    return essence(wanted) == essence(current)
 
 
 def _check_flow_control_consumer(info: dict[str, Any], spec: DurableSource) -> None:

@@ -183,22 +183,12 @@ class DurableSource:
         return spec
 
     def consumer_config(self) -> dict[str, Any]:
-        """The durable push consumer (``user`` mode) the server accepts for sourcing."""
-        cfg: dict[str, Any] = {
-            "name": self.consumer,
-            "durable_name": self.consumer,
-            "deliver_subject": self.deliver_subject,
-            "deliver_policy": self.deliver_policy,
-            "max_ack_pending": self.max_ack_pending,
-            **FLOW_CONTROL_CONSUMER,
-        }
-        if self.replay_policy:
-            cfg["replay_policy"] = self.replay_policy
-        if self.start_seq is not None:
-            cfg["opt_start_seq"] = self.start_seq
-        if self.start_time is not None:
-            cfg["opt_start_time"] = self.start_time
-        return {**cfg, **filter_config(self.filter_subjects)}
+        """The durable push consumer (``user`` mode) the server accepts for sourcing; fields left unset are None,
+        which :func:`~airflow_jetstream.client.admin.consumers.normalize_consumer_config` leaves out."""
+        return {"name": self.consumer, "deliver_subject": self.deliver_subject, "deliver_policy": self.deliver_policy,
+                "max_ack_pending": self.max_ack_pending, "replay_policy": self.replay_policy or None,
+                "opt_start_seq": self.start_seq, "opt_start_time": self.start_time, **FLOW_CONTROL_CONSUMER,
+                **filter_config(self.filter_subjects)}
 
     def source_entry(self) -> dict[str, Any]:
         """The ``sources[]`` / ``mirror`` entry of stream ``A``."""
@@ -334,20 +324,17 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
     ``caught_up`` means: no source ``error``, ``active >= 0``, ``lag`` 0 and, when the durable
     consumer on the origin is known, nothing pending on it and nothing in flight (``num_ack_pending``
     0: every delivered message confirmed stored by ``stream``, so a WorkQueue origin has let it go).
-    ``error`` is the source's error as a typed
-    error dict (``reason``, ``message``, ``err_code``) or None.
+    ``error`` is the source's error as a typed error dict (``reason``, ``message``, ``err_code``) or None.
     ``origin_left_behind``: once caught up, how many messages a WorkQueue origin still holds for the
     consumer that it will not deliver again (:func:`left_behind`); None before that or for other origins.
     """
     spec = DurableSource(stream=stream, source=source, domain=domain, api_prefix=api_prefix)
     info = await stream_info(conn, stream)
-    mirror = info.get("mirror")
-    spec = replace(spec, mirror=bool(mirror and spec.is_same_origin(mirror)))
+    spec = replace(spec, mirror=bool(info.get("mirror") and spec.is_same_origin(info["mirror"])))
     entry = find_entry(info, spec)
-    where = f"stream {stream!r}"
     if entry is None:
-        raise StreamConfigError(f"{where} does not source or mirror {source!r}"
-                                + spec.where, reason="source_missing")
+        raise StreamConfigError(f"stream {stream!r} does not source or mirror {source!r}{spec.where}",
+                                reason="source_missing")
     config_entry = find_entry(info["config"], spec) or {}
     origin_conn = api_view(conn, api_prefix=spec.external_api)
     consumer_name = (config_entry.get("consumer") or {}).get("name")
@@ -360,7 +347,7 @@ async def source_status(conn: JetStreamConnection, stream: str, source: str, *,
             consumer = await server_managed_consumer(origin_conn, spec, timeout=0)
         except SourceUnhealthyError:
             consumer = None
-    progress = source_progress(entry, consumer, context=f"source {source!r} of {where}")
+    progress = source_progress(entry, consumer, context=f"source {source!r} of stream {stream!r}")
     metrics.gauge("sourcing.lag", progress["lag"] + (progress["consumer_num_pending"] or 0),
                   tags={"stream": stream, "source": source})
     caught_up = progress["caught_up"]

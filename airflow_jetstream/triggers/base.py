@@ -211,7 +211,7 @@ class JetStreamResultTrigger(JetStreamWaitTrigger):
 
 
 class JetStreamPollingTrigger(JetStreamResultTrigger):
-    """A condition read as a state: ``status()`` every ``poll_interval`` seconds (staggered) until ``is_done``.
+    """A condition read as a state: ``status()`` every ``poll_interval`` seconds (staggered) until ``done_when`` holds.
 
     Events: ``{"status": "success", "result": {...}}``, ``{"status": "error", "error": {...}}`` or, once
     ``timeout_at`` passed, ``{"status": "timeout", "last": {...}, "description": "<last state>"}`` (after one
@@ -220,6 +220,7 @@ class JetStreamPollingTrigger(JetStreamResultTrigger):
 
     checks_deadline = True
     common = (*JetStreamResultTrigger.common, "poll_interval")
+    done_when: str  # the status's field that is true once the condition holds
     _logged_at = float("-inf")
 
     def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name,
@@ -243,9 +244,6 @@ class JetStreamPollingTrigger(JetStreamResultTrigger):
         return "" if done else f"Not yet: {self.last_seen}"  # done: the sensor logs "Done: ..." with the result
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def is_done(self, status: dict[str, Any]) -> bool:
         raise NotImplementedError
 
     async def shared_status(self, conn: JetStreamConnection) -> dict[str, Any]:
@@ -279,7 +277,7 @@ class JetStreamPollingTrigger(JetStreamResultTrigger):
         if status.get("error") and isinstance(status["error"], dict):
             return {"status": "error", "error": {**status["error"], "state": status}}
         self.last_seen = self.describe(status)
-        return {"status": "success", "result": status} if self.is_done(status) else None
+        return {"status": "success", "result": status} if status[self.done_when] else None
 
     def next_event(self, status: dict[str, Any]) -> dict[str, Any] | None:
         """The event for ``status`` (:meth:`verdict`'s, or the timeout once ``timeout_at`` passed), else None after

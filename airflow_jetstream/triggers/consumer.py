@@ -64,6 +64,7 @@ class JetStreamSourceCaughtUpTrigger(JetStreamPollingTrigger):
     nothing pending or in flight on the origin's consumer)."""
 
     what = "source caught up"
+    done_when = "caught_up"
     serialized = ("stream", "source", "domain", "api_prefix")
 
     def __init__(self, *, stream: str, source: str, domain: str | None = None, api_prefix: str | None = None,
@@ -79,9 +80,6 @@ class JetStreamSourceCaughtUpTrigger(JetStreamPollingTrigger):
 
         return await source_status(conn, self.stream, self.source, domain=self.domain, api_prefix=self.api_prefix)
 
-    def is_done(self, status: dict[str, Any]) -> bool:
-        return bool(status["caught_up"])
-
     describe = staticmethod(describe_source)
 
 
@@ -89,6 +87,7 @@ class JetStreamConsumerDrainedTrigger(JetStreamPollingTrigger):
     """Fire when ``consumer`` on ``stream`` has nothing pending and nothing awaiting an ack."""
 
     what = "consumer drained"
+    done_when = "drained"
     serialized = ("stream", "consumer")
 
     def __init__(self, *, stream: str, consumer: str, **kwargs: Any) -> None:
@@ -98,8 +97,5 @@ class JetStreamConsumerDrainedTrigger(JetStreamPollingTrigger):
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
         return await consumer_status(conn, self.stream, self.consumer)
-
-    def is_done(self, status: dict[str, Any]) -> bool:
-        return bool(status["drained"])
 
     describe = staticmethod(describe_consumer)

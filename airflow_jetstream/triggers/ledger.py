@@ -46,6 +46,7 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
     """
 
     what = "batch ledger"
+    done_when = "done"
     serialized = ("run_id", "state", "ledger_bucket", "min_batches", "reap_expired", "fail_on_failed")
 
     def __init__(self, *, run_id: str, state: str = CONSUMED, ledger_bucket: str = DEFAULT_BUCKET,
@@ -73,9 +74,6 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
 
     async def status(self, conn: JetStreamConnection) -> dict[str, Any]:
         return await self.condition.check(conn)
-
-    def is_done(self, status: dict[str, Any]) -> bool:
-        return LedgerWait.is_done(status)
 
     describe = staticmethod(describe_progress)
 

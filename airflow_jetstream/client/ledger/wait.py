@@ -98,7 +98,3 @@ class LedgerWait:
             status["done"] = False
             status["error"] = exc.to_dict()
         return status
-
-    @staticmethod
-    def is_done(status: dict[str, Any]) -> bool:
-        return bool(status["done"])

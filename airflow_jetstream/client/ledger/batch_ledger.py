@@ -63,11 +63,10 @@ from airflow_jetstream.client.ledger.records import (
     check_location,
     claimed,
     counts_key,
-    expired,
+    ended,
     extended,
     iso_time,
     marked_consumed,
-    released,
     reopened,
     report_transition,
     shard_of,
@@ -298,7 +297,7 @@ class BatchLedger:
     async def release(self, claim: BatchRecord, *, error: str) -> BatchRecord:
         """Give up a held claim after a failed attempt: back to ``published`` for the next attempt,
         or ``failed`` when the batch had ``max_attempts`` attempts. ``error`` is kept as last_error."""
-        give_up = partial(released, claim=claim, now=self.clock(), error=error, max_attempts=self.max_attempts)
+        give_up = partial(ended, claim=claim, now=self.clock(), error=error, max_attempts=self.max_attempts)
         rec, _ = await store.apply(self, claim.run_id, claim.batch_id, give_up)
         report_transition(rec)
         return rec
@@ -316,19 +315,14 @@ class BatchLedger:
         nothing is ever missed.
         """
         now = await self._now()
-        due: set[int] | None = None  # None: every shard (all runs, or a run without counts)
-        shards: dict[int, dict[str, Any]] = {}
-        reaped: dict[str, list[dict[str, Any]]] = {"returned": [], "failed": []}
-        counts = {"returned": 0, "failed": 0}
-        if run_id is not None:
-            counted = await store.read_counts(self.conn, self.bucket, run_id)
-            if counted is None and await find_stream(self.conn, store.stream_of(self.bucket)) is None:
-                return _reaped(reaped, counts)  # no bucket: nothing
-            shards = counted or {}
-            if shards:
-                due = due_shards(shards, now)
-                if not due:
-                    return _reaped(reaped, counts)
+        result: dict[str, Any] = {"returned": [], "failed": [], "returned_count": 0, "failed_count": 0}
+        counted = await store.read_counts(self.conn, self.bucket, run_id) if run_id is not None else {}
+        if counted is None and await find_stream(self.conn, store.stream_of(self.bucket)) is None:
+            return result  # no bucket: nothing
+        shards = counted or {}
+        due = due_shards(shards, now) if shards else None  # None: every shard (all runs, or a run without counts)
+        if due == set():
+            return result  # no claim of the run can have expired yet
         bounds: dict[int, str | None] = dict.fromkeys(due or (), None)
         async with aclosing(self.iter_batches(run_id, state=IN_PROGRESS)) as candidates:
             async for candidate in candidates:
@@ -339,20 +333,20 @@ class BatchLedger:
                 if candidate.expired(now):
                     await self.prepare()
                     rec, changed = await store.apply(self, candidate.run_id, candidate.batch_id, partial(
-                        _expire, now=now, max_attempts=self.max_attempts))
+                        ended, now=now, max_attempts=self.max_attempts))
                 if changed:
                     report_transition(rec)
                     outcome = "failed" if rec.state == FAILED else "returned"
-                    counts[outcome] += 1
-                    if len(reaped[outcome]) < MAX_LISTED:
-                        reaped[outcome].append(rec.to_dict())
+                    result[f"{outcome}_count"] += 1
+                    if len(result[outcome]) < MAX_LISTED:
+                        result[outcome].append(rec.to_dict())
                 elif rec.state == IN_PROGRESS and shard in bounds:
                     bounds[shard] = earliest(bounds[shard], rec.deadline)
         if run_id is not None and bounds:
             await self.prepare()
             for shard, deadline in bounds.items():
                 await self._settle_deadline(run_id, shard, shards[shard].get("claims", 0), deadline)
-        return _reaped(reaped, counts)
+        return result
 
     async def requeue(self, run_id: str, *, batch_ids: Iterable[str] | None = None,
                       states: Iterable[str] = (FAILED,)) -> list[BatchRecord]:
@@ -440,14 +434,3 @@ class BatchLedger:
             except CasConflict:
                 continue
             return
-
-
-def _expire(rec: BatchRecord | None, *, now: float, max_attempts: int) -> BatchRecord | None:
-    """The reaper's change: an expired claim ends (published again, or failed past max attempts)."""
-    if rec is None or not rec.expired(now):
-        return None
-    return expired(rec, now, max_attempts=max_attempts)
-
-
-def _reaped(reaped: dict[str, list[dict[str, Any]]], counts: dict[str, int]) -> dict[str, Any]:
-    return {**reaped, "returned_count": counts["returned"], "failed_count": counts["failed"]}

@@ -14,12 +14,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from airflow_jetstream.client.errors import (
-    BatchesFailedError,
-    InvalidRequestError,
-    LedgerConflictError,
-    LedgerRecordError,
-)
+from airflow_jetstream.client.errors import BatchesFailedError, InvalidRequestError
 from airflow_jetstream.client.ledger.records import (
     FAILED,
     IN_PROGRESS,
@@ -29,9 +24,10 @@ from airflow_jetstream.client.ledger.records import (
     WAITABLE_STATES,
     BatchRecord,
     Entry,
+    dumped,
     epoch_of,
     iso_time,
-    schema_problem,
+    loaded,
     shard_of,
 )
 
@@ -207,27 +203,12 @@ def summarized(run_id: str, bucket: str, records: Iterable[BatchRecord], now: fl
 
 def decode_counts(data: bytes, key: str, seq: int) -> dict[str, Any]:
     """A stored counts value, checked against the counts schema."""
-    try:
-        body = json.loads(data)
-    except ValueError:
-        raise LedgerConflictError(
-            f"ledger key {key!r} (revision {seq}) is not a counts value; the bucket is used by something else: "
-            "give the ledger its own bucket", reason="ledger_corrupt") from None
-    problem = schema_problem(LEDGER_COUNTS_SCHEMA, body)
-    if problem:
-        raise LedgerRecordError(
-            f"ledger key {key!r}: {problem} (read at revision {seq}); see docs/schemas/ledger-counts.schema.json "
-            "and fix the service that wrote it; BatchLedger.recount(run_id, repair=True) rewrites a run's counts "
-            "from its records")
-    return dict(body)
+    return loaded(LEDGER_COUNTS_SCHEMA, data, key=key, seq=seq)
 
 
 def encode_counts(value: Mapping[str, Any]) -> bytes:
     """The stored JSON of a counts value (checked against the schema)."""
-    problem = schema_problem(LEDGER_COUNTS_SCHEMA, value)
-    if problem:
-        raise LedgerRecordError(f"refused to write counts of run {value.get('run_id')!r}: {problem}")
-    return json.dumps(value, separators=(",", ":")).encode()
+    return dumped(LEDGER_COUNTS_SCHEMA, dict(value), key=f"{value.get('run_id')}./counts.{value.get('shard')}")
 
 
 def due_shards(shards: dict[int, dict[str, Any]], now: float) -> set[int]:

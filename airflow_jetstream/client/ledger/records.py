@@ -122,15 +122,37 @@ def schema_problem(schema: dict[str, Any], body: Any) -> str | None:
     return None
 
 
-def check_record(body: Any, *, key: str, when: str) -> dict[str, Any]:
-    """``body`` when it is a valid ledger record, else :class:`LedgerRecordError` naming the key and field."""
-    problem = schema_problem(LEDGER_RECORD_SCHEMA, body)
+def checked(schema: dict[str, Any], body: Any, *, key: str, when: str) -> dict[str, Any]:
+    """``body`` when it matches ``schema`` (a record's or a counts value's), else :class:`LedgerRecordError` naming
+    the key and the field."""
+    problem = schema_problem(schema, body)
     if problem:
+        repair = "" if schema is LEDGER_RECORD_SCHEMA else \
+            "; BatchLedger.recount(run_id, repair=True) rewrites a run's counts from its records"
         raise LedgerRecordError(
-            f"ledger key {key!r}: {problem} ({when}); see docs/schemas/ledger-record.schema.json for the "
-            "value schema, and fix the service that wrote it",
+            f"ledger key {key!r}: {problem} ({when}); see docs/schemas/{schema['$id'].rsplit('/', 1)[1]} for the "
+            f"value schema, and fix the service that wrote it{repair}",
         )
     return cast(dict[str, Any], body)  # schema_problem checked it is an object
+
+
+def loaded(schema: dict[str, Any], data: bytes, *, key: str, seq: int) -> dict[str, Any]:
+    """A stored value read at revision ``seq``, checked against ``schema``; one that is not JSON at all is
+    :class:`LedgerConflictError` (``ledger_corrupt``)."""
+    try:
+        body = json.loads(data)
+    except ValueError as exc:
+        raise LedgerConflictError(
+            f"ledger key {key!r} (revision {seq}) is not a ledger value ({type(exc).__name__}); the bucket is used "
+            "by something else: give the ledger its own bucket",
+            reason="ledger_corrupt",
+        ) from None
+    return checked(schema, body, key=key, when=f"read at revision {seq}")
+
+
+def dumped(schema: dict[str, Any], body: dict[str, Any], *, key: str) -> bytes:
+    """The stored JSON of ``body``, checked against ``schema`` before it is written."""
+    return json.dumps(checked(schema, body, key=key, when="refused to write it"), separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
@@ -233,22 +255,12 @@ class BatchRecord:
         body = asdict(self)
         body.pop("revision")
         extra = body.pop("extra")
-        body = {**extra, **body}
-        check_record(body, key=batch_key(self.run_id, self.batch_id), when="refused to write it")
-        return json.dumps(body, separators=(",", ":")).encode()
+        return dumped(LEDGER_RECORD_SCHEMA, {**extra, **body}, key=batch_key(self.run_id, self.batch_id))
 
     @classmethod
     def decode(cls, data: bytes, revision: int, key: str = "") -> BatchRecord:
         """A stored value read at ``revision``; unknown fields are kept in ``extra``."""
-        try:
-            body = json.loads(data)
-        except ValueError as exc:
-            raise LedgerConflictError(
-                f"ledger key {key!r} (revision {revision}) is not a batch record ({type(exc).__name__}); "
-                "the bucket is used by something else: give the ledger its own bucket",
-                reason="ledger_corrupt",
-            ) from None
-        check_record(body, key=key, when=f"read at revision {revision}")
+        body = loaded(LEDGER_RECORD_SCHEMA, data, key=key, seq=revision)
         known = {name: value for name, value in body.items() if name in _FIELDS}
         extra = {name: value for name, value in body.items() if name not in _FIELDS}
         return cls(**known, revision=revision, extra=extra)
@@ -281,17 +293,15 @@ def claimed(rec: BatchRecord, now: float, *, owner: str | None, visibility_timeo
             max_attempts: int, claim_id: str) -> BatchRecord | None:
     """``published`` -> ``in_progress`` under ``claim_id`` until ``now + visibility_timeout``; None when not
     claimable. An expired claim ends first (the dead letter, when that was the last attempt)."""
-    if rec.expired(now):
-        rec = expired(rec, now, max_attempts=max_attempts)
-        if rec.state == FAILED:
-            return rec
+    dead = ended(rec, now, max_attempts=max_attempts)
+    if dead is not None and dead.state == FAILED:
+        return dead
+    rec = dead or rec
     if rec.state != PUBLISHED:
         return None
-    return replace(
-        rec, state=IN_PROGRESS, attempts=rec.attempts + 1, max_attempts=max_attempts, owner=owner,
-        claim_id=claim_id,
-        claimed_at=iso_time(now), deadline=iso_time(now + visibility_timeout), updated_at=iso_time(now),
-    )
+    return replace(rec, state=IN_PROGRESS, attempts=rec.attempts + 1, max_attempts=max_attempts, owner=owner,
+                   claim_id=claim_id, claimed_at=iso_time(now), deadline=iso_time(now + visibility_timeout),
+                   updated_at=iso_time(now))
 
 
 def extended(rec: BatchRecord, claim: BatchRecord, now: float, *, visibility_timeout: float) -> BatchRecord:
@@ -308,24 +318,26 @@ def marked_consumed(rec: BatchRecord, claim: BatchRecord, now: float) -> BatchRe
     return replace(rec, state=CONSUMED, consumed_at=iso_time(now), updated_at=iso_time(now), deadline=None)
 
 
-def released(rec: BatchRecord, claim: BatchRecord, now: float, *, error: str, max_attempts: int) -> BatchRecord:
-    """The held ``claim`` given up after a failed attempt (``error`` kept as ``last_error``)."""
-    require_claim(rec, claim, "release")
-    return expired(rec, now, max_attempts=max_attempts, error=str(error)[:MAX_ERROR_LENGTH])
-
-
-def expired(rec: BatchRecord, now: float, *, max_attempts: int, error: str | None = None) -> BatchRecord:
-    """The record after a dead or failed attempt: published again, or failed past max attempts.
+def ended(rec: BatchRecord, now: float, *, max_attempts: int, claim: BatchRecord | None = None,
+          error: str | None = None) -> BatchRecord | None:
+    """An attempt ends: the held ``claim`` given up after it failed (``error`` kept as ``last_error``), or without
+    ``claim`` a claim whose deadline passed (None when ``rec`` holds none: nothing to reap). Published again, or
+    failed past max attempts.
 
     The limit is the one the claimer set (stored with the claim), so any reaper applies it;
     ``max_attempts`` is the fallback for a record without one.
     """
+    if claim is not None:
+        require_claim(rec, claim, "release")
+        error = str(error)[:MAX_ERROR_LENGTH]
+    elif not rec.expired(now):
+        return None
     reason = error or (
         f"attempt {rec.attempts} by {rec.owner or 'an unnamed consumer'} did not finish before its "
         f"visibility deadline {rec.deadline}"
     )
     cleared: dict[str, Any] = {"owner": None, "claim_id": None, "claimed_at": None, "deadline": None,
-               "updated_at": iso_time(now), "last_error": reason}
+                               "updated_at": iso_time(now), "last_error": reason}
     if rec.attempts >= (rec.max_attempts or max_attempts):
         return replace(rec, state=FAILED, failed_at=iso_time(now), **cleared)
     return replace(rec, state=PUBLISHED, **cleared)

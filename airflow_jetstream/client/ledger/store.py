@@ -22,6 +22,7 @@ recount, whose repair rewrites the shards that differ, compare-and-set on what w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
@@ -239,15 +240,13 @@ async def read_counts(conn: JetStreamConnection, bucket: str, run_id: str, *,
 async def run_summary(conn: JetStreamConnection, bucket: str, run_id: str, now: float, *,
                       leader: bool = False) -> dict[str, Any]:
     """The run's summary (:func:`~.counts.merged`): from its counts in one read (``leader``: read from the stream
-    leader); a missing bucket is a run without batches."""
+    leader); a run without counts that has records (or a bucket an older version created: no direct gets) is
+    listed; a missing bucket is a run without batches."""
     shards = await read_counts(conn, bucket, run_id, leader=leader)
-    if shards:
-        return merged(run_id, bucket, shards, now)
-    if shards is None:  # no bucket, or one an older version created (no direct gets)
-        recorded = await find_stream(conn, stream_of(bucket)) is not None
-    else:
-        recorded = await run_recorded(conn, bucket, run_id)
-    return await listed_summary(conn, bucket, run_id, now) if recorded else merged(run_id, bucket, {}, now)
+    if not shards and (shards is None or await run_recorded(conn, bucket, run_id)):
+        with contextlib.suppress(StreamNotFoundError):  # no bucket
+            return await listed_summary(conn, bucket, run_id, now)
+    return merged(run_id, bucket, shards or {}, now)
 
 
 async def listed_summary(conn: JetStreamConnection, bucket: str, run_id: str, now: float) -> dict[str, Any]:

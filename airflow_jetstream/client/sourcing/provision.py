@@ -185,11 +185,8 @@ async def _update_entries(conn: JetStreamConnection, spec: DurableSource, target
         if not spec.mirror:  # the server gives a stream with sources no duplicate window (a mirror cannot have one)
             body["duplicate_window"] = AGGREGATE_DUPLICATE_WINDOW_NS
         return await create_stream(conn, body, replicas_defaulted="num_replicas" not in given)
-    cfg = dict(target["config"])
-    sources = [e for e in cfg.get("sources") or [] if not spec.is_same_origin(e)]
-    if entry is not None:
-        sources.append(entry)
-    cfg["sources"] = sources
+    kept = [e for e in target["config"].get("sources") or [] if not spec.is_same_origin(e)]
+    cfg = {**target["config"], "sources": kept if entry is None else [*kept, entry]}
     return await conn.api_request(f"STREAM.UPDATE.{spec.stream}", cfg, context=f"update stream {spec.stream!r}")
 
 
@@ -382,15 +379,12 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
 
 async def _apply_entry(conn: JetStreamConnection, spec: DurableSource, target: dict[str, Any] | None,
                        current: dict[str, Any] | None, wanted: dict[str, Any]) -> str:
-    if target is None:
-        await _update_entries(conn, spec, None, wanted)
-        return "created"
-    if current is not None and _same_entry(wanted, current):
+    if current is not None and _same_entry(wanted, current):  # an entry is only found in an existing stream
         return "unchanged"
-    if spec.mirror:
+    if target is not None and spec.mirror:
         raise StreamConfigError(
             f"stream {spec.stream!r} already mirrors {spec.source!r} with another configuration and a mirror "
             "cannot be changed; create a new mirror stream", reason="immutable_field")
     await _update_entries(conn, spec, target, wanted)
-    return "updated"
+    return "created" if target is None else "updated"
 

@@ -59,13 +59,8 @@ class ConnectionPool:
         entry.users += 1
         try:
             return await asyncio.shield(entry.ready)
-        except BaseException:
-            entry.users -= 1
-            if entry.broken():
-                if entries.get(settings) is entry:
-                    del entries[settings]
-            elif entry.users == 0:
-                await self._close(settings, entry)
+        except BaseException:  # this user gives up its share; the last one leaves nothing behind
+            await self.release(settings, entry)
             raise
 
     @staticmethod
@@ -74,18 +69,15 @@ class ConnectionPool:
         metrics.incr("pool.connections_opened")
         return conn
 
-    async def release(self, settings: ConnectionSettings) -> None:
+    async def release(self, settings: ConnectionSettings, entry: _Entry | None = None) -> None:
         """-1 user; the last user closes the connection."""
         entries = self._entries()
-        entry = entries.get(settings)
+        entry = entry or entries.get(settings)
         if entry is None:
             return
         entry.users -= 1
-        if entry.users <= 0:
-            await self._close(settings, entry)
-
-    async def _close(self, settings: ConnectionSettings, entry: _Entry) -> None:
-        entries = self._entries()
+        if entry.users > 0:
+            return
         if entries.get(settings) is entry:
             del entries[settings]  # before awaiting: a new acquirer builds a fresh connection
         if entry.closing:

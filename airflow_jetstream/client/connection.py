@@ -186,11 +186,9 @@ class JetStreamConnection:
         the server's answer to everything sent before has been read. While nats-py reconnects the
         round trips may time out: then only what was already reported is checked.
         """
-        try:
+        with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
             for _ in range(2):
                 await self.nc.flush(timeout=self.settings.request_timeout)  # type: ignore[arg-type]  # float s work
-        except (TimeoutError, nats.errors.TimeoutError):
-            pass
         denied = self.permission_error(subject)
         if denied:
             raise denied
@@ -261,15 +259,13 @@ class JetStreamConnection:
                 raise refusal or error_from_api(reply["error"], context=what)
             return cast(dict[str, Any], reply)
 
-        if not retry:
-            return await once()
-        return await retry_rule(what, once, transient=_api_transient, budget=self.settings.leader_wait,
-                                advice=QUORUM_ADVICE, logger=log)
+        return await self.retry_leader(what, once, transient=_api_transient) if retry else await once()
 
-    async def retry_leader(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
-        """Run ``attempt``, retried while it raises :class:`LeaderUnavailableError` for ``settings.leader_wait``
-        seconds (:func:`~airflow_jetstream.client.retry.retry`)."""
-        return await retry_rule(what, attempt, transient=is_leader_unavailable, budget=self.settings.leader_wait,
+    async def retry_leader(self, what: str, attempt: Callable[[], Awaitable[T]], *,
+                           transient: Callable[[JetStreamError], str | None] = is_leader_unavailable) -> T:
+        """Run ``attempt``, retried while it raises :class:`LeaderUnavailableError` (or what ``transient`` names) for
+        ``settings.leader_wait`` seconds (:func:`~airflow_jetstream.client.retry.retry`)."""
+        return await retry_rule(what, attempt, transient=transient, budget=self.settings.leader_wait,
                                 advice=QUORUM_ADVICE, logger=log)
 
     async def round_trip(self) -> None:

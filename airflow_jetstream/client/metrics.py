@@ -6,7 +6,7 @@ Names are dotted and prefixed with ``jetstream.`` by the sink, e.g. ``jetstream.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class MetricsSink(Protocol):
@@ -18,14 +18,10 @@ class MetricsSink(Protocol):
 
 
 class _NoMetrics:
-    def incr(self, name: str, count: int = 1, tags: dict[str, str] | None = None) -> None:
-        return None
+    def incr(self, *args: Any, **kwargs: Any) -> None:
+        """Drops the metric (each kind alike)."""
 
-    def timing(self, name: str, millis: float, tags: dict[str, str] | None = None) -> None:
-        return None
-
-    def gauge(self, name: str, value: float, tags: dict[str, str] | None = None) -> None:
-        return None
+    timing = gauge = incr
 
 
 _sink: MetricsSink = _NoMetrics()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 
 from airflow_jetstream.client.admin.streams import ensure_stream
-from airflow_jetstream.client.batches.batcher import publish_individually
 from airflow_jetstream.client.batches.types import BatchMessage
+from airflow_jetstream.client.batches.wire import publish_individually
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import RequestTimeoutError
 from airflow_jetstream.client.settings import ConnectionSettings

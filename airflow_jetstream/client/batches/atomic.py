@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
-from airflow_jetstream.client.admin.streams import stream_info
+from airflow_jetstream.client.admin.streams import stream_info, streams_for_subject
 from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
     HEADER_BATCH_COMMIT,
@@ -43,16 +43,22 @@ from airflow_jetstream.client.batches.types import (
 )
 from airflow_jetstream.client.batches.wire import (
     CONNECTION_ERRORS,
-    AtomicBatchRetry,
     BatchReplies,
     already_committed,
     capturing_stream,
     connection_lost,
+    encode_frame,
     message_header_lines,
     reply_timeout,
 )
 from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
-from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError
+from airflow_jetstream.client.errors import (
+    BatchPublishError,
+    InvalidRequestError,
+    JetStreamError,
+    LeaderUnavailableError,
+    RequestTimeoutError,
+)
 from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.stored import get_message
 from airflow_jetstream.client.retry import Deadline, retry
@@ -68,28 +74,17 @@ log = logging.getLogger(__name__)
 def encode_atomic_batch(messages: Sequence[BatchMessage], batch_id: str, expected_last_seq: int | None,
                         replies: dict[int, bytes]) -> list[bytes]:
     """The ``HPUB`` frames of the batch; ``replies`` maps batch sequences to their reply subject. The constant
-    header parts are encoded once per batch and each subject once per batch."""
+    header parts are encoded once per batch."""
     batch_lines = b"%b: %b\r\n%b: " % (HEADER_BATCH_ID.encode(), batch_id.encode(), HEADER_BATCH_SEQUENCE.encode())
     first_extra = b"" if expected_last_seq is None else b"%b: %d\r\n" % (HEADER_EXPECTED_LAST_SEQ.encode(),
                                                                          expected_last_seq)
     commit_extra = b"%b: 1\r\n" % HEADER_BATCH_COMMIT.encode()
-    subjects: dict[str, bytes] = {}
-    frames = []
     last = len(messages)
+    frames = []
     for seq, msg in enumerate(messages, start=1):
-        prefix = subjects.get(msg.subject)
-        if prefix is None:
-            prefix = subjects[msg.subject] = b"HPUB %b " % msg.subject.encode()
-        user_lines = message_header_lines(msg)
         extra = (first_extra if seq == 1 else b"") + (commit_extra if seq == last else b"")
-        header = b"NATS/1.0\r\n%b%b%d\r\n%b\r\n" % (user_lines, batch_lines, seq, extra)
-        payload = msg.data
-        reply = replies.get(seq)
-        size = len(header)
-        if reply is None:
-            frames.append(b"%b%d %d\r\n%b%b\r\n" % (prefix, size, size + len(payload), header, payload))
-        else:
-            frames.append(b"%b%b %d %d\r\n%b%b\r\n" % (prefix, reply, size, size + len(payload), header, payload))
+        lines = b"%b%b%d\r\n%b" % (message_header_lines(msg), batch_lines, seq, extra)
+        frames.append(encode_frame(msg.subject.encode(), replies.get(seq, b""), lines, msg.data))
     return frames
 
 
@@ -204,21 +199,79 @@ async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage
                              expected_last_seq: int | None, flow_every: int, timeout: float,
                              retries: int, deadline: Deadline | None = None,
                              fence: tuple[str, str] | None = None) -> BatchResult:
-    """Send an already validated batch, re-sent as :class:`AtomicBatchRetry` decides (:func:`publish_atomic_batch`).
+    """Send an already validated batch (:func:`publish_atomic_batch`), re-sent for the connection's ``leader_wait``
+    where a re-send cannot store it twice (``why`` says why each is safe). A batch still failing for one of those
+    reasons at the deadline ends in one :class:`LeaderUnavailableError` saying whether it may have been stored.
 
     ``fence`` is ``(stream, fence id)`` of a stream already checked for fences: the batch then ends with the fence
     and a refusal that its fence explains returns the earlier commit (``already_committed``)."""
     server_features.require(conn, server_features.ATOMIC_BATCH)
     started = time.monotonic()
+    context = f"atomic batch {batch_id}"
     if fence is not None:
         items = [*items, fence_message(fence[0], fence[1], items)]
-    rule = AtomicBatchRetry(conn, batch_id, items, retries, deadline,
-                            lambda progress: _send_batch(conn, items, batch_id, expected_last_seq, flow_every,
-                                                         timeout, progress), resend_safe=fence is not None)
+    # msg ids (or a fence) make the server refuse a second commit of the batch, so a re-send is safe
+    resend_safe = fence is not None or any(m.msg_id for m in items)
+    progress: dict[str, bool] = {}
+    inflight_left, maybe_stored, retried = retries, False, set()
+
+    async def send() -> dict[str, Any]:
+        """One attempt; a 503 when every subject of the batch has a stream is :class:`LeaderUnavailableError`."""
+        progress.clear()
+        try:
+            return await _send_batch(conn, items, batch_id, expected_last_seq, flow_every, timeout, progress)
+        except BatchPublishError as exc:
+            if exc.reason != "no_stream_for_subject":
+                raise
+            # every subject is checked, not only the first: a 503 on a later message is no election
+            uncaptured: list[str] = []
+            for subject in dict.fromkeys(m.subject for m in items):
+                if not await streams_for_subject(conn, subject, deadline=deadline):
+                    uncaptured.append(subject)
+                    if len(uncaptured) == 5:
+                        break
+            if uncaptured:
+                raise BatchPublishError(
+                    f"{context}: no stream captures {', '.join(map(repr, uncaptured))}, so the batch was refused "
+                    "whole and nothing of it was stored; create a stream for these subjects "
+                    "(JetStreamEnsureStreamOperator) or correct them", reason="no_stream_for_subject",
+                    code=exc.code, err_code=exc.err_code, description=exc.description) from None
+            raise LeaderUnavailableError(f"{context}: the stream capturing {items[0].subject!r} has no leader "
+                                         "(503)") from None
+
+    def why(exc: JetStreamError) -> str | None:
+        nonlocal inflight_left, maybe_stored
+        cluster = conn.clustered and not conn.nc.is_closed
+        if isinstance(exc, LeaderUnavailableError):  # a 503 on a stream that exists: no leader received the batch
+            return "no stream leader answered; re-sending it"
+        if exc.reason == "too_many_inflight":
+            if inflight_left <= 0:
+                return None
+            inflight_left -= 1
+            return "the stream has too many batches in flight; re-sending it"
+        if exc.reason == "msg_id_in_process":  # 10158: asking again gives a duplicate, or stores it once
+            return "its msg id is still being stored by an earlier attempt; asking again"
+        if exc.reason == "batch_incomplete" and cluster:
+            return "the stream leader lost part of the batch (nothing stored); re-sending it"
+        # the server abandons an uncommitted batch; after the commit only msg ids (or a fence) make a re-send safe
+        if (isinstance(exc, RequestTimeoutError) or exc.reason == "connection_lost") and cluster:
+            if not progress.get("commit_written", False):
+                return "no reply before the commit (the server abandons an uncommitted batch); re-sending it"
+            if resend_safe:
+                maybe_stored = True
+                return "no reply to the commit (msg ids make a re-send safe); re-sending it"
+        return None
+
+    def transient(exc: JetStreamError) -> str | None:
+        reason = why(exc)
+        if reason is not None:
+            retried.add(id(exc))
+            metrics.incr("batch.retried", tags={"reason": exc.reason})
+        return reason
+
     try:
-        ack = await retry(f"atomic batch {batch_id}", rule.send, transient=rule.transient,
-                          budget=conn.settings.leader_wait, deadline=deadline, advice=QUORUM_ADVICE, logger=log,
-                          before_retry=conn.round_trip)
+        ack = await retry(context, send, transient=transient, budget=conn.settings.leader_wait, deadline=deadline,
+                          advice=QUORUM_ADVICE, logger=log, before_retry=conn.round_trip)
     except JetStreamError as exc:
         earlier = await _fenced_refusal(conn, fence, exc, items[-1])
         if earlier is not None:
@@ -226,7 +279,13 @@ async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage
         try:
             if isinstance(exc, BatchPublishError) and exc.reason == "duplicate_msg_id":
                 return await already_committed(conn, items, batch_id, timeout, exc)
-            raise rule.final_error(exc) from None
+            if id(exc) not in retried or exc.reason == "too_many_inflight":
+                raise
+            # still retryable at the deadline: say what may be stored
+            stored = ("it may have been stored once: re-sending it with the same msg ids is safe"
+                      if maybe_stored else "nothing of the batch was stored")
+            raise LeaderUnavailableError(f"{exc.message}; {stored}", code=exc.code, err_code=exc.err_code,
+                                         description=exc.description) from None
         except JetStreamError as final:
             metrics.incr("batch.failed", tags={"reason": final.reason})
             raise

@@ -13,22 +13,20 @@ acknowledged publishes (or, with ``atomic=True``, one atomic batch per group, re
 msg ids then de-duplicating only within the stream's ``duplicate_window``.
 
 Individual publishes ride out a leader election for ``leader_wait``, re-sent only where that cannot store an item
-twice (see :meth:`Batcher._ride_out_elections`). Every item has its own deadline, ``leader_wait`` after it was
-submitted: retries of a group end at its oldest item's, however long the groups before it kept failing. An item
-whose caller was cancelled after submitting is still published, so cancellation never loses an accepted item.
+twice (see :func:`~airflow_jetstream.client.batches.wire.publish_acked`). Every item has its own deadline,
+``leader_wait`` after it was submitted: retries of a group end at its oldest item's, however long the groups before
+it kept failing. An item whose caller was cancelled after submitting is still published, so cancellation never
+loses an accepted item.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from airflow_jetstream.client import metrics, server_features
-from airflow_jetstream.client.admin.streams import streams_for_subject
 from airflow_jetstream.client.batches.atomic import fence_message, publish_atomic_batch
 from airflow_jetstream.client.batches.publish_chunks import check_target_stream
 from airflow_jetstream.client.batches.types import (
@@ -40,11 +38,10 @@ from airflow_jetstream.client.batches.types import (
 from airflow_jetstream.client.batches.wire import (
     BatchReplies,
     capturing_stream,
-    encode_frame,
-    message_header_lines,
+    publish_acked,
     reply_timeout,
 )
-from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
+from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     ConnectionFailedError,
@@ -53,8 +50,7 @@ from airflow_jetstream.client.errors import (
     LeaderUnavailableError,
     RequestTimeoutError,
 )
-from airflow_jetstream.client.natspy_internals import write_raw
-from airflow_jetstream.client.retry import Deadline, is_leader_unavailable, retry
+from airflow_jetstream.client.retry import Deadline
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH = 256
@@ -252,8 +248,9 @@ class Batcher:
             results = await self._as_one_batch(messages, deadline)
             if results is not None:
                 return results
-        results = await self._publish_individually(messages)
-        return await self._ride_out_elections(messages, results, deadline)
+        if self._replies is None:
+            self._replies = await BatchReplies(self.conn, self.timeout, "publish").open()
+        return await publish_acked(self.conn, messages, self.timeout, deadline=deadline, replies=self._replies)
 
     async def _as_one_batch(self, messages: list[BatchMessage], deadline: Deadline,
                             fenced: bool = False) -> list[BatchItemResult] | None:
@@ -326,111 +323,3 @@ class Batcher:
             return BatchItemResult(stream=result.stream, seq=result.last_seq, duplicate=result.already_committed)
 
         return list(await asyncio.gather(*(one(m) for m in messages)))
-
-    async def _publish_individually(self, messages: list[BatchMessage]) -> list[BatchItemResult]:
-        if self._replies is None:
-            self._replies = await BatchReplies(self.conn, self.timeout, "publish").open()
-        return await publish_individually(self.conn, messages, self.timeout, replies=self._replies)
-
-    async def _ride_out_elections(self, messages: list[BatchMessage], results: list[BatchItemResult],
-                                  deadline: Deadline) -> list[BatchItemResult]:
-        """Re-send the items that failed because their stream was electing a leader, until ``deadline``.
-
-        Only where a re-send cannot store an item twice: a 503 / no responders on a stream that exists
-        (no leader received the message, so nothing was stored), and on a cluster an unacknowledged item
-        with a msg id (the server answers a re-send of a stored one as a duplicate, with its sequence),
-        or one the server refused with 10158 because the same msg id was still being stored.
-        Still failing at the deadline (``leader_wait`` after the group's oldest item was submitted, so one
-        group's retries never make the items queued behind it wait past their own): those items fail with
-        ``leader_unavailable``.
-        """
-        known: dict[str, bool] = {}
-
-        async def retryable(index: int) -> bool:
-            result, msg = results[index], messages[index]
-            if result.error == "no_stream_for_subject":
-                if msg.subject not in known:
-                    try:
-                        known[msg.subject] = bool(await streams_for_subject(self.conn, msg.subject,
-                                                                            deadline=deadline))
-                    except JetStreamError as exc:  # the stream lookup itself found no leader in time
-                        results[index] = BatchItemResult.failed(exc)
-                        return False
-                return known[msg.subject]
-            if result.error == "msg_id_in_process":  # 10158: the same msg id is being stored right now
-                return bool(msg.msg_id) and not self.conn.nc.is_closed
-            return (result.error in ("timeout", "leader_unavailable") and bool(msg.msg_id)
-                    and self.conn.clustered and not self.conn.nc.is_closed)
-
-        pending = [i for i in range(len(messages)) if results[i].error and await retryable(i)]
-        if not pending:
-            return results
-        started = False
-
-        async def attempt() -> None:
-            nonlocal pending, started
-            if started:
-                again = await self._publish_individually([messages[i] for i in pending])
-                for index, result in zip(pending, again, strict=True):
-                    results[index] = result
-                pending = [i for i in pending if results[i].error and await retryable(i)]
-            started = True
-            if pending:
-                metrics.incr("batcher.retried", len(pending), tags={"reason": "leader_unavailable"})
-                raise LeaderUnavailableError(
-                    f"publish to {messages[pending[0]].subject!r}: its stream has no leader (503 or no "
-                    "acknowledgement), nothing of the item was stored unless it carries a msg id")
-
-        try:
-            what = f"batcher: {len(pending)} of {len(messages)} items (first to {messages[pending[0]].subject!r})"
-            await retry(what, attempt, transient=is_leader_unavailable, budget=self.conn.settings.leader_wait,
-                        deadline=deadline, advice=QUORUM_ADVICE, logger=log)
-        except LeaderUnavailableError as exc:
-            for index in pending:
-                results[index] = BatchItemResult.failed(exc)
-        return results
-
-
-async def publish_individually(conn: JetStreamConnection, messages: list[BatchMessage], timeout: float, *,
-                               replies: BatchReplies | None = None) -> list[BatchItemResult]:
-    """Pipelined acknowledged publishes: all frames in one write, then one result per message, in order.
-
-    ``replies`` is an open reply inbox to reuse; without it, one is opened and closed for this call.
-    """
-    own_replies = replies is None
-    if replies is None:
-        replies = await BatchReplies(conn, timeout, "publish").open()
-    reply_of: list[bytes] = []
-    try:
-        frames = []
-        for msg in messages:
-            reply = replies.expect()
-            reply_of.append(reply)
-            lines = message_header_lines(msg)
-            frames.append(encode_frame(msg.subject.encode(), reply, lines, bytes(msg.data)))
-        await write_raw(conn.nc, b"".join(frames))
-        futures = [replies.futures[reply] for reply in reply_of]
-        await asyncio.wait(futures, timeout=timeout)
-        results = []
-        for msg, future in zip(messages, futures, strict=True):
-            try:
-                if not future.done():
-                    await conn.raise_if_denied(msg.subject)
-                    raise RequestTimeoutError(f"publish to {msg.subject!r}: no acknowledgement within {timeout}s; "
-                                              "the message may or may not be stored")
-                results.append(_item_result(replies.parse(future.result(), msg.subject)))
-            except JetStreamError as exc:
-                results.append(BatchItemResult.failed(exc))
-        return results
-    finally:
-        if own_replies:
-            await replies.close()
-        else:
-            for reply in reply_of:
-                replies.forget(reply)
-
-
-def _item_result(ack: dict[str, Any]) -> BatchItemResult:
-    if "seq" not in ack:
-        return BatchItemResult(error="bad_reply", message=f"unexpected publish reply {json.dumps(ack)[:200]}")
-    return BatchItemResult(stream=str(ack.get("stream", "")), seq=int(ack["seq"]), duplicate=bool(ack.get("duplicate")))

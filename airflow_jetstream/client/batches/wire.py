@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -29,11 +29,12 @@ from airflow_jetstream.client.batches.types import (
     HEADER_EXPECTED_LAST_SUBJECT_SEQ,
     HEADER_MSG_ID,
     HEADER_STATUS,
+    BatchItemResult,
     BatchMessage,
     BatchResult,
     header_values,
 )
-from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     BatchPublishError,
@@ -43,10 +44,11 @@ from airflow_jetstream.client.errors import (
     RequestTimeoutError,
     error_from_api,
 )
+from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.headers import header_values as stored_header_values
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.stored import get_message
-from airflow_jetstream.client.retry import Deadline
+from airflow_jetstream.client.retry import Deadline, is_leader_unavailable, retry
 
 _HEADER_START = b"NATS/1.0\r\n"
 
@@ -71,11 +73,13 @@ def message_header_lines(msg: BatchMessage) -> bytes:
 
 
 def encode_frame(subject: bytes, reply: bytes, header_lines: bytes, payload: bytes) -> bytes:
-    """One ``HPUB`` (or ``PUB`` when there are no headers) protocol frame with a reply subject."""
+    """One ``HPUB`` (or ``PUB`` when there are no headers) protocol frame; without a reply subject when ``reply`` is
+    empty."""
+    reply += b" " if reply else b""
     if not header_lines:
-        return b"PUB %b %b %d\r\n%b\r\n" % (subject, reply, len(payload), payload)
+        return b"PUB %b %b%d\r\n%b\r\n" % (subject, reply, len(payload), payload)
     hdr_len = len(_HEADER_START) + len(header_lines) + 2
-    return b"HPUB %b %b %d %d\r\nNATS/1.0\r\n%b\r\n%b\r\n" % (
+    return b"HPUB %b %b%d %d\r\nNATS/1.0\r\n%b\r\n%b\r\n" % (
         subject, reply, hdr_len, hdr_len + len(payload), header_lines, payload)
 
 
@@ -205,64 +209,33 @@ async def stored_sequences(conn: JetStreamConnection, messages: Sequence[BatchMe
 
     Each probe is a publish carrying the msg id and an expectation that cannot be met, which the server checks
     only after its duplicate check (:func:`probe_expectation`): a stored id within the duplicate window is
-    answered as a duplicate with its sequence, any other probe refused. Give ``stream`` when every message goes
-    to it, else it is looked up once per subject.
+    answered as a duplicate with its sequence, any other probe refused. Probes are sent like the Batcher's
+    items (:func:`publish_acked`, :data:`PROBE_WINDOW` at a time), so an election is ridden out the same way (a
+    probe stores nothing, and carries a msg id). Give ``stream`` when every message goes to it, else it is looked
+    up once per subject.
     """
     timeout = timeout or conn.settings.request_timeout
-    semaphore = asyncio.Semaphore(PROBE_WINDOW)
-    expectations: dict[str, asyncio.Task[dict[str, str]]] = {}
-
-    def expectation(subject: str) -> asyncio.Task[dict[str, str]]:
-        key = stream or subject
-        if key not in expectations:
-            expectations[key] = asyncio.ensure_future(probe_expectation(conn, subject, stream=stream))
-        return expectations[key]
-
-    async def ask(msg: BatchMessage, headers: dict[str, str]) -> dict[str, Any]:
-        # an election (a 503 on a stream that exists, or no reply on a cluster) is retried: a probe stores nothing
-        context = f"msg id probe {msg.msg_id!r}"
-        try:
-            answer = await conn.nc.request(msg.subject, b"", timeout=timeout, headers=headers)
-        except nats.errors.NoRespondersError:
-            if not await streams_for_subject(conn, msg.subject):
-                raise no_stream_error(context, msg.subject) from None
-            raise LeaderUnavailableError(f"{context}: the stream capturing {msg.subject!r} has no leader "
-                                         "(503)") from None
-        except nats.errors.TimeoutError:
-            await conn.raise_if_denied(msg.subject)
-            unanswered = f"{context}: no reply within {timeout}s"
-            raise (RequestTimeoutError(unanswered) if conn.nc.is_closed else conn.unanswered(unanswered)) from None
-        except CONNECTION_ERRORS as exc:
-            raise connection_lost(context, exc) from None
-        try:
-            return parse_reply(answer.data, context)
-        except BatchPublishError as exc:
-            if exc.reason == "msg_id_in_process":  # 10158: not yet known whether it is stored; ask again
-                raise LeaderUnavailableError(exc.message, reason="msg_id_in_process") from None
-            raise
-
-    async def probe(msg: BatchMessage) -> int | None:
-        if not msg.msg_id:
-            return None
-        async with semaphore:
-            headers = {HEADER_MSG_ID: msg.msg_id, **await expectation(msg.subject)}
-            try:
-                reply = await conn.retry_leader(f"msg id probe {msg.msg_id!r} on {msg.subject!r}",
-                                                lambda: ask(msg, headers))
-            except JetStreamError as exc:
-                if exc.err_code in _PROBE_REFUSED:  # the expectation, checked after the duplicate check
-                    return None
-                raise
-        if reply.get("duplicate") and int(reply.get("seq") or 0) > 0:
-            return int(reply["seq"])
-        raise BatchPublishError(f"msg id probe {msg.msg_id!r}: the server stored the probe; this server does "
-                                "not check msg ids before expectations", reason="probe_unsupported")
-
-    try:
-        return list(await asyncio.gather(*(probe(m) for m in messages)))
-    finally:
-        for lookup in expectations.values():
-            lookup.cancel()
+    expectations: dict[str, dict[str, str]] = {}
+    probes = []
+    for msg in messages:
+        if msg.msg_id:
+            key = stream or msg.subject
+            if key not in expectations:
+                expectations[key] = await probe_expectation(conn, msg.subject, stream=stream)
+            probes.append(BatchMessage(msg.subject, b"", expectations[key], msg.msg_id))
+    seqs: list[int | None] = []
+    for start in range(0, len(probes), PROBE_WINDOW):
+        for result in await publish_acked(conn, probes[start:start + PROBE_WINDOW], timeout, what="msg id probes",
+                                          metric=None):
+            if result.err_code in _PROBE_REFUSED:  # the expectation, checked after the duplicate check
+                seqs.append(None)
+            elif not result.raise_for_error().duplicate or not result.seq:
+                raise BatchPublishError("msg id probe: the server stored the probe; this server does not check "
+                                        "msg ids before expectations", reason="probe_unsupported")
+            else:
+                seqs.append(result.seq)
+    found = iter(seqs)
+    return [next(found) if msg.msg_id else None for msg in messages]
 
 
 async def probe_expectation(conn: JetStreamConnection, subject: str, *, stream: str | None = None) -> dict[str, str]:
@@ -367,91 +340,105 @@ def stored_difference(msg: BatchMessage, subject: str, data: bytes | None, heade
     return None
 
 
-class AtomicBatchRetry:
-    """Which failed sends of one atomic batch are re-sent (for the connection's ``leader_wait``): only those whose
-    re-send cannot store the batch twice (:meth:`_why` says why each is safe). A batch still failing for one of
-    them at the deadline ends in one :class:`LeaderUnavailableError` saying whether it may have been stored."""
+async def publish_individually(conn: JetStreamConnection, messages: list[BatchMessage], timeout: float, *,
+                               replies: BatchReplies | None = None) -> list[BatchItemResult]:
+    """Pipelined acknowledged publishes: all frames in one write, then one result per message, in order.
 
-    def __init__(self, conn: JetStreamConnection, batch_id: str, items: list[BatchMessage], retries: int,
-                 deadline: Deadline | None, send_batch: Callable[[dict[str, bool]], Awaitable[dict[str, Any]]],
-                 *, resend_safe: bool = False) -> None:
-        self.conn = conn
-        self.batch_id = batch_id
-        self.subjects = list(dict.fromkeys(m.subject for m in items))
-        #: msg ids (or a fence) make the server refuse a second commit of the batch, so a re-send is safe
-        self.has_msg_ids = resend_safe or any(m.msg_id for m in items)
-        self.inflight_left = retries
-        self.deadline = deadline
-        self.send_batch = send_batch
-        self.progress: dict[str, bool] = {}
-        self.maybe_stored = False  # an attempt wrote the commit and got no answer
-        self.retried: set[int] = set()
+    ``replies`` is an open reply inbox to reuse; without it, one is opened and closed for this call.
+    """
+    own_replies = replies is None
+    if replies is None:
+        replies = await BatchReplies(conn, timeout, "publish").open()
+    reply_of: list[bytes] = []
+    try:
+        frames = []
+        for msg in messages:
+            reply = replies.expect()
+            reply_of.append(reply)
+            frames.append(encode_frame(msg.subject.encode(), reply, message_header_lines(msg), bytes(msg.data)))
+        await write_raw(conn.nc, b"".join(frames))
+        futures = [replies.futures[reply] for reply in reply_of]
+        await asyncio.wait(futures, timeout=timeout)
+        results = []
+        for msg, future in zip(messages, futures, strict=True):
+            try:
+                if not future.done():
+                    await conn.raise_if_denied(msg.subject)
+                    raise RequestTimeoutError(f"publish to {msg.subject!r}: no acknowledgement within {timeout}s; "
+                                              "the message may or may not be stored")
+                ack = replies.parse(future.result(), msg.subject)
+                if "seq" not in ack:
+                    raise BatchPublishError(f"unexpected publish reply {json.dumps(ack)[:200]}", reason="bad_reply")
+                results.append(BatchItemResult(stream=str(ack.get("stream", "")), seq=int(ack["seq"]),
+                                               duplicate=bool(ack.get("duplicate"))))
+            except JetStreamError as exc:
+                results.append(BatchItemResult.failed(exc))
+        return results
+    finally:
+        if own_replies:
+            await replies.close()
+        else:
+            for reply in reply_of:
+                replies.forget(reply)
 
-    async def send(self) -> dict[str, Any]:
-        """One attempt; a 503 when every subject of the batch has a stream is :class:`LeaderUnavailableError`."""
-        self.progress = {}
-        try:
-            return await self.send_batch(self.progress)
-        except BatchPublishError as exc:
-            if exc.reason != "no_stream_for_subject":
-                raise
-            uncaptured = await self._uncaptured_subjects()
-            if uncaptured:
-                raise BatchPublishError(
-                    f"atomic batch {self.batch_id}: no stream captures {', '.join(map(repr, uncaptured))}, so the "
-                    "batch was refused whole and nothing of it was stored; create a stream for these subjects "
-                    "(JetStreamEnsureStreamOperator) or correct them", reason="no_stream_for_subject",
-                    code=exc.code, err_code=exc.err_code, description=exc.description) from None
+
+async def publish_acked(conn: JetStreamConnection, messages: list[BatchMessage], timeout: float, *,
+                        deadline: Deadline | None = None, replies: BatchReplies | None = None,
+                        what: str = "batcher", metric: str | None = "batcher.retried") -> list[BatchItemResult]:
+    """:func:`publish_individually`, then the items that failed because their stream was electing a leader are
+    re-sent until ``deadline`` (default: ``leader_wait`` from the first failure).
+
+    Only where a re-send cannot store an item twice: a 503 / no responders on a stream that exists
+    (no leader received the message, so nothing was stored), and on a cluster an unacknowledged item
+    with a msg id (the server answers a re-send of a stored one as a duplicate, with its sequence),
+    or one the server refused with 10158 because the same msg id was still being stored.
+    Still failing at the deadline (for the Batcher ``leader_wait`` after the group's oldest item was submitted, so
+    one group's retries never make the items queued behind it wait past their own): those items fail with
+    ``leader_unavailable``. ``what`` names the items in the log, ``metric`` counts each re-sent one.
+    """
+    results = await publish_individually(conn, messages, timeout, replies=replies)
+    known: dict[str, bool] = {}
+
+    async def retryable(index: int) -> bool:
+        result, msg = results[index], messages[index]
+        if result.error == "no_stream_for_subject":
+            if msg.subject not in known:
+                try:
+                    known[msg.subject] = bool(await streams_for_subject(conn, msg.subject, deadline=deadline))
+                except JetStreamError as exc:  # the stream lookup itself found no leader in time
+                    results[index] = BatchItemResult.failed(exc)
+                    return False
+            return known[msg.subject]
+        if result.error == "msg_id_in_process":  # 10158: the same msg id is being stored right now
+            return bool(msg.msg_id) and not conn.nc.is_closed
+        return (result.error in ("timeout", "leader_unavailable") and bool(msg.msg_id)
+                and conn.clustered and not conn.nc.is_closed)
+
+    pending = [i for i in range(len(messages)) if results[i].error and await retryable(i)]
+    if not pending:
+        return results
+    started = False
+
+    async def attempt() -> None:
+        nonlocal pending, started
+        if started:
+            again = await publish_individually(conn, [messages[i] for i in pending], timeout, replies=replies)
+            for index, result in zip(pending, again, strict=True):
+                results[index] = result
+            pending = [i for i in pending if results[i].error and await retryable(i)]
+        started = True
+        if pending:
+            if metric:
+                metrics.incr(metric, len(pending), tags={"reason": "leader_unavailable"})
             raise LeaderUnavailableError(
-                f"atomic batch {self.batch_id}: the stream capturing {self.subjects[0]!r} has no leader (503)"
-            ) from None
+                f"publish to {messages[pending[0]].subject!r}: its stream has no leader (503 or no "
+                "acknowledgement), nothing of the item was stored unless it carries a msg id")
 
-    async def _uncaptured_subjects(self, most: int = 5) -> list[str]:
-        """Up to ``most`` subjects of the batch that no stream captures (every subject is checked, not only
-        the first: a 503 on a later message is no election)."""
-        uncaptured: list[str] = []
-        for subject in self.subjects:
-            if not await streams_for_subject(self.conn, subject, deadline=self.deadline):
-                uncaptured.append(subject)
-                if len(uncaptured) == most:
-                    break
-        return uncaptured
-
-    def transient(self, exc: JetStreamError) -> str | None:
-        why = self._why(exc)
-        if why is not None:
-            self.retried.add(id(exc))
-            metrics.incr("batch.retried", tags={"reason": exc.reason})
-        return why
-
-    def _why(self, exc: JetStreamError) -> str | None:
-        cluster = self.conn.clustered and not self.conn.nc.is_closed
-        if isinstance(exc, LeaderUnavailableError):  # a 503 on a stream that exists: no leader received the batch
-            return "no stream leader answered; re-sending it"
-        if exc.reason == "too_many_inflight":
-            if self.inflight_left <= 0:
-                return None
-            self.inflight_left -= 1
-            return "the stream has too many batches in flight; re-sending it"
-        if exc.reason == "msg_id_in_process":  # 10158: asking again gives a duplicate, or stores it once
-            return "its msg id is still being stored by an earlier attempt; asking again"
-        if exc.reason == "batch_incomplete" and cluster:
-            return "the stream leader lost part of the batch (nothing stored); re-sending it"
-        # the server abandons an uncommitted batch; after the commit only msg ids (or a fence) make a re-send safe
-        if (isinstance(exc, RequestTimeoutError) or exc.reason == "connection_lost") and cluster:
-            if not self.progress.get("commit_written", False):
-                return "no reply before the commit (the server abandons an uncommitted batch); re-sending it"
-            if self.has_msg_ids:
-                self.maybe_stored = True
-                return "no reply to the commit (msg ids make a re-send safe); re-sending it"
-        return None
-
-    def final_error(self, exc: JetStreamError) -> JetStreamError:
-        """The error to raise: ``exc``, or, when it was still retryable at the deadline, one
-        :class:`LeaderUnavailableError` saying what may be stored."""
-        if id(exc) not in self.retried or exc.reason == "too_many_inflight":
-            return exc
-        stored = ("it may have been stored once: re-sending it with the same msg ids is safe"
-                  if self.maybe_stored else "nothing of the batch was stored")
-        return LeaderUnavailableError(f"{exc.message}; {stored}", code=exc.code, err_code=exc.err_code,
-                                      description=exc.description)
+    try:
+        await retry(f"{what}: {len(pending)} of {len(messages)} items (first to {messages[pending[0]].subject!r})",
+                    attempt, transient=is_leader_unavailable, budget=conn.settings.leader_wait, deadline=deadline,
+                    advice=QUORUM_ADVICE, logger=log)
+    except LeaderUnavailableError as exc:
+        for index in pending:
+            results[index] = BatchItemResult.failed(exc)
+    return results

@@ -97,7 +97,8 @@ class FastBatchRun:
         self.flow = flow
         self.answered = False
         self.unavailable = False
-        self.done: asyncio.Future[dict[str, Any]] | None = None
+        #: The server's final answer (PubAck or error) once it came.
+        self.final: dict[str, Any] | None = None
         self.gaps: list[tuple[int, int]] = []
         self.errors: list[tuple[int, dict[str, Any]]] = []
         self.changed = asyncio.Event()
@@ -141,9 +142,13 @@ class FastBatchRun:
         elif isinstance(reply, dict) and "error" in reply and "batch" not in reply and not first_answer:
             # A message refused before it reached the batch (e.g. over max_msg_size): the batch goes on.
             self.errors.append((0, reply["error"]))
-        elif self.done is not None and not self.done.done():
-            self.done.set_result(reply if isinstance(reply, dict) else {})
+        elif self.final is None:
+            self.final = reply if isinstance(reply, dict) else {}
         self.changed.set()
+
+    def ended(self) -> bool:
+        """Whether the server gave its final answer or refused a message."""
+        return self.final is not None or bool(self.errors)
 
     async def _wait(self, what: str, ready: Callable[[], bool]) -> None:
         """Wait at most ``timeout`` until ``ready()``: silence is :class:`RequestTimeoutError`, a 503
@@ -184,8 +189,6 @@ class FastBatchRun:
 
     async def _send(self) -> dict[str, Any]:
         nc = self.conn.nc
-        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.done = done
         total = len(self.messages)
         self.sent = 1
         await write_raw(nc, self.encode(1, 1))
@@ -196,9 +199,9 @@ class FastBatchRun:
             return min(total, self.acked + WINDOW_FLOWS * self.flow)
 
         def window_open() -> bool:
-            return window() > self.sent or done.done() or bool(self.errors)
+            return window() > self.sent or self.ended()
 
-        while self.sent < total and not done.done() and not self.errors:
+        while self.sent < total and not self.ended():
             if window() <= self.sent:
                 try:
                     await self._wait("flow-control ack", window_open)
@@ -209,12 +212,12 @@ class FastBatchRun:
             limit = window()
             await write_raw(nc, self.encode(self.sent + 1, limit))
             self.sent = limit
-        if self.errors and not done.done():
+        if self.errors and self.final is None:
             # Stop at the first error; a ping past the last persisted message makes the server
             # see the gap and commit what it has, so the final ack says how much is stored.
             await write_raw(nc, self._ping(self.sent))
-        await self._wait("final ack", done.done)
-        return done.result()
+        await self._wait("final ack", lambda: self.final is not None)
+        return self.final or {}
 
     async def _settle(self) -> tuple[int, int] | None:
         """Close the interrupted batch on the server and return (count, stream seq of the last one) it stored.
@@ -228,19 +231,17 @@ class FastBatchRun:
         ping = self._ping(self.sent + 1)
 
         async def ask() -> tuple[int, int] | None:
-            done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-            self.done = done
-            self.unavailable, self.answered = False, True
+            self.final, self.unavailable, self.answered = None, False, True
             self.errors.clear()
             self.changed.clear()
             try:
                 await nc.flush(timeout=self.timeout)  # type: ignore[arg-type]  # float s work
                 await write_raw(nc, ping)
-                await self._wait("answer to the closing ping", lambda: done.done() or bool(self.errors))
+                await self._wait("answer to the closing ping", self.ended)
             except (RequestTimeoutError, nats.errors.TimeoutError):
                 raise LeaderUnavailableError(f"{self.context}: no leader answered the ping that closes the "
                                              "batch") from None
-            ack = {} if self.errors else done.result()
+            ack: dict[str, Any] = {} if self.errors else self.final or {}
             return (int(ack["count"]), int(ack.get("seq") or 0)) if "error" not in ack and "count" in ack else None
 
         with contextlib.suppress(LeaderUnavailableError):
@@ -315,13 +316,13 @@ async def publish_fast_batch(
         try:
             ack = await run.run()
         except Interrupted as stop:
-            how = "the server's count"
+            cause, how = stop.cause, "the server's count"
             if stop.settled is not None:
                 accepted, last = stop.settled
                 mark = max(mark, last)
                 own_last = last if accepted and last else own_last
-            elif isinstance(stop.cause, ConnectionFailedError):
-                raise _failed(stop.cause, stream, stored, total, unknown_after=mark) from None
+            elif isinstance(cause, ConnectionFailedError):
+                raise _failed(cause, stream, stored, total, unknown_after=mark) from None
             else:
                 how = "counted in the stream"
                 try:
@@ -329,52 +330,47 @@ async def publish_fast_batch(
                 except JetStreamError as exc:
                     raise _failed(exc, stream, stored, total, unknown_after=mark) from None
                 own_last = found_last or own_last
-            stored += accepted
             now = loop.time()
             interrupted_since = now if accepted or interrupted_since is None else interrupted_since
-            if stored >= total:
-                break
-            if now - interrupted_since >= conn.settings.leader_wait:
-                raise _failed(stop.cause, stream, stored, total) from None
-            log.warning("%s interrupted (%s): %d of %d messages stored (%s); resuming the rest in %.2f s",
-                        run.context, stop.cause.reason, stored, total, how, ELECTION.pause(resumes + 1))
+            gave_up = now - interrupted_since >= conn.settings.leader_wait
         else:
             if "error" in ack:
                 raise _failed(error_from_api(ack["error"], context=run.context), stream, stored, total)
             stream = str(ack.get("stream", stream))
-            count = int(ack.get("count") or 0)
+            accepted = int(ack.get("count") or 0)
             if int(ack.get("seq") or 0):
                 own_last = int(ack["seq"])
-                run_items = items[stored:stored + count]
-                if count > own_last - mark and any(m.msg_id for m in run_items):
+                run_items = items[stored:stored + accepted]
+                if accepted > own_last - mark and any(m.msg_id for m in run_items):
                     # the stream grew by fewer messages than the server accepted: some were duplicates
                     run_dups, _ = await _count_duplicates(conn, stream, run_items, mark)
                     duplicates += run_dups
-            elif count:
+            elif accepted:
                 # the last message was a duplicate (the ack's seq is 0): find where the stream holds them
-                run_dups, own_last = await _count_duplicates(conn, stream, items[stored:stored + count], mark)
+                run_dups, own_last = await _count_duplicates(conn, stream, items[stored:stored + accepted], mark)
                 duplicates += run_dups
             mark = max(mark, own_last or 0)
-            stored += count
             interrupted_since = None
             errors = run.errors
             if run.gaps:
                 # Messages sent after the gap ended the batch are answered "unknown batch": expected.
                 errors = [e for e in errors if e[1].get("err_code") != ERR_BATCH_UNKNOWN]
-            if errors and stored < total:
+            if errors and stored + accepted < total:
                 _seq, error = min(errors, key=lambda e: e[0])
-                raise _failed(error_from_api(error, context=f"{run.context}: message {stored + 1}"), stream,
-                              stored, total)
-            if stored >= total:
-                break
+                raise _failed(error_from_api(error, context=f"{run.context}: message {stored + accepted + 1}"),
+                              stream, stored + accepted, total)
+            how = f"the server saw gaps {run.gaps}"
+            cause = BatchPublishError(f"{run.context}: {how}; gave up after {max_resumes} resumes", reason="batch_gap")
             gap_resumes += 1
-            if gap_resumes > max_resumes:
-                raise _failed(BatchPublishError(
-                    f"{run.context}: the server saw gaps {run.gaps}; gave up after {max_resumes} resumes",
-                    reason="batch_gap"), stream, stored, total)
-            log.warning("%s: the server saw gaps %s; %d of %d messages stored, resuming the rest in %.2f s",
-                        run.context, run.gaps, stored, total, ELECTION.pause(resumes + 1))
+            gave_up = gap_resumes > max_resumes
+        stored += accepted
+        if stored >= total:
+            break
+        if gave_up:
+            raise _failed(cause, stream, stored, total) from None
         resumes += 1
+        log.warning("%s interrupted (%s): %d of %d messages stored (%s); resuming the rest in %.2f s",
+                    run.context, cause.reason, stored, total, how, ELECTION.pause(resumes))
         metrics.incr("fast_batch.resumed")
         await asyncio.sleep(ELECTION.pause(resumes))
         current_id = f"{batch_id}-r{resumes % 100}"  # ids of closed batches may be reused

@@ -185,14 +185,14 @@ def _check_fenced_size(messages: Sequence[BatchMessage], max_msgs: int) -> None:
 
 async def publish_fenced_batch(conn: JetStreamConnection, messages: Sequence[BatchMessage], *, stream: str,
                                fence_id: str, batch_id: str | None = None, expected_last_seq: int | None = None,
-                               max_msgs: int = DEFAULT_MAX_BATCH_MSGS) -> BatchResult:
+                               max_msgs: int = DEFAULT_MAX_BATCH_MSGS, timeout: float | None = None,
+                               deadline: Deadline | None = None) -> BatchResult:
     """:func:`publish_atomic_batch` with ``fence=fence_id`` to ``stream``, which the caller already checked for
     fences (:func:`~airflow_jetstream.client.batches.publish_chunks.check_target_stream` with ``fence=True``)."""
     items = validate_messages(messages, mode="atomic", max_msgs=max_msgs, max_payload=conn.max_payload)
     _check_fenced_size(items, max_msgs)
-    return await _publish_validated(conn, items, validate_batch_id(batch_id),
-                                    expected_last_seq, DEFAULT_FLOW_EVERY, reply_timeout(conn, None), DEFAULT_RETRIES,
-                                    fence=(stream, fence_id))
+    return await _publish_validated(conn, items, validate_batch_id(batch_id), expected_last_seq, DEFAULT_FLOW_EVERY,
+                                    reply_timeout(conn, timeout), DEFAULT_RETRIES, deadline, (stream, fence_id))
 
 
 async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage], batch_id: str,

@@ -27,7 +27,7 @@ import logging
 from dataclasses import dataclass
 
 from airflow_jetstream.client import metrics, server_features
-from airflow_jetstream.client.batches.atomic import fence_message, publish_atomic_batch
+from airflow_jetstream.client.batches.atomic import fence_message, publish_atomic_batch, publish_fenced_batch
 from airflow_jetstream.client.batches.publish_chunks import check_target_stream
 from airflow_jetstream.client.batches.types import (
     DEFAULT_MAX_BATCH_MSGS,
@@ -316,7 +316,8 @@ class Batcher:
 
         async def one(msg: BatchMessage) -> BatchItemResult:
             try:
-                result = await publish_atomic_batch(self.conn, [msg], fence=msg.msg_id, stream=stream,
+                # its stream was checked for fences (_fence_stream): not again per item
+                result = await publish_fenced_batch(self.conn, [msg], stream=stream, fence_id=str(msg.msg_id),
                                                     timeout=self.timeout, deadline=deadline)
             except JetStreamError as exc:
                 return BatchItemResult.failed(exc)

@@ -307,7 +307,6 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
         raise StreamConfigError(
             f"stream {spec.stream!r} mirrors {target['config']['mirror'].get('name')!r}"
             " and a mirror cannot be changed; create a new mirror stream", reason="immutable_field")
-    wanted = spec.source_entry()
     migrated_after: int | None = None
     if spec.user_managed:
         if current is not None and not current.get("consumer"):
@@ -342,8 +341,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
                         "set create_consumer=True", reason="source_consumer_missing")
                 _check_flow_control_consumer(info, spec)
                 spec = replace(spec, deliver_subject=info["config"]["deliver_subject"])
-                wanted = spec.source_entry()
-            action = await _apply_entry(conn, spec, target, current, wanted)
+            action = await _apply_entry(conn, spec, target, current)
             if action == "unchanged" and consumer_action != "unchanged":
                 action = "updated"
     else:
@@ -353,7 +351,7 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
                 f"{current['consumer'].get('name')!r}; switching to a server-managed source (mode='server'; no "
                 "user_managed on the operator) would deliver messages twice. Keep it user-managed",
                 reason="invalid_source")
-        action = await _apply_entry(conn, spec, target, current, wanted)
+        action = await _apply_entry(conn, spec, target, current)
     if action == "unchanged" and replicas_changed:
         action = "updated"
     started = time.monotonic()
@@ -378,7 +376,8 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
 
 
 async def _apply_entry(conn: JetStreamConnection, spec: DurableSource, target: dict[str, Any] | None,
-                       current: dict[str, Any] | None, wanted: dict[str, Any]) -> str:
+                       current: dict[str, Any] | None) -> str:
+    wanted = spec.source_entry()
     if current is not None and _same_entry(wanted, current):  # an entry is only found in an existing stream
         return "unchanged"
     if target is not None and spec.mirror:

@@ -109,28 +109,19 @@ async def ensure_capture_stream(conn: JetStreamConnection, name: str = DEFAULT_C
     Returns :func:`ensure_stream`'s result.
     """
     validate_name(name, what="capture stream name")
+    options = {"max_age": max_age, "max_bytes": max_bytes or None, "subjects": subjects, "storage": storage or None,
+               "max_consumers": max_consumers}
+    given: dict[str, Any] = {key: value for key, value in options.items() if value is not None}
     current = await find_stream(conn, name)
     if current is None:
-        age = "7d" if max_age is None and not max_bytes else max_age
-        config = capture_stream_config(
-            name, max_age=age, max_bytes=max_bytes, subjects=DEFAULT_CAPTURE_SUBJECTS if subjects is None else subjects,
-            storage=storage or "file", num_replicas=num_replicas, placement=placement,
-            max_consumers=DEFAULT_CAPTURE_MAX_CONSUMERS if max_consumers is None else max_consumers)
+        config = capture_stream_config(name, **{"max_age": None if max_bytes else "7d", **given},
+                                       num_replicas=num_replicas, placement=placement)
         return await ensure_stream(conn, config, create_defaults={"num_replicas": default_replicas(conn)})
-    config = {"name": name, "allow_direct": True, **replication_config(num_replicas, placement)}
-    if max_consumers is not None:
-        config["max_consumers"] = _check_max_consumers(max_consumers)
-    if max_age is not None:
-        if max_age in (0, "0") and not (max_bytes or int(current["config"].get("max_bytes", -1)) > 0):
-            capture_stream_config(name, max_age=max_age)  # raises: no retention limit would be left
-        config["max_age"] = max_age
-    if max_bytes:
-        config["max_bytes"] = int(max_bytes)
-    if subjects is not None:
-        config["subjects"] = _capture_subjects(subjects)
-    if storage is not None:
-        config["storage"] = storage
-    return await ensure_stream(conn, config)
+    # checked as a whole (raises when no retention limit would be left), then only what was given is changed
+    kept_bytes = int(current["config"].get("max_bytes", -1))
+    checked = capture_stream_config(name, **{"max_bytes": kept_bytes if kept_bytes > 0 else None, **given})
+    return await ensure_stream(conn, {"name": name, "allow_direct": True, **replication_config(num_replicas, placement),
+                                      **{key: checked.get(key, 0) for key in given}})  # max_age 0: none
 
 
 def capture_gap(info: Mapping[str, Any], since: datetime) -> str | None:

@@ -107,20 +107,6 @@ def settings_from_connection(conn: Any, **overrides: Any) -> ConnectionSettings:
     return settings.with_overrides(**overrides) if overrides else settings
 
 
-@asynccontextmanager
-async def _counted_connection(settings: ConnectionSettings) -> AsyncIterator[JetStreamConnection]:
-    """``open_connection`` that counts connections opened and JetStream errors by reason."""
-    from airflow_jetstream.client.connection import open_connection  # nats-py: not when a DAG file is parsed
-
-    try:
-        async with open_connection(settings) as conn:
-            metrics.incr("connection.opened")
-            yield conn
-    except JetStreamError as exc:
-        metrics.incr("error", tags={"reason": exc.reason})
-        raise
-
-
 def _loop_running() -> bool:
     try:
         asyncio.get_running_loop()
@@ -196,17 +182,25 @@ class JetStreamHook(BaseHook):
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[JetStreamConnection]:
-        """``async with hook.connection() as conn``: an open connection, closed on exit."""
+        """``async with hook.connection() as conn``: an open connection, closed on exit. Counts connections opened
+        and the JetStream errors that leave it, by reason."""
+        from airflow_jetstream.client.connection import open_connection  # nats-py: not when a DAG file is parsed
+
         settings = self.__dict__.get("settings") or await self.aget_settings()
-        async with _counted_connection(settings) as conn:
-            yield conn
+        try:
+            async with open_connection(settings) as conn:
+                metrics.incr("connection.opened")
+                yield conn
+        except JetStreamError as exc:
+            metrics.incr("error", tags={"reason": exc.reason})
+            raise
 
     def run(self, func: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run ``await func(conn, *args, **kwargs)`` on a fresh connection and event loop; always closes."""
-        settings = self.settings
+        self.get_conn()  # resolved here, outside the event loop: connection() then reuses it
 
         async def call() -> T:
-            async with _counted_connection(settings) as conn:
+            async with self.connection() as conn:
                 return await func(conn, *args, **kwargs)
 
         if not _loop_running():  # asyncio.run outside any `except`: a real error is not chained to "no loop"

@@ -16,7 +16,7 @@ from airflow_jetstream.client.advisories.types import (
 )
 from airflow_jetstream.client.durations import parse_time, to_seconds
 from airflow_jetstream.sensors.base import TIMEOUT_BACKSTOP, JetStreamBaseSensor, failure
-from airflow_jetstream.triggers.advisory import EXPECT_VALUES, JetStreamAdvisoryTrigger, filter_kwargs, filter_of
+from airflow_jetstream.triggers.advisory import EXPECT_VALUES, FILTER_ARGS, JetStreamAdvisoryTrigger, filter_of
 from airflow_jetstream.triggers.base import JetStreamWaitTrigger
 
 
@@ -88,8 +88,8 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         since = self.resolve_since(context)
         quiet_until = self._quiet_until(context).isoformat() if self.expect == "absent" else None
         # report_gap=False: the sensor's first poke says it (once, and not for a run that made the stream)
-        trigger = JetStreamAdvisoryTrigger(**filter_kwargs(self.advisory_filter()), start_time=since.isoformat(),
-                                           expect=self.expect, capture_stream=self.capture_stream,
+        trigger = JetStreamAdvisoryTrigger(**{arg: getattr(self, arg) for arg in FILTER_ARGS}, expect=self.expect,
+                                           start_time=since.isoformat(), capture_stream=self.capture_stream,
                                            quiet_until=quiet_until, nats_conn_id=self.nats_conn_id, report_gap=False)
         if not self.capture_stream and not self.deferrable:  # live mode: a poke listens, the trigger would
             trigger.listen_for = min(self.poke_interval, 60.0) or 1.0

@@ -20,12 +20,6 @@ FILTER_ARGS = {"advisory": "advisory", "advisory_stream": "stream", "advisory_co
                "batch_id": "batch", "reason": "reason", "match": "match"}
 
 
-def filter_kwargs(advisory_filter: AdvisoryFilter) -> dict[str, Any]:
-    """The filter as the trigger's keyword arguments."""
-    data = advisory_filter.to_dict()
-    return {arg: data[name] for arg, name in FILTER_ARGS.items()}
-
-
 def filter_of(values: Any) -> AdvisoryFilter:
     """The filter of the attributes ``values`` keeps under the keyword arguments' names."""
     return AdvisoryFilter(**{name: getattr(values, arg) for arg, name in FILTER_ARGS.items()})
@@ -42,7 +36,7 @@ class JetStreamAdvisoryTrigger(JetStreamWaitTrigger):
     """
 
     what = "an advisory"
-    serialized = ("start_time", "expect", "capture_stream", "quiet_until", "fetch_timeout", "report_gap")
+    serialized = (*FILTER_ARGS, "start_time", "expect", "capture_stream", "quiet_until", "fetch_timeout", "report_gap")
 
     def __init__(self, *, advisory: str | None = None, advisory_stream: str | None = None,
                  advisory_consumer: str | None = None, batch_id: str | None = None, reason: str | None = None,
@@ -54,9 +48,13 @@ class JetStreamAdvisoryTrigger(JetStreamWaitTrigger):
             raise ValueError(f"expect must be one of {EXPECT_VALUES}, got {expect!r}")
         if expect == "absent" and not quiet_until:
             raise ValueError("expect='absent' needs quiet_until (when the quiet period ends)")
-        self.advisory_filter = AdvisoryFilter(advisory=advisory, stream=advisory_stream,
-                                              consumer=advisory_consumer, batch=batch_id,
-                                              reason=reason, match=match)
+        self.advisory = advisory
+        self.advisory_stream = advisory_stream
+        self.advisory_consumer = advisory_consumer
+        self.batch_id = batch_id
+        self.reason = reason
+        self.match = match
+        self.advisory_filter = filter_of(self)
         self.start_time = start_time
         self.expect = expect
         self.capture_stream = capture_stream
@@ -69,9 +67,6 @@ class JetStreamAdvisoryTrigger(JetStreamWaitTrigger):
         self.gap: str | None = None
         self.last_seen = (f"no {self.advisory_filter.describe()} in {self._where()} since "
                           f"{start_time or 'the trigger started'}")
-
-    def _kwargs(self) -> dict[str, Any]:
-        return {**filter_kwargs(self.advisory_filter), **super()._kwargs()}
 
     def _since(self) -> datetime:
         if not self.start_time:

@@ -223,10 +223,8 @@ class JetStreamPollingTrigger(JetStreamResultTrigger):
     done_when: str  # the status's field that is true once the condition holds
     _logged_at = float("-inf")
 
-    def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name,
-                 poll_interval: float | str | timedelta = 5.0, timeout_at: str | None = None,
-                 end_from_trigger: bool = False) -> None:
-        super().__init__(nats_conn_id=nats_conn_id, timeout_at=timeout_at, end_from_trigger=end_from_trigger)
+    def __init__(self, *, poll_interval: float | str | timedelta = 5.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.poll_interval = to_seconds(poll_interval, field="poll_interval")
         self.last_status: dict[str, Any] | None = None
 

@@ -77,12 +77,9 @@ class JetStreamWaitTrigger(BaseTrigger):
         self.timeout_at = timeout_at
         self.last_seen = "nothing (no look finished)"
 
-    def _kwargs(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.serialized}
-
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {**self._kwargs(), **{name: getattr(self, name) for name in self.common}})
+                {name: getattr(self, name) for name in (*self.serialized, *self.common)})
 
     def remaining(self) -> float | None:
         """Seconds until ``timeout_at`` (negative once past), None without one."""
@@ -247,7 +244,7 @@ class JetStreamPollingTrigger(JetStreamResultTrigger):
     async def shared_status(self, conn: JetStreamConnection) -> dict[str, Any]:
         """``status()``, shared with the polling triggers of this connection that ask for the same state: one
         request in flight, and a reply reused for ``SHARED_STATUS_AGE`` seconds."""
-        state = json.dumps(self._kwargs(), sort_keys=True, default=str)
+        state = json.dumps({name: getattr(self, name) for name in self.serialized}, sort_keys=True, default=str)
         key = f"{type(self).__module__}.{type(self).__qualname__}:{state}"
         cache = _statuses.setdefault(conn, {})
         now = asyncio.get_running_loop().time()

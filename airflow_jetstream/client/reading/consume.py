@@ -26,7 +26,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -87,7 +87,7 @@ class PullSubscription:
         self._inbox = ""
         self._open = False  # a pull request the server may still answer
         self._received = 0  # messages of the open request so far
-        self._unreturned: list[Any] = []  # taken by a next_messages() that was cancelled: close() hands them on
+        self._unreturned: list[Any] = []  # taken by a next_messages() that raised: close() hands them on
         self._request_deadline = 0.0
         self._pause_until = 0.0
         #: When the latest pull request was sent (``time.monotonic()``): no message it brings was delivered
@@ -144,67 +144,56 @@ class PullSubscription:
         # Leadership change, too many waiting requests, ...: pull again, but not at once.
         self._pause_until = asyncio.get_running_loop().time() + _PAUSE_AFTER_REFUSAL
 
-    async def next_messages(self, timeout: float, *, whole_request: bool = False) -> list[Any]:
+    async def next_messages(self, timeout: float, *, whole_request: bool = False, renew: bool = True) -> list[Any]:
         """Messages delivered within ``timeout`` seconds, as soon as some arrived ([] if none); ``whole_request``:
         and until the open request delivered its ``batch`` or ended (a batch is not cut where its messages arrived
-        in separate reads). Messages held when cancelled go to :meth:`close`'s ``leftover``."""
+        in separate reads); ``renew=False``: no new request once the open one ended. Messages held when it raises
+        (a cancellation, a status) go to :meth:`close`'s ``leftover``."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         out: list[Any] = []
-        while True:  # a cancellation while it holds messages leaves them to close()
-            if not self._queue.empty():
-                self._take(self._queue.get_nowait(), out)
-                continue
-            if (out and not (whole_request and self._open)) or loop.time() >= end:
-                return out
-            if not self._open:
-                if loop.time() < self._pause_until:
-                    await asyncio.sleep(min(end, self._pause_until) - loop.time())
-                else:
-                    await self._request()
-                continue
-            try:
-                async with asyncio.timeout(min(end, self._request_deadline) - loop.time()):
-                    self._take(await self._queue.get(), out)
-            except TimeoutError:
-                if loop.time() >= self._request_deadline:
-                    self._open = False
-            except asyncio.CancelledError:
-                self._unreturned.extend(out)
-                raise
+        try:
+            while True:
+                if not self._queue.empty():
+                    self._take(self._queue.get_nowait(), out)
+                    continue
+                if (out and not (whole_request and self._open)) or loop.time() >= end or not (self._open or renew):
+                    return out
+                if not self._open:
+                    if loop.time() < self._pause_until:
+                        await asyncio.sleep(min(end, self._pause_until) - loop.time())
+                    else:
+                        await self._request()
+                    continue
+                try:
+                    async with asyncio.timeout(min(end, self._request_deadline) - loop.time()):
+                        self._take(await self._queue.get(), out)
+                except TimeoutError:
+                    if loop.time() >= self._request_deadline:
+                        self._open = False  # it ended without a status (its answer was lost)
+        except BaseException:
+            self._unreturned.extend(out)
+            raise
 
     async def close(self, leftover: Callable[[Any], Awaitable[Any]] | None = None) -> None:
         """Unsubscribe; with ``leftover``, first wait for the open request to end (a message naked while it is open
         would come straight back to it), then pass it every delivered message not returned."""
         if self._sub is None:
             return
-        held, self._unreturned = self._unreturned, []
         try:
             if leftover is not None and not self.conn.nc.is_closed:
-                held += await self._until_request_ends()
+                # every message queued or still arriving until the open request ends (or the consumer is gone)
+                with contextlib.suppress(ConsumerNotFoundError, ConsumerConfigError):
+                    wait = self._request_deadline - asyncio.get_running_loop().time()
+                    self._unreturned += await self.next_messages(wait, whole_request=True, renew=False)
         finally:
+            held, self._unreturned = self._unreturned, []
             sub, self._sub = self._sub, None
             if not self.conn.nc.is_closed:
                 await sub.unsubscribe()
         if leftover is not None:
             for msg in held:
                 await leftover(msg)
-
-    async def _until_request_ends(self) -> list[Any]:
-        """Every message queued or still arriving until the open request ends."""
-        loop = asyncio.get_running_loop()
-        held: list[Any] = []
-        while True:
-            try:
-                if not self._queue.empty():
-                    self._take(self._queue.get_nowait(), held)
-                elif not self._open or loop.time() >= self._request_deadline:
-                    return held
-                else:
-                    async with asyncio.timeout(self._request_deadline - loop.time()):
-                        self._take(await self._queue.get(), held)
-            except (TimeoutError, ConsumerNotFoundError, ConsumerConfigError):
-                return held  # the request ended without a status, or the consumer is gone: nothing more arrives
 
 
 @dataclass
@@ -246,15 +235,26 @@ async def consume(conn: JetStreamConnection, stream: str, apply: Callable[[Any],
         raise InvalidRequestError(f"start_seq must be a stream sequence >= 1, got {start_seq!r}",
                                   reason="invalid_seq")
     if consumer is None:
-        summary = await _consume_ordered(conn, stream, apply, subjects, start_seq, start_time, end_seq, options)
-        return {"mode": "ordered", "stream": stream, "consumer": None, **summary}
+        plan = await plan_read(conn, stream, subjects=subjects, start_seq=start_seq, start_time=start_time,
+                               end_seq=end_seq)
+        log.info("Ordered read of stream %s, seq %d..%d (%s)", stream, plan.first_seq, plan.last_seq,
+                 list(plan.subjects) or "all subjects")
+        tally = _Tally(stopped="end_of_range")
+        reader = read_range(conn, stream, plan.first_seq, plan.last_seq, subjects=plan.subjects,
+                            via=read_method(plan, consume=False), batch=options.batch_size)
+        await _apply_all(conn, stream, reader, apply, options, tally, f" (ordered read of seq {plan.first_seq}.."
+                         f"{plan.last_seq})")
+        next_seq = (tally.last_seq + 1) if tally.last_seq is not None else plan.first_seq
+        return {"mode": "ordered", "stream": stream, "consumer": None, **asdict(tally), "next_seq": next_seq,
+                "range": [plan.first_seq, plan.last_seq]}
     if end_seq is not None:
         raise InvalidRequestError("end_seq bounds an ordered read; a durable consumer reads up to max_messages "
                                   "or until nothing arrives within fetch_timeout", reason="invalid_option")
     await _bind_consumer(conn, stream, consumer, subjects, start_seq, start_time, create, ack_wait, max_deliver)
-    summary = await _consume_durable(conn, stream, consumer, apply, options)
+    tally = _Tally()
+    await _apply_all(conn, stream, _deliveries(conn, stream, consumer, options, tally), apply, options, tally, "")
     info = await consumer_info(conn, stream, consumer)
-    return {"mode": "durable", "stream": stream, "consumer": consumer, **summary,
+    return {"mode": "durable", "stream": stream, "consumer": consumer, **asdict(tally),
             "num_pending": int(info.get("num_pending", 0)), "num_ack_pending": int(info.get("num_ack_pending", 0))}
 
 
@@ -293,16 +293,14 @@ async def _bind_consumer(conn: JetStreamConnection, stream: str, name: str, subj
     log.info("Bound durable consumer %s on stream %s: %s message(s) pending", name, stream, info.get("num_pending"))
 
 
-async def _consume_durable(conn: JetStreamConnection, stream: str, consumer: str, apply: Callable[[Any], Any],
-                           options: ConsumeOptions) -> dict[str, Any]:
-    tally = _Tally()
-    limit = options.max_messages
+async def _deliveries(conn: JetStreamConnection, stream: str, consumer: str, options: ConsumeOptions,
+                      tally: _Tally) -> AsyncGenerator[list[Any], None]:
+    """The durable consumer's deliveries, a pull request at a time, until none arrives within ``fetch_timeout``."""
     pull = PullSubscription(conn, stream, consumer, batch=options.batch_size, expires=options.fetch_timeout_seconds)
     await pull.start()
     try:
-        while limit is None or tally.processed + tally.terminated < limit:
-            want = options.batch_size if limit is None else min(options.batch_size,
-                                                                 limit - tally.processed - tally.terminated)
+        while True:
+            want = min(options.batch_size, _room(options, tally, options.batch_size))
             if want != pull.batch:  # never pull more than the limit leaves to process
                 await pull.close(leftover=lambda msg: msg.nak())
                 pull = PullSubscription(conn, stream, consumer, batch=want, expires=options.fetch_timeout_seconds)
@@ -310,24 +308,41 @@ async def _consume_durable(conn: JetStreamConnection, stream: str, consumer: str
             delivered = await pull.next_messages(timeout=options.fetch_timeout_seconds, whole_request=options.per_batch)
             if not delivered:
                 log.info("No message from consumer %s within %.1f s: done", consumer, options.fetch_timeout_seconds)
-                break
-            room = len(delivered) if limit is None else limit - tally.processed - tally.terminated
-            take, extra = delivered[:room], delivered[room:]
-            for msg in extra:  # over the limit: back to the consumer at once, not processed
+                return
+            yield delivered
+    finally:
+        if not conn.nc.is_closed:
+            await pull.close(leftover=lambda msg: msg.nak())
+
+
+def _room(options: ConsumeOptions, tally: _Tally, delivered: int) -> int:
+    """How many of ``delivered`` messages ``max_messages`` leaves to process."""
+    if options.max_messages is None:
+        return delivered
+    return options.max_messages - tally.processed - tally.terminated
+
+
+async def _apply_all(conn: JetStreamConnection, stream: str, chunks: AsyncGenerator[list[Any], None],
+                     apply: Callable[[Any], Any], options: ConsumeOptions, tally: _Tally, read: str) -> None:
+    """Call ``apply`` on the messages of ``chunks`` (a consumer's deliveries, or the stored rows of an ordered
+    ``read``) up to ``max_messages``, per message or per batch."""
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            room = _room(options, tally, len(chunk))
+            take, extra = chunk[:room], chunk[room:]
+            for msg in [] if read else extra:  # over the limit: back to the consumer at once, not processed
                 await msg.nak()
             groups = [take] if options.per_batch else [[msg] for msg in take]
             for index, group in enumerate(groups):
                 try:
-                    await _process(conn, group, apply, options, tally)
+                    await _process(conn, stream, group, apply, options, tally, read)
                 except BaseException:
-                    await _release([msg for rest in groups[index + 1:] for msg in rest], conn)
+                    if not read:
+                        await _release([msg for rest in groups[index + 1:] for msg in rest], conn)
                     raise
-        else:
-            tally.stopped = "max_messages"
-    finally:
-        if not conn.nc.is_closed:
-            await pull.close(leftover=lambda msg: msg.nak())
-    return asdict(tally)
+            if _room(options, tally, 1) <= 0:
+                tally.stopped = "max_messages"
+                return
 
 
 async def _release(messages: list[Any], conn: JetStreamConnection) -> None:
@@ -338,13 +353,16 @@ async def _release(messages: list[Any], conn: JetStreamConnection) -> None:
         await conn.nc.flush(timeout=conn.settings.request_timeout)  # type: ignore[arg-type]  # float s work
 
 
-async def _process(conn: JetStreamConnection, group: list[Any], apply: Callable[[Any], Any],
-                   options: ConsumeOptions, tally: _Tally) -> None:
-    messages = [Message.from_delivery(msg) for msg in group]
+async def _process(conn: JetStreamConnection, stream: str, group: list[Any], apply: Callable[[Any], Any],
+                   options: ConsumeOptions, tally: _Tally, read: str) -> None:
+    """Apply the function to a group: deliveries are then acked, terminated (``term_on``) or naked; the messages
+    of an ordered ``read`` (stored rows) are only counted."""
+    deliveries, term_on = ([], ()) if read else (group, options.term_on)
+    messages = messages_of(stream, group) if read else [Message.from_delivery(msg) for msg in group]
     try:
         await call_function(apply, messages if options.per_batch else messages[0])
-    except options.term_on as exc:
-        for msg in group:
+    except term_on as exc:
+        for msg in deliveries:
             await msg.term()
         tally.terminated += len(group)
         tally.saw(messages)
@@ -352,16 +370,16 @@ async def _process(conn: JetStreamConnection, group: list[Any], apply: Callable[
                     type(exc).__name__, exc)
         return
     except Exception as exc:  # the user's function: any error leaves the messages unacknowledged
-        delay = options.delay_for(max(m.delivered for m in messages))
-        for msg in group:
-            await msg.nak(delay=delay)
-        raise ApplyFunctionError(
-            f"apply_function failed on {_describe(messages)} of stream {messages[0].stream!r}: "
-            f"{type(exc).__name__}: {exc}; nothing of it was acknowledged: it is redelivered after {delay:g} s "
-            "to the next read (a task retry). Fix the function or the data, or list the exception in term_on "
-            "to drop such messages"
-        ) from exc
-    for msg in group:
+        then = "a retry reads the range again from its start"
+        if not read:
+            delay = options.delay_for(max(m.delivered for m in messages))
+            for msg in deliveries:
+                await msg.nak(delay=delay)
+            then = (f"nothing of it was acknowledged: it is redelivered after {delay:g} s to the next read (a task "
+                    "retry). Fix the function or the data, or list the exception in term_on to drop such messages")
+        raise ApplyFunctionError(f"apply_function failed on {_describe(messages)} of stream {stream!r}{read}: "
+                                 f"{type(exc).__name__}: {exc}; {then}") from exc
+    for msg in deliveries:
         try:
             await msg.ack_sync(timeout=conn.settings.request_timeout)
         except TimeoutError:  # nats-py's is one too
@@ -370,47 +388,9 @@ async def _process(conn: JetStreamConnection, group: list[Any], apply: Callable[
                 f"{conn.settings.request_timeout}s; it may be delivered (and processed) again"
             ) from None
     tally.processed += len(group)
-    tally.acked += len(group)
+    tally.acked += len(deliveries)
     tally.batches += 1
     tally.saw(messages)
-
-
-async def _consume_ordered(conn: JetStreamConnection, stream: str, apply: Callable[[Any], Any],
-                           subjects: Sequence[str], start_seq: int | None, start_time: datetime | str | None,
-                           end_seq: int | None, options: ConsumeOptions) -> dict[str, Any]:
-    plan = await plan_read(conn, stream, subjects=subjects, start_seq=start_seq, start_time=start_time,
-                           end_seq=end_seq)
-    tally = _Tally(stopped="end_of_range")
-    log.info("Ordered read of stream %s, seq %d..%d (%s)", stream, plan.first_seq, plan.last_seq,
-             list(plan.subjects) or "all subjects")
-    limit = options.max_messages
-    reader = read_range(conn, stream, plan.first_seq, plan.last_seq, subjects=plan.subjects,
-                        via=read_method(plan, consume=False), batch=options.batch_size)
-    async with contextlib.aclosing(reader):
-        async for chunk in reader:
-            messages = messages_of(stream, chunk)
-            if limit is not None:
-                messages = messages[:limit - tally.processed]
-            groups = [messages] if options.per_batch else [[m] for m in messages]
-            for group in groups:
-                try:
-                    await call_function(apply, group if options.per_batch else group[0])
-                except Exception as exc:  # the user's function
-                    raise ApplyFunctionError(
-                        f"apply_function failed on {_describe(group)} of stream {stream!r} (ordered read of "
-                        f"seq {plan.first_seq}..{plan.last_seq}): {type(exc).__name__}: {exc}; a retry reads "
-                        "the range again from its start"
-                    ) from exc
-                tally.processed += len(group)
-                tally.batches += 1
-                tally.saw(group)
-            if limit is not None and tally.processed >= limit:
-                tally.stopped = "max_messages"
-                break
-    summary = asdict(tally)
-    summary["next_seq"] = (tally.last_seq + 1) if tally.last_seq is not None else plan.first_seq
-    summary["range"] = [plan.first_seq, plan.last_seq]
-    return summary
 
 
 __all__ = ["DEFAULT_NAK_DELAY", "ConsumeOptions", "PullSubscription", "consume"]

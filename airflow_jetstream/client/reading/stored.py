@@ -196,38 +196,30 @@ def _int(value: Any) -> int | None:
         return None
 
 
-async def _read_via_get(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
-                        batch: int) -> AsyncGenerator[list[Row], None]:
-    """Message gets of "the first at or after": ``CONCURRENT_GETS`` at once without a filter, one by one on a
-    subject (a deleted sequence answers with the next stored one)."""
+async def _read_by_gets(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
+                        batch: int, *, direct: bool) -> AsyncGenerator[list[Row], None]:
+    """Gets of "the first at or after" one subject (or all): batched direct gets (:func:`direct_batch`; a 503 on a
+    cluster is an election: the stream exists, the read was planned on it), or message gets, ``CONCURRENT_GETS`` at
+    once without a filter, one by one on a subject (a deleted sequence answers with the next stored one)."""
     subject = subjects[0] if subjects else ">"
     seq = first
     while seq <= last:
-        window = range(seq, min(last, seq + (CONCURRENT_GETS if subject == ">" else 1) - 1) + 1)
-        found = await asyncio.gather(*(_msg_get(conn, stream, {"seq": at, "next_by_subj": subject}) for at in window))
-        rows = sorted({row[1]: row for row in found if row is not None and row[1] <= last}.values(),
-                      key=lambda row: row[1])
-        if rows:
-            yield rows
-        if found[-1] is None or not rows:
-            return
-        seq = rows[-1][1] + 1
-
-
-async def _read_via_direct(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
-                           batch: int) -> AsyncGenerator[list[Row], None]:
-    """Batched direct gets (:func:`direct_batch`) of one subject (or all); a 503 on a cluster is an election (the
-    stream exists: the read was planned on it)."""
-    seq = first
-    while seq <= last:
-        request: dict[str, Any] = {"seq": seq, "batch": min(batch, last - seq + 1)}
-        if subjects:
-            request["next_by_subj"] = subjects[0]
-        got, pending = await direct_batch(conn, stream, request, _direct_row, election=conn.clustered)
-        chunk = [message for message in got if message[1] <= last]
+        if direct:
+            request: dict[str, Any] = {"seq": seq, "batch": min(batch, last - seq + 1)}
+            if subjects:
+                request["next_by_subj"] = subject
+            got, pending = await direct_batch(conn, stream, request, _direct_row, election=conn.clustered)
+            more = pending != 0
+        else:
+            window = range(seq, min(last, seq + (CONCURRENT_GETS if subject == ">" else 1) - 1) + 1)
+            found = await asyncio.gather(*(_msg_get(conn, stream, {"seq": at, "next_by_subj": subject})
+                                           for at in window))
+            got = sorted({row[1]: row for row in found if row is not None}.values(), key=lambda row: row[1])
+            more = found[-1] is not None
+        chunk = [row for row in got if row[1] <= last]
         if chunk:
             yield chunk
-        if not got or len(chunk) < len(got) or pending == 0:
+        if not more or not chunk or len(chunk) < len(got):
             return
         seq = got[-1][1] + 1
 
@@ -368,7 +360,7 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
         if via == "consumer":
             policy = {"deliver_policy": "by_start_sequence", "opt_start_seq": start}
             return read_with_consumer(conn, stream, policy, end, subjects, batch)
-        return (_read_via_direct if via == "direct" else _read_via_get)(conn, stream, start, end, subjects, batch)
+        return _read_by_gets(conn, stream, start, end, subjects, batch, direct=via == "direct")
 
     checked = last is not None and conn.clustered and via != "get"  # a single server is its own leader
     async for chunk in _resuming(conn, stream, first, end, subjects, checked, via, read_from):
@@ -391,7 +383,7 @@ async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: in
     reader: AsyncGenerator[list[Row], None] | None = None
 
     def from_leader(at: int) -> AsyncGenerator[list[Row], None]:
-        return _read_via_get(conn, stream, at, last, subjects, BATCH)
+        return _read_by_gets(conn, stream, at, last, subjects, BATCH, direct=False)
 
     async def next_chunk() -> list[Row] | None:
         """The next chunk from ``first`` on (from a new reader after an interruption), or None at the end."""

@@ -130,13 +130,6 @@ async def _typed(conn: JetStreamConnection, bucket: str, context: str, exc: nats
     return JetStreamError(f"{context}: {type(exc).__name__}: {exc}")
 
 
-async def open_bucket(conn: JetStreamConnection, bucket: str) -> KeyValue:
-    """nats-py's ``KeyValue`` of an existing bucket, or :class:`BucketNotFoundError`."""
-    check_bucket(bucket)
-    async with kv_errors(conn, bucket, f"KV bucket {bucket!r}"):
-        return await conn.js.key_value(bucket)
-
-
 def _check_history(history: Any) -> int | None:
     if history is None:
         return None

@@ -1,6 +1,6 @@
-"""Write and read keys of a KV bucket: put, create (only if absent), update at a revision, delete, get; the
-toolkit's own compare-and-set writes of several keys at once (:func:`write`: the batch ledger's and the claims');
-and once-only claims built on them.
+"""Write and read keys of a KV bucket: put, create (only if absent), update at a revision, delete, get; every write
+is the toolkit's own publish (:func:`write`, compare-and-set, several keys at once: the batch ledger's and the
+claims' too); and once-only claims built on them.
 
 A once-only claim (:func:`claim`) is one KV key per processed item, created by whoever processes it first: one
 publish with ``Nats-Expected-Last-Subject-Sequence: 0``, no bucket lookup. A key that exists is someone else's
@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import nats.js.errors
-
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
@@ -44,7 +42,7 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
     error_from_api,
 )
-from airflow_jetstream.client.kv.bucket import bucket_missing, ensure_bucket, kv_errors, open_bucket
+from airflow_jetstream.client.kv.bucket import bucket_missing, ensure_bucket, kv_errors
 from airflow_jetstream.client.kv.names import KeyCondition, stream_of, validate_key
 from airflow_jetstream.client.reading.apply_function import with_result
 from airflow_jetstream.client.reading.messages import Message
@@ -97,14 +95,6 @@ def entry_dict(bucket: str, key: str, revision: int | None, data: bytes | None, 
     return entry
 
 
-async def _current_revision(kv: Any, key: str) -> int | None:
-    try:
-        revision: int | None = (await kv.get(key)).revision
-        return revision
-    except nats.js.errors.KeyNotFoundError:
-        return None
-
-
 async def get_key(conn: JetStreamConnection, bucket: str, key: str) -> dict[str, Any] | None:
     """The key's current entry, or None when it does not exist (never written, deleted, purged or expired: a
     marker, :func:`is_marker`). Read as the bucket's stream allows (direct get, else message get), as a watch of
@@ -123,36 +113,24 @@ async def get_key(conn: JetStreamConnection, bucket: str, key: str) -> dict[str,
 
 async def put_key(conn: JetStreamConnection, bucket: str, key: str, value: Any) -> dict[str, Any]:
     """Write ``value`` whatever the key holds; returns ``{"bucket", "key", "operation", "revision"}``."""
-    validate_key(key)
-    data = encode_value(value)
-    kv = await open_bucket(conn, bucket)
-    async with kv_errors(conn, bucket, f"KV bucket {bucket!r} key {key!r}"):
-        revision = await kv.put(key, data)
+    revision = await _write_key(conn, bucket, key, encode_value(value))
     return {"bucket": bucket, "key": key, "operation": "put", "revision": revision}
 
 
 async def create_key(conn: JetStreamConnection, bucket: str, key: str, value: Any) -> dict[str, Any]:
-    """Write ``value`` only if the key does not exist (a deleted key may be created again)."""
-    validate_key(key)
+    """Write ``value`` only if the key does not exist: it has no value, or its last is a marker (deleted, purged, or
+    the server's marker of an expired key, which nats-py's create would not write over); else ``key_exists``."""
     data = encode_value(value)
-    kv = await open_bucket(conn, bucket)
-    async with kv_errors(conn, bucket, f"KV bucket {bucket!r} key {key!r}"):
-        try:
-            revision = await kv.create(key, data)
-        except nats.js.errors.KeyWrongLastSequenceError:
-            revision = await _create_over_marker(conn, kv, bucket, key, data)
-    return {"bucket": bucket, "key": key, "operation": "create", "revision": revision}
-
-
-async def _create_over_marker(conn: JetStreamConnection, kv: Any, bucket: str, key: str, data: bytes) -> int:
-    """``create`` of a key that has a last message: written over the server's marker of an expired key, which does
-    not exist for :func:`get_key` (nats-py's create writes over ``KV-Operation`` markers only); else the key exists
-    (``key_exists``, naming its revision)."""
-    last = await get_message(conn, stream_of(bucket), subject=f"$KV.{bucket}.{key}")
+    try:
+        return {"bucket": bucket, "key": key, "operation": "create",
+                "revision": await _write_key(conn, bucket, key, data, expected=0)}
+    except CasConflict:  # it has a last message: written over when that is a marker
+        last = await get_message(conn, stream_of(bucket), subject=f"$KV.{bucket}.{key}")
     if last is not None and is_marker(last.headers):
-        with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):  # written meanwhile: it exists
-            return int(await kv.update(key, data, last=last.seq))
-    current = await _current_revision(kv, key)
+        with contextlib.suppress(CasConflict):  # written meanwhile: it exists
+            return {"bucket": bucket, "key": key, "operation": "create",
+                    "revision": await _write_key(conn, bucket, key, data, expected=last.seq)}
+    current = await _current_revision(conn, bucket, key)
     raise KeyRevisionError(f"KV bucket {bucket!r}: key {key!r} already exists (revision {current}); use "
                            "put to overwrite it or update with that revision", reason="key_exists")
 
@@ -168,18 +146,14 @@ def _check_revision(revision: Any) -> int:
 
 async def update_key(conn: JetStreamConnection, bucket: str, key: str, value: Any, revision: int) -> dict[str, Any]:
     """Write ``value`` only if the key is still at ``revision`` (compare-and-set)."""
-    validate_key(key)
     revision = _check_revision(revision)
-    data = encode_value(value)
-    kv = await open_bucket(conn, bucket)
-    async with kv_errors(conn, bucket, f"KV bucket {bucket!r} key {key!r}"):
-        try:
-            new_revision = await kv.update(key, data, last=revision)
-        except nats.js.errors.KeyWrongLastSequenceError:
-            current = await _current_revision(kv, key)
-            raise KeyRevisionError(f"KV bucket {bucket!r}: key {key!r} is at revision {current}, not {revision}: "
-                                   "someone else changed it; read it again and retry with its revision",
-                                   reason="wrong_revision") from None
+    try:
+        new_revision = await _write_key(conn, bucket, key, encode_value(value), expected=revision)
+    except CasConflict:
+        current = await _current_revision(conn, bucket, key)
+        raise KeyRevisionError(f"KV bucket {bucket!r}: key {key!r} is at revision {current}, not {revision}: "
+                               "someone else changed it; read it again and retry with its revision",
+                               reason="wrong_revision") from None
     return {"bucket": bucket, "key": key, "operation": "update", "revision": new_revision,
             "previous_revision": revision}
 
@@ -187,26 +161,38 @@ async def update_key(conn: JetStreamConnection, bucket: str, key: str, value: An
 async def delete_key(conn: JetStreamConnection, bucket: str, key: str, *, revision: int | None = None,
                      purge: bool = False) -> dict[str, Any]:
     """Delete the key (a delete marker; ``purge`` also drops its history), optionally only at ``revision``."""
-    validate_key(key)
     if revision is not None:
         revision = _check_revision(revision)
         if purge:
             raise InvalidRequestError("purge cannot be combined with revision; delete at the revision, or purge "
                                       "without one", reason="invalid_option")
-    kv = await open_bucket(conn, bucket)
-    async with kv_errors(conn, bucket, f"KV bucket {bucket!r} key {key!r}"):
-        try:
-            if purge:
-                await kv.purge(key)
-            else:
-                await kv.delete(key, last=revision)
-        except nats.js.errors.APIError as exc:
-            if exc.err_code not in _WRONG_LAST:
-                raise
-            current = await _current_revision(kv, key)
-            raise KeyRevisionError(f"KV bucket {bucket!r}: key {key!r} is at revision {current}, not {revision}; "
-                                   "nothing was deleted", reason="wrong_revision") from None
+    marker = {"KV-Operation": "PURGE", "Nats-Rollup": "sub"} if purge else {"KV-Operation": "DEL"}
+    try:
+        await _write_key(conn, bucket, key, b"", expected=revision, headers=marker)
+    except CasConflict:
+        current = await _current_revision(conn, bucket, key)
+        raise KeyRevisionError(f"KV bucket {bucket!r}: key {key!r} is at revision {current}, not {revision}; "
+                               "nothing was deleted", reason="wrong_revision") from None
     return {"bucket": bucket, "key": key, "operation": "purge" if purge else "delete", "revision": revision}
+
+
+async def _write_key(conn: JetStreamConnection, bucket: str, key: str, data: bytes, *, expected: int | None = None,
+                     headers: Mapping[str, str] | None = None) -> int:
+    """Publish one write of ``key`` as the KV API does (:func:`write`), on a bucket that exists (its stream info,
+    as nats-py reads it to open a bucket): the new revision, or :class:`CasConflict`."""
+    validate_key(key)
+    async with kv_errors(conn, bucket, f"KV bucket {bucket!r}"):
+        try:
+            await stream_info(conn, stream_of(bucket))
+        except StreamNotFoundError:
+            raise bucket_missing(f"KV bucket {bucket!r}") from None
+    return await write(conn, bucket, [Write(key, data, expected, headers or {})],
+                      context=f"KV bucket {bucket!r} key {key!r}")
+
+
+async def _current_revision(conn: JetStreamConnection, bucket: str, key: str) -> int | None:
+    entry = await get_key(conn, bucket, key)
+    return None if entry is None else int(entry["revision"])
 
 
 class CasConflict(Exception):
@@ -215,12 +201,12 @@ class CasConflict(Exception):
 
 @dataclass(frozen=True)
 class Write:
-    """Put ``data`` under ``key`` if the key's last revision is still ``expected`` (0: the key must not exist), with
-    ``headers`` (``KV-Operation: DEL`` makes it a delete marker)."""
+    """Put ``data`` under ``key`` if the key's last revision is still ``expected`` (0: the key must not exist; None:
+    whatever it is), with ``headers`` (``KV-Operation: DEL`` makes it a delete marker)."""
 
     key: str
     data: bytes
-    expected: int
+    expected: int | None
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -256,7 +242,9 @@ async def _send(conn: JetStreamConnection, bucket: str, writes: Sequence[Write],
     last = len(writes)
     reply = None
     for number, item in enumerate(writes, start=1):
-        headers = {**item.headers, "Nats-Expected-Last-Subject-Sequence": str(item.expected)}
+        headers = dict(item.headers)
+        if item.expected is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(item.expected)
         if last > 1:
             headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(number)})
             if number == last:

@@ -97,12 +97,13 @@ class Listener(Protocol):
     def fail(self, error: JetStreamError) -> None: ...
 
 
-class KeyedListeners:
-    """The listeners of one subject filter that share ``key_of``, by the value each waits for."""
+class _Group:
+    """The listeners of one subject filter that share ``key_of`` (None: filed without a key), by the value each
+    waits for."""
 
     __slots__ = ("by_value", "key_of")
 
-    def __init__(self, key_of: KeyOf) -> None:
+    def __init__(self, key_of: KeyOf | None) -> None:
         self.key_of = key_of
         self.by_value: dict[Hashable, set[Listener]] = {}
 
@@ -114,7 +115,7 @@ class KeyedListeners:
 
     def push(self, message: Message) -> None:
         try:
-            listeners = list(self.by_value.get(self.key_of(message), ()))
+            listeners = list(self if self.key_of is None else self.by_value.get(self.key_of(message), ()))
         except Exception:  # a value key_of cannot read or hash: each listener's own check decides
             listeners = list(self)
         for listener in listeners:
@@ -129,44 +130,40 @@ class ListenerIndex:
     """A tail's listeners: :meth:`dispatch` hands a message to those whose subject filter (and key) it matches."""
 
     def __init__(self) -> None:
-        self._subjects: SubjectIndex[Listener | KeyedListeners] = SubjectIndex()
-        self._keyed: dict[tuple[str, KeyOf], KeyedListeners] = {}
+        self._subjects: SubjectIndex[_Group] = SubjectIndex()
+        self._groups: dict[tuple[str, KeyOf | None], _Group] = {}
 
     def __len__(self) -> int:
-        return sum(len(item) if isinstance(item, KeyedListeners) else 1 for item in self._subjects.items())
+        return sum(map(len, self._groups.values()))
 
     def add(self, subject: str, listener: Listener, key: tuple[KeyOf, Hashable] | None = None) -> None:
-        if key is None:
-            self._subjects.add(subject, listener)
-            return
-        group = self._keyed.get((subject, key[0]))
+        key_of, value = key or (None, None)
+        group = self._groups.get((subject, key_of))
         if group is None:
-            group = self._keyed[(subject, key[0])] = KeyedListeners(key[0])
+            group = self._groups[(subject, key_of)] = _Group(key_of)
             self._subjects.add(subject, group)
-        group.by_value.setdefault(key[1], set()).add(listener)
+        group.by_value.setdefault(value, set()).add(listener)
 
     def remove(self, subject: str, listener: Listener, key: tuple[KeyOf, Hashable] | None = None) -> None:
-        if key is None:
-            self._subjects.remove(subject, listener)
-            return
-        group = self._keyed.get((subject, key[0]))
-        listeners = group.by_value.get(key[1]) if group is not None else None
+        key_of, value = key or (None, None)
+        group = self._groups.get((subject, key_of))
+        listeners = group.by_value.get(value) if group is not None else None
         if group is None or listeners is None:
             return
         listeners.discard(listener)
         if not listeners:
-            del group.by_value[key[1]]
+            del group.by_value[value]
         if not group.by_value:
-            del self._keyed[(subject, key[0])]
+            del self._groups[(subject, key_of)]
             self._subjects.remove(subject, group)
 
     def dispatch(self, message: Message) -> None:
-        for item in self._subjects.match(message.subject):
-            item.push(message)
+        for group in self._subjects.match(message.subject):
+            group.push(message)
 
     def fail(self, error: JetStreamError) -> None:
-        for item in self._subjects.items():
-            item.fail(error)
+        for group in list(self._groups.values()):
+            group.fail(error)
 
 
 __all__ = ["KeyOf", "ListenerIndex", "SubjectIndex"]

@@ -160,6 +160,8 @@ class StreamTail:
         self._closed = False
         self.catch_up_gate = asyncio.Semaphore(CATCH_UP_AT_ONCE)
         self._slice_start = 0.0
+        self.users = 0  # the waiters sharing it (follow)
+        self.ready = asyncio.ensure_future(self.start())
 
     # ------------------------------------------------------------------------------------------- life cycle
 
@@ -391,46 +393,37 @@ class StreamTail:
 # ----------------------------------------------------------------------------------------------- sharing
 
 
-@dataclass
-class _Entry:
-    tail: StreamTail
-    ready: asyncio.Task[None]
-    users: int = 0
-
-
-_TAILS: weakref.WeakKeyDictionary[JetStreamConnection, dict[tuple[str, str | None], _Entry]] = (
+_TAILS: weakref.WeakKeyDictionary[JetStreamConnection, dict[tuple[str, str | None], StreamTail]] = (
     weakref.WeakKeyDictionary())
 
 
-async def _join(conn: JetStreamConnection, stream: str, tail_filter: str | None) -> _Entry:
+async def _join(conn: JetStreamConnection, stream: str, tail_filter: str | None) -> StreamTail:
     tails = _TAILS.setdefault(conn, {})
-    key = (stream, tail_filter)
-    entry = tails.get(key)
-    if entry is None or entry.tail._closed:
-        tail = StreamTail(conn, stream, tail_filter)
-        entry = tails[key] = _Entry(tail, asyncio.ensure_future(tail.start()))
-    entry.users += 1
+    tail = tails.get((stream, tail_filter))
+    if tail is None or tail._closed:
+        tail = tails[(stream, tail_filter)] = StreamTail(conn, stream, tail_filter)
+    tail.users += 1
     try:
-        await asyncio.shield(entry.ready)
+        await asyncio.shield(tail.ready)
     except BaseException:
-        await _leave(conn, key, entry)
+        await _leave(conn, tail)
         raise
-    return entry
+    return tail
 
 
-async def _leave(conn: JetStreamConnection, key: tuple[str, str | None], entry: _Entry) -> None:
-    entry.users -= 1
-    if entry.users > 0:
+async def _leave(conn: JetStreamConnection, tail: StreamTail) -> None:
+    tail.users -= 1
+    if tail.users > 0:
         return
     tails = _TAILS.get(conn, {})
-    if tails.get(key) is entry:
-        del tails[key]  # before awaiting: a new waiter builds a new tail
-    if entry.ready.done() and not entry.ready.cancelled() and entry.ready.exception() is None:
-        await entry.tail.close()
-    elif not entry.ready.done():
-        entry.ready.cancel()
-        await asyncio.gather(entry.ready, return_exceptions=True)
-        await entry.tail.close()
+    if tails.get((tail.stream, tail.filter)) is tail:
+        del tails[(tail.stream, tail.filter)]  # before awaiting: a new waiter builds a new tail
+    if not tail.ready.done():
+        tail.ready.cancel()
+        await asyncio.gather(tail.ready, return_exceptions=True)
+    elif tail.ready.cancelled() or tail.ready.exception() is not None:
+        return  # it never started
+    await tail.close()
 
 
 @asynccontextmanager
@@ -449,20 +442,20 @@ async def follow(conn: JetStreamConnection, stream: str, subject: str = ">", *, 
     validate_subject(subject, allow_wildcards=True, what="subject")
     if tail_filter is not None:
         validate_subject(tail_filter, allow_wildcards=True, what="tail filter")
-    entry = await _join(conn, stream, tail_filter)
-    listener = TailListener(entry.tail, subject, accept, key)
-    entry.tail.listeners.add(subject, listener, key)
+    tail = await _join(conn, stream, tail_filter)
+    listener = TailListener(tail, subject, accept, key)
+    tail.listeners.add(subject, listener, key)
     try:
         yield listener
     finally:
-        entry.tail.listeners.remove(subject, listener, key)
-        await _leave(conn, (stream, tail_filter), entry)
+        tail.listeners.remove(subject, listener, key)
+        await _leave(conn, tail)
 
 
 def tail_stats(conn: JetStreamConnection | None = None) -> list[TailStats]:
     """What every tail (of ``conn``, or of every connection) is doing."""
     conns = [conn] if conn is not None else list(_TAILS.keys())
-    return [entry.tail.stats() for c in conns for entry in _TAILS.get(c, {}).values()]
+    return [tail.stats() for c in conns for tail in _TAILS.get(c, {}).values()]
 
 
 __all__ = ["POLL_INTERVAL", "TAIL_HEARTBEAT", "TAIL_INACTIVE", "StreamTail", "TailListener", "TailStats", "follow",

@@ -64,7 +64,4 @@ def header_values(headers: Mapping[str, str] | None) -> dict[str, list[str]]:
 
 def headers_json(headers: Mapping[str, str] | None) -> dict[str, str | list[str]]:
     """Headers for a JSON document: a string per name, a list of strings for a repeated name."""
-    if not headers:
-        return {}
-    repeated = getattr(headers, "repeated", None) or {}
-    return {name: list(repeated[name]) if name in repeated else value for name, value in headers.items()}
+    return {name: values if len(values) > 1 else values[0] for name, values in header_values(headers).items()}

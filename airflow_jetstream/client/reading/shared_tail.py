@@ -170,15 +170,18 @@ class StreamTail:
         self.delivered = int(info["state"].get("last_seq") or 0)
         if info["config"].get("retention", "limits") != "limits":
             self.mode = "poll"  # a consumer would take messages away (WorkQueue) or keep them (Interest)
+            self._task = asyncio.create_task(self._poll())
+            return
+        try:
+            await self._subscribe(self.delivered + 1)
+        except LimitReachedError as exc:
+            await self._degrade(exc)
         else:
-            try:
-                await self._subscribe(self.delivered + 1)
-            except LimitReachedError as exc:
-                await self._degrade(exc)
-        self._task = asyncio.create_task(self._poll() if self.mode == "poll" else self._watch())
+            self._task = asyncio.create_task(self._watch())
 
     async def _degrade(self, exc: JetStreamError) -> None:
-        """Poll instead of a consumer the stream refused for its consumer limit, saying which limit."""
+        """Poll instead of a consumer the stream refused for its consumer limit, saying which limit (the heartbeat
+        watch of the consumer the polls replace stops)."""
         try:
             info = await self.info(max_age=0)
             limit = int(info["config"].get("max_consumers", -1))
@@ -191,6 +194,9 @@ class StreamTail:
         log.warning("Consumer refused (%s); the waiters on stream %r read it by direct get every %.0f s instead",
                     exc, self.stream, POLL_INTERVAL)
         metrics.incr("tail.degraded", tags={"stream": self.stream})
+        watch, self._task = self._task, asyncio.create_task(self._poll())
+        if watch is not None:
+            watch.cancel()
 
     async def close(self) -> None:
         """Stop: no more deliveries, the consumer deleted (else the server drops it after ``TAIL_INACTIVE``)."""
@@ -344,9 +350,6 @@ class StreamTail:
                     return
                 except LimitReachedError as exc:
                     await self._degrade(exc)
-                    watch, self._task = self._task, asyncio.create_task(self._poll())
-                    if watch is not None:
-                        watch.cancel()  # the heartbeat watch of the consumer the polls replace
                     return
                 except (RequestTimeoutError, ConnectionFailedError) as exc:
                     attempt += 1

@@ -78,16 +78,16 @@ def encode_value(value: Any) -> bytes:
                                   "a str or JSON-able data", reason="invalid_value") from None
 
 
-def entry_dict(bucket: str, key: str, revision: int | None, data: bytes | None, *, operation: str | None = None,
+def entry_dict(bucket: str, key: str, revision: int | None, data: bytes | None, *,
                created: Any = None) -> dict[str, Any]:
-    """The JSON-able form of a KV entry."""
+    """The JSON-able form of a KV entry (a value: markers are no entry)."""
     data = data or b""
     try:
         value, encoding = data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         value, encoding = base64.b64encode(data).decode("ascii"), "base64"
     entry: dict[str, Any] = {"bucket": bucket, "key": key, "revision": revision, "value": value,
-                             "encoding": encoding, "operation": operation or "PUT",
+                             "encoding": encoding, "operation": "PUT",
                              "created": created.isoformat() if hasattr(created, "isoformat") else created}
     if encoding == "utf-8":
         with contextlib.suppress(ValueError):
@@ -308,12 +308,8 @@ async def claim(conn: JetStreamConnection, bucket: str, key: str, value: dict[st
     context = f"claim {key!r} in bucket {bucket!r}"
     expected = 0
     for _ in range(_CLAIM_ATTEMPTS):
-        try:
-            made: int | str = await _put(conn, bucket, key, data, expected=expected, context=context)
-        except RequestTimeoutError:
-            made = "unanswered"
-        if isinstance(made, int):
-            return made
+        with contextlib.suppress(CasConflict, RequestTimeoutError):  # moved, or unanswered: read what is stored
+            return await write(conn, bucket, [Write(key, data, expected)], context=context, missing=_no_bucket)
         stored = await get_message(conn, f"KV_{bucket}", subject=f"$KV.{bucket}.{key}")
         if stored is not None and stored.data == data:
             return stored.seq  # this call's claim: its answer was lost
@@ -325,19 +321,12 @@ async def claim(conn: JetStreamConnection, bucket: str, key: str, value: dict[st
 
 async def release(conn: JetStreamConnection, bucket: str, key: str, revision: int) -> bool:
     """Delete the claim made at ``revision`` (a delete marker, written only while the key is still there)."""
-    result = await _put(conn, bucket, key, b"", expected=revision, headers={"KV-Operation": "DEL"},
-                        context=f"release claim {key!r} in bucket {bucket!r}")
-    return isinstance(result, int)
-
-
-async def _put(conn: JetStreamConnection, bucket: str, key: str, data: bytes, *, expected: int, context: str,
-               headers: dict[str, str] | None = None) -> int | str:
-    """Write ``data`` under ``key`` if its last sequence is ``expected``: the new sequence, or ``"moved"``."""
     try:
-        return await write(conn, bucket, [Write(key, data, expected, headers or {})], context=context,
-                           missing=_no_bucket)
+        await write(conn, bucket, [Write(key, b"", revision, {"KV-Operation": "DEL"})],
+                    context=f"release claim {key!r} in bucket {bucket!r}", missing=_no_bucket)
     except CasConflict:
-        return "moved"
+        return False
+    return True
 
 
 def _no_bucket(context: str) -> KeyValueError:

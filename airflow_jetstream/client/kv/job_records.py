@@ -10,32 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import nats.errors
-import nats.js.errors
-
-from airflow_jetstream.client.admin.streams import ensure_stream, replication_config
+from airflow_jetstream.client.admin.streams import ensure_stream, replication_config, stream_info
 from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.errors import StreamNotFoundError
 from airflow_jetstream.client.kv.bucket import create_bucket, kv_errors
+from airflow_jetstream.client.kv.keys import Write, is_marker, write
+from airflow_jetstream.client.reading.stored import get_message
 from airflow_jetstream.client.subjects import validate_name
 
 DEFAULT_JOB_BUCKET = "jetstream_jobs"
-#: A missing key is the caller's (None), not an error; no answer, a refusal and API errors are typed (kv_errors).
-_KEEP = (nats.js.errors.KeyNotFoundError,)
-
-
-async def _bucket(conn: JetStreamConnection, bucket: str, *, create: bool,
-                  replication: dict[str, Any] | None = None) -> Any:
-    validate_name(bucket, what="job bucket")
-    try:
-        kv = await conn.js.key_value(bucket)
-    except nats.js.errors.BucketNotFoundError:
-        if not create:
-            return None
-        return await create_bucket(conn, replication or {}, bucket=bucket, history=5,
-                                   description="airflow-jetstream job records")
-    if replication:  # given: an existing bucket is changed to it
-        await ensure_stream(conn, {"name": f"KV_{bucket}", **replication})
-    return kv
 
 
 async def put_job_record(conn: JetStreamConnection, job_id: str, record: dict[str, Any], *,
@@ -48,13 +31,22 @@ async def put_job_record(conn: JetStreamConnection, job_id: str, record: dict[st
     is retried for the connection's ``leader_wait``: writing the same record again is harmless.
     """
     validate_name(job_id, what="job id")
+    validate_name(bucket, what="job bucket")
     replication = replication_config(replicas, placement)
     payload = json.dumps(record, separators=(",", ":"), default=str).encode()
+    context = f"job record {job_id!r} in bucket {bucket!r}"
 
     async def attempt() -> int:
-        async with kv_errors(conn, bucket, f"job record {job_id!r} in bucket {bucket!r}", keep=_KEEP):
-            kv = await _bucket(conn, bucket, create=True, replication=replication)
-            return int(await kv.put(job_id, payload))
+        try:
+            await stream_info(conn, f"KV_{bucket}")
+        except StreamNotFoundError:
+            async with kv_errors(conn, bucket, context):
+                await create_bucket(conn, replication, bucket=bucket, history=5,
+                                    description="airflow-jetstream job records")
+        else:
+            if replication:  # given: an existing bucket is changed to it
+                await ensure_stream(conn, {"name": f"KV_{bucket}", **replication})
+        return await write(conn, bucket, [Write(job_id, payload, None)], context=context)
 
     return await conn.retry_leader(f"job record {job_id!r}", attempt)
 
@@ -63,15 +55,10 @@ async def get_job_record(conn: JetStreamConnection, job_id: str, *,
                          bucket: str = DEFAULT_JOB_BUCKET) -> dict[str, Any] | None:
     """The record of ``job_id``, or None when the job (or the bucket) has none."""
     validate_name(job_id, what="job id")
-
-    async def attempt() -> Any:
-        async with kv_errors(conn, bucket, f"job record {job_id!r} in bucket {bucket!r}", keep=_KEEP):
-            kv = await _bucket(conn, bucket, create=False)
-            return None if kv is None else await kv.get(job_id)
-
+    validate_name(bucket, what="job bucket")
     try:
-        entry = await conn.retry_leader(f"job record {job_id!r}", attempt)
-    except nats.js.errors.KeyNotFoundError:
+        stored = await conn.retry_leader(f"job record {job_id!r}", lambda: get_message(
+            conn, f"KV_{bucket}", subject=f"$KV.{bucket}.{job_id}"))
+    except StreamNotFoundError:
         return None
-    return None if entry is None else json.loads(entry.value or b"{}")
-
+    return None if stored is None or is_marker(stored.headers) else json.loads(stored.data or b"{}")

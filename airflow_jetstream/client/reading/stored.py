@@ -264,13 +264,14 @@ async def read_with_consumer(conn: JetStreamConnection, stream: str, start: dict
     inbox = conn.nc.new_inbox()
     queue: asyncio.Queue[list[Row] | int] = asyncio.Queue()
     chunk: list[Row] = []
-    pull = {"want": 0, "delivered": 0}
+    delivered = 0  # messages of the open pull request
 
     def flush() -> None:
         queue.put_nowait(chunk.copy())
         chunk.clear()
 
     async def on_message(msg: Any) -> None:
+        nonlocal delivered
         reply = msg.reply
         if not reply:
             status = msg.headers.get(HEADER_STATUS, "") if msg.headers else ""
@@ -279,13 +280,13 @@ async def read_with_consumer(conn: JetStreamConnection, stream: str, start: dict
             return
         tokens = reply.rsplit(".", 5)
         seq, pending = int(tokens[2]), int(tokens[5])
-        pull["delivered"] += 1
+        delivered += 1
         if seq <= last:
             chunk.append((msg.subject, seq, int(tokens[4]), msg.headers, msg.data))
         if seq >= last or pending == 0:
             flush()
             queue.put_nowait(0)
-        elif pull["delivered"] >= pull["want"] or len(chunk) >= batch:
+        elif delivered >= batch:  # the request delivered its batch (and the chunk holds at most that)
             flush()
 
     sub = await conn.nc.subscribe(inbox, cb=on_message, pending_msgs_limit=batch * 4,
@@ -294,7 +295,7 @@ async def read_with_consumer(conn: JetStreamConnection, stream: str, start: dict
     try:
         finished = False
         while not finished:
-            pull["want"], pull["delivered"] = batch, 0
+            delivered = 0
             await conn.nc.publish(next_subject, json.dumps({"batch": batch, "no_wait": True}).encode(),
                                   reply=inbox)
             while True:
@@ -308,7 +309,7 @@ async def read_with_consumer(conn: JetStreamConnection, stream: str, start: dict
                 if isinstance(item, list):
                     if item:
                         yield item
-                    if pull["delivered"] >= pull["want"] and queue.empty():
+                    if delivered >= batch and queue.empty():
                         break
                     continue
                 if item in (0, 404, 408):

@@ -56,9 +56,8 @@ async def get_job_record(conn: JetStreamConnection, job_id: str, *,
     """The record of ``job_id``, or None when the job (or the bucket) has none."""
     validate_name(job_id, what="job id")
     validate_name(bucket, what="job bucket")
-    try:
-        stored = await conn.retry_leader(f"job record {job_id!r}", lambda: get_message(
-            conn, f"KV_{bucket}", subject=f"$KV.{bucket}.{job_id}"))
+    try:  # a message get: the stream leader answers (retried through an election)
+        stored = await get_message(conn, f"KV_{bucket}", subject=f"$KV.{bucket}.{job_id}")
     except StreamNotFoundError:
         return None
     return None if stored is None or is_marker(stored.headers) else json.loads(stored.data or b"{}")

@@ -246,8 +246,8 @@ async def _refused(request: Request, exc: HTTPException) -> Response:
         return RedirectResponse(get_auth_manager().get_url_login(next_url=back), status_code=303)
     headers = getattr(exc, "headers", None)
     if exc.status_code == 403 and _wants_html(request):
-        return pages.refused(request, "Not allowed", {"reason": "forbidden", "message": str(exc.detail)}, status=403,
-                             headers=headers)
+        return pages.render(request, "refused.html", status=403, headers=headers, title="Not allowed",
+                            error={"reason": "forbidden", "message": str(exc.detail)})
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
 
@@ -257,7 +257,8 @@ async def _malformed(request: Request, exc: RequestValidationError) -> Response:
     if not _wants_html(request):
         return await request_validation_exception_handler(request, exc)
     message = "; ".join(f"{'.'.join(map(str, error['loc'][1:]))}: {error['msg']}" for error in exc.errors())
-    return pages.refused(request, "Malformed query", {"reason": "invalid_parameter", "message": message}, status=422)
+    return pages.render(request, "refused.html", status=422, title="Malformed query",
+                        error={"reason": "invalid_parameter", "message": message})
 
 
 def _stored_nats_connections(user: Any) -> list[str]:
@@ -338,14 +339,16 @@ def _reader(key: ReadKey, view: ViewSettings) -> Any:
     return read
 
 
-def _answer(request: Request, status: int, error: dict[str, Any], *, html: bool, view: ViewSettings,
-            title: str) -> Response:
-    headers = {"Cache-Control": "no-store"}
+def _answer(request: Request, status: int, error: dict[str, Any], *, html: bool, view: ViewSettings, title: str,
+            headers: dict[str, str] | None = None, body: dict[str, Any] | None = None, **page: Any) -> Response:
+    """A read refused or failed: the refusal page (with ``page``'s values) or JSON (``body`` with the error); a 503
+    says when to retry."""
+    headers = {"Cache-Control": "no-store", **(headers or {})}
     if status == 503:
         headers["Retry-After"] = str(max(1, math.ceil(view.cache_seconds)))
     if html:
-        return pages.refused(request, title, error, status=status, headers=headers)
-    return JSONResponse({"detail": error.get("message"), "error": error}, status_code=status, headers=headers)
+        return pages.render(request, "refused.html", status=status, headers=headers, title=title, error=error, **page)
+    return JSONResponse({**(body or {}), "detail": error.get("message"), "error": error}, status, headers=headers)
 
 
 async def _view(request: Request, connection_id: str, key_args: dict[str, Any], page: PageQuery | None,
@@ -371,13 +374,9 @@ async def _view(request: Request, connection_id: str, key_args: dict[str, Any], 
                        title=f"JetStream: connection {connection_id}")
     headers = {"Cache-Control": "no-store", "X-JetStream-Read-Age": f"{age:.1f}"}
     if "error" in snapshot:
-        headers["Retry-After"] = str(max(1, math.ceil(view.cache_seconds)))
-        if html:
-            return pages.render(request, "refused.html", status=503, headers=headers, unavailable=True,
-                                title=f"JetStream: {connection_id}", connection_id=connection_id,
-                                error=snapshot["error"], servers=snapshot.get("servers", []))
-        return JSONResponse({**snapshot, "detail": snapshot["error"]["message"], "age_s": round(age, 1)}, 503,
-                            headers=headers)
+        return _answer(request, 503, snapshot["error"], html=html, view=view, title=f"JetStream: {connection_id}",
+                       headers=headers, body={**snapshot, "age_s": round(age, 1)}, unavailable=True,
+                       connection_id=connection_id, servers=snapshot.get("servers", []))
     query = page or PageQuery(per_page=view.page_size)
     shaped = shape(snapshot, PageQuery(per_page=query.per_page or view.page_size, stream=query.stream,
                                        pages=query.pages))

@@ -10,6 +10,7 @@ that stream's row whatever page of the streams table it would be on, and in the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -26,6 +27,18 @@ URL_PREFIX = "/jetstream"
 def anchor(kind: str, *names: Any) -> str:
     """The id of the row a problem or a link names (``consumer-ORDERS-worker``): the kind, then each name URL-quoted."""
     return "-".join([kind, *(quote(str(name), safe="") for name in names)])
+
+
+#: Per section of the view with rows: the kind of its rows' ids and the fields that name a row.
+ROW_NAMES: dict[str, tuple[str, ...]] = {"streams": ("stream", "name"), "consumers": ("consumer", "stream", "name"),
+                                         "sources": ("source", "stream", "source"), "ledger": ("run", "run_id"),
+                                         "advisories": ("advisory", "capture_seq")}
+
+
+def row_anchor(section: str, row: Mapping[str, Any]) -> str:
+    """The id of a row of ``section``: what its problems' ``anchor`` and a link's ``#...`` name."""
+    kind, *names = ROW_NAMES[section]
+    return anchor(kind, *(row.get(name) for name in names))
 
 
 def view_url(connection_id: str, stream: str | None = None, *, run_id: str | None = None) -> str:

@@ -25,26 +25,14 @@ from fastapi.responses import HTMLResponse
 from starlette.templating import Jinja2Templates
 
 from airflow_jetstream.client.advisories.types import parse_timestamp
-from airflow_jetstream.ui.links import anchor
+from airflow_jetstream.ui.links import row_anchor
 from airflow_jetstream.ui.problems import RANK, Thresholds, span
 from airflow_jetstream.version import __version__
 
-#: Sections with rows, the list key of each, and the anchor of a row.
+#: Sections with rows and the list key of each.
 ROWS: dict[str, str] = {"streams": "streams", "consumers": "consumers", "sources": "sources", "ledger": "runs",
                         "advisories": "advisories"}
 PAGED = ("problems", *ROWS)
-
-
-def row_anchor(section: str, row: dict[str, Any]) -> str:
-    """The element id of a row (what a problem's ``anchor`` and a link's ``#...`` name)."""
-    names: dict[str, tuple[Any, ...]] = {
-        "streams": ("stream", row.get("name")),
-        "consumers": ("consumer", row.get("stream"), row.get("name")),
-        "sources": ("source", row.get("stream"), row.get("source")),
-        "ledger": ("run", row.get("run_id")),
-        "advisories": ("advisory", row.get("capture_seq")),
-    }
-    return anchor(*names[section])
 
 
 @dataclass(frozen=True)
@@ -210,8 +198,3 @@ def page(request: Request, view: dict[str, Any], *, query: Mapping[str, Any], ag
                   reading={k: v for k, v in query.items() if k in ("ledger_bucket", "capture_stream")},
                   read_age=f"read {span(age_s)} ago" if age_s >= 1 else "read now", checked=checked(limits))
 
-
-def refused(request: Request, title: str, error: Mapping[str, Any], *, status: int,
-            headers: Mapping[str, str] | None = None) -> HTMLResponse:
-    """The page of a request the view refuses (unknown connection, another type, bad parameters, no access)."""
-    return render(request, "refused.html", status=status, headers=headers, title=title, error=error)

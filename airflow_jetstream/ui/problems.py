@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow_jetstream.client.advisories.types import parse_timestamp
-from airflow_jetstream.ui.links import anchor
+from airflow_jetstream.ui.links import anchor, row_anchor
 
 ERROR, WARNING = "error", "warning"
 RANK = {ERROR: 0, WARNING: 1}
@@ -164,7 +164,7 @@ def advisory_problems(rows: list[dict[str, Any]], limits: Thresholds, now: datet
         else:
             obj.update(consumer=newest.get("consumer"), stream_seq=newest.get("stream_seq"))
         problem = _problem(kind, obj, _advisory_why(kind, [row for row, _ in found]),
-                           anchor("advisory", newest["capture_seq"]), min(when for _, when in found), "advisory time")
+                           row_anchor("advisories", newest), min(when for _, when in found), "advisory time")
         out.append({**problem, "count": len(found), "newest": _iso(max(when for _, when in found))})
     return out
 
@@ -181,7 +181,7 @@ def consumer_problems(row: dict[str, Any], limits: Thresholds, now: datetime,
     """Redeliveries, acknowledgements overdue, pending with nobody pulling, paused."""
     stream, name = row["stream"], row["name"]
     obj = {"type": "consumer", "stream": stream, "consumer": name}
-    row_id = anchor("consumer", stream, name)
+    row_id = row_anchor("consumers", row)
     where = f"consumer {name!r} of stream {stream!r}"
     out = []
     if row["num_redelivered"] >= limits.redelivered:
@@ -212,7 +212,7 @@ def source_problems(row: dict[str, Any], limits: Thresholds, now: datetime,
     """A source with an error, not running, or whose backlog does not shrink."""
     stream, origin = row["stream"], row["source"]
     obj = {"type": "source", "stream": stream, "source": origin, "mirror": row.get("mirror", False)}
-    row_id = anchor("source", stream, origin)
+    row_id = row_anchor("sources", row)
     where = f"{'mirror' if row.get('mirror') else 'source'} {origin!r} of stream {stream!r}"
     if row.get("error"):
         return [_problem("source_error", obj, f"{where}: {row['error'].get('message')}", row_id)]
@@ -234,7 +234,7 @@ def stream_problems(row: dict[str, Any]) -> list[dict[str, Any]]:
     """A stream of a cluster (or a replicated one) without a leader, with replicas offline or behind."""
     name = row["name"]
     obj = {"type": "stream", "stream": name}
-    row_id = anchor("stream", name)
+    row_id = row_anchor("streams", row)
     if (row["num_replicas"] > 1 or row.get("cluster")) and not row.get("leader"):
         return [_problem("stream_no_leader", obj, f"stream {name!r} (R{row['num_replicas']}) has no leader", row_id)]
     offline = [peer["name"] for peer in row.get("replicas") or [] if peer["offline"]]
@@ -270,7 +270,7 @@ def ledger_problems(run: dict[str, Any], bucket: str) -> list[dict[str, Any]]:
         since = min((t for f in listed if (t := parse_timestamp(f.get(at)))), default=None)
         obj = {"type": "ledger_run", "bucket": bucket, "run_id": run["run_id"],
                "batches": [f["batch_id"] for f in listed]}
-        out.append(_problem(kind, obj, why, anchor("run", run["run_id"]), since, means))
+        out.append(_problem(kind, obj, why, row_anchor("ledger", run), since, means))
     return out
 
 

@@ -27,7 +27,7 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -70,17 +70,24 @@ class ViewSettings:
     thresholds: Thresholds = field(default_factory=Thresholds)
 
 
-def _option(option: str, kind: type[int] | type[float] | None, minimum: float = 0) -> Any:
-    """``[jetstream] option`` (its declared default when unset): a number of ``kind`` >= ``minimum``, or with
-    ``kind`` None a duration (seconds, or a string like '90s')."""
-    text = str(conf.get(SECTION, option, fallback=CONFIG_SECTION["options"][option]["default"]))
-    if kind is None:
+#: Options that must be at least 1 (the other numbers at least 0).
+AT_LEAST_ONE = frozenset({"view_concurrent_reads", "view_page_size", "view_max_streams", "view_ledger_entries",
+                          "problem_redelivered"})
+
+
+def _option(option: str) -> Any:
+    """``[jetstream] option`` (its declared default when unset), of its declared type: a float or an integer (at
+    least 1 or 0, :data:`AT_LEAST_ONE`), or a duration (type string: seconds, or a string like '90s')."""
+    declared = CONFIG_SECTION["options"][option]
+    text = str(conf.get(SECTION, option, fallback=declared["default"]))
+    if declared["type"] == "string":
         try:
             return float(to_seconds(text, field=f"[{SECTION}] {option}"))
         except JetStreamError as exc:
             raise InvalidSettingsError(exc.message, reason="invalid_setting") from None
+    minimum = 1 if option in AT_LEAST_ONE else 0
     try:
-        value = kind(text)
+        value = (int if declared["type"] == "integer" else float)(text)
     except ValueError:
         value = None
     if value is None or value < minimum:
@@ -90,24 +97,11 @@ def _option(option: str, kind: type[int] | type[float] | None, minimum: float = 
 
 
 def view_settings() -> ViewSettings:
-    """The ``[jetstream]`` options as :class:`ViewSettings` (defaults for those not set)."""
-    return ViewSettings(
-        cache_seconds=_option("view_cache_seconds", float),
-        concurrent_reads=_option("view_concurrent_reads", int, 1),
-        timeout=_option("view_timeout", None),
-        request_timeout=_option("view_request_timeout", None),
-        page_size=_option("view_page_size", int, 1),
-        max_streams=_option("view_max_streams", int, 1),
-        max_consumers=_option("view_max_consumers", int),
-        ledger_entries=_option("view_ledger_entries", int, 1),
-        advisories=_option("view_advisories", int),
-        thresholds=Thresholds(
-            advisory_age=_option("problem_advisory_age", None),
-            pending_idle=_option("problem_pending_idle", None),
-            redelivered=_option("problem_redelivered", int, 1),
-            source_stalled=_option("problem_source_stalled", None),
-        ),
-    )
+    """The ``[jetstream]`` options as :class:`ViewSettings` (defaults for those not set): each field's option is
+    ``view_<field>``, each threshold's ``problem_<field>``."""
+    thresholds = Thresholds(**{f.name: _option(f"problem_{f.name}") for f in fields(Thresholds)})
+    return ViewSettings(**{f.name: _option(f"view_{f.name}") for f in fields(ViewSettings) if f.name != "thresholds"},
+                        thresholds=thresholds)
 
 
 #: Connections being closed after a read (a close can wait on a stalled server; nobody waits for it).

@@ -18,7 +18,7 @@ class JetStreamAdvisoryStreamOperator(JetStreamBaseOperator):
     process holds one consumer on it (``max_consumers``). See docs/operators/advisory.md.
     """
 
-    template_fields: Sequence[str] = ("capture_stream", "max_age", "num_replicas", "placement", "nats_conn_id")
+    template_fields: Sequence[str] = ("capture_stream", "max_age", "num_replicas", "placement")
 
     def __init__(self, *, capture_stream: str | None = None, max_age: Any = None, max_bytes: int | None = None,
                  subjects: Sequence[str] | None = None, storage: str | None = None, num_replicas: int | None = None,

@@ -1,4 +1,4 @@
-"""Shared base of the JetStream operators: connection id handling (templated) and the hook."""
+"""Shared base of the JetStream operators and sensors: connection id handling (templated) and the hook."""
 
 from __future__ import annotations
 
@@ -30,23 +30,27 @@ def subject_list(subjects: Sequence[str] | str | None) -> list[str]:
     return list(subjects or ())
 
 
-class JetStreamBaseOperator(BaseOperator):
-    """Base class: holds ``nats_conn_id`` and builds the :class:`JetStreamHook` lazily.
-
-    ``nats_conn_id`` is a template field of every subclass (``"{{ var.value.nats_conn }}"`` works).
-    """
+class JetStreamConnected:
+    """What the provider's operators and sensors share: ``nats_conn_id``, a template field of every subclass
+    (``"{{ var.value.nats_conn }}"`` works), and the :class:`JetStreamHook`, built lazily."""
 
     ui_color = "#27aae1"
+    template_fields: Sequence[str]
+    nats_conn_id: str
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "nats_conn_id" not in cls.template_fields:
             cls.template_fields = (*cls.template_fields, "nats_conn_id")
 
-    def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.nats_conn_id = nats_conn_id
-
     @cached_property
     def hook(self) -> JetStreamHook:
         return JetStreamHook(nats_conn_id=self.nats_conn_id)
+
+
+class JetStreamBaseOperator(JetStreamConnected, BaseOperator):
+    """Base class of the operators: holds ``nats_conn_id`` and builds the hook lazily (:class:`JetStreamConnected`)."""
+
+    def __init__(self, *, nats_conn_id: str = JetStreamHook.default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nats_conn_id = nats_conn_id

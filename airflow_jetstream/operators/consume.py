@@ -33,7 +33,7 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
     """
 
     template_fields: Sequence[str] = ("stream", "consumer", "filter_subjects", "start_seq", "start_time", "end_seq",
-                                      "apply_function_args", "apply_function_kwargs", "nats_conn_id")
+                                      "apply_function_args", "apply_function_kwargs")
     operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(self, *, stream: str, apply_function: Callable[..., Any] | str | None = None,

@@ -20,7 +20,7 @@ class JetStreamConsumerResetOperator(JetStreamBaseOperator):
     ``{"reset_seq", "delivered", "ack_floor", "num_pending", ...}``; see docs/operators/consumer.md.
     """
 
-    template_fields: Sequence[str] = ("stream", "consumer", "start_seq", "start_time", "nats_conn_id")
+    template_fields: Sequence[str] = ("stream", "consumer", "start_seq", "start_time")
     operator_extra_links = (JetStreamViewLink(),)
 
     def __init__(self, *, stream: str, consumer: str, start_seq: int | str | None = None,

@@ -47,7 +47,7 @@ class JetStreamKeyValueOperator(JetStreamBaseOperator):
     docs/operators/kv.md.
     """
 
-    template_fields: Sequence[str] = ("bucket", "key", "value", "revision", "nats_conn_id")
+    template_fields: Sequence[str] = ("bucket", "key", "value", "revision")
 
     def __init__(self, *, bucket: str, key: str, value: Any = None, operation: str = "put",
                  revision: int | str | None = None, bucket_config: dict[str, Any] | None = None,

@@ -31,7 +31,7 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
     """
 
     template_fields: Sequence[str] = ("stream", "source", "user_managed", "filter_subjects", "start_seq",
-                                      "start_time", "domain", "api_prefix", "num_replicas", "placement", "nats_conn_id")
+                                      "start_time", "domain", "api_prefix", "num_replicas", "placement")
     template_fields_renderers = {"user_managed": "json"}
     operator_extra_links = (JetStreamViewLink(),)
 

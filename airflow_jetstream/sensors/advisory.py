@@ -10,7 +10,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_jetstream.client.advisories.types import (
     DEFAULT_CAPTURE_STREAM,
-    AdvisoryFilter,
     parse_timestamp,
     predicate_path,
 )
@@ -33,7 +32,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
     """
 
     template_fields: Sequence[str] = ("advisory", "advisory_stream", "advisory_consumer", "batch_id", "reason",
-                                      "start_time", "capture_stream", "nats_conn_id")
+                                      "start_time", "capture_stream")
     defer_backstop = TIMEOUT_BACKSTOP
 
     def __init__(self, *, advisory: str | None, advisory_stream: str | None = None,
@@ -60,10 +59,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         self._last_seen = "nothing (no poke finished)"
         filters = (advisory, advisory_stream, advisory_consumer, batch_id, reason)
         if not any("{{" in str(value) for value in filters if value):
-            self.advisory_filter()  # bad kinds, names and predicates fail when the DAG is parsed
-
-    def advisory_filter(self) -> AdvisoryFilter:
-        return filter_of(self)
+            filter_of(self)  # bad kinds, names and predicates fail when the DAG is parsed
 
     def resolve_since(self, context: Any) -> datetime:
         """``start_time``, else the run's data interval start, logical date or run_after, else now."""
@@ -117,7 +113,7 @@ class JetStreamAdvisorySensor(JetStreamBaseSensor):
         details = ", ".join(f"{k}={advisory[k]}" for k in ("stream", "consumer", "batch", "reason", "stream_seq")
                             if advisory.get(k) is not None)
         return (f"guard failed: advisory {advisory.get('advisory_kind') or advisory.get('type')} ({details}) "
-                f"at {advisory.get('timestamp')} matches {self.advisory_filter().describe()}")
+                f"at {advisory.get('timestamp')} matches {filter_of(self).describe()}")
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         status = event.get("status")

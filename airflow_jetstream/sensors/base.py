@@ -4,9 +4,7 @@ and failure messages, SIGTERM; and the base of the sensors that wait for a state
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from functools import cached_property
 from typing import Any, NoReturn
 
 from airflow.providers.common.compat.sdk import conf
@@ -24,13 +22,14 @@ from airflow.triggers.base import StartTriggerArgs
 from airflow_jetstream.airflow_compat import START_FROM_TRIGGER, require_airflow
 from airflow_jetstream.client.errors import LeaderUnavailableError
 from airflow_jetstream.hooks.jetstream import JetStreamHook
+from airflow_jetstream.operators.base import JetStreamConnected
 from airflow_jetstream.triggers.base import JetStreamResultTrigger, JetStreamWaitTrigger
 
 #: Airflow's own deferral timeout comes this many seconds after the trigger's (which reports the last state).
 TIMEOUT_BACKSTOP = 60
 
 
-class JetStreamBaseSensor(BaseSensorOperator):
+class JetStreamBaseSensor(JetStreamConnected, BaseSensorOperator):
     """Base of the provider's sensors: ``nats_conn_id``, and ``deferrable`` defaulting to Airflow's
     ``[operators] default_deferrable``. Deferred, one poke first, then :meth:`deferred_trigger` waits in the
     triggerer; a poke-mode timeout adds ``_last_seen`` (one line of the last state).
@@ -40,7 +39,6 @@ class JetStreamBaseSensor(BaseSensorOperator):
     ``execution_timeout`` it returns, so the task fails with ``AirflowTaskTimeout`` and its retries apply.
     """
 
-    ui_color = "#27aae1"
     #: The condition (see :meth:`make_trigger`).
     trigger_class: type[JetStreamWaitTrigger]
     #: seconds Airflow's deferral timeout adds to ``timeout`` (``TIMEOUT_BACKSTOP`` when the trigger has its own)
@@ -53,10 +51,6 @@ class JetStreamBaseSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         self.deferrable = deferrable
         self.nats_conn_id = nats_conn_id
-
-    @cached_property
-    def hook(self) -> JetStreamHook:
-        return JetStreamHook(nats_conn_id=self.nats_conn_id)
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
@@ -160,7 +154,6 @@ class JetStreamStateSensor(JetStreamBaseSensor):
     timeout still resumes the task here, in :meth:`execute_complete`.
     """
 
-    template_fields: Sequence[str] = ("nats_conn_id",)
     defer_backstop = TIMEOUT_BACKSTOP  # the trigger reports its own timeout with the last state
     _last_seen = "nothing (no poke finished)"
 

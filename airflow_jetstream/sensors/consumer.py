@@ -17,7 +17,7 @@ class JetStreamSourceCaughtUpSensor(JetStreamStateSensor):
     source state; see docs/sensors/consumer.md.
     """
 
-    template_fields: Sequence[str] = ("stream", "source", "domain", "api_prefix", "nats_conn_id")
+    template_fields: Sequence[str] = ("stream", "source", "domain", "api_prefix")
     trigger_class = JetStreamSourceCaughtUpTrigger
 
     def __init__(self, *, stream: str, source: str, domain: str | None = None, api_prefix: str | None = None,
@@ -35,7 +35,7 @@ class JetStreamConsumerDrainedSensor(JetStreamStateSensor):
     Returns ``{"num_pending", "num_ack_pending", "delivered", "ack_floor", ...}``; see docs/sensors/consumer.md.
     """
 
-    template_fields: Sequence[str] = ("stream", "consumer", "nats_conn_id")
+    template_fields: Sequence[str] = ("stream", "consumer")
     trigger_class = JetStreamConsumerDrainedTrigger
 
     def __init__(self, *, stream: str, consumer: str, **kwargs: Any) -> None:

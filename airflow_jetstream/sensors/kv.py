@@ -24,8 +24,7 @@ class JetStreamKeyValueSensor(JetStreamStateSensor):
     ``True``; see docs/sensors/kv.md.
     """
 
-    template_fields: Sequence[str] = ("bucket", "key", "value", "apply_function_args", "apply_function_kwargs",
-                                      "nats_conn_id")
+    template_fields: Sequence[str] = ("bucket", "key", "value", "apply_function_args", "apply_function_kwargs")
     trigger_class = JetStreamKeyValueTrigger
     defer_backstop = 0  # Airflow's deferral timeout is ``timeout`` itself, as for the message sensor
 

@@ -23,7 +23,7 @@ class JetStreamBatchLedgerSensor(JetStreamStateSensor):
     docs/sensors/ledger.md.
     """
 
-    template_fields: Sequence[str] = ("run_id", "state", "ledger_bucket", "min_batches", "nats_conn_id")
+    template_fields: Sequence[str] = ("run_id", "state", "ledger_bucket", "min_batches")
     trigger_class = JetStreamBatchLedgerTrigger
 
     def __init__(self, *, run_id: str = "{{ run_id }}", state: str = CONSUMED, ledger_bucket: str = DEFAULT_BUCKET,

@@ -35,7 +35,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
     """
 
     template_fields: Sequence[str] = ("stream", "filter_subject", "start", "apply_function_args",
-                                      "apply_function_kwargs", "nats_conn_id")
+                                      "apply_function_kwargs")
 
     def __init__(self, *, stream: str, apply_function: Callable[..., Any] | str,
                  apply_function_args: Sequence[Any] | None = None, apply_function_kwargs: dict[str, Any] | None = None,

@@ -38,28 +38,15 @@ MAX_CONSUMERS = 5000
 CONCURRENT_LISTINGS = 4
 
 
-def _replica_health(cluster: dict[str, Any] | None) -> dict[str, Any]:
-    """Leader and peers of an R>1 asset; ``healthy`` when there is a leader and every peer is current."""
-    cluster = cluster or {}
+def stream_row(info: dict[str, Any]) -> dict[str, Any]:
+    """A stream's info reduced to what an operator looks at; of an R>1 stream its leader and peers, ``healthy`` when
+    there is a leader and every peer is current."""
+    config, state, cluster = info.get("config") or {}, info.get("state") or {}, info.get("cluster") or {}
     replicas = [
         {"name": peer.get("name"), "current": bool(peer.get("current")), "offline": bool(peer.get("offline")),
          "lag": int(peer.get("lag") or 0), "active_ns": int(peer.get("active") or 0)}
         for peer in cluster.get("replicas") or []
     ]
-    leader = cluster.get("leader")
-    return {
-        "cluster": cluster.get("name"),
-        "leader": leader,
-        "replicas": replicas,
-        "healthy": bool(leader) and all(r["current"] and not r["offline"] for r in replicas),
-    }
-
-
-def stream_row(info: dict[str, Any]) -> dict[str, Any]:
-    """A stream's info reduced to what an operator looks at."""
-    config, state = info.get("config") or {}, info.get("state") or {}
-    sources = [entry.get("name") for entry in info.get("sources") or []]
-    mirror = (info.get("mirror") or {}).get("name")
     return {
         "name": config.get("name"),
         "subjects": list(config.get("subjects") or []),
@@ -73,11 +60,14 @@ def stream_row(info: dict[str, Any]) -> dict[str, Any]:
         "last_seq": int(state.get("last_seq") or 0),
         "last_ts": state.get("last_ts"),
         "consumer_count": int(state.get("consumer_count") or 0),
-        "sources": sources,
-        "mirror": mirror,
+        "sources": [entry.get("name") for entry in info.get("sources") or []],
+        "mirror": (info.get("mirror") or {}).get("name"),
         "created": info.get("created"),
         "read_at": info.get("ts"),
-        **_replica_health(info.get("cluster")),
+        "cluster": cluster.get("name"),
+        "leader": cluster.get("leader"),
+        "replicas": replicas,
+        "healthy": bool(cluster.get("leader")) and all(r["current"] and not r["offline"] for r in replicas),
     }
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -35,7 +35,7 @@ class JetStreamConnected:
     (``"{{ var.value.nats_conn }}"`` works), and the :class:`JetStreamHook`, built lazily."""
 
     ui_color = "#27aae1"
-    template_fields: Sequence[str]
+    template_fields: Collection[str]
     nats_conn_id: str
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

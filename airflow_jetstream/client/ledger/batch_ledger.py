@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable
@@ -192,15 +191,14 @@ class BatchLedger:
         existing batch raises :class:`LedgerConflictError`."""
         validate_name(stream, what="stream name")
         check_location(count, first_seq, last_seq)
-        try:
-            json.dumps(meta)
-        except (TypeError, ValueError):
-            raise InvalidRequestError(f"meta of batch {batch_id!r} must be JSON-able (dict of str, numbers, lists)") \
-                from None
         now = iso_time(self.clock())
         rec = BatchRecord(run_id=run_id, batch_id=batch_id, stream=stream, count=count, first_seq=first_seq,
                           last_seq=last_seq, created_at=now, updated_at=now, meta=dict(meta or {}))
-        rec.encode()  # refuse a record the schema refuses before anything is read
+        try:
+            rec.encode()  # refuse a record the schema refuses before anything is read
+        except (TypeError, ValueError):
+            raise InvalidRequestError(f"meta of batch {batch_id!r} must be JSON-able (dict of str, numbers, lists)") \
+                from None
         stored, changed = await store.apply(self, run_id, batch_id, lambda current: rec if current is None else None,
                                             creates=True)
         if changed:

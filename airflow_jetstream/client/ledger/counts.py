@@ -166,31 +166,20 @@ def _core(value: Mapping[str, Any] | None) -> tuple[Any, ...]:
 def merged(run_id: str, bucket: str, shards: Mapping[int, Mapping[str, Any]], now: float) -> dict[str, Any]:
     """A run's summary from its counts shards.
 
-    ``expired_claims`` is 0 when no claim can have expired yet (every in-progress subset's ``next_deadline``
-    is still ahead), else None: which claims expired is known only after a listing (the reaper's).
+    ``expired_claims`` is 0 when no claim can have expired yet (no shard is :func:`due <due_shards>`), else None:
+    which claims expired is known only after a listing (the reaper's).
     """
-    states = dict.fromkeys(STATES, 0)
-    messages = dict.fromkeys(STATES, 0)
-    batches = attempts = 0
-    streams: set[str] = set()
-    failed: list[dict[str, Any]] = []
-    deadlines: list[str] = []
-    maybe_expired = False
-    for value in shards.values():
-        batches += int(value["batches"])
-        attempts += int(value.get("attempts", 0))
-        for state in STATES:
-            states[state] += int(value["states"].get(state, 0))
-            messages[state] += int(value["messages"].get(state, 0))
-        streams.update(value.get("streams") or [])
-        failed.extend(value.get("failed") or [])
-        if value.get("next_deadline") and value["states"].get(IN_PROGRESS):
-            deadlines.append(value["next_deadline"])
-            maybe_expired = maybe_expired or epoch_of(value["next_deadline"]) <= now
-    failed.sort(key=lambda item: item["batch_id"])
-    return {"run_id": run_id, "bucket": bucket, "batches": batches, "states": states, "messages": messages,
-            "attempts": attempts, "expired_claims": None if maybe_expired else 0, "streams": sorted(streams),
-            "failed": failed[:MAX_LISTED], "next_deadline": earliest(*deadlines), "counted_by": "counts"}
+    values = list(shards.values())
+    deadlines = [value["next_deadline"] for value in values if value["states"].get(IN_PROGRESS)]
+    return {"run_id": run_id, "bucket": bucket, "batches": sum(int(value["batches"]) for value in values),
+            "states": {state: sum(int(value["states"].get(state, 0)) for value in values) for state in STATES},
+            "messages": {state: sum(int(value["messages"].get(state, 0)) for value in values) for state in STATES},
+            "attempts": sum(int(value.get("attempts", 0)) for value in values),
+            "expired_claims": None if due_shards(shards, now) else 0,
+            "streams": sorted({stream for value in values for stream in value.get("streams") or []}),
+            "failed": sorted((item for value in values for item in value.get("failed") or []),
+                             key=lambda item: item["batch_id"])[:MAX_LISTED],
+            "next_deadline": earliest(*deadlines), "counted_by": "counts"}
 
 
 def summarized(run_id: str, bucket: str, records: Iterable[BatchRecord], now: float) -> dict[str, Any]:
@@ -211,7 +200,7 @@ def encode_counts(value: Mapping[str, Any]) -> bytes:
     return dumped(LEDGER_COUNTS_SCHEMA, dict(value), key=f"{value.get('run_id')}./counts.{value.get('shard')}")
 
 
-def due_shards(shards: dict[int, dict[str, Any]], now: float) -> set[int]:
+def due_shards(shards: Mapping[int, Mapping[str, Any]], now: float) -> set[int]:
     """Shards with claims in progress of which one may have expired by ``now``."""
     return {n for n, value in shards.items() if value["states"].get(IN_PROGRESS) and
             (not value.get("next_deadline") or epoch_of(value["next_deadline"]) <= now)}

@@ -30,6 +30,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from functools import partial
 from typing import Any, Protocol
 
 from airflow_jetstream.client import metrics
@@ -112,14 +113,13 @@ async def run_recorded(conn: JetStreamConnection, bucket: str, run_id: str) -> b
     return await get_message(conn, stream_of(bucket), seq=1, subject=pattern, next_after=True, direct=True) is not None
 
 
-async def write(conn: JetStreamConnection, bucket: str, writes: Sequence[Write], *, context: str) -> int:
-    """:func:`~airflow_jetstream.client.kv.keys.write` to the ledger's bucket (all or none, each compare-and-set),
-    a missing bucket being :class:`LedgerNotFoundError`."""
-    return await keys.write(conn, bucket, writes, context=context, missing=_missing)
-
-
 def _missing(where: str) -> JetStreamError:
     return LedgerNotFoundError(f"{where}: the ledger bucket does not exist; open it with create=True")
+
+
+#: :func:`~airflow_jetstream.client.kv.keys.write` to the ledger's bucket (all or none, each compare-and-set),
+#: a missing bucket being :class:`LedgerNotFoundError`.
+write = partial(keys.write, missing=_missing)
 
 
 def check_bucket_name(bucket: object) -> str:
@@ -379,13 +379,10 @@ async def _drain(ledger: Ledger, name: tuple[str, str], lane: Lane, lanes: dict[
                     _settle(item, exc)
                 if not isinstance(exc, Exception):
                     raise
-    finally:
-        lane.worker = None
+    finally:  # the lane goes: a later change starts a new one
+        del lanes[name]
         for item in lane.queue:
             _settle(item, LedgerConflictError("the ledger writer of this run stopped; retry the change"))
-        lane.queue.clear()
-        if lanes.get(name) is lane:
-            del lanes[name]
 
 
 def _settle(item: Pending, outcome: tuple[BatchRecord, bool] | BaseException) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_jetstream.client.errors import BatchesFailedError, InvalidRequestError, LedgerNotFoundError
+from airflow_jetstream.client.errors import BatchesFailedError, InvalidRequestError
 from airflow_jetstream.client.ledger.counts import check_waitable_state, count_reached, due_shards, merged, run_reached
 from airflow_jetstream.client.ledger.records import CONSUMED, COUNTS_TOKEN, DEFAULT_BUCKET, check_id, counts_pattern
 
@@ -73,13 +73,9 @@ class LedgerWait:
             shards = await read_counts(conn, self.bucket, self.run_id)
             if shards and not due_shards(shards, time.time()):
                 return self.status_of_counts(shards)  # no claim can have expired: the counts are the look
-            try:
-                result = await BatchLedger(conn, self.bucket).reap(self.run_id)
-            except LedgerNotFoundError:
-                pass  # no bucket yet: nothing to reap
-            else:
-                reaped = {**result, "returned": [item["batch_id"] for item in result["returned"]],
-                          "failed": [item["batch_id"] for item in result["failed"]]}
+            result = await BatchLedger(conn, self.bucket).reap(self.run_id)  # no bucket: nothing reaped
+            reaped = {**result, **{outcome: [item["batch_id"] for item in result[outcome]]
+                                   for outcome in ("returned", "failed")}}
         summary = await run_summary(conn, self.bucket, self.run_id, time.time())
         return self.status(summary, reaped)
 

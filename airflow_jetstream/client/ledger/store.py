@@ -410,7 +410,7 @@ async def _commit(ledger: Ledger, group: list[Pending]) -> None:
                   for ckey in ckeys}
         writes: list[Write] = []
         written: list[tuple[Pending, BatchRecord]] = []
-        unsure: list[Pending] = []  # refused or left alone on a replica's read: the leader decides
+        replica = conn.clustered and not leader  # what a replica's read refuses or leaves alone, the leader decides
         for item in group:
             entry = found.get(item.key)
             current = None if entry is None or entry.deleted else BatchRecord.decode(entry.data, entry.seq, item.key)
@@ -423,26 +423,24 @@ async def _commit(ledger: Ledger, group: list[Pending]) -> None:
                                              "not recorded; record() it after publishing")
                 new = item.change(current)
                 if new is None:
-                    if conn.clustered and not leader:
-                        unsure.append(item)
-                        continue
-                    _settle(item, (current, False) if current is not None else
-                            LedgerConflictError(f"batch {item.batch_id!r}: nothing to write"))
+                    if not replica:
+                        _settle(item, (current, False) if current is not None else
+                                LedgerConflictError(f"batch {item.batch_id!r}: nothing to write"))
                     continue
                 payload = new.encode()
                 counts[item.ckey] = counted(counts[item.ckey], item.run_id, item.shard, current, new, ledger.clock())
             except Exception as exc:  # this change's own error (e.g. ClaimLostError) is its caller's
-                if conn.clustered and not leader and isinstance(exc, BatchNotFoundError | ClaimLostError):
-                    unsure.append(item)  # a replica that has not applied the latest write yet
-                    continue
-                _settle(item, exc)
+                if not (replica and isinstance(exc, BatchNotFoundError | ClaimLostError)):  # a replica may lag
+                    _settle(item, exc)
                 continue
             writes.append(Write(item.key, payload, entry.seq if entry else 0))
             written.append((item, new))
-        group = [item for item, _ in written]
-        if not writes:
-            group, leader = unsure, True
+        group = [item for item in group if not item.done.done()]
+        if len(group) > len(written):  # left to the leader: it decides the whole group again
+            leader = True
             continue
+        if not group:
+            return
         touched = {item.ckey: counts[item.ckey] for item in group}  # each counted its change in its shard
         writes += [Write(ckey, encode_counts(value), found[ckey].seq if ckey in found else 0)
                    for ckey, value in sorted(touched.items()) if value is not None]
@@ -452,9 +450,7 @@ async def _commit(ledger: Ledger, group: list[Pending]) -> None:
             metrics.incr("ledger.cas_retry")
             leader = conn.clustered
             _count_attempt(group, bucket)
-            pause = BUSY.pause(group[0].attempts) if group else 0.0
-            group += unsure
-            await asyncio.sleep(pause)
+            await asyncio.sleep(BUSY.pause(group[0].attempts) if group else 0.0)
             continue
         except RequestTimeoutError:
             silent_since = silent_since or time.monotonic()
@@ -462,12 +458,11 @@ async def _commit(ledger: Ledger, group: list[Pending]) -> None:
                 raise
             for (item, _), sent in zip(written, writes, strict=False):
                 item.unanswered.append(sent.data)
-            group += unsure
             continue
         first = last - len(writes) + 1
         for number, (item, new) in enumerate(written):
             _settle(item, (replace(new, revision=first + number), True))
-        group, leader = unsure, True
+        return
 
 
 async def _recounted(ledger: Ledger, group: list[Pending], found: Mapping[str, Entry]) -> bool:

@@ -69,30 +69,22 @@ def capture_stream_config(name: str = DEFAULT_CAPTURE_STREAM, *, max_age: Any = 
             "a capture stream needs a retention limit: set max_age (e.g. '7d') and/or max_bytes",
             reason="missing_retention",
         )
+    for subject in validate_subjects(subjects, what="capture subjects"):
+        if not subject.startswith(f"{EVENT_PREFIX}."):
+            raise InvalidRequestError(f"capture subject {subject!r} is not an advisory subject ({EVENT_PREFIX}.>)")
+    if isinstance(max_consumers, bool) or not isinstance(max_consumers, int) or max_consumers < 1:
+        raise InvalidRequestError(f"max_consumers must be a positive int, got {max_consumers!r}",
+                                  reason="invalid_option")
     config: dict[str, Any] = {
-        "name": name, "subjects": _capture_subjects(subjects), "retention": "limits", "storage": storage,
+        "name": name, "subjects": list(subjects), "retention": "limits", "storage": storage,
         "discard": "old", "description": "JetStream advisories captured for airflow-jetstream sensors",
-        "allow_direct": True, "max_consumers": _check_max_consumers(max_consumers),
-        **replication_config(num_replicas, placement),
+        "allow_direct": True, "max_consumers": max_consumers, **replication_config(num_replicas, placement),
     }
     if max_age not in (None, 0, "0"):
         config["max_age"] = to_nanos(max_age, field="max_age")
     if max_bytes:
         config["max_bytes"] = int(max_bytes)
     return config
-
-
-def _check_max_consumers(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequestError(f"max_consumers must be a positive int, got {value!r}", reason="invalid_option")
-    return value
-
-
-def _capture_subjects(subjects: list[str] | tuple[str, ...]) -> list[str]:
-    for subject in validate_subjects(subjects, what="capture subjects"):
-        if not subject.startswith(f"{EVENT_PREFIX}."):
-            raise InvalidRequestError(f"capture subject {subject!r} is not an advisory subject ({EVENT_PREFIX}.>)")
-    return list(subjects)
 
 
 async def ensure_capture_stream(conn: JetStreamConnection, name: str = DEFAULT_CAPTURE_STREAM, *,

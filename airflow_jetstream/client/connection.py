@@ -201,26 +201,19 @@ class JetStreamConnection:
         callback at once) fails the request immediately instead of after ``timeout``.
         """
         timeout = timeout or self.settings.request_timeout
-        denied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ask = asyncio.ensure_future(self.nc.request(subject, payload, timeout=timeout, headers=headers))
 
         def on_denied(refused: str) -> None:  # nats-py lowercases the server's -ERR text: compare without case
-            if refused.lower() == subject.lower() and not denied.done():
-                denied.set_result(None)
+            if refused.lower() == subject.lower():
+                ask.cancel()
 
         self.denial_listeners.append(on_denied)
-        ask = asyncio.ensure_future(self.nc.request(subject, payload, timeout=timeout, headers=headers))
         try:
-            await asyncio.wait({ask, cast("asyncio.Future[Any]", denied)}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            self.denial_listeners.remove(on_denied)
-            denied.cancel()
-            if not ask.done():
-                ask.cancel()
-                await asyncio.gather(ask, return_exceptions=True)
-        if not ask.done() or ask.cancelled():
-            raise self.permission_error(subject) or RequestTimeoutError(f"no reply to {subject!r}")
-        try:
-            return ask.result()
+            return await ask
+        except asyncio.CancelledError:
+            if (task := asyncio.current_task()) is not None and task.cancelling():
+                raise  # cancelled from outside, not by a refusal
+            raise self.permission_error(subject) or RequestTimeoutError(f"no reply to {subject!r}") from None
         except nats.errors.NoRespondersError:
             await self.raise_if_denied(subject)
             raise JetStreamNotEnabledError(
@@ -230,6 +223,8 @@ class JetStreamConnection:
         except nats.errors.TimeoutError:
             raise self.permission_error(subject) or RequestTimeoutError(
                 f"no reply to {subject!r} within {timeout}s") from None
+        finally:
+            self.denial_listeners.remove(on_denied)
 
     async def api_request(self, api: str, body: dict[str, Any] | None = None, *,
                           timeout: float | None = None, context: str = "", retry: bool = True) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import sys
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from airflow_jetstream.client import server_features
 from airflow_jetstream.client.admin.consumers import filter_config
@@ -50,7 +50,6 @@ CONCURRENT_GETS = 32
 DIRECT_HEADERS = frozenset({"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Num-Pending",
                             "Nats-Last-Sequence", "Nats-UpTo-Sequence"})
 _NO_MESSAGE = 10037
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
@@ -101,7 +100,7 @@ async def get_message(conn: JetStreamConnection, stream: str, *, seq: int | None
     if direct:  # the last on a subject is asked as DIRECT.GET.<stream>.<subject>, which KV permissions grant
         last_on = None if next_after else subject
         got, _ = await conn.retry_leader(f"read from stream {stream!r}", lambda: direct_batch(
-            conn, stream, {} if last_on else request, _direct_row, one=True, subject=last_on))
+            conn, stream, {} if last_on else request, one=True, subject=last_on))
         row = got[0] if got else None
     else:
         row = await _msg_get(conn, stream, request)
@@ -144,16 +143,15 @@ async def _msg_get(conn: JetStreamConnection, stream: str, request: dict[str, An
             base64.b64decode(message.get("data") or ""))
 
 
-async def direct_batch(conn: JetStreamConnection, stream: str, request: dict[str, Any],
-                       row: Callable[[Any, Any], T], *, election: bool = False, one: bool = False,
-                       subject: str | None = None) -> tuple[list[T], int | None]:
-    """One direct batch request: its messages as ``row(headers, msg)`` and how many more match (the EOB's count);
+async def direct_batch(conn: JetStreamConnection, stream: str, request: dict[str, Any], *, election: bool = False,
+                       one: bool = False, subject: str | None = None) -> tuple[list[Row], int | None]:
+    """One direct batch request: its messages as rows (:func:`_direct_row`) and how many more match (the EOB's count);
     ``one``: a direct get of one message (no EOB follows it), of the last on ``subject`` when given. A 503 is
     :class:`StreamNotFoundError`; with ``election`` (the stream exists) :class:`LeaderUnavailableError`."""
     api = f"{conn.api_prefix}.DIRECT.GET.{stream}" + (f".{subject}" if subject else "")
     inbox = conn.nc.new_inbox()
     sub = await conn.nc.subscribe(inbox, pending_bytes_limit=256 * 1024 * 1024)
-    got: list[T] = []
+    got: list[Row] = []
     timeout = conn.settings.request_timeout
     try:
         await conn.nc.publish(api, json.dumps(request).encode() if request else b"", reply=inbox)
@@ -166,7 +164,7 @@ async def direct_batch(conn: JetStreamConnection, stream: str, request: dict[str
             headers = msg.headers or {}
             status = headers.get(HEADER_STATUS)
             if status is None:
-                got.append(row(headers, msg))
+                got.append(_direct_row(headers, msg))
                 if one:
                     return got, None
                 continue
@@ -208,7 +206,7 @@ async def _read_by_gets(conn: JetStreamConnection, stream: str, first: int, last
             request: dict[str, Any] = {"seq": seq, "batch": min(batch, last - seq + 1)}
             if subjects:
                 request["next_by_subj"] = subject
-            got, pending = await direct_batch(conn, stream, request, _direct_row, election=conn.clustered)
+            got, pending = await direct_batch(conn, stream, request, election=conn.clustered)
             more = pending != 0
         else:
             window = range(seq, min(last, seq + (CONCURRENT_GETS if subject == ">" else 1) - 1) + 1)
@@ -433,7 +431,7 @@ async def _first_at_or_after(conn: JetStreamConnection, stream: str, since: date
     if direct:
         request = {"start_time": to_rfc3339(since), "batch": 1}
         got, _ = await conn.retry_leader(f"read from stream {stream!r}", lambda: direct_batch(
-            conn, stream, request, _direct_row, election=conn.clustered))
+            conn, stream, request, election=conn.clustered))
         if got or not conn.clustered:
             return got[0][1] if got else None
     return await first_seq_at_or_after(conn, stream, since)  # none: the sequence after the last
@@ -457,7 +455,7 @@ async def last_per_subject(conn: JetStreamConnection, stream: str,
     server_features.require(conn, server_features.DIRECT_GET_BATCH, what=f"reading the last messages of {stream!r}")
     request = {"multi_last": list(subjects)}  # no "batch": a batch below the number of matches is refused (413)
     got, _ = await conn.retry_leader(f"read from stream {stream!r}",
-                                     lambda: direct_batch(conn, stream, request, _direct_row))
+                                     lambda: direct_batch(conn, stream, request))
     return {row[0]: Message.from_stored(stream, row) for row in got}
 
 

@@ -70,17 +70,15 @@ log = logging.getLogger(__name__)
 
 class TailListener:
     """One waiter's share of a tail: the messages matching ``subject`` with a sequence above ``since`` (and, with
-    ``accept``, only those it accepts: checked as they arrive, so a waiter is woken only for what it wants; with
-    ``key``, ``(key_of, value)``, only messages whose ``key_of`` is ``value`` reach ``accept``)."""
+    ``accept``, only those it accepts: checked as they arrive, so a waiter is woken only for what it wants; filed
+    by a ``key`` given to :func:`follow`, ``(key_of, value)``, only messages whose ``key_of`` is ``value`` reach it)."""
 
-    __slots__ = ("_error", "_items", "_waiter", "accept", "key", "since", "subject", "tail")
+    __slots__ = ("_error", "_items", "_waiter", "accept", "since", "subject", "tail")
 
-    def __init__(self, tail: StreamTail, subject: str, accept: Callable[[Message], bool] | None = None,
-                 key: tuple[KeyOf, Hashable] | None = None) -> None:
+    def __init__(self, tail: StreamTail, subject: str, accept: Callable[[Message], bool] | None = None) -> None:
         self.tail = tail
         self.subject = subject
         self.accept = accept
-        self.key = key
         self.since = tail.delivered
         self._items: list[Message] = []
         self._waiter: asyncio.Future[None] | None = None
@@ -446,7 +444,7 @@ async def follow(conn: JetStreamConnection, stream: str, subject: str = ">", *, 
     if tail_filter is not None:
         validate_subject(tail_filter, allow_wildcards=True, what="tail filter")
     tail = await _join(conn, stream, tail_filter)
-    listener = TailListener(tail, subject, accept, key)
+    listener = TailListener(tail, subject, accept)
     tail.listeners.add(subject, listener, key)
     try:
         yield listener

@@ -1,6 +1,6 @@
-"""Open a KV bucket, or ensure it exists with the given config (created, updated in place, or left alone); the
-replicas and placement of every bucket the provider creates (the user's, the batch ledger's, the job records');
-and the one mapping of nats-py KV/JetStream exceptions to the toolkit's typed errors for every KV call.
+"""Ensure a KV bucket exists with the given config (created, updated in place, or left alone); the replicas and
+placement of every bucket the provider creates (the user's, the batch ledger's, the job records'); and the one
+mapping of nats-py KV/JetStream exceptions to the toolkit's typed errors for every KV call.
 
 A bucket ``B`` is the stream ``KV_B`` holding subjects ``$KV.B.<key>``; its ``history`` is the stream's
 ``max_msgs_per_subject`` and its ``ttl`` the stream's ``max_age``. Fields not given keep their current values on

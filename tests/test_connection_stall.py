@@ -7,11 +7,14 @@ late PONG used to end its read loop, so every later request on the connection ti
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+
+import pytest
 
 from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.batches.wire import publish_individually
-from airflow_jetstream.client.connection import open_connection
+from airflow_jetstream.client.connection import connect, open_connection
 from airflow_jetstream.client.errors import RequestTimeoutError
 from airflow_jetstream.client.settings import ConnectionSettings
 from tests.support.polling import async_wait_until
@@ -79,3 +82,34 @@ def test_why_the_pong_guard_exists_and_what_it_does():
     natspy_raises, guarded = asyncio.run(main())
     assert natspy_raises, "nats-py no longer fails on a cancelled PONG future: remove install_pong_guard"
     assert guarded == (2, 0, True)
+
+
+def _established_to(port: int) -> int:
+    """This host's TCP connections to ``port`` on 127.0.0.1 that are established, from the kernel's table."""
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for row in rows if row.split()[2] == f"0100007F:{port:04X}" and row.split()[3] == "01")
+
+
+def test_a_connect_its_caller_gives_up_on_leaves_no_connection(nats_server):
+    """A trigger cancelled while it connects to a stalled server: the connect stops with it and closes its socket.
+    Before, nats-py's connect went on alone and, once the server answered, held a connection nobody owned."""
+    settings = ConnectionSettings(servers=nats_server.url, connect_timeout=60, request_timeout=1)
+    pid = nats_server.process.pid
+    port = int(nats_server.url.rsplit(":", 1)[1])
+
+    async def main() -> int:
+        stop(pid)
+        try:
+            connecting = asyncio.ensure_future(connect(settings))
+            # the stopped server's kernel accepts the connection; the client then waits for the server's INFO
+            await async_wait_until(lambda: _established_to(port) == 1, "the client's TCP connection")
+            connecting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await connecting
+            return _established_to(port)
+        finally:
+            resume(pid)
+
+    assert asyncio.run(main()) == 0, "the cancelled connect still holds its connection"
+    assert not [c for c in nats_server.monitor("connz").get("connections") or []
+                if c.get("name") == settings.client_name]

@@ -313,8 +313,12 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
     install_pong_guard(nc)  # before connecting: a stall can come at any time
     budget = settings.connect_timeout * max(1, len(settings.servers)) + 1.0
     task = asyncio.ensure_future(nc.connect(**kwargs))
-    done, _ = await asyncio.wait({task, cast("asyncio.Future[Any]", fatal)}, timeout=budget,
-                                 return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({task, cast("asyncio.Future[Any]", fatal)}, timeout=budget,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the caller gave up: no connect may go on and open a connection nobody owns
+        await _abandon(nc, task, fatal)
+        raise
     if task in done and task.exception() is None:
         fatal.cancel()
         try:
@@ -332,6 +336,12 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
         error = _classify_connect_error(exc) or _unreachable(settings, last_error or [exc])
     else:
         error = _unreachable(settings, last_error)
+    await _abandon(nc, task, fatal)
+    raise error
+
+
+async def _abandon(nc: NATS, task: asyncio.Future[Any], fatal: asyncio.Future[JetStreamError]) -> None:
+    """Stop a connect that failed or whose caller gave up, and close what it opened."""
     task.cancel()
     fatal.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -339,7 +349,6 @@ async def connect(settings: ConnectionSettings, **options: Any) -> JetStreamConn
     # nkey seed): there is nothing to close, and the typed error must not be hidden behind that assertion
     with contextlib.suppress(AssertionError):
         await nc.close()
-    raise error
 
 
 def _require_nkeys() -> None:

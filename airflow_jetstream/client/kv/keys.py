@@ -113,23 +113,22 @@ async def get_key(conn: JetStreamConnection, bucket: str, key: str) -> dict[str,
 
 async def put_key(conn: JetStreamConnection, bucket: str, key: str, value: Any) -> dict[str, Any]:
     """Write ``value`` whatever the key holds; returns ``{"bucket", "key", "operation", "revision"}``."""
-    revision = await _write_key(conn, bucket, key, encode_value(value))
+    revision = await _write_key(conn, bucket, key, value)
     return {"bucket": bucket, "key": key, "operation": "put", "revision": revision}
 
 
 async def create_key(conn: JetStreamConnection, bucket: str, key: str, value: Any) -> dict[str, Any]:
     """Write ``value`` only if the key does not exist: it has no value, or its last is a marker (deleted, purged, or
     the server's marker of an expired key, which nats-py's create would not write over); else ``key_exists``."""
-    data = encode_value(value)
     try:
         return {"bucket": bucket, "key": key, "operation": "create",
-                "revision": await _write_key(conn, bucket, key, data, expected=0)}
+                "revision": await _write_key(conn, bucket, key, value, expected=0)}
     except CasConflict:  # it has a last message: written over when that is a marker
         last = await get_message(conn, stream_of(bucket), subject=f"$KV.{bucket}.{key}")
     if last is not None and is_marker(last.headers):
         with contextlib.suppress(CasConflict):  # written meanwhile: it exists
             return {"bucket": bucket, "key": key, "operation": "create",
-                    "revision": await _write_key(conn, bucket, key, data, expected=last.seq)}
+                    "revision": await _write_key(conn, bucket, key, value, expected=last.seq)}
     current = await _current_revision(conn, bucket, key)
     raise KeyRevisionError(f"KV bucket {bucket!r}: key {key!r} already exists (revision {current}); use "
                            "put to overwrite it or update with that revision", reason="key_exists")
@@ -146,9 +145,10 @@ def _check_revision(revision: Any) -> int:
 
 async def update_key(conn: JetStreamConnection, bucket: str, key: str, value: Any, revision: int) -> dict[str, Any]:
     """Write ``value`` only if the key is still at ``revision`` (compare-and-set)."""
+    validate_key(key)
     revision = _check_revision(revision)
     try:
-        new_revision = await _write_key(conn, bucket, key, encode_value(value), expected=revision)
+        new_revision = await _write_key(conn, bucket, key, value, expected=revision)
     except CasConflict:
         current = await _current_revision(conn, bucket, key)
         raise KeyRevisionError(f"KV bucket {bucket!r}: key {key!r} is at revision {current}, not {revision}: "
@@ -161,6 +161,7 @@ async def update_key(conn: JetStreamConnection, bucket: str, key: str, value: An
 async def delete_key(conn: JetStreamConnection, bucket: str, key: str, *, revision: int | None = None,
                      purge: bool = False) -> dict[str, Any]:
     """Delete the key (a delete marker; ``purge`` also drops its history), optionally only at ``revision``."""
+    validate_key(key)
     if revision is not None:
         revision = _check_revision(revision)
         if purge:
@@ -176,11 +177,12 @@ async def delete_key(conn: JetStreamConnection, bucket: str, key: str, *, revisi
     return {"bucket": bucket, "key": key, "operation": "purge" if purge else "delete", "revision": revision}
 
 
-async def _write_key(conn: JetStreamConnection, bucket: str, key: str, data: bytes, *, expected: int | None = None,
+async def _write_key(conn: JetStreamConnection, bucket: str, key: str, value: Any, *, expected: int | None = None,
                      headers: Mapping[str, str] | None = None) -> int:
     """Publish one write of ``key`` as the KV API does (:func:`write`), on a bucket that exists (its stream info,
     as nats-py reads it to open a bucket): the new revision, or :class:`CasConflict`."""
     validate_key(key)
+    data = encode_value(value)
     async with kv_errors(conn, bucket, f"KV bucket {bucket!r}"):
         try:
             await stream_info(conn, stream_of(bucket))

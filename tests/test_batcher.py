@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from airflow_jetstream.client import Batcher, BatchMessage, JetStreamError, metrics, stream_info
-from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError
 from tests.support.nats_calls import with_streams
 
 ATOM = {"name": "ATOM", "subjects": ["atom.>"], "allow_atomic": True}
@@ -167,6 +167,8 @@ def test_per_item_errors_do_not_fail_the_other_items(settings, atomic):
     with pytest.raises(JetStreamError) as info:
         results[2].raise_for_error()
     assert info.value.reason == "wrong_last_sequence"
+    with pytest.raises(InvalidSubjectError, match="atom bad"):  # the typed error of the item's reason
+        results[1].raise_for_error()
 
 
 def test_atomic_groups_use_one_batch_each(settings):

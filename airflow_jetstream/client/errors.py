@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+_BY_REASON: dict[str, type[JetStreamError]] = {}
+
 
 class JetStreamError(Exception):
     """Base class of every error raised by :mod:`airflow_jetstream.client`.
@@ -24,6 +26,12 @@ class JetStreamError(Exception):
         super().__init_subclass__(**kwargs)
         if reason:
             cls.default_reason = reason
+            _BY_REASON.setdefault(reason, cls)
+
+    @classmethod
+    def of_reason(cls, reason: str) -> type[JetStreamError]:
+        """The error class that names ``reason`` (a per-item result's ``error``), else :class:`JetStreamError`."""
+        return _BY_REASON.get(reason, JetStreamError)
 
     def __init__(
         self,

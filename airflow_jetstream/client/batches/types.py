@@ -129,10 +129,11 @@ class BatchItemResult:
         return cls(error=exc.reason, message=exc.message, code=exc.code, err_code=exc.err_code)
 
     def raise_for_error(self) -> BatchItemResult:
-        """Return self on success, else raise a :class:`JetStreamError` with this item's reason."""
+        """Return self on success, else raise the typed error of this item's reason (``timeout``:
+        :class:`~airflow_jetstream.client.errors.RequestTimeoutError`, ...; one no class names: JetStreamError)."""
         if self.error:
-            raise JetStreamError(self.message or self.error, reason=self.error, code=self.code,
-                                 err_code=self.err_code)
+            raise JetStreamError.of_reason(self.error)(self.message or self.error, reason=self.error, code=self.code,
+                                                        err_code=self.err_code)
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -35,10 +35,8 @@ SCHEME = "jetstream"
 _SUBJECT_SAFE = ".*>-_~"
 
 
-class InvalidAssetURIError(InvalidRequestError, ValueError):
+class InvalidAssetURIError(InvalidRequestError, ValueError, reason="invalid_asset_uri"):
     """A ``jetstream://`` asset URI is malformed (Airflow expects a ``ValueError`` from URI handlers)."""
-
-    default_reason = "invalid_asset_uri"
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,12 @@ class EmbeddedNatsCluster:
                 return leader
         return None
 
-    def _asset_leader(self, stream: str, consumer: str | None) -> str | None:
+    def stream_leader(self, stream: str) -> str | None:
+        """The node leading ``stream``, or None while it has no leader (or does not exist)."""
+        return self.consumer_leader(stream, None)
+
+    def consumer_leader(self, stream: str, consumer: str | None) -> str | None:
+        """The node leading ``consumer`` on ``stream`` (with None: the stream), or None while it has none."""
         query = "?accounts=true&streams=true" + ("&consumers=true" if consumer else "")
         for jsz in self._jsz(query):
             for account in jsz.get("account_details") or []:
@@ -128,14 +133,6 @@ class EmbeddedNatsCluster:
                         if isinstance(leader, str) and leader:
                             return leader
         return None
-
-    def stream_leader(self, stream: str) -> str | None:
-        """The node leading ``stream``, or None while it has no leader (or does not exist)."""
-        return self._asset_leader(stream, None)
-
-    def consumer_leader(self, stream: str, consumer: str) -> str | None:
-        """The node leading ``consumer`` on ``stream``, or None while it has none."""
-        return self._asset_leader(stream, consumer)
 
     def kill(self, name: str) -> None:
         """SIGKILL node ``name`` (its store and ports stay for :meth:`restart`)."""

@@ -97,17 +97,6 @@ def free_port() -> int:
     raise EmbeddedServerError("no free TCP port on 127.0.0.1 that this process did not hand out recently")
 
 
-def _render(value: Any, indent: int = 0) -> str:
-    """Render a Python value as nats-server config (a JSON superset)."""
-    pad = "  " * indent
-    if isinstance(value, dict):
-        inner = "\n".join(f"{pad}  {k}: {_render(v, indent + 1)}" for k, v in value.items())
-        return "{\n" + inner + f"\n{pad}}}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_render(v, indent + 1) for v in value) + "]"
-    return json.dumps(value)
-
-
 class EmbeddedNatsServer:
     """A ``nats-server`` process on 127.0.0.1 with JetStream in its own directory.
 
@@ -150,16 +139,15 @@ class EmbeddedNatsServer:
         return self.base_dir / "nats-server.log"
 
     def write_config(self) -> Path:
-        jetstream = {"store_dir": str(self.base_dir / "jetstream"), **self.jetstream}
+        """The server's config as JSON (nats-server's config format is a superset of it), ``config`` over ours."""
         conf = {
             "host": "127.0.0.1",
             "port": self.port,
             "http": f"127.0.0.1:{self.monitor_port}",
-            "jetstream": jetstream,
+            "jetstream": {"store_dir": str(self.base_dir / "jetstream"), **self.jetstream},
             **self.config,
         }
-        body = "\n".join(f"{k}: {_render(v)}" for k, v in conf.items()) + "\n"
-        self.config_path.write_text(body)
+        self.config_path.write_text(json.dumps(conf, indent=2) + "\n")
         return self.config_path
 
     def start(self) -> EmbeddedNatsServer:

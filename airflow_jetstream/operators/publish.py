@@ -241,14 +241,14 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
             if key is None:
                 raise InvalidRequestError("producer_function needs deterministic msg ids: give dedupe_key, or run "
                                           "the operator as an Airflow task", reason="invalid_request")
+        fence_prefix = key if key and self.fence and self.mode == "atomic" else None
         if self.batch_size is None:
-            fenced = bool(key) and self.fence and self.mode == "atomic"
-            self.batch_size = FENCED_MAX_MSGS if fenced else DEFAULT_MAX_BATCH_MSGS
+            self.batch_size = FENCED_MAX_MSGS if fence_prefix else DEFAULT_MAX_BATCH_MSGS
         self._check_sources()
         check_mode(self.mode)
         expected = self._expected()
         prefix = new_batch_id()[:16]
-        summary = self.hook.run(self._publish, expected=expected, key=key, prefix=prefix)
+        summary = self.hook.run(self._publish, expected=expected, key=key, fence_prefix=fence_prefix, prefix=prefix)
         result = {**summary.to_dict(), "batch_prefix": prefix, "msg_id_prefix": key}
         self.log.info("Committed %d message(s) to %s in %d %s batch(es), seq %s..%s (batch ids %s-1..%s-%d)",
                       result["count"], result["stream"], result["chunks"], self.mode, result["first_seq"],
@@ -256,11 +256,10 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
         return result
 
     async def _publish(self, conn: JetStreamConnection, *, expected: int | None, key: str | None,
-                       prefix: str) -> ChunksSummary:
+                       fence_prefix: str | None, prefix: str) -> ChunksSummary:
         from airflow_jetstream.client.batches.publish_chunks import check_target_stream, publish_chunks
 
         size = self.batch_size or DEFAULT_MAX_BATCH_MSGS
-        fence_prefix = key if key and self.fence and self.mode == "atomic" else None
         target = await check_target_stream(conn, self.stream, mode=self.mode,
                                            fence=fence_prefix is not None) if self.stream else None
         delay = self.retry_delay.total_seconds() if self.retries and self.retry_delay else 0.0

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
@@ -78,6 +79,31 @@ def test_operator_ensures_the_bucket_and_writes_by_the_rules(conn_id, server) ->
     assert _op(value="back", operation="create").execute({})["operation"] == "create"  # a deleted key may be created
     bigger = _op(value="v", bucket_config={"history": 10}).execute({})
     assert bigger["bucket_action"] == "updated"
+
+
+async def _key_history(conn, bucket: str, key: str) -> tuple[int, dict]:
+    """How many messages the bucket's stream holds for ``key``, and the headers of the last one."""
+    info = await conn.api_request(f"STREAM.INFO.KV_{bucket}", {"subjects_filter": f"$KV.{bucket}.{key}"})
+    last = await conn.api_request(f"STREAM.MSG.GET.KV_{bucket}", {"last_by_subj": f"$KV.{bucket}.{key}"})
+    headers = base64.b64decode(last["message"].get("hdrs") or b"").decode()
+    return int((info["state"].get("subjects") or {}).get(f"$KV.{bucket}.{key}", 0)), headers
+
+
+def test_purge_drops_the_keys_history_and_leaves_one_marker(conn_id, server) -> None:
+    """``purge`` (docs/operators/kv.md): a delete marker that also drops the key's history (``Nats-Rollup: sub``);
+    the key then reads as missing, and the other keys keep theirs."""
+    purged = dict(task_id="kv", bucket="KV_PURGE", key="model.v")
+    for value in ("a", "b", "c"):
+        JetStreamKeyValueOperator(value=value, bucket_config={"history": 10}, **purged).execute({})
+    JetStreamKeyValueOperator(value="kept", bucket_config={"history": 10}, task_id="kv2", bucket="KV_PURGE",
+                              key="model.w").execute({})
+    assert _call(server, _key_history, "KV_PURGE", "model.v")[0] == 3
+    result = JetStreamKeyValueOperator(operation="purge", bucket_config=None, **purged).execute({})
+    assert (result["operation"], result["key"]) == ("purge", "model.v")
+    count, headers = _call(server, _key_history, "KV_PURGE", "model.v")
+    assert count == 1 and "KV-Operation: PURGE" in headers, (count, headers)
+    assert _call(server, get_key, "KV_PURGE", "model.v") is None
+    assert _call(server, get_key, "KV_PURGE", "model.w")["value"] == "kept"
 
 
 def test_sensor_pokes_until_exists_equals_or_satisfies(conn_id, server) -> None:

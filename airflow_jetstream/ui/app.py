@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -351,7 +351,7 @@ def _answer(request: Request, status: int, error: dict[str, Any], *, html: bool,
     return JSONResponse({**(body or {}), "detail": error.get("message"), "error": error}, status, headers=headers)
 
 
-async def _view(request: Request, connection_id: str, key_args: dict[str, Any], page: PageQuery | None,
+async def _view(request: Request, connection_id: str, key_args: dict[str, Any], page: PageQuery,
                 html: bool) -> Response:
     try:
         view = view_settings()
@@ -360,7 +360,7 @@ async def _view(request: Request, connection_id: str, key_args: dict[str, Any], 
     key = ReadKey(connection_id, **key_args)
     try:
         key.check()
-        if page is not None and page.stream is not None:
+        if page.stream is not None:
             validate_name(page.stream, what="stream")
         snapshot, age = await CACHE.get(key, _reader(key, view), ttl=view.cache_seconds,
                                         concurrent=view.concurrent_reads, timeout=view.timeout)
@@ -377,9 +377,7 @@ async def _view(request: Request, connection_id: str, key_args: dict[str, Any], 
         return _answer(request, 503, snapshot["error"], html=html, view=view, title=f"JetStream: {connection_id}",
                        headers=headers, body={**snapshot, "age_s": round(age, 1)}, unavailable=True,
                        connection_id=connection_id, servers=snapshot.get("servers", []))
-    query = page or PageQuery(per_page=view.page_size)
-    shaped = shape(snapshot, PageQuery(per_page=query.per_page or view.page_size, stream=query.stream,
-                                       pages=query.pages))
+    shaped = shape(snapshot, replace(page, per_page=page.per_page or view.page_size))
     if html:
         return pages.page(request, shaped, query=dict(request.query_params), age_s=age, limits=view.thresholds,
                           headers=headers)
@@ -417,9 +415,9 @@ ViewRequest = Annotated[tuple[dict[str, Any], PageQuery], Depends(_view_request)
          responses=PAGE_RESPONSES)
 async def connection_page(request: Request, connection_id: str, asked: ViewRequest,
                           output: Annotated[str, Query(alias="format", pattern="^(html|json)$")] = "html") -> Response:
-    return await _view(request, connection_id, asked[0], asked[1], html=output == "html")
+    return await _view(request, connection_id, *asked, html=output == "html")
 
 
 @app.get("/api/connections/{connection_id}", dependencies=[ReadConnection], responses=RESPONSES)
 async def connection_json(request: Request, connection_id: str, asked: ViewRequest) -> Response:
-    return await _view(request, connection_id, asked[0], asked[1], html=False)
+    return await _view(request, connection_id, *asked, html=False)

@@ -278,7 +278,7 @@ facts["provider"] = manager.providers["airflow-jetstream"].version
 facts["nats_hook"] = manager.hooks["nats"].hook_class_name
 if "pyspark" in facts["versions"]:
     import pyspark.version
-    from airflow_jetstream.spark.versions import check_pyspark_install
+    from airflow_jetstream.spark.package import check_pyspark_install
     check_pyspark_install()
     jars = Path(pyspark.version.__file__).parent / "jars"
     facts["python_side"] = pyspark.version.__version__

@@ -14,7 +14,7 @@ import pytest
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream
 from airflow_jetstream.client.errors import AuthenticationError
-from airflow_jetstream.spark.connection import CONF_PREFIX, settings_to_conf
+from airflow_jetstream.spark.driver import CONF_PREFIX, settings_to_conf
 from tests.conftest import AUTH_PASSWORD, AUTH_TOKEN, AUTH_USER
 from tests.support.nats_calls import call_on_server, stored_rows
 from tests.support.spark_session import local_spark

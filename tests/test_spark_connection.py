@@ -18,7 +18,7 @@ from airflow_jetstream.client.settings import SECRET_FIELDS, ConnectionSettings,
 from airflow_jetstream.get_provider_info import CONN_FIELDS
 from airflow_jetstream.hooks.jetstream import settings_from_connection
 from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator, handed_properties, properties_text
-from airflow_jetstream.spark.connection import (
+from airflow_jetstream.spark.driver import (
     conf_key,
     fields_from_conf,
     settings_to_conf,

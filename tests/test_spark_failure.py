@@ -1,5 +1,5 @@
 """A failed Spark job ends its task with one clear cause, not spark-submit's exit code: the job's driver
-records it (airflow_jetstream/spark/failure.py), the operator reads it; the Spark provider's hook is used as
+records it (airflow_jetstream/spark/driver.py), the operator reads it; the Spark provider's hook is used as
 Airflow builds it (no method of it replaced but ``submit``, which starts spark-submit as the task's child)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from airflow.exceptions import AirflowException
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
 from airflow_jetstream.operators.spark_submit import JetStreamSparkSubmitOperator, _TaskChildSubmitHook
-from airflow_jetstream.spark.failure import FAILURE_FILE_CONF, SparkFailureCause, record_failures
+from airflow_jetstream.spark.driver import FAILURE_FILE_CONF, SparkFailureCause, record_failures
 from tests.support.airflow_cli import nats_conn_json
 
 #: What spark-submit printed for a job whose executor refused a message (trimmed; from a real run).

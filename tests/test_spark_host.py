@@ -22,7 +22,7 @@ from airflow_jetstream.operators.spark_submit import (
     driver_python,
     java_missing,
 )
-from airflow_jetstream.spark.failure import cause_in
+from airflow_jetstream.spark.driver import cause_in
 from tests.support.airflow_cli import nats_conn_json
 from tests.support.nats_calls import call_on_server
 

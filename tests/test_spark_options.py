@@ -138,14 +138,14 @@ def test_stream_read_options() -> None:
 
 def test_streaming_features_missing_from_older_pyspark_are_refused_naming_the_version(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_jetstream.spark import stream_reader, writer
+    from airflow_jetstream.spark import reader, writer
 
     limited = StreamReadOptions.parse({**SERVER, "stream": "S", "max_bytes_per_trigger": "1000"})
-    stream_reader.check_streaming_read_support(limited, "4.2.0")
-    monkeypatch.setattr(stream_reader, "READ_LIMITS", False)
-    stream_reader.check_streaming_read_support(StreamReadOptions.parse({**SERVER, "stream": "S"}), "4.1.1")
+    reader.check_streaming_read_support(limited, "4.2.0")
+    monkeypatch.setattr(reader, "READ_LIMITS", False)
+    reader.check_streaming_read_support(StreamReadOptions.parse({**SERVER, "stream": "S"}), "4.1.1")
     with pytest.raises(InvalidRequestError, match=r"need pyspark 4\.2 or later.*this is pyspark 4\.1\.1") as err:
-        stream_reader.check_streaming_read_support(limited, "4.1.1")
+        reader.check_streaming_read_support(limited, "4.1.1")
     assert err.value.reason == "pyspark_too_old" and "max_bytes_per_trigger" in str(err.value)
 
     with pytest.raises(InvalidRequestError, match="query id"):

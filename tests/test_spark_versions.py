@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 
 from airflow_jetstream.client.errors import SparkInstallError
 from airflow_jetstream.spark import register
-from airflow_jetstream.spark.versions import check_pyspark_install, installed_pyspark_versions
+from airflow_jetstream.spark.package import check_pyspark_install, installed_pyspark_versions
 
 #: file -> (pyspark 4.3.0's bytes, pyspark-client 4.2.0's bytes); the jar is pyspark's only.
 SHARED = {"pyspark/version.py": (b"__version__ = '4.3.0'\n", b"__version__ = '4.2.0'\n"),

@@ -225,7 +225,7 @@ class AirflowFeatureError(JetStreamError, reason="airflow_too_old"):
 
 
 class SparkInstallError(JetStreamError, reason="spark_version_mismatch"):
-    """The installed pyspark packages do not fit together (airflow_jetstream/spark/versions.py)."""
+    """The installed pyspark packages do not fit together (airflow_jetstream/spark/package.py)."""
 
 
 class NatsPyVersionError(JetStreamError, reason="natspy_incompatible"):

@@ -9,7 +9,7 @@ which imports pyspark) is imported when the task runs.
 What spark-submit needs on the host that runs it is checked here too: a Celery worker host runs the Spark driver
 (client mode), so it needs Java and a Python that can run the job. These checks import Airflow, so they are not in
 spark/, which executors receive as a zip without Airflow; the executors' hosts are named in the job's failure
-instead (airflow_jetstream/spark/failure.py), since only the job reaches them. Without them, ``spark-class`` prints
+instead (airflow_jetstream/spark/driver.py), since only the job reaches them. Without them, ``spark-class`` prints
 "JAVA_HOME is not set", or the JVM "Cannot run program "python3.9"", and the task fails with the Spark provider's
 "Cannot execute: spark-submit ..." and the whole command line: nothing says which host lacks what. The operator
 checks first and fails in one line naming the host (Airflow's ``[core] hostname_callable``, the name the UI shows
@@ -50,11 +50,11 @@ from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.ui.links import JetStreamLedgerRunLink, JetStreamViewLink
 
 PROPERTIES_NAME = "jetstream-spark.properties"
-#: The file the job's driver records the cause of its failure in (airflow_jetstream/spark/failure.py).
+#: The file the job's driver records the cause of its failure in (airflow_jetstream/spark/driver.py).
 FAILURE_NAME = "failure.txt"
 
 
-#: A cause naming an executor host that cannot run the job (airflow_jetstream/spark/failure.py).
+#: A cause naming an executor host that cannot run the job (airflow_jetstream/spark/driver.py).
 _INSTALL_CAUSE = re.compile(r"SparkInstallError: (?P<message>.*) \(reason: (?P<reason>\w+)\)")
 
 #: Names of variables that hold or may hold a secret, besides Airflow's connections, variables and sensitive
@@ -92,7 +92,7 @@ def properties_text(settings: ConnectionSettings, base: str | Path | None = None
                     job_conf: Mapping[str, str] | None = None) -> str:
     """``base`` (a properties file, or spark-defaults.conf) plus the connection's ``spark.jetstream.*`` entries
     (and ``job_conf``, the operator's ``spark.jetstream.job.*`` keys), as a properties file's text."""
-    from airflow_jetstream.spark.connection import settings_to_conf
+    from airflow_jetstream.spark.driver import settings_to_conf
 
     base = Path(base) if base else default_properties_file()
     lines = [base.read_text(encoding="utf-8").rstrip("\n")] if base else []
@@ -274,9 +274,8 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         self.stream = stream
 
     def execute(self, context: Mapping[str, Any]) -> None:
-        from airflow_jetstream.spark.failure import FAILURE_FILE_CONF
-        from airflow_jetstream.spark.package import PACKAGE_ZIP, build_py_files
-        from airflow_jetstream.spark.versions import check_pyspark_install
+        from airflow_jetstream.spark.driver import FAILURE_FILE_CONF
+        from airflow_jetstream.spark.package import PACKAGE_ZIP, build_py_files, check_pyspark_install
 
         check_pyspark_install()  # spark-submit comes from the installed pyspark
         check_java({**os.environ, **(self.env_vars or {})})  # spark-submit's environment (the Spark provider's)
@@ -323,7 +322,7 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         return child
 
     def _refuse_conf_overrides(self) -> None:
-        from airflow_jetstream.spark.connection import CONF_PREFIX
+        from airflow_jetstream.spark.driver import CONF_PREFIX
 
         clashing = sorted(k for k in (self.conf or {}) if str(k).startswith(CONF_PREFIX))
         if clashing:
@@ -342,8 +341,8 @@ def _auth_kind(settings: ConnectionSettings) -> str:
 
 
 def _failure_cause(recorded: Path, error: AirflowException) -> str | None:
-    """The cause the job's driver recorded (airflow_jetstream/spark/failure.py), else the one in the spark-submit
+    """The cause the job's driver recorded (airflow_jetstream/spark/driver.py), else the one in the spark-submit
     output Airflow's error carries (the Spark provider appends its last lines from 6.3.0 on), else None."""
-    from airflow_jetstream.spark.failure import cause_in, recorded_cause
+    from airflow_jetstream.spark.driver import cause_in, recorded_cause
 
     return recorded_cause(recorded) or cause_in(str(error).partition("\n")[2])

@@ -3,7 +3,7 @@
 Imports the client toolkit and pyspark, never Airflow, so executors only need this package: after
 ``register(spark)``, ``spark.read.format("jetstream")`` and ``df.write.format("jetstream")``. Submitted with
 ``JetStreamSparkSubmitOperator(nats_conn_id=...)``, the ``servers`` option and credentials come from the
-Airflow connection (:mod:`airflow_jetstream.spark.connection`).
+Airflow connection (:mod:`airflow_jetstream.spark.driver`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,12 @@ from pyspark.sql.types import StructType
 
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.settings import ConnectionSettings, settings_to_fields
-from airflow_jetstream.spark.connection import connected_source, session_connection_fields, with_connection_defaults
-from airflow_jetstream.spark.failure import record_failures
+from airflow_jetstream.spark.driver import (
+    connected_source,
+    record_failures,
+    session_connection_fields,
+    with_connection_defaults,
+)
 from airflow_jetstream.spark.options import (
     DECODINGS,
     ReadOptions,
@@ -33,10 +37,14 @@ from airflow_jetstream.spark.options import (
     check_option_names,
     lowered,
 )
-from airflow_jetstream.spark.package import add_package_to_session, build_py_files
-from airflow_jetstream.spark.reader import JetStreamReader, consume, default_schema
-from airflow_jetstream.spark.stream_reader import JetStreamStreamReader, check_streaming_read_support
-from airflow_jetstream.spark.versions import check_pyspark_install
+from airflow_jetstream.spark.package import add_package_to_session, build_py_files, check_pyspark_install
+from airflow_jetstream.spark.reader import (
+    JetStreamReader,
+    JetStreamStreamReader,
+    check_streaming_read_support,
+    consume,
+    default_schema,
+)
 from airflow_jetstream.spark.writer import (
     JetStreamStreamWriter,
     JetStreamWriter,

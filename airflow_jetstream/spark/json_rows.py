@@ -42,7 +42,7 @@ from airflow_jetstream.client.errors import InvalidRequestError
 
 JSON_MODES = ("failfast", "permissive")
 DEFAULT_CORRUPT_RECORD_COLUMN = "_corrupt_record"
-_INT_RANGES = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
+_INT_RANGES: dict[type, int] = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
 
 
 class BadValue(ValueError):
@@ -163,48 +163,48 @@ def converter(data_type: DataType) -> Callable[[Any], Any]:
     return lambda value: None if value is None else inner(value)
 
 
+_number = _typed((int, float), "number")
+_object = _typed(dict, "JSON object")
+#: The converters of the column types that need no parameter of the type.
+_SCALARS: dict[type, Callable[[Any], Any]] = {
+    DoubleType: lambda v: float(_number(v)), FloatType: lambda v: float(_number(v)),
+    StringType: _typed(str, "string"), BooleanType: _typed(bool, "boolean"), TimestampNTZType: _timestamp_ntz,
+    TimestampType: _timestamp, DateType: _date, BinaryType: _binary,
+}
+
+
 def _converter(data_type: DataType) -> Callable[[Any], Any]:
-    for spark_type, bits in _INT_RANGES.items():
-        if isinstance(data_type, spark_type):
-            return _integer(bits, data_type.simpleString())
-    if isinstance(data_type, (DoubleType, FloatType)):
-        return lambda v: float(_typed((int, float), "number")(v))
-    if isinstance(data_type, StringType):
-        return _typed(str, "string")
-    if isinstance(data_type, BooleanType):
-        return _typed(bool, "boolean")
+    kind = type(data_type)
+    if kind in _INT_RANGES:
+        return _integer(_INT_RANGES[kind], data_type.simpleString())
+    if kind in _SCALARS:
+        return _SCALARS[kind]
     if isinstance(data_type, DecimalType):
         return _decimal(data_type)
-    if isinstance(data_type, TimestampNTZType):
-        return _timestamp_ntz
-    if isinstance(data_type, TimestampType):
-        return _timestamp
-    if isinstance(data_type, DateType):
-        return _date
-    if isinstance(data_type, BinaryType):
-        return _binary
     if isinstance(data_type, ArrayType):
         element = converter(data_type.elementType)
         return lambda v: [element(e) for e in _typed(list, "JSON array")(v)]
     if isinstance(data_type, MapType):
         key, value = converter(data_type.keyType), converter(data_type.valueType)
-        return lambda v: [(key(k), value(x)) for k, x in _typed(dict, "JSON object")(v).items()]
+        return lambda v: [(key(k), value(x)) for k, x in _object(v).items()]
     if isinstance(data_type, StructType):
         fields = [(f.name, converter(f.dataType)) for f in data_type.fields]
-        return lambda v: {name: conv(_typed(dict, "JSON object")(v).get(name)) for name, conv in fields}
+        return lambda v: {name: conv(_object(v).get(name)) for name, conv in fields}
     raise InvalidRequestError(f"decode=json cannot fill a {data_type.simpleString()} column", reason="invalid_schema")
 
 
-def headers_kind(data_type: DataType) -> str | None:
+def headers_kind(data_type: DataType, column: str, reason: str) -> str:
     """A headers column's type: ``"joined"`` for map<string,string> (a repeated name's values joined by ``, ``),
-    ``"all"`` for map<string,array<string>> (every value), else None (neither reads nor writes it)."""
-    if not isinstance(data_type, MapType) or not isinstance(data_type.keyType, StringType):
-        return None
-    if isinstance(data_type.valueType, StringType):
-        return "joined"
-    if isinstance(data_type.valueType, ArrayType) and isinstance(data_type.valueType.elementType, StringType):
-        return "all"
-    return None
+    ``"all"`` for map<string,array<string>> (every value); neither reads nor writes any other (refused with
+    ``reason``)."""
+    if isinstance(data_type, MapType) and isinstance(data_type.keyType, StringType):
+        if isinstance(data_type.valueType, StringType):
+            return "joined"
+        if isinstance(data_type.valueType, ArrayType) and isinstance(data_type.valueType.elementType, StringType):
+            return "all"
+    raise InvalidRequestError(f"column {column!r} must be map<string,string> (a repeated name's values joined by "
+                              f"', ') or map<string,array<string>> (every value), not {data_type.simpleString()}",
+                              reason=reason)
 
 
 def bad_json_error(seq: int, subject: str, problem: str, column: str | None = None) -> InvalidRequestError:

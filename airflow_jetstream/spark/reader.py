@@ -1,8 +1,17 @@
-"""The read side of the ``jetstream`` data source: a bounded, parallel read of a stream (docs/spark.md).
+"""The read side of the ``jetstream`` data source: bounded, parallel batch reads (docs/spark.md) and the streaming
+read, ``spark.readStream.format("jetstream")`` (docs/streaming.md).
 
-The end is fixed once, when Spark plans the job, and ``first..last`` is split into sequence ranges read in
-parallel, so every action sees the same messages. Reading never removes anything; :func:`consume`
+A batch read's end is fixed once, when Spark plans the job, and ``first..last`` is split into sequence ranges read
+in parallel, so every action sees the same messages. Reading never removes anything; :func:`consume`
 acknowledges exactly what was read, and only after the caller's block (the output's write) succeeded.
+
+Streaming offsets are stream sequences (``{"stream": "ORDERS", "seq": n}``: Spark has every message up to ``n``);
+a micro-batch from ``a`` to ``b`` reads ``a+1..b`` with the batch read's planning and columns. Spark writes a
+micro-batch's offsets to the checkpoint before it runs and a commit after the sink finished, so every
+message is read exactly once per checkpoint. Read limits need pyspark 4.2 (``max_bytes_per_trigger`` is
+soft: turned into sequences with the stream's average message size); ``end_seq``/``end_time`` bound every
+micro-batch. With ``consume=true`` a micro-batch is acknowledged when Spark commits its end offset, which
+it does only after the micro-batch's commit is in the checkpoint.
 """
 
 from __future__ import annotations
@@ -12,15 +21,16 @@ import dataclasses
 import inspect
 import logging
 import time
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from airflow_jetstream.client.connection import open_connection
+from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
+from airflow_jetstream.client.connection import JetStreamConnection, open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.records import BatchRecord
@@ -32,12 +42,28 @@ from airflow_jetstream.client.reading.read_plan import (
     plan_read,
     plan_worker_read,
     read_method,
+    resolve_start,
+    split_range,
 )
 from airflow_jetstream.client.reading.stored import read_range
-from airflow_jetstream.spark.connection import session_connection_fields, with_connection_defaults
+from airflow_jetstream.spark.driver import progress, rate, run, session_connection_fields, with_connection_defaults
 from airflow_jetstream.spark.json_rows import BadValue, bad_json_error, converter, headers_kind, parse_payload
-from airflow_jetstream.spark.options import ReadOptions, lowered
-from airflow_jetstream.spark.progress import progress, rate
+from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions, lowered
+
+try:  # pyspark 4.2+: read limits (admission control) and Trigger.AvailableNow
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxBytes,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+except ImportError:  # pyspark 4.0 / 4.1
+    READ_LIMITS = False
+    _STREAM_BASES: tuple[type, ...] = (DataSourceStreamReader,)
+else:
+    READ_LIMITS = True
+    _STREAM_BASES = (DataSourceStreamReader, SupportsTriggerAvailableNow)
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +94,8 @@ def check_read_schema(schema: StructType, options: ReadOptions) -> None:
         if f.name == options.corrupt_record_column and not isinstance(f.dataType, StringType):
             raise InvalidRequestError(f"column {f.name} (the corrupt record column) must be a string",
                                       reason="invalid_schema")
-        if f.name == "headers" and not headers_kind(f.dataType):
-            raise InvalidRequestError(
-                f"column headers must be map<string,string> (a repeated name's values joined by ', ') or "
-                f"map<string,array<string>> (every value), not {f.dataType.simpleString()}",
-                reason="invalid_schema",
-            )
+        if f.name == "headers":
+            headers_kind(f.dataType, f.name, "invalid_schema")
         if f.name == "payload":
             wanted = BinaryType if options.decode == "none" else StringType
             if not isinstance(f.dataType, wanted):
@@ -83,19 +105,15 @@ def check_read_schema(schema: StructType, options: ReadOptions) -> None:
                 )
 
 
-async def plan_for(options: ReadOptions) -> ReadPlan:
+async def plan_for(conn: JetStreamConnection, options: ReadOptions) -> ReadPlan:
     """Fix the bounds of a read now (the driver does this once per job)."""
-    async with open_connection(options.settings) as conn:
-        plan = await plan_read(conn, options.stream, subjects=options.filter_subjects, start_seq=options.start_seq,
-                               start_time=options.start_time, end_seq=options.end_seq, partitions=1,
-                               consumer=options.consumer)
-        span = plan.last_seq - plan.first_seq + 1
-        parts = options.num_partitions or max(1, min(MAX_DEFAULT_PARTITIONS, -(-span // ROWS_PER_PARTITION)))
-        plan = await plan_read(conn, options.stream, subjects=plan.subjects, start_seq=plan.first_seq,
-                               end_seq=plan.last_seq, partitions=parts)
-        plan = dataclasses.replace(plan, consumer=options.consumer)
-        if options.worker_subjects:
-            plan = await plan_worker_read(conn, plan, options.worker_subjects, prefix=options.worker_prefix)
+    plan = await plan_read(conn, options.stream, subjects=options.filter_subjects, start_seq=options.start_seq,
+                           start_time=options.start_time, end_seq=options.end_seq, consumer=options.consumer)
+    span = plan.last_seq - plan.first_seq + 1
+    parts = options.num_partitions or max(1, min(MAX_DEFAULT_PARTITIONS, -(-span // ROWS_PER_PARTITION)))
+    plan = dataclasses.replace(plan, ranges=split_range(plan.first_seq, plan.last_seq, parts))
+    if options.worker_subjects:
+        plan = await plan_worker_read(conn, plan, options.worker_subjects, prefix=options.worker_prefix)
     read_method(plan, consume=options.consume)
     return plan
 
@@ -119,8 +137,8 @@ class _Columns:
                                        for f in schema.fields])
         self.json_fields = [(f.name, converter(f.dataType)) for f in schema.fields
                             if f.name not in METADATA_COLUMNS and f.name != self.corrupt]
-        headers = next((f for f in schema.fields if f.name == "headers"), None)
-        self.all_header_values = headers is not None and headers_kind(headers.dataType) == "all"
+        kinds = [headers_kind(f.dataType, f.name, "invalid_schema") for f in schema.fields if f.name == "headers"]
+        self.all_header_values = kinds == ["all"]
 
     def _decode(self, chunk: list[Row]) -> tuple[dict[str, list[Any]], list[str | None]]:
         """The JSON columns' values and the corrupt records (raw payloads of bad messages, permissive mode)."""
@@ -164,23 +182,18 @@ class _Columns:
     def batch(self, chunk: list[Row]) -> Any:
         pa = self.pa
         decoded, corrupt = self._decode(chunk) if self.json_fields else ({}, [None] * len(chunk))
+        columns: dict[str, Callable[[], list[Any]]] = {
+            self.corrupt: lambda: corrupt,
+            "subject": lambda: [m[0] for m in chunk],
+            "seq": lambda: [m[1] for m in chunk],
+            "timestamp": lambda: [m[2] // 1000 for m in chunk],
+            "headers": lambda: [self._headers(m[3]) for m in chunk],
+            "payload": lambda: [m[4] for m in chunk] if self.decode == "none" else self._texts(chunk),
+        }
         arrays = []
         for field in self.arrow_schema:
             name = field.name
-            if name == "subject":
-                values: list[Any] = [m[0] for m in chunk]
-            elif name == "seq":
-                values = [m[1] for m in chunk]
-            elif name == "timestamp":
-                values = [m[2] // 1000 for m in chunk]
-            elif name == "headers":
-                values = [self._headers(m[3]) for m in chunk]
-            elif name == "payload":
-                values = [m[4] for m in chunk] if self.decode == "none" else self._texts(chunk)
-            elif name == self.corrupt:
-                values = corrupt
-            else:
-                values = decoded[name]
+            values = columns[name]() if name in columns else decoded[name]
             try:
                 arrays.append(pa.array(values, type=field.type))
             except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -192,51 +205,60 @@ class _Columns:
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
 
-class JetStreamReader(DataSourceReader):
-    """Plans on the driver (bounds fixed once), reads sequence ranges in the tasks."""
+class _PartitionReader:
+    """What the batch and the streaming reader share: the checked schema and the tasks' side, reading partitions
+    ``(via, first, last, subjects)`` of a plan (:func:`plan_partitions`)."""
 
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         check_read_schema(schema, options)
-        self.options = options
-        self.schema = schema
-        self.plan = asyncio.run(plan_for(options))
-        self.via = read_method(self.plan, consume=options.consume)
-        log.info("jetstream read of %s: seq %d..%d in %d partition(s) via %s", self.plan.stream,
-                 self.plan.first_seq, self.plan.last_seq, len(self.plan.partitions()), self.via)
-
-    def partitions(self) -> list[InputPartition]:
-        return [InputPartition(p) for p in self.plan.partitions()] or [InputPartition((1, 0, ()))]
+        self.read_options, self.schema = options, schema
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        first, last, subjects = partition.value
-        yield from read_batches(self.options, self.schema, self.plan.stream, self.via, first, last, subjects)
+        """One task's share of a read: Arrow record batches of the stream's messages ``first..last``."""
+        via, first, last, subjects = partition.value
+        if last < first:
+            return
+        options = self.read_options
+        columns = _Columns(self.schema, options)
+
+        async def chunks() -> AsyncGenerator[list[Row], None]:
+            async with open_connection(options.settings) as conn:
+                async for chunk in read_range(conn, options.stream, first, last, subjects=tuple(subjects), via=via,
+                                              batch=options.batch_size):
+                    yield chunk
+
+        loop = asyncio.new_event_loop()  # a private loop, driven from this synchronous generator
+        agen = chunks()
+        try:
+            while True:
+                try:
+                    chunk = loop.run_until_complete(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield columns.batch(chunk)
+        finally:
+            loop.run_until_complete(agen.aclose())
+            loop.close()
 
 
-def read_batches(options: ReadOptions, schema: StructType, stream: str, via: str, first: int, last: int,
-                 subjects: Sequence[str]) -> Iterator[Any]:
-    """One task's share of a read: Arrow record batches of ``stream``'s messages ``first..last``."""
-    if last < first:
-        return
-    columns = _Columns(schema, options)
+def plan_partitions(plan: ReadPlan, *, consume: bool) -> list[InputPartition]:
+    """The plan's partitions as the tasks read them: how (direct gets or a consumer), sequences and subjects."""
+    via = read_method(plan, consume=consume)
+    return [InputPartition((via, first, last, subjects)) for first, last, subjects in plan.partitions()]
 
-    async def chunks() -> AsyncGenerator[list[Row], None]:
-        async with open_connection(options.settings) as conn:
-            async for chunk in read_range(conn, stream, first, last, subjects=tuple(subjects), via=via,
-                                          batch=options.batch_size):
-                yield chunk
 
-    loop = asyncio.new_event_loop()  # a private loop, driven from this synchronous generator
-    agen = chunks()
-    try:
-        while True:
-            try:
-                chunk = loop.run_until_complete(agen.__anext__())
-            except StopAsyncIteration:
-                return
-            yield columns.batch(chunk)
-    finally:
-        loop.run_until_complete(agen.aclose())
-        loop.close()
+class JetStreamReader(_PartitionReader, DataSourceReader):
+    """Plans on the driver (bounds fixed once), reads sequence ranges in the tasks."""
+
+    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+        super().__init__(options, schema)
+        self.plan = run(options.settings, plan_for, options)
+        log.info("jetstream read of %s: seq %d..%d in %d partition(s) via %s", self.plan.stream,
+                 self.plan.first_seq, self.plan.last_seq, len(self.plan.partitions()),
+                 read_method(self.plan, consume=options.consume))
+
+    def partitions(self) -> list[InputPartition]:
+        return plan_partitions(self.plan, consume=self.read_options.consume) or [InputPartition(("direct", 1, 0, ()))]
 
 
 @dataclasses.dataclass
@@ -263,25 +285,21 @@ class Consumption:
                 "removed": self.removed}
 
 
-async def _claim(options: ReadOptions, run_id: str | None, ledger_bucket: str, owner: str,
+async def _claim(conn: JetStreamConnection, run_id: str, ledger_bucket: str, owner: str,
                  visibility_timeout: float | str | timedelta) -> tuple[list[BatchRecord], bool]:
     """The claims taken on the run's batches, and whether the ledger says the run was consumed before."""
-    if not run_id:
-        return [], False
-    async with open_connection(options.settings) as conn:
-        ledger = await BatchLedger.open(conn, ledger_bucket, visibility_timeout=visibility_timeout)
-        return await ledger.claim_run(run_id, owner=owner)
+    ledger = await BatchLedger.open(conn, ledger_bucket, visibility_timeout=visibility_timeout)
+    return await ledger.claim_run(run_id, owner=owner)
 
 
-async def _finish(options: ReadOptions, consumption: Consumption, ledger_bucket: str, error: str | None) -> None:
+async def _finish(conn: JetStreamConnection, consumption: Consumption, ledger_bucket: str, error: str | None) -> None:
     """Settle the claims, then acknowledge the read: a job whose claims were taken over while it was frozen gets
     ``ClaimLostError`` from the ledger and acknowledges nothing (its cursor may lag its successor's)."""
-    async with open_connection(options.settings) as conn:
-        if consumption.claimed:
-            ledger = await BatchLedger.open(conn, ledger_bucket)
-            await ledger.settle(consumption.claimed, error=error)
-        if error is None:
-            consumption.removed = await acknowledge_read(conn, consumption.plan)
+    if consumption.claimed:
+        ledger = await BatchLedger.open(conn, ledger_bucket)
+        await ledger.settle(consumption.claimed, error=error)
+    if error is None:
+        consumption.removed = await acknowledge_read(conn, consumption.plan)
 
 
 @contextmanager
@@ -316,7 +334,7 @@ def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str 
     opts = {**lowered(options), "consume": "true"}
     parsed = ReadOptions.parse(with_connection_defaults(session_connection_fields(spark), opts))
     started = time.monotonic()
-    plan = asyncio.run(plan_for(parsed))
+    plan = run(parsed.settings, plan_for, parsed)
     pinned = {**opts, "start_seq": str(plan.first_seq), "end_seq": str(max(plan.last_seq, 0)),
               "num_partitions": str(max(1, len(plan.ranges)))}
     if plan.workers:
@@ -327,15 +345,150 @@ def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str 
     if schema is not None:
         reader = reader.schema(schema)
     df = reader.load()
-    claims, already_consumed = asyncio.run(_claim(parsed, run_id, ledger_bucket, owner, visibility_timeout))
+    claims, already_consumed = run(parsed.settings, _claim, run_id, ledger_bucket, owner,
+                                   visibility_timeout) if run_id else ([], False)
     consumption = Consumption(plan, claims, already_consumed=already_consumed)
     try:
         yield df, consumption
     except BaseException as exc:
-        asyncio.run(_finish(parsed, consumption, ledger_bucket, f"{type(exc).__name__}: {exc}"))
+        run(parsed.settings, _finish, consumption, ledger_bucket, f"{type(exc).__name__}: {exc}")
         raise
-    asyncio.run(_finish(parsed, consumption, ledger_bucket, None))
+    run(parsed.settings, _finish, consumption, ledger_bucket, None)
     seconds = time.monotonic() - started
     progress(f"consume {plan.stream}: read {plan.messages} message(s) seq {plan.first_seq}..{plan.last_seq}, "
              f"removed {consumption.removed or 0}, {len(consumption.claimed)} batch(es) consumed, "
              f"in {seconds:.1f} s ({rate(plan.messages, seconds)})")
+
+
+def check_streaming_read_support(options: StreamReadOptions, pyspark_version: str) -> None:
+    """Refuse read limits on a pyspark without them (they arrived in 4.2), naming the version."""
+    if READ_LIMITS:
+        return
+    given = [name for name in ("max_messages_per_trigger", "max_bytes_per_trigger") if getattr(options, name)]
+    if given:
+        raise InvalidRequestError(
+            f"option(s) {', '.join(given)} need pyspark 4.2 or later (read limits for Python data sources); "
+            f"this is pyspark {pyspark_version}: upgrade pyspark or leave them unset (each micro-batch then "
+            "reads everything stored since the previous one)",
+            reason="pyspark_too_old",
+        )
+
+
+def _offset(stream: str, seq: int) -> dict[str, Any]:
+    return {"stream": stream, "seq": seq}
+
+
+def _seq(offset: dict[str, Any], stream: str) -> int:
+    """The sequence of an offset of this stream (a checkpoint of another stream is refused)."""
+    if offset.get("stream") != stream:
+        raise InvalidRequestError(
+            f"the query's checkpoint holds offsets of stream {offset.get('stream')!r}, not {stream!r}; "
+            "give each query its own checkpoint location",
+            reason="invalid_checkpoint",
+        )
+    return int(offset["seq"])
+
+
+async def _start_seq(conn: JetStreamConnection, options: StreamReadOptions) -> int:
+    """The first sequence a new query reads (after the cursor consumer's ack floor, when there is one)."""
+    read = options.read
+    start_seq = read.start_seq
+    if start_seq is None and read.start_time is None:
+        start_seq = await resolve_start(conn, read.stream, options.start)
+    plan = await plan_read(conn, read.stream, subjects=read.filter_subjects, start_seq=start_seq,
+                           start_time=read.start_time, consumer=read.consumer)
+    return plan.first_seq
+
+
+async def _stream_state(conn: JetStreamConnection, options: StreamReadOptions) -> tuple[dict[str, Any], int]:
+    """The stream's state and the last sequence the query may read (``end_seq``/``end_time`` applied)."""
+    read = options.read
+    state = (await stream_info(conn, read.stream))["state"]
+    last = int(state.get("last_seq") or 0)
+    if read.end_seq is not None:
+        last = min(last, read.end_seq)
+    if options.end_time is not None:
+        last = min(last, await first_seq_at_or_after(conn, read.stream, options.end_time) - 1)
+    return state, last
+
+
+async def _acknowledge(conn: JetStreamConnection, read: ReadOptions, last: int) -> int:
+    plan = await plan_read(conn, read.stream, subjects=read.filter_subjects, end_seq=last, consumer=read.consumer)
+    return await acknowledge_read(conn, plan)
+
+
+class JetStreamStreamReader(_PartitionReader, *_STREAM_BASES):  # type: ignore[misc]
+    """The driver side keeps the query's latest sequence and, under AvailableNow, its target."""
+
+    def __init__(self, options: StreamReadOptions, schema: StructType) -> None:
+        super().__init__(options.read, schema)
+        self.options = options
+        self.stream = options.read.stream
+        #: Trigger.AvailableNow: the last sequence stored when the query started.
+        self.target: int | None = None
+        #: The stream's last sequence at the latest planning (the progress's ``latestOffset``).
+        self.latest: int | None = None
+        #: A new query's start, resolved once (Spark asks for it more than once as the query starts).
+        self.initial: dict[str, Any] | None = None
+
+    def initialOffset(self) -> dict[str, Any]:
+        if self.initial is None:
+            first = run(self.read_options.settings, _start_seq, self.options)
+            progress(f"stream read of {self.stream}: a new query starts at seq {first} (start={self.options.start})")
+            self.initial = _offset(self.stream, first - 1)
+        return self.initial
+
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
+        """The end of the next micro-batch: the stream's last sequence (at most the AvailableNow target),
+        capped by the read limit. pyspark 4.0/4.1 call it without arguments (no read limits there)."""
+        state, end = run(self.read_options.settings, _stream_state, self.options)
+        self.latest = int(state.get("last_seq") or 0)
+        end = end if self.target is None else min(end, self.target)
+        if start is None:
+            return _offset(self.stream, end)
+        begin = _seq(start, self.stream)
+        if limit is not None and not isinstance(limit, ReadAllAvailable):
+            end = min(end, begin + self._span(limit, state))
+        return _offset(self.stream, max(begin, end))
+
+    def _span(self, limit: ReadLimit, state: dict[str, Any]) -> int:
+        """How many sequences one micro-batch may span under ``limit`` and the options' limits."""
+        max_messages = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_messages_per_trigger
+        max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.options.max_bytes_per_trigger
+        spans = [max_messages] if max_messages else []
+        if max_bytes:
+            average = max(1, int(state.get("bytes") or 0) // max(1, int(state.get("messages") or 0)))
+            spans.append(max(1, max_bytes // average))
+        return min(spans, default=int(state.get("last_seq") or 0))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_messages_per_trigger:
+            return ReadMaxRows(self.options.max_messages_per_trigger)
+        if self.options.max_bytes_per_trigger:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return None if self.latest is None else _offset(self.stream, self.latest)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = run(self.read_options.settings, _stream_state, self.options)[1]
+        progress(f"stream read of {self.stream}: Trigger.AvailableNow reads up to seq {self.target}")
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        first, last = _seq(start, self.stream) + 1, _seq(end, self.stream)
+        if last < first:
+            return []
+        read = dataclasses.replace(self.options.read, start_seq=first, start_time=None, end_seq=last)
+        plan = run(read.settings, plan_for, read)
+        if plan.first_seq > first:
+            log.warning("stream %s: seq %d..%d were removed (limits, max age or a purge) before this query read "
+                        "them", self.stream, first, plan.first_seq - 1)
+        return plan_partitions(plan, consume=read.consume)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        if not self.options.read.consume:
+            return
+        last = _seq(end, self.stream)
+        removed = run(self.read_options.settings, _acknowledge, self.read_options, last)
+        progress(f"stream read of {self.stream}: acknowledged up to seq {last} ({removed} message(s) removed)")

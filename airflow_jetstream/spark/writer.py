@@ -36,13 +36,13 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from airflow_jetstream.client import server_features
 from airflow_jetstream.client.batches.publish_chunks import TargetStream, check_target_stream, publish_chunk
 from airflow_jetstream.client.batches.types import BatchMessage
-from airflow_jetstream.client.connection import JetStreamConnection, open_connection
+from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.kv.job_records import get_job_record, put_job_record
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.spark.driver import progress, rate, run
 from airflow_jetstream.spark.json_rows import encode_rows, headers_kind
 from airflow_jetstream.spark.options import WriteOptions
-from airflow_jetstream.spark.progress import progress, rate
 
 log = logging.getLogger(__name__)
 #: An unfenced write warns when the stream forgets msg ids sooner than this (Airflow's default retry_delay, s).
@@ -149,11 +149,8 @@ def check_write_schema(schema: StructType, options: WriteOptions) -> None:
             "or drop it to send every other column as a JSON object",
             reason="invalid_column",
         )
-    headers_type = types.get(options.headers_column)
-    if headers_type is not None and not headers_kind(headers_type):
-        raise InvalidRequestError(f"column {options.headers_column!r} must be map<string,string> or "
-                                  f"map<string,array<string>> (a repeated header), not "
-                                  f"{headers_type.simpleString()}", reason="invalid_column")
+    if options.headers_column in types:
+        headers_kind(types[options.headers_column], options.headers_column, "invalid_column")
     if payload_type is None and not (set(types) - {options.subject_column, options.headers_column}):
         raise InvalidRequestError("the DataFrame has no payload column and no other column to send as JSON",
                                   reason="invalid_column")
@@ -201,7 +198,7 @@ class JetStreamWriter(DataSourceArrowWriter):
     def __init__(self, options: WriteOptions, schema: StructType) -> None:
         self.options = options
         check_write_schema(schema, options)
-        asyncio.run(self._check_stream())
+        run(options.settings, self._check_stream)
 
     def for_job(self, job_id: str) -> JetStreamWriter:
         """This writer for job ``job_id`` (also its run in the ledger), without checking the stream again."""
@@ -209,11 +206,10 @@ class JetStreamWriter(DataSourceArrowWriter):
         other.options = replace(self.options, job_id=job_id, job_id_given=True, run_id=job_id)
         return other
 
-    async def _check_stream(self) -> None:
-        async with open_connection(self.options.settings) as conn:
-            feature = server_features.ATOMIC_BATCH if self.options.mode == "atomic" else server_features.FAST_BATCH
-            server_features.require(conn, feature, what=f"the jetstream data source's mode={self.options.mode}")
-            target = await self._target(conn, [self.options.subject] if self.options.subject else [])
+    async def _check_stream(self, conn: JetStreamConnection) -> None:
+        feature = server_features.ATOMIC_BATCH if self.options.mode == "atomic" else server_features.FAST_BATCH
+        server_features.require(conn, feature, what=f"the jetstream data source's mode={self.options.mode}")
+        target = await self._target(conn, [self.options.subject] if self.options.subject else [])
         if not target.fenced and target.duplicate_window < UNFENCED_WINDOW_WARNING:
             log.warning("jetstream write to %s in %s mode%s: a chunk committed but not yet in the ledger is protected "
                         "from a retry only for the stream's duplicate_window (%.0f s), shorter than Airflow's default "
@@ -232,45 +228,43 @@ class JetStreamWriter(DataSourceArrowWriter):
         context = TaskContext.get()
         partition = context.partitionId() if context else 0
         attempt = context.attemptNumber() if context else 0
-        return asyncio.run(self._write(partition, attempt, iterator))
+        return run(self.options.settings, self._write, partition, attempt, iterator)
 
-    async def _write(self, partition: int, attempt: int, iterator: Any) -> PartitionReport:
+    async def _write(self, conn: JetStreamConnection, partition: int, attempt: int, iterator: Any) -> PartitionReport:
         opts = self.options
         report = PartitionReport(partition=partition, attempt=attempt, job_id=opts.job_id)
         started = time.monotonic()
         pending: list[tuple[str, bytes, dict[str, str] | None]] = []
         chunk = 0
         running: set[asyncio.Task[None]] = set()
-        async with open_connection(opts.settings) as conn:
-            ledger = await self._ledger(conn, partition)
-            target = await self._target(conn)
+        ledger = await self._ledger(conn, partition)
+        target = await self._target(conn)
 
-            async def submit(rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
-                nonlocal chunk
-                first_row, report.rows, report.batches = report.rows, report.rows + len(rows), report.batches + 1
-                index, chunk = chunk, chunk + 1
-                if ledger is not None and await ledger.recorded(index):
-                    report.skipped_batches += 1
-                    return
-                while len(running) >= opts.inflight:
-                    await _first_completed(running)
-                running.add(asyncio.create_task(self._publish_chunk(conn, target, ledger, report, index, first_row,
-                                                                    rows)))
+        async def submit(rows: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
+            nonlocal chunk
+            first_row, report.rows, report.batches = report.rows, report.rows + len(rows), report.batches + 1
+            index, chunk = chunk, chunk + 1
+            if ledger is not None and await ledger.recorded(index):
+                report.skipped_batches += 1
+                return
+            while len(running) >= opts.inflight:
+                await _first_completed(running)
+            running.add(asyncio.create_task(self._publish_chunk(conn, target, ledger, report, index, first_row, rows)))
 
-            try:
-                for batch in iterator:
-                    pending.extend(encode_batch(opts, batch))
-                    while len(pending) >= opts.batch_size:
-                        await submit(pending[:opts.batch_size])
-                        del pending[:opts.batch_size]
-                if pending:
-                    await submit(pending)
-                while running:
-                    await _first_completed(running)
-            finally:
-                for task in running:
-                    task.cancel()
-                await asyncio.gather(*running, return_exceptions=True)
+        try:
+            for batch in iterator:
+                pending.extend(encode_batch(opts, batch))
+                while len(pending) >= opts.batch_size:
+                    await submit(pending[:opts.batch_size])
+                    del pending[:opts.batch_size]
+            if pending:
+                await submit(pending)
+            while running:
+                await _first_completed(running)
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
         report.seconds = round(time.monotonic() - started, 3)
         log.info("jetstream write: partition %d attempt %d stored %d of %d rows in %d batches (%d skipped)",
                  partition, attempt, report.stored, report.rows, report.batches, report.skipped_batches)
@@ -290,15 +284,11 @@ class JetStreamWriter(DataSourceArrowWriter):
         opts = self.options
         await target.require(conn, {subject for subject, _, _ in rows})
         key = chunk_id(opts.job_id, report.partition, chunk)
-        if opts.mode == "atomic":
-            first_id = atomic_chunk_message_id(opts.job_id, report.partition, chunk)
-            messages = [BatchMessage(subject, payload, headers, first_id if row == 0 else None)
-                        for row, (subject, payload, headers) in enumerate(rows)]
+        if opts.mode == "atomic":  # the chunk's id on its first message; fast: each row's own
+            ids = [atomic_chunk_message_id(opts.job_id, report.partition, chunk)] + [None] * (len(rows) - 1)
         else:
-            messages = [
-                BatchMessage(subject, payload, headers, message_id(opts.job_id, report.partition, row))
-                for row, (subject, payload, headers) in enumerate(rows, start=first_row)
-            ]
+            ids = [message_id(opts.job_id, report.partition, row) for row in range(first_row, first_row + len(rows))]
+        messages = [BatchMessage(*row, msg_id) for row, msg_id in zip(rows, ids, strict=True)]
         result = await publish_chunk(conn, messages, mode=opts.mode, batch_id=f"{key}-a{report.attempt}",
                                      max_msgs=opts.batch_size, flow=opts.flow, target=target, fence_id=key)
         if result.already_committed or result.duplicates == len(rows):
@@ -347,13 +337,8 @@ class JetStreamWriter(DataSourceArrowWriter):
             "finished_at": datetime.now(UTC).isoformat(),
             "reports": [r.to_dict() for r in reports],
         }
-        asyncio.run(self._put_record(record))
-
-    async def _put_record(self, record: dict[str, Any]) -> None:
-        opts = self.options
-        async with open_connection(opts.settings) as conn:
-            await put_job_record(conn, opts.job_id, record, bucket=opts.job_bucket, replicas=opts.ledger_replicas,
-                                 placement=opts.ledger_placement)
+        run(opts.settings, put_job_record, opts.job_id, record, bucket=opts.job_bucket, replicas=opts.ledger_replicas,
+            placement=opts.ledger_placement)
 
 
 try:  # pyspark 4.1+
@@ -415,9 +400,8 @@ def checkpoint_query_id(checkpoint_location: str | None) -> str | None:
     return query_id if isinstance(query_id, str) and query_id else None
 
 
-async def _job_state(options: WriteOptions) -> str | None:
-    async with open_connection(options.settings) as conn:
-        record = await get_job_record(conn, options.job_id, bucket=options.job_bucket)
+def _job_state(options: WriteOptions) -> str | None:
+    record = run(options.settings, get_job_record, options.job_id, bucket=options.job_bucket)
     return None if record is None else record.get("state")
 
 
@@ -441,7 +425,7 @@ class JetStreamStreamWriter(DataSourceStreamArrowWriter):
             raise InvalidRequestError("the streaming sink runs only inside a streaming query's micro-batch "
                                       "(no query or batch id on the task)", reason="invalid_request")
         writer = self.writer.for_job(micro_batch_job_id(query_id, int(batch_id)))
-        if asyncio.run(_job_state(writer.options)) == "committed":
+        if _job_state(writer.options) == "committed":
             return self._skip_committed(writer.options, context, iterator)
         return writer.write(iterator)
 
@@ -457,7 +441,7 @@ class JetStreamStreamWriter(DataSourceStreamArrowWriter):
         writer = self._for(messages, batchId)
         if writer is None:
             return
-        if asyncio.run(_job_state(writer.options)) == "committed":
+        if _job_state(writer.options) == "committed":
             progress(f"stream write {writer.options.stream} micro-batch {batchId} (job {writer.options.job_id}): "
                      "committed before; this replay stored nothing again")
             return

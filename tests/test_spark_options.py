@@ -182,3 +182,14 @@ def test_bulk_writes_use_the_fast_batch_default_flow() -> None:
     options = WriteOptions.parse({"servers": "nats://127.0.0.1:4222", "stream": "S", "mode": "fast"})
     assert options.flow == DEFAULT_FLOW == 1000
     assert WriteOptions.parse({"servers": "nats://127.0.0.1:4222", "stream": "S", "flow": "200"}).flow == 200
+
+
+def test_the_default_schema_reads_decode_as_the_reader_does() -> None:
+    """decode=UTF8 is utf-8 for the reader, so the schema of a read without a user schema has a string payload
+    too (it had a binary one, which the reader then refused: invalid_schema)."""
+    pytest.importorskip("pyspark")
+    from airflow_jetstream.spark import JetStreamDataSource
+
+    assert JetStreamDataSource({"decode": "UTF8"}).schema().endswith("payload string")
+    assert JetStreamDataSource({"Decode": "json"}).schema().endswith("payload string")
+    assert JetStreamDataSource({}).schema().endswith("payload binary")

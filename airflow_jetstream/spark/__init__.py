@@ -30,7 +30,7 @@ from airflow_jetstream.spark.driver import (
     with_connection_defaults,
 )
 from airflow_jetstream.spark.options import (
-    DECODINGS,
+    PARSERS,
     ReadOptions,
     StreamReadOptions,
     WriteOptions,
@@ -76,8 +76,8 @@ class JetStreamDataSource(DataSource):
         return "jetstream"
 
     def schema(self) -> str:
-        decode = lowered(self.options).get("decode", "none").lower()
-        return default_schema(decode if decode in DECODINGS else "none")
+        decode = lowered(self.options).get("decode")  # parsed as the reader will: decode=UTF8 is utf-8
+        return default_schema(PARSERS["decode"]("decode", decode) if decode else "none")
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return JetStreamReader(ReadOptions.parse(self._options()), schema)

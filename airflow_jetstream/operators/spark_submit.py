@@ -167,12 +167,10 @@ def check_java(env: Mapping[str, str], host: str | None = None) -> None:
 
 def driver_python(conf: Mapping[str, str], env: Mapping[str, str]) -> tuple[str, str]:
     """``(python, where it was named)``: the Python spark-submit runs the driver with, as its PythonRunner picks it."""
-    for key in DRIVER_PYTHON_CONF:
-        if conf.get(key):
-            return conf[key], key
-    for name in DRIVER_PYTHON_ENV:
-        if env.get(name):
-            return env[name], name
+    for source, names in ((conf, DRIVER_PYTHON_CONF), (env, DRIVER_PYTHON_ENV)):
+        for name in names:
+            if source.get(name):
+                return source[name], name
     return "python3", "Spark's default"
 
 
@@ -198,13 +196,13 @@ def check_driver_python(conf: Mapping[str, str], env: Mapping[str, str], *, need
     try:
         done = subprocess.run([python, "-c", _PROBE, *modules], env=dict(env), capture_output=True, text=True,
                               timeout=60, check=False)
+        lines = done.stdout.split()
+        problem = None if done.returncode == 0 and len(lines) == 2 else f"exit code {done.returncode}"
     except OSError as exc:
-        raise SparkInstallError(f"{where} does not run ({exc.strerror}): install it on this host or name one that "
-                                "is installed", reason="python_missing") from None
-    lines = done.stdout.split()
-    if done.returncode != 0 or len(lines) != 2:
-        raise SparkInstallError(f"{where} does not run (exit code {done.returncode}): install it on this host or "
-                                "name one that is installed", reason="python_missing")
+        problem = exc.strerror
+    if problem is not None:
+        raise SparkInstallError(f"{where} does not run ({problem}): install it on this host or name one that is "
+                                "installed", reason="python_missing")
     version, imports = lines
     if tuple(int(part) for part in version.split(".")) < OLDEST_PYTHON:
         raise SparkInstallError(
@@ -277,24 +275,24 @@ class JetStreamSparkSubmitOperator(SparkSubmitOperator):
         from airflow_jetstream.spark.driver import FAILURE_FILE_CONF
         from airflow_jetstream.spark.package import PACKAGE_ZIP, build_py_files, check_pyspark_install
 
-        check_pyspark_install()  # spark-submit comes from the installed pyspark
-        check_java({**os.environ, **(self.env_vars or {})})  # spark-submit's environment (the Spark provider's)
-        settings = JetStreamHook(nats_conn_id=self.nats_conn_id).get_settings()  # registers secrets for masking
-        self._refuse_conf_overrides()
         given_properties, given_py_files, given_env = self.properties_file, self.py_files, self.env_vars
         blanked = dict.fromkeys(secret_variables(os.environ), "")
-        self.env_vars = {**blanked, **(given_env or {})} if blanked else given_env
+        env_vars = {**blanked, **(given_env or {})} if blanked else given_env
+        env = {**os.environ, **(env_vars or {})}  # spark-submit's environment (the Spark provider's)
+        check_pyspark_install()  # spark-submit comes from the installed pyspark
+        check_java(env)
+        settings = JetStreamHook(nats_conn_id=self.nats_conn_id).get_settings()  # registers secrets for masking
+        self._refuse_conf_overrides()
         with tempfile.TemporaryDirectory(prefix="jetstream-spark-") as tmp:
             failure = Path(tmp, FAILURE_NAME)
             text = properties_text(settings, given_properties, {FAILURE_FILE_CONF: str(failure)})
             check_driver_python({**conf_in_properties(text), **{k: str(v) for k, v in (self.conf or {}).items()}},
-                                {**os.environ, **(self.env_vars or {})},
-                                needs_package=not (self.ship_package or given_py_files))
+                                env, needs_package=not (self.ship_package or given_py_files))
             with handed_properties(text, tmp) as (properties, fds):
                 if self.ship_package:
                     shipped = str(build_py_files(Path(tmp, PACKAGE_ZIP)))
                     self.py_files = f"{given_py_files},{shipped}" if given_py_files else shipped
-                self.properties_file = properties
+                self.properties_file, self.env_vars = properties, env_vars
                 self._hook = self._task_child_hook(fds)
                 self.log.info("nats connection %r handed to the Spark job: %d server(s), auth %s, via "
                               "--properties-file%s", self.nats_conn_id, len(settings.servers), _auth_kind(settings),

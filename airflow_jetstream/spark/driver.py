@@ -57,25 +57,21 @@ def settings_to_conf(settings: ConnectionSettings) -> dict[str, str]:
 def fields_from_conf(conf: Iterable[tuple[str, str]]) -> dict[str, str]:
     """Connection fields from Spark conf pairs; an unknown ``spark.jetstream.*`` key is an error
     (``spark.jetstream.job.*`` are the submitting operator's, not the connection's)."""
+    known = {conf_key(name): name for name in SETTINGS_FIELDS}
     found: dict[str, str] = {}
     for key, value in conf:
-        if not key.startswith(CONF_PREFIX) or key.startswith(JOB_CONF_PREFIX):
-            continue
-        name = key.removeprefix(SECRET_CONF_PREFIX) if key.startswith(SECRET_CONF_PREFIX) else key[len(CONF_PREFIX):]
-        if name not in SETTINGS_FIELDS or conf_key(name) != key:
-            known = ", ".join(conf_key(n) for n in SETTINGS_FIELDS)
-            raise InvalidSettingsError(f"unknown Spark conf key {key!r}; the jetstream data source knows {known}")
-        found[name] = value
+        if key.startswith(CONF_PREFIX) and not key.startswith(JOB_CONF_PREFIX):
+            if key not in known:
+                raise InvalidSettingsError(f"unknown Spark conf key {key!r}; the jetstream data source knows "
+                                           f"{', '.join(known)}")
+            found[known[key]] = value
     return found
 
 
 def with_connection_defaults(defaults: Mapping[str, str], options: Mapping[str, str]) -> dict[str, str]:
     """Options over the conf's connection fields; options that name any auth field replace all of the conf's."""
-    base = dict(defaults)
-    if any(options.get(name) for name in AUTH_FIELDS):
-        for name in AUTH_FIELDS:
-            base.pop(name, None)
-    return {**base, **options}
+    replaced = AUTH_FIELDS if any(options.get(name) for name in AUTH_FIELDS) else ()
+    return {**{name: value for name, value in defaults.items() if name not in replaced}, **options}
 
 
 def session_connection_fields(spark: object) -> dict[str, str]:

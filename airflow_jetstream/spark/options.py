@@ -24,8 +24,6 @@ from airflow_jetstream.client.settings import SETTINGS_FIELDS, ConnectionSetting
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 from airflow_jetstream.spark.json_rows import DEFAULT_CORRUPT_RECORD_COLUMN, JSON_MODES
 
-#: Connection fields that may be given as options (``servers`` is a comma-separated list).
-CONNECTION_OPTIONS = SETTINGS_FIELDS
 _JOB_ID = re.compile(r"[A-Za-z0-9_\-]{1,40}")
 
 WRITE_MODES = ("atomic", "fast")
@@ -150,7 +148,7 @@ PARSERS: dict[str, Parser] = {
 def _parsed(options: Mapping[str, str], keys: tuple[str, ...], what: str) -> tuple[dict[str, str], dict[str, Any]]:
     """The options with lower-case keys and the parsed values of those given (an empty string is not given)."""
     opts = lowered(options)
-    _check_known(opts, keys + CONNECTION_OPTIONS, what)
+    _check_known(opts, keys + SETTINGS_FIELDS, what)
     return opts, {key: PARSERS[key](key, raw) for key, raw in opts.items() if key in keys and raw != ""}
 
 
@@ -173,7 +171,7 @@ def connection_settings(options: Mapping[str, str]) -> ConnectionSettings:
             ".option('servers', 'nats://host:4222')",
             reason="missing_option",
         )
-    return settings_from_fields({k: options[k] for k in CONNECTION_OPTIONS if k in options},
+    return settings_from_fields({k: options[k] for k in SETTINGS_FIELDS if k in options},
                                 what="data source option")
 
 
@@ -317,6 +315,6 @@ SPARK_GIVEN_OPTIONS = ("path", "checkpointlocation")
 def check_option_names(options: Mapping[str, str]) -> None:
     """Refuse option names that no read, streaming read or write knows, as soon as Spark builds the
     data source (at ``load()``/``save()``/``start()``, not at the first action)."""
-    known = (*WriteOptions.KEYS, *ReadOptions.KEYS, *StreamReadOptions.KEYS, *CONNECTION_OPTIONS,
+    known = (*WriteOptions.KEYS, *ReadOptions.KEYS, *StreamReadOptions.KEYS, *SETTINGS_FIELDS,
              *SPARK_GIVEN_OPTIONS)
     _check_known(lowered(options), tuple(dict.fromkeys(known)), "jetstream")

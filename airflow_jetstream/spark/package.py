@@ -152,11 +152,6 @@ def _remove_if_mine(folder: Path, creator: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def is_connect_session(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no SparkContext, artifacts instead of addPyFile)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect.")
-
-
 def add_package_to_session(spark: Any) -> None:
     """Put the zip on the ``sys.path`` of the session's Python workers (and of a classic driver).
 
@@ -164,7 +159,7 @@ def add_package_to_session(spark: Any) -> None:
     afterwards sees (register() calls this first). Classic: ``SparkContext.addPyFile``.
     """
     path = str(process_zip())
-    if is_connect_session(spark):
+    if type(spark).__module__.startswith("pyspark.sql.connect."):  # Spark Connect: no SparkContext
         spark.addArtifacts(path, pyfile=True)
     else:
         spark.sparkContext.addPyFile(path)

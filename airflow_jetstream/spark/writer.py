@@ -93,11 +93,6 @@ def message_id(job_id: str, partition: int, row: int) -> str:
     return f"{job_id}-{partition}-{row}"
 
 
-def atomic_chunk_message_id(job_id: str, partition: int, chunk: int) -> str:
-    """The deterministic msg id of an atomic chunk, carried by its first message."""
-    return f"{job_id}-{partition}-c{chunk}"
-
-
 def chunk_id(job_id: str, partition: int, chunk: int) -> str:
     """The ledger batch id of a chunk (stable across task attempts and job re-runs)."""
     return f"{job_id}-{partition}-{chunk}"
@@ -284,8 +279,8 @@ class JetStreamWriter(DataSourceArrowWriter):
         opts = self.options
         await target.require(conn, {subject for subject, _, _ in rows})
         key = chunk_id(opts.job_id, report.partition, chunk)
-        if opts.mode == "atomic":  # the chunk's id on its first message; fast: each row's own
-            ids = [atomic_chunk_message_id(opts.job_id, report.partition, chunk)] + [None] * (len(rows) - 1)
+        if opts.mode == "atomic":  # the chunk's deterministic msg id on its first message; fast: each row's own
+            ids = [f"{opts.job_id}-{report.partition}-c{chunk}"] + [None] * (len(rows) - 1)
         else:
             ids = [message_id(opts.job_id, report.partition, row) for row in range(first_row, first_row + len(rows))]
         messages = [BatchMessage(*row, msg_id) for row, msg_id in zip(rows, ids, strict=True)]
@@ -381,16 +376,9 @@ def micro_batch_job_id(query_id: str, batch_id: int) -> str:
 def checkpoint_query_id(checkpoint_location: str | None) -> str | None:
     """The query id in ``<checkpoint location>/metadata`` (Spark's ``{"id": ...}``), when the location is
     an absolute local path or a ``file:`` URI and the file is readable; otherwise None."""
-    if not checkpoint_location:
-        return None
-    parsed = urlparse(checkpoint_location)
-    if parsed.scheme == "file":
-        directory = Path(url2pathname(parsed.path))
-    elif not parsed.scheme:
-        directory = Path(checkpoint_location)
-    else:  # hdfs:, s3a:, ...: not readable here
-        return None
-    if not directory.is_absolute():
+    parsed = urlparse(checkpoint_location or "")
+    directory = Path(url2pathname(parsed.path)) if parsed.scheme == "file" else Path(checkpoint_location or "")
+    if parsed.scheme not in ("", "file") or not directory.is_absolute():  # hdfs:, s3a:, ...: not readable here
         return None
     try:
         first_line = (directory / "metadata").read_text(encoding="utf-8").partition("\n")[0]

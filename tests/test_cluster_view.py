@@ -45,12 +45,18 @@ def test_a_dead_node_shows_as_replica_offline_and_a_stream_without_leader(nats_c
                                                          problem["object"].get("name") or "")
         return found
 
-    healthy = problems()
-    assert not {"replica_offline", "replica_lagging", "stream_no_leader"} & set(healthy), healthy
+    def healthy_view() -> dict[str, set[str]] | None:  # a listing just after the creates may miss a new stream's info
+        last[:] = [problems()]
+        return None if {"replica_offline", "replica_lagging", "stream_no_leader"} & set(last[0]) else last[0]
+
+    last: list[dict[str, set[str]]] = []
+    try:
+        healthy = wait_for(healthy_view, "a view without replica or leader problems", limit=60)
+    except pytest.fail.Exception:
+        raise AssertionError(f"the problems found last: {last}") from None
     assert "None" in healthy["read"], healthy
 
     nats_cluster.kill(leader)
-    last: list[dict[str, set[str]]] = []
     try:
         def flagged() -> dict[str, set[str]] | None:
             last[:] = [problems()]

@@ -341,6 +341,7 @@ def _auth_kind(settings: ConnectionSettings) -> str:
 def _failure_cause(recorded: Path, error: AirflowException) -> str | None:
     """The cause the job's driver recorded (airflow_jetstream/spark/driver.py), else the one in the spark-submit
     output Airflow's error carries (the Spark provider appends its last lines from 6.3.0 on), else None."""
-    from airflow_jetstream.spark.driver import cause_in, recorded_cause
+    from airflow_jetstream.spark.driver import cause_in
 
-    return recorded_cause(recorded) or cause_in(str(error).partition("\n")[2])
+    recorded_text = recorded.read_text(encoding="utf-8").strip() if recorded.is_file() else ""
+    return recorded_text or cause_in(str(error).partition("\n")[2])

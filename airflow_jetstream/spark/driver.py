@@ -212,10 +212,3 @@ def record_failures(spark: Any) -> None:
     record.records_to = path  # type: ignore[attr-defined]
     sys.excepthook = record
 
-
-def recorded_cause(path: str | Path) -> str | None:
-    """The cause the driver recorded in ``path``, if it did."""
-    try:
-        return Path(path).read_text(encoding="utf-8").strip() or None
-    except FileNotFoundError:
-        return None

@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
+from functools import partial
 from typing import Any
 
 from pyspark.sql.types import (
@@ -75,25 +76,17 @@ def parse_payload(payload: bytes) -> dict[str, Any]:
     return value
 
 
-def _datetime(value: Any) -> datetime:
+def _timestamp(value: Any, *, ntz: bool = False) -> datetime:
+    """An RFC 3339 timestamp: without an offset it is UTC, or (``ntz``) a local date-time that may not have one."""
     if not isinstance(value, str):
         raise BadValue(f"{value!r} is not an RFC 3339 timestamp string")
     try:
-        return datetime.fromisoformat(value)
+        when = datetime.fromisoformat(value)
     except ValueError:
         raise BadValue(f"{value!r} is not an RFC 3339 timestamp") from None
-
-
-def _timestamp(value: Any) -> datetime:
-    when = _datetime(value)
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
-
-
-def _timestamp_ntz(value: Any) -> datetime:
-    when = _datetime(value)
-    if when.tzinfo is not None:
+    if ntz and when.tzinfo is not None:
         raise BadValue(f"{value!r} has a UTC offset; a timestamp_ntz column holds local date-times")
-    return when
+    return when if when.tzinfo or ntz else when.replace(tzinfo=UTC)
 
 
 def _date(value: Any) -> date:
@@ -168,8 +161,8 @@ _object = _typed(dict, "JSON object")
 #: The converters of the column types that need no parameter of the type.
 _SCALARS: dict[type, Callable[[Any], Any]] = {
     DoubleType: lambda v: float(_number(v)), FloatType: lambda v: float(_number(v)),
-    StringType: _typed(str, "string"), BooleanType: _typed(bool, "boolean"), TimestampNTZType: _timestamp_ntz,
-    TimestampType: _timestamp, DateType: _date, BinaryType: _binary,
+    StringType: _typed(str, "string"), BooleanType: _typed(bool, "boolean"), TimestampType: _timestamp,
+    TimestampNTZType: partial(_timestamp, ntz=True), DateType: _date, BinaryType: _binary,
 }
 
 
@@ -264,7 +257,7 @@ def _apply(encoder: Callable[[Any], Any] | None, value: Any) -> Any:
 
 def _finite(value: float) -> float:
     if not math.isfinite(value):
-        raise BadValue(f"{value} has no JSON form")
+        raise BadValue(f"{value} has no JSON form (JSON has no NaN or infinity)")
     return value
 
 
@@ -276,27 +269,18 @@ def encode_rows(batch: Any, columns: list[str]) -> list[bytes]:
     selected = batch.select(columns)
     rows = selected.to_pylist()
     for name, arrow_type in zip(selected.schema.names, selected.schema.types, strict=True):
-        if pa.types.is_floating(arrow_type):  # checked for the whole column at once: values stay as they are
-            column = selected.column(name)
-            if pc.any(pc.invert(pc.is_finite(column))).as_py():
-                raise InvalidRequestError(
-                    f"column {name!r}: NaN or infinity has no JSON form; replace them first "
-                    "(e.g. df.na.replace(float('nan'), None))",
-                    reason="invalid_value",
-                )
-            continue
-        encoder = _encoder(arrow_type)
-        if encoder is None:
-            continue
         try:
+            if pa.types.is_floating(arrow_type):  # checked for the whole column at once: values stay as they are
+                if pc.any(pc.invert(pc.is_finite(selected.column(name)))).as_py():
+                    raise BadValue("NaN or infinity has no JSON form")
+                continue
+            encoder = _encoder(arrow_type)
+            if encoder is None:
+                continue
             for row in rows:
-                value = row[name]
-                if value is not None:
-                    row[name] = encoder(value)
+                if row[name] is not None:
+                    row[name] = encoder(row[name])
         except BadValue as exc:
-            raise InvalidRequestError(
-                f"column {name!r}: {exc}; JSON has no NaN or infinity: replace them first "
-                "(e.g. df.na.replace(float('nan'), None))",
-                reason="invalid_value",
-            ) from None
+            raise InvalidRequestError(f"column {name!r}: {exc}; replace them first (e.g. "
+                                      "df.na.replace(float('nan'), None))", reason="invalid_value") from None
     return [json.dumps(row, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode() for row in rows]

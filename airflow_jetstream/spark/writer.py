@@ -347,13 +347,11 @@ else:
 #: Local properties Spark sets on every task of a micro-batch.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
-#: Write options a streaming sink derives itself.
-DERIVED_OPTIONS = ("job_id", "run_id")
 
 
 def check_streaming_write_support(options: dict[str, str], pyspark_version: str) -> None:
     """Refuse what a streaming sink cannot take: ids it derives, a pyspark without Arrow stream writers."""
-    given = [name for name in DERIVED_OPTIONS if options.get(name)]
+    given = [name for name in ("job_id", "run_id") if options.get(name)]  # derived per micro-batch
     if given:
         raise InvalidRequestError(
             f"option(s) {', '.join(given)} cannot be set on a streaming write: each micro-batch is job "
@@ -409,21 +407,17 @@ class JetStreamStreamWriter(DataSourceStreamArrowWriter):
         context = TaskContext.get()
         query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context else None
         batch_id = context.getLocalProperty(BATCH_ID_PROPERTY) if context else None
-        if not query_id or batch_id is None:
+        if context is None or not query_id or batch_id is None:
             raise InvalidRequestError("the streaming sink runs only inside a streaming query's micro-batch "
                                       "(no query or batch id on the task)", reason="invalid_request")
         writer = self.writer.for_job(micro_batch_job_id(query_id, int(batch_id)))
-        if _job_state(writer.options) == "committed":
-            return self._skip_committed(writer.options, context, iterator)
-        return writer.write(iterator)
-
-    @staticmethod
-    def _skip_committed(options: WriteOptions, context: Any, iterator: Any) -> PartitionReport:
-        """A replay of a micro-batch the driver committed before: nothing is published."""
+        if _job_state(writer.options) != "committed":
+            return writer.write(iterator)
+        # a replay of a micro-batch the driver committed before: nothing is published
         rows = sum(batch.num_rows for batch in iterator)
-        chunks = -(-rows // options.batch_size)
+        chunks = -(-rows // writer.options.batch_size)
         return PartitionReport(partition=context.partitionId(), attempt=context.attemptNumber(),
-                               job_id=options.job_id, rows=rows, batches=chunks, skipped_batches=chunks)
+                               job_id=writer.options.job_id, rows=rows, batches=chunks, skipped_batches=chunks)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         writer = self._for(messages, batchId)

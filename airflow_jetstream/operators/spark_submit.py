@@ -79,23 +79,18 @@ def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
 
 
-def default_properties_file() -> Path | None:
-    """spark-defaults.conf as spark-submit would load it (``--properties-file`` replaces that file)."""
-    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
-        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
-    )
-    path = Path(conf_dir, "spark-defaults.conf") if conf_dir else None
-    return path if path and path.is_file() else None
-
-
 def properties_text(settings: ConnectionSettings, base: str | Path | None = None,
                     job_conf: Mapping[str, str] | None = None) -> str:
     """``base`` (a properties file, or spark-defaults.conf) plus the connection's ``spark.jetstream.*`` entries
     (and ``job_conf``, the operator's ``spark.jetstream.job.*`` keys), as a properties file's text."""
     from airflow_jetstream.spark.driver import settings_to_conf
 
-    base = Path(base) if base else default_properties_file()
-    lines = [base.read_text(encoding="utf-8").rstrip("\n")] if base else []
+    if not base:  # spark-defaults.conf as spark-submit would load it (--properties-file replaces that file)
+        spark_home = os.environ.get("SPARK_HOME")
+        conf_dir = os.environ.get("SPARK_CONF_DIR") or (os.path.join(spark_home, "conf") if spark_home else None)
+        defaults = Path(conf_dir, "spark-defaults.conf") if conf_dir else None
+        base = defaults if defaults and defaults.is_file() else None
+    lines = [Path(base).read_text(encoding="utf-8").rstrip("\n")] if base else []
     entries = {**settings_to_conf(settings), **(job_conf or {})}
     lines += [f"{key}={_escape(value)}" for key, value in sorted(entries.items())]
     return "\n".join(lines) + "\n"

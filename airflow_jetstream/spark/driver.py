@@ -105,7 +105,6 @@ def rate(count: int, seconds: float) -> str:
 
 
 def progress(line: str) -> None:
-    """Write one ``jetstream: ...`` progress line to stderr."""
     print(f"jetstream: {line}", file=sys.stderr, flush=True)
 
 

@@ -156,11 +156,11 @@ def encode_batch(options: WriteOptions, batch: Any) -> list[tuple[str, bytes, di
     import pyarrow as pa
 
     names = batch.schema.names
-    if options.subject_column in names:
-        subjects = [subject if subject is not None or not options.subject else options.subject
-                    for subject in batch.column(options.subject_column).to_pylist()]
-    else:
-        subjects = [options.subject] * batch.num_rows
+
+    def values(name: str) -> list[Any]:
+        return batch.column(name).to_pylist() if name in names else [None] * batch.num_rows
+
+    subjects: list[Any] = [options.subject if s is None else s for s in values(options.subject_column)]
     if options.payload_column in names:
         # Arrow turns UTF-8 strings into bytes without a Python call per row.
         column = batch.column(options.payload_column)
@@ -172,10 +172,7 @@ def encode_batch(options: WriteOptions, batch: Any) -> list[tuple[str, bytes, di
     else:
         data_columns = [n for n in names if n not in (options.subject_column, options.headers_column)]
         payloads = encode_rows(batch, data_columns)  # the row JSON contract (spark/json_rows.py)
-    if options.headers_column in names:
-        headers = [dict(h) if h else None for h in batch.column(options.headers_column).to_pylist()]
-    else:
-        headers = [None] * batch.num_rows
+    headers = [dict(h) if h else None for h in values(options.headers_column)]
     return list(zip(subjects, payloads, headers, strict=True))
 
 

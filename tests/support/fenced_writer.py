@@ -14,7 +14,6 @@ A SIGSTOP freezes the attempt there (a GC pause, a frozen VM); the test resumes 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -27,6 +26,7 @@ from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from airflow_jetstream.client.batches import atomic
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.spark.driver import run
 from airflow_jetstream.spark.options import WriteOptions
 from airflow_jetstream.spark.writer import JetStreamWriter, chunk_id
 
@@ -85,8 +85,8 @@ def main() -> None:
                                   "ledger_bucket": spec["ledger_bucket"], "fence": spec.get("fence", "true")})
     schema = StructType([StructField("subject", StringType()), StructField("payload", BinaryType())])
     writer = JetStreamWriter(options, schema)
-    report = asyncio.run(writer._write(0, spec["attempt"], iter(rows(spec["rows"], spec["subject"],
-                                                                     spec["batch_size"]))))
+    report = run(options.settings, writer._write, 0, spec["attempt"],
+                 iter(rows(spec["rows"], spec["subject"], spec["batch_size"])))
     print(json.dumps(report.to_dict()))
 
 

@@ -27,49 +27,11 @@ from airflow_jetstream.client import (
 )
 from airflow_jetstream.client.batches import atomic as atomic_batch_module
 from airflow_jetstream.client.connection import connect
-from airflow_jetstream.embedded.server import free_port
+from tests.support.tcp_proxy import CuttableProxy
 
 ATOM = {"name": "ATOM", "subjects": ["atom.>"], "allow_atomic": True, "max_msg_size": 1024}
 ABANDONED = "$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED.ATOM"
 BATCH_LIMITS = {"limits": {"batch": {"timeout": "1s"}}}
-
-
-class CuttableProxy:
-    """A TCP proxy in front of nats-server whose live connections can be cut at a chosen moment."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = free_port()
-        self.writers: list[asyncio.StreamWriter] = []
-        self.server: asyncio.base_events.Server | None = None
-
-    async def start(self) -> CuttableProxy:
-        self.server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-        return self
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        self.writers += [writer, up_writer]
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True)
-
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        finally:
-            writer.transport.abort()
-
-    def cut(self) -> None:
-        for writer in self.writers:
-            writer.transport.abort()
-        self.writers.clear()
-
-    async def close(self) -> None:
-        self.cut()
-        self.server.close()
-        await self.server.wait_closed()
 
 
 async def stream_contents(conn, stream: str = "ATOM") -> list[tuple[str, dict]]:

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from dataclasses import replace
 
 import pytest
 
 from airflow_jetstream.client import BatchMessage, publish_fast_batch, stream_info
 from airflow_jetstream.client.batches import fast as fast_batch_module
 from airflow_jetstream.client.batches.fast import FastBatchRun
-from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, LeaderUnavailableError
+from airflow_jetstream.client.connection import connect
+from airflow_jetstream.client.errors import (
+    BatchPublishError,
+    FastBatchError,
+    InvalidRequestError,
+    LeaderUnavailableError,
+    RequestTimeoutError,
+)
 from tests.support.nats_calls import with_streams
+from tests.support.tcp_proxy import CuttableProxy
 
 FAST = {"name": "FAST", "subjects": ["fast.>"], "allow_batched": True}
 
@@ -99,6 +108,35 @@ def test_duplicates_are_skipped_but_counted(settings):
 
     result, stored = run(settings, body)
     assert result.count == 10
+    assert stored == [b"old%d" % i for i in range(5)] + [b"new%d" % i for i in range(5, 10)]
+
+
+def test_duplicate_probes_failing_after_the_batch_is_stored_say_what_is_stored(nats_server, settings):
+    """The msg id probes that count a fast batch's duplicates run after the server stored the batch: when they
+    fail (here the connection stops reaching the server once the final ack came back), the error is a
+    FastBatchError with what is stored, caused by the probe's error, not the probe's own error."""
+    marker = b'"batch":"dup-probe"'
+
+    async def body(conn):
+        for i in range(5):
+            await conn.js.publish("fast.x", b"old%d" % i, headers={"Nats-Msg-Id": f"id-{i}"})
+        proxy = await CuttableProxy(nats_server.port, hold_after=marker).start()
+        client = await connect(replace(settings, servers=f"nats://127.0.0.1:{proxy.port}", request_timeout=0.5),
+                               allow_reconnect=False)
+        msgs = [BatchMessage("fast.x", b"new%d" % i, msg_id=f"id-{i}") for i in range(10)]
+        try:
+            with pytest.raises(FastBatchError) as info:
+                await publish_fast_batch(client, msgs, batch_id="dup-probe")
+        finally:
+            await client.close()
+            await proxy.close()
+        return proxy.holding, info.value, await contents(conn)
+
+    holding, exc, stored = run(settings, body)
+    assert holding, "the probes ran after the final ack"
+    assert exc.stored == 10 and exc.total == 10 and exc.stream == "FAST"
+    assert isinstance(exc.__cause__, RequestTimeoutError) and exc.reason == "timeout"
+    assert "all 10 of its messages are stored in stream 'FAST', but the msg id probes" in str(exc)
     assert stored == [b"old%d" % i for i in range(5)] + [b"new%d" % i for i in range(5, 10)]
 
 

@@ -338,17 +338,22 @@ async def publish_fast_batch(
                 raise _failed(error_from_api(ack["error"], context=run.context), stream, stored, total)
             stream = str(ack.get("stream", stream))
             accepted = int(ack.get("count") or 0)
-            if int(ack.get("seq") or 0):
-                own_last = int(ack["seq"])
-                run_items = items[stored:stored + accepted]
-                if accepted > own_last - mark and any(m.msg_id for m in run_items):
-                    # the stream grew by fewer messages than the server accepted: some were duplicates
-                    run_dups, _ = await _count_duplicates(conn, stream, run_items, mark)
-                    duplicates += run_dups
-            elif accepted:
-                # the last message was a duplicate (the ack's seq is 0): find where the stream holds them
-                run_dups, own_last = await _count_duplicates(conn, stream, items[stored:stored + accepted], mark)
+            seq = int(ack.get("seq") or 0)
+            run_items = items[stored:stored + accepted]
+            # The last message was a duplicate (the ack's seq is 0), or the stream grew by fewer messages than the
+            # server accepted: some were stored before, found by their msg ids (and, for seq 0, where the last is).
+            if accepted and (not seq or accepted > seq - mark) and any(m.msg_id for m in run_items):
+                try:
+                    run_dups, probed_last = await _count_duplicates(conn, stream, run_items, mark)
+                except CONNECTION_ERRORS as exc:
+                    raise _duplicates_unknown(run.context, connection_lost("msg id probes", exc), stream,
+                                              stored + accepted, total) from exc
+                except JetStreamError as exc:
+                    raise _duplicates_unknown(run.context, exc, stream, stored + accepted, total) from exc
                 duplicates += run_dups
+                own_last = seq or probed_last
+            elif seq:
+                own_last = seq
             mark = max(mark, own_last or 0)
             interrupted_since = None
             errors = run.errors
@@ -395,6 +400,19 @@ def _failed(error: JetStreamError, stream: str, stored: int, total: int, *,
         how_many = (f"the first {stored} of its {total} messages are stored in stream {stream!r} (fast batches are "
                     f"not atomic): re-send messages {stored + 1}..{total}")
     return FastBatchError(f"{error.message}; {how_many}", stored=None if unknown_after is not None else stored,
+                          total=total, stream=stream, reason=error.reason, code=error.code, err_code=error.err_code,
+                          description=error.description)
+
+
+def _duplicates_unknown(context: str, error: JetStreamError, stream: str, stored: int,
+                        total: int) -> FastBatchError:
+    """The error raised when the msg id probes that count a fast batch's duplicates failed (``error``) after the
+    server acknowledged its first ``stored`` messages: those are in the stream (stored now, or before as
+    duplicates); how many of them are duplicates is unknown."""
+    which = f"all {total} of its messages are" if stored == total else f"its first {stored} of {total} messages are"
+    left = f"; re-send messages {stored + 1}..{total}" if stored < total else ""
+    return FastBatchError(f"{context}: {which} stored in stream {stream!r}, but the msg id probes counting how many "
+                          f"were stored before (duplicates) failed: {error.message}{left}", stored=stored,
                           total=total, stream=stream, reason=error.reason, code=error.code, err_code=error.err_code,
                           description=error.description)
 

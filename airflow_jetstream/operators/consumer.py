@@ -7,7 +7,6 @@ from datetime import datetime
 from typing import Any
 
 from airflow_jetstream.client.admin.consumers import reset_consumer
-from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.operators.base import JetStreamBaseOperator, templated_int
 from airflow_jetstream.ui.links import JetStreamViewLink
 
@@ -33,9 +32,7 @@ class JetStreamConsumerResetOperator(JetStreamBaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         seq = templated_int(self.start_seq, "start_seq", reason="invalid_seq")
-        when = self.start_time or None
-        if seq is not None and when is not None:
-            raise InvalidRequestError("give either start_seq or start_time, not both", reason="invalid_reset")
+        when = self.start_time or None  # both given: reset_consumer refuses it (invalid_reset) before any call
         target = f"sequence {seq}" if seq is not None else f"time {when}" if when is not None else "its ack floor"
         self.log.info("Resetting consumer %s on stream %s to %s", self.consumer, self.stream, target)
         result = self.hook.run(reset_consumer, self.stream, self.consumer, seq=seq, time=when)

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow_jetstream.client.admin.streams import check_replicas
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.client.sourcing.spec import SERVER_MANAGED, USER_MANAGED, DurableSource
@@ -68,8 +67,7 @@ class JetStreamDurableSourceOperator(JetStreamBaseOperator):
             start_seq=templated_int(self.start_seq, "start_seq"), start_time=self.start_time or None,
             deliver_policy=user.get("deliver_policy"), replay_policy=user.get("replay_policy"),
             max_ack_pending=user.get("max_ack_pending"), domain=self.domain or None,
-            api_prefix=self.api_prefix or None, num_replicas=check_replicas(self.num_replicas),
-            placement=self.placement,
+            api_prefix=self.api_prefix or None, num_replicas=self.num_replicas, placement=self.placement,
             allow_shared_origin=self.allow_shared_origin,
         ).validated()
 

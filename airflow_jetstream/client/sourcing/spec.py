@@ -88,7 +88,7 @@ class DurableSource:
     max_ack_pending: int | None = None
     domain: str | None = None
     api_prefix: str | None = None
-    num_replicas: int | None = None
+    num_replicas: int | str | None = None  # a rendered template is a string: validated() makes it an int
     placement: dict[str, Any] | None = None
     allow_shared_origin: bool = False
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from airflow_jetstream.client.errors import InvalidFunctionError
 from airflow_jetstream.client.reading.apply_function import (
@@ -63,19 +62,10 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
         self.create_consumer = create_consumer
         self.ack_wait = ack_wait
         self.max_deliver = max_deliver
+        # bad classes or paths in term_on fail when the DAG is parsed
         self.options = ConsumeOptions(per_batch=apply_function_batch is not None, max_messages=max_messages,
-                                      batch_size=batch_size, fetch_timeout=fetch_timeout, nak_delay=nak_delay)
-        self._term_classes()  # bad classes or paths fail when the DAG is parsed
-
-    def _term_classes(self) -> tuple[type[BaseException], ...]:
-        classes: list[type[BaseException]] = []
-        for term in self.term_on:
-            found = load_function(term, what="term_on") if isinstance(term, str) else term
-            if not (isinstance(found, type) and issubclass(found, BaseException)):
-                raise InvalidFunctionError(
-                    f"term_on must list exception classes or their dotted paths, got {self.term_on!r}")
-            classes.append(found)
-        return tuple(classes)
+                                      batch_size=batch_size, fetch_timeout=fetch_timeout, nak_delay=nak_delay,
+                                      term_on=_term_classes(self.term_on))
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_jetstream.client.reading.consume import consume
@@ -85,22 +75,28 @@ class JetStreamConsumeOperator(JetStreamBaseOperator):
         assert function is not None  # __init__ requires exactly one of them
         func = bind_function(function, self.apply_function_args, self.apply_function_kwargs,
                              what="apply_function" if per_message else "apply_function_batch")
-        options = replace(self.options, term_on=self._term_classes())
         consumer = self.consumer or None
         source = f"consumer {consumer}" if consumer else "an ordered read"
         self.log.info("Consuming stream %s via %s: up to %s message(s), batches of %d, waiting %.1f s for more",
-                      self.stream, source, options.max_messages or "all", options.batch_size,
-                      options.fetch_timeout_seconds)
+                      self.stream, source, self.options.max_messages or "all", self.options.batch_size,
+                      self.options.fetch_timeout_seconds)
         summary = self.hook.run(
             consume, self.stream, func, consumer=consumer, subjects=subject_list(self.filter_subjects),
             start_seq=templated_int(self.start_seq, "start_seq"), start_time=self.start_time or None,
             end_seq=templated_int(self.end_seq, "end_seq"), create=self.create_consumer,
-            ack_wait=self.ack_wait, max_deliver=self.max_deliver, options=options,
+            ack_wait=self.ack_wait, max_deliver=self.max_deliver, options=self.options,
         )
         self.log.info("Consumed %d message(s) of stream %s (seq %s..%s), %d acked, %d terminated, stopped: %s",
                       summary["processed"], self.stream, summary["first_seq"], summary["last_seq"], summary["acked"],
                       summary["terminated"], summary["stopped"])
         return summary
+
+
+def _term_classes(term_on: tuple[type[BaseException] | str, ...]) -> tuple[type[BaseException], ...]:
+    found = tuple(load_function(term, what="term_on") if isinstance(term, str) else term for term in term_on)
+    if not all(isinstance(term, type) and issubclass(term, BaseException) for term in found):
+        raise InvalidFunctionError(f"term_on must list exception classes or their dotted paths, got {term_on!r}")
+    return cast(tuple[type[BaseException], ...], found)
 
 
 __all__ = ["JetStreamConsumeOperator"]

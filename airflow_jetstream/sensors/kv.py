@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow_jetstream.client.kv.names import KeyCondition, check_bucket, validate_key
+from airflow_jetstream.client.kv.names import check_bucket, validate_key
 from airflow_jetstream.client.reading.apply_function import function_path
 from airflow_jetstream.sensors.base import JetStreamStateSensor
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
@@ -45,9 +45,6 @@ class JetStreamKeyValueSensor(JetStreamStateSensor):
         self.apply_function = apply_function
         self.apply_function_args = apply_function_args
         self.apply_function_kwargs = apply_function_kwargs
-        self.condition()  # a bad function fails when the DAG is parsed
+        JetStreamKeyValueTrigger(**self._trigger_args()).condition()  # a bad function fails when the DAG is parsed
         if start_from_trigger:
             self.start_in_triggerer(self.make_trigger(None))
-
-    def condition(self) -> KeyCondition:
-        return JetStreamKeyValueTrigger(**self._trigger_args()).condition()

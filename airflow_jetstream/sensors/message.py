@@ -17,10 +17,6 @@ if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
 
 
-def _templated(value: Any) -> bool:
-    return isinstance(value, str) and "{{" in value
-
-
 class JetStreamMessageSensor(JetStreamBaseSensor):
     """Wait until a message of ``stream`` (on ``filter_subject``) satisfies ``apply_function``; push it to XCom.
 
@@ -45,9 +41,9 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         super().__init__(**kwargs)
         self.apply_function = function_path(apply_function) if self.deferrable else apply_function
         load_function(self.apply_function)  # a bad function fails when the DAG is parsed
-        if not _templated(stream):
+        if "{{" not in str(stream):
             validate_name(stream, what="stream name")
-        if filter_subject is not None and not _templated(filter_subject):
+        if filter_subject is not None and "{{" not in filter_subject:
             validate_subject(filter_subject, allow_wildcards=True, what="filter_subject")
         self.stream = stream
         self.filter_subject = filter_subject

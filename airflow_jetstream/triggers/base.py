@@ -35,7 +35,8 @@ from airflow_jetstream.hooks.jetstream import JetStreamHook
 if TYPE_CHECKING:
     from airflow_jetstream.client.connection import JetStreamConnection
 
-#: Errors a busy or restarting server causes (e.g. hundreds of triggers starting at once, a leader election).
+#: Errors a busy or restarting server causes (e.g. hundreds of triggers starting at once, a leader election), after
+#: which ``wait`` is attempted again (from the start: each wait picks up where the server is).
 TRANSIENT_ERRORS = (RequestTimeoutError, ConnectionFailedError)
 PERMANENT_ERRORS = (AuthenticationError, TLSConfigurationError)
 #: The triggers' one policy: a transient error is retried up to ``TRANSIENT_RETRIES`` times, 1 s doubling up to 30 s.
@@ -64,8 +65,6 @@ class JetStreamWaitTrigger(BaseTrigger):
     what = "condition"
     #: True when ``wait`` ends at ``timeout_at`` itself (after a last look), instead of being cut off there.
     checks_deadline = False
-    #: Errors after which ``wait`` is attempted again (from the start: each wait picks up where the server is).
-    transient: tuple[type[JetStreamError], ...] = TRANSIENT_ERRORS
     #: The attributes ``serialize`` stores (as the keyword arguments of the same names), besides the bases'
     #: (``common``: not part of what a condition waits for, so not of the state polling triggers share).
     serialized: tuple[str, ...] = ()
@@ -122,14 +121,14 @@ class JetStreamWaitTrigger(BaseTrigger):
         yield TriggerEvent(event)
 
     async def _wait(self) -> dict[str, Any]:
-        """``wait`` with the client's retry rule (:func:`~airflow_jetstream.client.retry.retry`): a ``transient``
-        error (a leader election included) is retried up to ``TRANSIENT_RETRIES`` times, 1 s doubling up to 30 s;
-        any other error, or the last one, is the event ``{"status": "error", "error": {...}}``. Each attempt
+        """``wait`` with the client's retry rule (:func:`~airflow_jetstream.client.retry.retry`): one of
+        ``TRANSIENT_ERRORS`` (a leader election included) is retried up to ``TRANSIENT_RETRIES`` times, 1 s doubling
+        up to 30 s; any other error, or the last one, is the event ``{"status": "error", "error": {...}}``. Each attempt
         borrows the loop's pooled connection, so a retry after a lost connection gets a new one."""
         what, log = f"Waiting for {self.goal()}", cast(logging.Logger, self.log)  # Airflow's logger: the same methods
 
         def why(exc: JetStreamError) -> str | None:
-            if isinstance(exc, PERMANENT_ERRORS) or not isinstance(exc, self.transient):
+            if isinstance(exc, PERMANENT_ERRORS) or not isinstance(exc, TRANSIENT_ERRORS):
                 return None
             return "the cluster is electing a leader" if isinstance(exc, LeaderUnavailableError) else "interrupted"
 

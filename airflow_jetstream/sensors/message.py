@@ -43,7 +43,7 @@ class JetStreamMessageSensor(JetStreamBaseSensor):
         load_function(self.apply_function)  # a bad function fails when the DAG is parsed
         if "{{" not in str(stream):
             validate_name(stream, what="stream name")
-        if filter_subject is not None and "{{" not in filter_subject:
+        if filter_subject is not None and "{{" not in str(filter_subject):
             validate_subject(filter_subject, allow_wildcards=True, what="filter_subject")
         self.stream = stream
         self.filter_subject = filter_subject

@@ -1,4 +1,5 @@
-"""PySpark data source ``jetstream``: bounded parallel reads and atomic/fast batch writes (docs/spark.md).
+"""PySpark data source ``jetstream``: bounded parallel reads and atomic/fast batch writes (docs/spark.md); its entry
+points, :func:`register` and :func:`consume` (a read acknowledged once the caller's block succeeded).
 
 Imports the client toolkit and pyspark, never Airflow, so executors only need this package: after
 ``register(spark)``, ``spark.read.format("jetstream")`` and ``df.write.format("jetstream")``. Submitted with
@@ -8,7 +9,11 @@ Airflow connection (:mod:`airflow_jetstream.spark.driver`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pyspark
@@ -21,11 +26,18 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import InvalidRequestError
+from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.client.ledger.records import BatchRecord
+from airflow_jetstream.client.reading.read_plan import ReadPlan, acknowledge_read
 from airflow_jetstream.client.settings import ConnectionSettings, settings_to_fields
 from airflow_jetstream.spark.driver import (
     connected_source,
+    progress,
+    rate,
     record_failures,
+    run,
     session_connection_fields,
     with_connection_defaults,
 )
@@ -42,8 +54,8 @@ from airflow_jetstream.spark.reader import (
     JetStreamReader,
     JetStreamStreamReader,
     check_streaming_read_support,
-    consume,
     default_schema,
+    plan_for,
 )
 from airflow_jetstream.spark.writer import (
     JetStreamStreamWriter,
@@ -129,6 +141,105 @@ def register(spark: Any, settings: ConnectionSettings | None = None, *, ship_pac
         add_package_to_session(spark)
     defaults = session_connection_fields(spark) if settings is None else settings_to_fields(settings)
     spark.dataSource.register(connected_source(JetStreamDataSource, defaults) if defaults else JetStreamDataSource)
+
+
+@dataclasses.dataclass
+class Consumption:
+    """What a :func:`consume` block covers; ``removed`` is set once the read was acknowledged."""
+
+    plan: ReadPlan
+    claimed: list[BatchRecord]
+    removed: int | None = None
+    #: The ledger said every batch of the run was consumed before this block: an earlier attempt consumed the run
+    #: (one whose success its scheduler never heard, say), so this one claimed nothing and must leave that
+    #: attempt's output as it is, not replace it with its own read (which the earlier acknowledgement emptied).
+    already_consumed: bool = False
+
+    @property
+    def claim_revisions(self) -> dict[str, int]:
+        """Each claimed batch's fencing token: the ledger revision its claim was written at (a later claim of the
+        batch has a higher one). Store it with the output so readers can trust the latest claim's only."""
+        return {b.batch_id: b.revision for b in self.claimed}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.plan.to_dict(), "claimed_batches": [b.batch_id for b in self.claimed],
+                "claim_revisions": self.claim_revisions, "already_consumed": self.already_consumed,
+                "removed": self.removed}
+
+
+async def _claim(conn: JetStreamConnection, run_id: str, ledger_bucket: str, owner: str,
+                 visibility_timeout: float | str | timedelta) -> tuple[list[BatchRecord], bool]:
+    """The claims taken on the run's batches, and whether the ledger says the run was consumed before."""
+    ledger = await BatchLedger.open(conn, ledger_bucket, visibility_timeout=visibility_timeout)
+    return await ledger.claim_run(run_id, owner=owner)
+
+
+async def _finish(conn: JetStreamConnection, consumption: Consumption, ledger_bucket: str, error: str | None) -> None:
+    """Settle the claims, then acknowledge the read: a job whose claims were taken over while it was frozen gets
+    ``ClaimLostError`` from the ledger and acknowledges nothing (its cursor may lag its successor's)."""
+    if consumption.claimed:
+        ledger = await BatchLedger.open(conn, ledger_bucket)
+        await ledger.settle(consumption.claimed, error=error)
+    if error is None:
+        consumption.removed = await acknowledge_read(conn, consumption.plan)
+
+
+@contextmanager
+def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str | None = None,
+            run_id: str | None = None, ledger_bucket: str = "batch_ledger",
+            owner: str = "spark-consume",
+            visibility_timeout: float | str | timedelta = "10m") -> Iterator[tuple[Any, Consumption]]:
+    """Consume a stream with acknowledgement deferred until the job succeeded::
+
+        with consume(spark, {"servers": url, "stream": "ORDERS"}) as (df, consumption):
+            df.groupBy("subject").count().write.mode("overwrite").parquet(out)
+        # here the messages df covered are removed from the stream; new ones stay
+
+    Interest and Limits streams need ``options["consumer"]``: a durable consumer (deliver policy
+    ``all``, created when missing) that only this job uses as its cursor; the read starts after its
+    ack floor and uses its filters, and the acknowledgement moves its ack floor to the read's end
+    (an Interest stream then drops what no other consumer needs). A WorkQueue stream needs no
+    consumer: the acknowledgement purges what was read.
+
+    The bounds are fixed on entry, so every action on ``df`` sees the same messages. When the
+    block raises, nothing is removed (a re-run reads the same messages plus newer ones); write the
+    output idempotently (overwrite) so a re-run after a failure between writing and removing
+    leaves each message in the output exactly once. With ``run_id`` the run's batches in the batch
+    ledger are claimed on entry and marked consumed before the removal (released on failure); a job whose
+    claims were lost meanwhile raises ``ClaimLostError`` and removes nothing. ``Consumption.claim_revisions``
+    are the claims' tokens, to fence the output with (docs/ledger.md). ``Consumption.already_consumed`` says the
+    run was consumed before (a re-run of a job whose success was not heard): keep that output, write none.
+    ``visibility_timeout`` is the claims' deadline (seconds, ``"10m"`` or a timedelta): past it, another attempt
+    may take the batches over; before it, a job that finds batches of the run held by another attempt gives back
+    what it claimed and raises ``LedgerConflictError`` on entry, reading nothing.
+    """
+    opts = {**lowered(options), "consume": "true"}
+    parsed = ReadOptions.parse(with_connection_defaults(session_connection_fields(spark), opts))
+    started = time.monotonic()
+    plan = run(parsed.settings, plan_for, parsed)
+    pinned = {**opts, "start_seq": str(plan.first_seq), "end_seq": str(max(plan.last_seq, 0)),
+              "num_partitions": str(max(1, len(plan.ranges)))}
+    if plan.workers:
+        del pinned["num_partitions"]
+    elif plan.subjects:
+        pinned["filter_subjects"] = ",".join(plan.subjects)
+    reader = spark.read.format("jetstream").options(**pinned)
+    if schema is not None:
+        reader = reader.schema(schema)
+    df = reader.load()
+    claims, already_consumed = run(parsed.settings, _claim, run_id, ledger_bucket, owner,
+                                   visibility_timeout) if run_id else ([], False)
+    consumption = Consumption(plan, claims, already_consumed=already_consumed)
+    try:
+        yield df, consumption
+    except BaseException as exc:
+        run(parsed.settings, _finish, consumption, ledger_bucket, f"{type(exc).__name__}: {exc}")
+        raise
+    run(parsed.settings, _finish, consumption, ledger_bucket, None)
+    seconds = time.monotonic() - started
+    progress(f"consume {plan.stream}: read {plan.messages} message(s) seq {plan.first_seq}..{plan.last_seq}, "
+             f"removed {consumption.removed or 0}, {len(consumption.claimed)} batch(es) consumed, "
+             f"in {seconds:.1f} s ({rate(plan.messages, seconds)})")
 
 
 __all__ = ["build_py_files", "consume", "register"]

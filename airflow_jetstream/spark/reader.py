@@ -2,8 +2,9 @@
 read, ``spark.readStream.format("jetstream")`` (docs/streaming.md).
 
 A batch read's end is fixed once, when Spark plans the job, and ``first..last`` is split into sequence ranges read
-in parallel, so every action sees the same messages. Reading never removes anything; :func:`consume`
-acknowledges exactly what was read, and only after the caller's block (the output's write) succeeded.
+in parallel, so every action sees the same messages. Reading never removes anything;
+:func:`airflow_jetstream.spark.consume` acknowledges exactly what was read, and only after the caller's block (the
+output's write) succeeded.
 
 Streaming offsets are stream sequences (``{"stream": "ORDERS", "seq": n}``: Spark has every message up to ``n``);
 a micro-batch from ``a`` to ``b`` reads ``a+1..b`` with the batch read's planning and columns. Spark writes a
@@ -20,10 +21,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
-from contextlib import contextmanager
-from datetime import timedelta
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
@@ -32,8 +30,6 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
 from airflow_jetstream.client.errors import InvalidRequestError
-from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.ledger.records import BatchRecord
 from airflow_jetstream.client.reading.headers import header_values
 from airflow_jetstream.client.reading.messages import Row, is_utf8
 from airflow_jetstream.client.reading.read_plan import (
@@ -46,9 +42,9 @@ from airflow_jetstream.client.reading.read_plan import (
     split_range,
 )
 from airflow_jetstream.client.reading.stored import read_range
-from airflow_jetstream.spark.driver import progress, rate, run, session_connection_fields, with_connection_defaults
+from airflow_jetstream.spark.driver import progress, run
 from airflow_jetstream.spark.json_rows import BadValue, bad_json_error, converter, headers_kind, parse_payload
-from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions, lowered
+from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions
 
 try:  # pyspark 4.2+: read limits (admission control) and Trigger.AvailableNow
     from pyspark.sql.streaming.datasource import (
@@ -80,31 +76,6 @@ def default_schema(decode: str) -> str:
     return f"subject string, seq long, timestamp timestamp, headers map<string,string>, payload {payload}"
 
 
-def check_read_schema(schema: StructType, options: ReadOptions) -> None:
-    """Refuse a user schema the reader cannot fill."""
-    extra = [f.name for f in schema.fields
-             if f.name not in METADATA_COLUMNS and f.name != options.corrupt_record_column]
-    if extra and options.decode != "json":
-        raise InvalidRequestError(
-            f"schema column(s) {', '.join(extra)} are not message fields ({', '.join(METADATA_COLUMNS)}); "
-            "set .option('decode', 'json') to fill them from the JSON payload",
-            reason="invalid_schema",
-        )
-    for f in schema.fields:
-        if f.name == options.corrupt_record_column and not isinstance(f.dataType, StringType):
-            raise InvalidRequestError(f"column {f.name} (the corrupt record column) must be a string",
-                                      reason="invalid_schema")
-        if f.name == "headers":
-            headers_kind(f.dataType, f.name, "invalid_schema")
-        if f.name == "payload":
-            wanted = BinaryType if options.decode == "none" else StringType
-            if not isinstance(f.dataType, wanted):
-                raise InvalidRequestError(
-                    f"column payload must be {wanted().simpleString()} with decode={options.decode}",
-                    reason="invalid_schema",
-                )
-
-
 async def plan_for(conn: JetStreamConnection, options: ReadOptions) -> ReadPlan:
     """Fix the bounds of a read now (the driver does this once per job)."""
     plan = await plan_read(conn, options.stream, subjects=options.filter_subjects, start_seq=options.start_seq,
@@ -119,26 +90,39 @@ async def plan_for(conn: JetStreamConnection, options: ReadOptions) -> ReadPlan:
 
 
 class _Columns:
-    """Builds one Arrow record batch per chunk of stored messages, for the requested schema."""
+    """Builds one Arrow record batch per chunk of stored messages, for the requested schema; built on the driver,
+    it refuses a schema the reader cannot fill before any task starts."""
 
     def __init__(self, schema: StructType, options: ReadOptions) -> None:
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_type
 
-        self.pa = pa
-        self.schema = schema
-        self.decode = options.decode
+        self.decode, self.corrupt = options.decode, options.corrupt_record_column
         self.permissive = options.json_mode == "permissive"
-        self.corrupt = options.corrupt_record_column
+        extra = [f for f in schema.fields if f.name not in METADATA_COLUMNS and f.name != self.corrupt]
+        if extra and options.decode != "json":
+            raise InvalidRequestError(
+                f"schema column(s) {', '.join(f.name for f in extra)} are not message fields "
+                f"({', '.join(METADATA_COLUMNS)}); set .option('decode', 'json') to fill them from the JSON payload",
+                reason="invalid_schema",
+            )
+        self.json_fields = [(f.name, converter(f.dataType)) for f in extra]
+        self.all_header_values = False
+        for f in schema.fields:
+            if f.name == self.corrupt and not isinstance(f.dataType, StringType):
+                raise InvalidRequestError(f"column {f.name} (the corrupt record column) must be a string",
+                                          reason="invalid_schema")
+            if f.name == "headers":
+                self.all_header_values = headers_kind(f.dataType, f.name, "invalid_schema") == "all"
+            wanted = BinaryType if options.decode == "none" else StringType
+            if f.name == "payload" and not isinstance(f.dataType, wanted):
+                raise InvalidRequestError(f"column payload must be {wanted().simpleString()} with "
+                                          f"decode={options.decode}", reason="invalid_schema")
         # pyspark 4.2 takes the time zone; 4.0 and 4.1 make timestamps UTC by default (timestamp_utc=True).
         arrow_type: Any = to_arrow_type
         utc: dict[str, Any] = {"timezone": "UTC"} if "timezone" in inspect.signature(arrow_type).parameters else {}
         self.arrow_schema = pa.schema([pa.field(f.name, arrow_type(f.dataType, **utc), nullable=True)
                                        for f in schema.fields])
-        self.json_fields = [(f.name, converter(f.dataType)) for f in schema.fields
-                            if f.name not in METADATA_COLUMNS and f.name != self.corrupt]
-        kinds = [headers_kind(f.dataType, f.name, "invalid_schema") for f in schema.fields if f.name == "headers"]
-        self.all_header_values = kinds == ["all"]
 
     def _decode(self, chunk: list[Row]) -> tuple[dict[str, list[Any]], list[str | None]]:
         """The JSON columns' values and the corrupt records (raw payloads of bad messages, permissive mode)."""
@@ -180,7 +164,8 @@ class _Columns:
         return [(name, ", ".join(items)) for name, items in values.items()]
 
     def batch(self, chunk: list[Row]) -> Any:
-        pa = self.pa
+        import pyarrow as pa
+
         decoded, corrupt = self._decode(chunk) if self.json_fields else ({}, [None] * len(chunk))
         columns: dict[str, Callable[[], list[Any]]] = {
             self.corrupt: lambda: corrupt,
@@ -206,12 +191,11 @@ class _Columns:
 
 
 class _PartitionReader:
-    """What the batch and the streaming reader share: the checked schema and the tasks' side, reading partitions
-    ``(via, first, last, subjects)`` of a plan (:func:`plan_partitions`)."""
+    """What the batch and the streaming reader share: the checked schema's columns and the tasks' side, reading
+    partitions ``(via, first, last, subjects)`` of a plan (:func:`plan_partitions`)."""
 
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
-        check_read_schema(schema, options)
-        self.read_options, self.schema = options, schema
+        self.read_options, self.columns = options, _Columns(schema, options)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """One task's share of a read: Arrow record batches of the stream's messages ``first..last``."""
@@ -219,7 +203,6 @@ class _PartitionReader:
         if last < first:
             return
         options = self.read_options
-        columns = _Columns(self.schema, options)
 
         async def chunks() -> AsyncGenerator[list[Row], None]:
             async with open_connection(options.settings) as conn:
@@ -227,18 +210,14 @@ class _PartitionReader:
                                               batch=options.batch_size):
                     yield chunk
 
-        loop = asyncio.new_event_loop()  # a private loop, driven from this synchronous generator
-        agen = chunks()
-        try:
-            while True:
-                try:
-                    chunk = loop.run_until_complete(agen.__anext__())
-                except StopAsyncIteration:
-                    return
-                yield columns.batch(chunk)
-        finally:
-            loop.run_until_complete(agen.aclose())
-            loop.close()
+        async def next_chunk() -> list[Row] | None:
+            return await anext(agen, None)
+
+        # a private loop, driven from this synchronous generator; closing it closes the connection (asyncgens)
+        with asyncio.Runner() as runner:
+            agen = chunks()
+            while (chunk := runner.run(next_chunk())) is not None:
+                yield self.columns.batch(chunk)
 
 
 def plan_partitions(plan: ReadPlan, *, consume: bool) -> list[InputPartition]:
@@ -259,105 +238,6 @@ class JetStreamReader(_PartitionReader, DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         return plan_partitions(self.plan, consume=self.read_options.consume) or [InputPartition(("direct", 1, 0, ()))]
-
-
-@dataclasses.dataclass
-class Consumption:
-    """What a :func:`consume` block covers; ``removed`` is set once the read was acknowledged."""
-
-    plan: ReadPlan
-    claimed: list[BatchRecord]
-    removed: int | None = None
-    #: The ledger said every batch of the run was consumed before this block: an earlier attempt consumed the run
-    #: (one whose success its scheduler never heard, say), so this one claimed nothing and must leave that
-    #: attempt's output as it is, not replace it with its own read (which the earlier acknowledgement emptied).
-    already_consumed: bool = False
-
-    @property
-    def claim_revisions(self) -> dict[str, int]:
-        """Each claimed batch's fencing token: the ledger revision its claim was written at (a later claim of the
-        batch has a higher one). Store it with the output so readers can trust the latest claim's only."""
-        return {b.batch_id: b.revision for b in self.claimed}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.plan.to_dict(), "claimed_batches": [b.batch_id for b in self.claimed],
-                "claim_revisions": self.claim_revisions, "already_consumed": self.already_consumed,
-                "removed": self.removed}
-
-
-async def _claim(conn: JetStreamConnection, run_id: str, ledger_bucket: str, owner: str,
-                 visibility_timeout: float | str | timedelta) -> tuple[list[BatchRecord], bool]:
-    """The claims taken on the run's batches, and whether the ledger says the run was consumed before."""
-    ledger = await BatchLedger.open(conn, ledger_bucket, visibility_timeout=visibility_timeout)
-    return await ledger.claim_run(run_id, owner=owner)
-
-
-async def _finish(conn: JetStreamConnection, consumption: Consumption, ledger_bucket: str, error: str | None) -> None:
-    """Settle the claims, then acknowledge the read: a job whose claims were taken over while it was frozen gets
-    ``ClaimLostError`` from the ledger and acknowledges nothing (its cursor may lag its successor's)."""
-    if consumption.claimed:
-        ledger = await BatchLedger.open(conn, ledger_bucket)
-        await ledger.settle(consumption.claimed, error=error)
-    if error is None:
-        consumption.removed = await acknowledge_read(conn, consumption.plan)
-
-
-@contextmanager
-def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str | None = None,
-            run_id: str | None = None, ledger_bucket: str = "batch_ledger",
-            owner: str = "spark-consume",
-            visibility_timeout: float | str | timedelta = "10m") -> Iterator[tuple[Any, Consumption]]:
-    """Consume a stream with acknowledgement deferred until the job succeeded::
-
-        with consume(spark, {"servers": url, "stream": "ORDERS"}) as (df, consumption):
-            df.groupBy("subject").count().write.mode("overwrite").parquet(out)
-        # here the messages df covered are removed from the stream; new ones stay
-
-    Interest and Limits streams need ``options["consumer"]``: a durable consumer (deliver policy
-    ``all``, created when missing) that only this job uses as its cursor; the read starts after its
-    ack floor and uses its filters, and the acknowledgement moves its ack floor to the read's end
-    (an Interest stream then drops what no other consumer needs). A WorkQueue stream needs no
-    consumer: the acknowledgement purges what was read.
-
-    The bounds are fixed on entry, so every action on ``df`` sees the same messages. When the
-    block raises, nothing is removed (a re-run reads the same messages plus newer ones); write the
-    output idempotently (overwrite) so a re-run after a failure between writing and removing
-    leaves each message in the output exactly once. With ``run_id`` the run's batches in the batch
-    ledger are claimed on entry and marked consumed before the removal (released on failure); a job whose
-    claims were lost meanwhile raises ``ClaimLostError`` and removes nothing. ``Consumption.claim_revisions``
-    are the claims' tokens, to fence the output with (docs/ledger.md). ``Consumption.already_consumed`` says the
-    run was consumed before (a re-run of a job whose success was not heard): keep that output, write none.
-    ``visibility_timeout`` is the claims' deadline (seconds, ``"10m"`` or a timedelta): past it, another attempt
-    may take the batches over; before it, a job that finds batches of the run held by another attempt gives back
-    what it claimed and raises ``LedgerConflictError`` on entry, reading nothing.
-    """
-    opts = {**lowered(options), "consume": "true"}
-    parsed = ReadOptions.parse(with_connection_defaults(session_connection_fields(spark), opts))
-    started = time.monotonic()
-    plan = run(parsed.settings, plan_for, parsed)
-    pinned = {**opts, "start_seq": str(plan.first_seq), "end_seq": str(max(plan.last_seq, 0)),
-              "num_partitions": str(max(1, len(plan.ranges)))}
-    if plan.workers:
-        del pinned["num_partitions"]
-    elif plan.subjects:
-        pinned["filter_subjects"] = ",".join(plan.subjects)
-    reader = spark.read.format("jetstream").options(**pinned)
-    if schema is not None:
-        reader = reader.schema(schema)
-    df = reader.load()
-    claims, already_consumed = run(parsed.settings, _claim, run_id, ledger_bucket, owner,
-                                   visibility_timeout) if run_id else ([], False)
-    consumption = Consumption(plan, claims, already_consumed=already_consumed)
-    try:
-        yield df, consumption
-    except BaseException as exc:
-        run(parsed.settings, _finish, consumption, ledger_bucket, f"{type(exc).__name__}: {exc}")
-        raise
-    run(parsed.settings, _finish, consumption, ledger_bucket, None)
-    seconds = time.monotonic() - started
-    progress(f"consume {plan.stream}: read {plan.messages} message(s) seq {plan.first_seq}..{plan.last_seq}, "
-             f"removed {consumption.removed or 0}, {len(consumption.claimed)} batch(es) consumed, "
-             f"in {seconds:.1f} s ({rate(plan.messages, seconds)})")
 
 
 def check_streaming_read_support(options: StreamReadOptions, pyspark_version: str) -> None:

@@ -99,7 +99,7 @@ async def get_message(conn: JetStreamConnection, stream: str, *, seq: int | None
         request = {"seq": seq} if subject is None else {"last_by_subj": subject}
     if direct:  # the last on a subject is asked as DIRECT.GET.<stream>.<subject>, which KV permissions grant
         last_on = None if next_after else subject
-        got, _ = await conn.retry_leader(f"read from stream {stream!r}", lambda: direct_batch(
+        got, _ = await conn.retry_leader(f"read from stream {stream!r}", lambda: request_rows(
             conn, stream, {} if last_on else request, one=True, subject=last_on))
         row = got[0] if got else None
     else:
@@ -143,45 +143,67 @@ async def _msg_get(conn: JetStreamConnection, stream: str, request: dict[str, An
             base64.b64decode(message.get("data") or ""))
 
 
-async def direct_batch(conn: JetStreamConnection, stream: str, request: dict[str, Any], *, election: bool = False,
-                       one: bool = False, subject: str | None = None) -> tuple[list[Row], int | None]:
-    """One direct batch request: its messages as rows (:func:`_direct_row`) and how many more match (the EOB's count);
-    ``one``: a direct get of one message (no EOB follows it), of the last on ``subject`` when given. A 503 is
-    :class:`StreamNotFoundError`; with ``election`` (the stream exists) :class:`LeaderUnavailableError`."""
-    api = f"{conn.api_prefix}.DIRECT.GET.{stream}" + (f".{subject}" if subject else "")
-    inbox = conn.nc.new_inbox()
-    sub = await conn.nc.subscribe(inbox, pending_bytes_limit=256 * 1024 * 1024)
+async def request_rows(conn: JetStreamConnection, stream: str, request: dict[str, Any], *, election: bool = False,
+                       one: bool = False, subject: str | None = None, consumer: str | None = None,
+                       last: int = sys.maxsize) -> tuple[list[Row], int | None]:
+    """One request answered on an own inbox by a run of messages, as rows, and how many more match (0: none; None:
+    not said): a direct batch get (each message's place in its headers, :func:`_direct_row`; the EOB status gives the
+    count), or with ``consumer`` a no-wait pull request of that read consumer (the place and the count still pending
+    in each delivery's reply subject, no API round trip per message; it ends at its ``batch``). A row at or past seq
+    ``last`` ends it too. ``one``: a direct get of one message (no EOB follows it), of the last on ``subject`` when
+    given. A 503 is :class:`StreamNotFoundError`; with ``election`` (the stream exists) a 503 or 409 (a leadership
+    change) is :class:`LeaderUnavailableError`."""
+    if consumer is not None:
+        api = f"{conn.api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+    else:
+        api = f"{conn.api_prefix}.DIRECT.GET.{stream}" + (f".{subject}" if subject else "")
+    what = "the read consumer" if consumer else "direct get"
+    done: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
     got: list[Row] = []
+
+    async def on_message(msg: Any) -> None:
+        if done.done():
+            return
+        headers = msg.headers or {}
+        status = None if msg.reply else headers.get(HEADER_STATUS)
+        if status is None:
+            pending = None
+            if msg.reply:  # a delivery: $JS.ACK.<stream>.<consumer>.<delivered>.<seq>.<cseq>.<time>.<pending>
+                tokens = msg.reply.rsplit(".", 5)
+                got.append((msg.subject, int(tokens[2]), int(tokens[4]), msg.headers, msg.data))
+                pending = int(tokens[5])
+            else:
+                got.append(_direct_row(headers, msg))
+            if one or pending == 0 or got[-1][1] >= last or (msg.reply and len(got) >= request["batch"]):
+                done.set_result(pending)
+        elif status == "204":  # EOB: the batch ended; how many more match
+            done.set_result(_int(headers.get("Nats-Num-Pending")))
+        elif status in ("404", "408"):  # nothing (more) at or after the sequence, or the pull request ended
+            done.set_result(0)
+        elif status in ("503", "409") and election:
+            done.set_exception(LeaderUnavailableError(f"read from stream {stream!r}: {what} answered {status} (no "
+                                                      "leader / leadership change)"))
+        elif status == "503" and consumer is None:
+            done.set_exception(StreamNotFoundError(
+                f"read from stream {stream!r}: nothing answers direct gets on {api!r}: the stream does not exist or "
+                "does not allow direct gets (allow_direct)", reason="stream_not_found"))
+        else:
+            description = str(headers.get("Description") or "").strip()
+            done.set_exception(JetStreamError(
+                f"read from stream {stream!r}: {what} answered {status} {description}", code=_int(status),
+                reason="read_failed" if consumer else "direct_get_failed", description=description))
+
+    sub = await conn.nc.subscribe(conn.nc.new_inbox(), cb=on_message, pending_bytes_limit=256 * 1024 * 1024)
     timeout = conn.settings.request_timeout
     try:
-        await conn.nc.publish(api, json.dumps(request).encode() if request else b"", reply=inbox)
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=timeout)
-            except TimeoutError:  # nats-py's is one too
-                raise conn.permission_error(api) or conn.unanswered(
-                    f"read from stream {stream!r}: no reply to {api!r} within {timeout}s") from None
-            headers = msg.headers or {}
-            status = headers.get(HEADER_STATUS)
-            if status is None:
-                got.append(_direct_row(headers, msg))
-                if one:
-                    return got, None
-                continue
-            if status == "204":  # EOB: the batch ended; how many more match
-                return got, _int(headers.get("Nats-Num-Pending"))
-            if status == "404":  # nothing (more) at or after the sequence
-                return got, 0
-            if status == "503" and election:
-                raise LeaderUnavailableError(f"read from stream {stream!r}: direct get answered 503 (no replica "
-                                             "answers right now)")
-            if status == "503":
-                raise StreamNotFoundError(
-                    f"read from stream {stream!r}: nothing answers direct gets on {api!r}: the stream does "
-                    "not exist or does not allow direct gets (allow_direct)", reason="stream_not_found")
-            description = str(headers.get("Description") or "").strip()
-            raise JetStreamError(f"read from stream {stream!r}: the server answered {status} {description}",
-                                 reason="direct_get_failed", code=_int(status), description=description)
+        await conn.nc.publish(api, json.dumps(request).encode() if request else b"", reply=sub.subject)
+        while not done.done():
+            seen = len(got)
+            await asyncio.wait([done], timeout=timeout)
+            if not done.done() and len(got) == seen:  # nothing within the timeout
+                await conn.raise_if_denied(api)
+                raise conn.unanswered(f"read from stream {stream!r}: no reply to {api!r} within {timeout}s")
+        return got, done.result()
     finally:
         if not conn.nc.is_closed:
             await sub.unsubscribe()
@@ -194,19 +216,24 @@ def _int(value: Any) -> int | None:
         return None
 
 
-async def _read_by_gets(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
-                        batch: int, *, direct: bool) -> AsyncGenerator[list[Row], None]:
-    """Gets of "the first at or after" one subject (or all): batched direct gets (:func:`direct_batch`; a 503 on a
-    cluster is an election: the stream exists, the read was planned on it), or message gets, ``CONCURRENT_GETS`` at
-    once without a filter, one by one on a subject (a deleted sequence answers with the next stored one)."""
+async def _read_rows(conn: JetStreamConnection, stream: str, first: int, last: int, subjects: Sequence[str],
+                     batch: int, *, direct: bool, consumer: str | None = None) -> AsyncGenerator[list[Row], None]:
+    """Requests for the messages from ``first`` on, one subject (or all), until the server has no more or one is past
+    ``last``: no-wait pulls of read ``consumer`` (which holds the position) or batched direct gets
+    (:func:`request_rows`; a 503 or 409 on a cluster is an election: the stream exists, the read was planned on it),
+    or message gets, ``CONCURRENT_GETS`` at once without a filter, one by one on a subject (a deleted sequence
+    answers with the next stored one)."""
     subject = subjects[0] if subjects else ">"
     seq = first
     while seq <= last:
-        if direct:
-            request: dict[str, Any] = {"seq": seq, "batch": min(batch, last - seq + 1)}
-            if subjects:
-                request["next_by_subj"] = subject
-            got, pending = await direct_batch(conn, stream, request, election=conn.clustered)
+        if consumer is not None or direct:
+            request: dict[str, Any] = {"batch": batch, "no_wait": True}
+            if consumer is None:
+                request = {"seq": seq, "batch": min(batch, last - seq + 1)}
+                if subjects:
+                    request["next_by_subj"] = subject
+            got, pending = await request_rows(conn, stream, request, election=conn.clustered, consumer=consumer,
+                                              last=last)
             more = pending != 0
         else:
             window = range(seq, min(last, seq + (CONCURRENT_GETS if subject == ">" else 1) - 1) + 1)
@@ -259,67 +286,8 @@ async def read_with_consumer(conn: JetStreamConnection, stream: str, start: dict
                                      context=f"read consumer on stream {stream!r}", retry=False)
     if current_host:
         await check_current_host(conn, stream, name, created)
-    inbox = conn.nc.new_inbox()
-    queue: asyncio.Queue[list[Row] | int] = asyncio.Queue()
-    chunk: list[Row] = []
-    delivered = 0  # messages of the open pull request
-
-    def flush() -> None:
-        queue.put_nowait(chunk.copy())
-        chunk.clear()
-
-    async def on_message(msg: Any) -> None:
-        nonlocal delivered
-        reply = msg.reply
-        if not reply:
-            status = msg.headers.get(HEADER_STATUS, "") if msg.headers else ""
-            flush()
-            queue.put_nowait(int(status or 0) or 404)
-            return
-        tokens = reply.rsplit(".", 5)
-        seq, pending = int(tokens[2]), int(tokens[5])
-        delivered += 1
-        if seq <= last:
-            chunk.append((msg.subject, seq, int(tokens[4]), msg.headers, msg.data))
-        if seq >= last or pending == 0:
-            flush()
-            queue.put_nowait(0)
-        elif delivered >= batch:  # the request delivered its batch (and the chunk holds at most that)
-            flush()
-
-    sub = await conn.nc.subscribe(inbox, cb=on_message, pending_msgs_limit=batch * 4,
-                                  pending_bytes_limit=256 * 1024 * 1024)
-    next_subject = f"{conn.api_prefix}.CONSUMER.MSG.NEXT.{stream}.{name}"
-    try:
-        finished = False
-        while not finished:
-            delivered = 0
-            await conn.nc.publish(next_subject, json.dumps({"batch": batch, "no_wait": True}).encode(),
-                                  reply=inbox)
-            while True:
-                try:
-                    async with asyncio.timeout(conn.settings.request_timeout):
-                        item = await queue.get()
-                except TimeoutError:
-                    await conn.raise_if_denied(next_subject)
-                    raise conn.unanswered(f"stream {stream!r}: no messages from the read consumer within "
-                                          f"{conn.settings.request_timeout}s") from None
-                if isinstance(item, list):
-                    if item:
-                        yield item
-                    if delivered >= batch and queue.empty():
-                        break
-                    continue
-                if item in (0, 404, 408):
-                    finished = True
-                    break
-                if item in (503, 409) and conn.clustered:  # no responders, leadership change
-                    raise LeaderUnavailableError(f"stream {stream!r}: the read consumer answered status {item} "
-                                                 "(no leader / leadership change)")
-                raise JetStreamError(f"stream {stream!r}: the read consumer answered status {item}",
-                                     reason="read_failed")
-    finally:
-        await sub.unsubscribe()
+    async for chunk in _read_rows(conn, stream, 1, last, subjects, batch, direct=False, consumer=name):
+        yield chunk
     # Reached only when the read completed (after an error the server drops it once inactive).
     await conn.api_request(f"CONSUMER.DELETE.{stream}.{name}", context="delete read consumer")
 
@@ -359,7 +327,7 @@ async def read_range(conn: JetStreamConnection, stream: str, first: int, last: i
         if via == "consumer":
             policy = {"deliver_policy": "by_start_sequence", "opt_start_seq": start}
             return read_with_consumer(conn, stream, policy, end, subjects, batch)
-        return _read_by_gets(conn, stream, start, end, subjects, batch, direct=via == "direct")
+        return _read_rows(conn, stream, start, end, subjects, batch, direct=via == "direct")
 
     checked = last is not None and conn.clustered and via != "get"  # a single server is its own leader
     async for chunk in _resuming(conn, stream, first, end, subjects, checked, via, read_from):
@@ -382,7 +350,7 @@ async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: in
     reader: AsyncGenerator[list[Row], None] | None = None
 
     def from_leader(at: int) -> AsyncGenerator[list[Row], None]:
-        return _read_by_gets(conn, stream, at, last, subjects, BATCH, direct=False)
+        return _read_rows(conn, stream, at, last, subjects, BATCH, direct=False)
 
     async def next_chunk() -> list[Row] | None:
         """The next chunk from ``first`` on (from a new reader after an interruption), or None at the end."""
@@ -430,7 +398,7 @@ async def _first_at_or_after(conn: JetStreamConnection, stream: str, since: date
     API call to audit), else (or when a replica has none yet) from the leader."""
     if direct:
         request = {"start_time": to_rfc3339(since), "batch": 1}
-        got, _ = await conn.retry_leader(f"read from stream {stream!r}", lambda: direct_batch(
+        got, _ = await conn.retry_leader(f"read from stream {stream!r}", lambda: request_rows(
             conn, stream, request, election=conn.clustered))
         if got or not conn.clustered:
             return got[0][1] if got else None
@@ -455,7 +423,7 @@ async def last_per_subject(conn: JetStreamConnection, stream: str,
     server_features.require(conn, server_features.DIRECT_GET_BATCH, what=f"reading the last messages of {stream!r}")
     request = {"multi_last": list(subjects)}  # no "batch": a batch below the number of matches is refused (413)
     got, _ = await conn.retry_leader(f"read from stream {stream!r}",
-                                     lambda: direct_batch(conn, stream, request))
+                                     lambda: request_rows(conn, stream, request))
     return {row[0]: Message.from_stored(stream, row) for row in got}
 
 

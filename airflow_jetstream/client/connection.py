@@ -49,7 +49,7 @@ from airflow_jetstream.client.natspy_internals import (
     with_pending_size,
 )
 from airflow_jetstream.client.reading.headers import parse_header_lines
-from airflow_jetstream.client.retry import is_leader_unavailable
+from airflow_jetstream.client.retry import Deadline, is_leader_unavailable
 from airflow_jetstream.client.retry import retry as retry_rule
 from airflow_jetstream.client.settings import ConnectionSettings
 
@@ -257,11 +257,16 @@ class JetStreamConnection:
         return await self.retry_leader(what, once, transient=_api_transient) if retry else await once()
 
     async def retry_leader(self, what: str, attempt: Callable[[], Awaitable[T]], *,
-                           transient: Callable[[JetStreamError], str | None] = is_leader_unavailable) -> T:
+                           transient: Callable[[JetStreamError], str | None] = is_leader_unavailable,
+                           deadline: Deadline | None = None, advice: str = "",
+                           before_retry: Callable[[], Awaitable[None]] | None = None,
+                           logger: logging.Logger = log) -> T:
         """Run ``attempt``, retried while it raises :class:`LeaderUnavailableError` (or what ``transient`` names) for
-        ``settings.leader_wait`` seconds (:func:`~airflow_jetstream.client.retry.retry`)."""
-        return await retry_rule(what, attempt, transient=transient, budget=self.settings.leader_wait,
-                                advice=QUORUM_ADVICE, logger=log)
+        ``settings.leader_wait`` seconds, or until ``deadline`` (:func:`~airflow_jetstream.client.retry.retry`); the
+        give-up message ends with ``advice`` and :data:`QUORUM_ADVICE`."""
+        return await retry_rule(what, attempt, transient=transient, budget=self.settings.leader_wait, deadline=deadline,
+                                advice=f"{advice}; {QUORUM_ADVICE}" if advice else QUORUM_ADVICE, logger=logger,
+                                before_retry=before_retry)
 
     async def round_trip(self) -> None:
         """One PING/PONG within ``request_timeout``, ignoring a timeout (before a retry: what was sent is read)."""

@@ -26,7 +26,7 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
     error_from_api,
 )
-from airflow_jetstream.client.retry import Deadline, is_leader_unavailable, retry
+from airflow_jetstream.client.retry import Deadline
 from airflow_jetstream.client.subjects import (
     fence_namespace,
     fence_subject,
@@ -355,8 +355,6 @@ async def streams_for_subject(conn: JetStreamConnection, subject: str, *,
     import nats.errors  # imports nats-py: DAG files import this module
     import nats.js.errors
 
-    from airflow_jetstream.client.connection import QUORUM_ADVICE
-
     context = f"streams for {subject!r}"
 
     async def once() -> list[str]:
@@ -375,8 +373,7 @@ async def streams_for_subject(conn: JetStreamConnection, subject: str, *,
             denied = conn.permission_error(f"{conn.api_prefix}.STREAM.NAMES")
             raise denied or conn.unanswered(f"{context}: no reply within {conn.settings.request_timeout:g}s") from None
 
-    return await retry(context, once, transient=is_leader_unavailable, budget=conn.settings.leader_wait,
-                       deadline=deadline, advice=QUORUM_ADVICE, logger=log)
+    return await conn.retry_leader(context, once, deadline=deadline, logger=log)
 
 
 def domain_api_prefix(domain: str) -> str:

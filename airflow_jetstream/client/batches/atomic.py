@@ -51,7 +51,7 @@ from airflow_jetstream.client.batches.wire import (
     message_header_lines,
     reply_timeout,
 )
-from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
+from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
     BatchPublishError,
     InvalidRequestError,
@@ -61,7 +61,7 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.stored import get_message
-from airflow_jetstream.client.retry import Deadline, retry
+from airflow_jetstream.client.retry import Deadline
 from airflow_jetstream.client.subjects import FENCE_PREFIX, fence_namespace, fence_subject, subject_matches
 
 DEFAULT_FLOW_EVERY = 200
@@ -270,8 +270,8 @@ async def _publish_validated(conn: JetStreamConnection, items: list[BatchMessage
         return reason
 
     try:
-        ack = await retry(context, send, transient=transient, budget=conn.settings.leader_wait, deadline=deadline,
-                          advice=QUORUM_ADVICE, logger=log, before_retry=conn.round_trip)
+        ack = await conn.retry_leader(context, send, transient=transient, deadline=deadline, logger=log,
+                                      before_retry=conn.round_trip)
     except JetStreamError as exc:
         earlier = await _fenced_refusal(conn, fence, exc, items[-1])
         if earlier is not None:

@@ -34,7 +34,7 @@ from airflow_jetstream.client.batches.types import (
     BatchResult,
     header_values,
 )
-from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
+from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
     BatchPublishError,
@@ -48,7 +48,7 @@ from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.headers import header_values as stored_header_values
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.stored import get_message
-from airflow_jetstream.client.retry import Deadline, is_leader_unavailable, retry
+from airflow_jetstream.client.retry import Deadline
 
 _HEADER_START = b"NATS/1.0\r\n"
 
@@ -435,9 +435,8 @@ async def publish_acked(conn: JetStreamConnection, messages: list[BatchMessage],
                 "acknowledgement), nothing of the item was stored unless it carries a msg id")
 
     try:
-        await retry(f"{what}: {len(pending)} of {len(messages)} items (first to {messages[pending[0]].subject!r})",
-                    attempt, transient=is_leader_unavailable, budget=conn.settings.leader_wait, deadline=deadline,
-                    advice=QUORUM_ADVICE, logger=log)
+        await conn.retry_leader(f"{what}: {len(pending)} of {len(messages)} items (first to "
+                                f"{messages[pending[0]].subject!r})", attempt, deadline=deadline, logger=log)
     except LeaderUnavailableError as exc:
         for index in pending:
             results[index] = BatchItemResult.failed(exc)

@@ -29,7 +29,7 @@ from airflow_jetstream.client import server_features
 from airflow_jetstream.client.admin.consumers import filter_config
 from airflow_jetstream.client.admin.streams import first_seq_at_or_after, stream_info
 from airflow_jetstream.client.batches.types import HEADER_STATUS
-from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
+from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import parse_time, to_rfc3339
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
@@ -39,7 +39,6 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.reading.headers import Headers, parse_header_lines, without
 from airflow_jetstream.client.reading.messages import Message, Row
-from airflow_jetstream.client.retry import retry
 from airflow_jetstream.client.subjects import is_fence_subject, validate_name
 
 #: Messages a reader that only looks asks for in one direct batch request (the reply is bounded in memory and time).
@@ -381,9 +380,8 @@ async def _resuming(conn: JetStreamConnection, stream: str, first: int, last: in
 
     try:
         while True:
-            chunk = await retry(f"stream {stream}", next_chunk, transient=interrupted,
-                                budget=conn.settings.leader_wait, logger=log,
-                                advice=f"the read of seq {start}..{last} stopped at seq {first}; {QUORUM_ADVICE}")
+            chunk = await conn.retry_leader(f"stream {stream}", next_chunk, transient=interrupted, logger=log,
+                                            advice=f"the read of seq {start}..{last} stopped at seq {first}")
             if chunk is None:
                 return
             first = chunk[-1][1] + 1
@@ -446,8 +444,7 @@ async def read_latest_per_subject(conn: JetStreamConnection, stream: str, subjec
     def not_started(exc: JetStreamError) -> str | None:
         return f"listing not started: {exc.message}" if isinstance(exc, LeaderUnavailableError) else None
 
-    reader, first = await retry(f"stream {stream}", started, transient=not_started,
-                                budget=conn.settings.leader_wait, advice=QUORUM_ADVICE, logger=log)
+    reader, first = await conn.retry_leader(f"stream {stream}", started, transient=not_started, logger=log)
     async with contextlib.aclosing(reader):
         if first is None:
             return

@@ -11,9 +11,10 @@ import pprint
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import airflow_jetstream
-from airflow_jetstream.client.settings import form_fields
+from airflow_jetstream.client.settings import CONNECTION_FIELDS
 from airflow_jetstream.get_provider_info import CONN_FIELDS, get_provider_info
 
 PACKAGE = Path(airflow_jetstream.__file__).parent
@@ -32,6 +33,18 @@ def _modules_with_public_classes(package: str) -> list[str]:
     return sorted(f"airflow_jetstream.{package}.{path.stem}" for path in paths if any(
         not cls.name.startswith("_") and cls.name not in bases and cls.name.endswith(("Operator", "Sensor", "Trigger"))
         for cls in _classes(path)))
+
+
+_FORM_TYPES = {str: "string", bool: "boolean", float: "number"}
+
+
+def form_fields() -> dict[str, dict[str, Any]]:
+    """The extra fields of Airflow's connection form (label, description, JSON schema), built back from
+    ``CONNECTION_FIELDS``' types and secrecy: equal to ``CONN_FIELDS``, so the form's types are the settings'."""
+    return {name: {"label": CONN_FIELDS[name]["label"], "description": CONN_FIELDS[name]["description"], "schema": {
+        "type": [_FORM_TYPES[spec.kind], "null"],
+        **({"format": "password"} if spec.secret else {}),
+        **({"default": True} if spec.kind is bool else {})}} for name, spec in CONNECTION_FIELDS.items()}
 
 
 def test_connection_form_in_the_provider_info_is_the_field_table():

@@ -197,7 +197,7 @@ def creds_file_secrets(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One connection field beyond servers/user/password: its type and how a form shows it.
+    """One connection field beyond servers/user/password: its type, and whether it is secret.
 
     A ``secret`` field's name contains a word that Airflow's secret masker hides by default (``secret``,
     ``token``, ``password``, ...: it masks connection extras by key name in its connections API, the edit
@@ -206,29 +206,16 @@ class FieldSpec:
     """
 
     kind: type
-    label: str
-    description: str
     secret: bool = False
 
 
 #: The connection's extra fields, parsed by :func:`settings_from_fields`: their type from :class:`ConnectionSettings`,
-#: how Airflow's form shows them from ``CONN_FIELDS`` in get_provider_info.py (which imports nothing, so it holds
-#: the labels: Airflow reads it in every process).
+#: their label, description and secrecy from ``CONN_FIELDS`` in get_provider_info.py (which imports nothing, so it
+#: holds the form: Airflow reads it in every process; a test holds the form's types to the settings').
 CONNECTION_FIELDS: dict[str, FieldSpec] = {
     f.name: FieldSpec(hint if (hint := get_type_hints(ConnectionSettings)[f.name]) in (bool, float) else str,
-                      (form := CONN_FIELDS[f.name])["label"], form["description"],
-                      form["schema"].get("format") == "password")
+                      CONN_FIELDS[f.name]["schema"].get("format") == "password")
     for f in fields(ConnectionSettings) if f.name in CONN_FIELDS}
-_FORM_TYPES = {str: "string", bool: "boolean", float: "number"}
-
-
-def form_fields() -> dict[str, dict[str, Any]]:
-    """The extra fields of Airflow's connection form (label, description, JSON schema), built back from
-    :data:`CONNECTION_FIELDS`: a test holds it equal to ``CONN_FIELDS``, so the form's types are the settings'."""
-    return {name: {"label": spec.label, "description": spec.description, "schema": {
-        "type": [_FORM_TYPES[spec.kind], "null"],
-        **({"format": "password"} if spec.secret else {}),
-        **({"default": True} if spec.kind is bool else {})}} for name, spec in CONNECTION_FIELDS.items()}
 
 
 #: Every field :func:`settings_from_fields` accepts.

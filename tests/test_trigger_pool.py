@@ -36,9 +36,9 @@ def test_users_share_one_connection_closed_by_the_last(nats_server, settings):
         assert pool.users(settings) == 20 and pool.open_connections() == 1
         await poll(lambda: client_connections(nats_server) == 1, "one server connection")
         for _ in range(19):
-            await pool.release(settings)
+            await pool.release(conns[0])
         assert not conns[0].nc.is_closed
-        await pool.release(settings)
+        await pool.release(conns[0])
         assert conns[0].nc.is_closed and pool.open_connections() == 0
         async with shared_connection(settings, pool) as again:
             assert again is not conns[0] and again.nc.is_connected
@@ -62,8 +62,8 @@ def test_other_settings_and_other_loops_get_their_own_connection(settings):
     try:
         conns = [loop.run_until_complete(pool.acquire(settings)) for loop in loops]
         assert conns[0] is not conns[1]
-        for loop in loops:
-            loop.run_until_complete(pool.release(settings))
+        for loop, conn in zip(loops, conns, strict=True):
+            loop.run_until_complete(pool.release(conn))
         assert all(c.nc.is_closed for c in conns)
     finally:
         for loop in loops:
@@ -91,8 +91,25 @@ def test_a_closed_connection_is_replaced(settings):
         await first.nc.close()  # e.g. the server dropped it for good
         second = await pool.acquire(settings)
         assert second is not first and second.nc.is_connected
-        await pool.release(settings)
+        await pool.release(second)
         assert second.nc.is_closed
+
+    asyncio.run(scenario())
+
+
+def test_users_of_a_closed_connection_give_back_that_one_not_its_replacement(settings):
+    pool = ConnectionPool()
+
+    async def scenario():
+        first = await pool.acquire(settings)
+        assert await pool.acquire(settings) is first
+        await first.nc.close()
+        second = await pool.acquire(settings)
+        for _ in range(2):
+            await pool.release(first)  # its users leave after the replacement was made
+        assert second.nc.is_connected and pool.users(settings) == 1
+        await pool.release(second)
+        assert second.nc.is_closed and pool.open_connections() == 0
 
     asyncio.run(scenario())
 

@@ -265,7 +265,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
             self._progress_task.cancel()
             await asyncio.gather(self._progress_task, return_exceptions=True)
         conn, self._conn = self._conn, None
-        if conn is None or self._settings is None:
+        if conn is None:
             return
         try:
             if not conn.nc.is_closed:
@@ -277,7 +277,7 @@ class JetStreamSharedStreamProducer(SharedStreamProducer):
         finally:
             self._outstanding.clear()
             self._unwatched.clear()
-            await POOL.release(self._settings)
+            await POOL.release(conn)
 
 
 class JetStreamMessageTrigger(BaseEventTrigger):

@@ -24,7 +24,6 @@ import asyncio
 import logging
 import random
 import uuid
-import weakref
 from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from airflow_jetstream.client import metrics
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.batches.types import HEADER_STATUS
 from airflow_jetstream.client.connection import JetStreamConnection
+from airflow_jetstream.client.connection_pool import Shared
 from airflow_jetstream.client.errors import (
     ConnectionFailedError,
     JetStreamError,
@@ -158,8 +158,6 @@ class StreamTail:
         self._closed = False
         self.catch_up_gate = asyncio.Semaphore(CATCH_UP_AT_ONCE)
         self._slice_start = 0.0
-        self.users = 0  # the waiters sharing it (follow)
-        self.ready = asyncio.ensure_future(self.start())
 
     # ------------------------------------------------------------------------------------------- life cycle
 
@@ -394,37 +392,14 @@ class StreamTail:
 # ----------------------------------------------------------------------------------------------- sharing
 
 
-_TAILS: weakref.WeakKeyDictionary[JetStreamConnection, dict[tuple[str, str | None], StreamTail]] = (
-    weakref.WeakKeyDictionary())
-
-
-async def _join(conn: JetStreamConnection, stream: str, tail_filter: str | None) -> StreamTail:
-    tails = _TAILS.setdefault(conn, {})
-    tail = tails.get((stream, tail_filter))
-    if tail is None or tail._closed:
-        tail = tails[(stream, tail_filter)] = StreamTail(conn, stream, tail_filter)
-    tail.users += 1
-    try:
-        await asyncio.shield(tail.ready)
-    except BaseException:
-        await _leave(conn, tail)
-        raise
+async def _start(conn: JetStreamConnection, key: tuple[str, str | None]) -> StreamTail:
+    tail = StreamTail(conn, *key)
+    await tail.start()
     return tail
 
 
-async def _leave(conn: JetStreamConnection, tail: StreamTail) -> None:
-    tail.users -= 1
-    if tail.users > 0:
-        return
-    tails = _TAILS.get(conn, {})
-    if tails.get((tail.stream, tail.filter)) is tail:
-        del tails[(tail.stream, tail.filter)]  # before awaiting: a new waiter builds a new tail
-    if not tail.ready.done():
-        tail.ready.cancel()
-        await asyncio.gather(tail.ready, return_exceptions=True)
-    elif tail.ready.cancelled() or tail.ready.exception() is not None:
-        return  # it never started
-    await tail.close()
+#: The tails of each connection, by (stream, filter): shared by their waiters, the last one closes it.
+_TAILS: Shared[tuple[str, str | None], StreamTail] = Shared(_start, StreamTail.close, lambda tail: tail._closed)
 
 
 @asynccontextmanager
@@ -443,20 +418,18 @@ async def follow(conn: JetStreamConnection, stream: str, subject: str = ">", *, 
     validate_subject(subject, allow_wildcards=True, what="subject")
     if tail_filter is not None:
         validate_subject(tail_filter, allow_wildcards=True, what="tail filter")
-    tail = await _join(conn, stream, tail_filter)
-    listener = TailListener(tail, subject, accept)
-    tail.listeners.add(subject, listener, key)
-    try:
-        yield listener
-    finally:
-        tail.listeners.remove(subject, listener, key)
-        await _leave(conn, tail)
+    async with _TAILS.use((stream, tail_filter), conn) as tail:
+        listener = TailListener(tail, subject, accept)
+        tail.listeners.add(subject, listener, key)
+        try:
+            yield listener
+        finally:
+            tail.listeners.remove(subject, listener, key)
 
 
 def tail_stats(conn: JetStreamConnection | None = None) -> list[TailStats]:
     """What every tail (of ``conn``, or of every connection) is doing."""
-    conns = [conn] if conn is not None else list(_TAILS.keys())
-    return [tail.stats() for c in conns for tail in _TAILS.get(c, {}).values()]
+    return [tail.stats() for tail in _TAILS.values(conn)]
 
 
 __all__ = ["POLL_INTERVAL", "TAIL_HEARTBEAT", "TAIL_INACTIVE", "StreamTail", "TailListener", "TailStats", "follow",

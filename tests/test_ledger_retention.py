@@ -117,7 +117,7 @@ def test_writers_opening_a_new_ledger_bucket_at_once_all_open_it(settings, monke
     creates one another writer creates it and enables atomic batches: its create then meets a bucket of another
     config (10058, stream_name_in_use) and must use that bucket instead of failing (a Spark write failed so in a
     CI run). The second writer is held between its look and its create until the first has opened the bucket."""
-    import airflow_jetstream.client.ledger.store as bucket_module
+    import airflow_jetstream.client.admin.streams as bucket_module
 
     first_opened = asyncio.Event()
     held: dict[str, object] = {}

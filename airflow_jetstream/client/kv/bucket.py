@@ -7,27 +7,24 @@ A bucket ``B`` is the stream ``KV_B`` holding subjects ``$KV.B.<key>``; its ``hi
 an existing bucket (a re-run never changes replicas it was not told to). Unset replication gives a new bucket
 :func:`~airflow_jetstream.client.admin.streams.default_replicas` (3 on a cluster).
 
-nats-py sends KV calls itself, so a permissions violation reaches the toolkit only as the server's asynchronous
-``-ERR``: while a call runs (:func:`kv_errors`), such a refusal of one of the bucket's subjects ends it at once
-with ``permission_denied`` naming the subject, instead of a timeout after ``request_timeout``.
+A bucket is created as nats-py's ``create_key_value`` creates one (:func:`kv_stream_config`), but through the
+toolkit's own :func:`~airflow_jetstream.client.admin.streams.ensure_stream`, with the placement nats-py (2.16) leaves
+out. A permissions violation of a publish reaches the toolkit only as the server's asynchronous ``-ERR``: while a
+call runs (:func:`kv_errors`), such a refusal of one of the bucket's subjects ends it at once with
+``permission_denied`` naming the subject, instead of a timeout after ``request_timeout``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
 import nats.errors
-import nats.js.errors
-from nats.js.api import Placement, StorageType, StreamConfig, StreamInfo
-from nats.js.client import JetStreamContext
-from nats.js.kv import KeyValue
 
-from airflow_jetstream.client.admin.streams import default_replicas, ensure_stream, replication_config, stream_info
+from airflow_jetstream.client.admin.streams import default_replicas, ensure_stream, replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
@@ -35,11 +32,13 @@ from airflow_jetstream.client.errors import (
     InvalidRequestError,
     JetStreamError,
     PermissionDeniedError,
-    error_from_api,
+    StreamConfigError,
 )
 from airflow_jetstream.client.kv.names import check_bucket, stream_of
 
 MAX_HISTORY = 64
+#: nats-py's duplicate window of a bucket's stream: 2 minutes, or the bucket's ``ttl`` when shorter.
+DUPLICATE_WINDOW = 120.0
 
 
 def bucket_missing(context: str) -> JetStreamError:
@@ -78,12 +77,10 @@ def _denied(conn: JetStreamConnection, subject: str, bucket: str) -> PermissionD
 
 @asynccontextmanager
 async def kv_errors(conn: JetStreamConnection, bucket: str, context: str, *,
-                    missing: Callable[[str], JetStreamError] = bucket_missing,
-                    keep: tuple[type[BaseException], ...] = (), fail_fast: bool = True) -> AsyncIterator[None]:
-    """Turn nats-py exceptions raised by KV calls on ``bucket`` into typed errors naming ``context``.
+                    fail_fast: bool = True) -> AsyncIterator[None]:
+    """Turn a refusal of one of ``bucket``'s subjects while the body runs, and a nats-py exception it raises (the
+    toolkit's own requests raise typed errors already), into typed errors naming ``context``.
 
-    A missing bucket is ``missing(context)``; ``keep`` are nats-py exceptions the caller handles itself.
-    No answer is, on a cluster, :class:`LeaderUnavailableError` (retried by callers), else a timeout.
     ``fail_fast`` cancels the body on a refusal: turn it off around a ``yield`` (the body's task runs the
     caller's code there), where the toolkit's own requests fail fast anyway.
     """
@@ -104,30 +101,11 @@ async def kv_errors(conn: JetStreamConnection, bucket: str, context: str, *,
                 raise  # cancelled from outside as well
             conn.take_violation(refused[0].__eq__)  # reported here, so no later failure reads it as its own
             raise _denied(conn, refused[0], bucket) from None
-        if isinstance(exc, (JetStreamError, *keep)) or not isinstance(exc, nats.errors.Error):
+        if isinstance(exc, JetStreamError) or not isinstance(exc, nats.errors.Error):
             raise
-        raise await _typed(conn, bucket, context, exc, missing) from None
+        raise JetStreamError(f"{context}: {type(exc).__name__}: {exc}") from None  # e.g. the connection closed
     finally:
         conn.denial_listeners.remove(on_denied)
-
-
-async def _typed(conn: JetStreamConnection, bucket: str, context: str, exc: nats.errors.Error,
-                 missing: Callable[[str], JetStreamError]) -> JetStreamError:
-    if isinstance(exc, nats.js.errors.BucketNotFoundError):
-        return missing(context)
-    if isinstance(exc, nats.js.errors.APIError):
-        # nats-py's APIError subclasses (KeyNotFoundError, ...) may leave code/err_code/description unset
-        return error_from_api({"code": getattr(exc, "code", None), "err_code": getattr(exc, "err_code", None),
-                               "description": getattr(exc, "description", None) or str(exc)}, context=context)
-    if isinstance(exc, (nats.errors.TimeoutError, nats.errors.NoRespondersError,
-                        nats.js.errors.NoStreamResponseError)):
-        await conn.round_trip()  # a late -ERR is read before this returns
-        taken = conn.take_violation(lambda subject: _concerns(subject, bucket))
-        if taken is not None:
-            return _denied(conn, taken[1], bucket)
-        return conn.unanswered(f"{context}: JetStream did not answer within {conn.settings.request_timeout:g}s; "
-                               "check that JetStream runs and the bucket exists")
-    return JetStreamError(f"{context}: {type(exc).__name__}: {exc}")
 
 
 def _check_history(history: Any) -> int | None:
@@ -161,52 +139,38 @@ async def ensure_bucket(conn: JetStreamConnection, bucket: str, *, history: int 
     wanted = {"max_msgs_per_subject": history, "max_age": ttl_seconds, "max_msg_size": max_value_size,
               "max_bytes": max_bytes, "storage": storage, "description": description, **replication}
     wanted = {k: v for k, v in wanted.items() if v is not None}
-    context = f"KV bucket {bucket!r}"
-    async with kv_errors(conn, bucket, context):
-        try:
-            await conn.js.key_value(bucket)
-        except nats.js.errors.BucketNotFoundError:
-            await create_bucket(
-                conn, replication, bucket=bucket, history=history or 1, ttl=ttl_seconds or None,
-                max_value_size=max_value_size, max_bytes=max_bytes, description=description,
-                storage=StorageType(storage) if storage else None,
-            )
-            action, changed = "created", sorted(wanted)
-        else:
-            result = await ensure_stream(conn, {"name": stream_of(bucket), **wanted})
-            action, changed = result["action"], result["changed"]
-        status = await stream_info(conn, stream_of(bucket))
-    cfg = status["config"]
+    async with kv_errors(conn, bucket, f"KV bucket {bucket!r}"):
+        result = await ensure_kv_stream(conn, bucket, wanted, ttl=ttl_seconds)
+    action, changed = result["action"], sorted(wanted) if result["action"] == "created" else result["changed"]
+    cfg = result["info"]["config"]
     placement = {k: v for k, v in (cfg.get("placement") or {}).items() if k in ("cluster", "tags") and v}
     return {"bucket": bucket, "action": action, "changed": changed, "history": cfg.get("max_msgs_per_subject"),
             "ttl": cfg.get("max_age", 0) / 1e9 or None, "num_replicas": cfg.get("num_replicas", 1),
-            "placement": placement or None, "storage": cfg.get("storage"), "values": status["state"].get("messages", 0)}
+            "placement": placement or None, "storage": cfg.get("storage"),
+            "values": result["info"]["state"].get("messages", 0)}
 
 
-def bucket_replicas(conn: JetStreamConnection, replication: dict[str, Any]) -> int:
-    """The replicas a new bucket gets: the given ones, else :func:`default_replicas`."""
-    return replication.get("num_replicas") or default_replicas(conn)
+def kv_stream_config(bucket: str, *, history: int = 1, ttl: float | None = None) -> dict[str, Any]:
+    """The stream config nats-py's ``create_key_value`` gives a new bucket keeping ``history`` values per key, each
+    ``ttl`` seconds (None: forever): what every KV client expects of a bucket's stream."""
+    window = min(DUPLICATE_WINDOW, ttl) if ttl else DUPLICATE_WINDOW
+    return {"subjects": [f"$KV.{bucket}.>"], "max_msgs_per_subject": history, "allow_rollup_hdrs": True,
+            "allow_msg_ttl": True, "deny_delete": True, "discard": "new", "duplicate_window": window,
+            "max_consumers": -1, "max_msgs": -1, **({"max_age": ttl} if ttl else {})}
 
 
-async def create_bucket(conn: JetStreamConnection, replication: dict[str, Any], **kwargs: Any) -> KeyValue:
-    """nats-py's ``create_key_value(**kwargs)`` with ``replication``'s replicas and placement.
-
-    ``replication`` is :func:`~airflow_jetstream.client.admin.streams.replication_config`'s output.
-    nats-py (2.16) builds the bucket's stream config without the placement it is given, so a placed
-    bucket is created through :class:`_PlacingContext`, a JetStream context of the same connection.
-    """
-    placement = replication.get("placement")
-    js = _PlacingContext(conn, Placement(**placement)) if placement else conn.js
-    return await js.create_key_value(replicas=bucket_replicas(conn, replication), **kwargs)
-
-
-class _PlacingContext(JetStreamContext):
-    """nats-py's JetStream context whose ``add_stream`` gives each stream it creates one placement."""
-
-    def __init__(self, conn: JetStreamConnection, placement: Placement) -> None:
-        super().__init__(conn.nc, prefix=conn.api_prefix, timeout=conn.settings.request_timeout)
-        self.placement = placement
-
-    async def add_stream(self, config: StreamConfig | None = None, **params: Any) -> StreamInfo:
-        placed = dataclasses.replace(config or StreamConfig(), placement=self.placement)
-        return await super().add_stream(placed, **params)
+async def ensure_kv_stream(conn: JetStreamConnection, bucket: str, wanted: Mapping[str, Any], *, history: int = 1,
+                           ttl: float | None = None, description: str | None = None) -> dict[str, Any]:
+    """:func:`~airflow_jetstream.client.admin.streams.ensure_stream` of the bucket's stream: ``wanted`` (stream
+    fields) on a new or an existing bucket, the rest of a new one as :func:`kv_stream_config` and
+    ``default_replicas`` give it. A bucket another writer created meanwhile with another config is brought to
+    ``wanted`` like any existing one."""
+    config = {"name": stream_of(bucket), **wanted}
+    defaults = {**kv_stream_config(bucket, history=history, ttl=ttl), "num_replicas": default_replicas(conn),
+                **({"description": description} if description else {})}
+    try:
+        return await ensure_stream(conn, config, create_defaults=defaults)
+    except StreamConfigError as exc:
+        if exc.reason != "stream_name_in_use":
+            raise
+        return await ensure_stream(conn, config)

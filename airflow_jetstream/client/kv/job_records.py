@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from airflow_jetstream.client.admin.streams import ensure_stream, replication_config, stream_info
+from airflow_jetstream.client.admin.streams import find_stream, replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import StreamNotFoundError
-from airflow_jetstream.client.kv.bucket import create_bucket, kv_errors
+from airflow_jetstream.client.kv.bucket import ensure_kv_stream, kv_errors
 from airflow_jetstream.client.kv.keys import Write, is_marker, write
+from airflow_jetstream.client.kv.names import stream_of
 from airflow_jetstream.client.reading.stored import get_message
 from airflow_jetstream.client.subjects import validate_name
 
@@ -37,15 +38,10 @@ async def put_job_record(conn: JetStreamConnection, job_id: str, record: dict[st
     context = f"job record {job_id!r} in bucket {bucket!r}"
 
     async def attempt() -> int:
-        try:
-            await stream_info(conn, f"KV_{bucket}")
-        except StreamNotFoundError:
+        if replication or await find_stream(conn, stream_of(bucket)) is None:  # given: an existing bucket gets it
             async with kv_errors(conn, bucket, context):
-                await create_bucket(conn, replication, bucket=bucket, history=5,
-                                    description="airflow-jetstream job records")
-        else:
-            if replication:  # given: an existing bucket is changed to it
-                await ensure_stream(conn, {"name": f"KV_{bucket}", **replication})
+                await ensure_kv_stream(conn, bucket, replication, history=5,
+                                       description="airflow-jetstream job records")
         return await write(conn, bucket, [Write(job_id, payload, None)], context=context)
 
     return await conn.retry_leader(f"job record {job_id!r}", attempt)

@@ -232,7 +232,7 @@ async def write(conn: JetStreamConnection, bucket: str, writes: Sequence[Write],
         return exc.message if exc.reason == _BUSY else None
 
     try:
-        async with kv_errors(conn, bucket, context, missing=missing):  # a refused publish names the first subject
+        async with kv_errors(conn, bucket, context):  # a refused publish names the first subject
             return await retry(context, lambda: _send(conn, bucket, writes, context), transient=busy,
                                budget=conn.settings.leader_wait, backoff=BUSY)
     except JetStreamNotEnabledError:  # no responder on a single server: no stream stores the bucket

@@ -34,7 +34,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from airflow_jetstream.client import metrics
-from airflow_jetstream.client.admin.streams import ensure_stream, find_stream
+from airflow_jetstream.client.admin.streams import find_stream
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.durations import to_seconds
 from airflow_jetstream.client.errors import (
@@ -48,7 +48,7 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
 )
 from airflow_jetstream.client.kv import keys
-from airflow_jetstream.client.kv.bucket import bucket_replicas, create_bucket, kv_errors
+from airflow_jetstream.client.kv.bucket import ensure_kv_stream, kv_errors
 from airflow_jetstream.client.kv.keys import BUSY, CasConflict, Write, is_marker
 from airflow_jetstream.client.ledger.counts import (
     compared,
@@ -80,8 +80,6 @@ log = logging.getLogger(__name__)
 
 #: How long a new ledger bucket keeps a key after its last change: 30 days.
 DEFAULT_TTL = 30 * 24 * 3600.0
-#: A create met a stream of that name with another config (another writer created and prepared it meanwhile).
-_NAME_IN_USE = 10058
 _UNBOUNDED_WARNED: set[str] = set()
 #: Repairs one recount tries before giving up while writers keep changing the run.
 REPAIR_ATTEMPTS = 5
@@ -163,28 +161,18 @@ async def ensure_ledger_bucket(conn: JetStreamConnection, bucket: str, *, create
     """
     check_bucket_name(bucket)
     retention = _retention_fields(ttl, max_bytes)
-    stream = stream_of(bucket)
-    async with kv_errors(conn, bucket, f"ledger bucket {bucket!r}", missing=_missing):
-        info = await find_stream(conn, stream)
-        if info is None:
-            if not create:
-                raise LedgerNotFoundError(f"ledger bucket {bucket!r} does not exist; open it with create=True")
-            age = retention.get("max_age", DEFAULT_TTL)
-            try:
-                await create_bucket(conn, replication, bucket=bucket, history=history, ttl=age or None,
-                                    max_bytes=retention.get("max_bytes"), description="airflow-jetstream batch ledger")
-            except Exception as exc:  # nats-py's error here; kv_errors maps what is raised on
-                if getattr(exc, "err_code", None) != _NAME_IN_USE:
-                    raise
-                # another writer (a Spark write's other partition) created it meanwhile and set what it needs:
-                # brought to what the ledger needs below like any existing bucket
-            else:
-                log.info("Created batch ledger bucket %s with %d replica(s); keys kept %s after their last change",
-                         bucket, bucket_replicas(conn, replication), f"{age / 86400:g} d" if age else "forever")
-        result = await ensure_stream(conn, {"name": stream, "allow_atomic": True, "allow_direct": True,
-                                            **retention, **replication})
+    async with kv_errors(conn, bucket, f"ledger bucket {bucket!r}"):
+        if not create and await find_stream(conn, stream_of(bucket)) is None:
+            raise LedgerNotFoundError(f"ledger bucket {bucket!r} does not exist; open it with create=True")
+        age = retention.get("max_age", DEFAULT_TTL)
+        result = await ensure_kv_stream(conn, bucket, {"allow_atomic": True, "allow_direct": True, **retention,
+                                                       **replication},
+                                        history=history, ttl=age or None, description="airflow-jetstream batch ledger")
     config: dict[str, Any] = result["info"]["config"]
-    if info is not None and result["action"] == "updated":
+    if result["action"] == "created":
+        log.info("Created batch ledger bucket %s with %d replica(s); keys kept %s after their last change",
+                 bucket, config.get("num_replicas", 1), f"{age / 86400:g} d" if age else "forever")
+    elif result["action"] == "updated":
         log.info("Ledger bucket %s updated: %s", bucket, ", ".join(result["changed"]))
     if retention_of(config) == {"ttl": None, "max_bytes": None} and bucket not in _UNBOUNDED_WARNED:
         _UNBOUNDED_WARNED.add(bucket)
@@ -199,7 +187,7 @@ async def latest(conn: JetStreamConnection, bucket: str,
     None for a deleted, purged or expired key. A key updated during the read comes again."""
     pattern = f"{key_token(check_id(run_id, 'run_id'))}.*" if run_id is not None else ">"
     prefix = f"$KV.{bucket}."
-    async with kv_errors(conn, bucket, f"ledger {bucket!r} listing", fail_fast=False, missing=_missing):
+    async with kv_errors(conn, bucket, f"ledger {bucket!r} listing", fail_fast=False):
         async for chunk in read_latest_per_subject(conn, stream_of(bucket), [prefix + pattern]):
             for subject, seq, _, headers, data in chunk:
                 key = subject[len(prefix):]

@@ -10,7 +10,7 @@ import pytest
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError
 from airflow_jetstream.client.reading.headers import parse_header_lines
 from airflow_jetstream.client.reading.read_plan import split_range
-from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions, WriteOptions
+from airflow_jetstream.spark.options import ReadOptions, WriteOptions
 from airflow_jetstream.spark.writer import chunk_id, message_id
 
 SERVER = {"servers": "nats://127.0.0.1:4222"}
@@ -117,14 +117,16 @@ def test_json_decoding_errors_are_typed() -> None:
 
 
 def test_stream_read_options() -> None:
-    opts = StreamReadOptions.parse({**SERVER, "stream": "ORDERS", "start": "NEW", "max_messages_per_trigger": "500",
-                                    "max_bytes_per_trigger": "1048576", "num_partitions": "2"})
+    opts = ReadOptions.parse({**SERVER, "stream": "ORDERS", "start": "NEW", "max_messages_per_trigger": "500",
+                              "max_bytes_per_trigger": "1048576", "num_partitions": "2"}, streaming=True)
     assert (opts.start, opts.max_messages_per_trigger, opts.max_bytes_per_trigger) == ("new", 500, 1048576)
-    assert opts.read.stream == "ORDERS" and opts.read.num_partitions == 2
-    assert StreamReadOptions.parse({**SERVER, "stream": "S"}).start == "first"
-    bounded = StreamReadOptions.parse({**SERVER, "stream": "S", "end_time": "2026-01-31T12:00:00Z", "start_seq": "5"})
-    assert (bounded.end_time, bounded.read.start_seq, bounded.read.end_seq) == ("2026-01-31T12:00:00Z", 5, None)
-    assert StreamReadOptions.parse({**SERVER, "stream": "S", "start": "2026-01-31T12:00:00Z"}).start.startswith("2026")
+    assert opts.stream == "ORDERS" and opts.num_partitions == 2
+    assert ReadOptions.parse({**SERVER, "stream": "S"}, streaming=True).start == "first"
+    bounded = ReadOptions.parse({**SERVER, "stream": "S", "end_time": "2026-01-31T12:00:00Z", "start_seq": "5"},
+                                streaming=True)
+    assert (bounded.end_time, bounded.start_seq, bounded.end_seq) == ("2026-01-31T12:00:00Z", 5, None)
+    assert ReadOptions.parse({**SERVER, "stream": "S", "start": "2026-01-31T12:00:00Z"},
+                             streaming=True).start.startswith("2026")
     for bad, fragment in [({"start": "new", "start_seq": "3"}, "one start position"),
                           ({"start": "soon"}, "ISO 8601"),
                           ({"worker_subjects": "a.>;b.>"}, "batch read"),
@@ -133,17 +135,17 @@ def test_stream_read_options() -> None:
                           ({"max_messages_per_trigger": "0"}, "max_messages_per_trigger"),
                           ({"maxoffsetspertrigger": "10"}, "unknown streaming read option")]:
         with pytest.raises(InvalidRequestError, match=fragment):
-            StreamReadOptions.parse({**SERVER, "stream": "S", **bad})
+            ReadOptions.parse({**SERVER, "stream": "S", **bad}, streaming=True)
 
 
 def test_streaming_features_missing_from_older_pyspark_are_refused_naming_the_version(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_jetstream.spark import reader, writer
 
-    limited = StreamReadOptions.parse({**SERVER, "stream": "S", "max_bytes_per_trigger": "1000"})
+    limited = ReadOptions.parse({**SERVER, "stream": "S", "max_bytes_per_trigger": "1000"}, streaming=True)
     reader.check_streaming_read_support(limited, "4.2.0")
     monkeypatch.setattr(reader, "READ_LIMITS", False)
-    reader.check_streaming_read_support(StreamReadOptions.parse({**SERVER, "stream": "S"}), "4.1.1")
+    reader.check_streaming_read_support(ReadOptions.parse({**SERVER, "stream": "S"}, streaming=True), "4.1.1")
     with pytest.raises(InvalidRequestError, match=r"need pyspark 4\.2 or later.*this is pyspark 4\.1\.1") as err:
         reader.check_streaming_read_support(limited, "4.1.1")
     assert err.value.reason == "pyspark_too_old" and "max_bytes_per_trigger" in str(err.value)

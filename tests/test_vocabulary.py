@@ -18,7 +18,7 @@ import airflow_jetstream.triggers
 from airflow_jetstream.client.errors import InvalidRequestError
 from airflow_jetstream.operators.sourcing import JetStreamDurableSourceOperator
 from airflow_jetstream.operators.stream import JetStreamEnsureStreamOperator
-from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions, WriteOptions
+from airflow_jetstream.spark.options import ReadOptions, WriteOptions
 from airflow_jetstream.triggers.advisory import JetStreamAdvisoryTrigger
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
 from tests.conftest import set_nats_connection
@@ -117,7 +117,7 @@ def _parameters(cls: type) -> set[str]:
 def _spark_keys(where: str) -> set[str]:
     keys: set[str] = set()
     if "Spark read" in where or "Spark streaming read" in where:
-        keys |= set(ReadOptions.KEYS) | (set(StreamReadOptions.KEYS) if "streaming" in where else set())
+        keys |= set(ReadOptions.KEYS) | (set(ReadOptions.STREAM_KEYS) if "streaming" in where else set())
     if "write option" in where:
         keys |= set(WriteOptions.KEYS)
     return keys

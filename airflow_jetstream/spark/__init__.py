@@ -44,7 +44,6 @@ from airflow_jetstream.spark.driver import (
 from airflow_jetstream.spark.options import (
     PARSERS,
     ReadOptions,
-    StreamReadOptions,
     WriteOptions,
     check_option_names,
     lowered,
@@ -99,7 +98,7 @@ class JetStreamDataSource(DataSource):
         return JetStreamWriter(WriteOptions.parse(self._options()), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        options = StreamReadOptions.parse(self._options())
+        options = ReadOptions.parse(self._options(), streaming=True)
         check_streaming_read_support(options, pyspark.__version__)
         return JetStreamStreamReader(options, schema)
 

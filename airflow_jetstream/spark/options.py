@@ -230,7 +230,14 @@ class WriteOptions:
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """Parsed options of ``spark.read.format("jetstream")``."""
+    """Parsed options of ``spark.read.format("jetstream")`` and, parsed with ``streaming``, of
+    ``spark.readStream.format("jetstream")``: the batch read's plus where a new query starts and how much one
+    micro-batch may take.
+
+    ``start`` is ``"first"`` (the stream's first message, the default, as for the batch read),
+    ``"new"`` (messages stored after the query started), a stream sequence or a time; the batch
+    read's ``start_seq``/``start_time`` are accepted too (one of the three at most).
+    """
 
     settings: ConnectionSettings
     stream: str
@@ -247,14 +254,37 @@ class ReadOptions:
     worker_prefix: str = "spark-reader"
     json_mode: str = "failfast"
     corrupt_record_column: str = DEFAULT_CORRUPT_RECORD_COLUMN
+    start: str = "first"
+    max_messages_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    #: A stop position: the query never reads messages stored at or after this time (``end_seq``:
+    #: after this sequence), so a scheduled run with Trigger.AvailableNow covers a fixed interval.
+    end_time: str | None = None
 
     KEYS = ("stream", "path", "filter_subjects", "start_seq", "start_time", "end_seq", "num_partitions", "decode",
             "consume", "batch_size", "consumer", "worker_subjects", "worker_prefix", "json_mode",
             "corrupt_record_column")
+    #: The options only a streaming read takes.
+    STREAM_KEYS = ("start", "max_messages_per_trigger", "max_bytes_per_trigger", "end_time")
+    #: Batch read options that have no meaning for an unbounded read.
+    BATCH_ONLY = ("worker_subjects", "worker_prefix")
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
-        opts, v = _parsed(options, cls.KEYS, "read")
+    def parse(cls, options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
+        keys = cls.KEYS + cls.STREAM_KEYS if streaming else cls.KEYS
+        opts, v = _parsed(options, keys, "streaming read" if streaming else "read")
+        batch_only = sorted(k for k in cls.BATCH_ONLY if opts.get(k))
+        if streaming and batch_only:
+            raise InvalidRequestError(
+                f"option(s) {', '.join(batch_only)} belong to the batch read (spark.read); a streaming read "
+                "runs until stopped (use Trigger.AvailableNow to stop at the end of what is stored)",
+                reason="invalid_option",
+            )
+        given = [k for k in ("start_seq", "start_time", "start") if v.get(k)]
+        if streaming and len(given) > 1:
+            raise InvalidRequestError(f"give one start position, not {' and '.join(given)}", reason="invalid_option")
+        if "end_time" in v and "end_seq" in v:
+            raise InvalidRequestError("give either end_seq or end_time, not both", reason="invalid_option")
         if v.get("worker_subjects") and any(k in v for k in ("filter_subjects", "num_partitions", "consumer")):
             raise InvalidRequestError(
                 "worker_subjects sets the partitions (one per group), their filters and cursors; "
@@ -264,48 +294,8 @@ class ReadOptions:
         if "start_seq" in v and "start_time" in v:
             raise InvalidRequestError("give either start_seq or start_time, not both", reason="invalid_option")
         # every other option has the name of its field (whose default applies when it is not given)
-        return cls(settings=connection_settings(opts), stream=_stream(v), **{k: v[k] for k in cls.KEYS[2:] if k in v})
-
-
-@dataclass(frozen=True)
-class StreamReadOptions:
-    """Parsed options of ``spark.readStream.format("jetstream")``: the batch read's options (``read``)
-    plus where a new query starts and how much one micro-batch may take.
-
-    ``start`` is ``"first"`` (the stream's first message, the default, as for the batch read),
-    ``"new"`` (messages stored after the query started), a stream sequence or a time; the batch
-    read's ``start_seq``/``start_time`` are accepted too (one of the three at most).
-    """
-
-    read: ReadOptions
-    start: str = "first"
-    max_messages_per_trigger: int | None = None
-    max_bytes_per_trigger: int | None = None
-    #: A stop position: the query never reads messages stored at or after this time (``read.end_seq``:
-    #: after this sequence), so a scheduled run with Trigger.AvailableNow covers a fixed interval.
-    end_time: str | None = None
-
-    KEYS = ("start", "max_messages_per_trigger", "max_bytes_per_trigger", "end_time")
-    #: Batch read options that have no meaning for an unbounded read.
-    BATCH_ONLY = ("worker_subjects", "worker_prefix")
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> StreamReadOptions:
-        opts, v = _parsed(options, ReadOptions.KEYS + cls.KEYS, "streaming read")
-        batch_only = sorted(k for k in cls.BATCH_ONLY if opts.get(k))
-        if batch_only:
-            raise InvalidRequestError(
-                f"option(s) {', '.join(batch_only)} belong to the batch read (spark.read); a streaming read "
-                "runs until stopped (use Trigger.AvailableNow to stop at the end of what is stored)",
-                reason="invalid_option",
-            )
-        given = [k for k in ("start_seq", "start_time", "start") if v.get(k)]
-        if len(given) > 1:
-            raise InvalidRequestError(f"give one start position, not {' and '.join(given)}", reason="invalid_option")
-        if "end_time" in v and "end_seq" in v:
-            raise InvalidRequestError("give either end_seq or end_time, not both", reason="invalid_option")
-        read = ReadOptions.parse({k: raw for k, raw in opts.items() if k not in cls.KEYS})
-        return cls(read=read, **{k: v[k] for k in cls.KEYS if v.get(k)})
+        return cls(settings=connection_settings(opts), stream=_stream(v),
+                   **{k: v[k] for k in keys[2:] if k in v and v[k] != ""})
 
 
 #: Options Spark itself hands to a source or sink: ``save(path)``/``load(path)`` and a streaming query's checkpoint.
@@ -315,6 +305,6 @@ SPARK_GIVEN_OPTIONS = ("path", "checkpointlocation")
 def check_option_names(options: Mapping[str, str]) -> None:
     """Refuse option names that no read, streaming read or write knows, as soon as Spark builds the
     data source (at ``load()``/``save()``/``start()``, not at the first action)."""
-    known = (*WriteOptions.KEYS, *ReadOptions.KEYS, *StreamReadOptions.KEYS, *SETTINGS_FIELDS,
+    known = (*WriteOptions.KEYS, *ReadOptions.KEYS, *ReadOptions.STREAM_KEYS, *SETTINGS_FIELDS,
              *SPARK_GIVEN_OPTIONS)
     _check_known(lowered(options), tuple(dict.fromkeys(known)), "jetstream")

@@ -44,7 +44,7 @@ from airflow_jetstream.client.reading.read_plan import (
 from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.spark.driver import progress, run
 from airflow_jetstream.spark.json_rows import BadValue, bad_json_error, converter, headers_kind, parse_payload
-from airflow_jetstream.spark.options import ReadOptions, StreamReadOptions
+from airflow_jetstream.spark.options import ReadOptions
 
 try:  # pyspark 4.2+: read limits (admission control) and Trigger.AvailableNow
     from pyspark.sql.streaming.datasource import (
@@ -195,14 +195,14 @@ class _PartitionReader:
     partitions ``(via, first, last, subjects)`` of a plan (:func:`plan_partitions`)."""
 
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
-        self.read_options, self.columns = options, _Columns(schema, options)
+        self.options, self.columns = options, _Columns(schema, options)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """One task's share of a read: Arrow record batches of the stream's messages ``first..last``."""
         via, first, last, subjects = partition.value
         if last < first:
             return
-        options = self.read_options
+        options = self.options
 
         async def chunks() -> AsyncGenerator[list[Row], None]:
             async with open_connection(options.settings) as conn:
@@ -237,10 +237,10 @@ class JetStreamReader(_PartitionReader, DataSourceReader):
                  read_method(self.plan, consume=options.consume))
 
     def partitions(self) -> list[InputPartition]:
-        return plan_partitions(self.plan, consume=self.read_options.consume) or [InputPartition(("direct", 1, 0, ()))]
+        return plan_partitions(self.plan, consume=self.options.consume) or [InputPartition(("direct", 1, 0, ()))]
 
 
-def check_streaming_read_support(options: StreamReadOptions, pyspark_version: str) -> None:
+def check_streaming_read_support(options: ReadOptions, pyspark_version: str) -> None:
     """Refuse read limits on a pyspark without them (they arrived in 4.2), naming the version."""
     if READ_LIMITS:
         return
@@ -269,26 +269,24 @@ def _seq(offset: dict[str, Any], stream: str) -> int:
     return int(offset["seq"])
 
 
-async def _start_seq(conn: JetStreamConnection, options: StreamReadOptions) -> int:
+async def _start_seq(conn: JetStreamConnection, read: ReadOptions) -> int:
     """The first sequence a new query reads (after the cursor consumer's ack floor, when there is one)."""
-    read = options.read
     start_seq = read.start_seq
     if start_seq is None and read.start_time is None:
-        start_seq = await resolve_start(conn, read.stream, options.start)
+        start_seq = await resolve_start(conn, read.stream, read.start)
     plan = await plan_read(conn, read.stream, subjects=read.filter_subjects, start_seq=start_seq,
                            start_time=read.start_time, consumer=read.consumer)
     return plan.first_seq
 
 
-async def _stream_state(conn: JetStreamConnection, options: StreamReadOptions) -> tuple[dict[str, Any], int]:
+async def _stream_state(conn: JetStreamConnection, read: ReadOptions) -> tuple[dict[str, Any], int]:
     """The stream's state and the last sequence the query may read (``end_seq``/``end_time`` applied)."""
-    read = options.read
     state = (await stream_info(conn, read.stream))["state"]
     last = int(state.get("last_seq") or 0)
     if read.end_seq is not None:
         last = min(last, read.end_seq)
-    if options.end_time is not None:
-        last = min(last, await first_seq_at_or_after(conn, read.stream, options.end_time) - 1)
+    if read.end_time is not None:
+        last = min(last, await first_seq_at_or_after(conn, read.stream, read.end_time) - 1)
     return state, last
 
 
@@ -300,10 +298,9 @@ async def _acknowledge(conn: JetStreamConnection, read: ReadOptions, last: int) 
 class JetStreamStreamReader(_PartitionReader, *_STREAM_BASES):  # type: ignore[misc]
     """The driver side keeps the query's latest sequence and, under AvailableNow, its target."""
 
-    def __init__(self, options: StreamReadOptions, schema: StructType) -> None:
-        super().__init__(options.read, schema)
-        self.options = options
-        self.stream = options.read.stream
+    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+        super().__init__(options, schema)
+        self.stream = options.stream
         #: Trigger.AvailableNow: the last sequence stored when the query started.
         self.target: int | None = None
         #: The stream's last sequence at the latest planning (the progress's ``latestOffset``).
@@ -313,7 +310,7 @@ class JetStreamStreamReader(_PartitionReader, *_STREAM_BASES):  # type: ignore[m
 
     def initialOffset(self) -> dict[str, Any]:
         if self.initial is None:
-            first = run(self.read_options.settings, _start_seq, self.options)
+            first = run(self.options.settings, _start_seq, self.options)
             progress(f"stream read of {self.stream}: a new query starts at seq {first} (start={self.options.start})")
             self.initial = _offset(self.stream, first - 1)
         return self.initial
@@ -321,7 +318,7 @@ class JetStreamStreamReader(_PartitionReader, *_STREAM_BASES):  # type: ignore[m
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         """The end of the next micro-batch: the stream's last sequence (at most the AvailableNow target),
         capped by the read limit. pyspark 4.0/4.1 call it without arguments (no read limits there)."""
-        state, end = run(self.read_options.settings, _stream_state, self.options)
+        state, end = run(self.options.settings, _stream_state, self.options)
         self.latest = int(state.get("last_seq") or 0)
         end = end if self.target is None else min(end, self.target)
         if start is None:
@@ -352,14 +349,14 @@ class JetStreamStreamReader(_PartitionReader, *_STREAM_BASES):  # type: ignore[m
         return None if self.latest is None else _offset(self.stream, self.latest)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = run(self.read_options.settings, _stream_state, self.options)[1]
+        self.target = run(self.options.settings, _stream_state, self.options)[1]
         progress(f"stream read of {self.stream}: Trigger.AvailableNow reads up to seq {self.target}")
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         first, last = _seq(start, self.stream) + 1, _seq(end, self.stream)
         if last < first:
             return []
-        read = dataclasses.replace(self.options.read, start_seq=first, start_time=None, end_seq=last)
+        read = dataclasses.replace(self.options, start_seq=first, start_time=None, end_seq=last)
         plan = run(read.settings, plan_for, read)
         if plan.first_seq > first:
             log.warning("stream %s: seq %d..%d were removed (limits, max age or a purge) before this query read "
@@ -367,8 +364,8 @@ class JetStreamStreamReader(_PartitionReader, *_STREAM_BASES):  # type: ignore[m
         return plan_partitions(plan, consume=read.consume)
 
     def commit(self, end: dict[str, Any]) -> None:
-        if not self.options.read.consume:
+        if not self.options.consume:
             return
         last = _seq(end, self.stream)
-        removed = run(self.read_options.settings, _acknowledge, self.read_options, last)
+        removed = run(self.options.settings, _acknowledge, self.options, last)
         progress(f"stream read of {self.stream}: acknowledged up to seq {last} ({removed} message(s) removed)")

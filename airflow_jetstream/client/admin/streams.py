@@ -122,7 +122,7 @@ def default_replicas(conn: JetStreamConnection) -> int:
     A cluster is recognised by the ``cluster`` name in the server's INFO, which every clustered server sends
     (also with ``no_advertise``). Live servers are not counted: with one of three nodes down a new stream is
     still meant to be R3. A lone server with a ``cluster`` block runs JetStream unclustered and refuses R3
-    (10074); :func:`create_stream` then creates with 1 replica and this connection defaults to 1 from then on.
+    (10074); :func:`ensure_stream` then creates with 1 replica and this connection defaults to 1 from then on.
     """
     from airflow_jetstream.client.natspy_internals import server_info  # imports nats-py: DAG files import this module
 
@@ -133,25 +133,6 @@ def default_replicas(conn: JetStreamConnection) -> int:
                  CLUSTER_REPLICAS, info.get("server_name") or "", cluster)
         return CLUSTER_REPLICAS
     return 1
-
-
-async def create_stream(conn: JetStreamConnection, cfg: dict[str, Any], *, replicas_defaulted: bool) -> dict[str, Any]:
-    """``STREAM.CREATE`` with ``cfg``; logs the replicas it got. When the replicas were defaulted
-    (:func:`default_replicas`) and the server turns out to run JetStream unclustered, it is created with 1."""
-    name = cfg["name"]
-    try:
-        info = await conn.api_request(f"STREAM.CREATE.{name}", cfg, context=f"create stream {name!r}")
-    except PlacementError as exc:
-        if not replicas_defaulted or exc.reason != "replicas_need_cluster":
-            raise
-        _UNCLUSTERED.add(conn)
-        log.warning("stream %s: the server names a cluster but runs JetStream unclustered (%s); creating it "
-                    "with 1 replica", name, exc.description)
-        info = await conn.api_request(f"STREAM.CREATE.{name}", {**cfg, "num_replicas": 1},
-                                      context=f"create stream {name!r}")
-    log.info("created stream %s with %s replica(s)%s", name, (info.get("config") or {}).get("num_replicas", 1),
-             " (the default)" if replicas_defaulted else "")
-    return info
 
 
 def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -276,6 +257,25 @@ def with_fence_subjects(cfg: dict[str, Any], current: dict[str, Any] | None = No
     return {**cfg, "subjects": [*subjects, fence_namespace(cfg["name"])]}
 
 
+async def _create_stream(conn: JetStreamConnection, cfg: dict[str, Any], *, replicas_defaulted: bool) -> dict[str, Any]:
+    """``STREAM.CREATE`` with ``cfg``; logs the replicas it got. When the replicas were defaulted
+    (:func:`default_replicas`) and the server turns out to run JetStream unclustered, it is created with 1."""
+    name = cfg["name"]
+    try:
+        info = await conn.api_request(f"STREAM.CREATE.{name}", cfg, context=f"create stream {name!r}")
+    except PlacementError as exc:
+        if not replicas_defaulted or exc.reason != "replicas_need_cluster":
+            raise
+        _UNCLUSTERED.add(conn)
+        log.warning("stream %s: the server names a cluster but runs JetStream unclustered (%s); creating it "
+                    "with 1 replica", name, exc.description)
+        info = await conn.api_request(f"STREAM.CREATE.{name}", {**cfg, "num_replicas": 1},
+                                      context=f"create stream {name!r}")
+    log.info("created stream %s with %s replica(s)%s", name, (info.get("config") or {}).get("num_replicas", 1),
+             " (the default)" if replicas_defaulted else "")
+    return info
+
+
 async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
                         create_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """Create the stream, update it where it differs, or leave it alone.
@@ -293,7 +293,7 @@ async def ensure_stream(conn: JetStreamConnection, config: dict[str, Any], *,
         defaulted = "num_replicas" not in cfg and "num_replicas" in (create_defaults or {})
         cfg = {**normalize_stream_config({"name": name, **(create_defaults or {})}), **cfg}
         try:
-            info = await create_stream(conn, cfg, replicas_defaulted=defaulted)
+            info = await _create_stream(conn, cfg, replicas_defaulted=defaulted)
         except StreamConfigError as exc:
             raise await _name_overlapping_streams(conn, exc, name, cfg) from None
         dropped = server_features.dropped_fields(cfg, info.get("config", {}))

@@ -33,7 +33,6 @@ from airflow_jetstream.client.admin.consumers import (
 )
 from airflow_jetstream.client.admin.streams import (
     api_view,
-    create_stream,
     default_replicas,
     ensure_stream,
     find_stream,
@@ -171,23 +170,22 @@ async def _check_shared_origin(origin_conn: JetStreamConnection, spec: DurableSo
 #: The duplicate window of an aggregate the provider creates: the server's default for streams without
 #: sources. Without it a re-send the origin stored again (its dedupe state lost, see docs/sourcing.md) is
 #: copied into the aggregate twice; with it the aggregate drops the copy (the msg id travels with it).
-AGGREGATE_DUPLICATE_WINDOW_NS = 120 * 10**9
+AGGREGATE_DUPLICATE_WINDOW = 120  # seconds
 
 
 async def _update_entries(conn: JetStreamConnection, spec: DurableSource, target: dict[str, Any] | None,
-                          entry: dict[str, Any] | None) -> dict[str, Any]:
+                          entry: dict[str, Any] | None) -> None:
     """Create A or put ``entry`` in place of A's entry for this origin (None removes it); others stay."""
     if target is None:
-        key = "mirror" if spec.mirror else "sources"
-        given = replication_config(spec.num_replicas, spec.placement)
-        body = {"name": spec.stream, key: entry if spec.mirror else [entry], "num_replicas": default_replicas(conn),
-                **given}
-        if not spec.mirror:  # the server gives a stream with sources no duplicate window (a mirror cannot have one)
-            body["duplicate_window"] = AGGREGATE_DUPLICATE_WINDOW_NS
-        return await create_stream(conn, body, replicas_defaulted="num_replicas" not in given)
+        config = {"name": spec.stream, **replication_config(spec.num_replicas, spec.placement)}
+        if spec.mirror:
+            config["mirror"] = entry
+        else:  # the server gives a stream with sources no duplicate window (a mirror cannot have one)
+            config.update(sources=[entry], duplicate_window=AGGREGATE_DUPLICATE_WINDOW)
+        await ensure_stream(conn, config, create_defaults={"num_replicas": default_replicas(conn)})
+        return
     kept = [e for e in target["config"].get("sources") or [] if not spec.is_same_origin(e)]
-    cfg = {**target["config"], "sources": kept if entry is None else [*kept, entry]}
-    return await conn.api_request(f"STREAM.UPDATE.{spec.stream}", cfg, context=f"update stream {spec.stream!r}")
+    await ensure_stream(conn, {"name": spec.stream, "sources": kept if entry is None else [*kept, entry]})
 
 
 async def last_sourced_seq(conn: JetStreamConnection, stream: str, origin: str, *, max_scan: int = 1_000_000) -> int:
@@ -230,7 +228,7 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
     if retention == "interest":
         await ensure_consumer(origin_conn, spec.source,
                               {"name": holder, "ack_policy": "explicit", **filter_config(spec.filter_subjects)})
-    target_after = await _update_entries(conn, spec, target, None)
+    await _update_entries(conn, spec, target, None)
     last = await last_sourced_seq(conn, spec.stream, spec.source)
     if retention == "workqueue":
         if last:  # its consumer must deliver all: what A already holds leaves O first
@@ -245,7 +243,7 @@ async def _migrate(conn: JetStreamConnection, origin_conn: JetStreamConnection, 
     elif old.get("opt_start_time"):
         consumer_cfg.update(deliver_policy="by_start_time", opt_start_time=old["opt_start_time"])
     await ensure_consumer(origin_conn, spec.source, consumer_cfg)
-    await _update_entries(conn, spec, target_after, spec.source_entry())
+    await _update_entries(conn, spec, target, spec.source_entry())
     if retention != "workqueue":
         await delete_consumer(origin_conn, spec.source, holder)
     return last

@@ -161,23 +161,19 @@ class DurableSource:
         except InvalidRequestError as exc:
             raise ConsumerConfigError(f"{exc.message} (a durable source needs a concrete deliver subject)",
                                       reason="invalid_source_consumer") from None
-        policy = self.deliver_policy
-        if policy == "last_per_subject" and not self.filter_subjects:
+        if self.deliver_policy == "last_per_subject" and not self.filter_subjects:
             raise ConsumerConfigError("deliver_policy last_per_subject needs filter_subjects (the server refuses it "
                                       "without a filter; use '>' for every subject)", reason="invalid_field")
-        for start, needed in (("start_seq", "by_start_sequence"), ("start_time", "by_start_time")):
-            if getattr(self, start) is not None:
-                if policy not in (None, needed):
-                    raise ConsumerConfigError(f"{start} needs deliver_policy {needed}, not {policy!r}",
-                                              reason="invalid_field")
-                policy = needed
+        # a start implies its policy; a start with another policy is refused by the consumer's own rules below
+        policy = self.deliver_policy or ("by_start_sequence" if self.start_seq is not None else
+                                         "by_start_time" if self.start_time is not None else "all")
         pending = DEFAULT_MAX_ACK_PENDING if self.max_ack_pending is None else self.max_ack_pending
         if isinstance(pending, bool) or not isinstance(pending, int) or pending < 1:
             raise ConsumerConfigError(
                 f"max_ack_pending must be > 0 for a flow-control consumer, got {pending!r}",
                 reason="max_ack_pending_required",
             )
-        spec = replace(self, consumer=consumer, deliver_subject=deliver, deliver_policy=policy or "all",
+        spec = replace(self, consumer=consumer, deliver_subject=deliver, deliver_policy=policy,
                        max_ack_pending=pending)
         normalize_consumer_config(spec.consumer_config())  # the consumer's own rules: policies, a start for by_start_*
         return spec

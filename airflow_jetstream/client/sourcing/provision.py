@@ -352,14 +352,13 @@ async def provision_durable_source(conn: JetStreamConnection, spec: DurableSourc
         action = await _apply_entry(conn, spec, target, current)
     if action == "unchanged" and replicas_changed:
         action = "updated"
-    started = time.monotonic()
+    deadline = time.monotonic() + health_timeout  # one budget for the three waits
     state = await wait_source_healthy(conn, spec, timeout=health_timeout, origin_conn=origin_conn)
     if spec.user_managed:
         name = spec.consumer or ""
     else:
-        name = (await server_managed_consumer(origin_conn, spec, timeout=health_timeout))["name"]
-    consumer = await wait_messages_flow(origin_conn, spec.source, name,
-                                        timeout=max(health_timeout - (time.monotonic() - started), 1.0))
+        name = (await server_managed_consumer(origin_conn, spec, timeout=max(deadline - time.monotonic(), 1.0)))["name"]
+    consumer = await wait_messages_flow(origin_conn, spec.source, name, timeout=max(deadline - time.monotonic(), 1.0))
     metrics.incr("sourcing.provisioned", tags={"mode": spec.mode, "action": action})
     cfg = consumer["config"]
     return {

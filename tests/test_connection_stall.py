@@ -13,7 +13,7 @@ import pytest
 
 from airflow_jetstream.client.admin.streams import ensure_stream
 from airflow_jetstream.client.batches.types import BatchMessage
-from airflow_jetstream.client.batches.wire import publish_individually
+from airflow_jetstream.client.batches.wire import publish_acked
 from airflow_jetstream.client.connection import connect, open_connection
 from airflow_jetstream.client.errors import RequestTimeoutError
 from airflow_jetstream.client.settings import ConnectionSettings
@@ -31,7 +31,7 @@ def test_a_stalled_server_leaves_a_working_connection_after_it_resumes(nats_serv
             stop(pid)
             try:
                 # no acknowledgement, then the permission check's PING times out too: its future is cancelled
-                stalled = await publish_individually(conn, [BatchMessage("stall.a", b"1")], 1.0)
+                stalled = await publish_acked(conn, [BatchMessage("stall.a", b"1")], 1.0)
             finally:
                 resume(pid)
             assert stalled[0].error == "timeout"

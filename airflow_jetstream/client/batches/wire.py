@@ -340,53 +340,12 @@ def stored_difference(msg: BatchMessage, subject: str, data: bytes | None, heade
     return None
 
 
-async def publish_individually(conn: JetStreamConnection, messages: list[BatchMessage], timeout: float, *,
-                               replies: BatchReplies | None = None) -> list[BatchItemResult]:
-    """Pipelined acknowledged publishes: all frames in one write, then one result per message, in order.
-
-    ``replies`` is an open reply inbox to reuse; without it, one is opened and closed for this call.
-    """
-    own_replies = replies is None
-    if replies is None:
-        replies = await BatchReplies(conn, timeout, "publish").open()
-    reply_of: list[bytes] = []
-    try:
-        frames = []
-        for msg in messages:
-            reply = replies.expect()
-            reply_of.append(reply)
-            frames.append(encode_frame(msg.subject.encode(), reply, message_header_lines(msg), bytes(msg.data)))
-        await write_raw(conn.nc, b"".join(frames))
-        futures = [replies.futures[reply] for reply in reply_of]
-        await asyncio.wait(futures, timeout=timeout)
-        results = []
-        for msg, future in zip(messages, futures, strict=True):
-            try:
-                if not future.done():
-                    await conn.raise_if_denied(msg.subject)
-                    raise RequestTimeoutError(f"publish to {msg.subject!r}: no acknowledgement within {timeout}s; "
-                                              "the message may or may not be stored")
-                ack = replies.parse(future.result(), msg.subject)
-                if "seq" not in ack:
-                    raise BatchPublishError(f"unexpected publish reply {json.dumps(ack)[:200]}", reason="bad_reply")
-                results.append(BatchItemResult(stream=str(ack.get("stream", "")), seq=int(ack["seq"]),
-                                               duplicate=bool(ack.get("duplicate"))))
-            except JetStreamError as exc:
-                results.append(BatchItemResult.failed(exc))
-        return results
-    finally:
-        if own_replies:
-            await replies.close()
-        else:
-            for reply in reply_of:
-                replies.forget(reply)
-
-
 async def publish_acked(conn: JetStreamConnection, messages: list[BatchMessage], timeout: float, *,
                         deadline: Deadline | None = None, replies: BatchReplies | None = None,
                         what: str = "batcher", metric: str | None = "batcher.retried") -> list[BatchItemResult]:
-    """:func:`publish_individually`, then the items that failed because their stream was electing a leader are
-    re-sent until ``deadline`` (default: ``leader_wait`` from the first failure).
+    """Pipelined acknowledged publishes (all frames in one write, then one result per message, in order); the items
+    that failed because their stream was electing a leader are re-sent until ``deadline`` (default: ``leader_wait``
+    from the first failure).
 
     Only where a re-send cannot store an item twice: a 503 / no responders on a stream that exists
     (no leader received the message, so nothing was stored), and on a cluster an unacknowledged item
@@ -394,10 +353,40 @@ async def publish_acked(conn: JetStreamConnection, messages: list[BatchMessage],
     or one the server refused with 10158 because the same msg id was still being stored.
     Still failing at the deadline (for the Batcher ``leader_wait`` after the group's oldest item was submitted, so
     one group's retries never make the items queued behind it wait past their own): those items fail with
-    ``leader_unavailable``. ``what`` names the items in the log, ``metric`` counts each re-sent one.
+    ``leader_unavailable``. ``replies`` is an open reply inbox to reuse (one is opened and closed for this call
+    without it); ``what`` names the items in the log, ``metric`` counts each re-sent one.
     """
-    results = await publish_individually(conn, messages, timeout, replies=replies)
+    own_replies = replies is None
+    inbox = replies or await BatchReplies(conn, timeout, "publish").open()
+    results = [BatchItemResult()] * len(messages)
     known: dict[str, bool] = {}
+
+    async def send(indexes: list[int]) -> None:
+        reply_of = [inbox.expect() for _ in indexes]
+        try:
+            await write_raw(conn.nc, b"".join(
+                encode_frame(messages[i].subject.encode(), reply, message_header_lines(messages[i]),
+                             bytes(messages[i].data)) for i, reply in zip(indexes, reply_of, strict=True)))
+            futures = [inbox.futures[reply] for reply in reply_of]
+            await asyncio.wait(futures, timeout=timeout)
+            for index, future in zip(indexes, futures, strict=True):
+                subject = messages[index].subject
+                try:
+                    if not future.done():
+                        await conn.raise_if_denied(subject)
+                        raise RequestTimeoutError(f"publish to {subject!r}: no acknowledgement within {timeout}s; "
+                                                  "the message may or may not be stored")
+                    ack = inbox.parse(future.result(), subject)
+                    if "seq" not in ack:
+                        raise BatchPublishError(f"unexpected publish reply {json.dumps(ack)[:200]}",
+                                                reason="bad_reply")
+                    results[index] = BatchItemResult(stream=str(ack.get("stream", "")), seq=int(ack["seq"]),
+                                                     duplicate=bool(ack.get("duplicate")))
+                except JetStreamError as exc:
+                    results[index] = BatchItemResult.failed(exc)
+        finally:
+            for reply in reply_of:
+                inbox.forget(reply)
 
     async def retryable(index: int) -> bool:
         result, msg = results[index], messages[index]
@@ -414,30 +403,33 @@ async def publish_acked(conn: JetStreamConnection, messages: list[BatchMessage],
         return (result.error in ("timeout", "leader_unavailable") and bool(msg.msg_id)
                 and conn.clustered and not conn.nc.is_closed)
 
-    pending = [i for i in range(len(messages)) if results[i].error and await retryable(i)]
-    if not pending:
-        return results
-    started = False
-
-    async def attempt() -> None:
-        nonlocal pending, started
-        if started:
-            again = await publish_individually(conn, [messages[i] for i in pending], timeout, replies=replies)
-            for index, result in zip(pending, again, strict=True):
-                results[index] = result
-            pending = [i for i in pending if results[i].error and await retryable(i)]
-        started = True
-        if pending:
-            if metric:
-                metrics.incr(metric, len(pending), tags={"reason": "leader_unavailable"})
-            raise LeaderUnavailableError(
-                f"publish to {messages[pending[0]].subject!r}: its stream has no leader (503 or no "
-                "acknowledgement), nothing of the item was stored unless it carries a msg id")
-
     try:
-        await conn.retry_leader(f"{what}: {len(pending)} of {len(messages)} items (first to "
-                                f"{messages[pending[0]].subject!r})", attempt, deadline=deadline, logger=log)
-    except LeaderUnavailableError as exc:
-        for index in pending:
-            results[index] = BatchItemResult.failed(exc)
-    return results
+        await send(list(range(len(messages))))
+        pending = [i for i in range(len(messages)) if results[i].error and await retryable(i)]
+        if not pending:
+            return results
+        started = False
+
+        async def attempt() -> None:
+            nonlocal pending, started
+            if started:
+                await send(pending)
+                pending = [i for i in pending if results[i].error and await retryable(i)]
+            started = True
+            if pending:
+                if metric:
+                    metrics.incr(metric, len(pending), tags={"reason": "leader_unavailable"})
+                raise LeaderUnavailableError(
+                    f"publish to {messages[pending[0]].subject!r}: its stream has no leader (503 or no "
+                    "acknowledgement), nothing of the item was stored unless it carries a msg id")
+
+        try:
+            await conn.retry_leader(f"{what}: {len(pending)} of {len(messages)} items (first to "
+                                    f"{messages[pending[0]].subject!r})", attempt, deadline=deadline, logger=log)
+        except LeaderUnavailableError as exc:
+            for index in pending:
+                results[index] = BatchItemResult.failed(exc)
+        return results
+    finally:
+        if own_replies:
+            await inbox.close()

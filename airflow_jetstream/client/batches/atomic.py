@@ -71,23 +71,6 @@ _KEEPING_RETENTION = ("limits", "workqueue")
 log = logging.getLogger(__name__)
 
 
-def encode_atomic_batch(messages: Sequence[BatchMessage], batch_id: str, expected_last_seq: int | None,
-                        replies: dict[int, bytes]) -> list[bytes]:
-    """The ``HPUB`` frames of the batch; ``replies`` maps batch sequences to their reply subject. The constant
-    header parts are encoded once per batch."""
-    batch_lines = b"%b: %b\r\n%b: " % (HEADER_BATCH_ID.encode(), batch_id.encode(), HEADER_BATCH_SEQUENCE.encode())
-    first_extra = b"" if expected_last_seq is None else b"%b: %d\r\n" % (HEADER_EXPECTED_LAST_SEQ.encode(),
-                                                                         expected_last_seq)
-    commit_extra = b"%b: 1\r\n" % HEADER_BATCH_COMMIT.encode()
-    last = len(messages)
-    frames = []
-    for seq, msg in enumerate(messages, start=1):
-        extra = (first_extra if seq == 1 else b"") + (commit_extra if seq == last else b"")
-        lines = b"%b%b%d\r\n%b" % (message_header_lines(msg), batch_lines, seq, extra)
-        frames.append(encode_frame(msg.subject.encode(), replies.get(seq, b""), lines, msg.data))
-    return frames
-
-
 async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batch_id: str,
                       expected_last_seq: int | None, flow_every: int, timeout: float,
                       progress: dict[str, bool]) -> dict[str, Any]:
@@ -97,10 +80,18 @@ async def _send_batch(conn: JetStreamConnection, items: list[BatchMessage], batc
     replies = BatchReplies(conn, timeout, context)
     last = len(items)
     # Requests: the first message, every flow_every-th one, and the commit.
-    asks = [1] + ([s for s in range(1 + flow_every, last, flow_every)] if flow_every else []) + [last]
-    asks = sorted(set(asks))
+    asks = sorted({1, *(range(1 + flow_every, last, flow_every) if flow_every else ()), last})
     reply_of = {seq: replies.expect() for seq in asks}
-    frames = encode_atomic_batch(items, batch_id, expected_last_seq, reply_of)
+    # the constant header parts are encoded once per batch
+    batch_lines = b"%b: %b\r\n%b: " % (HEADER_BATCH_ID.encode(), batch_id.encode(), HEADER_BATCH_SEQUENCE.encode())
+    first_extra = b"" if expected_last_seq is None else b"%b: %d\r\n" % (HEADER_EXPECTED_LAST_SEQ.encode(),
+                                                                         expected_last_seq)
+    commit_extra = b"%b: 1\r\n" % HEADER_BATCH_COMMIT.encode()
+    frames = []
+    for seq, msg in enumerate(items, start=1):
+        extra = (first_extra if seq == 1 else b"") + (commit_extra if seq == last else b"")
+        lines = b"%b%b%d\r\n%b" % (message_header_lines(msg), batch_lines, seq, extra)
+        frames.append(encode_frame(msg.subject.encode(), reply_of.get(seq, b""), lines, msg.data))
     nc = conn.nc
     try:
         await replies.open()

@@ -343,15 +343,18 @@ async def publish_fast_batch(
             # The last message was a duplicate (the ack's seq is 0), or the stream grew by fewer messages than the
             # server accepted: some were stored before, found by their msg ids (and, for seq 0, where the last is).
             if accepted and (not seq or accepted > seq - mark) and any(m.msg_id for m in run_items):
-                try:
-                    run_dups, probed_last = await _count_duplicates(conn, stream, run_items, mark)
+                try:  # probed without writing; None: not stored, or no longer in the duplicate window
+                    seqs = await stored_sequences(conn, run_items, stream=stream)
                 except CONNECTION_ERRORS as exc:
                     raise _duplicates_unknown(run.context, connection_lost("msg id probes", exc), stream,
                                               stored + accepted, total) from exc
                 except JetStreamError as exc:
                     raise _duplicates_unknown(run.context, exc, stream, stored + accepted, total) from exc
+                run_dups = sum(1 for s in seqs if s is not None and s <= mark)
+                log.info("fast batch on stream %s: %d of %d message(s) were already stored (msg ids), the last at "
+                         "seq %s", stream, run_dups, len(run_items), seqs[-1])
                 duplicates += run_dups
-                own_last = seq or probed_last
+                own_last = seq or seqs[-1]
             elif seq:
                 own_last = seq
             mark = max(mark, own_last or 0)
@@ -443,15 +446,3 @@ async def _count_in_stream(conn: JetStreamConnection, stream: str, after: int,
 
     return await retry(f"counting a fast batch in stream {stream!r}", count, transient=is_leader_unavailable,
                        budget=None, deadline=Deadline(settle_wait(conn)), advice=QUORUM_ADVICE, logger=log)
-
-
-async def _count_duplicates(conn: JetStreamConnection, stream: str, run: Sequence[BatchMessage],
-                            mark: int) -> tuple[int, int | None]:
-    """For a run the server skipped some messages of as duplicates: how many of its messages were
-    stored at or before seq ``mark`` (by msg id, probed without writing) and the sequence of its last
-    one (None when its msg id is not in the duplicate window any more)."""
-    seqs = await stored_sequences(conn, run, stream=stream)
-    earlier = sum(1 for seq in seqs if seq is not None and seq <= mark)
-    log.info("fast batch on stream %s: %d of %d message(s) were already stored (msg ids), the last at seq %s",
-             stream, earlier, len(run), seqs[-1] if seqs else None)
-    return earlier, seqs[-1] if seqs else None

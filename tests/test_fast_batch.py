@@ -260,3 +260,30 @@ def test_interrupted_batch_on_a_workqueue_stream_says_the_count_is_unknown(setti
     assert exc.stored is None and exc.total == 100 and exc.reason == "stored_unknown"
     assert "after seq 0" in str(exc)
     assert len(stored) == 50
+
+
+def test_connection_closed_mid_batch_is_a_fast_batch_error(settings, monkeypatch):
+    """The connection closes for good between two writes of a batch (the client's own close: a real closed
+    connection at a chosen moment): the error is a FastBatchError saying how many are stored is unknown, not the
+    write's ConnectionFailedError."""
+    real_write = fast_batch_module.write_raw
+    writes: list[int] = []
+
+    async def close_before_the_second_write(nc, frames):
+        writes.append(len(frames))
+        if len(writes) == 2:
+            await nc.close()
+        await real_write(nc, frames)
+
+    monkeypatch.setattr(fast_batch_module, "write_raw", close_before_the_second_write)
+
+    async def body(conn):
+        own = await connect(settings, allow_reconnect=False)
+        with pytest.raises(FastBatchError) as info:
+            await publish_fast_batch(own, [BatchMessage("fast.c", b"%d" % i) for i in range(50)], flow=10)
+        return info.value, await contents(conn)
+
+    exc, stored = run(settings, body)
+    assert exc.reason == "connection_lost" and exc.stored is None and exc.total == 50
+    assert "after seq 0" in str(exc)
+    assert stored == [b"0"]

@@ -181,7 +181,7 @@ class FastBatchRun:
                 # a new leader does not know the batch: what the old one stored is counted in the stream
                 raise Interrupted(error_from_api(error, context=self.context), None)
             return ack
-        except CONNECTION_ERRORS as exc:
+        except (*CONNECTION_ERRORS, ConnectionFailedError) as exc:  # nats-py's, or write_raw's on a closed one
             raise Interrupted(connection_lost(self.context, exc), None) from None
         finally:
             if not nc.is_closed:

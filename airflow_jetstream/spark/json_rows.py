@@ -39,6 +39,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from airflow_jetstream.client.durations import to_rfc3339
 from airflow_jetstream.client.errors import InvalidRequestError
 
 JSON_MODES = ("failfast", "permissive")
@@ -200,25 +201,7 @@ def headers_kind(data_type: DataType, column: str, reason: str) -> str:
                               reason=reason)
 
 
-def bad_json_error(seq: int, subject: str, problem: str, column: str | None = None) -> InvalidRequestError:
-    """The typed error for a message ``decode=json`` cannot turn into a row."""
-    where = f"column {column!r}: " if column else ""
-    return InvalidRequestError(
-        f"message {seq} ({subject}): {where}{problem}. Fix the producer, filter the message out with "
-        "subjects, change the schema's type, or read with json_mode=permissive (bad rows get nulls and "
-        "their payload in the corrupt record column)",
-        reason="invalid_json",
-    )
-
-
 # --- writing ------------------------------------------------------------------------------------
-
-def rfc3339(value: datetime) -> str:
-    """An aware datetime as RFC 3339 in UTC with ``Z``; a naive one without an offset."""
-    if value.tzinfo is None:
-        return value.isoformat()
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
 
 def _encoder(arrow_type: Any) -> Callable[[Any], Any] | None:
     """A function from Arrow's Python value of ``arrow_type`` to its JSON form; None when it already is."""
@@ -230,8 +213,8 @@ def _encoder(arrow_type: Any) -> Callable[[Any], Any] | None:
         return None
     if t.is_floating(arrow_type):
         return _finite
-    if t.is_timestamp(arrow_type):
-        return rfc3339
+    if t.is_timestamp(arrow_type):  # a timestamp_ntz value (naive) has no offset
+        return lambda v: v.isoformat() if v.tzinfo is None else to_rfc3339(v)
     if t.is_date(arrow_type):
         return date.isoformat
     if t.is_decimal(arrow_type):

@@ -43,7 +43,7 @@ from airflow_jetstream.client.reading.read_plan import (
 )
 from airflow_jetstream.client.reading.stored import read_range
 from airflow_jetstream.spark.driver import progress, run
-from airflow_jetstream.spark.json_rows import BadValue, bad_json_error, converter, headers_kind, parse_payload
+from airflow_jetstream.spark.json_rows import BadValue, converter, headers_kind, parse_payload
 from airflow_jetstream.spark.options import ReadOptions
 
 try:  # pyspark 4.2+: read limits (admission control) and Trigger.AvailableNow
@@ -138,7 +138,12 @@ class _Columns:
                     row[column] = convert(body.get(column))
             except BadValue as exc:
                 if not self.permissive:
-                    raise bad_json_error(seq, subject, str(exc), column) from None
+                    raise InvalidRequestError(
+                        f"message {seq} ({subject}): {f'column {column!r}: ' if column else ''}{exc}. Fix the "
+                        "producer, filter the message out with subjects, change the schema's type, or read with "
+                        "json_mode=permissive (bad rows get nulls and their payload in the corrupt record column)",
+                        reason="invalid_json",
+                    ) from None
                 bad = bytes(payload).decode("utf-8", "replace")
             for name, _ in self.json_fields:
                 columns[name].append(None if bad is not None else row[name])

@@ -9,8 +9,7 @@ import base64
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
-from airflow_jetstream.assets.jetstream import InvalidAssetURIError, parse_asset_uri
-from airflow_jetstream.assets.kv import kv_asset
+from airflow_jetstream.assets.jetstream import InvalidAssetURIError, kv_asset, parse_asset_uri
 from airflow_jetstream.client.admin.streams import stream_info
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.errors import (

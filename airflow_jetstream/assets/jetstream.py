@@ -24,7 +24,13 @@ from urllib.parse import SplitResult, quote, unquote, urlsplit
 from airflow.sdk import Asset
 from airflow.sdk.lineage import get_hook_lineage_collector
 
-from airflow_jetstream.client.errors import InvalidRequestError, InvalidSettingsError, InvalidSubjectError
+from airflow_jetstream.client.errors import (
+    InvalidKeyError,
+    InvalidRequestError,
+    InvalidSettingsError,
+    InvalidSubjectError,
+)
+from airflow_jetstream.client.kv.names import check_bucket, validate_key
 from airflow_jetstream.client.settings import parse_servers
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 
@@ -123,6 +129,26 @@ def jetstream_asset(server: str | Sequence[str], stream: str, subject: str | Non
     return create_asset(server=first, stream=stream, subject=subject, extra=extra)
 
 
+def kv_asset(server: str | Sequence[str], bucket: str, key: str | None = None, *,
+             extra: dict[str, Any] | None = None) -> Asset:
+    """The asset of a KV key (or of the whole bucket when ``key`` is None) on a NATS server, in the ``jetstream://``
+    scheme (no scheme of its own; docs/assets.md).
+
+    Bucket ``B`` is the stream ``KV_B`` and its key ``k`` the subject ``$KV.B.k``, so a key is the asset
+    ``jetstream://<server>/KV_B/%24KV.B.k`` and a bucket ``jetstream://<server>/KV_B``: ordinary ``jetstream://``
+    assets, validated, normalised and turned into OpenLineage datasets like every other:
+    ``kv_asset("nats.example.com", "models", "churn.latest")`` is
+    ``jetstream://nats.example.com:4222/KV_models/%24KV.models.churn.latest`` (``$`` percent-encoded).
+    """
+    try:
+        check_bucket(bucket)
+        if key is not None:
+            validate_key(key)
+    except InvalidKeyError as exc:
+        raise InvalidAssetURIError(exc.message) from None
+    return jetstream_asset(server, f"KV_{bucket}", f"$KV.{bucket}.{key}" if key is not None else None, extra=extra)
+
+
 def _report(task: Any, attribute: str, servers: str | Sequence[str], stream: str, subject: str | None,
             context: Any) -> Asset:
     asset = jetstream_asset(servers, stream, subject)
@@ -167,4 +193,5 @@ def convert_asset_to_openlineage(asset: Asset, lineage_context: Any) -> OpenLine
 
 
 __all__ = ["SCHEME", "InvalidAssetURIError", "JetStreamAssetRef", "convert_asset_to_openlineage", "create_asset",
-           "jetstream_asset", "parse_asset_uri", "report_stream_input", "report_stream_output", "sanitize_uri"]
+           "jetstream_asset", "kv_asset", "parse_asset_uri", "report_stream_input", "report_stream_output",
+           "sanitize_uri"]

@@ -43,7 +43,7 @@ class JetStreamKeyValueOperator(JetStreamBaseOperator):
 
     ``create`` fails with ``key_exists`` and ``update`` with ``wrong_revision`` (compare-and-set). Returns
     ``{"bucket", "key", "operation", "revision", "bucket_action"}``; the key is added to the task's outlets as
-    an asset (:func:`airflow_jetstream.assets.kv.kv_asset`), so DAGs scheduled on it run after a write. See
+    an asset (:func:`airflow_jetstream.assets.kv_asset`), so DAGs scheduled on it run after a write. See
     docs/operators/kv.md.
     """
 

@@ -11,7 +11,7 @@ template says otherwise, no JavaScript; the look is one stylesheet (``static/vie
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
@@ -107,21 +107,13 @@ def shape(snapshot: dict[str, Any], query: PageQuery) -> dict[str, Any]:
 #: Advisory kinds that are problems when recent (shown in red in the advisory table).
 PROBLEM_ADVISORIES = ("batch_abandoned", "max_deliveries", "msg_terminated", "stream_quorum_lost",
                       "consumer_quorum_lost", "server_out_of_storage", "api_limit_reached")
-_DETAIL = ("batch", "reason", "stream_seq", "deliveries", "action", "leader", "paused", "pause_until", "domain")
-_OBJECT_NAMES = ("stream", "consumer", "source", "run_id", "batch", "capture_seq", "section", "name")
+#: An advisory row's fields shown as its detail, and the fields of a problem's object that name it.
+DETAIL_FIELDS = ("batch", "reason", "stream_seq", "deliveries", "action", "leader", "paused", "pause_until", "domain")
+OBJECT_NAMES = ("stream", "consumer", "source", "run_id", "batch", "capture_seq", "section", "name")
 
 
 def num(value: Any) -> str:
     return f"{int(value):,}" if value is not None else "-"
-
-
-def size(value: int) -> str:
-    amount = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if amount < 1024 or unit == "TiB":
-            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
-        amount /= 1024
-    return f"{value} B"
 
 
 def utc_and_ago(iso: str | None) -> str:
@@ -139,39 +131,15 @@ def href(query: Mapping[str, Any], changes: Mapping[str, Any]) -> str:
     return "?" + urlencode({k: v for k, v in merged.items() if v is not None})
 
 
-def advisory_detail(row: Mapping[str, Any]) -> str:
-    return ", ".join(f"{name}={row[name]}" for name in _DETAIL if name in row) or "-"
-
-
-def object_names(obj: Mapping[str, Any]) -> str:
-    return " / ".join(str(obj[k]) for k in _OBJECT_NAMES if obj.get(k) is not None)
-
-
-def batch_list(items: Sequence[Mapping[str, Any]], count: int, field: str) -> str:
-    """The first five batches of a ledger run's list, each with its error or deadline."""
-    shown = ", ".join(f"{item['batch_id']} ({'since ' if field == 'deadline' else ''}{item.get(field)})"
-                      for item in items[:5])
-    return shown + (f" ... ({count} in all)" if count > 5 else "") or "-"
-
-
-def checked(limits: Thresholds) -> str:
-    return (f"Checked: abandoned batches, given-up and terminated messages in the last {span(limits.advisory_age)} "
-            f"of captured advisories; consumers with at least {limits.redelivered} redelivered message(s), "
-            f"acknowledgements overdue past ack_wait, pending with nobody pulling for {span(limits.pending_idle)}, "
-            f"paused; sources with an error, inactive, or a backlog not shrinking for {span(limits.source_stalled)}; "
-            "streams without a leader or with replicas offline or behind; ledger runs with failed batches or claims "
-            "past their visibility deadline. Thresholds: Airflow's [jetstream] section (docs/ui.md).")
-
-
 @cache
 def templates() -> Jinja2Templates:
     env = jinja2.Environment(loader=jinja2.PackageLoader("airflow_jetstream.ui", "templates"), autoescape=True,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(num=num, size=size, utc_and_ago=utc_and_ago, advisory_detail=advisory_detail,
-                       object_names=object_names, batch_list=batch_list, quote_part=lambda s: quote(str(s), safe=""),
+    env.filters.update(num=num, span=span, utc_and_ago=utc_and_ago, quote_part=lambda s: quote(str(s), safe=""),
                        state_title=lambda state: state.replace("_", " ").capitalize(),
                        stream_anchor=lambda name: row_anchor("streams", {"name": name}))
-    env.globals.update(href=href, problem_advisories=PROBLEM_ADVISORIES, version=__version__)
+    env.globals.update(href=href, problem_advisories=PROBLEM_ADVISORIES, detail_fields=DETAIL_FIELDS,
+                       object_fields=OBJECT_NAMES, version=__version__)
     return Jinja2Templates(env=env)
 
 
@@ -196,5 +164,5 @@ def page(request: Request, view: dict[str, Any], *, query: Mapping[str, Any], ag
                   unfocused={k: v for k, v in query.items() if k != "stream" and not k.endswith("_page")},
                   unpaged={k: v for k, v in query.items() if not k.endswith("_page")},
                   reading={k: v for k, v in query.items() if k in ("ledger_bucket", "capture_stream")},
-                  read_age=f"read {span(age_s)} ago" if age_s >= 1 else "read now", checked=checked(limits))
+                  age_s=age_s, limits=limits)
 

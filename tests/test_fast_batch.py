@@ -136,7 +136,8 @@ def test_duplicate_probes_failing_after_the_batch_is_stored_say_what_is_stored(n
     assert holding, "the probes ran after the final ack"
     assert exc.stored == 10 and exc.total == 10 and exc.stream == "FAST"
     assert isinstance(exc.__cause__, RequestTimeoutError) and exc.reason == "timeout"
-    assert "all 10 of its messages are stored in stream 'FAST', but the msg id probes" in str(exc)
+    assert "the msg id probes counting its duplicates failed after the server stored it" in str(exc)
+    assert "the first 10 of its 10 messages are stored in stream 'FAST'" in str(exc)
     assert stored == [b"old%d" % i for i in range(5)] + [b"new%d" % i for i in range(5, 10)]
 
 

@@ -343,13 +343,16 @@ async def publish_fast_batch(
             # The last message was a duplicate (the ack's seq is 0), or the stream grew by fewer messages than the
             # server accepted: some were stored before, found by their msg ids (and, for seq 0, where the last is).
             if accepted and (not seq or accepted > seq - mark) and any(m.msg_id for m in run_items):
-                try:  # probed without writing; None: not stored, or no longer in the duplicate window
+                # probed without writing (None: not stored, or no longer in the duplicate window); the messages are
+                # stored, so a failed probe leaves only the count of duplicates unknown
+                probes = f"{run.context}: the msg id probes counting its duplicates failed after the server stored it: "
+                try:
                     seqs = await stored_sequences(conn, run_items, stream=stream)
                 except CONNECTION_ERRORS as exc:
-                    raise _duplicates_unknown(run.context, connection_lost("msg id probes", exc), stream,
-                                              stored + accepted, total) from exc
+                    raise _failed(connection_lost("msg id probes", exc), stream, stored + accepted, total,
+                                  what=probes) from exc
                 except JetStreamError as exc:
-                    raise _duplicates_unknown(run.context, exc, stream, stored + accepted, total) from exc
+                    raise _failed(exc, stream, stored + accepted, total, what=probes) from exc
                 run_dups = sum(1 for s in seqs if s is not None and s <= mark)
                 log.info("fast batch on stream %s: %d of %d message(s) were already stored (msg ids), the last at "
                          "seq %s", stream, run_dups, len(run_items), seqs[-1])
@@ -393,29 +396,17 @@ async def publish_fast_batch(
 
 
 def _failed(error: JetStreamError, stream: str, stored: int, total: int, *,
-            unknown_after: int | None = None) -> FastBatchError:
-    """The error raised for a failed fast batch: the cause, and how many of its messages are stored."""
+            unknown_after: int | None = None, what: str = "") -> FastBatchError:
+    """The error raised for a failed fast batch: the cause (``what`` failed, when not the publish itself: ``error``),
+    and how many of its messages are stored."""
     if unknown_after is not None:
         how_many = (f"{stored} message(s) of the fast batch are known to be stored, and how many more could not be "
                     f"established: read stream {stream!r} after seq {unknown_after} before re-sending (or re-send "
                     "with msg ids set, which the stream de-duplicates)")
     else:
         how_many = (f"the first {stored} of its {total} messages are stored in stream {stream!r} (fast batches are "
-                    f"not atomic): re-send messages {stored + 1}..{total}")
-    return FastBatchError(f"{error.message}; {how_many}", stored=None if unknown_after is not None else stored,
-                          total=total, stream=stream, reason=error.reason, code=error.code, err_code=error.err_code,
-                          description=error.description)
-
-
-def _duplicates_unknown(context: str, error: JetStreamError, stream: str, stored: int,
-                        total: int) -> FastBatchError:
-    """The error raised when the msg id probes that count a fast batch's duplicates failed (``error``) after the
-    server acknowledged its first ``stored`` messages: those are in the stream (stored now, or before as
-    duplicates); how many of them are duplicates is unknown."""
-    which = f"all {total} of its messages are" if stored == total else f"its first {stored} of {total} messages are"
-    left = f"; re-send messages {stored + 1}..{total}" if stored < total else ""
-    return FastBatchError(f"{context}: {which} stored in stream {stream!r}, but the msg id probes counting how many "
-                          f"were stored before (duplicates) failed: {error.message}{left}", stored=stored,
+                    "not atomic)" + (f": re-send messages {stored + 1}..{total}" if stored < total else ""))
+    return FastBatchError(f"{what}{error.message}; {how_many}", stored=None if unknown_after is not None else stored,
                           total=total, stream=stream, reason=error.reason, code=error.code, err_code=error.err_code,
                           description=error.description)
 

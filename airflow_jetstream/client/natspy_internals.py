@@ -8,8 +8,9 @@ nats-py's public API does not do each, and what upstream would need to make it p
 - ``_server_info`` (read only): the ``cluster`` name in the server's INFO.
 
 The package metadata caps nats-py below the next minor the suite has not run; beyond that, :func:`check_natspy`
-probes each use on the installed nats-py when the first connection opens and refuses with
-:class:`NatsPyVersionError` naming the version and what changed, instead of running on moved internals.
+probes each use on the installed nats-py when the first connection opens (``_server_info`` once it is open:
+:func:`check_connected`) and refuses with :class:`NatsPyVersionError` naming the version and what changed, instead of
+running on moved internals.
 
 JetStream API calls go through ``JetStreamConnection.api_request`` (raw ``$JS.API`` JSON), not nats-py's
 ``JetStreamManager``: one error vocabulary (typed errors, leader-election retries, permission violations at
@@ -180,18 +181,12 @@ async def _probe_pong() -> str | None:
     return None
 
 
-async def _probe_server_info() -> str | None:
-    if not isinstance(getattr(Client(), "_server_info", None), dict):
-        return "Client._server_info (the server's INFO) is gone"
-    return None
-
-
-#: (what the toolkit uses it for, the probe) per private use, in the order docs/compatibility.md lists them.
+#: (what the toolkit uses it for, the probe) per private use, in the order docs/compatibility.md lists them; the
+#: last, ``_server_info``, holds the server's INFO only once connected: :func:`check_connected` checks it then.
 PROBES: tuple[tuple[str, Callable[[], Awaitable[str | None]]], ...] = (
     ("raw batch writes (_send_command, _flush_pending)", _probe_raw_write),
     ("repeated header names (_parse_header_lines)", _probe_header_parser),
     ("the late-PONG guard (_process_pong, _pongs)", _probe_pong),
-    ("cluster detection (_server_info)", _probe_server_info),
 )
 
 _checked: list[NatsPyVersionError | None] = []

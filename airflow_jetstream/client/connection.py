@@ -258,15 +258,17 @@ class JetStreamConnection:
 
     async def retry_leader(self, what: str, attempt: Callable[[], Awaitable[T]], *,
                            transient: Callable[[JetStreamError], str | None] = is_leader_unavailable,
-                           deadline: Deadline | None = None, advice: str = "",
+                           deadline: Deadline | None = None, wait: float | None = None, advice: str = "",
                            before_retry: Callable[[], Awaitable[None]] | None = None,
                            logger: logging.Logger = log) -> T:
         """Run ``attempt``, retried while it raises :class:`LeaderUnavailableError` (or what ``transient`` names) for
-        ``settings.leader_wait`` seconds, or until ``deadline`` (:func:`~airflow_jetstream.client.retry.retry`); the
-        give-up message ends with ``advice`` and :data:`QUORUM_ADVICE`."""
-        return await retry_rule(what, attempt, transient=transient, budget=self.settings.leader_wait, deadline=deadline,
-                                advice=f"{advice}; {QUORUM_ADVICE}" if advice else QUORUM_ADVICE, logger=logger,
-                                before_retry=before_retry)
+        ``settings.leader_wait`` seconds from the first failure, until ``deadline``, or for ``wait`` seconds from now
+        (:func:`~airflow_jetstream.client.retry.retry`); the give-up message ends with ``advice`` and
+        :data:`QUORUM_ADVICE`."""
+        budget = self.settings.leader_wait if wait is None else None
+        return await retry_rule(what, attempt, transient=transient, budget=budget,
+                                deadline=deadline if wait is None else Deadline(wait), before_retry=before_retry,
+                                advice=f"{advice}; {QUORUM_ADVICE}" if advice else QUORUM_ADVICE, logger=logger)
 
     async def round_trip(self) -> None:
         """One PING/PONG within ``request_timeout``, ignoring a timeout (before a retry: what was sent is read)."""

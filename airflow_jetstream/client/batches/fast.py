@@ -44,7 +44,7 @@ from airflow_jetstream.client.batches.wire import (
     stored_difference,
     stored_sequences,
 )
-from airflow_jetstream.client.connection import QUORUM_ADVICE, JetStreamConnection
+from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import (
     BatchPublishError,
     ConnectionFailedError,
@@ -57,7 +57,7 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.natspy_internals import write_raw
 from airflow_jetstream.client.reading.stored import read_range
-from airflow_jetstream.client.retry import ELECTION, Deadline, is_leader_unavailable, retry
+from airflow_jetstream.client.retry import ELECTION
 
 # Messages between flow acks the client asks for. nats-server 2.15 caps the flow it grants at
 # 500 / (fast batches open on the stream) and ramps up to it, so beyond 500 this only lets the
@@ -245,8 +245,8 @@ class FastBatchRun:
             return (int(ack["count"]), int(ack.get("seq") or 0)) if "error" not in ack and "count" in ack else None
 
         with contextlib.suppress(LeaderUnavailableError):
-            return await retry(f"{self.context}: closing it", ask, transient=is_leader_unavailable, budget=None,
-                               deadline=Deadline(settle_wait(self.conn)), logger=log)
+            return await self.conn.retry_leader(f"{self.context}: closing it", ask, wait=settle_wait(self.conn),
+                                                logger=log)
         return None
 
 
@@ -435,5 +435,5 @@ async def _count_in_stream(conn: JetStreamConnection, stream: str, after: int,
                     found_last = seq
         return found, found_last, last
 
-    return await retry(f"counting a fast batch in stream {stream!r}", count, transient=is_leader_unavailable,
-                       budget=None, deadline=Deadline(settle_wait(conn)), advice=QUORUM_ADVICE, logger=log)
+    return await conn.retry_leader(f"counting a fast batch in stream {stream!r}", count, wait=settle_wait(conn),
+                                   logger=log)

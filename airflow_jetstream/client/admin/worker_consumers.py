@@ -135,7 +135,12 @@ async def ensure_worker_consumer(
         nonlocal attempts
         attempts += 1
         try:
-            return await ensure_consumer(conn, stream, cfg)
+            result = await ensure_consumer(conn, stream, cfg)
+            if consumer_filters(result["info"]) != wanted:
+                # nats-server 2.15.1 answers the first update after a restart with the config from before the update
+                # (while applying it), so the reply alone cannot be trusted there: read the consumer again
+                result["info"] = await consumer_info(conn, stream, name)
+            return result
         except _TRANSIENT_NATS_ERRORS as exc:
             raise ConnectionFailedError(f"worker consumer {name!r} on {stream!r}: the connection failed "
                                         f"({type(exc).__name__})", reason="connection_lost") from exc
@@ -153,14 +158,10 @@ async def ensure_worker_consumer(
                     "keeps its previous config: %s", name, stream, len(wanted), attempts, exc)
         raise
     if consumer_filters(result["info"]) != wanted:
-        # nats-server 2.15.1 answers the first update after a restart with the config from before the update
-        # (while applying it), so the reply alone cannot be trusted there: read the consumer again
-        result["info"] = await consumer_info(conn, stream, name)
-        if consumer_filters(result["info"]) != wanted:
-            raise ConsumerConfigError(
-                f"worker consumer {name!r} on {stream!r}: the server accepted the update but still filters "
-                f"{consumer_filters(result['info'])[:5]}...; another process may be updating the same consumer "
-                "(worker ids must be unique)", reason="update_not_applied")
+        raise ConsumerConfigError(
+            f"worker consumer {name!r} on {stream!r}: the server accepted the update but still filters "
+            f"{consumer_filters(result['info'])[:5]}...; another process may be updating the same consumer "
+            "(worker ids must be unique)", reason="update_not_applied")
     metrics.timing("worker_consumer.update", (time.monotonic() - started) * 1000, tags={"stream": stream})
     metrics.gauge("worker_consumer.subjects", len(wanted), tags={"stream": stream, "consumer": name})
     metrics.incr(f"worker_consumer.{result['action']}", tags={"stream": stream})
@@ -218,11 +219,9 @@ class WorkerConsumerManager:
         try:
             result = await ensure_worker_consumer(conn, self.stream, self.prefix, self.worker_id, wanted,
                                                   **self.options)
-        except (JetStreamError, *_TRANSIENT_NATS_ERRORS) as exc:
-            self.pending = wanted
+        except JetStreamError as exc:  # ensure_worker_consumer raises a lost connection as one too
+            self.pending, self.last_error = wanted, exc.to_dict()
             self.stats["failed"] += 1
-            self.last_error = exc.to_dict() if isinstance(exc, JetStreamError) else {
-                "error": type(exc).__name__, "reason": "connection_lost", "message": str(exc)}
             raise
         if result["action"] == "unchanged" and previous is not None and wanted != previous:
             result["action"] = "updated"  # an earlier attempt that timed out had applied it

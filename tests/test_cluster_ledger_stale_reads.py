@@ -19,8 +19,8 @@ import pytest
 from airflow_jetstream.client import ConnectionSettings
 from airflow_jetstream.client.connection import JetStreamConnection, open_connection
 from airflow_jetstream.client.errors import LedgerConflictError
+from airflow_jetstream.client.kv.names import stream_of
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.ledger.store import stream_of
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 
 BATCHES = 3

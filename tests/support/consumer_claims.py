@@ -15,9 +15,9 @@ from typing import Any
 
 from airflow_jetstream.client import ConnectionSettings, open_connection
 from airflow_jetstream.client.durations import ServerClock
+from airflow_jetstream.client.kv.names import stream_of
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.records import BatchRecord
-from airflow_jetstream.client.ledger.store import stream_of
 from airflow_jetstream.client.reading.stored import get_message
 from tests.support.nats_calls import call_on_server
 

@@ -139,8 +139,7 @@ async def ensure_bucket(conn: JetStreamConnection, bucket: str, *, history: int 
     wanted = {"max_msgs_per_subject": history, "max_age": ttl_seconds, "max_msg_size": max_value_size,
               "max_bytes": max_bytes, "storage": storage, "description": description, **replication}
     wanted = {k: v for k, v in wanted.items() if v is not None}
-    async with kv_errors(conn, bucket, f"KV bucket {bucket!r}"):
-        result = await ensure_kv_stream(conn, bucket, wanted, ttl=ttl_seconds)
+    result = await ensure_kv_stream(conn, bucket, wanted, ttl=ttl_seconds, context=f"KV bucket {bucket!r}")
     action, changed = result["action"], sorted(wanted) if result["action"] == "created" else result["changed"]
     cfg = result["info"]["config"]
     placement = {k: v for k, v in (cfg.get("placement") or {}).items() if k in ("cluster", "tags") and v}
@@ -159,18 +158,20 @@ def kv_stream_config(bucket: str, *, history: int = 1, ttl: float | None = None)
             "max_consumers": -1, "max_msgs": -1, **({"max_age": ttl} if ttl else {})}
 
 
-async def ensure_kv_stream(conn: JetStreamConnection, bucket: str, wanted: Mapping[str, Any], *, history: int = 1,
-                           ttl: float | None = None, description: str | None = None) -> dict[str, Any]:
-    """:func:`~airflow_jetstream.client.admin.streams.ensure_stream` of the bucket's stream: ``wanted`` (stream
-    fields) on a new or an existing bucket, the rest of a new one as :func:`kv_stream_config` and
-    ``default_replicas`` give it. A bucket another writer created meanwhile with another config is brought to
-    ``wanted`` like any existing one."""
+async def ensure_kv_stream(conn: JetStreamConnection, bucket: str, wanted: Mapping[str, Any], *, context: str,
+                           history: int = 1, ttl: float | None = None,
+                           description: str | None = None) -> dict[str, Any]:
+    """:func:`~airflow_jetstream.client.admin.streams.ensure_stream` of the bucket's stream (errors as
+    :func:`kv_errors` gives them): ``wanted`` (stream fields) on a new or an existing bucket, the rest of a new one
+    as :func:`kv_stream_config` and ``default_replicas`` give it. A bucket another writer created meanwhile with
+    another config is brought to ``wanted`` like any existing one."""
     config = {"name": stream_of(bucket), **wanted}
     defaults = {**kv_stream_config(bucket, history=history, ttl=ttl), "num_replicas": default_replicas(conn),
                 **({"description": description} if description else {})}
-    try:
-        return await ensure_stream(conn, config, create_defaults=defaults)
-    except StreamConfigError as exc:
-        if exc.reason != "stream_name_in_use":
-            raise
-        return await ensure_stream(conn, config)
+    async with kv_errors(conn, bucket, context):
+        try:
+            return await ensure_stream(conn, config, create_defaults=defaults)
+        except StreamConfigError as exc:
+            if exc.reason != "stream_name_in_use":
+                raise
+            return await ensure_stream(conn, config)

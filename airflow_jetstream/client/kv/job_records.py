@@ -13,7 +13,7 @@ from typing import Any
 from airflow_jetstream.client.admin.streams import find_stream, replication_config
 from airflow_jetstream.client.connection import JetStreamConnection
 from airflow_jetstream.client.errors import StreamNotFoundError
-from airflow_jetstream.client.kv.bucket import ensure_kv_stream, kv_errors
+from airflow_jetstream.client.kv.bucket import ensure_kv_stream
 from airflow_jetstream.client.kv.keys import Write, is_marker, write
 from airflow_jetstream.client.kv.names import stream_of
 from airflow_jetstream.client.reading.stored import get_message
@@ -39,9 +39,8 @@ async def put_job_record(conn: JetStreamConnection, job_id: str, record: dict[st
 
     async def attempt() -> int:
         if replication or await find_stream(conn, stream_of(bucket)) is None:  # given: an existing bucket gets it
-            async with kv_errors(conn, bucket, context):
-                await ensure_kv_stream(conn, bucket, replication, history=5,
-                                       description="airflow-jetstream job records")
+            await ensure_kv_stream(conn, bucket, replication, context=context, history=5,
+                                   description="airflow-jetstream job records")
         return await write(conn, bucket, [Write(job_id, payload, None)], context=context)
 
     return await conn.retry_leader(f"job record {job_id!r}", attempt)

@@ -312,7 +312,7 @@ async def claim(conn: JetStreamConnection, bucket: str, key: str, value: dict[st
     for _ in range(_CLAIM_ATTEMPTS):
         with contextlib.suppress(CasConflict, RequestTimeoutError):  # moved, or unanswered: read what is stored
             return await write(conn, bucket, [Write(key, data, expected)], context=context, missing=_no_bucket)
-        stored = await get_message(conn, f"KV_{bucket}", subject=f"$KV.{bucket}.{key}")
+        stored = await get_message(conn, stream_of(bucket), subject=f"$KV.{bucket}.{key}")
         if stored is not None and stored.data == data:
             return stored.seq  # this call's claim: its answer was lost
         if stored is not None and not is_marker(stored.headers):

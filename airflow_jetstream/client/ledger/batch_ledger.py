@@ -39,6 +39,7 @@ from airflow_jetstream.client.errors import (
     StreamNotFoundError,
 )
 from airflow_jetstream.client.kv.keys import CasConflict, Write
+from airflow_jetstream.client.kv.names import stream_of
 from airflow_jetstream.client.ledger import store
 from airflow_jetstream.client.ledger.counts import (
     MAX_LISTED,
@@ -315,7 +316,7 @@ class BatchLedger:
         now = await self._now()
         result: dict[str, Any] = {"returned": [], "failed": [], "returned_count": 0, "failed_count": 0}
         counted = await store.read_counts(self.conn, self.bucket, run_id) if run_id is not None else {}
-        if counted is None and await find_stream(self.conn, store.stream_of(self.bucket)) is None:
+        if counted is None and await find_stream(self.conn, stream_of(self.bucket)) is None:
             return result  # no bucket: nothing
         shards = counted or {}
         due = due_shards(shards, now) if shards else None  # None: every shard (all runs, or a run without counts)
@@ -401,7 +402,7 @@ class BatchLedger:
         """The time a claim's deadline is set or judged by: the server's clock unless the ledger was given one."""
         if isinstance(self.clock, ServerClock):
             with contextlib.suppress(StreamNotFoundError):  # no bucket holds no claim: the call reports it
-                await self.clock.sync(self.conn, store.stream_of(self.bucket))
+                await self.clock.sync(self.conn, stream_of(self.bucket))
         return self.clock()
 
     async def read_entries(self, keys: list[str], *, leader: bool = False) -> dict[str, Entry]:

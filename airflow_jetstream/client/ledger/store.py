@@ -50,6 +50,7 @@ from airflow_jetstream.client.errors import (
 from airflow_jetstream.client.kv import keys
 from airflow_jetstream.client.kv.bucket import ensure_kv_stream, kv_errors
 from airflow_jetstream.client.kv.keys import BUSY, CasConflict, Write, is_marker
+from airflow_jetstream.client.kv.names import stream_of
 from airflow_jetstream.client.ledger.counts import (
     compared,
     count_record,
@@ -83,10 +84,6 @@ DEFAULT_TTL = 30 * 24 * 3600.0
 _UNBOUNDED_WARNED: set[str] = set()
 #: Repairs one recount tries before giving up while writers keep changing the run.
 REPAIR_ATTEMPTS = 5
-
-def stream_of(bucket: str) -> str:
-    return f"KV_{bucket}"
-
 
 async def read_last(conn: JetStreamConnection, bucket: str, keys: Sequence[str], *,
                     leader: bool = False) -> dict[str, Entry]:
@@ -161,13 +158,12 @@ async def ensure_ledger_bucket(conn: JetStreamConnection, bucket: str, *, create
     """
     check_bucket_name(bucket)
     retention = _retention_fields(ttl, max_bytes)
-    async with kv_errors(conn, bucket, f"ledger bucket {bucket!r}"):
-        if not create and await find_stream(conn, stream_of(bucket)) is None:
-            raise LedgerNotFoundError(f"ledger bucket {bucket!r} does not exist; open it with create=True")
-        age = retention.get("max_age", DEFAULT_TTL)
-        result = await ensure_kv_stream(conn, bucket, {"allow_atomic": True, "allow_direct": True, **retention,
-                                                       **replication},
-                                        history=history, ttl=age or None, description="airflow-jetstream batch ledger")
+    if not create and await find_stream(conn, stream_of(bucket)) is None:
+        raise LedgerNotFoundError(f"ledger bucket {bucket!r} does not exist; open it with create=True")
+    age = retention.get("max_age", DEFAULT_TTL)
+    result = await ensure_kv_stream(conn, bucket, {"allow_atomic": True, "allow_direct": True, **retention,
+                                                   **replication}, context=f"ledger bucket {bucket!r}",
+                                    history=history, ttl=age or None, description="airflow-jetstream batch ledger")
     config: dict[str, Any] = result["info"]["config"]
     if result["action"] == "created":
         log.info("Created batch ledger bucket %s with %d replica(s); keys kept %s after their last change",

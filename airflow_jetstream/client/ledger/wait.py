@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_jetstream.client.errors import BatchesFailedError, InvalidRequestError
+from airflow_jetstream.client.kv.names import stream_of
 from airflow_jetstream.client.ledger.counts import check_waitable_state, count_reached, due_shards, merged, run_reached
 from airflow_jetstream.client.ledger.records import CONSUMED, COUNTS_TOKEN, DEFAULT_BUCKET, check_id, counts_pattern
 
@@ -49,7 +50,7 @@ class LedgerWait:
     @property
     def stream(self) -> str:
         """The ledger bucket's stream."""
-        return f"KV_{self.bucket}"
+        return stream_of(self.bucket)
 
     @property
     def counts_subjects(self) -> str:

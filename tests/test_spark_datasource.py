@@ -17,6 +17,7 @@ from airflow_jetstream.client import ensure_stream, stream_info
 from airflow_jetstream.client.errors import ClaimLostError, LedgerConflictError
 from airflow_jetstream.client.kv.job_records import get_job_record
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
+from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from tests.support.nats_calls import (
     all_messages,
@@ -35,7 +36,7 @@ pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from airflow_jetstream.spark import consume  # noqa: E402
+from airflow_jetstream.spark import consume, register  # noqa: E402
 
 server = module_server("nats")
 spark = module_spark("test-jetstream-datasource")
@@ -232,6 +233,22 @@ def test_consume_workqueue_acks_only_after_success(server: EmbeddedNatsServer, s
     # job learns it, so that it keeps the earlier output instead of replacing it with its empty read
     with consume(spark, options, run_id="wq-run") as (df, again):
         assert again.already_consumed and not again.claimed
+
+
+def test_consume_plans_with_the_connection_register_was_given(server: EmbeddedNatsServer,
+                                                               spark: SparkSession) -> None:
+    """After register(spark, settings), consume() needs no servers option, as spark.read does (it planned with the
+    session's conf only and refused the read for want of servers)."""
+    call_on(server, ensure_stream, {"name": "RQ", "subjects": ["rq.>"], "retention": "workqueue",
+                                    "allow_direct": True})
+    call_on(server, _publish, "rq.jobs", 3)
+    register(spark, ConnectionSettings(servers=server.url))
+    try:
+        with consume(spark, {"stream": "RQ"}) as (df, consumption):
+            assert df.count() == 3
+        assert consumption.removed == 3
+    finally:
+        register(spark)
 
 
 async def _take_over(conn: Any, run_id: str) -> dict[str, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -120,6 +121,10 @@ def _refuse_overwrite(overwrite: bool, instead: str) -> None:
         )
 
 
+#: The connection fields :func:`register` gave each session's format: :func:`consume` plans on the driver with them.
+_REGISTERED_FIELDS: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
 def register(spark: Any, settings: ConnectionSettings | None = None, *, ship_package: bool = False) -> None:
     """Register the ``jetstream`` format with a SparkSession, classic or Spark Connect.
 
@@ -139,6 +144,7 @@ def register(spark: Any, settings: ConnectionSettings | None = None, *, ship_pac
     if ship_package:
         add_package_to_session(spark)
     defaults = session_connection_fields(spark) if settings is None else settings_to_fields(settings)
+    _REGISTERED_FIELDS[spark] = defaults
     spark.dataSource.register(connected_source(JetStreamDataSource, defaults) if defaults else JetStreamDataSource)
 
 
@@ -213,7 +219,9 @@ def consume(spark: Any, options: Mapping[str, str], *, schema: StructType | str 
     what it claimed and raises ``LedgerConflictError`` on entry, reading nothing.
     """
     opts = {**lowered(options), "consume": "true"}
-    parsed = ReadOptions.parse(with_connection_defaults(session_connection_fields(spark), opts))
+    defaults = _REGISTERED_FIELDS.get(spark)
+    defaults = session_connection_fields(spark) if defaults is None else defaults
+    parsed = ReadOptions.parse(with_connection_defaults(defaults, opts))
     started = time.monotonic()
     plan = run(parsed.settings, plan_for, parsed)
     pinned = {**opts, "start_seq": str(plan.first_seq), "end_seq": str(max(plan.last_seq, 0)),

@@ -227,10 +227,6 @@ async def stylesheet() -> Response:
     return Response(pages.stylesheet(), media_type="text/css", headers={"Cache-Control": "public, max-age=86400"})
 
 
-def _root(request: Request) -> str:
-    return str(request.scope.get("root_path", "")).rstrip("/")
-
-
 def _wants_html(request: Request) -> bool:
     return "/api/" not in request.url.path and request.query_params.get("format") != "json" \
         and "text/html" in request.headers.get("accept", "")
@@ -241,7 +237,7 @@ async def _refused(request: Request, exc: HTTPException) -> Response:
     """A browser without a (valid) login goes to Airflow's login page and comes back; other refusals as usual."""
     no_login = exc.status_code == 401 or (exc.status_code == 403 and exc.detail == "Invalid JWT token")
     if no_login and request.method == "GET" and _wants_html(request):
-        back = f"{_root(request)}{request.url.path.removeprefix(_root(request))}"
+        back = f"{pages.root(request)}{request.url.path.removeprefix(pages.root(request))}"
         back += f"?{request.url.query}" if request.url.query else ""
         return RedirectResponse(get_auth_manager().get_url_login(next_url=back), status_code=303)
     headers = getattr(exc, "headers", None)
@@ -320,7 +316,7 @@ async def index(request: Request, user: GetUserDep) -> HTMLResponse:
 @app.get("/connections", response_class=RedirectResponse, status_code=303, responses=INDEX_RESPONSES)
 async def open_connection(request: Request, user: GetUserDep,
                           connection_id: Annotated[str, Query(min_length=1, max_length=250)]) -> RedirectResponse:
-    return RedirectResponse(f"{_root(request)}/connections/{quote(connection_id, safe='')}", status_code=303)
+    return RedirectResponse(f"{pages.root(request)}/connections/{quote(connection_id, safe='')}", status_code=303)
 
 
 def _reader(key: ReadKey, view: ViewSettings) -> Any:
@@ -377,12 +373,11 @@ async def _view(request: Request, connection_id: str, key_args: dict[str, Any], 
         return _answer(request, 503, snapshot["error"], html=html, view=view, title=f"JetStream: {connection_id}",
                        headers=headers, body={**snapshot, "age_s": round(age, 1)}, unavailable=True,
                        connection_id=connection_id, servers=snapshot.get("servers", []))
-    shaped = shape(snapshot, replace(page, per_page=page.per_page or view.page_size))
+    limits = asdict(view)
+    body = {**shape(snapshot, replace(page, per_page=page.per_page or view.page_size)), "age_s": round(age, 1),
+            "thresholds": limits.pop("thresholds"), "limits": limits}
     if html:
-        return pages.page(request, shaped, query=dict(request.query_params), age_s=age, limits=view.thresholds,
-                          headers=headers)
-    body = {**shaped, "age_s": round(age, 1), "thresholds": asdict(view.thresholds),
-            "limits": {k: v for k, v in asdict(view).items() if k != "thresholds"}}
+        return pages.page(request, body, query=dict(request.query_params), headers=headers)
     return JSONResponse(body, headers=headers)
 
 

@@ -26,7 +26,7 @@ from starlette.templating import Jinja2Templates
 
 from airflow_jetstream.client.advisories.types import parse_timestamp
 from airflow_jetstream.ui.links import row_anchor
-from airflow_jetstream.ui.problems import RANK, Thresholds, span
+from airflow_jetstream.ui.problems import RANK, span
 from airflow_jetstream.version import __version__
 
 #: Sections with rows and the list key of each.
@@ -82,10 +82,10 @@ def shape(snapshot: dict[str, Any], query: PageQuery) -> dict[str, Any]:
             out[section] = data
             continue
         rows = [{**row, "anchor": row_anchor(section, row)} for row in data.get(key) or []]
-        for index, row in enumerate(sorted(rows, key=lambda r: worst.get(r["anchor"], 9))):
+        rows.sort(key=lambda r: worst.get(r["anchor"], 9))  # stable: the section's own order within a rank
+        for index, row in enumerate(rows):
             row["problem"] = {0: "error", 1: "warning"}.get(worst.get(row["anchor"], 9))
             located.setdefault(row["anchor"], {"section": section, "page": index // query.per_page + 1})
-        rows.sort(key=lambda r: worst.get(r["anchor"], 9))  # stable: the section's own order within a rank
         if query.stream is not None:
             rows = [row for row in rows if _in_focus(section, row, query.stream)]
         shown, where = _window(rows, query.page(section), query.per_page)
@@ -148,21 +148,24 @@ def stylesheet() -> str:
     return files("airflow_jetstream.ui").joinpath("static", "view.css").read_text(encoding="utf-8")
 
 
+def root(request: Request) -> str:
+    """Where the app is mounted (``/jetstream`` below the api-server's own path)."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
 def render(request: Request, template: str, *, status: int = 200, headers: Mapping[str, str] | None = None,
            **context: Any) -> HTMLResponse:
-    """``template`` with ``context`` (plus ``root``, where the app is mounted) as an HTML response."""
-    root = str(request.scope.get("root_path", "")).rstrip("/")
-    return templates().TemplateResponse(request, template, {"root": root, **context}, status_code=status,
+    """``template`` with ``context`` (plus ``root``) as an HTML response."""
+    return templates().TemplateResponse(request, template, {"root": root(request), **context}, status_code=status,
                                         headers=headers)
 
 
-def page(request: Request, view: dict[str, Any], *, query: Mapping[str, Any], age_s: float, limits: Thresholds,
+def page(request: Request, view: dict[str, Any], *, query: Mapping[str, Any],
          headers: Mapping[str, str]) -> HTMLResponse:
     """The view of one connection: problems first, then streams, consumers, sources, ledger, advisories."""
     return render(request, "connection.html", headers=headers, title=f"JetStream: {view['connection_id']}",
                   view=view, server=view.get("server") or {}, query=query,
                   unfocused={k: v for k, v in query.items() if k != "stream" and not k.endswith("_page")},
                   unpaged={k: v for k, v in query.items() if not k.endswith("_page")},
-                  reading={k: v for k, v in query.items() if k in ("ledger_bucket", "capture_stream")},
-                  age_s=age_s, limits=limits)
+                  reading={k: v for k, v in query.items() if k in ("ledger_bucket", "capture_stream")})
 

@@ -240,14 +240,9 @@ def stream_problems(row: dict[str, Any]) -> list[dict[str, Any]]:
     offline = [peer["name"] for peer in row.get("replicas") or [] if peer["offline"]]
     behind = [f"{peer['name']} ({peer['lag']:,} behind)" for peer in row.get("replicas") or []
               if not peer["offline"] and not peer["current"]]
-    out = []
-    if offline:
-        out.append(_problem("replica_offline", obj, f"stream {name!r}: replica(s) offline: {', '.join(offline)}",
-                            row_id))
-    if behind:
-        out.append(_problem("replica_lagging", obj, f"stream {name!r}: replica(s) not current: {', '.join(behind)}",
-                            row_id))
-    return out
+    found = (("replica_offline", "offline", offline), ("replica_lagging", "not current", behind))
+    return [_problem(kind, obj, f"stream {name!r}: replica(s) {what}: {', '.join(peers)}", row_id)
+            for kind, what, peers in found if peers]
 
 
 #: The lists of a ledger run that are problems: (list, kind, the time of an item, what ``since`` means, what).

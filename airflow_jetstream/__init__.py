@@ -1,5 +1,5 @@
 """Apache Airflow provider for NATS JetStream."""
 
-from airflow_jetstream.version import __version__
+__version__ = "0.1.0"
 
 __all__ = ["__version__"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from airflow_jetstream.version import __version__
+from airflow_jetstream import __version__
 
 INTEGRATION = "NATS JetStream"
 

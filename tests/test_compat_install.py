@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_jetstream.version import __version__
+from airflow_jetstream import __version__
 
 pytestmark = [pytest.mark.compat, pytest.mark.packaging]
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_jetstream.version import __version__
+from airflow_jetstream import __version__
 from tests.support.checkout import copy_checkout
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_jetstream import __version__
 from airflow_jetstream.get_provider_info import get_provider_info
-from airflow_jetstream.version import __version__
 
 pytestmark = pytest.mark.packaging
 

@@ -134,10 +134,6 @@ class JetStreamConnection:
         return view
 
     @property
-    def max_payload(self) -> int:
-        return self.nc.max_payload
-
-    @property
     def clustered(self) -> bool:
         """Whether the connected server is part of a cluster (its INFO names one)."""
         return bool(server_info(self.nc).get("cluster"))

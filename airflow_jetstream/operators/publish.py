@@ -272,7 +272,7 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
             count, total_chunks = 0, 0
             for chunk in self._chunks(self._items(), key):
                 validate_messages(chunk, mode=self.mode, max_msgs=size if self.mode == "atomic" else None,
-                                  max_payload=conn.max_payload)
+                                  max_payload=conn.nc.max_payload)
                 if target is not None:
                     await target.require(conn, {m.subject for m in chunk})
                 count, total_chunks = count + len(chunk), total_chunks + 1

@@ -31,6 +31,7 @@ from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from airflow_jetstream import __version__
 from airflow_jetstream.client.advisories.types import DEFAULT_CAPTURE_STREAM
 from airflow_jetstream.client.errors import (
     InvalidRequestError,
@@ -44,7 +45,6 @@ from airflow_jetstream.ui import pages
 from airflow_jetstream.ui.pages import PAGED, PageQuery, shape
 from airflow_jetstream.ui.problems import KINDS
 from airflow_jetstream.ui.snapshot import ReadCache, ReadKey, ViewSettings, read_snapshot, view_settings
-from airflow_jetstream.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from starlette.templating import Jinja2Templates
 
+from airflow_jetstream import __version__
 from airflow_jetstream.client.advisories.types import parse_timestamp
 from airflow_jetstream.ui.links import row_anchor
 from airflow_jetstream.ui.problems import RANK, span
-from airflow_jetstream.version import __version__
 
 #: Sections with rows and the list key of each.
 ROWS: dict[str, str] = {"streams": "streams", "consumers": "consumers", "sources": "sources", "ledger": "runs",

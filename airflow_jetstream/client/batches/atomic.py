@@ -148,7 +148,7 @@ async def publish_atomic_batch(
     :param timeout: seconds to wait for each server reply (default: the connection's request timeout).
     :param deadline: retry until then (default: for ``leader_wait`` from the first failure).
     """
-    items = validate_messages(messages, mode="atomic", max_msgs=max_msgs, max_payload=conn.max_payload)
+    items = validate_messages(messages, mode="atomic", max_msgs=max_msgs, max_payload=conn.nc.max_payload)
     batch_id = validate_batch_id(batch_id)
     if expected_last_seq is not None and (not isinstance(expected_last_seq, int) or expected_last_seq < 0):
         raise InvalidRequestError(f"expected_last_seq must be an int >= 0, got {expected_last_seq!r}",
@@ -180,7 +180,7 @@ async def publish_fenced_batch(conn: JetStreamConnection, messages: Sequence[Bat
                                deadline: Deadline | None = None) -> BatchResult:
     """:func:`publish_atomic_batch` with ``fence=fence_id`` to ``stream``, which the caller already checked for
     fences (:func:`~airflow_jetstream.client.batches.publish_chunks.check_target_stream` with ``fence=True``)."""
-    items = validate_messages(messages, mode="atomic", max_msgs=max_msgs, max_payload=conn.max_payload)
+    items = validate_messages(messages, mode="atomic", max_msgs=max_msgs, max_payload=conn.nc.max_payload)
     _check_fenced_size(items, max_msgs)
     return await _publish_validated(conn, items, validate_batch_id(batch_id), expected_last_seq, DEFAULT_FLOW_EVERY,
                                     reply_timeout(conn, timeout), DEFAULT_RETRIES, deadline, (stream, fence_id))
@@ -371,7 +371,7 @@ async def publish_atomic_batches(
     chunks = [list(messages[i:i + batch_size]) for i in range(0, len(messages), batch_size)]
     if not chunks:
         raise InvalidRequestError("there are no messages to publish", reason="empty_batch")
-    chunks = [validate_messages(chunk, mode="atomic", max_msgs=batch_size, max_payload=conn.max_payload)
+    chunks = [validate_messages(chunk, mode="atomic", max_msgs=batch_size, max_payload=conn.nc.max_payload)
               for chunk in chunks]
     request_timeout = reply_timeout(conn, timeout)
     results: list[BatchResult | None] = [None] * len(chunks)

@@ -170,7 +170,7 @@ class Batcher:
 
     def _check(self, message: BatchMessage) -> None:
         validate_messages([message], mode="atomic" if self.atomic or self.fence else "fast",
-                          max_msgs=None, max_payload=self.conn.max_payload, reserved_header_bytes=256)
+                          max_msgs=None, max_payload=self.conn.nc.max_payload, reserved_header_bytes=256)
         if self.fence and not message.msg_id:
             raise InvalidRequestError(
                 f"publish to {message.subject!r} has no msg_id: the Batcher fences each item by its msg id, so that "

@@ -287,7 +287,7 @@ async def publish_fast_batch(
     :param timeout: seconds to wait for each server answer (default: the connection's request timeout).
     :param max_resumes: how often a gap (lost message) is healed by resending the rest as a new batch.
     """
-    items = validate_messages(messages, mode="fast", max_msgs=None, max_payload=conn.max_payload)
+    items = validate_messages(messages, mode="fast", max_msgs=None, max_payload=conn.nc.max_payload)
     batch_id = validate_batch_id(batch_id)
     if len(batch_id) > MAX_BATCH_ID_LENGTH - _RESUME_SUFFIX_ROOM:
         raise InvalidRequestError(

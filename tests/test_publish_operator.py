@@ -11,7 +11,12 @@ import pytest
 
 from airflow_jetstream.client import ConnectionSettings, stream_info
 from airflow_jetstream.client.batches.publish_chunks import check_target_stream
-from airflow_jetstream.client.errors import BatchPublishError, InvalidFunctionError, InvalidRequestError
+from airflow_jetstream.client.errors import (
+    BatchPublishError,
+    FastBatchError,
+    InvalidFunctionError,
+    InvalidRequestError,
+)
 from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
 from tests.support.airflow_cli import dag_test_env, run_airflow
 from tests.support.nats_calls import with_streams
@@ -157,6 +162,18 @@ def test_failed_chunk_reports_committed_chunks(nats_server, nats_conn):
         op.execute(context={})
     assert "chunk 2/2 failed after chunks 1..1 were committed (3 message(s), seqs 1..3)" in str(info.value)
     assert len(stored(nats_server)) == 3
+
+
+def test_failed_fast_chunk_says_how_many_messages_of_the_whole_publish_are_stored(nats_server, nats_conn):
+    full = {**ORDERS, "allow_batched": True, "max_msgs": 4, "discard": "new"}  # the 5th message is refused
+    admin(nats_server, lambda conn: asyncio.sleep(0), stream=full)
+    op = JetStreamAtomicBatchPublishOperator(task_id="p", subject="orders.x", split=True, batch_size=3, mode="fast",
+                                             messages=[{"data": i} for i in range(6)])
+    with pytest.raises(FastBatchError) as info:
+        op.execute(context={})
+    assert "chunk 2/2 failed after chunks 1..1 were committed (3 message(s), seqs ..3)" in str(info.value)
+    assert (info.value.stored, info.value.total, info.value.stream) == (4, 6, "ORDERS")  # chunk 1, and 1 of chunk 2
+    assert [data for _, data in stored(nats_server)] == [b"0", b"1", b"2", b"3"]
 
 
 def test_invalid_line_at_the_end_of_a_file_fails_before_anything_is_sent(nats_server, nats_conn, tmp_path):

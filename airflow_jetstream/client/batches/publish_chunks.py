@@ -12,7 +12,7 @@ from airflow_jetstream.client.batches.atomic import check_fence_config, publish_
 from airflow_jetstream.client.batches.fast import DEFAULT_FLOW, publish_fast_batch
 from airflow_jetstream.client.batches.types import DEFAULT_MAX_BATCH_MSGS, BatchMessage, BatchResult
 from airflow_jetstream.client.connection import JetStreamConnection
-from airflow_jetstream.client.errors import BatchPublishError, InvalidRequestError, JetStreamError
+from airflow_jetstream.client.errors import BatchPublishError, FastBatchError, InvalidRequestError, JetStreamError
 from airflow_jetstream.client.subjects import subject_matches
 
 #: Batch modes: ``atomic`` (all-or-nothing per chunk) and ``fast`` (flow-controlled bulk ingest).
@@ -179,19 +179,35 @@ async def publish_chunks(
         except JetStreamError as exc:
             if not summary.chunks:
                 raise
-            raise BatchPublishError(
-                f"chunk {number}{of} failed after chunks 1..{number - 1} were committed ({summary.count} "
-                f"message(s), seqs {summary.first_seq}..{summary.last_seq}): {exc.message}. With msg ids "
-                "(dedupe_key, or a producer_function's automatic ids) a retry skips the committed chunks",
-                reason=exc.reason, code=exc.code, err_code=exc.err_code, description=exc.description,
-            ) from None
+            raise _later_chunk_failed(exc, number, of, summary) from exc
         summary.add(result)
         if expected is not None:
             expected = result.last_seq
         if log is not None and (number <= _LOG_FIRST or number % _LOG_EVERY == 0 or number == total_chunks):
-            log.info("chunk %d%s: %d message(s) committed to %s, seq %s..%s%s", number, of, result.count,
-                     result.stream, result.first_seq, result.last_seq,
+            log.info("chunk %d%s: %d message(s) committed to %s, seq %s%s", number, of, result.count, result.stream,
+                     _seqs(result.first_seq, result.last_seq),
                      " (already committed earlier)" if result.already_committed else "")
     if not summary.chunks:
         raise InvalidRequestError("there are no messages to publish", reason="empty_batch")
     return summary
+
+
+def _later_chunk_failed(error: JetStreamError, number: int, of: str, summary: ChunksSummary) -> BatchPublishError:
+    """The error of chunk ``number`` failing after the chunks before it were committed: it says what they hold. A
+    fast chunk's :class:`FastBatchError` stays one, counted over the whole publish: its ``stored`` is the earlier
+    chunks' messages plus the failed chunk's first ``stored`` (None when that is unknown)."""
+    message = (f"chunk {number}{of} failed after chunks 1..{number - 1} were committed ({summary.count} message(s), "
+               f"seqs {_seqs(summary.first_seq, summary.last_seq)}): {error.message}. With msg ids (dedupe_key, or a "
+               "producer_function's automatic ids) a retry skips the committed chunks")
+    if isinstance(error, FastBatchError):
+        stored = None if error.stored is None else summary.count + error.stored
+        return FastBatchError(message, stored=stored, total=summary.count + error.total,
+                              stream=error.stream or summary.stream, reason=error.reason, code=error.code,
+                              err_code=error.err_code, description=error.description)
+    return BatchPublishError(message, reason=error.reason, code=error.code, err_code=error.err_code,
+                             description=error.description)
+
+
+def _seqs(first: int | None, last: int | None) -> str:
+    """``1..3``; ``..3`` for fast batches, whose first sequence the server does not report."""
+    return f"{'' if first is None else first}..{last}"

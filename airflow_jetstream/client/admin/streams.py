@@ -117,7 +117,8 @@ def replication_config(num_replicas: Any = None, placement: Any = None) -> dict[
 
 def default_replicas(conn: JetStreamConnection) -> int:
     """Replicas for something the provider creates unasked: 3 when the connected server is part of a
-    cluster, else 1 (an existing stream keeps its own). The choice is logged.
+    cluster, else 1 (an existing stream keeps its own). A stream created with it logs it (:func:`_create_stream`),
+    so ensuring what exists says nothing.
 
     A cluster is recognised by the ``cluster`` name in the server's INFO, which every clustered server sends
     (also with ``no_advertise``). Live servers are not counted: with one of three nodes down a new stream is
@@ -128,11 +129,7 @@ def default_replicas(conn: JetStreamConnection) -> int:
 
     info = server_info(conn.nc)
     cluster = info.get("cluster")
-    if cluster and conn not in _UNCLUSTERED:
-        log.info("new streams get %d replicas by default: the server %s is part of cluster %r",
-                 CLUSTER_REPLICAS, info.get("server_name") or "", cluster)
-        return CLUSTER_REPLICAS
-    return 1
+    return CLUSTER_REPLICAS if cluster and conn not in _UNCLUSTERED else 1
 
 
 def normalize_stream_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -271,8 +268,9 @@ async def _create_stream(conn: JetStreamConnection, cfg: dict[str, Any], *, repl
                     "with 1 replica", name, exc.description)
         info = await conn.api_request(f"STREAM.CREATE.{name}", {**cfg, "num_replicas": 1},
                                       context=f"create stream {name!r}")
-    log.info("created stream %s with %s replica(s)%s", name, (info.get("config") or {}).get("num_replicas", 1),
-             " (the default)" if replicas_defaulted else "")
+    replicas = (info.get("config") or {}).get("num_replicas", 1)
+    log.info("created stream %s with %s replica(s)%s", name, replicas, "" if not replicas_defaulted else
+             " (the default: the server is part of a cluster)" if replicas > 1 else " (the default)")
     return info
 
 

@@ -22,11 +22,6 @@ __all__ = ["asset_messages", "process_each_once"]
 STRANDED_LIMIT = 1000
 
 
-def _message(event: Any) -> dict[str, Any] | None:
-    payload = (event.extra or {}).get("payload")
-    return payload if isinstance(payload, dict) and "stream_seq" in payload else None
-
-
 def asset_messages(asset: Any, triggering_asset_events: Mapping[Any, Any] | None,
                    inlet_events: Mapping[Any, Any] | None = None, *, limit: int = STRANDED_LIMIT,
                    nats_conn_id: str = JetStreamHook.default_conn_name) -> list[dict[str, Any]]:
@@ -48,10 +43,10 @@ def asset_messages(asset: Any, triggering_asset_events: Mapping[Any, Any] | None
         events += list(inlet_events[asset].after(first.isoformat()).ascending().limit(limit))
     messages: dict[tuple[str, int], dict[str, Any]] = {}
     for event in events:
-        message = _message(event)
-        if message is not None:
-            messages.setdefault((message["stream"], message["stream_seq"]), message)
-    ordered = [messages[key] for key in sorted(messages, key=lambda k: (k[0], k[1]))]
+        payload = (event.extra or {}).get("payload")
+        if isinstance(payload, dict) and "stream_seq" in payload:
+            messages.setdefault((payload["stream"], payload["stream_seq"]), payload)
+    ordered = [messages[key] for key in sorted(messages)]
     if all(map(_has_body, ordered)):
         return ordered
     return JetStreamHook(nats_conn_id=nats_conn_id).run(_read_back, ordered)

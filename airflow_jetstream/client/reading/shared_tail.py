@@ -73,7 +73,7 @@ class TailListener:
     ``accept``, only those it accepts: checked as they arrive, so a waiter is woken only for what it wants; filed
     by a ``key`` given to :func:`follow`, ``(key_of, value)``, only messages whose ``key_of`` is ``value`` reach it)."""
 
-    __slots__ = ("_error", "_items", "_waiter", "accept", "since", "subject", "tail")
+    __slots__ = ("_error", "_items", "_ready", "accept", "since", "subject", "tail")
 
     def __init__(self, tail: StreamTail, subject: str, accept: Callable[[Message], bool] | None = None) -> None:
         self.tail = tail
@@ -81,12 +81,8 @@ class TailListener:
         self.accept = accept
         self.since = tail.delivered
         self._items: list[Message] = []
-        self._waiter: asyncio.Future[None] | None = None
+        self._ready = asyncio.Event()  # set when items or an error came
         self._error: JetStreamError | None = None
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
 
     def push(self, message: Message) -> None:
         if self.accept is not None:
@@ -96,11 +92,11 @@ class TailListener:
             except Exception:  # the waiter reads the message itself: its own error is raised there
                 pass
         self._items.append(message)
-        self._wake()
+        self._ready.set()
 
     def fail(self, error: JetStreamError) -> None:
         self._error = error
-        self._wake()
+        self._ready.set()
 
     def catching_up(self) -> asyncio.Semaphore:
         """``async with listener.catching_up():`` around reading what was stored up to ``since``."""
@@ -111,11 +107,8 @@ class TailListener:
         while not self._items:
             if self._error is not None:
                 raise self._error
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            self._ready.clear()
+            await self._ready.wait()
         items, self._items = self._items, []
         return items
 

@@ -43,7 +43,7 @@ from airflow_jetstream.client.errors import (
 from airflow_jetstream.client.reading.listener_index import KeyOf, ListenerIndex
 from airflow_jetstream.client.reading.messages import Message
 from airflow_jetstream.client.reading.stored import BATCH, messages_of, read_range
-from airflow_jetstream.client.retry import Backoff
+from airflow_jetstream.client.retry import Backoff, retry
 from airflow_jetstream.client.subjects import validate_name, validate_subject
 
 #: Seconds between the server's idle heartbeats on a tail; three missed ones mean it stalled.
@@ -330,25 +330,21 @@ class StreamTail:
         metrics.incr("tail.resubscribed", tags={"stream": self.stream})
         log.info("Shared subscription on stream %r: %s; subscribing again from seq %d", self.stream, why,
                  self.delivered + 1)
-        attempt = 0
+
+        def transient(exc: JetStreamError) -> str | None:
+            retried = isinstance(exc, (RequestTimeoutError, ConnectionFailedError)) and not self._closed
+            return exc.message if retried else None
+
         try:
             await self._drop_subscription()
-            while not self._closed:
-                try:
-                    await self._subscribe(self.delivered + 1)
-                    return
-                except LimitReachedError as exc:
-                    await self._degrade(exc)
-                    return
-                except (RequestTimeoutError, ConnectionFailedError) as exc:
-                    attempt += 1
-                    pause = RESUBSCRIBE_BACKOFF.pause(attempt)
-                    log.warning("Shared subscription on stream %r: %s; trying again in %.1f s", self.stream, exc,
-                                pause)
-                    await asyncio.sleep(pause)
-                except JetStreamError as exc:
-                    self._fail(exc)
-                    return
+            if not self._closed:
+                await retry(f"Shared subscription on stream {self.stream!r}", lambda: self._subscribe(
+                    self.delivered + 1), transient=transient, budget=None, backoff=RESUBSCRIBE_BACKOFF, logger=log)
+        except LimitReachedError as exc:
+            await self._degrade(exc)
+        except JetStreamError as exc:
+            if not self._closed:
+                self._fail(exc)
         finally:
             self._resubscribing = None
 

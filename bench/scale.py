@@ -10,7 +10,8 @@ One embedded nats-server; for each path three sizes a factor of 4 apart:
   the baseline, is nats-py's own KV watcher reading the latest value of every key (the server's
   last-per-subject delivery, with no ledger work): how the listing grows when the server is the bound. The
   sensor's summary reads the counts shards only (one request at any size): ``bench/ledger_poke.py`` measures it;
-- ``capture``: the advisory capture reader scanning N captured advisories (``find_captured``);
+- ``capture``: the advisory capture reader scanning N captured advisories (``find_captured``: batched direct gets,
+  as a poke reads);
 - ``cursor``: a bounded read of an N-message stream through its cursor consumer
   (``plan_read`` + ``read_range`` + ``acknowledge_read``), counting what it reads;
 - ``consume``: :func:`consume` (what ``JetStreamConsumeOperator`` runs) through a durable pull
@@ -121,8 +122,8 @@ async def make_input(conn: JetStreamConnection, path: str, size: int, workdir: P
         await write(conn, bucket, [Write(counts_key(RUN, n), encode_counts(shards[n]), 0) for n in range(SHARDS)],
                     context="scale bench counts")
         return bucket
-    if path == "capture":
-        await ensure_stream(conn, {"name": name, "subjects": [f"{ADVISORY}.{name}"], "max_age": 3600})
+    if path == "capture":  # the stream as JetStreamAdvisoryStreamOperator makes it (direct gets allowed)
+        await ensure_stream(conn, capture_stream_config(name, max_age="1h", subjects=[f"{ADVISORY}.{name}"]))
         stamp = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         for index in range(size):
             body = {"type": "io.nats.jetstream.advisory.v1.stream_batch_abandoned", "id": f"a{index}",

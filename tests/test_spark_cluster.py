@@ -18,7 +18,7 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +35,7 @@ from tests.support.nats_calls import (
     publish_until_window_passed,
     stored_rows,
 )
+from tests.support.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = 2000
@@ -50,6 +51,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     with EmbeddedNatsServer(store_dir=home / "nats", config=users) as nats, \
             EmbeddedSparkCluster(workers=2, base_dir=home / "spark") as spark_cluster:
         yield {"home": home, "nats": nats, "spark": spark_cluster, "executor_python": executor_python}
+
+
+def completed_apps(spark: EmbeddedSparkCluster, count: int, named: Callable[[str], bool]) -> list[dict]:
+    """The master's completed applications whose name ``named`` accepts, once it lists ``count`` of them (bounded).
+
+    A driver tells the master it has ended with a one-way message (Spark's StandaloneAppClient sends
+    UnregisterApplication, it does not ask), so spark-submit can exit before the master has moved its application
+    to the completed ones: a status read right after the job returned may not list it yet."""
+    apps: list[dict] = []
+
+    def listed() -> bool:
+        apps[:] = [app for app in spark.status()["completedapps"] if named(app["name"])]
+        return len(apps) >= count
+
+    wait_until(listed, f"the Spark master to list {count} completed application(s)", timeout=60, every=0.2)
+    return apps
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +96,7 @@ def run(cluster: dict) -> dict:
     }
     summary = run_pipeline(home, conn, spark_master=cluster["spark"].master_url, conf={"rows": ROWS},
                            extra_env=extra_env, log=lambda _msg: None)
-    apps = cluster["spark"].status()["completedapps"]
+    apps = completed_apps(cluster["spark"], 2, lambda name: "-orders" in name)
     return {"summary": summary, "home": home, "apps": apps, "argv": argv_log.read_text(),
             "task_log": (home / "jetstream_orders_pipeline.log").read_text(), "events": event_dir,
             "executor_logs": sorted((home / "spark").glob("worker-*/app-*/*/std*"))}
@@ -180,7 +197,7 @@ def test_chunks_committed_on_the_workers_but_never_recorded_are_not_stored_again
     probes = call_on_server(settings, publish_until_window_passed, "fenced.probe")
 
     run_job()
-    apps = [app for app in cluster["spark"].status()["completedapps"] if app["name"] == "fenced-fenced-1"]
+    apps = completed_apps(cluster["spark"], 2, lambda name: name == "fenced-fenced-1")
     assert [app["state"] for app in apps] == ["FINISHED", "FINISHED"]
     ids = Counter(int(m[4]) for m in call_on_server(settings, all_messages, "FENCED") if m[0] == "fenced.rows")
     assert ids == Counter(range(rows))

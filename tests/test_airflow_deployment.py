@@ -613,10 +613,23 @@ def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float = 300) 
     return lines
 
 
-def _ctrl_c(proc: subprocess.Popen[str], home: Path) -> str:
+def _log_size(home: Path, key: str) -> int:
+    """How much of a component's log exists (0 before its first start): where the next start's lines begin."""
+    log = home / "components" / f"{key}.log"
+    return log.stat().st_size if log.exists() else 0
+
+
+def _ctrl_c(proc: subprocess.Popen[str], home: Path, started: int) -> str:
     """Ctrl-C `make up`: each component exits on its own after one SIGTERM (the triggerer gives its triggers
-    back, never "Forcing exit due to second exit signal"); returns the output, which ends with the stop time."""
+    back, never "Forcing exit due to second exit signal"); returns the output, which ends with the stop time.
+
+    ``started`` is where this run's lines begin in the triggerer's log. `make up` says "Ctrl-C stops everything"
+    once the api-server answers, not once the triggerer runs: the Ctrl-C waits (bounded) for this run's triggerer to
+    say "Starting the triggerer", the line Airflow logs just before it sets its signal handlers (a SIGTERM before
+    them ends it by the default action, exit -15, with nothing logged)."""
     triggerer_log = home / "components" / "triggerer.log"
+    wait_until(lambda: b"Starting the triggerer" in triggerer_log.read_bytes()[started:],
+               "this run's triggerer to start (its signal handlers set)", timeout=180, every=0.5)
     logged = triggerer_log.stat().st_size
     proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends
     assert proc.wait(timeout=120) == 0
@@ -664,6 +677,7 @@ def test_make_up_on_postgres_restarts_a_crashed_component_and_is_the_same_deploy
     try:
         # this box's 8080/4222 may be anyone's: the first run is given free ports, the second one is given none
         ui_port, nats_port = free_port(), free_port()
+        started = _log_size(home, "triggerer")
         proc, lines = _start_up(checkout, UP_PORT=str(ui_port), UP_NATS_PORT=str(nats_port))
         text = "".join(lines)
         assert re.search(r"metadata database: PostgreSQL \d+ on 127\.0\.0\.1:\d+", text), text
@@ -696,10 +710,11 @@ def test_make_up_on_postgres_restarts_a_crashed_component_and_is_the_same_deploy
                    "the scheduler to be started again", timeout=60, every=0.5)
         assert "Its log ends:" in restarted
         assert restarted.count("exited with code") == 1, f"only the killed scheduler exited:\n{restarted}"
-        _ctrl_c(proc, home)
+        _ctrl_c(proc, home, started)
         assert _processes_of(home) == [], "every component stopped"
 
         second_start = datetime.now(UTC)
+        started = _log_size(home, "triggerer")
         proc, lines = _start_up(checkout)  # the same clone, a second `make up`, nothing set
         text = "".join(lines)
         assert f"Airflow UI: http://127.0.0.1:{ui_port}" in text, "the UI keeps its port"
@@ -713,7 +728,7 @@ def test_make_up_on_postgres_restarts_a_crashed_component_and_is_the_same_deploy
         wait_until(lambda: _parsed_since(api, "jetstream_orders_pipeline", second_start),
                    "the dag-processor to parse the examples again", timeout=240, every=1)
         assert _jetstream_asset_servers(api) == {f"127.0.0.1:{nats_port}"}, "one identity per stream"
-        _ctrl_c(proc, home)
+        _ctrl_c(proc, home, started)
         assert _processes_of(home) == []
         assert git_status(checkout) == ""
     finally:

@@ -93,7 +93,8 @@ class JetStreamBatchLedgerTrigger(JetStreamPollingTrigger):
                 await asyncio.sleep(self._pause(None))
 
     async def _follow(self, conn: JetStreamConnection, listener: TailListener) -> dict[str, Any]:
-        status, shards, seqs = await self._look(conn)
+        async with listener.catching_up():  # what was stored until the listener joined, a bounded few at once
+            status, shards, seqs = await self._look(conn)
         while True:
             event = self.next_event(status)
             if event is not None:

@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
 import pytest
 
@@ -18,6 +15,7 @@ from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.records import SHARDS, batch_key, counts_key, shard_of
 from airflow_jetstream.client.ledger.wait import LedgerWait
 from tests.support.kv_keys import kv_keys
+from tests.support.nats_calls import requests_of
 
 RUN = "manual__2026-11-27T10:00:00+00:00"
 
@@ -28,33 +26,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@contextmanager
-def requests_of(conn: Any) -> Iterator[list[str]]:
-    """The JetStream/KV subjects ``conn`` sends to while the block runs (requests and publishes)."""
-    sent: list[str] = []
-    publish, request = conn.nc.publish, conn.nc.request
-    inside: list[str] = []  # nats-py's request publishes through nc.publish: that is the same message
-
-    async def counting_publish(subject, *args, **kwargs):
-        if not inside:
-            sent.append(subject)
-        return await publish(subject, *args, **kwargs)
-
-    async def counting_request(subject, *args, **kwargs):
-        sent.append(subject)
-        inside.append(subject)
-        try:
-            return await request(subject, *args, **kwargs)
-        finally:
-            inside.pop()
-
-    conn.nc.publish, conn.nc.request = counting_publish, counting_request
-    try:
-        yield sent
-    finally:
-        conn.nc.publish, conn.nc.request = publish, request
 
 
 def bucket_name() -> str:

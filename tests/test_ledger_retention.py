@@ -12,7 +12,7 @@ from airflow_jetstream.client import ConnectionSettings, open_connection
 from airflow_jetstream.client.kv.keys import claim, open_claims, release
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.ledger.store import DEFAULT_TTL
-from tests.test_ledger_counts import requests_of
+from tests.support.nats_calls import requests_of
 
 DAY = 86400
 

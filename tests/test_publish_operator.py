@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import uuid
 from pathlib import Path
 
 import pytest
 
 from airflow_jetstream.client import ConnectionSettings, stream_info
-from airflow_jetstream.client.batches.publish_chunks import check_target_stream
+from airflow_jetstream.client.batches.atomic import fence_count
+from airflow_jetstream.client.batches.publish_chunks import check_target_stream, publish_chunks
+from airflow_jetstream.client.batches.types import BatchMessage
 from airflow_jetstream.client.errors import (
     BatchPublishError,
     FastBatchError,
@@ -19,7 +22,7 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.operators.publish import JetStreamAtomicBatchPublishOperator
 from tests.support.airflow_cli import dag_test_env, run_airflow
-from tests.support.nats_calls import with_streams
+from tests.support.nats_calls import requests_of, with_streams
 
 ORDERS = {"name": "ORDERS", "subjects": ["orders.>"], "allow_atomic": True}
 
@@ -135,6 +138,44 @@ def test_stream_checks_happen_before_publishing(nats_server, nats_conn):
                                             ).execute(context={})
     assert wrong.value.reason == "wrong_stream" and "'other.y' is captured by stream 'OTHER'" in str(wrong.value)
     assert stored(nats_server, "OTHER") == [] and stored(nats_server) == []
+
+
+def test_the_stream_is_checked_once_per_publish(nats_server, nats_conn):
+    """The operator checks the stream before validating the chunks and hands the checked stream to publish_chunks,
+    which does not ask for it again (one STREAM.INFO per publish); called directly, publish_chunks checks it."""
+    admin(nats_server, lambda conn: asyncio.sleep(0), stream={"name": "PLAIN", "subjects": ["plain.>"]})
+    admin(nats_server, lambda conn: asyncio.sleep(0))
+    info = "$JS.API.STREAM.INFO.ORDERS"
+    op = JetStreamAtomicBatchPublishOperator(task_id="p", stream="ORDERS", subject="orders.x", split=True,
+                                             batch_size=2, messages=[{"data": n} for n in range(5)])
+    sent: list[str] = []
+    publish = op._publish
+
+    async def counted(conn, **kwargs):
+        with requests_of(conn) as seen:
+            try:
+                return await publish(conn, **kwargs)
+            finally:
+                sent.extend(seen)
+
+    op._publish = counted
+    assert op.execute(context={})["count"] == 5
+    assert sent.count(info) == 1
+
+    async def direct(conn):
+        chunks = [[BatchMessage(subject="orders.y", data=b"1")]]
+        with requests_of(conn) as seen:
+            summary = await publish_chunks(conn, chunks, stream="ORDERS")
+        with pytest.raises(BatchPublishError) as refused:
+            await publish_chunks(conn, [[BatchMessage(subject="plain.y", data=b"1")]], stream="PLAIN")
+        unfenced = await check_target_stream(conn, "ORDERS")
+        with requests_of(conn) as fenced:  # fences asked for of a target checked without them: checked again
+            await publish_chunks(conn, chunks, target=unfenced, fence_prefix=uuid.uuid4().hex)
+        fences = await fence_count(conn, "ORDERS")
+        return summary.count, seen.count(info), refused.value.reason, fenced.count(info), fences
+
+    assert admin(nats_server, direct, stream=None) == (1, 1, "stream_not_atomic", 1, 1)
+    assert len(stored(nats_server)) == 7 and stored(nats_server, "PLAIN") == []
 
 
 def test_retried_task_with_dedupe_key_publishes_once(nats_server, nats_conn):

@@ -280,6 +280,6 @@ class JetStreamAtomicBatchPublishOperator(JetStreamBaseOperator):
                 raise InvalidRequestError("there are no messages to publish", reason="empty_batch")
             self.log.info("Validated %d message(s); publishing them as %d %s batch(es) of at most %d", count,
                           total_chunks, self.mode, size)
-        return await publish_chunks(conn, self._chunks(self._items(), key), stream=self.stream, mode=self.mode,
+        return await publish_chunks(conn, self._chunks(self._items(), key), target=target, mode=self.mode,
                                     expected_last_seq=expected, max_msgs=size, batch_prefix=prefix,
                                     fence_prefix=fence_prefix, total_chunks=total_chunks, log=self.log)

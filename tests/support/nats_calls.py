@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from airflow_jetstream.client import ConnectionSettings, ensure_stream, open_connection, stream_info
@@ -78,3 +79,30 @@ async def all_messages(conn: Any, stream: str) -> list[Any]:
 async def drop_bucket(conn: Any, bucket: str) -> None:
     """Delete a KV bucket (a ledger whose entries were never written)."""
     await conn.js.delete_key_value(bucket)
+
+
+@contextmanager
+def requests_of(conn: Any) -> Iterator[list[str]]:
+    """The JetStream/KV subjects ``conn`` sends to while the block runs (requests and publishes)."""
+    sent: list[str] = []
+    publish, request = conn.nc.publish, conn.nc.request
+    inside: list[str] = []  # nats-py's request publishes through nc.publish: that is the same message
+
+    async def counting_publish(subject, *args, **kwargs):
+        if not inside:
+            sent.append(subject)
+        return await publish(subject, *args, **kwargs)
+
+    async def counting_request(subject, *args, **kwargs):
+        sent.append(subject)
+        inside.append(subject)
+        try:
+            return await request(subject, *args, **kwargs)
+        finally:
+            inside.pop()
+
+    conn.nc.publish, conn.nc.request = counting_publish, counting_request
+    try:
+        yield sent
+    finally:
+        conn.nc.publish, conn.nc.request = publish, request

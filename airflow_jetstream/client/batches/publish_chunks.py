@@ -140,6 +140,7 @@ async def publish_chunks(
     chunks: Iterable[Sequence[BatchMessage]],
     *,
     stream: str | None = None,
+    target: TargetStream | None = None,
     mode: str = "atomic",
     expected_last_seq: int | None = None,
     max_msgs: int = DEFAULT_MAX_BATCH_MSGS,
@@ -152,8 +153,9 @@ async def publish_chunks(
     """Publish each chunk as one batch, one after the other; holds one chunk at a time.
 
     With ``stream`` the stream is checked for ``mode`` first and every chunk's subjects before the
-    chunk is sent. In atomic mode with ``expected_last_seq``, chunk k+1 expects the stream to end
-    where chunk k did. ``batch_prefix`` makes batch ids deterministic (``<prefix>-<n>``). With
+    chunk is sent; ``target``, the stream as :func:`check_target_stream` already checked it (for ``mode``, and
+    with ``fence`` when fenced), is not asked for again. In atomic mode with ``expected_last_seq``, chunk k+1
+    expects the stream to end where chunk k did. ``batch_prefix`` makes batch ids deterministic (``<prefix>-<n>``). With
     ``fence_prefix`` (atomic mode) chunk n is fenced as ``<fence_prefix>-<n>``: it commits at most once
     however often and however late the publish is repeated (the stream, ``stream`` or the one capturing the
     first subject, must keep fences). A failed chunk raises with what the earlier chunks committed; chunks
@@ -162,7 +164,9 @@ async def publish_chunks(
     check_mode(mode)
     summary = ChunksSummary(mode=mode)
     fenced = fence_prefix is not None and mode == "atomic"
-    target = await check_target_stream(conn, stream, mode=mode, fence=fenced) if stream else None
+    name = stream if target is None else target.name
+    if name and (target is None or (fenced and not target.fenced)):  # a target checked without fences: again
+        target = await check_target_stream(conn, name, mode=mode, fence=fenced)
     expected = expected_last_seq if mode == "atomic" else None
     of = f"/{total_chunks}" if total_chunks else ""
     for number, chunk in enumerate(chunks, start=1):

@@ -1,10 +1,11 @@
-"""ui/problems.py without a server: each rule's threshold and since, and the order (worst, then oldest)."""
+"""ui/problems.py without a server: each rule's threshold and since, and the order (worst, then oldest); the
+view's size format."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow_jetstream.ui.pages import PageQuery, shape
+from airflow_jetstream.ui.pages import PageQuery, shape, size
 from airflow_jetstream.ui.problems import Observations, Thresholds, find_problems
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
@@ -198,3 +199,9 @@ def test_the_views_ledger_rows_are_the_ledgers_own_run_summary() -> None:
     assert row["overdue"] == [{"batch_id": "b3", "owner": "w1", "deadline": _iso(1), "attempts": 2}]
     assert [p["kind"] for p in find_problems({"ledger": {"bucket": "L", "runs": rows}}, Thresholds(), Observations(),
                                              NOW)] == ["ledger_failed", "ledger_overdue"]
+
+
+def test_sizes_read_in_short_binary_units_small_ones_too():
+    assert [size(n) for n in (0, 1, 512, 1023)] == ["0 B", "1 B", "512 B", "1023 B"]
+    assert [size(n) for n in (1024, 1536, 2**20, 3 * 2**30, 2**40, 2**50, 7 * 2**60)] == [
+        "1.0 KiB", "1.5 KiB", "1.0 MiB", "3.0 GiB", "1.0 TiB", "1.0 PiB", "7.0 EiB"]

@@ -112,8 +112,20 @@ DETAIL_FIELDS = ("batch", "reason", "stream_seq", "deliveries", "action", "leade
 OBJECT_NAMES = ("stream", "consumer", "source", "run_id", "batch", "capture_seq", "section", "name")
 
 
+#: The units of :func:`size`, each 1024 times the one before.
+SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
 def num(value: Any) -> str:
     return f"{int(value):,}" if value is not None else "-"
+
+
+def size(value: Any) -> str:
+    """Bytes in binary units, short below a KiB too: ``512 B``, ``1.5 KiB``, ``2.0 GiB``."""
+    amount, step = float(value), 0
+    while amount >= 1024 and step < len(SIZE_UNITS) - 1:
+        amount, step = amount / 1024, step + 1
+    return f"{int(amount)} B" if step == 0 else f"{amount:.1f} {SIZE_UNITS[step]}"
 
 
 def utc_and_ago(iso: str | None) -> str:
@@ -135,7 +147,8 @@ def href(query: Mapping[str, Any], changes: Mapping[str, Any]) -> str:
 def templates() -> Jinja2Templates:
     env = jinja2.Environment(loader=jinja2.PackageLoader("airflow_jetstream.ui", "templates"), autoescape=True,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(num=num, span=span, utc_and_ago=utc_and_ago, quote_part=lambda s: quote(str(s), safe=""),
+    env.filters.update(num=num, size=size, span=span, utc_and_ago=utc_and_ago,
+                       quote_part=lambda s: quote(str(s), safe=""),
                        state_title=lambda state: state.replace("_", " ").capitalize(),
                        stream_anchor=lambda name: row_anchor("streams", {"name": name}))
     env.globals.update(href=href, problem_advisories=PROBLEM_ADVISORIES, detail_fields=DETAIL_FIELDS,

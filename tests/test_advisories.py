@@ -30,6 +30,7 @@ from airflow_jetstream.client.advisories.types import (
 )
 from airflow_jetstream.client.errors import InvalidRequestError, InvalidSubjectError, StreamNotFoundError
 from airflow_jetstream.client.subjects import subject_matches
+from tests.support.catch_up_gate import held_at_the_gate
 from tests.support.polling import async_wait_until
 
 T = "io.nats.jetstream.advisory.v1."
@@ -253,6 +254,34 @@ def test_capture_stream_finds_advisory_published_before_reading(settings):
     assert created["advisory"]["capture_seq"] >= 1 and created["gap"] is None
     assert missing["advisory"] is None
     assert later["advisory"] is None and later["scanned"] == 0
+
+
+def test_a_watch_reads_what_was_captured_only_when_its_turn_to_catch_up_comes(settings):
+    """A watch reads what the capture stream stored from ``start_time`` until it joined the stream's shared tail
+    inside ``listener.catching_up()``: a thousand deferred advisory sensors starting together read their backlog
+    CATCH_UP_AT_ONCE at a time. An advisory already captured fires only once a turn is free."""
+
+    async def scenario():
+        async with open_connection(settings) as conn:
+            await ensure_stream(conn, capture_stream_config("ADVISORIES", max_age="1h"))
+            since = datetime.now(UTC)
+            await ensure_stream(conn, {"name": "GATED", "subjects": ["gated.>"]})
+            created = AdvisoryFilter(advisory="stream_created", stream="GATED")
+
+            async def captured() -> bool:  # the server publishes an advisory after its API reply: not stored yet
+                found = await find_captured(conn, "ADVISORIES", start_time=since, advisory_filter=created)
+                return found["advisory"] is not None
+
+            await async_wait_until(captured, "the capture stream to store GATED's stream_created advisory")
+            watch = watch_advisories(conn, created, capture_stream="ADVISORIES", start_time=since, fetch_timeout=1)
+            try:
+                return await held_at_the_gate(conn, "ADVISORIES", anext(watch))
+            finally:
+                await watch.aclose()
+
+    fired_while_held, advisory = asyncio.run(scenario())
+    assert not fired_while_held
+    assert (advisory.kind, advisory.stream) == ("stream_created", "GATED")
 
 
 def test_a_capture_stream_made_without_direct_gets_is_moved_to_them_keeping_its_subjects(settings):

@@ -22,7 +22,7 @@ from airflow_jetstream.client.errors import (
 )
 from airflow_jetstream.client.kv import ensure_bucket, get_key
 from airflow_jetstream.client.kv.keys import check_key, create_key, put_key, wait_for_key
-from airflow_jetstream.client.kv.names import KeyCondition
+from airflow_jetstream.client.kv.names import KeyCondition, stream_of
 from airflow_jetstream.client.reading.shared_tail import tail_stats
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
@@ -30,6 +30,7 @@ from airflow_jetstream.embedded.cluster import CLUSTER_NAME
 from airflow_jetstream.operators.kv import JetStreamKeyValueOperator
 from airflow_jetstream.sensors.kv import JetStreamKeyValueSensor
 from airflow_jetstream.triggers.kv import JetStreamKeyValueTrigger
+from tests.support.catch_up_gate import held_at_the_gate
 from tests.support.nats_calls import call_on_server
 from tests.support.polling import async_wait_until
 from tests.support.servers import default_conn_id, module_server
@@ -194,6 +195,24 @@ def test_a_key_the_server_marked_removed_does_not_exist_for_a_look_or_a_watch(co
     assert looked == (None, None)
     assert (watched["revision"], watched["value"]) == (revision, "new")
     assert (now["revision"], now["value"]) == (created["revision"], "again")
+
+
+def test_a_watch_reads_the_current_value_only_when_its_turn_to_catch_up_comes(conn_id, server) -> None:
+    """A watch reads the key's current value (stored before it joined the bucket's shared tail) inside
+    ``listener.catching_up()``: a thousand deferred sensors starting together read theirs CATCH_UP_AT_ONCE at a
+    time. A key that already holds fires only once a turn is free."""
+    _op(value="v", bucket_config={}).execute({})
+
+    async def scenario() -> tuple:
+        settings = ConnectionSettings(servers=server.url, connect_timeout=2, request_timeout=3)
+        async with open_connection(settings) as conn:
+            written = await put_key(conn, "KV_MODELS", "churn.gated", "ready")
+            watch = wait_for_key(conn, "KV_MODELS", "churn.gated", KeyCondition(value="ready"))
+            return written, *await held_at_the_gate(conn, stream_of("KV_MODELS"), watch)
+
+    written, fired_while_held, entry = asyncio.run(scenario())
+    assert not fired_while_held
+    assert (entry["revision"], entry["value"]) == (written["revision"], "ready")
 
 
 def test_kv_key_assets_are_jetstream_assets() -> None:

@@ -8,9 +8,9 @@ import uuid
 
 from airflow_jetstream.client.connection_pool import shared_connection
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
-from airflow_jetstream.client.reading.shared_tail import CATCH_UP_AT_ONCE, follow, tail_stats
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.triggers.ledger import JetStreamBatchLedgerTrigger
+from tests.support.catch_up_gate import held_at_the_gate
 from tests.support.polling import async_wait_until
 from tests.support.triggers import first_event_payload
 
@@ -97,24 +97,11 @@ def test_the_first_look_waits_for_its_turn_to_catch_up_on_the_shared_tail(nats_c
             ledger = await BatchLedger.open(conn, bucket)
             await ledger.record("done", "b0", stream="ORDERS", count=1)
             await ledger.settle(await ledger.claim_available("done"))
-
-            def joined() -> bool:  # the trigger follows the tail beside the listener holding every turn
-                return [t.listeners for t in tail_stats(conn) if t.stream == wait.stream] == [2]
-
-            async with follow(conn, wait.stream, wait.counts_subjects, tail_filter=wait.all_counts_subjects) as held:
-                gate = held.catching_up()
-                for _ in range(CATCH_UP_AT_ONCE):  # every turn taken
-                    await gate.acquire()
-                events = trigger.run()
-                waiting = asyncio.ensure_future(anext(events))
-                await async_wait_until(lambda: waiting.done() or joined(), "the trigger on the tail")
-                await asyncio.sleep(0.5)
-                fired_while_held = waiting.done()
-                for _ in range(CATCH_UP_AT_ONCE):
-                    gate.release()
-                event = await asyncio.wait_for(waiting, 20)
-                await events.aclose()
-                return fired_while_held, event.payload
+            events = trigger.run()
+            fired_while_held, event = await held_at_the_gate(conn, wait.stream, anext(events),
+                                                             tail_filter=wait.all_counts_subjects)
+            await events.aclose()
+            return fired_while_held, event.payload
 
     fired_while_held, event = asyncio.run(scenario())
     assert not fired_while_held

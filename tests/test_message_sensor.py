@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from datetime import UTC, datetime
 
@@ -13,11 +14,13 @@ from airflow_jetstream.client.admin.streams import ensure_stream, stream_info
 from airflow_jetstream.client.connection import open_connection
 from airflow_jetstream.client.connection_pool import POOL
 from airflow_jetstream.client.errors import InvalidFunctionError, JetStreamError
+from airflow_jetstream.client.reading.read_plan import find_message
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
 from airflow_jetstream.hooks.jetstream import JetStreamHook
 from airflow_jetstream.sensors.message import JetStreamMessageSensor
 from airflow_jetstream.triggers.await_message import JetStreamAwaitMessageTrigger
+from tests.support.catch_up_gate import held_at_the_gate
 from tests.support.polling import async_wait_until
 from tests.support.servers import default_conn_id, module_server
 
@@ -126,6 +129,22 @@ def test_a_failing_function_is_a_typed_error_event(conn_id, server) -> None:
     event = asyncio.run(asyncio.wait_for(anext(trigger.run()), 20)).payload
     assert event["status"] == "error" and event["error"]["reason"] == "apply_function_failed"
     assert "seq 1" in event["error"]["message"]
+
+
+def test_a_following_look_reads_what_is_stored_only_when_its_turn_to_catch_up_comes(conn_id, server) -> None:
+    """Following the stream, a trigger reads what was stored before it joined the stream's shared tail inside
+    ``listener.catching_up()``: a thousand deferred sensors starting together read their backlog CATCH_UP_AT_ONCE
+    at a time. A match already stored fires only once a turn is free."""
+    asyncio.run(_publish(server, "AWAIT_GATE", [1, 2, 3]))
+
+    async def scenario() -> tuple[bool, dict]:
+        async with open_connection(_settings(server)) as conn:
+            look = find_message(conn, "AWAIT_GATE", functools.partial(is_order, order_id=2), follow=True)
+            return await held_at_the_gate(conn, "AWAIT_GATE", look)
+
+    fired_while_held, found = asyncio.run(scenario())
+    assert not fired_while_held
+    assert (found["message"]["seq"], found["message"]["result"], found["next_seq"]) == (2, {"total": 20}, 3)
 
 
 @pytest.mark.parametrize("allow_direct", [True, False], ids=["direct_get", "message_get"])

@@ -134,12 +134,16 @@ def test_deferrable_defers_with_a_serializable_trigger(capture):
     sensor = JetStreamAdvisorySensor(task_id="wait", advisory="batch_abandoned", advisory_stream="ORDERS",
                                      reason="timeout",
                                      match=is_orders_stream, start_time=since, deferrable=True, timeout=600)
+    before = datetime.now(UTC)
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(context={})
+    after = datetime.now(UTC)
     assert deferred.value.method_name == "execute_complete"
     assert deferred.value.timeout == timedelta(seconds=600 + TIMEOUT_BACKSTOP)  # the trigger's own comes first
     trigger = deferred.value.trigger
-    assert 590 < (datetime.fromisoformat(trigger.timeout_at) - datetime.now(UTC)).total_seconds() <= 600
+    # the sensor's timeout counted from its deferral (the clock read in between)
+    timeout_at = datetime.fromisoformat(trigger.timeout_at)
+    assert before + timedelta(seconds=600) <= timeout_at <= after + timedelta(seconds=600)
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_jetstream.triggers.advisory.JetStreamAdvisoryTrigger"
     json.dumps(kwargs)

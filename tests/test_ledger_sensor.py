@@ -102,15 +102,18 @@ def test_run_id_is_templated_and_bad_state_is_refused():
 def test_deferrable_defers_with_a_serializable_trigger(nats_conn):
     record_batches(1)
     deferring = sensor(deferrable=True, timeout=600, min_batches=1, reap_expired=True)
+    before = datetime.now(UTC)
     with pytest.raises(TaskDeferred) as deferred:
         deferring.execute(context={})
+    after = datetime.now(UTC)
     assert deferred.value.method_name == "execute_complete"
     assert deferred.value.timeout == timedelta(seconds=600 + TIMEOUT_BACKSTOP)  # the trigger times out first
     classpath, kwargs = deferred.value.trigger.serialize()
     assert classpath == "airflow_jetstream.triggers.ledger.JetStreamBatchLedgerTrigger"
     json.dumps(kwargs)
     timeout_at = datetime.fromisoformat(kwargs.pop("timeout_at"))
-    assert 590 < (timeout_at - datetime.now(UTC)).total_seconds() <= 600
+    # the sensor's timeout counted from its deferral (the clock read in between)
+    assert before + timedelta(seconds=600) <= timeout_at <= after + timedelta(seconds=600)
     assert kwargs == {"run_id": RUN, "state": "consumed", "ledger_bucket": "batch_ledger", "min_batches": 1,
                       "reap_expired": True, "fail_on_failed": True, "nats_conn_id": "nats_default",
                       "poll_interval": 0.05, "end_from_trigger": False}

@@ -17,6 +17,7 @@ from airflow_jetstream.client.kv.keys import put_key
 from airflow_jetstream.client.ledger.batch_ledger import BatchLedger
 from airflow_jetstream.client.settings import ConnectionSettings
 from airflow_jetstream.embedded import EmbeddedNatsServer
+from tests.support.nats_calls import request_endings
 
 DENIED = ["$KV.Secrets.>", "$JS.API.STREAM.INFO.KV_Locked", "$KV.ledger_ro.>", "$KV.jobs_ro.>"]
 
@@ -44,13 +45,14 @@ def _with_buckets(server: EmbeddedNatsServer) -> Iterator[ConnectionSettings]:
                              request_timeout=20, leader_wait=60)
 
 
-def refused(settings: ConnectionSettings, call: Callable[[Any], Awaitable[Any]]) -> tuple[PermissionDeniedError, float]:
-    async def main() -> tuple[PermissionDeniedError, float]:
+def refused(settings: ConnectionSettings,
+            call: Callable[[Any], Awaitable[Any]]) -> tuple[PermissionDeniedError, list[tuple[str, str]]]:
+    """The error ``call`` raised, and how each request it sent ended (:func:`request_endings`)."""
+    async def main() -> tuple[PermissionDeniedError, list[tuple[str, str]]]:
         async with open_connection(settings) as conn:
-            started = asyncio.get_running_loop().time()
-            with pytest.raises(PermissionDeniedError) as caught:
+            with request_endings(conn) as ended, pytest.raises(PermissionDeniedError) as caught:
                 await call(conn)
-            return caught.value, asyncio.get_running_loop().time() - started
+            return caught.value, ended
 
     return asyncio.run(main())
 
@@ -64,10 +66,12 @@ def refused(settings: ConnectionSettings, call: Callable[[Any], Awaitable[Any]])
 ])
 def test_kv_calls_fail_fast_naming_the_refused_subject(restricted: ConnectionSettings, name: str,
                                                          call: Callable[[Any], Awaitable[Any]], subject: str) -> None:
-    err, took = refused(restricted, call)
+    err, ended = refused(restricted, call)
     assert (err.reason, err.subject) == ("permission_denied", subject), name
     assert subject in str(err) and "pw-app-123" not in str(err)
-    assert took < restricted.request_timeout  # neither the 20 s request timeout nor the 60 s leader wait
+    # the refused request was sent once and ended by the refusal (cancelled), not by its 20 s timeout; the
+    # requests before it (stream info) were answered: nothing was retried or waited out
+    assert [how for _, how in ended] == ["answered"] * (len(ended) - 1) + ["cancelled"], (name, ended)
 
 
 async def _record(conn: Any) -> None:

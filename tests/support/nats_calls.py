@@ -106,3 +106,30 @@ def requests_of(conn: Any) -> Iterator[list[str]]:
         yield sent
     finally:
         conn.nc.publish, conn.nc.request = publish, request
+
+
+@contextmanager
+def request_endings(conn: Any) -> Iterator[list[tuple[str, str]]]:
+    """(subject, how it ended) of each core request ``conn`` sends while the block runs, in the order they end:
+    ``answered``, ``cancelled`` (by the caller, e.g. on the server's refusal) or the exception's type name
+    (``TimeoutError`` after waiting the whole timeout)."""
+    ended: list[tuple[str, str]] = []
+    request = conn.nc.request
+
+    async def watched_request(subject, *args, **kwargs):
+        try:
+            reply = await request(subject, *args, **kwargs)
+        except asyncio.CancelledError:
+            ended.append((subject, "cancelled"))
+            raise
+        except Exception as exc:
+            ended.append((subject, type(exc).__name__))
+            raise
+        ended.append((subject, "answered"))
+        return reply
+
+    conn.nc.request = watched_request
+    try:
+        yield ended
+    finally:
+        conn.nc.request = request

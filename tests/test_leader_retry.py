@@ -20,6 +20,7 @@ from airflow_jetstream.client.errors import (
 from airflow_jetstream.client.settings import ConnectionSettings, settings_from_fields
 from airflow_jetstream.embedded import EmbeddedNatsCluster
 from tests.conftest import ServerFactory
+from tests.support.nats_calls import request_endings
 
 
 def cluster_settings(cluster: EmbeddedNatsCluster, **kwargs) -> ConnectionSettings:
@@ -93,17 +94,15 @@ def test_api_permission_violation_fails_fast_and_is_not_retried(nats_server_fact
     settings = ConnectionSettings(servers=server.url, user="reader", password="pw-reader-123",
                                   connect_timeout=2, request_timeout=20, leader_wait=60)
 
-    async def main() -> tuple[PermissionDeniedError, float]:
+    async def main() -> tuple[PermissionDeniedError, list[tuple[str, str]]]:
         async with open_connection(settings) as conn:
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            with pytest.raises(PermissionDeniedError) as caught:
+            with request_endings(conn) as ended, pytest.raises(PermissionDeniedError) as caught:
                 await stream_info(conn, "SECRET")
-            return caught.value, loop.time() - started
+            return caught.value, ended
 
-    err, took = asyncio.run(main())
+    err, ended = asyncio.run(main())
     assert err.reason == "permission_denied"
     assert err.subject == "$JS.API.STREAM.INFO.SECRET"
     assert "$JS.API.STREAM.INFO.SECRET" in str(err)
-    # neither the 20 s request timeout nor the 60 s leader wait was spent
-    assert took < settings.request_timeout
+    # sent once (not retried for the 60 s leader wait) and ended by the refusal, not by the 20 s request timeout
+    assert ended == [("$JS.API.STREAM.INFO.SECRET", "cancelled")]

@@ -178,6 +178,27 @@ def test_the_stream_is_checked_once_per_publish(nats_server, nats_conn):
     assert len(stored(nats_server)) == 7 and stored(nats_server, "PLAIN") == []
 
 
+def test_stream_and_target_naming_two_streams_are_refused(nats_server, nats_conn):
+    """``stream`` naming another stream than ``target`` is refused before anything is sent; a fast-checked target
+    used for an atomic publish meets the server's refusal, nothing stored."""
+    admin(nats_server, lambda conn: asyncio.sleep(0), stream={"name": "BULK", "subjects": ["bulk.>"],
+                                                               "allow_batched": True})
+
+    async def body(conn):
+        fast = await check_target_stream(conn, "BULK", mode="fast")
+        with pytest.raises(BatchPublishError) as atomic:
+            await publish_chunks(conn, [[BatchMessage(subject="bulk.x", data=b"1")]], target=fast, mode="atomic")
+        with pytest.raises(InvalidRequestError) as two:
+            await publish_chunks(conn, [[BatchMessage(subject="bulk.x", data=b"1")]], stream="ORDERS", target=fast,
+                                 mode="fast")
+        return atomic.value.reason, two.value.reason, str(two.value), (await stream_info(conn, "BULK"))["state"]
+
+    reason, two_reason, two_text, state = admin(nats_server, body, stream=None)
+    assert reason == "stream_not_atomic"
+    assert two_reason == "invalid_request" and "'ORDERS'" in two_text and "'BULK'" in two_text
+    assert state["messages"] == 0
+
+
 def test_retried_task_with_dedupe_key_publishes_once(nats_server, nats_conn):
     admin(nats_server, lambda conn: asyncio.sleep(0))
 

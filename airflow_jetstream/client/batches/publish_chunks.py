@@ -152,11 +152,11 @@ async def publish_chunks(
 ) -> ChunksSummary:
     """Publish each chunk as one batch, one after the other; holds one chunk at a time.
 
-    With ``stream`` the stream is checked for ``mode`` first and every chunk's subjects before the
-    chunk is sent; ``target``, the stream as :func:`check_target_stream` already checked it (for ``mode``, and
-    with ``fence`` when fenced), is not asked for again. In atomic mode with ``expected_last_seq``, chunk k+1
-    expects the stream to end where chunk k did. ``batch_prefix`` makes batch ids deterministic (``<prefix>-<n>``). With
-    ``fence_prefix`` (atomic mode) chunk n is fenced as ``<fence_prefix>-<n>``: it commits at most once
+    With ``stream`` the stream is checked for ``mode`` first and every chunk's subjects before the chunk is sent;
+    ``target``, the stream as :func:`check_target_stream` already checked it for ``mode`` (and with ``fence`` when
+    fenced), is not asked for again. In atomic mode with ``expected_last_seq``, chunk k+1
+    expects the stream to end where chunk k did. ``batch_prefix`` makes batch ids deterministic (``<prefix>-<n>``).
+    With ``fence_prefix`` (atomic mode) chunk n is fenced as ``<fence_prefix>-<n>``: it commits at most once
     however often and however late the publish is repeated (the stream, ``stream`` or the one capturing the
     first subject, must keep fences). A failed chunk raises with what the earlier chunks committed; chunks
     are all-or-nothing each, not together.
@@ -164,6 +164,9 @@ async def publish_chunks(
     check_mode(mode)
     summary = ChunksSummary(mode=mode)
     fenced = fence_prefix is not None and mode == "atomic"
+    if stream and target is not None and stream != target.name:
+        raise InvalidRequestError(f"stream={stream!r} and target={target.name!r} name two streams; pass one of them",
+                                  reason="invalid_request")
     name = stream if target is None else target.name
     if name and (target is None or (fenced and not target.fenced)):  # a target checked without fences: again
         target = await check_target_stream(conn, name, mode=mode, fence=fenced)
